@@ -1,0 +1,237 @@
+"""Typed run configuration: dataclass defaults < TOML file < command-line flags.
+
+One flat namespace of keys (so `sweep --grid any_key=...` and `--any-key` just work), grouped
+into TOML sections for readability. Strategy knobs default to None, meaning "the strategy's own
+default"; the training loop resolves them and writes the fully resolved config to the run
+directory. Validation errors are one line: `sync_every must be >= 1, got 0`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from .errors import ConfigError
+
+
+def _f(default: Any, section: str, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"section": section, "help": help, **kw})
+
+
+@dataclass
+class Config:
+    # [run]
+    strategy: str = _f("ddp", "run", "synchronization strategy")
+    workers: int = _f(2, "run", "worker processes (ranks) on this machine")
+    steps: int = _f(300, "run", "training steps (the total budget, also when resuming)")
+    seed: int = _f(0, "run", "seed for model init, data order and jitter")
+    out: str = _f("runs/latest", "run", "run directory")
+    threads: int = _f(0, "run", "torch threads per worker; 0 = cores // workers")
+    eval_every: int = _f(50, "run", "evaluate every N steps (and at the end)")
+    log_every: int = _f(10, "run", "print a log line every N steps")
+    quiet: bool = _f(False, "run", "plain log lines, no progress bar")
+    wan: str = _f("", "run", "emulated link: a preset (lan, two-site, cross-region, cross-continent) or a spec "
+                  "like rtt=16.6ms,bw=1gbit,sites=2; empty = no emulation")
+    checkpoint_every: int = _f(0, "run", "write a checkpoint every N steps (0 = only at the end)")
+    on_nonfinite: str = _f("abort", "run", "what to do with a NaN/Inf loss, gradient or pseudo-gradient: abort|skip")
+    peer_timeout: float = _f(60.0, "run", "seconds before a silent peer is declared dead")
+    backend: str = _f("gloo", "run", "torch.distributed backend under the strategy: gloo|nccl")
+    # [model]
+    model: str = _f("tiny", "model", "model name: tiny|small|150m (LM) or cnn|resnet18|resnet50|vit_s (vision)")
+    width: float = _f(1.0, "model", "channel-width multiplier for ResNets")
+    # [data]
+    data: str = _f("shakespeare", "data", "LM: shakespeare | PATH | hf:NAME; vision: fashion-mnist | "
+                   "cifar100:PATH | imagefolder:PATH")
+    batch_size: int = _f(16, "data", "per-worker batch size (sequences or images)")
+    seq_len: int = _f(128, "data", "LM context length in tokens")
+    tokenizer: str = _f("byte", "data", "LM tokenizer: byte|bpe")
+    bpe_vocab: int = _f(2048, "data", "vocabulary size of the locally trained BPE")
+    val_fraction: float = _f(0.05, "data", "held-out fraction of the LM corpus")
+    eval_batches: int = _f(8, "data", "validation batches per evaluation")
+    augment: bool = _f(True, "data", "training augmentation for images")
+    # [optim]
+    optimizer: str = _f("adamw", "optim", "inner optimizer: adamw|sgd")
+    lr: float = _f(3e-3, "optim", "inner learning rate (peak)")
+    lr_schedule: str = _f("cosine", "optim", "constant|cosine (with linear warmup)")
+    warmup_steps: int = _f(20, "optim", "linear warmup steps")
+    weight_decay: float = _f(0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay")
+    momentum: float = _f(0.9, "optim", "SGD momentum")
+    grad_clip: float = _f(1.0, "optim", "clip the local gradient norm (0 = off)")
+    # [strategy] -- None means the strategy's own default
+    sync_every: int | None = _f(None, "strategy", "H / K: inner steps between synchronizations")
+    slowmo_beta: float | None = _f(None, "strategy", "SlowMo slow momentum beta")
+    slowmo_lr: float | None = _f(None, "strategy", "SlowMo slow learning rate alpha")
+    outer_lr: float | None = _f(None, "strategy", "outer (Nesterov) SGD learning rate")
+    outer_momentum: float | None = _f(None, "strategy", "outer SGD momentum")
+    switch_step: int | None = _f(None, "strategy", "post-local SGD: DDP until this step")
+    grad_phase: bool | None = _f(None, "strategy", "CPDP: gradient all-reduce before averaging")
+    sync_optimizer_state: bool | None = _f(None, "strategy", "average inner optimizer state at boundaries")
+    drift_telemetry: bool | None = _f(None, "strategy", "log worker drift at every boundary")
+    fragments: int | None = _f(None, "strategy", "number of fragments P")
+    overlap: int | None = _f(None, "strategy", "overlap depth tau (inner steps while a fragment syncs)")
+    alpha: float | None = _f(None, "strategy", "weight of the local fragment in the merge")
+    lam: float | None = _f(None, "strategy", "CoCoDC delay-compensation strength lambda")
+    gamma: float | None = _f(None, "strategy", "CoCoDC network utilization target gamma")
+    codec: str | None = _f(None, "strategy", "codec for exchanged pseudo-gradients: fp32|bf16|int8|fp4")
+    schedule: str | None = _f(None, "strategy", "CoCoDC fragment schedule: adaptive|round_robin")
+    syncs_per_period: int | None = _f(None, "strategy", "fragment syncs per period N (streaming)")
+    compensation: str | None = _f(None, "strategy", "CoCoDC merge: taylor|alpha")
+    partition: str | None = _f(None, "strategy", "fragment partition: strided|sequential")
+
+
+SECTIONS = ("run", "model", "data", "optim", "strategy")
+STRATEGY_KEYS = tuple(f.name for f in fields(Config) if f.metadata["section"] == "strategy")
+_TYPES = get_type_hints(Config)
+
+
+def key_names() -> list[str]:
+    return [f.name for f in fields(Config)]
+
+
+def base_type(name: str) -> type:
+    """The scalar type of a key (`int | None` -> int)."""
+    t = _TYPES[name]
+    args = getattr(t, "__args__", None)
+    if args:
+        t = next(a for a in args if a is not type(None))
+    return t
+
+
+def coerce(name: str, value: Any, where: str = "") -> Any:
+    """Convert a TOML/CLI value to the key's type, or raise a one-line ConfigError."""
+    if name not in _TYPES:
+        raise ConfigError(f"unknown config key '{name}'{where} (valid keys: {', '.join(key_names())})")
+    t = base_type(name)
+    if value is None:
+        return None
+    if isinstance(value, str) and t is not str:
+        return parse_scalar(name, value, t)
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if t is bool and not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}{where}")
+    if t is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{name} must be an integer, got {value!r}{where}")
+    if not isinstance(value, t):
+        raise ConfigError(f"{name} must be a {t.__name__}, got {value!r}{where}")
+    return value
+
+
+def parse_scalar(name: str, text: str, t: type | None = None) -> Any:
+    t = t or base_type(name)
+    if t is str:
+        return text
+    if text.lower() in ("none", "default") and _TYPES[name] != t:
+        return None
+    try:
+        if t is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if t is int:
+            return int(text)
+        return float(text)
+    except ValueError:
+        kind = {int: "an integer", float: "a number", bool: "true or false"}[t]
+        raise ConfigError(f"{name} must be {kind}, got {text!r}") from None
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a config file: keys at top level or inside [run]/[model]/[data]/[optim]/[strategy]."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    flat: dict[str, Any] = {}
+    sections = {f.name: f.metadata["section"] for f in fields(Config)}
+    for k, v in raw.items():
+        if isinstance(v, dict):
+            if k not in SECTIONS:
+                raise ConfigError(f"unknown section [{k}] in {p} (valid: {', '.join(SECTIONS)})")
+            for kk, vv in v.items():
+                if kk in sections and sections[kk] != k:
+                    raise ConfigError(f"key '{kk}' belongs in [{sections[kk]}], not [{k}] ({p})")
+                flat[kk] = coerce(kk, vv, f" in [{k}] of {p}")
+        else:
+            flat[k] = coerce(k, v, f" in {p}")
+    return flat
+
+
+def build_config(file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Defaults, then the TOML file, then explicit overrides (already typed or strings)."""
+    values: dict[str, Any] = {}
+    if file:
+        values.update(load_toml(file))
+    for k, v in (overrides or {}).items():
+        values[k] = coerce(k, v)
+    cfg = Config(**values)
+    validate(cfg)
+    return cfg
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+def validate(cfg: Config) -> None:
+    """Checks that do not depend on the strategy (strategies validate their own options)."""
+    _check(cfg.workers >= 1, f"workers must be >= 1, got {cfg.workers}")
+    _check(cfg.steps >= 1, f"steps must be >= 1, got {cfg.steps}")
+    _check(cfg.seed >= 0, f"seed must be >= 0, got {cfg.seed}")
+    _check(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")
+    _check(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
+    _check(cfg.log_every >= 1, f"log_every must be >= 1, got {cfg.log_every}")
+    _check(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
+    _check(cfg.on_nonfinite in ("abort", "skip"), f"on_nonfinite must be abort or skip, got {cfg.on_nonfinite!r}")
+    _check(cfg.peer_timeout > 0, f"peer_timeout must be > 0, got {cfg.peer_timeout}")
+    _check(cfg.backend in ("gloo", "nccl"), f"backend must be gloo or nccl, got {cfg.backend!r}")
+    _check(bool(cfg.out), "out must name a run directory")
+    _check(cfg.width > 0, f"width must be > 0, got {cfg.width}")
+    _check(cfg.batch_size >= 1, f"batch_size must be >= 1, got {cfg.batch_size}")
+    _check(cfg.seq_len >= 2, f"seq_len must be >= 2, got {cfg.seq_len}")
+    _check(cfg.tokenizer in ("byte", "bpe"), f"tokenizer must be byte or bpe, got {cfg.tokenizer!r}")
+    _check(cfg.bpe_vocab >= 257, f"bpe_vocab must be >= 257, got {cfg.bpe_vocab}")
+    _check(0 < cfg.val_fraction < 1, f"val_fraction must be in (0, 1), got {cfg.val_fraction}")
+    _check(cfg.eval_batches >= 1, f"eval_batches must be >= 1, got {cfg.eval_batches}")
+    _check(cfg.optimizer in ("adamw", "sgd"), f"optimizer must be adamw or sgd, got {cfg.optimizer!r}")
+    _check(math.isfinite(cfg.lr) and cfg.lr > 0, f"lr must be > 0, got {cfg.lr}")
+    _check(cfg.lr_schedule in ("constant", "cosine"), f"lr_schedule must be constant or cosine, got {cfg.lr_schedule!r}")
+    _check(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    _check(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
+    _check(0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}")
+    _check(cfg.grad_clip >= 0, f"grad_clip must be >= 0, got {cfg.grad_clip}")
+
+
+def to_sections(cfg: Config, strategy_options: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The config grouped by section, strategy section replaced by the resolved options (for TOML)."""
+    out: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    for f in fields(Config):
+        sec = f.metadata["section"]
+        if sec == "strategy":
+            continue
+        out[sec][f.name] = getattr(cfg, f.name)
+    out["strategy"] = dict(strategy_options or {k: v for k in STRATEGY_KEYS if (v := getattr(cfg, k)) is not None})
+    return out
+
+
+def from_sections(data: dict[str, dict[str, Any]]) -> Config:
+    """Inverse of to_sections (used by resume and report)."""
+    flat: dict[str, Any] = {}
+    for sec in data.values():
+        flat.update(sec)
+    return build_config(overrides=flat)
+
+
+def replace(cfg: Config, **changes: Any) -> Config:
+    new = dataclasses.replace(cfg, **{k: coerce(k, v) for k, v in changes.items()})
+    validate(new)
+    return new

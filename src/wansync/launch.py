@@ -1,0 +1,110 @@
+"""Start M local worker processes (or adopt a torchrun environment) and watch them.
+
+Locally, the launcher holds the rendezvous store itself, on a socket bound to 127.0.0.1
+(no port race, nothing listening beyond loopback), and gives every worker the environment
+torchrun would: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE.
+The first worker to fail ends all of them: its one-line message is printed, every child is
+reaped, and the exit status is non-zero.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from .config import Config
+
+ERR_DIR = "logs"
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def error_file(run_dir: Path, rank: int) -> Path:
+    return run_dir / ERR_DIR / f"rank{rank}.err"
+
+
+def describe_exit(run_dir: Path, rank: int, code: int) -> str:
+    f = error_file(run_dir, rank)
+    if f.is_file() and f.read_text().strip():
+        return f.read_text().strip().splitlines()[0]
+    if code < 0:
+        try:
+            return f"rank {rank} was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"rank {rank} was killed by signal {-code}"
+    return f"rank {rank} exited with status {code} (see {run_dir / ERR_DIR / f'rank{rank}.log'})"
+
+
+def _terminate(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.05, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def spawn(cfg: Config, run_dir: Path) -> tuple[int, str]:
+    """Run cfg.workers worker processes; returns (exit status, message of the first failure)."""
+    run_dir = Path(run_dir)
+    (run_dir / ERR_DIR).mkdir(parents=True, exist_ok=True)
+    for r in range(cfg.workers):
+        error_file(run_dir, r).unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(512)
+    port = sock.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=cfg.peer_timeout),
+                          wait_for_workers=False, master_listen_fd=sock.fileno())
+    sock.detach()                        # the store owns the listening socket now
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.workers)
+    procs: list[subprocess.Popen] = []
+    try:
+        for rank in range(cfg.workers):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(cfg.workers),
+                       LOCAL_WORLD_SIZE=str(cfg.workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=_loopback_ifname(),
+                       OMP_NUM_THREADS=str(threads), WANSYNC_RUN_DIR=str(run_dir), WANSYNC_LAUNCHED="1")
+            procs.append(subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env))
+        return _watch(procs, run_dir)
+    except KeyboardInterrupt:
+        return 130, "interrupted"
+    finally:
+        _terminate(procs)
+        del store
+
+
+def _watch(procs: list[subprocess.Popen], run_dir: Path) -> tuple[int, str]:
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            return 1, describe_exit(run_dir, rank, code)
+        if all(c == 0 for c in codes):
+            return 0, ""
+        time.sleep(0.05)
+
+
+def _loopback_ifname() -> str:
+    """Name of the loopback interface (gloo binds its sockets there)."""
+    try:
+        for _, name in socket.if_nameindex():
+            if name.startswith("lo"):
+                return name
+    except OSError:
+        pass
+    return "lo"

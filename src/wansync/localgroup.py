@@ -1,0 +1,100 @@
+"""Process groups on one machine: a loopback rendezvous store and a runner for M ranks.
+
+Used by `wansync.init()` outside torchrun, by the tests and by the benchmarks. The store is
+held by the calling process on a socket bound to 127.0.0.1 (no port race, loopback only).
+"""
+from __future__ import annotations
+
+import datetime
+import io
+import multiprocessing as mp
+import os
+import queue
+import socket
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+
+class LoopbackStore:
+    """A TCPStore server on 127.0.0.1 that lives as long as this object."""
+
+    def __init__(self, timeout_s: float = 60.0):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(512)
+        self.port = self.sock.getsockname()[1]
+        self.store = dist.TCPStore("127.0.0.1", self.port, None, True, datetime.timedelta(seconds=timeout_s),
+                                   wait_for_workers=False, master_listen_fd=self.sock.fileno())
+        self.sock.detach()               # the store owns the listening socket now
+
+    def close(self) -> None:
+        self.store = None
+
+
+def join_group(port: int, rank: int, world_size: int, backend: str = "gloo", timeout_s: float = 60.0) -> None:
+    """Join the group whose store the parent holds on 127.0.0.1:port."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, backend: str, args: tuple,
+           out: Any, threads: int) -> None:
+    torch.set_num_threads(threads)
+    try:
+        join_group(port, rank, world_size, backend)
+        result = fn(rank, world_size, *args)
+        buf = io.BytesIO()               # plain bytes: tensors must not live in the child's shared memory
+        torch.save(result, buf)
+        out.put((rank, "ok", buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        out.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
+              timeout: float = 120.0, threads: int = 1) -> list[Any]:
+    """Run fn(rank, world_size, *args) in `world_size` spawned processes; return results by rank.
+
+    fn must be importable (module level). Any rank's exception is re-raised here with its
+    traceback; a hang past `timeout` kills every child. No process outlives this call.
+    """
+    ctx = mp.get_context("spawn")
+    store = LoopbackStore(timeout)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, store.port, backend, args, out, threads),
+                         daemon=True) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    try:
+        deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout)
+        while len(results) < world_size:
+            left = (deadline - datetime.datetime.now()).total_seconds()
+            if left <= 0:
+                raise TimeoutError(f"ranks {sorted(set(range(world_size)) - set(results))} did not finish in {timeout}s")
+            try:
+                rank, status, value = out.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in results]
+                if dead:
+                    raise RuntimeError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}")
+                continue
+            if status == "error":
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            results[rank] = torch.load(io.BytesIO(value), weights_only=False)
+        for p in procs:
+            p.join(timeout=10)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        store.close()
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,73 @@
+"""One training run: validate everything, lay out the run directory, launch the workers.
+
+Everything a user can get wrong is checked here, in the launching process, before a single
+worker starts: errors arrive as one line within a second.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from . import launch
+from .config import Config, to_sections
+from .errors import ConfigError, DataError, WansyncError
+
+
+def check_data_path(cfg: Config) -> None:
+    """Fail fast on a local data path that does not exist."""
+    data = cfg.data
+    path = None
+    for prefix in ("cifar100:", "cifar10:", "imagefolder:", "fashion-mnist:"):
+        if data.startswith(prefix):
+            path = data[len(prefix):]
+    if path is None and data not in ("shakespeare", "fashion-mnist") and not data.startswith("hf:"):
+        path = data
+    if path is not None and not Path(path).exists():
+        raise DataError(f"data path not found: {path}")
+
+
+def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:
+    """Validate the whole config and write the fully resolved config.toml."""
+    from .train import resolve_strategy_options
+    from .workloads import VISION_MODELS, lm_model_names
+    options = resolve_strategy_options(cfg)
+    if cfg.model not in VISION_MODELS and cfg.model not in lm_model_names():
+        raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
+                          f"vision: {', '.join(VISION_MODELS)})")
+    if cfg.wan:
+        from .net import parse_wan
+        parse_wan(cfg.wan)
+    check_data_path(cfg)
+    run_dir = Path(cfg.out)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} exists and is not a directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(tomli_w.dumps(to_sections(cfg, options)))
+    return run_dir, options
+
+
+def train(cfg: Config) -> dict[str, Any] | None:
+    """Train with cfg; returns rank 0's summary (None on a non-zero rank under torchrun)."""
+    if launch.under_torchrun():
+        from . import worker
+        rank = int(os.environ["RANK"])
+        run_dir = Path(cfg.out)
+        if rank == 0:
+            run_dir, _ = prepare(cfg)
+        if worker.run(cfg, run_dir) != 0:
+            raise WansyncError((run_dir / "logs" / f"rank{rank}.err").read_text().strip())
+        return read_summary(run_dir) if rank == 0 else {}
+    run_dir, _ = prepare(cfg)
+    (run_dir / "summary.json").unlink(missing_ok=True)
+    code, message = launch.spawn(cfg, run_dir)
+    if code != 0:
+        raise WansyncError(message)
+    return read_summary(run_dir)
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "summary.json").read_text())

@@ -1,0 +1,126 @@
+"""The base class every synchronization strategy is built on.
+
+It owns what all algorithms share: the inner step, the step counter, the event stream
+(sync events become records in metrics.jsonl), collective accounting, and the resumable
+state. A concrete strategy supplies only what differs: what it exchanges after the inner step
+(`after_inner_step`), which module the user calls (`model`), and its extra state.
+
+The user loop is always::
+
+    loss = loss_fn(sync.model(batch)); loss.backward(); sync.step(); sync.zero_grad()
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..comm.flat import FlatTensors
+from ..comm.ledger import CommLedger
+from ..errors import ConfigError
+
+
+@dataclasses.dataclass
+class NoOptions:
+    """A strategy without knobs."""
+
+
+def check(ok: bool, message: str) -> None:
+    """Option validation: one-line ConfigError."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """What parameter averaging exchanges: parameters plus floating-point persistent buffers
+    (BatchNorm statistics), so that averaged replicas are really identical."""
+    tensors: list[torch.Tensor] = [p for p in module.parameters()]
+    persistent = set(module.state_dict(keep_vars=True).keys())
+    for name, b in module.named_buffers():
+        if name in persistent and b.is_floating_point():
+            tensors.append(b)
+    return tensors
+
+
+class Strategy:
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, *,
+                 group: Any = None):
+        if not dist.is_initialized():
+            raise ConfigError("torch.distributed is not initialized: call wansync.init() or "
+                              "torch.distributed.init_process_group() first")
+        self.module = model
+        self.optimizer = optimizer
+        self.opts = options if options is not None else self.Options()
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.t = 0                       # inner steps taken
+        self.last_inner_s = 0.0          # time of the last inner optimizer step (profiler: compute)
+        self.comm = CommLedger()
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    # ---- the user's view -------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        """The module to call forward on (a DDP wrapper for gradient-synchronizing strategies)."""
+        return self.module
+
+    def step(self) -> None:
+        """Inner optimizer step, then whatever synchronization is due at the new step count."""
+        t0 = time.perf_counter()
+        self.optimizer.step()
+        self.last_inner_s = time.perf_counter() - t0
+        self.t += 1
+        self.after_inner_step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def finish(self) -> None:
+        """Bring every rank to the same final parameters (a last sync if one is due)."""
+
+    # ---- for subclasses ----------------------------------------------------------------
+    def after_inner_step(self) -> None:
+        """Synchronize if step `self.t` calls for it."""
+
+    @property
+    def inner_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def broadcast_initial_state(self) -> None:
+        """Start every replica from rank 0's parameters and buffers (one flat broadcast)."""
+        flat = FlatTensors(sync_tensors(self.module))
+        buf = flat.gather()
+        self.comm.count("init", buf.numel() * buf.element_size())
+        dist.broadcast(buf, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+        flat.scatter(buf)
+
+    # ---- events --------------------------------------------------------------------------
+    def on_event(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        self._listeners.append(fn)
+
+    def emit(self, record_type: str, /, **fields: Any) -> None:
+        record = {"type": record_type, "step": self.t, "strategy": self.name, **fields}
+        for fn in self._listeners:
+            fn(record)
+
+    # ---- resumable state -----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t, "options": dataclasses.asdict(self.opts), **self.extra_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.t = int(state["t"])
+        self.load_extra_state(state)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        pass

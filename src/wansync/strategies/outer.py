@@ -1,0 +1,64 @@
+"""Anchors and outer optimizers: the one implementation SlowMo, CPDP, DiLoCo, Streaming DiLoCo
+and CoCoDC share.
+
+An `Anchor` holds the global parameters θ̃ of a set of tensors (the whole model, or one
+fragment) as one flat buffer, and an outer `torch.optim.SGD` over it. The outer gradient is
+the averaged pseudo-gradient Δ̄ = mean(θ̃ − θ_m) (DiLoCo sign: a descent direction).
+
+- DiLoCo / Streaming: `outer_step(Δ̄)` with SGD(lr, momentum, Nesterov).
+- SlowMo (spec §3): u ← β·u + Δ̄/η ; θ̃ ← θ̃ − α·η·u is exactly SGD with momentum β (no
+  dampening) at lr α·η on the gradient Δ̄/η, so `slowmo_step(Δ̄, η, α)` reuses the same optimizer
+  and stays right when η changes between boundaries.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..comm.flat import FlatTensors
+
+
+class Anchor:
+    def __init__(self, tensors: Sequence[torch.Tensor], *, lr: float, momentum: float, nesterov: bool = False):
+        self.flat = FlatTensors(tensors)
+        self.value = self.flat.gather()                    # θ̃, identical on every rank
+        self.optimizer = torch.optim.SGD([self.value], lr=lr, momentum=momentum,
+                                         nesterov=nesterov and momentum > 0)
+
+    def local(self) -> torch.Tensor:
+        """θ_m of these tensors, as a new flat buffer."""
+        return self.flat.gather()
+
+    def pseudo_gradient(self, local: torch.Tensor | None = None) -> torch.Tensor:
+        """Δ_m = θ̃ − θ_m (a new flat buffer)."""
+        return self.value - (self.local() if local is None else local)
+
+    def outer_step(self, mean_delta: torch.Tensor, lr: float | None = None) -> None:
+        """θ̃ ← OuterOpt(θ̃, grad = Δ̄)."""
+        if lr is not None:
+            self.optimizer.param_groups[0]["lr"] = lr
+        self.value.grad = mean_delta
+        self.optimizer.step()
+        self.value.grad = None
+
+    def slowmo_step(self, mean_delta: torch.Tensor, inner_lr: float, slow_lr: float) -> None:
+        """u ← β·u + Δ̄/η ; θ̃ ← θ̃ − α·η·u (β is the optimizer's momentum)."""
+        self.outer_step(mean_delta / inner_lr, lr=slow_lr * inner_lr)
+
+    def reset_to(self, flat: torch.Tensor) -> None:
+        """Make θ̃ equal `flat` (e.g. after a plain average), keeping the optimizer state."""
+        with torch.no_grad():
+            self.value.copy_(flat)
+
+    def load_into_model(self) -> None:
+        """θ_m ← θ̃."""
+        self.flat.scatter(self.value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value.detach().clone(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.value.copy_(state["value"])
+        self.optimizer.load_state_dict(state["optimizer"])

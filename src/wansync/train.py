@@ -1,0 +1,175 @@
+"""One worker's training loop: workload + strategy + profiler + evaluation + run files.
+
+Evaluation runs on every rank (the same held-out batches) and reports the mean over workers
+of each worker's *local* model; after the last step `sync.finish()` brings all ranks to the
+same parameters, so the final numbers describe the one model every worker holds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import strategies
+from .config import STRATEGY_KEYS, Config
+from .errors import NonFiniteError
+from .faults import Fault
+from .optim import build_optimizer, lr_at, set_lr
+from .telemetry.metrics import MetricsWriter
+from .telemetry.profiler import Profiler
+from .telemetry.progress import Progress
+from .workloads import build_workload
+
+
+def resolve_strategy_options(cfg: Config) -> dict[str, Any]:
+    """The chosen strategy's options with its defaults filled in (validated)."""
+    names = strategies.option_names(cfg.strategy)
+    given = {k: getattr(cfg, k) for k in STRATEGY_KEYS if k in names and getattr(cfg, k) is not None}
+    return dataclasses.asdict(strategies.make_options(cfg.strategy, **given))
+
+
+def all_mean(values: dict[str, float]) -> dict[str, float]:
+    """Mean of each metric over all workers (one small all-reduce)."""
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    t /= dist.get_world_size()
+    return {k: float(v) for k, v in zip(keys, t)}
+
+
+def describe(facts: dict[str, Any]) -> str:
+    """A one-line summary of a workload's describe() dict."""
+    parts = [f"{facts.get('model', '?')} ({facts.get('params', 0) / 1e6:.2f}M params)", f"data {facts.get('data', facts.get('dataset', '?'))}"]
+    for key in ("train_tokens", "train_size", "windows_per_rank", "shard_size", "batch_size", "seq_len"):
+        if key in facts:
+            parts.append(f"{key} {facts[key]}")
+    return ", ".join(parts)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run_dir: Path, rank: int, world_size: int):
+        self.cfg, self.run_dir, self.rank, self.world = cfg, Path(run_dir), rank, world_size
+        torch.manual_seed(cfg.seed)                     # same init on every rank
+        self.workload = build_workload(cfg, rank, world_size)
+        self.optimizer = build_optimizer(cfg, self.workload.model)
+        self.options = resolve_strategy_options(cfg)
+        self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer, **self.options)
+        self.writer = MetricsWriter(self.run_dir / "metrics.jsonl" if rank == 0 else None)
+        self.sync.on_event(self.writer.write)
+        self.sync_events = 0
+        self.sync.on_event(self._count_sync)
+        self.profiler = Profiler()
+        self._waited = 0.0
+        self.sync.comm.on_wait.append(self._on_wait)
+        self.progress = Progress(cfg.steps, every=cfg.log_every, quiet=cfg.quiet, enabled=rank == 0,
+                                 prefix=f"[{cfg.strategy}] ")
+        self.evals: list[dict[str, Any]] = []
+        self.fault = Fault.from_env()
+        self.lower_is_better = self.workload.kind == "lm"
+
+    def _count_sync(self, record: dict[str, Any]) -> None:
+        if record.get("type") == "sync":
+            self.sync_events += 1
+
+    def _on_wait(self, purpose: str, seconds: float) -> None:
+        self._waited += seconds
+
+    # ---- one step ----------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict[str, Any]:
+        cfg, prof, sync = self.cfg, self.profiler, self.sync
+        lr = lr_at(cfg, step)
+        set_lr(self.optimizer, lr)
+        batch = self.workload.next_batch()
+        prof.lap("data")
+        loss = self.workload.loss(sync.model, batch)
+        loss.backward()
+        if self.fault is not None:
+            self.fault.after_backward(self.rank, step + 1, self.workload.model)
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.workload.model.parameters(), cfg.grad_clip)
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            raise NonFiniteError(f"non-finite training loss {loss_value} on rank {self.rank} at step {step + 1}")
+        compute = prof.lap("compute")
+        self._waited = 0.0
+        sync.step()
+        sync.zero_grad()
+        step_s = prof.lap("sync_math")
+        prof.move("sync_math", "compute", sync.last_inner_s)
+        prof.move("sync_math", "exposed_comm", self._waited)
+        items = self.workload.batch_size_items(batch) * self.world
+        return {"type": "step", "step": step + 1, "loss": loss_value, "lr": lr,
+                "items_per_s": items / max(1e-9, compute + step_s), "time": prof.wall()}
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        metrics = all_mean(self.workload.evaluate(self.workload.model))
+        record = {"type": "eval", "step": step, "time": self.profiler.wall(), **metrics,
+                  "epoch": self.workload.epoch_progress()}
+        self.evals.append(record)
+        self.writer.write(record)
+        self.profiler.lap("eval")
+        return record
+
+    # ---- the run ----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any] | None:
+        cfg = self.cfg
+        self.progress.log(f"{cfg.strategy}: {self.world} workers, {describe(self.workload.describe())}")
+        self.profiler.lap("other")
+        unit = "tok/s" if self.workload.kind == "lm" else "img/s"
+        for step in range(self.sync.t, cfg.steps):
+            rec = self.train_step(step)
+            self.writer.write(rec)
+            self.profiler.lap("other")
+            self.progress.update(rec["step"], f"loss {rec['loss']:.3f} {rec['items_per_s']:.0f} {unit}")
+            if rec["step"] % cfg.eval_every == 0 and rec["step"] != cfg.steps:
+                self.progress.log(self.format_eval(self.evaluate(rec["step"])))
+        self.sync.finish()
+        self.profiler.lap("sync_math")
+        self.profiler.move("sync_math", "exposed_comm", self._waited)
+        self._waited = 0.0
+        final = self.evaluate(cfg.steps)
+        self.progress.close()
+        self.progress.log(self.format_eval(final))
+        return self.summarize(final)
+
+    def format_eval(self, e: dict[str, Any]) -> str:
+        if "val_loss" in e:
+            return f"step {e['step']}: val_loss {e['val_loss']:.4f} val_ppl {e['val_ppl']:.2f}"
+        return f"step {e['step']}: test_loss {e['test_loss']:.4f} test_acc {e['test_acc']:.2f}%"
+
+    def summarize(self, final: dict[str, Any]) -> dict[str, Any] | None:
+        profile = self.profiler.report()
+        summary: dict[str, Any] = {
+            "strategy": self.cfg.strategy, "workers": self.world, "steps": self.cfg.steps,
+            "wall_clock_s": profile["wall_clock_s"], "model": self.cfg.model, "data": self.cfg.data,
+            "seed": self.cfg.seed, "options": self.options,
+            "bytes_sent": self.sync.comm.bytes, "comm": self.sync.comm.snapshot(),
+            "sync_events": self.sync_events,
+        }
+        if "val_loss" in final:
+            losses = [e["val_loss"] for e in self.evals]
+            summary.update(final_val_loss=final["val_loss"], final_val_ppl=final["val_ppl"],
+                           best_val_loss=min(losses), best_val_ppl=math.exp(min(losses)))
+        else:
+            accs = [e["test_acc"] for e in self.evals]
+            summary.update(final_test_acc=final["test_acc"], peak_test_acc=max(accs),
+                           final_test_loss=final["test_loss"])
+        if self.rank == 0:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            (self.run_dir / "profile.json").write_text(json.dumps(profile, indent=2))
+        self.writer.close()
+        return summary if self.rank == 0 else None
+
+
+def train_worker(cfg: Config, run_dir: str | Path, rank: int, world_size: int) -> dict[str, Any] | None:
+    """Run one worker's training; the process group must already be initialized."""
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
+    torch.set_num_threads(threads)
+    return Trainer(cfg, Path(run_dir), rank, world_size).run()

