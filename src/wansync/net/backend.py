@@ -1,0 +1,361 @@
+"""The emulating process group: real collectives, completed when the modelled link says so.
+
+:class:`EmulatedProcessGroup` is a Python ``torch.distributed.ProcessGroup`` registered with
+``Backend.register_backend`` (extended API, so it learns its group's global ranks). It replaces the
+whole process group, so it implements every collective its callers use; each one
+
+1. issues the real collective at once on a wrapped backend (gloo for CPU tensors, NCCL for CUDA),
+2. computes the modelled duration d (:mod:`wansync.net.cost`, jitter shared by all ranks),
+3. reserves this rank's link, which is FIFO: start = max(issue, end of the previous transfer),
+4. returns a Work whose Future the process's completer thread completes at
+   max(real completion, start + d), in issue order.
+
+One link and one completer thread per process: a rank has one network path, whatever the group.
+DDP needs ``broadcast`` (initial state), ``allgather`` (constructor checks) and ``allreduce``
+(gradient buckets); ``PeriodicModelAverager`` needs ``allreduce``; ``dist.barrier`` needs ``barrier``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from wansync.net import records as _records
+from wansync.net.cost import collective_duration, jitter_draw
+from wansync.net.link import Topology, parse_wan
+
+__all__ = ["BACKEND_NAME", "EmulatedProcessGroup", "install", "is_emulated", "installed_topology"]
+
+BACKEND_NAME = "wansync_emu"
+
+_config: dict[str, Any] = {}
+_install_lock = threading.Lock()
+
+
+class _Link:
+    """This rank's link: one transfer at a time, in issue order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def reserve(self, issue: float, duration: float) -> float:
+        with self._lock:
+            start = max(issue, self._free_at)
+            self._free_at = start + duration
+            return start
+
+
+class _Job:
+    def __init__(self, works: list[Any], rec: _records.CollectiveRecord, fut: Future, value: Any, cuda: bool):
+        self.works, self.rec, self.fut, self.value, self.cuda = works, rec, fut, value, cuda
+
+    def run(self) -> None:
+        rec = self.rec
+        try:
+            for w in self.works:
+                if self.cuda:  # NCCL's wait() only orders streams; poll for the host-side truth
+                    while not w.is_completed():
+                        time.sleep(2e-4)
+                    if w.exception() is not None:
+                        raise w.exception()
+                else:
+                    w.wait()
+            rec.real_end = time.perf_counter()
+            delay = rec.modelled_end - rec.real_end
+            if delay > 0:
+                time.sleep(delay)
+        except Exception as exc:  # a dead peer, a timeout: the caller must see it, not hang
+            rec.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            rec.end = time.perf_counter()
+            self.fut.set_exception(exc)
+            return
+        rec.end = time.perf_counter()
+        self.fut.set_result(self.value)
+
+
+class _Completer:
+    """One daemon thread per process that completes futures in issue order (the FIFO link)."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, job: _Job) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="wansync-link", daemon=True)
+                self._thread.start()
+        self._q.put(job)
+
+    def _run(self) -> None:
+        while True:
+            self._q.get().run()
+
+
+_LINK = _Link()
+_COMPLETER = _Completer()
+
+
+class EmulatedWork(dist.Work):
+    """The Work handed to callers; ``wait()`` blocks until the modelled completion and is timed.
+
+    ``wait(timeout)`` ignores its timeout: the wrapped backend's own timeout turns a dead peer into an
+    error on the Future, which ``wait()`` raises.
+    """
+
+    def __init__(self, fut: Future, rec: _records.CollectiveRecord, value: Any):
+        super().__init__()
+        self._fut, self._rec, self._value = fut, rec, value
+
+    def wait(self, timeout: Any = None) -> bool:
+        t0 = time.perf_counter()
+        try:
+            self._fut.wait()
+        finally:
+            self._rec.waited = (self._rec.waited or 0.0) + (time.perf_counter() - t0)
+        return True
+
+    def get_future(self) -> Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        return self._fut.done() and self._rec.error is None
+
+    def exception(self) -> Any:
+        return RuntimeError(self._rec.error) if self._rec.error else None
+
+    def result(self) -> Any:
+        return self._value
+
+    def synchronize(self) -> None:
+        pass
+
+    @property
+    def record(self) -> _records.CollectiveRecord:
+        return self._rec
+
+
+def _nbytes(tensors: Any) -> int:
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    return sum(_nbytes(t) for t in tensors)
+
+
+def _first_tensor(tensors: Any) -> torch.Tensor | None:
+    if isinstance(tensors, torch.Tensor):
+        return tensors
+    for t in tensors:
+        found = _first_tensor(t)
+        if found is not None:
+            return found
+    return None
+
+
+class EmulatedProcessGroup(dist.ProcessGroup):
+    """A process group whose collectives take as long as the modelled link says (and no less)."""
+
+    def __init__(self, opts: Any, pg_options: Any = None):
+        rank, size = opts.group_rank, opts.group_size
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        self._name = str(opts.group_id)
+        self._group_key = zlib.crc32(self._name.encode())
+        ranks = list(opts.global_ranks_in_group)
+        if dist.is_initialized():  # a subgroup: sites are fixed by the global world
+            self._world = dist.get_world_size()
+            self._ranks = ranks or list(range(self._world))
+        else:  # the default group being created
+            self._world = size
+            self._ranks = ranks or list(range(size))
+        cfg = _config or {"topology": parse_wan("lan"), "seed": 0}
+        self._topology: Topology = cfg["topology"]
+        self._seed: int = int(cfg["seed"])
+        self._seq = 0
+        timeout = opts.timeout
+        store = dist.PrefixStore("gloo/", opts.store)
+        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._nccl = None
+        if torch.cuda.is_available() and dist.is_nccl_available():
+            nccl_opts = dist.ProcessGroupNCCL.Options()
+            nccl_opts._timeout = timeout
+            self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", opts.store), rank, size, nccl_opts)
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"EmulatedProcessGroup(group={self._name}, rank={self._rank}/{self._size}, {self._topology.describe()})"
+
+    @property
+    def topology(self) -> Topology:
+        return self._topology
+
+    def records(self) -> list[_records.CollectiveRecord]:
+        """This group's records in this process."""
+        return [r for r in _records.records() if r.group == self._name]
+
+    def _issue(
+        self,
+        op: str,
+        nbytes: int,
+        tensors: Any,
+        real: Callable[[Any], Any],
+        value: Any,
+        peers: Sequence[int] | None = None,
+    ) -> EmulatedWork:
+        issue = time.perf_counter()
+        t = _first_tensor(tensors)
+        cuda = t is not None and t.is_cuda
+        if cuda and self._nccl is None:
+            raise RuntimeError("wansync emulator: CUDA tensor given but NCCL is not available")
+        works = real(self._nccl if cuda else self._gloo)
+        works = list(works) if isinstance(works, list) else [works]
+        if peers is None:  # a collective: every member issues it, in the same order
+            seq = self._seq
+            self._seq += 1
+            d = collective_duration(op, nbytes, self._world, self._topology, self._ranks)
+            d += jitter_draw(self._topology, self._world, self._seed, self._group_key, seq, self._ranks)
+        else:  # point-to-point: only two ranks see it, so no shared sequence number and no jitter
+            seq = -1
+            d = collective_duration(op, nbytes, self._world, self._topology, peers)
+        start = _LINK.reserve(issue, d)
+        rec = _records.CollectiveRecord(
+            op=op, nbytes=nbytes, group=self._name, seq=seq, issue=issue, start=start,
+            modelled_s=d, modelled_end=start + d,
+        )
+        _records.add(rec)
+        fut = Future(devices=[t.device]) if cuda else Future()
+        _COMPLETER.submit(_Job(works, rec, fut, value, cuda))
+        return EmulatedWork(fut, rec, value)
+
+    # -- collectives ------------------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        return self._issue("allreduce", _nbytes(tensors), tensors, lambda b: b.allreduce(tensors, opts), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        return self._issue(
+            "allreduce", _nbytes(tensors), tensors, lambda b: b.allreduce_coalesced(tensors, opts), tensors
+        )
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        return self._issue("broadcast", _nbytes(tensors), tensors, lambda b: b.broadcast(tensors, opts), tensors)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return self._issue(
+            "allgather", _nbytes(output_tensors), input_tensors,
+            lambda b: b.allgather(output_tensors, input_tensors, opts), output_tensors,
+        )
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return self._issue(
+            "allgather", _nbytes(output_lists), input_list,
+            lambda b: b.allgather_coalesced(output_lists, input_list, opts), output_lists,
+        )
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return self._issue(
+            "allgather", _nbytes(output), input, lambda b: b._allgather_base(output, input, opts), [output]
+        )
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return self._issue(
+            "allgather", _nbytes(outputs), inputs,
+            lambda b: [b._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)], outputs,
+        )
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        return self._issue(
+            "reduce_scatter", _nbytes(input_lists), outputs,
+            lambda b: b.reduce_scatter(outputs, input_lists, opts), outputs,
+        )
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        return self._issue(
+            "reduce_scatter", _nbytes(input), input, lambda b: b._reduce_scatter_base(output, input, opts), [output]
+        )
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        return self._issue(
+            "reduce_scatter", _nbytes(inputs), inputs,
+            lambda b: [b._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)], outputs,
+        )
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def barrier(self, opts=None):
+        opts = opts if opts is not None else dist.BarrierOptions()
+        return self._issue("barrier", 0, [], lambda b: self._gloo.barrier(opts), [])
+
+    def send(self, tensors, dst, tag=0):
+        peers = [self._ranks[self._rank], self._ranks[dst]]
+        return self._issue("send", _nbytes(tensors), tensors, lambda b: b.send(tensors, dst, tag), tensors, peers)
+
+    def recv(self, tensors, src, tag=0):
+        peers = [self._ranks[self._rank], self._ranks[src]]
+        return self._issue("recv", _nbytes(tensors), tensors, lambda b: b.recv(tensors, src, tag), tensors, peers)
+
+
+def _create(opts: Any, pg_options: Any = None) -> EmulatedProcessGroup:
+    return EmulatedProcessGroup(opts, pg_options)
+
+
+def install(topology: Topology | str, seed: int = 0) -> str:
+    """Register the emulating backend in this process; pass the result as ``backend=``.
+
+    Call it in every worker process before ``init_process_group``. Calling it again changes the
+    topology and seed for groups created afterwards (existing groups keep theirs).
+    """
+    topo = parse_wan(topology) if isinstance(topology, str) else topology
+    with _install_lock:
+        _config["topology"] = topo
+        _config["seed"] = int(seed)
+        if BACKEND_NAME.upper() not in dist.Backend._plugins:
+            devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and dist.is_nccl_available() else [])
+            dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
+    return BACKEND_NAME
+
+
+def installed_topology() -> Topology | None:
+    """The topology that new emulated groups in this process will use (None before install)."""
+    return _config.get("topology")
+
+
+def is_emulated(group: Any = None) -> bool:
+    """Whether ``group`` (default: the default group) runs under the emulator."""
+    if group is None:
+        if not dist.is_initialized():
+            return False
+        group = dist.distributed_c10d._get_default_group()
+    return isinstance(group, EmulatedProcessGroup)

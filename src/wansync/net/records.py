@@ -1,0 +1,72 @@
+"""One record per emulated collective, kept per process, so profilers and reports can account time.
+
+All times are ``time.perf_counter()`` seconds of the recording process (comparable within a
+process only). ``waited`` is the time the caller spent blocked in ``Work.wait()``; it stays
+``None`` when nobody called ``wait()`` on the Work (e.g. DDP's reducer waits on the Future in C++,
+which the emulator cannot observe: measure that exposure around ``backward()`` instead).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["CollectiveRecord", "records", "reset_records", "summary"]
+
+
+@dataclass
+class CollectiveRecord:
+    op: str
+    nbytes: int
+    group: str  # the process group's name ("0" is the default group)
+    seq: int  # the collective's sequence number within its group (same on every rank)
+    issue: float  # when the caller issued it
+    start: float  # when it started on this rank's link (FIFO: after the previous transfer)
+    modelled_s: float  # modelled duration, jitter included
+    modelled_end: float  # start + modelled_s
+    real_end: float | None = None  # when the wrapped backend finished
+    end: float | None = None  # when the returned Work completed: max(real_end, modelled_end)
+    waited: float | None = None  # seconds the caller blocked in Work.wait(); None if never called
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_lock = threading.Lock()
+_records: list[CollectiveRecord] = []
+
+
+def add(record: CollectiveRecord) -> None:
+    with _lock:
+        _records.append(record)
+
+
+def records() -> list[CollectiveRecord]:
+    """This process's records, oldest first (a copy of the list; the records are live objects)."""
+    with _lock:
+        return list(_records)
+
+
+def reset_records() -> None:
+    """Forget every record of this process (e.g. between benchmark phases)."""
+    with _lock:
+        _records.clear()
+
+
+def summary(recs: list[CollectiveRecord] | None = None) -> dict[str, Any]:
+    """Totals: count, bytes, modelled and waited seconds, and count/bytes per op."""
+    recs = records() if recs is None else recs
+    per_op: dict[str, dict[str, float]] = {}
+    for r in recs:
+        d = per_op.setdefault(r.op, {"count": 0, "bytes": 0})
+        d["count"] += 1
+        d["bytes"] += r.nbytes
+    return {
+        "count": len(recs),
+        "total_bytes": sum(r.nbytes for r in recs),
+        "modelled_s": sum(r.modelled_s for r in recs),
+        "waited_s": sum(r.waited or 0.0 for r in recs),
+        "per_op": per_op,
+    }

@@ -1,0 +1,186 @@
+"""Image datasets as whole uint8 tensors in memory (N×C×H×W) plus integer labels.
+
+Spec strings: "fashion-mnist" (Debian package), "fashion-mnist:PATH", "cifar100:PATH",
+"cifar10:PATH", "imagefolder:PATH". Converting to float happens per batch, which keeps
+memory at one byte per pixel and makes batch assembly a cheap index.
+"""
+from __future__ import annotations
+
+import gzip
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wansync.errors import ConfigError, DataError
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+DATASET_FORMS = ("fashion-mnist", "fashion-mnist:PATH", "cifar100:PATH", "cifar10:PATH", "imagefolder:PATH")
+
+
+@dataclass
+class ImageData:
+    """Train/test images (uint8, N×C×H×W) and labels (int64), with per-channel normalization."""
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    class_names: list[str] = field(default_factory=list)
+    mean: torch.Tensor | None = None   # per channel, in [0, 1] units; computed from train_x if None
+    std: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            x, y = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
+            if x.dtype != torch.uint8 or x.dim() != 4:
+                raise DataError(f"{self.name}: {split} images must be uint8 N×C×H×W, "
+                                f"got {x.dtype} {tuple(x.shape)}")
+            if len(x) != len(y) or len(x) == 0:
+                raise DataError(f"{self.name}: {split} split has {len(x)} images and {len(y)} labels")
+            setattr(self, f"{split}_y", y.to(torch.long))
+        if self.train_x.shape[1:] != self.test_x.shape[1:]:
+            raise DataError(f"{self.name}: train images {tuple(self.train_x.shape[1:])} and test images "
+                            f"{tuple(self.test_x.shape[1:])} differ in shape")
+        if self.mean is None or self.std is None:
+            self.mean, self.std = channel_stats(self.train_x)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.train_x.shape[1:])  # type: ignore[return-value]
+
+    def to_float(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 batch → normalized float32 (x/255 − mean) / std."""
+        mean, std = self.mean.view(1, -1, 1, 1), self.std.view(1, -1, 1, 1)
+        return (x.to(torch.float32).div_(255.0) - mean) / std
+
+
+def channel_stats(x: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std of uint8 images in [0, 1] units, in chunks to bound memory."""
+    c = x.shape[1]
+    s = torch.zeros(c, dtype=torch.float64)
+    s2 = torch.zeros(c, dtype=torch.float64)
+    for i in range(0, len(x), chunk):
+        part = x[i:i + chunk].to(torch.float64).div_(255.0).transpose(0, 1).reshape(c, -1)
+        s += part.sum(1)
+        s2 += (part * part).sum(1)
+    n = x.numel() // c
+    mean = s / n
+    std = (s2 / n - mean * mean).clamp_min(1e-12).sqrt().clamp_min(1e-3)
+    return mean.float(), std.float()
+
+
+def load_dataset(spec: str) -> ImageData:
+    """Load the dataset a spec string names (see DATASET_FORMS)."""
+    name, _, path = spec.partition(":")
+    name = name.strip().lower()
+    if name == "fashion-mnist":
+        return load_fashion_mnist(Path(path) if path else None)
+    if name in ("cifar100", "cifar10") and path:
+        return load_cifar(Path(path), classes=100 if name == "cifar100" else 10)
+    if name == "imagefolder" and path:
+        from .imagefolder import load_imagefolder
+        return load_imagefolder(Path(path))
+    raise ConfigError(f"unknown vision dataset {spec!r}; valid forms: {', '.join(DATASET_FORMS)}")
+
+
+# --- Fashion-MNIST (idx format, optionally gzipped) -------------------------------------------
+
+_FMNIST_FILES = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
+                 "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
+FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                         "Sneaker", "Bag", "Ankle boot"]
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one idx file (uint8 payload), gzipped or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise DataError(f"cannot read idx file {path}: {e}") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise DataError(f"{path} is not a uint8 idx file")
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    payload = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if payload.size != int(np.prod(dims)):
+        raise DataError(f"{path}: header says {dims} but holds {payload.size} bytes")
+    return payload.reshape(dims)
+
+
+def load_fashion_mnist(directory: Path | None = None) -> ImageData:
+    """Fashion-MNIST from the Debian package's directory (or `directory`): 60k/10k 1×28×28, 10 classes."""
+    d = directory or FASHION_MNIST_DIR
+    arrays = {}
+    for key, stem in _FMNIST_FILES.items():
+        found = [d / (stem + suf) for suf in (".gz", "") if (d / (stem + suf)).is_file()]
+        if not found:
+            raise DataError(f"Fashion-MNIST file {stem}.gz not found in {d}: run `apt-get install "
+                            f"dataset-fashion-mnist`, or put the four idx files from the Fashion-MNIST "
+                            f"GitHub releases in a directory and pass fashion-mnist:PATH")
+        arrays[key] = read_idx(found[0])
+    x_tr, x_te = (torch.from_numpy(arrays[k].copy()).unsqueeze(1) for k in ("train_x", "test_x"))
+    y_tr, y_te = (torch.from_numpy(arrays[k].astype(np.int64)) for k in ("train_y", "test_y"))
+    return ImageData("fashion-mnist", x_tr, y_tr, x_te, y_te, 10, list(FASHION_MNIST_CLASSES))
+
+
+# --- CIFAR (python pickle format) ----------------------------------------------------------
+
+def _unpickle(path: Path) -> dict:
+    # Only files under the directory the user named are unpickled (pickle runs code).
+    try:
+        with open(path, "rb") as f:
+            obj = pickle.load(f, encoding="bytes")
+    except Exception as e:  # noqa: BLE001 - any failure to unpickle is a data problem
+        raise DataError(f"cannot read CIFAR file {path}: {type(e).__name__}: {e}") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"CIFAR file {path} does not hold a dict")
+    return obj
+
+
+def _cifar_split(files: list[Path], label_key: bytes, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys = [], []
+    for p in files:
+        d = _unpickle(p)
+        if b"data" not in d or label_key not in d:
+            raise DataError(f"CIFAR file {p} lacks b'data' or {label_key!r}")
+        data = np.asarray(d[b"data"], dtype=np.uint8)
+        if data.ndim != 2 or data.shape[1] != 3072:
+            raise DataError(f"CIFAR file {p}: b'data' must be N×3072 uint8, got {data.shape}")
+        xs.append(data.reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(d[label_key], dtype=np.int64))
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    if len(y) and (y.min() < 0 or y.max() >= classes):
+        raise DataError(f"CIFAR labels in {files[0].parent} fall outside 0..{classes - 1}")
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def load_cifar(directory: Path, classes: int = 100) -> ImageData:
+    """CIFAR-100 (`train`, `test`, `meta`) or CIFAR-10 (`data_batch_1..5`, `test_batch`) directory."""
+    d = directory
+    sub = d / ("cifar-100-python" if classes == 100 else "cifar-10-batches-py")
+    if sub.is_dir():                                   # accept the archive's parent directory too
+        d = sub
+    if not d.is_dir():
+        raise DataError(f"CIFAR directory {directory} does not exist")
+    if classes == 100:
+        train, test, meta, key, names_key = ["train"], ["test"], "meta", b"fine_labels", b"fine_label_names"
+    else:
+        train = [f"data_batch_{i}" for i in range(1, 6)]
+        test, meta, key, names_key = ["test_batch"], "batches.meta", b"labels", b"label_names"
+    for fname in train + test:
+        if not (d / fname).is_file():
+            raise DataError(f"CIFAR-{classes} file {fname!r} missing in {d}")
+    x_tr, y_tr = _cifar_split([d / f for f in train], key, classes)
+    x_te, y_te = _cifar_split([d / f for f in test], key, classes)
+    names: list[str] = []
+    if (d / meta).is_file():
+        raw = _unpickle(d / meta).get(names_key, [])
+        names = [n.decode() if isinstance(n, bytes) else str(n) for n in raw]
+    return ImageData(f"cifar{classes}", x_tr, y_tr, x_te, y_te, classes, names)

@@ -1,0 +1,360 @@
+"""The emulating backend, on real 2-rank gloo groups over 127.0.0.1.
+
+Each session below starts two worker processes (this file run as a script), which run one
+scenario and write what they saw to JSON; the tests then state the properties. Modelled
+durations are ~100 ms so that scheduler noise stays small against them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WORLD = 2
+D = 0.100  # modelled duration of one small all-reduce in the timing session (s)
+SLACK = 0.060  # how much later than modelled a completion may be
+
+
+# -- harness --------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(scenario: str, tmp: Path, timeout: float = 90.0) -> list[dict]:
+    """Run ``scenario`` on WORLD processes; return each rank's JSON. Never leaves a process behind."""
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    procs = []
+    for rank in range(WORLD):
+        log = open(tmp / f"{scenario}.{rank}.log", "w")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, scenario, str(rank), str(WORLD), str(port), str(tmp)],
+                stdout=log, stderr=subprocess.STDOUT, env=env,
+            )
+        )
+        log.close()
+    deadline = time.monotonic() + timeout
+    failed_at = None
+    try:
+        while any(p.poll() is None for p in procs):
+            now = time.monotonic()
+            if any(p.poll() not in (None, 0) for p in procs):
+                failed_at = failed_at or now
+                if now - failed_at > 5:  # a peer failed; the survivors get 5 s to notice
+                    break
+            if now > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+    logs = "\n".join(
+        f"--- rank {r} (exit {p.returncode}) ---\n" + (tmp / f"{scenario}.{r}.log").read_text()[-3000:]
+        for r, p in enumerate(procs)
+    )
+    if any(p.returncode != 0 for p in procs):
+        raise AssertionError(f"scenario {scenario!r} failed:\n{logs}")
+    paths = [tmp / f"{scenario}.{r}.json" for r in range(WORLD)]
+    return [json.loads(p.read_text()) if p.exists() else {} for p in paths]
+
+
+@pytest.fixture(scope="module")
+def timing(tmp_path_factory):
+    return run_ranks("timing", tmp_path_factory.mktemp("timing"))
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory):
+    return run_ranks("training", tmp_path_factory.mktemp("training"))
+
+
+# -- timing: the emulator's own guarantees --------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_collective_completes_no_earlier_than_modelled_and_not_much_later(timing):
+    for out in timing:
+        s = out["single"]
+        assert s["modelled"] == pytest.approx(D, abs=1e-3)
+        assert s["modelled"] <= s["elapsed"] < s["modelled"] + SLACK
+        assert s["value"] == [3.0] * 4  # and the math is the real all-reduce's
+        rec = s["record"]
+        assert rec["op"] == "allreduce" and rec["nbytes"] == 16
+        assert rec["end"] >= max(rec["real_end"], rec["modelled_end"])
+        assert rec["waited"] == pytest.approx(s["elapsed"], abs=0.02)
+
+
+@pytest.mark.timeout(120)
+def test_back_to_back_collectives_queue_on_the_link(timing):
+    for out in timing:
+        f = out["fifo"]
+        first, second = f["records"]
+        assert second["start"] == pytest.approx(first["modelled_end"], abs=1e-9)  # FIFO: queued behind
+        assert f["first_done_when_second_done"]
+        assert 2 * D <= f["elapsed"] < 2 * D + SLACK
+
+
+@pytest.mark.timeout(120)
+def test_compute_overlapping_a_collective_hides_it(timing):
+    for out in timing:
+        for case in out["overlap"]:
+            exposed = max(0.0, case["modelled"] - case["compute"])
+            assert case["waited"] == pytest.approx(exposed, abs=0.03), case
+
+
+@pytest.mark.timeout(120)
+def test_ranks_draw_the_same_jitter(timing):
+    a, b = (out["jitter"]["durations"] for out in timing)
+    assert len(a) == 6 and a == b  # identical floats on both ranks
+    assert len(set(a)) > 1  # and it does vary from collective to collective
+    assert all(d >= D for d in a)
+    assert all(r["group"] != "0" for r in timing[0]["jitter"]["records"])  # it ran on the subgroup
+
+
+# -- training: emulation changes time, never math -------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_ddp_under_the_emulator_matches_plain_gloo_bitwise(training):
+    digests = {out["ddp"]["emulated"] for out in training} | {out["ddp"]["plain"] for out in training}
+    assert len(digests) == 1  # same bits on both ranks, emulated or not
+    for out in training:
+        ops = out["ddp"]["ops"]
+        assert {"broadcast", "allgather", "allreduce"} <= set(ops)  # DDP really ran under it
+        assert out["ddp"]["took_at_least_the_modelled_total"]  # and waited for the link
+
+
+@pytest.mark.timeout(120)
+def test_periodic_model_averager_averages_under_the_emulator(training):
+    for out in training:
+        av = out["averager"]
+        assert av["averaged_as_expected"]
+        assert av["off_period_step_left_params_alone"]
+        assert av["ops"] == {"allreduce": 1}
+
+
+@pytest.mark.timeout(120)
+def test_other_collectives_compute_what_gloo_computes(training):
+    for out in training:
+        assert out["collectives"] == {k: True for k in out["collectives"]}, out["collectives"]
+        assert set(out["collectives"]) >= {
+            "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+            "reduce_scatter_tensor", "barrier", "subgroup_all_reduce", "all_reduce_coalesced",
+        }
+        assert out["is_emulated"] == [True, False]
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_peer_is_an_error_not_a_hang(tmp_path):
+    survivor = run_ranks("dead_peer", tmp_path, timeout=60)[0]
+    assert survivor["raised"], survivor
+    assert survivor["seconds"] < 30
+
+
+# -- worker side ----------------------------------------------------------------------------------
+
+
+def _init(rank: int, world: int, port: int, topology, seed: int = 0):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from wansync import net
+
+    name = net.install(topology, seed=seed)
+    dist.init_process_group(
+        name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=20)
+    )
+    return dist.new_group(backend="gloo")  # a plain group, for syncing and reference results
+
+
+def _timing(rank: int, world: int, port: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from wansync import net
+
+    flat = net.Topology(sites=1, intra_link=net.Link(rtt_s=D, bandwidth_bps=1e9))  # 2-rank ring: 1 RTT
+    plain = _init(rank, world, port, flat)
+    out: dict = {}
+
+    def fresh():
+        dist.barrier(group=plain)
+        net.reset_emulator_records()
+
+    fresh()
+    t = torch.full((4,), float(rank + 1))
+    t0 = time.perf_counter()
+    dist.all_reduce(t, async_op=True).wait()
+    elapsed = time.perf_counter() - t0
+    (rec,) = net.emulator_records()
+    out["single"] = {"elapsed": elapsed, "modelled": rec.modelled_s, "value": t.tolist(), "record": rec.as_dict()}
+
+    fresh()
+    t0 = time.perf_counter()
+    w1 = dist.all_reduce(torch.ones(4), async_op=True)
+    w2 = dist.all_reduce(torch.ones(4), async_op=True)
+    w2.wait()
+    out["fifo"] = {
+        "elapsed": time.perf_counter() - t0,
+        "first_done_when_second_done": w1.is_completed(),
+        "records": [r.as_dict() for r in net.emulator_records()],
+    }
+    w1.wait()
+
+    out["overlap"] = []
+    for compute in (0.04, 0.15):
+        fresh()
+        w = dist.all_reduce(torch.ones(4), async_op=True)
+        time.sleep(compute)
+        w.wait()
+        (rec,) = net.emulator_records()
+        out["overlap"].append({"compute": compute, "modelled": rec.modelled_s, "waited": rec.waited})
+
+    jittery = net.Topology(sites=1, intra_link=net.Link(rtt_s=D, bandwidth_bps=1e9, jitter_s=0.03))
+    net.install(jittery, seed=123)  # groups created from now on use it
+    sub = dist.new_group()
+    fresh()
+    for _ in range(6):
+        dist.all_reduce(torch.ones(4), group=sub)
+    recs = sub.records()
+    out["jitter"] = {"durations": [r.modelled_s for r in recs], "records": [r.as_dict() for r in recs]}
+    return out
+
+
+def _digest(params) -> str:
+    import hashlib
+
+    return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in params)).hexdigest()
+
+
+def _training(rank: int, world: int, port: int) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from wansync import net
+
+    plain = _init(rank, world, port, "rtt=4ms,bw=1gbit")
+    out: dict = {"is_emulated": [net.is_emulated(), net.is_emulated(plain)]}
+
+    def train(group):
+        torch.manual_seed(100 + rank)  # ranks start apart: DDP's initial broadcast must fix that
+        model = torch.nn.Linear(8, 3)
+        ddp = DDP(model, process_group=group)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            ddp(torch.randn(16, 8, generator=gen)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        return list(model.parameters())
+
+    net.reset_emulator_records()
+    t0 = time.perf_counter()
+    emulated = train(None)  # the default group: emulated
+    took = time.perf_counter() - t0
+    summ = net.emulator_summary()
+    out["ddp"] = {
+        "emulated": _digest(emulated),
+        "plain": _digest(train(plain)),
+        "ops": {op: d["count"] for op, d in summ["per_op"].items()},
+        "took_at_least_the_modelled_total": took >= summ["modelled_s"],  # the link is FIFO
+    }
+
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(4, 2)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]) / world
+    dist.all_reduce(flat, group=plain)  # the reference, computed as the averager does
+    averager = PeriodicModelAverager(period=2, warmup_steps=0)
+    net.reset_emulator_records()
+    averager.average_parameters(model.parameters())  # step 0: averages
+    averaged = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(rank)
+    before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    averager.average_parameters(model.parameters())  # step 1: off period
+    after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    out["averager"] = {
+        "averaged_as_expected": torch.equal(averaged, flat),
+        "off_period_step_left_params_alone": torch.equal(before, after),
+        "ops": {op: d["count"] for op, d in net.emulator_summary()["per_op"].items()},
+    }
+
+    checks: dict[str, bool] = {}
+    x = torch.arange(4.0) + 10 * rank
+    y = x.clone()
+    dist.broadcast(y, src=1)
+    checks["broadcast"] = torch.equal(y, torch.arange(4.0) + 10)
+    gathered = [torch.empty(4) for _ in range(world)]
+    dist.all_gather(gathered, x)
+    expected = torch.cat([torch.arange(4.0) + 10 * r for r in range(world)])
+    checks["all_gather"] = torch.equal(torch.cat(gathered), expected)
+    into = torch.empty(4 * world)
+    dist.all_gather_into_tensor(into, x)
+    checks["all_gather_into_tensor"] = torch.equal(into, expected)
+    big = torch.arange(4.0 * world) * (rank + 1)
+    total = torch.arange(4.0 * world) * sum(r + 1 for r in range(world))
+    mine = total[4 * rank : 4 * rank + 4]
+    rs = torch.empty(4)
+    dist.reduce_scatter(rs, list(big.chunk(world)))
+    checks["reduce_scatter"] = torch.equal(rs, mine)
+    rst = torch.empty(4)
+    dist.reduce_scatter_tensor(rst, big.clone())
+    checks["reduce_scatter_tensor"] = torch.equal(rst, mine)
+    a, b = torch.ones(3) * rank, torch.ones(2) * (rank + 1)
+    dist.all_reduce_coalesced([a, b])
+    checks["all_reduce_coalesced"] = torch.equal(a, torch.ones(3)) and torch.equal(b, torch.ones(2) * 3)
+    dist.barrier()
+    checks["barrier"] = net.emulator_records()[-1].op == "barrier"
+    sub = dist.new_group([0, 1])
+    s = torch.ones(2) * (rank + 1)
+    dist.all_reduce(s, group=sub)
+    checks["subgroup_all_reduce"] = torch.equal(s, torch.ones(2) * 3) and net.is_emulated(sub)
+    out["collectives"] = checks
+    dist.barrier(group=plain)
+    dist.destroy_process_group()
+    return out
+
+
+def _dead_peer(rank: int, world: int, port: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    _init(rank, world, port, "rtt=4ms,bw=1gbit")
+    if rank == 1:
+        os._exit(0)  # dies without a goodbye, like a killed worker
+    t0 = time.perf_counter()
+    try:
+        for _ in range(50):
+            dist.all_reduce(torch.ones(4), async_op=True).wait()
+            time.sleep(0.05)
+        raised = ""
+    except RuntimeError as exc:
+        raised = str(exc).splitlines()[0] or type(exc).__name__
+    return {"raised": raised, "seconds": time.perf_counter() - t0}
+
+
+if __name__ == "__main__":
+    scenario, rank, world, port, outdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    result = {"timing": _timing, "training": _training, "dead_peer": _dead_peer}[scenario](rank, world, port)
+    Path(outdir, f"{scenario}.{rank}.json").write_text(json.dumps(result))
+    os._exit(0)  # skip interpreter teardown of gloo threads; the JSON is the result
