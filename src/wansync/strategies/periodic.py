@@ -14,7 +14,7 @@ import torch
 
 from ..comm.flat import FlatTensors
 from ..comm.ledger import all_reduce_mean
-from .base import Strategy, sync_tensors
+from .base import Deferred, Strategy, sync_tensors
 
 
 class Periodic(Strategy):
@@ -40,23 +40,35 @@ class Periodic(Strategy):
 
     # ---- shared pieces ---------------------------------------------------------------------
     def average_params(self) -> tuple[torch.Tensor, dict[str, Any]]:
-        """θ̄ = mean(θ_m) as a flat buffer (parameters not yet overwritten) and the drift record."""
-        local = self.flat.gather()
-        avg = local.clone()
-        all_reduce_mean(avg, self.comm, "params", self.group)
-        info: dict[str, Any] = {"bytes": avg.numel() * avg.element_size()}
-        if getattr(self.opts, "drift_telemetry", True):
-            info["drift"] = self.drift(local, avg)
+        """θ̄ = mean(θ_m) as a flat buffer (parameters not yet overwritten) and the drift record.
+
+        The drift's scalar all-reduce is issued asynchronously and waited for only after the
+        caller has used θ̄ (`info["drift"]` is resolved by `resolve_drift`)."""
+        buf = self.flat.gather()
+        local = buf.clone() if self.drift_on else None
+        all_reduce_mean(buf, self.comm, "params", self.group)
+        info: dict[str, Any] = {"bytes": buf.numel() * buf.element_size()}
+        if local is not None:
+            info["drift"] = self.start_drift(local, buf)
         if getattr(self.opts, "sync_optimizer_state", False):
             self.average_optimizer_state()
-        return avg, info
+        return buf, info
 
-    def drift(self, local: torch.Tensor, avg: torch.Tensor) -> float:
-        """mean_m ||θ_m − θ̄|| / ||θ̄|| (one scalar all-reduce)."""
-        d = torch.stack([(local - avg).norm().double()])
-        all_reduce_mean(d, self.comm, "telemetry", self.group)
-        denom = float(avg.double().norm())
-        return float(d[0]) / denom if denom > 0 else math.inf
+    @property
+    def drift_on(self) -> bool:
+        return bool(getattr(self.opts, "drift_telemetry", True))
+
+    def start_drift(self, local: torch.Tensor, avg: torch.Tensor) -> "Deferred":
+        """Launch mean_m ||θ_m − θ̄|| (one async scalar all-reduce); divide by ||θ̄|| on resolve."""
+        d = torch.dist(local, avg).reshape(1).double()
+        pending = all_reduce_mean(d, self.comm, "telemetry", self.group, async_op=True)
+        avg_norm = float(torch.linalg.vector_norm(avg))
+        return Deferred(lambda: float(pending.wait()[0]) / avg_norm if avg_norm > 0 else math.inf)
+
+    @staticmethod
+    def resolve_drift(info: dict[str, Any]) -> dict[str, Any]:
+        """Replace a pending drift by its value (`emit` does this too)."""
+        return {k: v.resolve() if isinstance(v, Deferred) else v for k, v in info.items()}
 
     def average_optimizer_state(self) -> None:
         """Average every floating-point tensor of the inner optimizer's state (momentum, Adam
@@ -69,3 +81,4 @@ class Periodic(Strategy):
         buf = flat.gather()
         all_reduce_mean(buf, self.comm, "optim_state", self.group)
         flat.scatter(buf)
+
