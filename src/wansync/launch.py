@@ -57,7 +57,7 @@ def _terminate(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
             p.wait()
 
 
-def spawn(cfg: Config, run_dir: Path) -> tuple[int, str]:
+def spawn(cfg: Config, run_dir: Path, resume: bool = False) -> tuple[int, str]:
     """Run cfg.workers worker processes; returns (exit status, message of the first failure)."""
     run_dir = Path(run_dir)
     (run_dir / ERR_DIR).mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,8 @@ def spawn(cfg: Config, run_dir: Path) -> tuple[int, str]:
             env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(cfg.workers),
                        LOCAL_WORLD_SIZE=str(cfg.workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=_loopback_ifname(),
-                       OMP_NUM_THREADS=str(threads), WANSYNC_RUN_DIR=str(run_dir), WANSYNC_LAUNCHED="1")
+                       OMP_NUM_THREADS=str(threads), WANSYNC_RUN_DIR=str(run_dir), WANSYNC_LAUNCHED="1",
+                       WANSYNC_RESUME="1" if resume else "0")
             procs.append(subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env))
         return _watch(procs, run_dir)
     except KeyboardInterrupt:
@@ -93,10 +94,23 @@ def _watch(procs: list[subprocess.Popen], run_dir: Path) -> tuple[int, str]:
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             rank, code = failed[0]
-            return 1, describe_exit(run_dir, rank, code)
+            message = describe_exit(run_dir, rank, code)
+            stopped = [r for r, p in enumerate(procs) if _is_stopped(p.pid)]
+            if stopped:
+                message += f" (rank {stopped[0]} is stopped: it hung)"
+            return 1, message
         if all(c == 0 for c in codes):
             return 0, ""
         time.sleep(0.05)
+
+
+def _is_stopped(pid: int) -> bool:
+    """A process stopped by a signal (state T in /proc): a hung peer."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] in ("T", "t")
 
 
 def _loopback_ifname() -> str:

@@ -50,20 +50,50 @@ def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:
     return run_dir, options
 
 
-def train(cfg: Config) -> dict[str, Any] | None:
-    """Train with cfg; returns rank 0's summary (None on a non-zero rank under torchrun)."""
+RESUME_CHANGEABLE = ("steps", "checkpoint_every", "eval_every", "log_every", "quiet", "peer_timeout", "threads")
+
+
+def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
+    """The config of an earlier run, with only run-control keys changed (the math must not change)."""
+    from . import checkpoint
+    from .config import from_sections
+    import tomllib
+    run_dir = Path(run_dir)
+    checkpoint.latest_step_dir(run_dir)                  # one-line errors for a wrong directory
+    try:
+        saved = from_sections(tomllib.loads((run_dir / "config.toml").read_text()))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"cannot resume: {run_dir / 'config.toml'} is not valid TOML: {e}") from None
+    changes = {k: v for k, v in overrides.items() if k != "out"}
+    forbidden = [k for k, v in changes.items() if k not in RESUME_CHANGEABLE and v != getattr(saved, k)]
+    if forbidden:
+        raise ConfigError(f"cannot change {forbidden[0]} when resuming (only {', '.join(RESUME_CHANGEABLE)})")
+    from .config import replace
+    cfg = replace(saved, out=str(run_dir), **changes)
+    step = checkpoint.checkpoint_step(run_dir)
+    if cfg.steps < step:
+        raise ConfigError(f"cannot resume: --steps {cfg.steps} is below the checkpoint's step {step}")
+    return cfg
+
+
+def train(cfg: Config, resume: bool = False) -> dict[str, Any] | None:
+    """Train with cfg; returns rank 0's summary (None on a non-zero rank under torchrun).
+    `resume` continues from the run directory's latest checkpoint."""
     if launch.under_torchrun():
         from . import worker
         rank = int(os.environ["RANK"])
         run_dir = Path(cfg.out)
         if rank == 0:
             run_dir, _ = prepare(cfg)
-        if worker.run(cfg, run_dir) != 0:
+        if worker.run(cfg, run_dir, resume=resume) != 0:
             raise WansyncError((run_dir / "logs" / f"rank{rank}.err").read_text().strip())
         return read_summary(run_dir) if rank == 0 else {}
     run_dir, _ = prepare(cfg)
     (run_dir / "summary.json").unlink(missing_ok=True)
-    code, message = launch.spawn(cfg, run_dir)
+    if not resume:
+        import shutil
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    code, message = launch.spawn(cfg, run_dir, resume=resume)
     if code != 0:
         raise WansyncError(message)
     return read_summary(run_dir)

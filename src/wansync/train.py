@@ -17,13 +17,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import strategies
+from . import checkpoint, strategies
 from .config import STRATEGY_KEYS, Config
 from .errors import NonFiniteError
 from .faults import Fault
 from .optim import build_optimizer, lr_at, set_lr
 from .telemetry.metrics import MetricsWriter
-from .telemetry.profiler import Profiler
+from .telemetry.commtime import CommTimer, ddp_modules
+from .telemetry.profiler import Profiler, build_profile
 from .telemetry.progress import Progress
 from .workloads import build_workload
 
@@ -53,25 +54,37 @@ def describe(facts: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+PHASE = {"now": "start-up"}       # what the worker was doing, for one-line failure messages
+
+
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, rank: int, world_size: int):
+    def __init__(self, cfg: Config, run_dir: Path, rank: int, world_size: int, resume: bool = False):
         self.cfg, self.run_dir, self.rank, self.world = cfg, Path(run_dir), rank, world_size
         torch.manual_seed(cfg.seed)                     # same init on every rank
         self.workload = build_workload(cfg, rank, world_size)
         self.optimizer = build_optimizer(cfg, self.workload.model)
         self.options = resolve_strategy_options(cfg)
         self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer, **self.options)
-        self.writer = MetricsWriter(self.run_dir / "metrics.jsonl" if rank == 0 else None)
+        self.sync.comm.nonfinite = cfg.on_nonfinite
+        self.skipped = 0
+        resumed = self.load_checkpoint() if resume else None
+        self.writer = MetricsWriter(self.run_dir / "metrics.jsonl" if rank == 0 else None, append=resume)
         self.sync.on_event(self.writer.write)
         self.sync_events = 0
         self.sync.on_event(self._count_sync)
         self.profiler = Profiler()
         self._waited = 0.0
+        from .net import is_emulated
+        self.comm_timer = CommTimer(emulated=is_emulated())   # per-sync-event timing; DDP's hidden waits
+        for ddp in ddp_modules(self.sync):
+            self.comm_timer.instrument(ddp)
         self.sync.comm.on_wait.append(self._on_wait)
         self.progress = Progress(cfg.steps, every=cfg.log_every, quiet=cfg.quiet, enabled=rank == 0,
                                  prefix=f"[{cfg.strategy}] ")
         self.evals: list[dict[str, Any]] = []
         self.fault = Fault.from_env()
+        if resumed is not None:
+            self.restore_run_state(resumed)
         self.lower_is_better = self.workload.kind == "lm"
 
     def _count_sync(self, record: dict[str, Any]) -> None:
@@ -88,25 +101,89 @@ class Trainer:
         set_lr(self.optimizer, lr)
         batch = self.workload.next_batch()
         prof.lap("data")
+        self.comm_timer.begin(step + 1, sync.comm.bytes)
         loss = self.workload.loss(sync.model, batch)
         loss.backward()
+        ddp_exposed = self.comm_timer.after_backward()   # DDP's waits inside forward/backward
         if self.fault is not None:
             self.fault.after_backward(self.rank, step + 1, self.workload.model)
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.workload.model.parameters(), cfg.grad_clip)
         loss_value = float(loss.detach())
-        if not math.isfinite(loss_value):
-            raise NonFiniteError(f"non-finite training loss {loss_value} on rank {self.rank} at step {step + 1}")
+        skip = self.nonfinite_guard(loss_value, self.grad_norm(), step + 1)
         compute = prof.lap("compute")
+        prof.move("compute", "exposed_comm", ddp_exposed)
         self._waited = 0.0
-        sync.step()
+        PHASE["now"] = f"step {step + 1} (synchronization)"
+        sync.step(skip_inner=skip)
         sync.zero_grad()
         step_s = prof.lap("sync_math")
         prof.move("sync_math", "compute", sync.last_inner_s)
         prof.move("sync_math", "exposed_comm", self._waited)
+        self.comm_timer.end(sync.comm.bytes, self._waited)
         items = self.workload.batch_size_items(batch) * self.world
-        return {"type": "step", "step": step + 1, "loss": loss_value, "lr": lr,
-                "items_per_s": items / max(1e-9, compute + step_s), "time": prof.wall()}
+        rec = {"type": "step", "step": step + 1, "loss": loss_value, "lr": lr,
+               "items_per_s": items / max(1e-9, compute + step_s), "time": prof.wall()}
+        if skip:
+            rec["skipped"] = True
+        return rec
+
+    def grad_norm(self) -> float:
+        """Total local gradient norm (clipping it when --grad-clip is set)."""
+        params = [p for p in self.workload.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        if self.cfg.grad_clip > 0:
+            return float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+        return float(torch.nn.utils.get_total_norm([p.grad for p in params]))
+
+    def nonfinite_guard(self, loss: float, grad_norm: float, step: int) -> bool:
+        """True to skip this worker's inner update; raises under --on-nonfinite abort."""
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            return False
+        what = "loss" if not math.isfinite(loss) else "gradient"
+        if self.cfg.on_nonfinite == "abort":
+            raise NonFiniteError(f"non-finite {what} on rank {self.rank} at step {step} "
+                                 f"(--on-nonfinite abort; 'skip' drops such updates)")
+        self.skipped += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return True
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> None:
+        PHASE["now"] = f"checkpoint at step {step}"
+        state = {"step": step, "world_size": self.world, "rank": self.rank,
+                 "model": self.workload.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "strategy": self.sync.state_dict(), "workload": self.workload.state_dict(),
+                 "rng": torch.get_rng_state(), "evals": self.evals, "sync_events": self.sync_events,
+                 "skipped": self.skipped, "comm": self.sync.comm.snapshot(),
+                 "profile": dict(self.profiler.totals)}
+        checkpoint.save_rank(self.run_dir, step, self.rank, state)
+        dist.barrier()                                   # every rank's file is in place
+        if self.rank == 0:
+            checkpoint.publish(self.run_dir, step)
+        self.profiler.lap("checkpoint")
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        state = checkpoint.load_rank(self.run_dir, self.rank, self.world)
+        self.workload.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sync.load_state_dict(state["strategy"])
+        self.workload.load_state_dict(state["workload"])
+        torch.set_rng_state(state["rng"])
+        self.sync.comm.restore(state["comm"])
+        self.skipped = int(state["skipped"])
+        if self.rank == 0:
+            truncate_metrics(self.run_dir / "metrics.jsonl", int(state["step"]))
+        return state
+
+    def restore_run_state(self, state: dict[str, Any]) -> None:
+        self.evals = list(state["evals"])
+        self.sync_events = int(state["sync_events"])
+        self.profiler.restore(state["profile"])
+
+    @property
+    def epochs_evaluated(self) -> int:
+        """Whole epochs already covered by an evaluation (every epoch end is evaluated)."""
+        return max((int(e.get("epoch", 0)) for e in self.evals), default=0)
 
     def evaluate(self, step: int) -> dict[str, Any]:
         metrics = all_mean(self.workload.evaluate(self.workload.model))
@@ -124,17 +201,28 @@ class Trainer:
         self.profiler.lap("other")
         unit = "tok/s" if self.workload.kind == "lm" else "img/s"
         for step in range(self.sync.t, cfg.steps):
+            PHASE["now"] = f"step {step + 1}"
             rec = self.train_step(step)
             self.writer.write(rec)
             self.profiler.lap("other")
             self.progress.update(rec["step"], f"loss {rec['loss']:.3f} {rec['items_per_s']:.0f} {unit}")
-            if rec["step"] % cfg.eval_every == 0 and rec["step"] != cfg.steps:
+            epoch_done = int(self.workload.epoch_progress()) > self.epochs_evaluated
+            if (rec["step"] % cfg.eval_every == 0 or epoch_done) and rec["step"] != cfg.steps:
+                PHASE["now"] = f"evaluation at step {rec['step']}"
                 self.progress.log(self.format_eval(self.evaluate(rec["step"])))
+            if cfg.checkpoint_every and rec["step"] % cfg.checkpoint_every == 0 and rec["step"] != cfg.steps:
+                self.save_checkpoint(rec["step"])
+        PHASE["now"] = "the final synchronization"
+        self._waited = 0.0
+        self.comm_timer.begin("finish", self.sync.comm.bytes)
         self.sync.finish()
         self.profiler.lap("sync_math")
         self.profiler.move("sync_math", "exposed_comm", self._waited)
+        self.comm_timer.end(self.sync.comm.bytes, self._waited)
         self._waited = 0.0
+        PHASE["now"] = "the final evaluation"
         final = self.evaluate(cfg.steps)
+        self.save_checkpoint(cfg.steps)
         self.progress.close()
         self.progress.log(self.format_eval(final))
         return self.summarize(final)
@@ -144,14 +232,34 @@ class Trainer:
             return f"step {e['step']}: val_loss {e['val_loss']:.4f} val_ppl {e['val_ppl']:.2f}"
         return f"step {e['step']}: test_loss {e['test_loss']:.4f} test_acc {e['test_acc']:.2f}%"
 
+    def wan(self) -> dict[str, Any] | None:
+        """The emulated link (None when nothing is emulated)."""
+        if not self.cfg.wan:
+            return None
+        from .net import parse_wan
+        return {"spec": self.cfg.wan, "link": parse_wan(self.cfg.wan).describe(),
+                "emulated": self.comm_timer.emulated}
+
+    def profile(self) -> dict[str, Any]:
+        """profile.json: time categories summing to the wall clock, sync events, derived figures."""
+        timer = self.comm_timer
+        epochs = None
+        if self.sync.t > 0:  # the epochs this process trained (not those before a resume)
+            epochs = self.workload.epoch_progress() * timer.steps / self.sync.t
+        return build_profile(self.profiler, timer, steps=timer.steps, epochs=epochs, wan=self.wan())
+
     def summarize(self, final: dict[str, Any]) -> dict[str, Any] | None:
-        profile = self.profiler.report()
+        profile = self.profile()
         summary: dict[str, Any] = {
             "strategy": self.cfg.strategy, "workers": self.world, "steps": self.cfg.steps,
             "wall_clock_s": profile["wall_clock_s"], "model": self.cfg.model, "data": self.cfg.data,
             "seed": self.cfg.seed, "options": self.options,
             "bytes_sent": self.sync.comm.bytes, "comm": self.sync.comm.snapshot(),
             "sync_events": self.sync_events,
+            **{k: round(v * self.world) for k, v in all_mean(     # summed over workers
+                {"skipped_steps": self.skipped, "dropped_exchanges": self.sync.comm.dropped}).items()},
+            "wan": profile["wan"], "time_s": profile["categories_s"],
+            "exposed_comm_pct": profile["derived"]["exposed_comm_pct"],
         }
         if "val_loss" in final:
             losses = [e["val_loss"] for e in self.evals]
@@ -168,8 +276,18 @@ class Trainer:
         return summary if self.rank == 0 else None
 
 
-def train_worker(cfg: Config, run_dir: str | Path, rank: int, world_size: int) -> dict[str, Any] | None:
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after `step` (a resumed run rewrites them identically)."""
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    checkpoint.atomic_write_bytes(path, ("\n".join(keep) + ("\n" if keep else "")).encode())
+
+
+def train_worker(cfg: Config, run_dir: str | Path, rank: int, world_size: int,
+                 resume: bool = False) -> dict[str, Any] | None:
     """Run one worker's training; the process group must already be initialized."""
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
     torch.set_num_threads(threads)
-    return Trainer(cfg, Path(run_dir), rank, world_size).run()
+    return Trainer(cfg, Path(run_dir), rank, world_size, resume=resume).run()

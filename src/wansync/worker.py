@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -27,14 +28,24 @@ def init_distributed(cfg: Config) -> None:
                             timeout=datetime.timedelta(seconds=cfg.peer_timeout))
 
 
+PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "timed out", "timeout",
+                "broken pipe", "connection refused", "socket closed", "end of file")
+
+
 def one_line(exc: BaseException, rank: int) -> str:
+    """The failure as one line naming the rank and what it was doing."""
+    from .train import PHASE
     if isinstance(exc, WansyncError):
         return f"rank {rank}: {exc}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"rank {rank} failed: {type(exc).__name__}: {text}"[:500]
+    text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)      # drop C++ source locations
+    if isinstance(exc, (RuntimeError, dist.DistError)) and any(m in str(exc).lower() for m in PEER_MARKERS):
+        return (f"rank {rank} lost contact with a peer during {PHASE['now']}: "
+                f"{type(exc).__name__}: {text}")[:500]
+    return f"rank {rank} failed during {PHASE['now']}: {type(exc).__name__}: {text}"[:500]
 
 
-def run(cfg: Config, run_dir: Path) -> int:
+def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     rank = int(os.environ.get("RANK", 0))
     launched = os.environ.get("WANSYNC_LAUNCHED") == "1"
     log_dir = run_dir / "logs"
@@ -42,7 +53,7 @@ def run(cfg: Config, run_dir: Path) -> int:
         log_dir.mkdir(parents=True, exist_ok=True)
         init_distributed(cfg)
         from .train import train_worker
-        train_worker(cfg, run_dir, dist.get_rank(), dist.get_world_size())
+        train_worker(cfg, run_dir, dist.get_rank(), dist.get_world_size(), resume=resume)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line
         if isinstance(exc, KeyboardInterrupt):
@@ -69,7 +80,7 @@ def main() -> None:
     import tomllib
     run_dir = Path(os.environ["WANSYNC_RUN_DIR"])
     cfg = from_sections(tomllib.loads((run_dir / "config.toml").read_text()))
-    code = run(cfg, run_dir)
+    code = run(cfg, run_dir, resume=os.environ.get("WANSYNC_RESUME") == "1")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

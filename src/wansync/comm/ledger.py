@@ -14,6 +14,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ..errors import NonFiniteError
+
 
 @dataclass
 class CommTotals:
@@ -28,6 +30,8 @@ class CommLedger:
 
     totals: dict[str, CommTotals] = field(default_factory=lambda: defaultdict(CommTotals))
     on_wait: list[Callable[[str, float], None]] = field(default_factory=list)
+    nonfinite: str | None = None         # None (no check), "abort" or "skip"
+    dropped: int = 0                     # exchanges this worker sat out (non-finite, policy skip)
 
     def count(self, purpose: str, nbytes: int) -> None:
         t = self.totals[purpose]
@@ -46,6 +50,11 @@ class CommLedger:
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {k: {"calls": v.calls, "bytes": v.bytes, "waited_s": v.waited_s} for k, v in self.totals.items()}
+
+    def restore(self, snapshot: dict[str, dict[str, Any]]) -> None:
+        """Continue counting from a checkpoint's snapshot."""
+        for k, v in snapshot.items():
+            self.totals[k] = CommTotals(int(v["calls"]), int(v["bytes"]), float(v["waited_s"]))
 
 
 class Pending:
@@ -70,11 +79,43 @@ class Pending:
 
 def all_reduce_mean(buf: torch.Tensor, ledger: CommLedger, purpose: str, group: Any = None,
                     async_op: bool = False) -> Pending:
-    """Average `buf` over the group in place (SUM then divide: gloo has no AVG)."""
+    """Average `buf` over the group in place (SUM then divide: gloo has no AVG).
+
+    Non-finite guard (`ledger.nonfinite`): "abort" raises before a NaN/Inf leaves this worker;
+    "skip" sends a zero contribution with weight 0 (one extra element) and divides by the
+    number of valid contributions, so every rank drops the same worker the same way."""
+    if ledger.nonfinite == "skip" and purpose in GUARDED:
+        return _guarded_mean(buf, ledger, purpose, group, async_op)
+    if ledger.nonfinite == "abort" and purpose in GUARDED and not bool(torch.isfinite(buf).all()):
+        raise NonFiniteError(f"non-finite values in this worker's {purpose} before the exchange "
+                             f"(--on-nonfinite abort)")
     ledger.count(purpose, buf.numel() * buf.element_size())
     n = dist.get_world_size(group)
     work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group, async_op=True)
     pending = Pending(work, buf, ledger, purpose, finish=lambda t: t.div_(n))
+    if not async_op:
+        pending.wait()
+    return pending
+
+
+GUARDED = ("params", "pseudo_grads", "optim_state")
+
+
+def _guarded_mean(buf: torch.Tensor, ledger: CommLedger, purpose: str, group: Any, async_op: bool) -> Pending:
+    valid = bool(torch.isfinite(buf).all())
+    ext = torch.cat([buf if valid else torch.zeros_like(buf), buf.new_ones(1) if valid else buf.new_zeros(1)])
+    ledger.count(purpose, ext.numel() * ext.element_size())
+    if not valid:
+        ledger.dropped += 1
+    work = dist.all_reduce(ext, op=dist.ReduceOp.SUM, group=group, async_op=True)
+
+    def finish(t: torch.Tensor) -> torch.Tensor:
+        count = float(t[-1])
+        if count == 0:
+            raise NonFiniteError(f"every worker's {purpose} was non-finite: nothing left to average")
+        buf.copy_(t[:-1]).div_(count)
+        return buf
+    pending = Pending(work, ext, ledger, purpose, finish=finish)
     if not async_op:
         pending.wait()
     return pending

@@ -9,10 +9,17 @@ from torch import nn
 
 from ..errors import ConfigError
 from .base import Strategy
+from .cocodc import CoCoDC
+from .cpdp import CPDP
 from .ddp import DDP
+from .diloco import DiLoCo
 from .local_sgd import LocalSGD
+from .post_local_sgd import PostLocalSGD
+from .slowmo import SlowMo
+from .streaming import Streaming
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, LocalSGD)}
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, LocalSGD, SlowMo, CPDP, DiLoCo, PostLocalSGD)}
+STRATEGIES.update({cls.name: cls for cls in (Streaming, CoCoDC)})
 
 
 def strategy_class(name: str) -> type[Strategy]:

@@ -84,10 +84,15 @@ class Strategy:
         """The module to call forward on (a DDP wrapper for gradient-synchronizing strategies)."""
         return self.module
 
-    def step(self) -> None:
-        """Inner optimizer step, then whatever synchronization is due at the new step count."""
+    def step(self, skip_inner: bool = False) -> None:
+        """Inner optimizer step, then whatever synchronization is due at the new step count.
+
+        `skip_inner` drops this worker's inner update (a non-finite gradient under
+        `--on-nonfinite skip`) while keeping the schedule, so every rank issues the same
+        collectives."""
         t0 = time.perf_counter()
-        self.optimizer.step()
+        if not skip_inner:
+            self.optimizer.step()
         self.last_inner_s = time.perf_counter() - t0
         self.t += 1
         self.after_inner_step()

@@ -110,7 +110,7 @@ def read_idx(path: Path) -> np.ndarray:
     dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
     payload = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if payload.size != int(np.prod(dims)):
-        raise DataError(f"{path}: header says {dims} but holds {payload.size} bytes")
+        raise DataError(f"{path} is truncated or corrupt: its header says {dims} but it holds {payload.size} bytes")
     return payload.reshape(dims)
 
 

@@ -1,0 +1,286 @@
+"""A grid of runs -> one run directory per (strategy, setting, seed); resumable.
+
+    OUT/experiment.json                       the plan (labels, settings, seeds, report targets)
+    OUT/<strategy>[__key=value...]/seed<k>/   one run directory each (see run.py)
+    OUT/summary.csv, runs.csv, report.md, *.png   written by report.py after the runs
+
+Nothing here knows any particular strategy: the list of valid names is the registry
+(`wansync.strategies.STRATEGIES`), and each strategy validates its own options.
+
+A run is *finished* when its `summary.json` exists and its `config.toml` equals the config we
+would write now (ignoring keys that only change presentation: out, quiet, log_every, threads);
+finished runs are skipped unless `force`. A run that fails (a WansyncError from `run.train`) leaves
+`failed.json` with the one-line message in its directory and the experiment carries on.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import tomli_w
+
+from .config import Config, coerce, key_names, replace, to_sections
+from .errors import ConfigError, WansyncError
+
+PLAN_FILE = "experiment.json"
+FAILED_FILE = "failed.json"
+# Keys that change how a run is shown or where it lives, not what it computes.
+PRESENTATION_KEYS = ("out", "quiet", "log_every", "threads")
+# Keys a grid may not vary (they name the place or the repetition, handled separately).
+_NOT_GRIDDABLE = ("out",)
+
+
+@dataclass
+class RunSpec:
+    strategy: str
+    setting: dict[str, Any]          # grid values other than strategy and seed, in grid order
+    seed: int
+    cfg: Config
+    label: str                        # "<strategy>[__key=value...]": one setting, all seeds
+    run_dir: Path
+
+    def describe(self) -> dict[str, Any]:
+        return {"label": self.label, "strategy": self.strategy, "setting": self.setting, "seed": self.seed,
+                "dir": str(self.run_dir)}
+
+
+@dataclass
+class Outcome:
+    spec: RunSpec
+    status: str                       # "ok" | "skipped" | "failed"
+    message: str = ""
+    seconds: float = 0.0
+    summary: dict[str, Any] | None = field(default=None, repr=False)
+
+
+# ---------------------------------------------------------------- parsing the grid
+
+def available_strategies() -> list[str]:
+    from .strategies import STRATEGIES
+    return list(STRATEGIES)
+
+
+def check_strategies(names: Sequence[str], context: str = "") -> list[str]:
+    """Validate strategy names against the registry; one-line error naming the available ones."""
+    avail = available_strategies()
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise ConfigError(f"no strategies given{context} (available: {', '.join(avail)})")
+    for n in names:
+        if n not in avail:
+            raise ConfigError(f"unknown strategy '{n}'{context} (available: {', '.join(avail)})")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"strategy listed twice{context}: {', '.join(names)}")
+    return names
+
+
+def split_values(text: str) -> list[str]:
+    """'a,b,c' -> [a, b, c]; when a value itself holds commas (a --wan spec) separate with ';'."""
+    sep = ";" if ";" in text else ","
+    return [v.strip() for v in text.split(sep) if v.strip()]
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
+    """['sync_every=1,2,4', 'lr=1e-3,3e-3'] -> {'sync_every': [1, 2, 4], 'lr': [0.001, 0.003]}.
+
+    Keys are config keys (dashes allowed); values are parsed with the key's type."""
+    grid: dict[str, list[Any]] = {}
+    valid = key_names()
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"--grid {item!r}: expected key=value1,value2,...")
+        if key not in valid:
+            raise ConfigError(f"--grid: unknown config key '{key}' (valid keys: {', '.join(valid)})")
+        if key in _NOT_GRIDDABLE:
+            raise ConfigError(f"--grid: '{key}' cannot be swept (use --out for the experiment directory)")
+        if key in grid:
+            raise ConfigError(f"--grid: key '{key}' given twice")
+        texts = split_values(values)
+        if not texts:
+            raise ConfigError(f"--grid {item!r}: no values")
+        parsed = [coerce(key, t) for t in texts]
+        if len(set(map(repr, parsed))) != len(parsed):
+            raise ConfigError(f"--grid {key}: a value is listed twice")
+        grid[key] = parsed
+    return grid
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9._+\-=]")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def setting_label(strategy: str, setting: dict[str, Any]) -> str:
+    parts = [strategy] + [f"{k}={_fmt(v)}" for k, v in setting.items()]
+    return _SAFE.sub("-", "__".join(parts))
+
+
+# ---------------------------------------------------------------- the plan
+
+def plan(base: Config, strategies: Sequence[str], seeds: int | Sequence[int] = 1,
+         grid: dict[str, list[Any]] | None = None, out: str | Path | None = None,
+         threads: int | None = None) -> list[RunSpec]:
+    """Every (strategy, setting, seed) as a RunSpec; nothing is written."""
+    grid = dict(grid or {})
+    out = Path(out if out is not None else base.out)
+    if "strategy" in grid:
+        strategies = [str(s) for s in grid.pop("strategy")]
+    strategies = check_strategies(strategies)
+    if "seed" in grid:
+        seed_list = [int(s) for s in grid.pop("seed")]
+    elif isinstance(seeds, int):
+        if seeds < 1:
+            raise ConfigError(f"seeds must be >= 1, got {seeds}")
+        seed_list = [base.seed + k for k in range(seeds)]
+    else:
+        seed_list = list(seeds)
+    settings: list[dict[str, Any]] = [{}]
+    for key, values in grid.items():
+        settings = [{**s, key: v} for s in settings for v in values]
+    specs: list[RunSpec] = []
+    seen: dict[Path, str] = {}
+    for strategy in strategies:
+        for setting in settings:
+            label = setting_label(strategy, setting)
+            for seed in seed_list:
+                run_dir = out / label / f"seed{seed}"
+                if run_dir in seen:
+                    raise ConfigError(f"two runs would share the directory {run_dir}; rename a grid value")
+                seen[run_dir] = label
+                changes: dict[str, Any] = {**setting, "strategy": strategy, "seed": seed, "out": str(run_dir)}
+                if threads is not None:
+                    changes["threads"] = threads
+                try:
+                    cfg = replace(base, **changes)
+                except WansyncError as e:
+                    raise ConfigError(f"{label} seed {seed}: {e}") from None
+                specs.append(RunSpec(strategy, setting, seed, cfg, label, run_dir))
+    return specs
+
+
+def validate_run(cfg: Config) -> dict[str, Any]:
+    """Everything run.prepare checks, without writing anything; returns the resolved strategy options."""
+    from .run import check_data_path
+    from .train import resolve_strategy_options
+    from .workloads import VISION_MODELS, lm_model_names
+    options = resolve_strategy_options(cfg)
+    if cfg.model not in VISION_MODELS and cfg.model not in lm_model_names():
+        raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
+                          f"vision: {', '.join(VISION_MODELS)})")
+    if cfg.wan:
+        from .net import parse_wan
+        parse_wan(cfg.wan)
+    check_data_path(cfg)
+    if cfg.data.startswith("hf:") and importlib.util.find_spec("datasets") is None:
+        raise ConfigError(f"{cfg.data!r} needs the datasets package: install wansync[hf]")
+    return options
+
+
+# ---------------------------------------------------------------- resume
+
+def _comparable(sections: dict[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, sec in sections.items():
+        for k, v in (sec.items() if isinstance(sec, dict) else ()):
+            if k not in PRESENTATION_KEYS:
+                flat[f"{name}.{k}"] = v
+    return flat
+
+
+def is_finished(spec: RunSpec) -> bool:
+    """summary.json present and config.toml equal to the config this plan would write."""
+    d = spec.run_dir
+    if not (d / "summary.json").is_file() or not (d / "config.toml").is_file() or (d / FAILED_FILE).exists():
+        return False
+    try:
+        from .train import resolve_strategy_options
+        expected = tomllib.loads(tomli_w.dumps(to_sections(spec.cfg, resolve_strategy_options(spec.cfg))))
+        found = tomllib.loads((d / "config.toml").read_text())
+    except (WansyncError, tomllib.TOMLDecodeError, OSError):
+        return False
+    return _comparable(expected) == _comparable(found)
+
+
+# ---------------------------------------------------------------- running
+
+def write_plan(out: Path, specs: Sequence[RunSpec], extra: dict[str, Any] | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    previous = read_plan(out)
+    data = {"runs": [{**s.describe(), "dir": os.path.relpath(s.run_dir, out)} for s in specs], **(extra or {})}
+    # keep the entries of earlier plans whose directories are not in this one (their runs stay on disk)
+    mine = {r["dir"] for r in data["runs"]}
+    data["runs"] += [r for r in previous.get("runs", []) if r.get("dir") not in mine]
+    (out / PLAN_FILE).write_text(json.dumps(data, indent=2))
+
+
+def read_plan(out: Path) -> dict[str, Any]:
+    try:
+        return json.loads((Path(out) / PLAN_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def run_one(spec: RunSpec, force: bool = False) -> Outcome:
+    from .run import train
+    if not force and is_finished(spec):
+        summary = json.loads((spec.run_dir / "summary.json").read_text())
+        return Outcome(spec, "skipped", summary=summary)
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    (spec.run_dir / FAILED_FILE).unlink(missing_ok=True)
+    t0 = time.monotonic()
+    try:
+        summary = train(spec.cfg)
+    except WansyncError as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        (spec.run_dir / "summary.json").unlink(missing_ok=True)
+        (spec.run_dir / FAILED_FILE).write_text(json.dumps(
+            {**spec.describe(), "status": "failed", "message": message}, indent=2))
+        return Outcome(spec, "failed", message, time.monotonic() - t0)
+    return Outcome(spec, "ok", "", time.monotonic() - t0, summary)
+
+
+def default_threads(parallel: int, workers: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, parallel * workers))
+
+
+def execute(specs: Sequence[RunSpec], *, force: bool = False, parallel: int = 1,
+            log: Callable[[str], None] = print) -> list[Outcome]:
+    """Run every spec (one at a time unless parallel > 1); never raises for a failed run."""
+    n = len(specs)
+    if parallel < 1:
+        raise ConfigError(f"parallel must be >= 1, got {parallel}")
+
+    def one(i_spec: tuple[int, RunSpec]) -> Outcome:
+        i, spec = i_spec
+        tag = f"[{i + 1}/{n}] {spec.label} seed {spec.seed}:"
+        if parallel == 1 and (force or not is_finished(spec)):
+            log(f"{tag} training in {spec.run_dir}")
+        o = run_one(spec, force)
+        if o.status == "skipped":
+            log(f"{tag} finished earlier, skipped (--force re-runs it)")
+        elif o.status == "failed":
+            log(f"{tag} FAILED after {o.seconds:.0f} s: {o.message}")
+        else:
+            log(f"{tag} done in {o.seconds:.0f} s")
+        return o
+
+    if parallel == 1:
+        return [one(x) for x in enumerate(specs)]
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        return list(pool.map(one, enumerate(specs)))

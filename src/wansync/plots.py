@@ -1,0 +1,224 @@
+"""PNG plots for a report (matplotlib, Agg backend). Every plot has a title, axis labels with units
+and a legend; one colour per setting, the same in every plot."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .report import CATEGORIES, Quality, Setting, _num, human_bytes  # noqa: E402
+
+CATEGORY_COLORS = {"compute": "#4c72b0", "exposed_comm": "#c44e52", "sync_math": "#dd8452", "data": "#8172b3",
+                   "eval": "#55a868", "checkpoint": "#937860", "other": "#bbbbbb"}
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")  # tell apart curves that coincide
+CATEGORY_NAMES = {"compute": "compute", "exposed_comm": "exposed communication", "sync_math": "sync math",
+                  "data": "data loading", "eval": "evaluation", "checkpoint": "checkpoints", "other": "other"}
+
+
+def _colors(settings: Sequence[Setting]) -> dict[str, Any]:
+    cmap = plt.get_cmap("tab10" if len(settings) <= 10 else "tab20")
+    return {s.label: cmap(i % cmap.N) for i, s in enumerate(settings)}
+
+
+def _ylabel(q: Quality) -> str:
+    return f"{q.name} ({q.unit})"
+
+
+def _curves(s: Setting, q: Quality) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
+    """Per evaluation index: step, mean time, mean/min/max quality over the setting's finished seeds."""
+    series = [[e for e in r.evals if _num(e.get(q.eval_key)) is not None] for r in s.ok_runs]
+    series = [x for x in series if x]
+    if not series:
+        return [], [], [], [], []
+    n = min(len(x) for x in series)
+    steps, times, mean, lo, hi = [], [], [], [], []
+    for i in range(n):
+        vals = [float(x[i][q.eval_key]) for x in series]
+        ts = [t for x in series if (t := _num(x[i].get("time"))) is not None]
+        steps.append(series[0][i]["step"])
+        times.append(sum(ts) / len(ts) if ts else math.nan)
+        mean.append(sum(vals) / len(vals))
+        lo.append(min(vals))
+        hi.append(max(vals))
+    return steps, times, mean, lo, hi
+
+
+def _finish(fig: Any, ax: Any, path: Path, legend_title: str | None = None) -> Path:
+    ax.grid(True, alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:   # outside the axes, so it never hides a curve, a bar or a label
+        ax.legend(title=legend_title, fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _target_line(ax: Any, q: Quality, target: float | None) -> None:
+    if target is not None:
+        ax.axhline(target, color="black", linestyle=":", linewidth=1, label=f"target {target:.4g} {q.unit}")
+
+
+def quality_vs(settings: Sequence[Setting], q: Quality, target: float | None, path: Path, x: str) -> Path:
+    """x = 'step' or 'time': mean curve per setting, band = min..max over seeds."""
+    colors = _colors(settings)
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for i, s in enumerate(settings):
+        steps, times, mean, lo, hi = _curves(s, q)
+        if not steps:
+            continue
+        xs = steps if x == "step" else times
+        n = len(s.ok_runs)
+        ax.plot(xs, mean, marker=MARKERS[i % len(MARKERS)], markersize=4, color=colors[s.label],
+                label=f"{s.label}" + (f" (mean of {n} seeds)" if n > 1 else ""))
+        if n > 1:
+            ax.fill_between(xs, lo, hi, color=colors[s.label], alpha=0.15)
+    _target_line(ax, q, target)
+    what = "Validation loss" if q.kind == "lm" else "Test accuracy"
+    if x == "step":
+        ax.set_xlabel("training step (inner optimizer steps)")
+        ax.set_title(f"{what} vs training step")
+    else:
+        ax.set_xlabel("wall clock since training started (s)")
+        ax.set_title(f"{what} vs wall clock")
+    ax.set_ylabel(_ylabel(q))
+    return _finish(fig, ax, path, "setting (band: min–max over seeds)" if any(len(s.ok_runs) > 1 for s in settings)
+                   else "setting")
+
+
+def pareto_front(points: Sequence[tuple[float, float]], higher_is_better: bool) -> list[int]:
+    """Indices of the points no other point beats in both time (lower) and quality."""
+    front = []
+    for i, (t, v) in enumerate(points):
+        dominated = False
+        for j, (t2, v2) in enumerate(points):
+            if j == i:
+                continue
+            better_q = v2 >= v if higher_is_better else v2 <= v
+            strictly = t2 < t or (v2 > v if higher_is_better else v2 < v)
+            if t2 <= t and better_q and strictly:
+                dominated = True
+                break
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def pareto(settings: Sequence[Setting], q: Quality, path: Path) -> Path:
+    """Final quality vs wall clock: a point per run (faint), the mean per setting, the front highlighted."""
+    colors = _colors(settings)
+    use_ppl = q.kind == "lm"
+    key = "final_val_ppl" if use_ppl else q.final_key
+    fig, ax = plt.subplots(figsize=(10, 5))
+    means: list[tuple[float, float]] = []
+    labels: list[str] = []
+    for s in settings:
+        pts = [(w, v) for r in s.ok_runs if (w := _num(r.summary.get("wall_clock_s"))) is not None
+               and (v := _num(r.summary.get(key))) is not None]
+        if not pts:
+            continue
+        ws, vs = zip(*pts)
+        mw, mv = sum(ws) / len(ws), sum(vs) / len(vs)
+        if len(pts) > 1:
+            ax.scatter(ws, vs, color=colors[s.label], alpha=0.35, s=18)
+        ax.scatter([mw], [mv], color=colors[s.label], s=60, zorder=3, edgecolor="black", linewidth=0.5,
+                   label=s.label + (f" (mean of {len(pts)} seeds; faint: each seed)" if len(pts) > 1 else ""))
+        means.append((mw, mv))
+        labels.append(s.label)
+    front = pareto_front(means, q.higher_is_better)
+    if front:
+        fx = [means[i][0] for i in front]
+        fy = [means[i][1] for i in front]
+        ax.plot(fx, fy, color="black", linewidth=1.5, linestyle="--", zorder=2, drawstyle="steps-post"
+                if len(front) > 1 else "default", label="Pareto front (no setting is faster and better)")
+        ax.scatter(fx, fy, s=220, facecolors="none", edgecolors="black", linewidths=1.5, zorder=4)
+    ax.set_xlabel("wall clock of the whole run (s)")
+    ax.set_ylabel("final validation perplexity (lower is better)" if use_ppl
+                  else f"final {q.name} ({q.unit}, higher is better)")
+    ax.set_title(("Final perplexity" if use_ppl else "Final accuracy") + " vs time: Pareto front (circled)")
+    return _finish(fig, ax, path, "setting")
+
+
+def _xticks(ax: Any, labels: Sequence[str]) -> None:
+    ax.set_xticks(range(len(labels)))
+    rot = 0 if max((len(x) for x in labels), default=0) * len(labels) < 70 else 25
+    ax.set_xticklabels(labels, rotation=rot, ha="right" if rot else "center", fontsize=8)
+
+
+def time_breakdown(settings: Sequence[Setting], path: Path) -> Path:
+    """Stacked bars: mean seconds per profiler category, per setting."""
+    shown = [s for s in settings if any(r.profile for r in s.ok_runs)]
+    fig, ax = plt.subplots(figsize=(max(9, 1.1 * len(shown) + 6), 5.5))
+    bottoms = [0.0] * len(shown)
+    for cat in CATEGORIES:
+        vals = []
+        for s in shown:
+            xs = [_num(r.profile.get("categories_s", {}).get(cat)) or 0.0 for r in s.ok_runs if r.profile]
+            vals.append(sum(xs) / len(xs) if xs else 0.0)
+        if not any(v > 0 for v in vals):
+            continue
+        ax.bar(range(len(shown)), vals, bottom=bottoms, color=CATEGORY_COLORS[cat], label=CATEGORY_NAMES[cat],
+               width=0.6)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    for i, s in enumerate(shown):
+        ex = [(_num(r.profile.get("categories_s", {}).get("exposed_comm")) or 0.0) /
+              max(1e-9, _num(r.profile.get("wall_clock_s")) or 1e-9) for r in s.ok_runs if r.profile]
+        if ex:
+            ax.text(i, bottoms[i], f"{100 * sum(ex) / len(ex):.1f}% exposed", ha="center", va="bottom", fontsize=8)
+    _xticks(ax, [s.label for s in shown])
+    ax.set_ylim(0, max(bottoms, default=1) * 1.12 or 1)
+    ax.set_xlabel("setting")
+    ax.set_ylabel("time (s, mean over seeds)")
+    ax.set_title("Where the wall clock went (profiler categories, sum = wall clock)")
+    return _finish(fig, ax, path, "category")
+
+
+def use_log_scale(values: Sequence[float], spread: float = 100.0) -> bool:
+    """Log scale when every value is positive and the largest is more than `spread` times the smallest."""
+    return bool(values) and all(v > 0 for v in values) and max(values) / min(values) > spread
+
+
+def bytes_per_setting(settings: Sequence[Setting], path: Path) -> Path:
+    """Mean bytes sent per worker; log scale when the values span more than 100x."""
+    colors = _colors(settings)
+    shown, vals = [], []
+    for s in settings:
+        xs = [b for r in s.ok_runs if (b := _num(r.summary.get("bytes_sent"))) is not None]
+        if xs:
+            shown.append(s)
+            vals.append(sum(xs) / len(xs))
+    top = max(vals, default=0.0)
+    unit, scale = next(((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if top >= f), ("bytes", 1.0))
+    scaled = [v / scale for v in vals]
+    fig, ax = plt.subplots(figsize=(max(9, 1.1 * len(shown) + 6), 5.5))
+    for i, (s, v) in enumerate(zip(shown, scaled)):
+        ax.bar([i], [v], color=colors[s.label], label=s.label, width=0.6)
+        ax.text(i, v, human_bytes(vals[i]), ha="center", va="bottom", fontsize=8)
+    log = use_log_scale(scaled)
+    positive = [v for v in scaled if v > 0]
+    if log:
+        ax.set_yscale("log")
+        ax.set_ylim(min(positive) / 2, max(positive) * 4)
+    else:
+        ax.set_ylim(0, max(scaled, default=1) * 1.15 or 1)
+    _xticks(ax, [s.label for s in shown])
+    ax.set_xlabel("setting")
+    ax.set_ylabel(f"bytes sent per worker ({unit}{', log scale' if log else ''})")
+    ax.set_title("Communication volume per setting (payload of collectives, mean over seeds)")
+    return _finish(fig, ax, path, "setting")
+
+
+def all_plots(root: Path, settings: Sequence[Setting], q: Quality, target: float | None) -> list[Path]:
+    root = Path(root)
+    name = "loss" if q.kind == "lm" else "accuracy"
+    return [quality_vs(settings, q, target, root / f"{name}_vs_step.png", "step"),
+            quality_vs(settings, q, target, root / f"{name}_vs_wallclock.png", "time"),
+            pareto(settings, q, root / "pareto.png"),
+            time_breakdown(settings, root / "time_breakdown.png"),
+            bytes_per_setting(settings, root / "bytes.png")]

@@ -1,0 +1,478 @@
+"""Tables and plots from run directories: summary.csv, runs.csv, report.md and PNG plots.
+
+`report(root)` reads every run directory under `root` (a directory holding `summary.json`, or
+`failed.json` for a run that failed), groups the runs into settings (one setting = one strategy
+and one choice of grid values, all seeds) and aggregates mean ± std over seeds:
+
+- quality: final and best validation loss and final validation perplexity (LM), or final and peak
+  test accuracy (vision);
+- steps and wall clock until the validation loss first reaches a target (`target_loss`) or the test
+  accuracy first reaches `target_acc`. Default target: DDP's final value with 1% slack (loss x 1.01,
+  accuracy x 0.99) when DDP is among the settings, else the best setting's final value, same slack;
+- exposed communication % (profile.json: categories_s.exposed_comm / wall_clock_s), bytes sent and
+  sync events (summary.json).
+
+Settings come from the experiment plan (`experiment.json`) when there is one, else from the
+directory layout (`<label>/seed<k>/`). A failed run is a row whose status says why.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import statistics
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .errors import WansyncError
+
+PLAN_FILE = "experiment.json"
+CATEGORIES = ("compute", "exposed_comm", "sync_math", "data", "eval", "checkpoint", "other")
+
+
+class ReportError(WansyncError):
+    """Nothing to report on, or a directory that holds no runs."""
+
+
+# ---------------------------------------------------------------- reading runs
+
+@dataclass
+class Run:
+    dir: Path
+    label: str
+    strategy: str
+    seed: int | None
+    setting: dict[str, Any]
+    status: str                                   # "ok" or "failed: <message>"
+    summary: dict[str, Any] = field(default_factory=dict)
+    profile: dict[str, Any] = field(default_factory=dict)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _read_evals(path: Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue                       # a torn last line of a killed run
+                if rec.get("type") == "eval":
+                    out.append(rec)
+    except OSError:
+        pass
+    return out
+
+
+def _config_value(run_dir: Path, section: str, key: str) -> Any:
+    try:
+        return tomllib.loads((run_dir / "config.toml").read_text()).get(section, {}).get(key)
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+
+
+_SEED_DIR = re.compile(r"^seed(\d+)$")
+
+
+def _is_run_dir(d: Path) -> bool:
+    return (d / "summary.json").is_file() or (d / "failed.json").is_file() or (
+        (d / "config.toml").is_file() and (d / "metrics.jsonl").is_file())
+
+
+def find_runs(root: str | Path) -> list[Run]:
+    """Every run directory under root (root itself may be one), in plan order, then path order."""
+    root = Path(root)
+    if not root.exists():
+        raise ReportError(f"report: directory not found: {root}")
+    if not root.is_dir():
+        raise ReportError(f"report: {root} is not a directory")
+    dirs = sorted({p.parent for pat in ("summary.json", "failed.json", "metrics.jsonl") for p in root.rglob(pat)
+                   if _is_run_dir(p.parent) and "logs" not in p.parent.relative_to(root).parts})
+    if not dirs:
+        raise ReportError(f"report: no runs found under {root} (expected run directories holding summary.json, "
+                          f"as written by wansync train/compare/sweep)")
+    plan = {}
+    try:
+        for r in _read_json(root / PLAN_FILE).get("runs", []):
+            plan[(root / r["dir"]).resolve()] = r
+    except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError):
+        plan = {}
+    order = {d: i for i, d in enumerate(plan)}
+    on_disk = {d.resolve() for d in dirs}
+    plan = {d: r for d, r in plan.items() if d in on_disk}
+    runs = [_load_run(root, d, plan.get(d.resolve())) for d in dirs]
+    runs.sort(key=lambda r: (order.get(r.dir.resolve(), len(order)), str(r.dir)))
+    return runs
+
+
+def _load_run(root: Path, d: Path, entry: dict[str, Any] | None) -> Run:
+    m = _SEED_DIR.match(d.name)
+    if entry:
+        label = entry["label"]
+    elif m:
+        label = d.parent.name if d.parent != d else d.name
+    else:
+        label = d.name
+    summary: dict[str, Any] = {}
+    status = "ok"
+    failed = d / "failed.json"
+    if failed.is_file():
+        try:
+            status = "failed: " + str(_read_json(failed).get("message", "unknown error"))
+        except (OSError, json.JSONDecodeError, AttributeError):
+            status = "failed: (unreadable failed.json)"
+    elif (d / "summary.json").is_file():
+        try:
+            summary = _read_json(d / "summary.json")
+        except (OSError, json.JSONDecodeError) as e:
+            status = f"failed: unreadable summary.json ({type(e).__name__})"
+    else:
+        status = "failed: incomplete (no summary.json: interrupted or still running)"
+    profile: dict[str, Any] = {}
+    if status == "ok":
+        try:
+            profile = _read_json(d / "profile.json")
+        except (OSError, json.JSONDecodeError):
+            profile = {}
+    strategy = (summary.get("strategy") or (entry or {}).get("strategy") or _config_value(d, "run", "strategy")
+                or label.split("__")[0])
+    seed = summary.get("seed", (entry or {}).get("seed"))
+    if seed is None:
+        seed = _config_value(d, "run", "seed")
+    if seed is None and m:
+        seed = int(m.group(1))
+    return Run(d, label, str(strategy), seed, dict((entry or {}).get("setting", {})), status, summary, profile,
+               _read_evals(d / "metrics.jsonl") if status == "ok" else [])
+
+
+# ---------------------------------------------------------------- metrics
+
+@dataclass(frozen=True)
+class Quality:
+    kind: str             # "lm" | "vision"
+    eval_key: str         # key in eval records
+    final_key: str        # key in summary.json
+    best_key: str
+    higher_is_better: bool
+    name: str             # for axis labels
+    unit: str
+
+    def better(self, a: float, b: float) -> bool:
+        return a > b if self.higher_is_better else a < b
+
+    def reached(self, value: float, target: float) -> bool:
+        return value >= target if self.higher_is_better else value <= target
+
+
+LM = Quality("lm", "val_loss", "final_val_loss", "best_val_loss", False, "validation loss", "nats/token")
+VISION = Quality("vision", "test_acc", "final_test_acc", "peak_test_acc", True, "test accuracy", "%")
+
+
+def quality_of(runs: Sequence[Run]) -> Quality:
+    ok = [r for r in runs if r.ok]
+    n_vision = sum(1 for r in ok if "final_test_acc" in r.summary)
+    return VISION if ok and n_vision > len(ok) / 2 else LM
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def exposed_pct(run: Run) -> float | None:
+    wall = _num(run.profile.get("wall_clock_s"))
+    exposed = _num(run.profile.get("categories_s", {}).get("exposed_comm"))
+    if wall is None or exposed is None or wall <= 0:
+        return None
+    return 100.0 * exposed / wall
+
+
+def to_target(run: Run, q: Quality, target: float) -> tuple[int | None, float | None]:
+    """(step, seconds) of the first evaluation that reaches the target, or (None, None)."""
+    for e in run.evals:
+        v = _num(e.get(q.eval_key))
+        if v is not None and q.reached(v, target):
+            return int(e["step"]), _num(e.get("time"))
+    return None, None
+
+
+def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None, 0
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None), len(vals)
+
+
+@dataclass
+class Setting:
+    label: str
+    strategy: str
+    setting: dict[str, Any]
+    runs: list[Run]
+
+    @property
+    def ok_runs(self) -> list[Run]:
+        return [r for r in self.runs if r.ok]
+
+    @property
+    def status(self) -> str:
+        failed = [r for r in self.runs if not r.ok]
+        if not failed:
+            return "ok"
+        if len(failed) == len(self.runs):
+            return failed[0].status
+        return f"partial: {len(failed)}/{len(self.runs)} seeds {failed[0].status}"
+
+
+def group(runs: Sequence[Run]) -> list[Setting]:
+    out: dict[str, Setting] = {}
+    for r in runs:
+        s = out.setdefault(r.label, Setting(r.label, r.strategy, r.setting, []))
+        s.runs.append(r)
+    return list(out.values())
+
+
+METRICS = ("final", "best", "final_ppl", "steps_to_target", "time_to_target_s", "wall_clock_s",
+           "exposed_comm_pct", "bytes_sent", "sync_events")
+
+
+def default_target(settings: Sequence[Setting], q: Quality) -> tuple[float | None, str]:
+    def final_mean(s: Setting) -> float | None:
+        return mean_std([_num(r.summary.get(q.final_key)) for r in s.ok_runs])[0]
+
+    slack = 0.99 if q.higher_is_better else 1.01
+    scored = [(s, v) for s in settings if (v := final_mean(s)) is not None]
+    if not scored:
+        return None, "no finished run"
+    ddp = [(s, v) for s, v in scored if s.strategy == "ddp"]
+    pool, who = (ddp, "DDP") if ddp else (scored, "the best setting")
+    s, v = max(pool, key=lambda sv: sv[1]) if q.higher_is_better else min(pool, key=lambda sv: sv[1])
+    how = "x 0.99" if q.higher_is_better else "x 1.01"
+    return v * slack, f"{who}'s final {q.name} ({s.label}: {v:.4g}) {how}"
+
+
+def aggregate(settings: Sequence[Setting], q: Quality, target: float | None) -> list[dict[str, Any]]:
+    rows = []
+    for s in settings:
+        ok = s.ok_runs
+        per: dict[str, list[float | None]] = {m: [] for m in METRICS}
+        reached = 0
+        for r in ok:
+            sm = r.summary
+            per["final"].append(_num(sm.get(q.final_key)))
+            per["best"].append(_num(sm.get(q.best_key)))
+            per["final_ppl"].append(_num(sm.get("final_val_ppl")))
+            step, sec = to_target(r, q, target) if target is not None else (None, None)
+            reached += step is not None
+            per["steps_to_target"].append(step)
+            per["time_to_target_s"].append(sec)
+            per["wall_clock_s"].append(_num(sm.get("wall_clock_s")))
+            per["exposed_comm_pct"].append(exposed_pct(r))
+            per["bytes_sent"].append(_num(sm.get("bytes_sent")))
+            per["sync_events"].append(_num(sm.get("sync_events")))
+        row: dict[str, Any] = {"setting": s.label, "strategy": s.strategy, **{k: v for k, v in s.setting.items()},
+                               "seeds": len(s.runs), "seeds_ok": len(ok), "reached_target": reached,
+                               "status": s.status}
+        for m, vals in per.items():
+            mean, std, _ = mean_std(vals)
+            row[f"{m}_mean"], row[f"{m}_std"] = mean, std
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- formatting
+
+def _f(v: float | None, digits: int = 4) -> str:
+    if v is None:
+        return "–"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}g}"
+
+
+def _pm(row: dict[str, Any], m: str, digits: int = 4) -> str:
+    mean, std = row.get(f"{m}_mean"), row.get(f"{m}_std")
+    if mean is None:
+        return "–"
+    return _f(mean, digits) if std is None else f"{_f(mean, digits)} ± {_f(std, 2)}"
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "–"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def columns(q: Quality) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
+    def target_col(m: str) -> Callable[[dict[str, Any]], str]:
+        def f(row: dict[str, Any]) -> str:
+            if not row["seeds_ok"]:
+                return "–"
+            if not row["reached_target"]:
+                return f"not reached (0/{row['seeds_ok']})"
+            text = _pm(row, m, 4)
+            return text if row["reached_target"] == row["seeds_ok"] else f"{text} ({row['reached_target']}/{row['seeds_ok']})"
+        return f
+
+    cols: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("setting", lambda r: r["setting"]), ("seeds", lambda r: f"{r['seeds_ok']}/{r['seeds']}")]
+    if q.kind == "lm":
+        cols += [("final val loss", lambda r: _pm(r, "final")), ("best val loss", lambda r: _pm(r, "best")),
+                 ("final val ppl", lambda r: _pm(r, "final_ppl"))]
+    else:
+        cols += [("final test acc %", lambda r: _pm(r, "final")), ("peak test acc %", lambda r: _pm(r, "best"))]
+    cols += [("steps to target", target_col("steps_to_target")), ("time to target (s)", target_col("time_to_target_s")),
+             ("wall clock (s)", lambda r: _pm(r, "wall_clock_s", 3)),
+             ("exposed comm %", lambda r: _pm(r, "exposed_comm_pct", 3)),
+             ("bytes sent", lambda r: human_bytes(r.get("bytes_sent_mean"))),
+             ("sync events", lambda r: _pm(r, "sync_events", 4)), ("status", lambda r: r["status"])]
+    return cols
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], q: Quality) -> str:
+    cols = columns(q)
+    cells = [[f(r).replace("|", "\\|") for _, f in cols] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(cols)]
+    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
+    return "\n".join([line([h for h, _ in cols]), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+                      *(line(c) for c in cells)])
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.10g}"
+    return v
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _csv_value(r.get(k)) for k in keys})
+
+
+def run_rows(runs: Sequence[Run], q: Quality, target: float | None) -> list[dict[str, Any]]:
+    rows = []
+    for r in runs:
+        step, sec = to_target(r, q, target) if r.ok and target is not None else (None, None)
+        sm = r.summary
+        rows.append({"setting": r.label, "strategy": r.strategy, "seed": r.seed, **r.setting, "status": r.status,
+                     "final": _num(sm.get(q.final_key)), "best": _num(sm.get(q.best_key)),
+                     "final_ppl": _num(sm.get("final_val_ppl")), "steps_to_target": step,
+                     "time_to_target_s": sec, "wall_clock_s": _num(sm.get("wall_clock_s")),
+                     "exposed_comm_pct": exposed_pct(r) if r.ok else None, "bytes_sent": _num(sm.get("bytes_sent")),
+                     "sync_events": _num(sm.get("sync_events")), "dir": str(r.dir)})
+    return rows
+
+
+# ---------------------------------------------------------------- the report
+
+@dataclass
+class Report:
+    root: Path
+    quality: Quality
+    target: float | None
+    target_source: str
+    rows: list[dict[str, Any]]
+    table: str
+    plots: list[Path]
+    failed: list[Run]
+
+    @property
+    def path(self) -> Path:
+        return self.root / "report.md"
+
+
+def report(root: str | Path, target_loss: float | None = None, target_acc: float | None = None,
+           plots: bool = True) -> Report:
+    """Write summary.csv, runs.csv, report.md and the plots into root; returns what it wrote."""
+    root = Path(root)
+    runs = find_runs(root)
+    q = quality_of(runs)
+    plan: dict[str, Any] = {}
+    try:
+        plan = _read_json(root / PLAN_FILE)
+    except (OSError, json.JSONDecodeError):
+        pass
+    if target_loss is None and target_acc is None and isinstance(plan, dict):
+        target_loss, target_acc = plan.get("target_loss"), plan.get("target_acc")
+    settings = group(runs)
+    given = target_acc if q.higher_is_better else target_loss
+    if given is not None:
+        target, source = float(given), f"given (--target-{'acc' if q.higher_is_better else 'loss'})"
+    else:
+        target, source = default_target(settings, q)
+    rows = aggregate(settings, q, target)
+    table = markdown_table(rows, q)
+    write_csv(root / "summary.csv", rows)
+    write_csv(root / "runs.csv", run_rows(runs, q, target))
+    made: list[Path] = []
+    if plots and any(r.ok for r in runs):
+        from . import plots as P
+        made = P.all_plots(root, settings, q, target)
+    failed = [r for r in runs if not r.ok]
+    rep = Report(root, q, target, source, rows, table, made, failed)
+    rep.path.write_text(_markdown(rep, runs))
+    return rep
+
+
+def _markdown(rep: Report, runs: Sequence[Run]) -> str:
+    q = rep.quality
+    target = "none (no finished run)" if rep.target is None else f"{q.name} {'≥' if q.higher_is_better else '≤'} " \
+        f"{rep.target:.4g} {q.unit} — {rep.target_source}"
+    ok = [r for r in runs if r.ok]
+    setting_bits = sorted({f"{k}" for r in runs for k in r.setting})
+    lines = [f"# wansync report: {rep.root.name or rep.root}", "",
+             f"{len(runs)} runs ({len(ok)} finished, {len(rep.failed)} failed) in {len({r.label for r in runs})} "
+             f"settings; mean ± std over seeds (std shown with 2+ seeds).", ""]
+    if ok:
+        s = ok[0].summary
+        lines += [f"Model `{s.get('model', '?')}`, data `{s.get('data', '?')}`, {s.get('workers', '?')} workers, "
+                  f"{s.get('steps', '?')} steps" + (f"; grid keys: {', '.join(setting_bits)}" if setting_bits else "")
+                  + ".", ""]
+    lines += [f"Target: {target}. Steps and time to target are those of the first evaluation that reaches it "
+              f"(resolution: the evaluation interval); the time is the evaluation record's clock since training "
+              f"started.", "",
+              "Exposed comm % = time the training thread was blocked on collectives (profile.json "
+              "`exposed_comm`) / wall clock. Bytes sent = payload of this worker's collectives.", "",
+              rep.table, ""]
+    resid = [abs(_num(r.profile.get("residual_pct")) or 0.0) for r in ok if r.profile]
+    if resid:
+        lines += [f"Profiler: categories add up to the wall clock within {max(resid):.2f}% on every run.", ""]
+    if rep.failed:
+        lines += ["## Failed runs", ""]
+        lines += [f"- `{r.label}` seed {r.seed}: {r.status} (`{r.dir}`)" for r in rep.failed]
+        lines += [""]
+    if rep.plots:
+        lines += ["## Plots", ""]
+        for p in rep.plots:
+            lines += [f"![{p.stem}]({p.name})", ""]
+    lines += ["Files: `summary.csv` (one row per setting), `runs.csv` (one row per run).", ""]
+    return "\n".join(lines)

@@ -1,0 +1,132 @@
+"""CoCoDC (spec §7): Streaming DiLoCo's fragments and overlap with delay compensation (§7a) and
+adaptive transmission (§7b).
+
+- Merge (`compensation`): `taylor` (default) replaces the α-merge by
+  `θ ← θ̃_p + τ·(g + λ·g⊙g⊙D)`, `g = (θ(t_l) − θ(t_p))/τ` (forward difference; the paper's printed
+  Eq. (4) has the opposite sign), `D = (θ(t_p) − θ̃_p)/H`; `alpha` keeps Streaming DiLoCo's α-merge.
+  Every merge's "sync" event records `lam_term_rel = ‖λ·g⊙g⊙D‖/‖g‖` (this rank's value).
+- Count (`syncs_per_period`): 0 (default) derives `N = max(P, ⌊γ·H·T_c/T_s⌋)` (capped at H) once, at
+  step H, from the measured inner-step time and the modelled or measured fragment sync time, agreed
+  on all ranks (see `transmission.py`); until then the schedule runs with `N = P` (and, when T_s is
+  measured, those first-period syncs are waited for at once to time them). A positive value
+  fixes N (matched-frequency ablations; deterministic runs). A "schedule" event records N, T_c, T_s.
+- Choice (`schedule`): `adaptive` (staleness rule, then argmax R_p; see `fragments.py`) or
+  `round_robin`. `compensation=alpha, schedule=round_robin` is Streaming DiLoCo with N syncs per
+  period.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .base import check
+from .compensation import delay_compensate
+from .fragments import SCHEDULES
+from .streaming import InFlight, Streaming, validate_fragment_options
+from .transmission import agree, modelled_sync_seconds
+
+COMPENSATIONS = ("taylor", "alpha")
+
+
+@dataclass
+class CoCoDCOptions:
+    sync_every: int = 100
+    fragments: int = 4
+    overlap: int = 5
+    alpha: float = 0.5                   # used by compensation=alpha only
+    lam: float = 0.5
+    gamma: float = 0.4
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    codec: str = "fp32"
+    partition: str = "strided"
+    schedule: str = "adaptive"
+    compensation: str = "taylor"
+    syncs_per_period: int = 0            # 0: N from gamma, T_c and T_s
+
+    def __post_init__(self) -> None:
+        validate_fragment_options(self)
+        check(math.isfinite(self.lam) and self.lam >= 0, f"lam must be >= 0, got {self.lam}")
+        check(math.isfinite(self.gamma) and self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
+        check(self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        check(self.compensation in COMPENSATIONS,
+              f"compensation must be one of {', '.join(COMPENSATIONS)}, got {self.compensation!r}")
+
+
+class CoCoDC(Streaming):
+    name = "cocodc"
+    Options = CoCoDCOptions
+
+    def __init__(self, model, optimizer, options=None, *, group=None):
+        super().__init__(model, optimizer, options, group=group)
+        self.n_decided = self.opts.syncs_per_period > 0
+        self.tc_sum, self.tc_count = 0.0, 0
+        self.t_s: float | None = None
+        self.t_s_source = ""
+        self._entered: float | None = None
+        self._last_exit: float | None = None
+        if not self.n_decided:
+            numel = round(sum(f.numel for f in self.fragments) / self.P)
+            modelled = modelled_sync_seconds(self.codec.name, numel, self.codec.wire_bytes(numel), self.group)
+            if modelled is not None:
+                self.t_s, self.t_s_source = modelled, "model"
+
+    # ---- hooks ---------------------------------------------------------------------------------
+    def schedule_mode(self) -> str:
+        return self.opts.schedule
+
+    def keeps_theta_start(self) -> bool:
+        return self.opts.compensation == "taylor"
+
+    def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
+                     elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        if self.opts.compensation == "alpha":
+            return super().merge_values(x, local, anchor, elapsed)
+        assert x.theta_start is not None
+        new, rel = delay_compensate(x.theta_start, local, anchor, elapsed, self.H, self.opts.lam)
+        return new, {"merge": "taylor", "lam": self.opts.lam, "lam_term_rel": rel}
+
+    # ---- T_c, T_s and N ------------------------------------------------------------------------
+    def step(self, skip_inner: bool = False) -> None:
+        self._entered = time.perf_counter()
+        super().step(skip_inner)
+        self._last_exit = time.perf_counter()
+
+    def after_inner_step(self) -> None:
+        if not self.n_decided and self._last_exit is not None and self._entered is not None:
+            self.tc_sum += (self._entered - self._last_exit) + self.last_inner_s
+            self.tc_count += 1
+        super().after_inner_step()
+
+    def before_launch(self, x: InFlight) -> None:
+        if not self.n_decided and self.t_s_source in ("", "measured"):   # time the first period's syncs
+            self.wait(x)
+            took = time.perf_counter() - x.launched_at
+            self.t_s = took if self.t_s is None else min(self.t_s, took)
+            self.t_s_source = "measured"
+
+    def after_slot(self, t: int) -> None:
+        if self.n_decided or t < self.H:
+            return
+        t_c = self.tc_sum / self.tc_count if self.tc_count else 0.0
+        n, t_c, t_s = agree(t_c, self.t_s or 0.0, self.opts.gamma, self.H, self.P, self.comm, self.group)
+        self.schedule.set_n(n)
+        self.n_decided = True
+        self.emit("schedule", syncs_per_period=n, t_c=t_c, t_s=t_s, t_s_source=self.t_s_source,
+                  gamma=self.opts.gamma)
+
+    # ---- resumable state -----------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        return {**super().extra_state(),
+                "transmission": {"n_decided": self.n_decided, "tc_sum": self.tc_sum, "tc_count": self.tc_count,
+                                 "t_s": self.t_s, "t_s_source": self.t_s_source}}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
+        tr = state["transmission"]
+        self.n_decided, self.tc_sum, self.tc_count = bool(tr["n_decided"]), float(tr["tc_sum"]), int(tr["tc_count"])
+        self.t_s, self.t_s_source = tr["t_s"], str(tr["t_s_source"])

@@ -1,0 +1,41 @@
+"""How a late fragment result is merged into the local fragment (spec §6 α-merge, spec §7a delay
+compensation). Pure functions on flat float32 buffers, so they can be tested in isolation."""
+from __future__ import annotations
+
+import torch
+
+
+def alpha_merge(local: torch.Tensor, anchor: torch.Tensor, alpha: float) -> torch.Tensor:
+    """θ ← α·θ(t_l) + (1−α)·θ̃_p (α: weight on the local fragment). α = 0 returns θ̃_p's exact bits."""
+    if alpha == 0:
+        return anchor.clone()
+    if alpha == 1:
+        return local.clone()
+    return local * alpha + anchor * (1.0 - alpha)
+
+
+def delay_compensate(theta_start: torch.Tensor, theta_now: torch.Tensor, anchor: torch.Tensor, tau: int,
+                     sync_every: int, lam: float, *, printed_sign: bool = False) -> tuple[torch.Tensor, float]:
+    """CoCoDC's merge (spec §7a); returns (new local fragment, ‖λ·g⊙g⊙D‖ / ‖g‖).
+
+        g      = (θ(t_l) − θ(t_p)) / τ          forward difference: the local change rate
+        D      = (θ(t_p) − θ̃_p) / H
+        g_corr = g + λ·g⊙g⊙D
+        θ      ← θ̃_p + τ·g_corr
+
+    `printed_sign=True` uses the paper's Eq. (4) as printed, g = (θ(t_p) − θ(t_l))/τ, which points
+    backwards in time; it exists only so the tests can show that reading fails the constant-velocity
+    check. τ = 0 (nothing trained during the exchange) gives θ̃_p.
+    """
+    if tau <= 0:
+        return anchor.clone(), 0.0
+    g = (theta_start - theta_now) / tau if printed_sign else (theta_now - theta_start) / tau
+    if lam != 0:
+        drift = (theta_start - anchor) / sync_every
+        term = g * g * drift * lam
+        g_norm = float(torch.linalg.vector_norm(g))
+        rel = float(torch.linalg.vector_norm(term)) / g_norm if g_norm > 0 else 0.0
+        g_corr = g + term
+    else:
+        rel, g_corr = 0.0, g
+    return anchor + g_corr * tau, rel

@@ -1,0 +1,79 @@
+"""SlowMo (spec §3; Wang et al., ICLR 2020): LocalSGD whose average passes through slow momentum.
+
+Anchor θ̃ = parameters at the last sync, slow momentum u (zeros at start), slow learning rate α,
+slow momentum β. Every H (`sync_every`) steps::
+
+    θ̄ = mean(θ_m)
+    u ← β·u + (θ̃ − θ̄) / η          # η: the inner learning rate at the boundary step
+    θ̃ ← θ̃ − α·η·u
+    θ_m ← θ̃                          # on every worker
+
+`β = 0, α = 1` is LocalSGD. The filter is `Anchor.slowmo_step` (SGD, momentum β, lr α·η on the
+gradient (θ̃ − θ̄)/η), which stays right when η changes between boundaries. The anchor covers
+what LocalSGD averages: parameters and floating-point persistent buffers (BatchNorm statistics);
+the slow momentum on buffers is the same filter on their averages, keeping replicas identical.
+Inner optimizer state stays local unless `sync_optimizer_state`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .base import check, sync_tensors
+from .outer import Anchor
+from .periodic import Periodic
+
+
+def check_slowmo(sync_every: int, beta: float, lr: float) -> None:
+    """The checks SlowMo and CPDP share (one-line ConfigErrors)."""
+    check(sync_every >= 1, f"sync_every must be >= 1, got {sync_every}")
+    check(0 <= beta < 1, f"slowmo_beta must be in [0, 1), got {beta}")
+    check(lr > 0, f"slowmo_lr must be > 0, got {lr}")
+
+
+@dataclass
+class SlowMoOptions:
+    sync_every: int = 8                  # H (τ in the SlowMo paper); LocalSGD's default
+    slowmo_beta: float = 0.5             # β
+    slowmo_lr: float = 1.0               # α
+    sync_optimizer_state: bool = False
+    drift_telemetry: bool = True
+
+    def __post_init__(self) -> None:
+        check_slowmo(self.sync_every, self.slowmo_beta, self.slowmo_lr)
+
+
+class SlowMo(Periodic):
+    name = "slowmo"
+    Options = SlowMoOptions
+    sync_kind = "slowmo"
+
+    def __init__(self, model, optimizer, options=None, *, group=None):
+        super().__init__(model, optimizer, options, group=group)
+        self.broadcast_initial_state()
+        # θ̃ and u (the SGD momentum buffer, created at the first boundary: u starts at zero)
+        self.anchor = Anchor(sync_tensors(self.module), lr=self.opts.slowmo_lr, momentum=self.opts.slowmo_beta)
+
+    def boundary(self) -> None:
+        avg, info = self.average_params()                             # θ̄ = mean(θ_m)
+        self.slowmo_update(avg)                                       # u, θ̃
+        self.anchor.load_into_model()                                 # θ_m ← θ̃
+        self.emit("sync", kind=self.sync_kind, **self.resolve_drift(info), **self.boundary_fields())
+
+    def slowmo_update(self, avg) -> None:
+        """u ← β·u + (θ̃ − θ̄)/η ; θ̃ ← θ̃ − α·η·u  (η: the inner learning rate now)."""
+        eta = self.inner_lr
+        check(eta > 0, f"{self.name} needs an inner learning rate > 0 at a boundary (the filter divides "
+                       f"by it), got {eta} at step {self.t}")
+        self.anchor.slowmo_step(self.anchor.value - avg, eta, self.opts.slowmo_lr)
+
+    def boundary_fields(self) -> dict[str, Any]:
+        """Extra fields of the sync event (subclasses add theirs)."""
+        return {"inner_lr": self.inner_lr}
+
+    # ---- resumable state: θ̃ and u (the counter t is the base class's) -------------------------
+    def extra_state(self) -> dict[str, Any]:
+        return {"anchor": self.anchor.state_dict()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.anchor.load_state_dict(state["anchor"])

@@ -1,0 +1,65 @@
+"""CoCoDC's adaptive transmission count (spec §7b): N = max(P, ⌊γ·H·T_c/T_s⌋), capped at H.
+
+- `T_c`, the inner-step time, is measured by the strategy: per step, the time from the end of the
+  previous `step()` call to the start of this one (forward, backward, data) plus the inner optimizer
+  step; sync work done inside `step()` is excluded. The first step is skipped (warm-up).
+- `T_s`, the time to sync one fragment, is modelled from the WAN emulator's link when the group runs
+  under it (`wansync.net.collective_duration` on a mean-sized fragment: an all-reduce of its float32
+  bytes for fp32, an all-gather of every rank's encoded payload for the lossy codecs), else measured
+  on the fragment syncs of the first period (N = P of them): each is waited for at once instead of τ
+  steps later (the arithmetic is unchanged, only their overlap is lost) and T_s is the fastest one
+  (the first includes the connection warm-up).
+- Agreement: every rank contributes its (T_c, T_s) to one float64 all-reduce (mean), computes N, and
+  rank 0's N is broadcast, so all ranks use identical N even if their float arithmetic differed.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..comm.ledger import CommLedger
+
+
+def syncs_per_period(gamma: float, sync_every: int, fragments: int, t_c: float, t_s: float) -> int:
+    """N = max(P, ⌊γ·H·T_c/T_s⌋), at most H (one sync start per step)."""
+    if not (t_s > 0) or not math.isfinite(t_c):
+        return sync_every
+    n = math.floor(gamma * sync_every * t_c / t_s)
+    return int(min(sync_every, max(fragments, n)))
+
+
+def modelled_sync_seconds(codec: str, numel: int, wire_bytes: int, group: Any = None) -> float | None:
+    """The emulator's duration for one fragment exchange, or None when the group is not emulated."""
+    try:
+        from ..net import collective_duration, installed_topology, is_emulated
+    except ImportError:                                     # pragma: no cover - net is part of the package
+        return None
+    if not dist.is_initialized() or not is_emulated(group):
+        return None
+    topology = installed_topology()
+    if topology is None:
+        return None
+    world = dist.get_world_size()
+    ranks = dist.get_process_group_ranks(group) if group is not None else None
+    if codec == "fp32":
+        return float(collective_duration("allreduce", 4 * numel, world, topology, ranks))
+    members = dist.get_world_size(group)
+    return float(collective_duration("allgather", members * wire_bytes, world, topology, ranks))
+
+
+def agree(t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int,
+          ledger: CommLedger, group: Any = None) -> tuple[int, float, float]:
+    """(N, mean T_c, mean T_s), identical on every rank of `group` (see module docstring)."""
+    vals = torch.tensor([t_c, t_s], dtype=torch.float64)
+    ledger.count("schedule", vals.numel() * vals.element_size())
+    dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
+    vals /= dist.get_world_size(group)
+    tc, ts = float(vals[0]), float(vals[1])
+    n = torch.tensor([syncs_per_period(gamma, sync_every, fragments, tc, ts)], dtype=torch.int64)
+    ledger.count("schedule", n.numel() * n.element_size())
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast(n, src=src, group=group)
+    return int(n[0]), tc, ts
