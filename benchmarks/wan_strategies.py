@@ -84,6 +84,7 @@ def main() -> None:
     out = Path(args.out)
     rows = []
     t0 = time.monotonic()
+    load0 = os.getloadavg()[0]  # other jobs on the machine inflate compute: say so
     for preset in args.presets.split(","):
         for strategy in args.strategies.split(","):
             row = run_one(strategy, preset, args.steps, args.workers, out)
@@ -94,7 +95,7 @@ def main() -> None:
     print()
     print(f"{datetime.date.today()} · {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} · "
           f"tiny LM, {args.workers} workers, {args.steps} steps, batch 8 × seq 64 per worker · "
-          f"total {time.monotonic() - t0:.0f} s")
+          f"total {time.monotonic() - t0:.0f} s · load average at start {load0:.1f}, at end {os.getloadavg()[0]:.1f}")
     print()
     print(table(rows))
     print()

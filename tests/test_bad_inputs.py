@@ -79,6 +79,14 @@ def data_dir(kind: str) -> Setup:
         if kind == "imagefolder_empty":
             (d / "train").mkdir()
             return ["train", "--out", str(tmp / "run"), "--workers", "1", "--model", "cnn", "--data", f"imagefolder:{d}"]
+        if kind in ("imagefolder_no_val", "imagefolder_corrupt"):
+            for c in ("cat", "dog"):
+                (d / "train" / c).mkdir(parents=True)
+                (d / "train" / c / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+            if kind == "imagefolder_corrupt":
+                (d / "val" / "cat").mkdir(parents=True)
+                (d / "val" / "cat" / "b.png").write_bytes(b"garbage")
+            return ["train", "--out", str(tmp / "run"), "--workers", "1", "--model", "cnn", "--data", f"imagefolder:{d}"]
         if kind == "fmnist_truncated":
             for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                          "t10k-labels-idx1-ubyte"):
@@ -134,6 +142,8 @@ CASES: list[tuple[str, Setup, str]] = [
     ("a truncated CIFAR file", data_dir("cifar_truncated"), "cifar"),
     ("a malformed image folder", data_dir("imagefolder_empty"), "has no class directories"),
     ("a truncated Fashion-MNIST file", data_dir("fmnist_truncated"), "is truncated or corrupt"),
+    ("an image folder without a val/ split", data_dir("imagefolder_no_val"), "has no val/ (or test/) split"),
+    ("an image folder with a corrupt image", data_dir("imagefolder_corrupt"), "cannot read image"),
 ]
 if "slowmo" in STRATEGIES:
     CASES.append(("--strategy slowmo --slowmo-beta 1.0", flags("--strategy", "slowmo", "--slowmo-beta", "1.0"),

@@ -71,7 +71,7 @@ def test_config_file_then_flags_override(tmp_path):
 
 
 @pytest.mark.parametrize("action, expect", [("kill", "rank 1 was killed by SIGKILL"),
-                                            ("exit", "rank 1 failed: RuntimeError: injected failure at step 3")])
+                                            ("exit", "rank 1 failed during step 3: RuntimeError: injected failure at step 3")])
 def test_a_worker_crashing_mid_run_ends_all_with_one_message(tmp_path, action, expect):
     out = tmp_path / "run"
     t0 = time.monotonic()

@@ -126,7 +126,7 @@ def _cli(capsys, *argv):
     (["sweep", "--grid", "sync_every"], "expected key=value1,value2"),
     (["sweep", "--strategy", "local_sgd"], "sweep needs at least one --grid"),
     (["compare", "--strategies", "ddp", "--seeds", "0"], "seeds must be >= 1, got 0"),
-    (["compare", "--preset", "gpt5-paper"], "unknown preset 'gpt5-paper' (available: cocodc-paper, cpdp-wan)"),
+    (["compare", "--preset", "gpt5-paper"], "unknown preset 'gpt5-paper' (available: cocodc-paper, cpdp-wan, cpdp-k-sweep"),
     (["compare", "--strategies", "ddp", "--workers", "0"], "workers must be >= 1, got 0"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, argv, message):

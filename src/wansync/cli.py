@@ -133,7 +133,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         lowest.update(preset.values)
     cfg, flags = _layered_config(args, lowest)
     grid = X.parse_grid(args.grid)
-    if args.strategies:
+    cells = _preset_cells(args, preset, grid, flags)
+    if cells is not None:
+        strategies = list(dict.fromkeys(c["strategy"] for c in cells))
+    elif args.strategies:
         strategies = X.split_values(args.strategies)
     elif preset:
         strategies = list(preset.strategies)
@@ -143,7 +146,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         strategies = [cfg.strategy]
     if preset and "strategy" not in grid:
         check_available(preset, strategies)
-    if args.command == "sweep" and not grid:
+    if args.command == "sweep" and not grid and cells is None:
         raise ConfigError("sweep needs at least one --grid KEY=V1,V2 (any config key)")
     seeds = args.seeds if args.seeds is not None else (preset.seeds if preset else 1)
     if args.parallel < 1:
@@ -154,10 +157,38 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.parallel > 1:
         cfg = replace(cfg, quiet=True)
     out = Path(cfg.out)
-    specs = X.plan(cfg, strategies, seeds, grid, out, threads=threads)
+    specs = X.plan(cfg, strategies, seeds, grid, out, threads=threads, cells=cells)
     if args.dry_run:
         return _dry_run(specs, preset)
     return _run_and_report(specs, out, args.force, args.parallel, args.target_loss, args.target_acc)
+
+
+def _preset_cells(args: argparse.Namespace, preset: Any, grid: dict[str, Any],
+                  flags: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The preset's run cells (None when it has none or `--grid strategy=` replaces them);
+    --strategies keeps the cells of those strategies (a strategy without a cell runs the preset's values)."""
+    if preset is None or not preset.runs or "strategy" in grid:
+        return None
+    clash = [k for k in preset.swept_keys() if k in flags and k not in grid]
+    if clash:
+        values = ", ".join(dict.fromkeys(str(c[clash[0]]) for c in preset.runs if clash[0] in c))
+        raise ConfigError(f"--{clash[0].replace('_', '-')} is swept by preset {preset.name} ({values}); "
+                          f"change its values with --grid {clash[0]}=V1,V2")
+    cells = [dict(c) for c in preset.runs]
+    if args.strategies:
+        from . import experiments as X
+        wanted = X.split_values(args.strategies)
+        cells = [c for c in cells if c["strategy"] in wanted]
+        cells += [{"strategy": s} for s in wanted if not any(c["strategy"] == s for c in cells)]
+    return cells
+
+
+def _lr_rule(c: Config, world: int | None = None) -> str:
+    from .optim import peak_lr
+    if c.lr_scaling == "linear":
+        w = world or c.workers
+        return f"lr {peak_lr(c, w):g} = {c.lr:g} x {w * c.batch_size}/256 (linear scaling)"
+    return f"lr {c.lr:g} (fixed)"
 
 
 def _dry_run(specs: list[Any], preset: Any) -> int:
@@ -168,12 +199,13 @@ def _dry_run(specs: list[Any], preset: Any) -> int:
             print(f"  note: {note}")
     c = specs[0].cfg
     print(f"{len(specs)} runs: model {c.model}, data {c.data}, {c.workers} workers, wan {c.wan or 'none'}, "
-          f"{c.steps} steps, batch {c.batch_size}/worker, {c.optimizer} lr {c.lr:g}")
+          f"{c.steps} steps, batch {c.batch_size}/worker, {c.optimizer} {_lr_rule(c)}")
     errors = []
     for s in specs:
         try:
             options = X.validate_run(s.cfg)
-            status = "ok  " + (", ".join(f"{k}={v}" for k, v in options.items()) or "(no options)")
+            status = ("ok  " + (", ".join(f"{k}={v}" for k, v in options.items()) or "(no options)")
+                      + f"; {_lr_rule(s.cfg)}")
         except WansyncError as e:
             errors.append(f"{s.label} seed {s.seed}: {e}")
             status = f"INVALID: {e}"

@@ -44,8 +44,9 @@ class Config:
     width: float = _f(1.0, "model", "channel-width multiplier for ResNets")
     # [data]
     data: str = _f("shakespeare", "data", "LM: shakespeare | PATH | hf:NAME; vision: fashion-mnist | "
-                   "cifar100:PATH | imagefolder:PATH")
-    batch_size: int = _f(16, "data", "per-worker batch size (sequences or images)")
+                   "cifar100:PATH | imagefolder:PATH (default: shakespeare for LM models, fashion-mnist "
+                   "for vision models)")
+    batch_size: int = _f(16, "data", "per-worker batch size (sequences or images; vision default 64)")
     seq_len: int = _f(128, "data", "LM context length in tokens")
     tokenizer: str = _f("byte", "data", "LM tokenizer: byte|bpe")
     bpe_vocab: int = _f(2048, "data", "vocabulary size of the locally trained BPE")
@@ -53,11 +54,14 @@ class Config:
     eval_batches: int = _f(8, "data", "validation batches per evaluation")
     augment: bool = _f(True, "data", "training augmentation for images")
     # [optim]
-    optimizer: str = _f("adamw", "optim", "inner optimizer: adamw|sgd")
-    lr: float = _f(3e-3, "optim", "inner learning rate (peak)")
+    optimizer: str = _f("adamw", "optim", "inner optimizer: adamw|sgd (vision default sgd)")
+    lr: float = _f(3e-3, "optim", "inner learning rate (peak; vision+sgd default 0.1); under --lr-scaling "
+                   "linear the base lr at global batch 256")
+    lr_scaling: str = _f("none", "optim", "LR rule: none (lr as given, fixed) | linear (peak lr = lr x "
+                         "workers x batch_size / 256)")
     lr_schedule: str = _f("cosine", "optim", "constant|cosine (with linear warmup)")
-    warmup_steps: int = _f(20, "optim", "linear warmup steps")
-    weight_decay: float = _f(0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay")
+    warmup_steps: int = _f(20, "optim", "linear warmup steps (vision default 0)")
+    weight_decay: float = _f(0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay (vision+sgd default 5e-4)")
     momentum: float = _f(0.9, "optim", "SGD momentum")
     grad_clip: float = _f(1.0, "optim", "clip the local gradient norm (0 = off)")
     # [strategy] -- None means the strategy's own default
@@ -77,7 +81,7 @@ class Config:
     gamma: float | None = _f(None, "strategy", "CoCoDC network utilization target gamma")
     codec: str | None = _f(None, "strategy", "codec for exchanged pseudo-gradients: fp32|bf16|int8|fp4")
     schedule: str | None = _f(None, "strategy", "CoCoDC fragment schedule: adaptive|round_robin")
-    syncs_per_period: int | None = _f(None, "strategy", "fragment syncs per period N (streaming)")
+    syncs_per_period: int | None = _f(None, "strategy", "fragment syncs per period N (streaming, cocodc; cocodc: 0 = from gamma)")
     compensation: str | None = _f(None, "strategy", "CoCoDC merge: taylor|alpha")
     partition: str | None = _f(None, "strategy", "fragment partition: strided|sequential")
 
@@ -165,13 +169,31 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return flat
 
 
+# Defaults that follow the model kind, for keys the user (file, preset, flags) did not give.
+# The LM keeps the dataclass defaults; `lr`/`weight_decay` apply only when the optimizer is SGD.
+VISION_DEFAULTS: dict[str, Any] = {"data": "fashion-mnist", "batch_size": 64, "optimizer": "sgd", "warmup_steps": 0}
+VISION_SGD_DEFAULTS: dict[str, Any] = {"lr": 0.1, "weight_decay": 5e-4}
+
+
+def kind_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """The model-kind defaults for the keys `values` lacks (empty for LM models)."""
+    from .workloads import model_kind
+    if model_kind(values.get("model", Config.model)) != "vision":
+        return {}
+    out = {k: v for k, v in VISION_DEFAULTS.items() if k not in values}
+    if values.get("optimizer", out.get("optimizer")) == "sgd":
+        out.update({k: v for k, v in VISION_SGD_DEFAULTS.items() if k not in values})
+    return out
+
+
 def build_config(file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Defaults, then the TOML file, then explicit overrides (already typed or strings)."""
+    """Defaults (the model kind's for vision), then the TOML file, then explicit overrides."""
     values: dict[str, Any] = {}
     if file:
         values.update(load_toml(file))
     for k, v in (overrides or {}).items():
         values[k] = coerce(k, v)
+    values.update(kind_defaults(values))
     cfg = Config(**values)
     validate(cfg)
     return cfg
@@ -204,6 +226,7 @@ def validate(cfg: Config) -> None:
     _check(cfg.eval_batches >= 1, f"eval_batches must be >= 1, got {cfg.eval_batches}")
     _check(cfg.optimizer in ("adamw", "sgd"), f"optimizer must be adamw or sgd, got {cfg.optimizer!r}")
     _check(math.isfinite(cfg.lr) and cfg.lr > 0, f"lr must be > 0, got {cfg.lr}")
+    _check(cfg.lr_scaling in ("none", "linear"), f"lr_scaling must be none or linear, got {cfg.lr_scaling!r}")
     _check(cfg.lr_schedule in ("constant", "cosine"), f"lr_schedule must be constant or cosine, got {cfg.lr_schedule!r}")
     _check(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
     _check(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
@@ -232,6 +255,13 @@ def from_sections(data: dict[str, dict[str, Any]]) -> Config:
 
 
 def replace(cfg: Config, **changes: Any) -> Config:
+    """A copy with `changes`; when the model changes kind (a --grid over model) and the data is the
+    old kind's default dataset, the data follows to the new kind's default."""
+    if "model" in changes and "data" not in changes:
+        from .workloads import DEFAULT_DATA, model_kind
+        old, new_kind = model_kind(cfg.model), model_kind(str(changes["model"]))
+        if old != new_kind and cfg.data == DEFAULT_DATA[old]:
+            changes = {**changes, "data": DEFAULT_DATA[new_kind]}
     new = dataclasses.replace(cfg, **{k: coerce(k, v) for k, v in changes.items()})
     validate(new)
     return new

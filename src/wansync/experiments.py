@@ -135,13 +135,21 @@ def setting_label(strategy: str, setting: dict[str, Any]) -> str:
 
 def plan(base: Config, strategies: Sequence[str], seeds: int | Sequence[int] = 1,
          grid: dict[str, list[Any]] | None = None, out: str | Path | None = None,
-         threads: int | None = None) -> list[RunSpec]:
-    """Every (strategy, setting, seed) as a RunSpec; nothing is written."""
+         threads: int | None = None, cells: Sequence[dict[str, Any]] | None = None) -> list[RunSpec]:
+    """Every (strategy, setting, seed) as a RunSpec; nothing is written.
+
+    `cells` (a preset's explicit list of runs, each a dict of config values with a "strategy") replaces
+    `strategies`: every cell is one setting, crossed with `grid` (whose keys win over the cell's)."""
     grid = dict(grid or {})
     out = Path(out if out is not None else base.out)
     if "strategy" in grid:
         strategies = [str(s) for s in grid.pop("strategy")]
-    strategies = check_strategies(strategies)
+        cells = None
+    if cells is not None:
+        combos = expand_cells(cells, grid)
+        check_strategies(list(dict.fromkeys(s for s, _ in combos)))
+    else:
+        combos = [(s, {}) for s in check_strategies(strategies)]
     if "seed" in grid:
         seed_list = [int(s) for s in grid.pop("seed")]
     elif isinstance(seeds, int):
@@ -155,8 +163,8 @@ def plan(base: Config, strategies: Sequence[str], seeds: int | Sequence[int] = 1
         settings = [{**s, key: v} for s in settings for v in values]
     specs: list[RunSpec] = []
     seen: dict[Path, str] = {}
-    for strategy in strategies:
-        for setting in settings:
+    for strategy, fixed in combos:
+        for setting in [{**fixed, **s} for s in settings]:
             label = setting_label(strategy, setting)
             for seed in seed_list:
                 run_dir = out / label / f"seed{seed}"
@@ -172,6 +180,20 @@ def plan(base: Config, strategies: Sequence[str], seeds: int | Sequence[int] = 1
                     raise ConfigError(f"{label} seed {seed}: {e}") from None
                 specs.append(RunSpec(strategy, setting, seed, cfg, label, run_dir))
     return specs
+
+
+def expand_cells(cells: Sequence[dict[str, Any]], grid: dict[str, list[Any]] | None = None
+                 ) -> list[tuple[str, dict[str, Any]]]:
+    """[(strategy, the cell's other values)], keys that `grid` sweeps dropped, duplicates merged."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for cell in cells:
+        if "strategy" not in cell:
+            raise ConfigError(f"a run cell must name its strategy: {cell}")
+        item = (str(cell["strategy"]), {k: coerce(k, v) for k, v in cell.items()
+                                         if k != "strategy" and k not in (grid or {})})
+        if item not in out:
+            out.append(item)
+    return out
 
 
 def validate_run(cfg: Config) -> dict[str, Any]:

@@ -16,15 +16,28 @@ def build_optimizer(cfg: Any, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
 
 
-def lr_at(cfg: Any, step: int) -> float:
-    """Learning rate for inner step `step` (0-based): linear warmup, then constant or cosine to 10%."""
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if cfg.lr_schedule == "constant":
+LINEAR_SCALING_BASE_BATCH = 256
+
+
+def peak_lr(cfg: Any, world_size: int | None = None) -> float:
+    """The peak inner lr: `lr` as given (lr_scaling none = fixed), or under lr_scaling linear
+    lr x global batch / 256, the global batch being world_size (default cfg.workers) x batch_size."""
+    if getattr(cfg, "lr_scaling", "none") != "linear":
         return cfg.lr
+    world = world_size if world_size is not None else cfg.workers
+    return cfg.lr * world * cfg.batch_size / LINEAR_SCALING_BASE_BATCH
+
+
+def lr_at(cfg: Any, step: int, world_size: int | None = None) -> float:
+    """Learning rate for inner step `step` (0-based): linear warmup, then constant or cosine to 10%."""
+    lr = peak_lr(cfg, world_size)
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return lr * (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return lr
     span = max(1, cfg.steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

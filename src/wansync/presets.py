@@ -4,6 +4,12 @@ A preset is a set of config values plus the strategies and seeds to compare. It 
 defaults and the config file / flags (`defaults < preset < --config < flags`), so any value can be
 overridden, e.g. `--preset cpdp-wan --data cifar100:/data/cifar-100-python`.
 Values the spec does not give are marked "assumed" in `notes`.
+
+A preset may also list its `runs`: explicit cells (config values with a "strategy"), each one setting
+of the experiment, e.g. `{"strategy": "cpdp", "sync_every": 8}`. `compare/sweep --preset` then runs
+those cells instead of strategies x grid; the runner treats them as plain config values (it knows no
+strategy). Keys a cell sets cannot also be given as flags (use `--grid KEY=...`, which replaces them).
+Every preset's notes state its LR rule (spec §8).
 """
 from __future__ import annotations
 
@@ -21,6 +27,40 @@ class Preset:
     seeds: int
     values: dict[str, Any]
     notes: tuple[str, ...] = field(default=())
+    runs: tuple[dict[str, Any], ...] = field(default=())   # explicit cells; empty = strategies x grid
+
+    def swept_keys(self) -> list[str]:
+        """Config keys the cells set (strategy excluded)."""
+        return list(dict.fromkeys(k for c in self.runs for k in c if k != "strategy"))
+
+
+# CPDP at small scale (spec §4, §8, §9): the small CNN on Fashion-MNIST, 4 workers on the two-site
+# link (16.6 ms RTT), per-worker batch 64 = global batch 256 (234.4 steps per epoch), 3 epochs, SGD
+# lr 0.1 (the paper's), cosine decay; evaluation on the full test set at every epoch end.
+CPDP_SMALL: dict[str, Any] = {
+    "workers": 4, "wan": "two-site", "model": "cnn", "width": 1.0, "data": "fashion-mnist", "batch_size": 64,
+    "augment": False, "optimizer": "sgd", "lr": 0.1, "lr_scaling": "none", "momentum": 0.9,
+    "weight_decay": 5e-4, "lr_schedule": "cosine", "warmup_steps": 0, "steps": 704, "eval_every": 1_000_000,
+    "eval_batches": 157, "sync_every": 4, "slowmo_beta": 0.3, "slowmo_lr": 1.0,
+}
+_SMALL_NOTES = (
+    "small scale (assumed, not the paper's): small CNN (--model cnn; or --model resnet18 --width 0.25) on "
+    "Fashion-MNIST, 4 workers, --wan two-site, 3 epochs = 704 steps of per-worker batch 64, no augmentation; "
+    "SGD momentum 0.9, weight decay 5e-4, cosine schedule without warmup",
+    "evaluation: the full 10k test set at every epoch end (eval_every is only a cap); the report's peak test "
+    "accuracy is the paper's metric",
+    "1 seed by default (--seeds 3 for the paper's protocol)",
+)
+_FIXED_256 = ("LR rule: fixed lr 0.1 (--lr-scaling none); at global batch 256 linear scaling "
+              "(lr = 0.1 x global batch / 256) gives the same 0.1, so both protocols coincide here")
+
+
+def _cells(strategy: str, key: str, values: tuple[Any, ...]) -> tuple[dict[str, Any], ...]:
+    return tuple({"strategy": strategy, key: v} for v in values)
+
+
+def _strategies(runs: tuple[dict[str, Any], ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(c["strategy"] for c in runs))
 
 
 PRESETS: dict[str, Preset] = {
@@ -63,6 +103,50 @@ PRESETS: dict[str, Preset] = {
                "data/cifar-100-python, or pass --data cifar100:PATH"),
     ),
 }
+
+_K_RUNS = ({"strategy": "ddp"},) + _cells("cpdp", "sync_every", (1, 2, 4, 8, 16, 32))
+_BETA_RUNS = _cells("cpdp", "slowmo_beta", (0.0, 0.3, 0.9))
+_LR_RUNS = tuple({"strategy": s, "lr_scaling": r} for s in ("ddp", "local_sgd", "cpdp") for r in ("none", "linear"))
+_ABLATION_RUNS = ({"strategy": "ddp"}, {"strategy": "local_sgd"}, {"strategy": "slowmo"},
+                  {"strategy": "cpdp", "slowmo_beta": 0.0}, {"strategy": "cpdp", "slowmo_beta": 0.3})
+
+PRESETS.update({
+    "cpdp-k-sweep": Preset(
+        name="cpdp-k-sweep",
+        source="CPDP's K sweep (spec §4, §9) at small scale: CPDP with K = 1, 2, 4, 8, 16, 32 (beta 0.3), DDP "
+               "as the reference for accuracy and wall clock; the paper sees K = 4 best and K >= 16 collapse",
+        strategies=_strategies(_K_RUNS), seeds=1, values=dict(CPDP_SMALL), runs=_K_RUNS,
+        notes=(_FIXED_256, *_SMALL_NOTES,
+               "K = 1 with beta 0.3 is not DDP (the SlowMo filter still acts); K = 1, beta 0 would be")),
+    "cpdp-beta": Preset(
+        name="cpdp-beta",
+        source="CPDP's SlowMo coefficient (spec §3, §4, §9) at small scale: CPDP K = 4 with beta = 0, 0.3, 0.9; "
+               "the paper finds 0.3 best and 0.9 collapsing (gain alpha/(1-beta) = 10x at 0.9)",
+        strategies=_strategies(_BETA_RUNS), seeds=1, values=dict(CPDP_SMALL), runs=_BETA_RUNS,
+        notes=(_FIXED_256, *_SMALL_NOTES)),
+    "cpdp-lr-protocol": Preset(
+        name="cpdp-lr-protocol",
+        source="the CPDP review's falsifier (spec §8, §9) at small scale: DDP, LocalSGD and CPDP (K = 4, "
+               "beta 0.3) at global batch 1024 under a fixed lr 0.1 and under linear scaling, lr = 0.1 x "
+               "1024 / 256 = 0.4, including the K = 4 cell under linear scaling the paper does not report",
+        strategies=_strategies(_LR_RUNS), seeds=1,
+        values={**CPDP_SMALL, "batch_size": 256, "steps": 176}, runs=_LR_RUNS,
+        notes=("LR rule, per cell: lr_scaling=none is the paper's fixed lr 0.1; lr_scaling=linear is lr = 0.1 x "
+               "global batch / 256 = 0.4 at 4 workers x 256 (the review's 'LR=0.4' protocol)",
+               "per-worker batch 256 (global 1024, as the paper's WAN runs): 58.6 steps per epoch, 3 epochs = "
+               "176 steps; otherwise as the other small-scale presets",
+               *_SMALL_NOTES[1:],
+               "the claim fails if ddp__lr_scaling=linear reaches CPDP's peak accuracy under linear scaling")),
+    "cpdp-ablation": Preset(
+        name="cpdp-ablation",
+        source="the CPDP review's attribution question (spec §4, §9) at small scale, all at K = 4: DDP, LocalSGD, "
+               "LocalSGD+SlowMo (slowmo, beta 0.3, alpha 1), CPDP beta = 0 (gradient all-reduce + plain "
+               "averaging), CPDP beta = 0.3; does phase 1 or the SlowMo filter carry CPDP's gain?",
+        strategies=_strategies(_ABLATION_RUNS), seeds=1, values=dict(CPDP_SMALL), runs=_ABLATION_RUNS,
+        notes=(_FIXED_256, *_SMALL_NOTES,
+               "slowmo takes the preset's slowmo_beta 0.3 and slowmo_lr 1.0, i.e. CPDP beta 0.3 without "
+               "phase 1 (the same as cpdp --no-grad-phase)")),
+})
 
 
 def get(name: str) -> Preset:

@@ -18,7 +18,9 @@ from .errors import ConfigError, DataError, WansyncError
 
 
 def check_data_path(cfg: Config) -> None:
-    """Fail fast on a local data path that does not exist."""
+    """Fail fast on a dataset that does not fit the model kind, or a local data path that does not exist."""
+    from .workloads import check_data_kind
+    check_data_kind(cfg.model, cfg.data)
     data = cfg.data
     path = None
     for prefix in ("cifar100:", "cifar10:", "imagefolder:", "fashion-mnist:"):

@@ -21,7 +21,7 @@ from . import checkpoint, strategies
 from .config import STRATEGY_KEYS, Config
 from .errors import NonFiniteError
 from .faults import Fault
-from .optim import build_optimizer, lr_at, set_lr
+from .optim import build_optimizer, lr_at, peak_lr, set_lr
 from .telemetry.metrics import MetricsWriter
 from .telemetry.commtime import CommTimer, ddp_modules
 from .telemetry.profiler import Profiler, build_profile
@@ -97,7 +97,7 @@ class Trainer:
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, Any]:
         cfg, prof, sync = self.cfg, self.profiler, self.sync
-        lr = lr_at(cfg, step)
+        lr = lr_at(cfg, step, self.world)
         set_lr(self.optimizer, lr)
         batch = self.workload.next_batch()
         prof.lap("data")
@@ -254,6 +254,7 @@ class Trainer:
             "strategy": self.cfg.strategy, "workers": self.world, "steps": self.cfg.steps,
             "wall_clock_s": profile["wall_clock_s"], "model": self.cfg.model, "data": self.cfg.data,
             "seed": self.cfg.seed, "options": self.options,
+            "lr_scaling": self.cfg.lr_scaling, "peak_lr": peak_lr(self.cfg, self.world),
             "bytes_sent": self.sync.comm.bytes, "comm": self.sync.comm.snapshot(),
             "sync_events": self.sync_events,
             **{k: round(v * self.world) for k, v in all_mean(     # summed over workers

@@ -15,7 +15,16 @@ from .base import Strategy
 
 
 def wrap_ddp(model: nn.Module, group: Any) -> DistributedDataParallel:
-    """DDP with PyTorch's defaults; its constructor broadcasts rank 0's state."""
+    """DDP with PyTorch's defaults; its constructor broadcasts rank 0's state.
+
+    Non-persistent buffers (e.g. the LM's rotary cos/sin tables) are constants derived from the
+    shape, identical on every rank: they are excluded from DDP's per-forward buffer broadcast,
+    which would otherwise cost one network latency per step for nothing. Real state (BatchNorm
+    statistics) is still broadcast from rank 0 before every forward, as DDP does by default."""
+    persistent = set(model.state_dict(keep_vars=True).keys())
+    constants = [name for name, _ in model.named_buffers() if name not in persistent]
+    if constants:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, constants)
     return DistributedDataParallel(model, process_group=group)
 
 

@@ -12,6 +12,7 @@ the averaged pseudo-gradient Δ̄ = mean(θ̃ − θ_m) (DiLoCo sign: a descent 
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
 import torch
@@ -23,6 +24,15 @@ class Anchor:
     def __init__(self, tensors: Sequence[torch.Tensor], *, lr: float, momentum: float, nesterov: bool = False):
         self.flat = FlatTensors(tensors)
         self.value = self.flat.gather()                    # θ̃, identical on every rank
+        # Buffers (BatchNorm statistics) are not optimized: the outer step gives them the plain
+        # average θ̃ − Δ̄ = θ̄. Momentum or SlowMo's 1/η scaling on a running variance would
+        # overshoot it below zero when the learning rate changes.
+        self.plain: list[tuple[int, int]] = []
+        offset = 0
+        for t in self.flat.tensors:
+            if not isinstance(t, torch.nn.Parameter):
+                self.plain.append((offset, offset + t.numel()))
+            offset += t.numel()
         self.optimizer = torch.optim.SGD([self.value], lr=lr, momentum=momentum,
                                          nesterov=nesterov and momentum > 0)
 
@@ -38,13 +48,21 @@ class Anchor:
         """θ̃ ← OuterOpt(θ̃, grad = Δ̄)."""
         if lr is not None:
             self.optimizer.param_groups[0]["lr"] = lr
+        averaged = [(a, b, self.value[a:b] - mean_delta[a:b]) for a, b in self.plain]
         self.value.grad = mean_delta
         self.optimizer.step()
         self.value.grad = None
+        with torch.no_grad():
+            for a, b, avg in averaged:
+                self.value[a:b] = avg
 
     def slowmo_step(self, mean_delta: torch.Tensor, inner_lr: float, slow_lr: float) -> None:
-        """u ← β·u + Δ̄/η ; θ̃ ← θ̃ − α·η·u (β is the optimizer's momentum)."""
+        """u ← β·u + Δ̄/η ; θ̃ ← θ̃ − α·η·u (β is the optimizer's momentum; buffers: θ̃ ← θ̄)."""
+        averaged = [(a, b, self.value[a:b] - mean_delta[a:b]) for a, b in self.plain]
         self.outer_step(mean_delta / inner_lr, lr=slow_lr * inner_lr)
+        with torch.no_grad():
+            for a, b, avg in averaged:
+                self.value[a:b] = avg
 
     def reset_to(self, flat: torch.Tensor) -> None:
         """Make θ̃ equal `flat` (e.g. after a plain average), keeping the optimizer state."""
@@ -56,7 +74,8 @@ class Anchor:
         self.flat.scatter(self.value)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"value": self.value.detach().clone(), "optimizer": self.optimizer.state_dict()}
+        # a copy: the optimizer updates its momentum buffer in place
+        return {"value": self.value.detach().clone(), "optimizer": copy.deepcopy(self.optimizer.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with torch.no_grad():

@@ -192,14 +192,18 @@ class Streaming(Strategy):
         self.comm.dropped += 1
         return torch.zeros_like(delta), False
 
-    def _launch(self, x: InFlight) -> None:
+    def _launch(self, x: InFlight, relaunch: bool = False) -> None:
+        """Start fragment x's exchange. A relaunch after a resume is not counted again: the
+        restored ledger already holds the bytes of the exchange the interrupted run started."""
         x.launched_at = time.perf_counter()
         x.handle = compressed_mean(x.delta, self.codec, group=self.group, async_op=True)
         x.wire_bytes = x.handle.wire_bytes
-        self.comm.count("pseudo_grads", x.wire_bytes)
+        if not relaunch:
+            self.comm.count("pseudo_grads", x.wire_bytes)
         if self.comm.nonfinite == "skip":                 # how many workers contributed
             n = torch.tensor([1.0 if x.valid else 0.0])
-            self.comm.count("nonfinite_guard", 4)
+            if not relaunch:
+                self.comm.count("nonfinite_guard", 4)
             x.count = (dist.all_reduce(n, op=dist.ReduceOp.SUM, group=self.group, async_op=True), n)
 
     def wait(self, x: InFlight) -> torch.Tensor:
@@ -305,4 +309,4 @@ class Streaming(Strategy):
             self._relaunch = False
             for x in self.in_flight:
                 if x.handle is None:
-                    self._launch(x)
+                    self._launch(x, relaunch=True)

@@ -1,12 +1,49 @@
 """Pick the workload from the model name: LM sizes or vision architectures."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .base import Workload
+
+if TYPE_CHECKING:               # importing this package stays torch-free (config.py uses the names below)
+    from .base import Workload
 
 VISION_MODELS = ("cnn", "resnet18", "resnet50", "vit_s")
+# The dataset a run gets when none is given: it follows the model kind (config.build_config applies it).
+DEFAULT_DATA = {"lm": "shakespeare", "vision": "fashion-mnist"}
+VISION_DATA_PREFIXES = ("fashion-mnist", "cifar100", "cifar10", "imagefolder")
+VISION_DATA_FORMS = "fashion-mnist | fashion-mnist:PATH | cifar100:PATH | cifar10:PATH | imagefolder:PATH"
+
+
+def model_kind(model: str) -> str:
+    """'vision' for the vision architectures, else 'lm' (unknown names are rejected elsewhere)."""
+    return "vision" if model in VISION_MODELS else "lm"
+
+
+def is_vision_data(data: str) -> bool:
+    name, sep, path = data.partition(":")
+    name = name.strip().lower()
+    return name == "fashion-mnist" or (bool(sep) and bool(path) and name in VISION_DATA_PREFIXES)
+
+
+def check_data_kind(model: str, data: str) -> None:
+    """One-line ConfigError when the dataset does not fit the model kind (LM text vs images)."""
+    from pathlib import Path
+    if model_kind(model) == "lm":
+        if is_vision_data(data):
+            raise ConfigError(f"model '{model}' is a language model and cannot train on the image dataset "
+                              f"{data!r}; use a vision model (--model {' | '.join(VISION_MODELS)}) or a text "
+                              f"corpus (--data shakespeare | PATH | hf:NAME)")
+        return
+    if is_vision_data(data):
+        return
+    name = data.partition(":")[0].strip().lower()
+    if data == DEFAULT_DATA["lm"] or data.startswith("hf:") or Path(data).exists():
+        raise ConfigError(f"vision model '{model}' needs an image dataset, got {data!r}, a text corpus "
+                          f"(image directories are named with a prefix; --data {VISION_DATA_FORMS})")
+    if name in VISION_DATA_PREFIXES:
+        raise ConfigError(f"--data {data!r} needs a path: {name}:PATH (--data {VISION_DATA_FORMS})")
+    raise ConfigError(f"unknown vision dataset {data!r} (--data {VISION_DATA_FORMS})")
 
 
 def lm_model_names() -> tuple[str, ...]:
@@ -18,7 +55,9 @@ def build_workload(cfg: Any, rank: int, world_size: int) -> Workload:
     """The workload a Config asks for, sharded for this rank."""
     if cfg.model in VISION_MODELS:
         from .vision import build_vision_workload
-        data = "fashion-mnist" if cfg.data == "shakespeare" else cfg.data
+        # build_config gives a vision model DEFAULT_DATA["vision"] when no data is named; this fallback
+        # covers Config objects made directly (Config(model="cnn") keeps the LM default "shakespeare").
+        data = DEFAULT_DATA["vision"] if cfg.data == DEFAULT_DATA["lm"] else cfg.data
         return build_vision_workload(cfg.model, data, rank=rank, world_size=world_size, seed=cfg.seed,
                                      batch_size=cfg.batch_size, eval_batches=cfg.eval_batches,
                                      augment=cfg.augment, width=cfg.width)
