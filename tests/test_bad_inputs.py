@@ -28,15 +28,33 @@ def config_file(text: str) -> Setup:
     return make
 
 
-def finished_run(mutate: Callable[[Path], None] | None, *extra: str) -> Setup:
-    """A real 2-step run with a checkpoint, optionally damaged, then --resume."""
-    def make(tmp: Path) -> list[str]:
+_FINISHED: list[Path] = []
+
+
+def _finished_template() -> Path:
+    """One real 2-step run with a checkpoint, made once and copied for every case that needs it."""
+    if not _FINISHED:
+        import tempfile
         from wansync.cli import main
-        run = tmp / "done"
+        import atexit
+        import shutil
+        root = Path(tempfile.mkdtemp(prefix="wansync-done-"))
+        atexit.register(shutil.rmtree, root, True)
+        run = root / "done"
         with pytest.raises(SystemExit) as e:
             main(["train", "--strategy", "local_sgd", "--workers", "1", "--steps", "2", "--out", str(run),
                   "--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1", "--quiet"])
         assert e.value.code == 0
+        _FINISHED.append(run)
+    return _FINISHED[0]
+
+
+def finished_run(mutate: Callable[[Path], None] | None, *extra: str) -> Setup:
+    """A real finished run with a checkpoint, optionally damaged, then --resume."""
+    def make(tmp: Path) -> list[str]:
+        import shutil
+        run = tmp / "done"
+        shutil.copytree(_finished_template(), run)
         if mutate:
             mutate(run)
         return ["train", "--resume", str(run), *extra]

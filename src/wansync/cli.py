@@ -289,7 +289,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
     base = build_config(overrides={"model": "tiny", "workers": 4, "batch_size": 8, "seq_len": 64, "threads": 1,
                                    "steps": args.steps, "eval_every": max(1, args.steps // 6), "eval_batches": 4,
-                                   "warmup_steps": min(20, args.steps // 5), "wan": wan, "out": args.out})
+                                   "warmup_steps": min(20, args.steps // 5), "wan": wan, "out": args.out,
+                                   # overlapped strategies: one step of overlap fits the short period
+                                   # (tau < H/P); strategies without the knob ignore it
+                                   "overlap": 1})
     h = _demo_sync_every(base, strategies)
     if h is not None:
         base = replace(base, sync_every=h)
