@@ -88,13 +88,24 @@ def spawn(cfg: Config, run_dir: Path, resume: bool = False) -> tuple[int, str]:
         del store
 
 
+# How long the launcher waits, after the first worker fails, for the others to report. A worker
+# that fails for a reason of its own (a NaN, a crash) takes its peers down with it, and on a loaded
+# machine a peer's "lost contact" can reach the launcher first: the root cause must win.
+ROOT_CAUSE_GRACE_S = 3.0
+SECONDARY = "lost contact with a peer"
+
+
 def _watch(procs: list[subprocess.Popen], run_dir: Path) -> tuple[int, str]:
     while True:
         codes = [p.poll() for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
-            rank, code = failed[0]
-            message = describe_exit(run_dir, rank, code)
+            deadline = time.monotonic() + ROOT_CAUSE_GRACE_S
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(0.05)
+            failed = [(r, c) for r, p in enumerate(procs) if (c := p.poll()) not in (None, 0)]
+            messages = [describe_exit(run_dir, r, c) for r, c in failed]
+            message = next((m for m in messages if SECONDARY not in m), messages[0])
             stopped = [r for r, p in enumerate(procs) if _is_stopped(p.pid)]
             if stopped:
                 message += f" (rank {stopped[0]} is stopped: it hung)"
