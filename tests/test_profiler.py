@@ -83,7 +83,7 @@ def _ddp_rank(rank: int, world: int, port: int, out: str) -> None:
         sync = ws.strategy("ddp", model, torch.optim.SGD(model.parameters(), lr=0.05))
         timer = CommTimer()
         if instrumented:
-            assert timer.instrument(sync.ddp)
+            assert timer.instrument(sync.model)
         exposed = []
         for step in range(5):
             timer.begin(step + 1, sync.comm.bytes)

@@ -1,4 +1,4 @@
-"""Streaming DiLoCo (spec §6) on real gloo groups: the DiLoCo identity, overlap, offsets, codecs,
+"""Streaming DiLoCo (arXiv:2501.18512) on real gloo groups: the DiLoCo identity, overlap, offsets, codecs,
 several fragments in flight, finish() and bad input. The rank functions here are shared with
 test_cocodc.py."""
 from __future__ import annotations
@@ -38,12 +38,12 @@ def deep_model(seed: int = 0, hidden: int = 4) -> nn.Module:
 
 def train(rank: int, name: str, options: dict[str, Any], steps: int, *, seed: int = 0, lr: float = 0.05,
           finish: bool = True, record_exchanges: bool = False, checkpoint_at: int | None = None,
-          tamper: Any = None) -> dict[str, Any]:
+          tamper: Any = None, on_nonfinite: str | None = None) -> dict[str, Any]:
     """Train deep_model with `name` for `steps` steps on rank-dependent data; per-step parameters,
     events, ledger, final parameters (after finish()), optionally each exchange's launch/wait steps."""
     model = deep_model(seed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    sync = ws.strategy(name, model, opt, **options)
+    sync = ws.strategy(name, model, opt, on_nonfinite=on_nonfinite, **options)
     if tamper is not None:
         tamper(rank, sync)
     events: list[dict[str, Any]] = []
@@ -52,30 +52,27 @@ def train(rank: int, name: str, options: dict[str, Any], steps: int, *, seed: in
     opt.register_step_post_hook(lambda *_: inner_steps.__setitem__(0, inner_steps[0] + 1))
     exchanges: list[dict[str, int]] = []
     if record_exchanges:
-        import wansync.strategies.streaming as streaming
-
-        real = streaming.compressed_mean
+        real = sync.exchange.mean
 
         class Recorded:
             def __init__(self, handle, rec):
-                self.h, self.rec, self.wire_bytes = handle, rec, handle.wire_bytes
+                self.h, self.rec = handle, rec
+
+            def __getattr__(self, name):
+                return getattr(self.h, name)
 
             def wait(self):
                 if "wait_step" not in self.rec:
                     self.rec.update(wait_step=sync.t, wait_inner=inner_steps[0])
                 return self.h.wait()
 
-        def recording(x, codec, group=None, async_op=False):
+        def recording(buf, purpose, codec="fp32", async_op=False, inplace=False, **kw):
             rec = {"launch_step": sync.t, "launch_inner": inner_steps[0], "async": async_op}
             exchanges.append(rec)
-            return Recorded(real(x, codec, group=group, async_op=async_op), rec)
+            return Recorded(real(buf, purpose, codec, async_op, inplace, **kw), rec)
 
-        streaming.compressed_mean = recording
-    try:
-        return _loop(rank, sync, model, opt, steps, seed, finish, checkpoint_at, events, exchanges)
-    finally:
-        if record_exchanges:
-            streaming.compressed_mean = real
+        sync.exchange.mean = recording
+    return _loop(rank, sync, model, opt, steps, seed, finish, checkpoint_at, events, exchanges)
 
 
 def _loop(rank, sync, model, opt, steps, seed, finish, checkpoint_at, events, exchanges) -> dict[str, Any]:
@@ -182,8 +179,7 @@ CODECS = ("fp32", "bf16", "int8", "fp4")
 
 
 def nan_on_rank1(rank: int, sync: Any) -> None:
-    """--on-nonfinite skip, and rank 1's first pseudo-gradient of fragment 0 turns NaN."""
-    sync.comm.nonfinite = "skip"
+    """Rank 1's first pseudo-gradient of fragment 0 turns NaN (run it with on_nonfinite="skip")."""
     if rank == 1:
         anchor, calls = sync.anchors[0], [0]
         real = anchor.local
@@ -206,7 +202,7 @@ def runs():
             ("streaming", CKPT, 14, dict(checkpoint_at=7)),       # fragment 1 in flight: started 6, merges 8
             ("streaming", CKPT, 14, dict(resume=True, start=7))]
     plan += [("streaming", dict(sync_every=4, fragments=2, overlap=1, codec=c), 9, {"finish": False}) for c in CODECS]
-    plan.append(("streaming", dict(sync_every=4, fragments=2, overlap=1, alpha=0.0), 3, dict(tamper=nan_on_rank1)))
+    plan.append(("streaming", dict(sync_every=4, fragments=2, overlap=1, alpha=0.0), 3, dict(tamper=nan_on_rank1, on_nonfinite="skip")))
     results = run_ranks(several, 2, plan)
     return {"nonfinite": [r[-1] for r in results],"overlap": [r[0] for r in results], "in_flight": [r[1] for r in results],
             "checkpointed": [r[2] for r in results], "resumed": [r[3] for r in results],

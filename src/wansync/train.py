@@ -64,8 +64,8 @@ class Trainer:
         self.workload = build_workload(cfg, rank, world_size)
         self.optimizer = build_optimizer(cfg, self.workload.model)
         self.options = resolve_strategy_options(cfg)
-        self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer, **self.options)
-        self.sync.comm.nonfinite = cfg.on_nonfinite
+        self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer,
+                                     on_nonfinite=cfg.on_nonfinite, **self.options)
         self.skipped = 0
         resumed = self.load_checkpoint() if resume else None
         self.writer = MetricsWriter(self.run_dir / "metrics.jsonl" if rank == 0 else None, append=resume)

@@ -44,7 +44,8 @@ def make_options(name: str, **options: Any) -> Any:
 
 
 def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, group: Any = None,
-          **options: Any) -> Strategy:
-    """Build a strategy on an existing process group (the public `wansync.strategy`)."""
+          on_nonfinite: str | None = None, **options: Any) -> Strategy:
+    """Build a strategy on an existing process group (the public `wansync.strategy`).
+    `on_nonfinite` (None, "abort", "skip"): what its exchange does with NaN/Inf model state."""
     cls = strategy_class(name)
-    return cls(model, optimizer, make_options(name, **options), group=group)
+    return cls(model, optimizer, make_options(name, **options), group=group, on_nonfinite=on_nonfinite)

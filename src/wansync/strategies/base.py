@@ -1,9 +1,10 @@
 """The base class every synchronization strategy is built on.
 
 It owns what all algorithms share: the inner step, the step counter, the event stream
-(sync events become records in metrics.jsonl), collective accounting, and the resumable
-state. A concrete strategy supplies only what differs: what it exchanges after the inner step
-(`after_inner_step`), which module the user calls (`model`), and its extra state.
+(sync events become records in metrics.jsonl), the exchange of model state (`self.exchange`,
+whose ledger is `self.comm`), and the resumable state. A concrete strategy supplies only what
+differs: what it exchanges after the inner step (`after_inner_step`), which module the user calls
+(`model`), and its extra state.
 
 The user loop is always::
 
@@ -19,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..comm.exchange import Exchange
 from ..comm.flat import FlatTensors
-from ..comm.ledger import CommLedger
 from ..errors import ConfigError
 
 
@@ -63,7 +64,9 @@ class Strategy:
     Options: ClassVar[type] = NoOptions
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, *,
-                 group: Any = None):
+                 group: Any = None, on_nonfinite: str | None = None):
+        """`on_nonfinite`: None, "abort" or "skip", what the exchange does with a NaN/Inf in this
+        worker's model state (see `comm.exchange`)."""
         if not dist.is_initialized():
             raise ConfigError("torch.distributed is not initialized: call wansync.init() or "
                               "torch.distributed.init_process_group() first")
@@ -75,7 +78,10 @@ class Strategy:
         self.rank = dist.get_rank(group)
         self.t = 0                       # inner steps taken
         self.last_inner_s = 0.0          # time of the last inner optimizer step (profiler: compute)
-        self.comm = CommLedger()
+        self.since_last_step_s: float | None = None   # end of the previous step() to this one's start
+        self._left_step_at: float | None = None
+        self.exchange = Exchange(group, on_nonfinite)
+        self.comm = self.exchange.ledger
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
 
     # ---- the user's view -------------------------------------------------------------
@@ -89,13 +95,17 @@ class Strategy:
 
         `skip_inner` drops this worker's inner update (a non-finite gradient under
         `--on-nonfinite skip`) while keeping the schedule, so every rank issues the same
-        collectives."""
-        t0 = time.perf_counter()
+        collectives. Records the time spent outside `step()` since the previous one (forward,
+        backward, data: `since_last_step_s`, None on the first) and in the inner step."""
+        entered = time.perf_counter()
+        if self._left_step_at is not None:
+            self.since_last_step_s = entered - self._left_step_at
         if not skip_inner:
             self.optimizer.step()
-        self.last_inner_s = time.perf_counter() - t0
+        self.last_inner_s = time.perf_counter() - entered
         self.t += 1
         self.after_inner_step()
+        self._left_step_at = time.perf_counter()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -115,8 +125,7 @@ class Strategy:
         """Start every replica from rank 0's parameters and buffers (one flat broadcast)."""
         flat = FlatTensors(sync_tensors(self.module))
         buf = flat.gather()
-        self.comm.count("init", buf.numel() * buf.element_size())
-        dist.broadcast(buf, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
+        self.exchange.broadcast(buf)
         flat.scatter(buf)
 
     # ---- events --------------------------------------------------------------------------

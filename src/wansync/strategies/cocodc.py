@@ -1,5 +1,5 @@
-"""CoCoDC (spec §7): Streaming DiLoCo's fragments and overlap with delay compensation (§7a) and
-adaptive transmission (§7b).
+"""CoCoDC (Zhu et al. 2025, arXiv:2504.17672): Streaming DiLoCo's fragments and overlap with delay
+compensation and adaptive transmission.
 
 - Merge (`compensation`): `taylor` (default) replaces the α-merge by
   `θ ← θ̃_p + τ·(g + λ·g⊙g⊙D)`, `g = (θ(t_l) − θ(t_p))/τ` (forward difference; the paper's printed
@@ -26,7 +26,8 @@ import torch
 from .base import check
 from .compensation import delay_compensate
 from .fragments import SCHEDULES
-from .streaming import InFlight, Streaming, validate_fragment_options
+from .inflight import InFlight
+from .streaming import Streaming, validate_fragment_options
 from .transmission import agree, modelled_sync_seconds
 
 COMPENSATIONS = ("taylor", "alpha")
@@ -61,14 +62,12 @@ class CoCoDC(Streaming):
     name = "cocodc"
     Options = CoCoDCOptions
 
-    def __init__(self, model, optimizer, options=None, *, group=None):
-        super().__init__(model, optimizer, options, group=group)
+    def __init__(self, model, optimizer, options=None, **kw):
+        super().__init__(model, optimizer, options, **kw)
         self.n_decided = self.opts.syncs_per_period > 0
         self.tc_sum, self.tc_count = 0.0, 0
         self.t_s: float | None = None
         self.t_s_source = ""
-        self._entered: float | None = None
-        self._last_exit: float | None = None
         if not self.n_decided:
             numel = round(sum(f.numel for f in self.fragments) / self.P)
             modelled = modelled_sync_seconds(self.codec.name, numel, self.codec.wire_bytes(numel), self.group)
@@ -91,21 +90,16 @@ class CoCoDC(Streaming):
         return new, {"merge": "taylor", "lam": self.opts.lam, "lam_term_rel": rel}
 
     # ---- T_c, T_s and N ------------------------------------------------------------------------
-    def step(self, skip_inner: bool = False) -> None:
-        self._entered = time.perf_counter()
-        super().step(skip_inner)
-        self._last_exit = time.perf_counter()
-
     def after_inner_step(self) -> None:
-        if not self.n_decided and self._last_exit is not None and self._entered is not None:
-            self.tc_sum += (self._entered - self._last_exit) + self.last_inner_s
+        if not self.n_decided and self.since_last_step_s is not None:     # T_c: the base class's timings
+            self.tc_sum += self.since_last_step_s + self.last_inner_s
             self.tc_count += 1
         super().after_inner_step()
 
-    def before_launch(self, x: InFlight) -> None:
+    def after_launch(self, x: InFlight) -> None:
         if not self.n_decided and self.t_s_source in ("", "measured"):   # time the first period's syncs
-            self.wait(x)
-            took = time.perf_counter() - x.launched_at
+            x.handle.wait()
+            took = time.perf_counter() - x.handle.started_at
             self.t_s = took if self.t_s is None else min(self.t_s, took)
             self.t_s_source = "measured"
 

@@ -1,5 +1,6 @@
-"""How a late fragment result is merged into the local fragment (spec §6 α-merge, spec §7a delay
-compensation). Pure functions on flat float32 buffers, so they can be tested in isolation."""
+"""How a late fragment result is merged into the local fragment: Streaming DiLoCo's α-merge
+(arXiv:2501.18512) and CoCoDC's delay compensation (arXiv:2504.17672). Pure functions on flat
+float32 buffers, so they can be tested in isolation."""
 from __future__ import annotations
 
 import torch
@@ -16,7 +17,7 @@ def alpha_merge(local: torch.Tensor, anchor: torch.Tensor, alpha: float) -> torc
 
 def delay_compensate(theta_start: torch.Tensor, theta_now: torch.Tensor, anchor: torch.Tensor, tau: int,
                      sync_every: int, lam: float, *, printed_sign: bool = False) -> tuple[torch.Tensor, float]:
-    """CoCoDC's merge (spec §7a); returns (new local fragment, ‖λ·g⊙g⊙D‖ / ‖g‖).
+    """CoCoDC's merge; returns (new local fragment, ‖λ·g⊙g⊙D‖ / ‖g‖).
 
         g      = (θ(t_l) − θ(t_p)) / τ          forward difference: the local change rate
         D      = (θ(t_p) − θ̃_p) / H

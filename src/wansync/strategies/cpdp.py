@@ -1,4 +1,4 @@
-"""CPDP, controlled periodic data parallelism (spec §4; seed 000_71e0e618b1d6bb8f).
+"""CPDP, controlled periodic data parallelism (Ettifouri et al. 2026, arXiv:2607.21224).
 
 Workers take K − 1 local steps with gradient sync disabled (DDP `no_sync()`), then one
 reconciliation step. At every step t with t mod K == 0::
@@ -9,17 +9,16 @@ reconciliation step. At every step t with t mod K == 0::
     4. u ← β·u + (θ̃ − θ̄)/η ;  θ̃ ← θ̃ − α·η·u                 # SlowMo filter on the average
     5. θ_m ← θ̃                                               # exact equality restored
 
-Steps 3–5 are SlowMo's boundary (spec §3), so CPDP is SlowMo plus phase 1, and this class is
-`SlowMo` plus the DDP wrapper. Optimizer states stay local (unless `sync_optimizer_state`).
-Defaults from the paper: K = 4, β = 0.3, α = 1.
+Steps 3–5 are SlowMo's boundary (Wang et al. 2020, arXiv:1910.00643), so CPDP is SlowMo plus
+phase 1, and this class is `SlowMo` plus the gradient phase DDP uses (`grad_sync.py`). Optimizer
+states stay local (unless `sync_optimizer_state`). Defaults from the paper: K = 4, β = 0.3, α = 1.
 
 How phase 1 is switched: `sync.model` is PyTorch's real `DistributedDataParallel`, and the user
-calls it (forward, backward) *before* `sync.step()`. DDP decides at forward time whether the
-coming backward all-reduces gradients, from `require_backward_grad_sync` — the flag `no_sync()`
-toggles. So the flag is set for the *next* step: at construction (for step 1) and at the end of
-every `step()` (for step t + 1): on iff t + 1 is a boundary and `grad_phase`. DDP is built with
-`broadcast_buffers=False`, because otherwise it would broadcast the buffers at every forward,
-local steps included; buffers are averaged with the parameters at boundaries instead.
+calls it (forward, backward) *before* `sync.step()`, so the phase is armed for the *next* step: at
+construction (for step 1) and at the end of every `step()` (for step t + 1): on iff t + 1 is a
+boundary and `grad_phase`. DDP is built with `broadcast_buffers=False`, because otherwise it would
+broadcast the buffers at every forward, local steps included; buffers are averaged with the
+parameters at boundaries instead.
 
 The reviewers' ablations are options, not copies:
 - `grad_phase=False`: no gradient all-reduce — LocalSGD+SlowMo (equal to `slowmo` with the
@@ -35,8 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torch.nn.parallel import DistributedDataParallel
-
+from .grad_sync import GradientSync
 from .slowmo import SlowMo, check_slowmo
 
 
@@ -58,33 +56,30 @@ class CPDP(SlowMo):
     Options = CPDPOptions
     sync_kind = "cpdp"
 
-    def __init__(self, model, optimizer, options=None, *, group=None):
-        super().__init__(model, optimizer, options, group=group)
-        self.ddp = DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
-        self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    def __init__(self, model, optimizer, options=None, **kw):
+        super().__init__(model, optimizer, options, **kw)
+        self.grad_sync = GradientSync(model, self.group, self.comm, broadcast_buffers=False)
         self.grads_synced = False        # did the step just taken all-reduce its gradients?
-        self.arm_grad_sync()
+        self.grad_sync.arm(self.phase_one_at(self.t + 1))
 
     @property
     def model(self):
-        return self.ddp
+        return self.grad_sync.ddp
 
-    def arm_grad_sync(self) -> None:
-        """Phase 1 on for the next step's backward iff it is a boundary (what `no_sync()` toggles)."""
-        self.ddp.require_backward_grad_sync = bool(self.opts.grad_phase) and self.is_boundary(self.t + 1)
+    def phase_one_at(self, t: int) -> bool:
+        """Does step t start with the gradient all-reduce? At boundaries, unless ablated."""
+        return bool(self.opts.grad_phase) and self.is_boundary(t)
 
     def after_inner_step(self) -> None:
         # steps 1–2 have happened: DDP all-reduced g in backward (if armed), then the inner step
-        self.grads_synced = self.ddp.require_backward_grad_sync
-        if self.grads_synced:
-            self.comm.count("grads", self.grad_bytes)     # DDP's reducer did it during backward
+        self.grads_synced = self.grad_sync.book()
         super().after_inner_step()                       # steps 3–5 at a boundary (SlowMo's)
-        self.arm_grad_sync()
+        self.grad_sync.arm(self.phase_one_at(self.t + 1))
 
     def boundary_fields(self) -> dict[str, Any]:
         return {**super().boundary_fields(), "grad_phase": self.grads_synced,
-                "grad_bytes": self.grad_bytes if self.grads_synced else 0}
+                "grad_bytes": self.grad_sync.bytes if self.grads_synced else 0}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         super().load_extra_state(state)
-        self.arm_grad_sync()
+        self.grad_sync.arm(self.phase_one_at(self.t + 1))

@@ -47,8 +47,8 @@ class DiLoCo(Periodic):
     name = "diloco"
     Options = DiLoCoOptions
 
-    def __init__(self, model, optimizer, options=None, *, group=None):
-        super().__init__(model, optimizer, options, group=group)
+    def __init__(self, model, optimizer, options=None, **kw):
+        super().__init__(model, optimizer, options, **kw)
         self.broadcast_initial_state()
         self.anchor = Anchor(sync_tensors(self.module), lr=self.opts.outer_lr,
                              momentum=self.opts.outer_momentum, nesterov=True)

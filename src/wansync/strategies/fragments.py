@@ -1,4 +1,5 @@
-"""Fragments and their sync schedule: shared by Streaming DiLoCo (spec §6) and CoCoDC (spec §7).
+"""Fragments and their sync schedule: shared by Streaming DiLoCo (Douillard et al. 2025,
+arXiv:2501.18512) and CoCoDC (Zhu et al. 2025, arXiv:2504.17672).
 
 **Partition.** A model is cut into *stages*: `model.stages()` when the model defines it (the LM:
 `[embed, block0, ..., blockN-1, final norm]`; the vision models: stem/embedding, blocks, head), else
@@ -14,14 +15,15 @@ the stages between are the *blocks*. With fewer than three stages every stage is
 - `sequential`: fragment `p` holds a contiguous run of blocks (sizes differ by at most one, the
   earlier fragments take the extra);
 
-then the input end is prepended to fragment 0 and the output end appended to fragment `P-1` (spec
-§6: embeddings/head go to the first/last fragment). Each fragment exchanges its parameters plus the
-floating-point persistent buffers of its stages (BatchNorm statistics), as one flat buffer.
+then the input end is prepended to fragment 0 and the output end appended to fragment `P-1`
+(embeddings/head go to the first/last fragment, as in Streaming DiLoCo). Each fragment exchanges
+its parameters plus the floating-point persistent buffers of its stages (BatchNorm statistics), as
+one flat buffer.
 
 **Schedule.** `N` fragment syncs per period of `H` steps, in *slots*: slot `k = 1, 2, ...` is at step
 `⌊k·H/N⌋`. With `N = P` and round robin (fragment `(k-1) mod P` at slot `k`) fragment `p` starts at
 the steps `t ≥ 1` with `(t − o_p) mod H == 0`, `o_p = ⌊(p+1)·H/P⌋ mod H`: exactly Streaming
-DiLoCo's staggered offsets. The adaptive choice (spec §7b) picks, at each slot, any fragment unsynced
+DiLoCo's staggered offsets. CoCoDC's adaptive choice picks, at each slot, any fragment unsynced
 for ≥ `H` steps (oldest first), else `argmax_p R_p` with `R_p = ‖Δθ̃_p‖₂ / I_p` (`Δθ̃_p`: change of the
 global fragment at its last merge, `I_p`: steps between that sync's start and the previous one; a
 fragment never merged has `R_p = +inf`, so the first slots visit every fragment once; ties: lowest
@@ -39,6 +41,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .base import sync_tensors
 
 PARTITIONS = ("strided", "sequential")
 SCHEDULES = ("adaptive", "round_robin")
@@ -62,16 +65,6 @@ class Fragment:
         return sum(t.numel() for t in self.tensors)
 
 
-def _module_tensors(module: nn.Module) -> list[torch.Tensor]:
-    """Parameters, then floating-point persistent buffers (what parameter averaging exchanges)."""
-    tensors: list[torch.Tensor] = list(module.parameters())
-    persistent = set(module.state_dict(keep_vars=True).keys())
-    for name, b in module.named_buffers():
-        if name in persistent and b.is_floating_point():
-            tensors.append(b)
-    return tensors
-
-
 def model_stages(model: nn.Module) -> list[Stage]:
     """The model's stages in forward order, each with the tensors it owns (see module docstring)."""
     if hasattr(model, "stages") and callable(model.stages):
@@ -84,11 +77,11 @@ def model_stages(model: nn.Module) -> list[Stage]:
     seen: set[int] = set()
     stages: list[Stage] = []
     for name, module in zip(names, modules):
-        own = [t for t in _module_tensors(module) if id(t) not in seen]
+        own = [t for t in sync_tensors(module) if id(t) not in seen]
         seen.update(id(t) for t in own)
         if own:
             stages.append(Stage(name, own))
-    rest = [t for t in _module_tensors(model) if id(t) not in seen]
+    rest = [t for t in sync_tensors(model) if id(t) not in seen]
     if rest:
         if stages:
             stages[-1].tensors.extend(rest)
@@ -162,7 +155,6 @@ class Schedule:
         self.n = self.set_n(n)
         self.rr_next = 0
         self.last_start = [0] * fragments          # step of each fragment's last sync start (0: none yet)
-        self.started = [False] * fragments
         self.rate: list[float] = [math.inf] * fragments   # R_p; +inf until its first merge
 
     def set_n(self, n: int) -> int:
@@ -197,7 +189,7 @@ class Schedule:
     def record_start(self, p: int, t: int) -> int:
         """Note that fragment p starts a sync at t; returns I_p (steps since its previous start)."""
         interval = max(1, t - self.last_start[p])
-        self.last_start[p], self.started[p] = t, True
+        self.last_start[p] = t
         return interval
 
     def record_merge(self, p: int, anchor_change_norm: float, interval: int) -> None:
@@ -206,11 +198,10 @@ class Schedule:
 
     def state_dict(self) -> dict[str, Any]:
         return {"n": self.n, "mode": self.mode, "rr_next": self.rr_next, "last_start": list(self.last_start),
-                "started": list(self.started), "rate": list(self.rate)}
+                "rate": list(self.rate)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.set_n(int(state["n"]))
         self.rr_next = int(state["rr_next"])
         self.last_start = [int(v) for v in state["last_start"]]
-        self.started = [bool(v) for v in state["started"]]
         self.rate = [float(v) for v in state["rate"]]

@@ -21,8 +21,8 @@ class LocalSGD(Periodic):
     name = "local_sgd"
     Options = LocalSGDOptions
 
-    def __init__(self, model, optimizer, options=None, *, group=None):
-        super().__init__(model, optimizer, options, group=group)
+    def __init__(self, model, optimizer, options=None, **kw):
+        super().__init__(model, optimizer, options, **kw)
         self.broadcast_initial_state()
 
     def boundary(self) -> None:

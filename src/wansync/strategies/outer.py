@@ -6,7 +6,7 @@ fragment) as one flat buffer, and an outer `torch.optim.SGD` over it. The outer 
 the averaged pseudo-gradient Δ̄ = mean(θ̃ − θ_m) (DiLoCo sign: a descent direction).
 
 - DiLoCo / Streaming: `outer_step(Δ̄)` with SGD(lr, momentum, Nesterov).
-- SlowMo (spec §3): u ← β·u + Δ̄/η ; θ̃ ← θ̃ − α·η·u is exactly SGD with momentum β (no
+- SlowMo (Wang et al. 2020, arXiv:1910.00643): u ← β·u + Δ̄/η ; θ̃ ← θ̃ − α·η·u is exactly SGD with momentum β (no
   dampening) at lr α·η on the gradient Δ̄/η, so `slowmo_step(Δ̄, η, α)` reuses the same optimizer
   and stays right when η changes between boundaries.
 """
@@ -63,11 +63,6 @@ class Anchor:
         with torch.no_grad():
             for a, b, avg in averaged:
                 self.value[a:b] = avg
-
-    def reset_to(self, flat: torch.Tensor) -> None:
-        """Make θ̃ equal `flat` (e.g. after a plain average), keeping the optimizer state."""
-        with torch.no_grad():
-            self.value.copy_(flat)
 
     def load_into_model(self) -> None:
         """θ_m ← θ̃."""

@@ -1,7 +1,7 @@
 """What every periodic strategy shares: the boundary schedule, parameter averaging with drift
-telemetry, and optional inner-optimizer-state averaging (spec §8).
+telemetry, and optional inner-optimizer-state averaging.
 
-Drift (spec §8) is measured at every boundary *before* averaging:
+Drift is measured at every boundary *before* averaging:
 `mean_m ||θ_m − θ̄|| / ||θ̄||`; it rises before the K ≥ 16 collapse. It costs one extra
 8-byte all-reduce per boundary (purpose `telemetry`), which `drift_telemetry=False` removes.
 """
@@ -13,15 +13,14 @@ from typing import Any
 import torch
 
 from ..comm.flat import FlatTensors
-from ..comm.ledger import all_reduce_mean
 from .base import Deferred, Strategy, sync_tensors
 
 
 class Periodic(Strategy):
     """Local inner steps; `boundary()` every `opts.sync_every` steps."""
 
-    def __init__(self, model, optimizer, options=None, *, group=None):
-        super().__init__(model, optimizer, options, group=group)
+    def __init__(self, model, optimizer, options=None, **kw):
+        super().__init__(model, optimizer, options, **kw)
         self.flat = FlatTensors(sync_tensors(self.module))
 
     def is_boundary(self, t: int) -> bool:
@@ -46,7 +45,7 @@ class Periodic(Strategy):
         caller has used θ̄ (`info["drift"]` is resolved by `resolve_drift`)."""
         buf = self.flat.gather()
         local = buf.clone() if self.drift_on else None
-        all_reduce_mean(buf, self.comm, "params", self.group)
+        self.exchange.mean(buf, "params", inplace=True)
         info: dict[str, Any] = {"bytes": buf.numel() * buf.element_size()}
         if local is not None:
             info["drift"] = self.start_drift(local, buf)
@@ -61,7 +60,7 @@ class Periodic(Strategy):
     def start_drift(self, local: torch.Tensor, avg: torch.Tensor) -> "Deferred":
         """Launch mean_m ||θ_m − θ̄|| (one async scalar all-reduce); divide by ||θ̄|| on resolve."""
         d = torch.dist(local, avg).reshape(1).double()
-        pending = all_reduce_mean(d, self.comm, "telemetry", self.group, async_op=True)
+        pending = self.exchange.mean(d, "telemetry", async_op=True)
         avg_norm = float(torch.linalg.vector_norm(avg))
         return Deferred(lambda: float(pending.wait()[0]) / avg_norm if avg_norm > 0 else math.inf)
 
@@ -79,6 +78,6 @@ class Periodic(Strategy):
             return
         flat = FlatTensors(tensors)
         buf = flat.gather()
-        all_reduce_mean(buf, self.comm, "optim_state", self.group)
+        self.exchange.mean(buf, "optim_state", inplace=True)
         flat.scatter(buf)
 

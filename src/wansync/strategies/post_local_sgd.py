@@ -1,4 +1,4 @@
-"""Post-local SGD (spec §2 variant; Lin et al. 2020): DDP for the first `switch_step` steps,
+"""Post-local SGD (Lin et al. 2020, arXiv:1808.07217): DDP for the first `switch_step` steps,
 LocalSGD after.
 
 Steps 1 … switch_step run under PyTorch's real DDP (per-step gradient all-reduce: parameters
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from .base import check
-from .ddp import wrap_ddp
+from .grad_sync import GradientSync
 from .local_sgd import LocalSGD
 
 
@@ -39,15 +39,10 @@ class PostLocalSGD(LocalSGD):
     name = "post_local_sgd"
     Options = PostLocalSGDOptions
 
-    def __init__(self, model, optimizer, options=None, *, group=None):
-        super().__init__(model, optimizer, options, group=group)
-        self.ddp = wrap_ddp(model, group)
-        self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        self.arm_grad_sync()
-
-    def arm_grad_sync(self) -> None:
-        """DDP's gradient all-reduce on for the next step's backward iff it is a DDP step."""
-        self.ddp.require_backward_grad_sync = self.in_ddp_phase(self.t + 1)
+    def __init__(self, model, optimizer, options=None, **kw):
+        super().__init__(model, optimizer, options, **kw)
+        self.grad_sync = GradientSync(model, self.group, self.comm)
+        self.grad_sync.arm(self.in_ddp_phase(self.t + 1))
 
     def in_ddp_phase(self, t: int) -> bool:
         """Is step t (1-based) a DDP step?"""
@@ -55,21 +50,19 @@ class PostLocalSGD(LocalSGD):
 
     @property
     def model(self) -> nn.Module:
-        return self.ddp if self.in_ddp_phase(self.t + 1) else self.module
+        return self.grad_sync.ddp if self.in_ddp_phase(self.t + 1) else self.module
 
     def is_boundary(self, t: int) -> bool:
         return not self.in_ddp_phase(t) and (t - self.opts.switch_step) % self.opts.sync_every == 0
 
     def after_inner_step(self) -> None:
-        if self.in_ddp_phase(self.t):
-            self.comm.count("grads", self.grad_bytes)     # DDP's reducer all-reduced during backward
-        else:
+        if not self.grad_sync.book():                    # a DDP step: the reducer all-reduced in backward
             super().after_inner_step()                   # LocalSGD's boundary every H steps
-        self.arm_grad_sync()
+        self.grad_sync.arm(self.in_ddp_phase(self.t + 1))
 
     def load_extra_state(self, state) -> None:
         super().load_extra_state(state)
-        self.arm_grad_sync()
+        self.grad_sync.arm(self.in_ddp_phase(self.t + 1))
 
     def finish(self) -> None:
         if not self.in_ddp_phase(self.t):                # replicas are identical in the DDP phase

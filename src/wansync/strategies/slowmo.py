@@ -48,8 +48,8 @@ class SlowMo(Periodic):
     Options = SlowMoOptions
     sync_kind = "slowmo"
 
-    def __init__(self, model, optimizer, options=None, *, group=None):
-        super().__init__(model, optimizer, options, group=group)
+    def __init__(self, model, optimizer, options=None, **kw):
+        super().__init__(model, optimizer, options, **kw)
         self.broadcast_initial_state()
         # θ̃ and u (the SGD momentum buffer, created at the first boundary: u starts at zero)
         self.anchor = Anchor(sync_tensors(self.module), lr=self.opts.slowmo_lr, momentum=self.opts.slowmo_beta)

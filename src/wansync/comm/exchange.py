@@ -1,0 +1,184 @@
+"""The one exchange path for model state: every average of parameters, pseudo-gradients or
+optimizer state, and the initial broadcast, goes through an `Exchange`.
+
+One place owns what each such exchange needs, so that replica groups and fault tolerance can
+plug in here and nowhere else:
+
+- **Codec.** `fp32` sends the buffer as it is (any float dtype) through a SUM all-reduce and
+  divides by the number of contributors (gloo has no AVG). A lossy codec (bf16, int8, fp4) cannot
+  be summed on the wire (each rank has its own scales), so every rank's encoded payload is
+  all-gathered and each rank decodes and accumulates all of them in FP32, in rank order: the same
+  bytes summed in the same order give the same bits on every rank, which the strategies rely on
+  (their anchors must not drift apart).
+- **Non-finite guard** (`nonfinite`, for model state: the purposes in `GUARDED`). None: no check
+  before sending; "abort": raise NonFiniteError before a NaN/Inf leaves this worker; "skip": send a
+  zero contribution with weight 0 and divide by the number of valid contributors, so every rank
+  leaves out the same workers the same way (fp32: the weight is one extra element of the
+  all-reduced buffer; lossy: one flag byte after each payload). Whatever the policy, a non-finite
+  mean of model state raises rather than reach the model.
+- **Bytes**, booked on the ledger by purpose: `wire_bytes` is this rank's payload, what one rank
+  puts on the wire per hop. What a rank transmits in total depends on the collective:
+  `(M − 1)·wire_bytes` for an all-gather, about `2(M − 1)/M·wire_bytes` for a ring all-reduce.
+  `payload_bytes` is the uncompressed size, so their ratio is the codec's compression. The guard's
+  weight or flag is booked as `nonfinite_guard`.
+- **Time.** `wait()` books the time blocked on the collective under the purpose; the ledger's
+  listeners (the trainer's profiler) count it as exposed communication. Decoding is not waiting.
+
+Without an initialized process group the "group" is this one rank, and the mean of a lossy codec
+is `decode(encode(x))`, the same quantization a multi-rank run applies.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError, NonFiniteError
+from .codecs import Codec, Encoded, get_codec
+from .ledger import CommLedger
+
+GUARDED = ("params", "pseudo_grads", "optim_state")
+POLICIES = ("abort", "skip")
+
+
+class MeanHandle:
+    """An average in flight. `wait()` blocks until the collective is done, books that time on the
+    ledger, finishes the mean and returns it; later calls return the same tensor."""
+
+    def __init__(self, ledger: CommLedger, purpose: str, work: Any, finish: Callable[[], torch.Tensor],
+                 wire_bytes: int, payload_bytes: int, started_at: float):
+        self.wire_bytes = wire_bytes          # this rank's payload on the wire
+        self.payload_bytes = payload_bytes    # the buffer's own size
+        self.started_at = started_at          # perf_counter() when the exchange was asked for
+        self.waited_s = 0.0                   # time blocked in wait()
+        self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
+        self._result: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor:
+        if self._finish is not None:
+            t0 = time.perf_counter()
+            if self._work is not None:
+                self._work.wait()
+            self.waited_s = time.perf_counter() - t0
+            self._ledger.waited(self._purpose, self.waited_s)
+            self._result, self._finish, self._work = self._finish(), None, None
+        return self._result
+
+
+class Exchange:
+    """Averages and broadcasts of model state over `group` (see the module docstring).
+
+    Args:
+        group: the process group (None: the default group).
+        nonfinite: None, "abort" or "skip": what to do with a NaN/Inf in this worker's model state.
+    """
+
+    def __init__(self, group: Any = None, nonfinite: str | None = None):
+        if nonfinite is not None and nonfinite not in POLICIES:
+            raise ConfigError(f"on_nonfinite must be abort or skip, got {nonfinite!r}")
+        self.group = group
+        self.nonfinite = nonfinite
+        self.ledger = CommLedger()
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+
+    def mean(self, buf: torch.Tensor, purpose: str, codec: str | Codec = "fp32", async_op: bool = False,
+             inplace: bool = False, *, replay: bool = False) -> MeanHandle:
+        """Start averaging `buf` over the group; all ranks call it with the same purpose, codec
+        and `buf.numel()`.
+
+        Without `inplace`, `buf` is left as it is and may be reused at once; with it, the mean is
+        written into `buf`. With `async_op` the collective runs in the background until `wait()`.
+        `replay`: the ledger already holds this exchange (one relaunched after a resume), so its
+        bytes and a dropped contribution are not counted again."""
+        started_at = time.perf_counter()
+        codec = get_codec(codec)
+        guarded = self.nonfinite is not None and purpose in GUARDED
+        valid = not guarded or bool(torch.isfinite(buf).all())
+        if not valid and self.nonfinite == "abort":
+            raise NonFiniteError(f"non-finite values in this worker's {purpose} before the exchange "
+                                 f"(--on-nonfinite abort)")
+        weighted = guarded and self.nonfinite == "skip"
+        if codec.name == "fp32":
+            work, finish, wire_bytes, guard_bytes = self._all_reduce(buf, purpose, weighted, valid, inplace)
+        else:
+            work, finish, wire_bytes, guard_bytes = self._all_gather(buf, codec, purpose, weighted, valid, inplace)
+        if not replay:
+            self.ledger.count(purpose, wire_bytes)
+            if weighted:
+                self.ledger.count("nonfinite_guard", guard_bytes)
+            if not valid:
+                self.ledger.dropped += 1
+
+        def checked() -> torch.Tensor:
+            result = finish()
+            if purpose in GUARDED and not bool(torch.isfinite(result).all()):
+                raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite (a worker sent NaN/Inf; "
+                                     f"--on-nonfinite abort or skip stops it before the exchange)")
+            return result
+        handle = MeanHandle(self.ledger, purpose, work, checked, wire_bytes, buf.numel() * buf.element_size(),
+                            started_at)
+        if not async_op:
+            handle.wait()
+        return handle
+
+    def broadcast(self, buf: torch.Tensor, purpose: str = "init") -> None:
+        """Overwrite `buf` in place with the group's first rank's values (blocking)."""
+        self.ledger.count(purpose, buf.numel() * buf.element_size())
+        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        dist.broadcast(buf, src=src, group=self.group)
+
+    # ---- the two collectives -------------------------------------------------------------------
+    def _all_reduce(self, buf: torch.Tensor, purpose: str, weighted: bool, valid: bool, inplace: bool):
+        """fp32: SUM all-reduce of the values (and, weighted, of the weight), then divide."""
+        if weighted:
+            values = buf.detach().reshape(-1) if valid else buf.new_zeros(buf.numel())
+            wire = torch.cat([values, values.new_ones(1) if valid else values.new_zeros(1)])
+        else:
+            wire = buf if inplace else buf.detach().clone()
+        work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.group, async_op=True) \
+            if dist.is_initialized() else None
+
+        def finish() -> torch.Tensor:
+            if not weighted:
+                return wire.div_(self.world_size)
+            total = wire[:-1].view_as(buf)
+            return (buf.copy_(total) if inplace else total).div_(self._contributors(float(wire[-1]), purpose))
+        item = buf.element_size()
+        return work, finish, buf.numel() * item, item if weighted else 0
+
+    def _all_gather(self, buf: torch.Tensor, codec: Codec, purpose: str, weighted: bool, valid: bool,
+                    inplace: bool):
+        """Lossy codecs: all-gather every rank's encoded payload (weighted: plus a validity flag);
+        decode and accumulate the valid ones in FP32, in rank order; divide by their number."""
+        flat = buf.detach().reshape(-1)
+        numel = flat.numel()
+        payload = codec.encode(flat if valid else torch.zeros_like(flat)).data
+        if weighted:
+            payload = torch.cat([payload, payload.new_full((1,), int(valid))])
+        if dist.is_initialized():
+            gathered = [torch.empty_like(payload) for _ in range(self.world_size)]
+            work = dist.all_gather(gathered, payload, group=self.group, async_op=True)
+        else:
+            gathered, work = [payload], None
+
+        def finish() -> torch.Tensor:
+            acc = torch.zeros(numel, dtype=torch.float32, device=flat.device)
+            contributors = 0
+            for data in gathered:  # rank order: the same sum, bit for bit, on every rank
+                if weighted:
+                    if not int(data[-1]):
+                        continue
+                    data = data[:-1]
+                acc += codec.decode(Encoded(codec.name, numel, data))
+                contributors += 1
+            mean = acc.div_(self._contributors(contributors, purpose))
+            return buf.copy_(mean.view_as(buf)) if inplace else mean
+        return work, finish, codec.wire_bytes(numel), 1 if weighted else 0
+
+    @staticmethod
+    def _contributors(n: float, purpose: str) -> float:
+        if n == 0:
+            raise NonFiniteError(f"every worker's {purpose} was non-finite: nothing left to average")
+        return n

@@ -1,0 +1,54 @@
+"""DDP's per-step gradient all-reduce as a phase a strategy switches on and off: the one
+implementation DDP, post-local SGD and CPDP share.
+
+The wrapper is PyTorch's real `DistributedDataParallel` (bucketed all-reduce overlapped with
+backward): a baseline users actually run. DDP decides at forward time whether the coming backward
+all-reduces gradients, from `require_backward_grad_sync`, the flag `no_sync()` toggles; so a
+strategy arms the phase for its *next* step (at construction, after every step, after a resume).
+The bytes are booked on the ledger as `grads` after the step whose backward all-reduced them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ..comm.ledger import CommLedger
+
+
+def wrap_ddp(model: nn.Module, group: Any, broadcast_buffers: bool = True) -> DistributedDataParallel:
+    """DDP with PyTorch's defaults; its constructor broadcasts rank 0's state.
+
+    With `broadcast_buffers` (DDP's default), non-persistent buffers (e.g. the LM's rotary cos/sin
+    tables) are excluded from DDP's per-forward buffer broadcast: they are constants derived from
+    the shape, identical on every rank, and broadcasting them would cost one network latency per
+    step for nothing. Real state (BatchNorm statistics) is still broadcast from rank 0 before every
+    forward. Without it, no buffer is broadcast after construction."""
+    if broadcast_buffers:
+        persistent = set(model.state_dict(keep_vars=True).keys())
+        constants = [name for name, _ in model.named_buffers() if name not in persistent]
+        if constants:
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, constants)
+    return DistributedDataParallel(model, process_group=group, broadcast_buffers=broadcast_buffers)
+
+
+class GradientSync:
+    """The DDP wrapper of `model`, its gradient bytes, and the switch for the next backward."""
+
+    def __init__(self, model: nn.Module, group: Any, ledger: CommLedger, *, broadcast_buffers: bool = True):
+        self.ddp = wrap_ddp(model, group, broadcast_buffers)
+        self.bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        self._ledger = ledger
+
+    def arm(self, on: bool) -> None:
+        """Gradient all-reduce on or off for the next backward."""
+        self.ddp.require_backward_grad_sync = on
+
+    def book(self) -> bool:
+        """After a step: whether its backward all-reduced the gradients (the phase was armed);
+        if so, count the bytes DDP's reducer sent."""
+        if not self.ddp.require_backward_grad_sync:
+            return False
+        self._ledger.count("grads", self.bytes)
+        return True
