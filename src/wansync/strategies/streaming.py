@@ -50,11 +50,13 @@ from .outer import Anchor
 
 
 def known_codec(name: str, value: str) -> None:
+    """An option rule: the codec registry's own one-line error for an unknown codec."""
     get_codec(value)
 
 
 @dataclass
 class StreamingOptions(Options):
+    """Fragments, overlap and the merge; the outer optimizer is DiLoCo's, per fragment."""
     sync_every: int = sync_every(100)
     fragments: int = option(4, "number of fragments P", at_least(1))
     overlap: int = option(5, "overlap depth tau: inner steps while a fragment syncs")
