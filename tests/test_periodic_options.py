@@ -8,7 +8,7 @@ import pytest
 from cli_harness import TINY, wansync
 from wansync.errors import ConfigError
 from wansync.strategies import STRATEGIES, make_options, option_names
-from wansync.config import STRATEGY_KEYS
+from wansync.config import key_names
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,7 +29,7 @@ def test_registered_with_spec_defaults():
 
 @pytest.mark.parametrize("name", MINE)
 def test_every_option_is_a_config_key(name):
-    assert set(option_names(name)) <= set(STRATEGY_KEYS)
+    assert set(option_names(name)) <= set(key_names())
     assert "sync_optimizer_state" in option_names(name) and "drift_telemetry" in option_names(name)
 
 

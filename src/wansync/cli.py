@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from . import __version__
 from .config import Config, base_type, build_config, load_toml, replace
 from .errors import ConfigError, WansyncError
+from .strategies import option_names, resolve_options
 
 
 class _Parser(argparse.ArgumentParser):
@@ -266,13 +267,11 @@ def demo_link() -> tuple[str, str]:
 
 def _demo_sync_every(base: Config, strategies: list[str]) -> int | None:
     """The smallest H every periodic strategy accepts with its other knobs at their defaults."""
-    from .strategies import option_names
-    from .train import resolve_strategy_options
     periodic = [s for s in strategies if "sync_every" in option_names(s)]
     for h in _DEMO_SYNC_EVERY:
         try:
             for s in periodic:
-                resolve_strategy_options(replace(base, strategy=s, sync_every=h))
+                resolve_options(s, {**vars(base), "sync_every": h})
             return h
         except WansyncError:
             continue

@@ -1,9 +1,11 @@
 """Typed run configuration: dataclass defaults < TOML file < command-line flags.
 
 One flat namespace of keys (so `sweep --grid any_key=...` and `--any-key` just work), grouped
-into TOML sections for readability. Strategy knobs default to None, meaning "the strategy's own
-default"; the training loop resolves them and writes the fully resolved config to the run
-directory. Validation errors are one line: `sync_every must be >= 1, got 0`.
+into TOML sections for readability. The run/model/data/optim keys are declared here; the
+`[strategy]` keys are the strategies' own options, one per option name in the registry
+(`wansync.strategies.OPTIONS`), with its type and help. They default to None, meaning "the chosen
+strategy's own default"; the training loop resolves them and writes the fully resolved config to
+the run directory. Validation errors are one line: `sync_every must be >= 1, got 0`.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from .errors import ConfigError
+from .errors import ConfigError, check
+from .strategies import OPTIONS
 
 
 def _f(default: Any, section: str, help: str, **kw: Any) -> Any:
@@ -22,7 +25,8 @@ def _f(default: Any, section: str, help: str, **kw: Any) -> Any:
 
 
 @dataclass
-class Config:
+class GeneralKeys:
+    """The keys of every run, whatever the strategy; `Config` adds the strategies' options."""
     # [run]
     strategy: str = _f("ddp", "run", "synchronization strategy")
     workers: int = _f(2, "run", "worker processes (ranks) on this machine")
@@ -64,30 +68,16 @@ class Config:
     weight_decay: float = _f(0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay (vision+sgd default 5e-4)")
     momentum: float = _f(0.9, "optim", "SGD momentum")
     grad_clip: float = _f(1.0, "optim", "clip the local gradient norm (0 = off)")
-    # [strategy] -- None means the strategy's own default
-    sync_every: int | None = _f(None, "strategy", "H / K: inner steps between synchronizations")
-    slowmo_beta: float | None = _f(None, "strategy", "SlowMo slow momentum beta")
-    slowmo_lr: float | None = _f(None, "strategy", "SlowMo slow learning rate alpha")
-    outer_lr: float | None = _f(None, "strategy", "outer (Nesterov) SGD learning rate")
-    outer_momentum: float | None = _f(None, "strategy", "outer SGD momentum")
-    switch_step: int | None = _f(None, "strategy", "post-local SGD: DDP until this step")
-    grad_phase: bool | None = _f(None, "strategy", "CPDP: gradient all-reduce before averaging")
-    sync_optimizer_state: bool | None = _f(None, "strategy", "average inner optimizer state at boundaries")
-    drift_telemetry: bool | None = _f(None, "strategy", "log worker drift at every boundary")
-    fragments: int | None = _f(None, "strategy", "number of fragments P")
-    overlap: int | None = _f(None, "strategy", "overlap depth tau (inner steps while a fragment syncs)")
-    alpha: float | None = _f(None, "strategy", "weight of the local fragment in the merge")
-    lam: float | None = _f(None, "strategy", "CoCoDC delay-compensation strength lambda")
-    gamma: float | None = _f(None, "strategy", "CoCoDC network utilization target gamma")
-    codec: str | None = _f(None, "strategy", "codec for exchanged pseudo-gradients: fp32|bf16|int8|fp4")
-    schedule: str | None = _f(None, "strategy", "CoCoDC fragment schedule: adaptive|round_robin")
-    syncs_per_period: int | None = _f(None, "strategy", "fragment syncs per period N (streaming, cocodc; cocodc: 0 = from gamma)")
-    compensation: str | None = _f(None, "strategy", "CoCoDC merge: taylor|alpha")
-    partition: str | None = _f(None, "strategy", "fragment partition: strided|sequential")
 
+
+# [strategy]: one key per strategy option in the registry; None means the chosen strategy's default.
+if clash := sorted({f.name for f in fields(GeneralKeys)} & set(OPTIONS)):
+    raise TypeError(f"strategy options may not reuse general config keys: {', '.join(clash)}")
+Config = dataclasses.make_dataclass(
+    "Config", [(name, spec.type | None, _f(None, "strategy", spec.help)) for name, spec in OPTIONS.items()],
+    bases=(GeneralKeys,), namespace={"__module__": __name__, "__doc__": "Every key of a run (see the module)."})
 
 SECTIONS = ("run", "model", "data", "optim", "strategy")
-STRATEGY_KEYS = tuple(f.name for f in fields(Config) if f.metadata["section"] == "strategy")
 _TYPES = get_type_hints(Config)
 
 
@@ -199,39 +189,34 @@ def build_config(file: str | Path | None = None, overrides: dict[str, Any] | Non
     return cfg
 
 
-def _check(ok: bool, msg: str) -> None:
-    if not ok:
-        raise ConfigError(msg)
-
-
 def validate(cfg: Config) -> None:
     """Checks that do not depend on the strategy (strategies validate their own options)."""
-    _check(cfg.workers >= 1, f"workers must be >= 1, got {cfg.workers}")
-    _check(cfg.steps >= 1, f"steps must be >= 1, got {cfg.steps}")
-    _check(cfg.seed >= 0, f"seed must be >= 0, got {cfg.seed}")
-    _check(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")
-    _check(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
-    _check(cfg.log_every >= 1, f"log_every must be >= 1, got {cfg.log_every}")
-    _check(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
-    _check(cfg.on_nonfinite in ("abort", "skip"), f"on_nonfinite must be abort or skip, got {cfg.on_nonfinite!r}")
-    _check(cfg.peer_timeout > 0, f"peer_timeout must be > 0, got {cfg.peer_timeout}")
-    _check(cfg.backend in ("gloo", "nccl"), f"backend must be gloo or nccl, got {cfg.backend!r}")
-    _check(bool(cfg.out), "out must name a run directory")
-    _check(cfg.width > 0, f"width must be > 0, got {cfg.width}")
-    _check(cfg.batch_size >= 1, f"batch_size must be >= 1, got {cfg.batch_size}")
-    _check(cfg.seq_len >= 2, f"seq_len must be >= 2, got {cfg.seq_len}")
-    _check(cfg.tokenizer in ("byte", "bpe"), f"tokenizer must be byte or bpe, got {cfg.tokenizer!r}")
-    _check(cfg.bpe_vocab >= 257, f"bpe_vocab must be >= 257, got {cfg.bpe_vocab}")
-    _check(0 < cfg.val_fraction < 1, f"val_fraction must be in (0, 1), got {cfg.val_fraction}")
-    _check(cfg.eval_batches >= 1, f"eval_batches must be >= 1, got {cfg.eval_batches}")
-    _check(cfg.optimizer in ("adamw", "sgd"), f"optimizer must be adamw or sgd, got {cfg.optimizer!r}")
-    _check(math.isfinite(cfg.lr) and cfg.lr > 0, f"lr must be > 0, got {cfg.lr}")
-    _check(cfg.lr_scaling in ("none", "linear"), f"lr_scaling must be none or linear, got {cfg.lr_scaling!r}")
-    _check(cfg.lr_schedule in ("constant", "cosine"), f"lr_schedule must be constant or cosine, got {cfg.lr_schedule!r}")
-    _check(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
-    _check(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
-    _check(0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}")
-    _check(cfg.grad_clip >= 0, f"grad_clip must be >= 0, got {cfg.grad_clip}")
+    check(cfg.workers >= 1, f"workers must be >= 1, got {cfg.workers}")
+    check(cfg.steps >= 1, f"steps must be >= 1, got {cfg.steps}")
+    check(cfg.seed >= 0, f"seed must be >= 0, got {cfg.seed}")
+    check(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")
+    check(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
+    check(cfg.log_every >= 1, f"log_every must be >= 1, got {cfg.log_every}")
+    check(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
+    check(cfg.on_nonfinite in ("abort", "skip"), f"on_nonfinite must be abort or skip, got {cfg.on_nonfinite!r}")
+    check(cfg.peer_timeout > 0, f"peer_timeout must be > 0, got {cfg.peer_timeout}")
+    check(cfg.backend in ("gloo", "nccl"), f"backend must be gloo or nccl, got {cfg.backend!r}")
+    check(bool(cfg.out), "out must name a run directory")
+    check(cfg.width > 0, f"width must be > 0, got {cfg.width}")
+    check(cfg.batch_size >= 1, f"batch_size must be >= 1, got {cfg.batch_size}")
+    check(cfg.seq_len >= 2, f"seq_len must be >= 2, got {cfg.seq_len}")
+    check(cfg.tokenizer in ("byte", "bpe"), f"tokenizer must be byte or bpe, got {cfg.tokenizer!r}")
+    check(cfg.bpe_vocab >= 257, f"bpe_vocab must be >= 257, got {cfg.bpe_vocab}")
+    check(0 < cfg.val_fraction < 1, f"val_fraction must be in (0, 1), got {cfg.val_fraction}")
+    check(cfg.eval_batches >= 1, f"eval_batches must be >= 1, got {cfg.eval_batches}")
+    check(cfg.optimizer in ("adamw", "sgd"), f"optimizer must be adamw or sgd, got {cfg.optimizer!r}")
+    check(math.isfinite(cfg.lr) and cfg.lr > 0, f"lr must be > 0, got {cfg.lr}")
+    check(cfg.lr_scaling in ("none", "linear"), f"lr_scaling must be none or linear, got {cfg.lr_scaling!r}")
+    check(cfg.lr_schedule in ("constant", "cosine"), f"lr_schedule must be constant or cosine, got {cfg.lr_schedule!r}")
+    check(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    check(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
+    check(0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}")
+    check(cfg.grad_clip >= 0, f"grad_clip must be >= 0, got {cfg.grad_clip}")
 
 
 def to_sections(cfg: Config, strategy_options: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -242,7 +227,7 @@ def to_sections(cfg: Config, strategy_options: dict[str, Any] | None = None) -> 
         if sec == "strategy":
             continue
         out[sec][f.name] = getattr(cfg, f.name)
-    out["strategy"] = dict(strategy_options or {k: v for k in STRATEGY_KEYS if (v := getattr(cfg, k)) is not None})
+    out["strategy"] = dict(strategy_options or {k: v for k in OPTIONS if (v := getattr(cfg, k)) is not None})
     return out
 
 

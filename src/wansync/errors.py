@@ -19,3 +19,9 @@ class PeerError(WansyncError):
 
 class NonFiniteError(WansyncError):
     """A NaN or Inf reached a loss, gradient or pseudo-gradient under --on-nonfinite abort."""
+
+
+def check(ok: bool, message: str) -> None:
+    """Validation of a value a user gave: a one-line ConfigError when `ok` is false."""
+    if not ok:
+        raise ConfigError(message)

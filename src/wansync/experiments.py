@@ -29,6 +29,7 @@ import tomli_w
 
 from .config import Config, coerce, key_names, replace, to_sections
 from .errors import ConfigError, WansyncError
+from .strategies import resolve_options
 
 PLAN_FILE = "experiment.json"
 FAILED_FILE = "failed.json"
@@ -199,9 +200,8 @@ def expand_cells(cells: Sequence[dict[str, Any]], grid: dict[str, list[Any]] | N
 def validate_run(cfg: Config) -> dict[str, Any]:
     """Everything run.prepare checks, without writing anything; returns the resolved strategy options."""
     from .run import check_data_path
-    from .train import resolve_strategy_options
     from .workloads import VISION_MODELS, lm_model_names
-    options = resolve_strategy_options(cfg)
+    options = resolve_options(cfg.strategy, vars(cfg))
     if cfg.model not in VISION_MODELS and cfg.model not in lm_model_names():
         raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
                           f"vision: {', '.join(VISION_MODELS)})")
@@ -231,8 +231,8 @@ def is_finished(spec: RunSpec) -> bool:
     if not (d / "summary.json").is_file() or not (d / "config.toml").is_file() or (d / FAILED_FILE).exists():
         return False
     try:
-        from .train import resolve_strategy_options
-        expected = tomllib.loads(tomli_w.dumps(to_sections(spec.cfg, resolve_strategy_options(spec.cfg))))
+        options = resolve_options(spec.cfg.strategy, vars(spec.cfg))
+        expected = tomllib.loads(tomli_w.dumps(to_sections(spec.cfg, options)))
         found = tomllib.loads((d / "config.toml").read_text())
     except (WansyncError, tomllib.TOMLDecodeError, OSError):
         return False

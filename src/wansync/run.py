@@ -15,6 +15,7 @@ import tomli_w
 from . import launch
 from .config import Config, to_sections
 from .errors import ConfigError, DataError, WansyncError
+from .strategies import resolve_options
 
 
 def check_data_path(cfg: Config) -> None:
@@ -34,9 +35,8 @@ def check_data_path(cfg: Config) -> None:
 
 def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:
     """Validate the whole config and write the fully resolved config.toml."""
-    from .train import resolve_strategy_options
     from .workloads import VISION_MODELS, lm_model_names
-    options = resolve_strategy_options(cfg)
+    options = resolve_options(cfg.strategy, vars(cfg))
     if cfg.model not in VISION_MODELS and cfg.model not in lm_model_names():
         raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
                           f"vision: {', '.join(VISION_MODELS)})")

@@ -6,7 +6,6 @@ same parameters, so the final numbers describe the one model every worker holds.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -18,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, strategies
-from .config import STRATEGY_KEYS, Config
+from .config import Config
 from .errors import NonFiniteError
 from .faults import Fault
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
@@ -27,13 +26,6 @@ from .telemetry.commtime import CommTimer, ddp_modules
 from .telemetry.profiler import Profiler, build_profile
 from .telemetry.progress import Progress
 from .workloads import build_workload
-
-
-def resolve_strategy_options(cfg: Config) -> dict[str, Any]:
-    """The chosen strategy's options with its defaults filled in (validated)."""
-    names = strategies.option_names(cfg.strategy)
-    given = {k: getattr(cfg, k) for k in STRATEGY_KEYS if k in names and getattr(cfg, k) is not None}
-    return dataclasses.asdict(strategies.make_options(cfg.strategy, **given))
 
 
 def all_mean(values: dict[str, float]) -> dict[str, float]:
@@ -63,7 +55,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)                     # same init on every rank
         self.workload = build_workload(cfg, rank, world_size)
         self.optimizer = build_optimizer(cfg, self.workload.model)
-        self.options = resolve_strategy_options(cfg)
+        self.options = strategies.resolve_options(cfg.strategy, vars(cfg))
         self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer,
                                      on_nonfinite=cfg.on_nonfinite, **self.options)
         self.skipped = 0

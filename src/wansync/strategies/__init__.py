@@ -1,25 +1,48 @@
-"""The strategy registry: one module per algorithm, one line here to add one."""
+"""The strategy registry: every module of this package is imported, and every `Strategy` subclass
+with a `name` is a strategy. Adding one is adding one file.
+
+The options of all strategies together (`OPTIONS`, one entry per option name, see `options.collect`)
+are the `[strategy]` config keys and the matching `--flags`; each strategy validates its own.
+"""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import importlib
+import pkgutil
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
 from .base import Strategy
-from .cocodc import CoCoDC
-from .cpdp import CPDP
-from .ddp import DDP
-from .diloco import DiLoCo
-from .local_sgd import LocalSGD
-from .post_local_sgd import PostLocalSGD
-from .slowmo import SlowMo
-from .streaming import Streaming
+from .options import Options, OptionSpec, collect
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, LocalSGD, SlowMo, CPDP, DiLoCo, PostLocalSGD)}
-STRATEGIES.update({cls.name: cls for cls in (Streaming, CoCoDC)})
+
+def _subclasses(cls: type[Strategy]) -> Iterator[type[Strategy]]:
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def _discover() -> dict[str, type[Strategy]]:
+    """name -> class for every named Strategy subclass in this package, the simplest (fewest options)
+    first: DDP, the baseline, leads listings, demos and reports."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    found: dict[str, type[Strategy]] = {}
+    for cls in _subclasses(Strategy):
+        if not cls.name or not cls.__module__.startswith(f"{__name__}."):
+            continue
+        if found.get(cls.name, cls) is not cls:
+            raise TypeError(f"two strategies are called {cls.name!r}: {found[cls.name].__qualname__} and "
+                            f"{cls.__qualname__}")
+        found[cls.name] = cls
+    return dict(sorted(found.items(), key=lambda item: (len(dataclasses.fields(item[1].Options)), item[0])))
+
+
+STRATEGIES: dict[str, type[Strategy]] = _discover()
+OPTIONS: dict[str, OptionSpec] = collect({name: cls.Options for name, cls in STRATEGIES.items()})
 
 
 def strategy_class(name: str) -> type[Strategy]:
@@ -33,14 +56,21 @@ def option_names(name: str) -> list[str]:
     return [f.name for f in dataclasses.fields(strategy_class(name).Options)]
 
 
-def make_options(name: str, **options: Any) -> Any:
-    """The strategy's Options from keyword values; None means the strategy's default."""
-    cls = strategy_class(name)
+def make_options(name: str, **values: Any) -> Options:
+    """The strategy's Options from keyword values (validated); None means the strategy's default."""
     valid = option_names(name)
-    unknown = [k for k in options if k not in valid]
+    unknown = [k for k in values if k not in valid]
     if unknown:
         raise ConfigError(f"strategy {name} has no option {unknown[0]!r} (its options: {', '.join(valid) or 'none'})")
-    return cls.Options(**{k: v for k, v in options.items() if v is not None})
+    return strategy_class(name).Options(**{k: v for k, v in values.items() if v is not None})
+
+
+def resolve_options(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Strategy `name`'s options with its defaults filled in, validated, as a dict (what config.toml
+    and checkpoints record). Keys of `values` the strategy does not have are ignored (a config holds
+    every strategy's keys); None means the default."""
+    own = option_names(name)
+    return dataclasses.asdict(make_options(name, **{k: v for k, v in values.items() if k in own}))
 
 
 def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, group: Any = None,

@@ -23,17 +23,7 @@ from torch import nn
 from ..comm.exchange import Exchange
 from ..comm.flat import FlatTensors
 from ..errors import ConfigError
-
-
-@dataclasses.dataclass
-class NoOptions:
-    """A strategy without knobs."""
-
-
-def check(ok: bool, message: str) -> None:
-    """Option validation: one-line ConfigError."""
-    if not ok:
-        raise ConfigError(message)
+from .options import Options
 
 
 def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
@@ -61,7 +51,7 @@ class Deferred:
 
 class Strategy:
     name: ClassVar[str] = ""
-    Options: ClassVar[type] = NoOptions
+    Options: ClassVar[type[Options]] = Options
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, *,
                  group: Any = None, on_nonfinite: str | None = None):

@@ -16,46 +16,32 @@ compensation and adaptive transmission.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .base import check
 from .compensation import delay_compensate
 from .fragments import SCHEDULES
 from .inflight import InFlight
-from .streaming import Streaming, validate_fragment_options
+from .options import at_least, one_of, option, positive
+from .streaming import Streaming, StreamingOptions
 from .transmission import agree, modelled_sync_seconds
 
 COMPENSATIONS = ("taylor", "alpha")
 
 
 @dataclass
-class CoCoDCOptions:
-    sync_every: int = 100
-    fragments: int = 4
-    overlap: int = 5
-    alpha: float = 0.5                   # used by compensation=alpha only
-    lam: float = 0.5
-    gamma: float = 0.4
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    codec: str = "fp32"
-    partition: str = "strided"
-    schedule: str = "adaptive"
-    compensation: str = "taylor"
-    syncs_per_period: int = 0            # 0: N from gamma, T_c and T_s
-
-    def __post_init__(self) -> None:
-        validate_fragment_options(self)
-        check(math.isfinite(self.lam) and self.lam >= 0, f"lam must be >= 0, got {self.lam}")
-        check(math.isfinite(self.gamma) and self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
-        check(self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        check(self.compensation in COMPENSATIONS,
-              f"compensation must be one of {', '.join(COMPENSATIONS)}, got {self.compensation!r}")
+class CoCoDCOptions(StreamingOptions):
+    """Streaming DiLoCo's (`alpha` used by compensation=alpha only), plus compensation and adaptation."""
+    syncs_per_period: int = option(0, "fragment syncs per period N (0: N from gamma, T_c and T_s, decided at "
+                                   "step H)")
+    lam: float = option(0.5, "delay-compensation strength lambda", at_least(0))
+    gamma: float = option(0.4, "network utilization target gamma", positive)
+    schedule: str = option("adaptive", f"which fragment syncs next: {'|'.join(SCHEDULES)}", one_of(SCHEDULES))
+    compensation: str = option("taylor", f"merge of a late fragment: {'|'.join(COMPENSATIONS)}",
+                               one_of(COMPENSATIONS))
 
 
 class CoCoDC(Streaming):

@@ -35,20 +35,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from .grad_sync import GradientSync
-from .slowmo import SlowMo, check_slowmo
+from .options import option, sync_every
+from .slowmo import SlowMo, SlowMoOptions
 
 
 @dataclass
-class CPDPOptions:
-    sync_every: int = 4                  # K
-    slowmo_beta: float = 0.3             # β (0: the reviewers' "β = 0" ablation)
-    slowmo_lr: float = 1.0               # α
-    grad_phase: bool = True              # phase 1 (False: the LocalSGD+SlowMo ablation)
-    sync_optimizer_state: bool = False
-    drift_telemetry: bool = True
-
-    def __post_init__(self) -> None:
-        check_slowmo(self.sync_every, self.slowmo_beta, self.slowmo_lr)
+class CPDPOptions(SlowMoOptions):
+    """SlowMo's with the paper's K = 4 and β = 0.3 (0: the reviewers' "β = 0" ablation), plus phase 1."""
+    sync_every: int = sync_every(4)
+    slowmo_beta: float = SlowMoOptions.with_default("slowmo_beta", 0.3)
+    grad_phase: bool = option(True, "gradient all-reduce at each reconciliation step (phase 1; "
+                              "off: the LocalSGD+SlowMo ablation)")
 
 
 class CPDP(SlowMo):

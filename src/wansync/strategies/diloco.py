@@ -24,23 +24,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import check, sync_tensors
+from .base import sync_tensors
+from .options import outer_lr, outer_momentum, sync_every
 from .outer import Anchor
-from .periodic import Periodic
+from .periodic import Periodic, PeriodicOptions
 
 
 @dataclass
-class DiLoCoOptions:
-    sync_every: int = 100                # H
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9          # Nesterov whenever > 0
-    sync_optimizer_state: bool = False
-    drift_telemetry: bool = True
-
-    def __post_init__(self) -> None:
-        check(self.sync_every >= 1, f"sync_every must be >= 1, got {self.sync_every}")
-        check(self.outer_lr > 0, f"outer_lr must be > 0, got {self.outer_lr}")
-        check(0 <= self.outer_momentum < 1, f"outer_momentum must be in [0, 1), got {self.outer_momentum}")
+class DiLoCoOptions(PeriodicOptions):
+    """The periodic knobs with H = 100, plus the outer optimizer's."""
+    sync_every: int = sync_every(100)
+    outer_lr: float = outer_lr()
+    outer_momentum: float = outer_momentum()
 
 
 class DiLoCo(Periodic):

@@ -8,16 +8,27 @@ Drift is measured at every boundary *before* averaging:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..comm.flat import FlatTensors
 from .base import Deferred, Strategy, sync_tensors
+from .options import Options, option, sync_every
+
+
+@dataclass
+class PeriodicOptions(Options):
+    """The knobs of every periodic strategy; with these defaults, LocalSGD's."""
+    sync_every: int = sync_every(8)
+    sync_optimizer_state: bool = option(False, "average the inner optimizer's state at every boundary")
+    drift_telemetry: bool = option(True, "measure worker drift at every boundary (one 8-byte all-reduce)")
 
 
 class Periodic(Strategy):
     """Local inner steps; `boundary()` every `opts.sync_every` steps."""
+    Options = PeriodicOptions
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)

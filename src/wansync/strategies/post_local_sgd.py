@@ -18,21 +18,16 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .base import check
 from .grad_sync import GradientSync
 from .local_sgd import LocalSGD
+from .options import at_least, option
+from .periodic import PeriodicOptions
 
 
 @dataclass
-class PostLocalSGDOptions:
-    sync_every: int = 8                  # H after the switch
-    switch_step: int = 100               # DDP for steps 1 … switch_step
-    sync_optimizer_state: bool = False
-    drift_telemetry: bool = True
-
-    def __post_init__(self) -> None:
-        check(self.sync_every >= 1, f"sync_every must be >= 1, got {self.sync_every}")
-        check(self.switch_step >= 0, f"switch_step must be >= 0, got {self.switch_step}")
+class PostLocalSGDOptions(PeriodicOptions):
+    """LocalSGD's (H counted after the switch), plus when to switch."""
+    switch_step: int = option(100, "DDP for steps 1 ... switch_step, LocalSGD after", at_least(0))
 
 
 class PostLocalSGD(LocalSGD):

@@ -19,28 +19,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .base import check, sync_tensors
+from ..errors import check
+from .base import sync_tensors
+from .options import in_range, option, positive
 from .outer import Anchor
-from .periodic import Periodic
-
-
-def check_slowmo(sync_every: int, beta: float, lr: float) -> None:
-    """The checks SlowMo and CPDP share (one-line ConfigErrors)."""
-    check(sync_every >= 1, f"sync_every must be >= 1, got {sync_every}")
-    check(0 <= beta < 1, f"slowmo_beta must be in [0, 1), got {beta}")
-    check(lr > 0, f"slowmo_lr must be > 0, got {lr}")
+from .periodic import Periodic, PeriodicOptions
 
 
 @dataclass
-class SlowMoOptions:
-    sync_every: int = 8                  # H (τ in the SlowMo paper); LocalSGD's default
-    slowmo_beta: float = 0.5             # β
-    slowmo_lr: float = 1.0               # α
-    sync_optimizer_state: bool = False
-    drift_telemetry: bool = True
-
-    def __post_init__(self) -> None:
-        check_slowmo(self.sync_every, self.slowmo_beta, self.slowmo_lr)
+class SlowMoOptions(PeriodicOptions):
+    """LocalSGD's (H is τ in the SlowMo paper), plus the slow momentum β and slow learning rate α."""
+    slowmo_beta: float = option(0.5, "slow momentum beta", in_range(0, 1))
+    slowmo_lr: float = option(1.0, "slow learning rate alpha", positive)
 
 
 class SlowMo(Periodic):

@@ -30,52 +30,48 @@ the schedule (round-robin pointer, last starts, R_p) and the exchanges in flight
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..comm.codecs import get_codec
-from .base import Strategy, check
+from ..comm.codecs import CODECS, get_codec
+from ..errors import check
+from .base import Strategy
 from .compensation import alpha_merge
 from .debug import check_same_choice, debug_enabled
 from .fragments import PARTITIONS, Schedule, partition
 from .inflight import InFlight, InFlightExchanges
+from .options import Options, at_least, in_range, one_of, option, outer_lr, outer_momentum, sync_every
 from .outer import Anchor
 
 
-def validate_fragment_options(o: Any) -> None:
-    """Checks shared by Streaming DiLoCo and CoCoDC (one-line ConfigErrors)."""
-    check(o.sync_every >= 1, f"sync_every must be >= 1, got {o.sync_every}")
-    check(o.fragments >= 1, f"fragments must be >= 1, got {o.fragments}")
-    check(o.fragments <= o.sync_every, f"fragments ({o.fragments}) must be <= sync_every ({o.sync_every})")
-    check(0 <= o.overlap < o.sync_every,
-          f"overlap (tau) must be in [0, sync_every) = [0, {o.sync_every}), got {o.overlap}")
-    check(math.isfinite(o.alpha) and 0 <= o.alpha <= 1, f"alpha must be in [0, 1], got {o.alpha}")
-    check(math.isfinite(o.outer_lr) and o.outer_lr > 0, f"outer_lr must be > 0, got {o.outer_lr}")
-    check(0 <= o.outer_momentum < 1, f"outer_momentum must be in [0, 1), got {o.outer_momentum}")
-    get_codec(o.codec)
-    check(o.partition in PARTITIONS, f"partition must be one of {', '.join(PARTITIONS)}, got {o.partition!r}")
-    check(o.syncs_per_period == 0 or o.fragments <= o.syncs_per_period <= o.sync_every,
-          f"syncs_per_period must be 0 (automatic) or between fragments ({o.fragments}) and sync_every "
-          f"({o.sync_every}), got {o.syncs_per_period}")
+def known_codec(name: str, value: str) -> None:
+    """An option rule: the codec registry's own one-line error for an unknown codec."""
+    get_codec(value)
 
 
 @dataclass
-class StreamingOptions:
-    sync_every: int = 100
-    fragments: int = 4
-    overlap: int = 5
-    alpha: float = 0.5
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    codec: str = "fp32"
-    partition: str = "strided"
-    syncs_per_period: int = 0            # 0: P (one sync per fragment per period)
+class StreamingOptions(Options):
+    """Fragments, overlap and the merge; the outer optimizer is DiLoCo's, per fragment."""
+    sync_every: int = sync_every(100)
+    fragments: int = option(4, "number of fragments P", at_least(1))
+    overlap: int = option(5, "overlap depth tau: inner steps while a fragment syncs")
+    alpha: float = option(0.5, "weight of the local fragment in the merge", in_range(0, 1, high_included=True))
+    outer_lr: float = outer_lr()
+    outer_momentum: float = outer_momentum()
+    codec: str = option("fp32", f"codec for exchanged pseudo-gradients: {'|'.join(CODECS)}", known_codec)
+    partition: str = option("strided", f"fragment partition: {'|'.join(PARTITIONS)}", one_of(PARTITIONS))
+    syncs_per_period: int = option(0, "fragment syncs per period N (0: one per fragment, N = P)")
 
-    def __post_init__(self) -> None:
-        validate_fragment_options(self)
+    def cross_check(self) -> None:
+        super().cross_check()
+        h, p = self.sync_every, self.fragments
+        check(p <= h, f"fragments ({p}) must be <= sync_every ({h})")
+        check(0 <= self.overlap < h, f"overlap (tau) must be in [0, sync_every) = [0, {h}), got {self.overlap}")
+        check(self.syncs_per_period == 0 or p <= self.syncs_per_period <= h,
+              f"syncs_per_period must be 0 (automatic) or between fragments ({p}) and sync_every "
+              f"({h}), got {self.syncs_per_period}")
 
 
 class Streaming(Strategy):

@@ -1,0 +1,164 @@
+"""Strategy options, each knob declared once: its default, its help and the rules its value obeys.
+
+A strategy's `Options` is a dataclass deriving from `Options`, its fields made with
+`option(default, help, *rules)`. Everything else is derived from those declarations: the defaults,
+the `--flag` and the `[strategy]` config key with its help (the registry's `OPTIONS`, built by
+`collect`), and the validation (`Options.__post_init__`: each value's type, its rules, then the
+class's `cross_check()` for rules that relate fields). Algorithms that nest nest their options
+(post-local SGD's extend LocalSGD's, CPDP's SlowMo's, CoCoDC's Streaming DiLoCo's); a subclass that
+only changes a default says so with `Base.with_default(name, value)`. Knobs that strategies of
+different families share (`sync_every`, `outer_lr`, `outer_momentum`) are the factories at the end.
+
+Every rule fails with the same one-line ConfigError the user sees on the command line, e.g.
+`sync_every must be >= 1, got 0`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any, Callable, Mapping, get_type_hints
+
+from ..errors import check
+
+Rule = Callable[[str, Any], None]     # (option name, value): raises a one-line ConfigError when broken
+
+
+def option(default: Any, help: str, *rules: Rule) -> Any:
+    """A strategy option field: its default, one line of help, and the rules its value obeys."""
+    return dataclasses.field(default=default, metadata={"help": help, "rules": rules})
+
+
+# ---- rules --------------------------------------------------------------------------------------
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def at_least(low: int) -> Rule:
+    def rule(name: str, value: Any) -> None:
+        check(_finite(value) and value >= low, f"{name} must be >= {low}, got {value}")
+    return rule
+
+
+def positive(name: str, value: Any) -> None:
+    check(_finite(value) and value > 0, f"{name} must be > 0, got {value}")
+
+
+def in_range(low: int, high: int, *, high_included: bool = False) -> Rule:
+    """low <= value < high (or <= high)."""
+    def rule(name: str, value: Any) -> None:
+        ok = low <= value <= high if high_included else low <= value < high
+        check(ok, f"{name} must be in [{low}, {high}{']' if high_included else ')'}, got {value}")
+    return rule
+
+
+def one_of(choices: tuple[str, ...]) -> Rule:
+    def rule(name: str, value: Any) -> None:
+        check(value in choices, f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return rule
+
+
+# ---- the options base class ---------------------------------------------------------------------
+_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def typed(name: str, value: Any, kind: type) -> Any:
+    """`value` as an option of type `kind` (an int is a valid float), or a one-line ConfigError."""
+    if kind is not bool and isinstance(value, bool):
+        ok = False
+    elif kind is int:
+        ok = isinstance(value, numbers.Integral)
+    elif kind is float:
+        ok = isinstance(value, numbers.Real)
+    else:
+        ok = isinstance(value, kind)
+    check(ok, f"{name} must be {_KINDS.get(kind, kind.__name__)}, got {value!r}")
+    return kind(value)
+
+
+@dataclasses.dataclass
+class Options:
+    """A strategy's knobs; this base class has none (DDP's)."""
+
+    def __post_init__(self) -> None:
+        kinds = get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = typed(f.name, getattr(self, f.name), kinds[f.name])
+            setattr(self, f.name, value)
+            for rule in f.metadata.get("rules", ()):
+                rule(f.name, value)
+        self.cross_check()
+
+    def cross_check(self) -> None:
+        """Rules relating several fields, run after every field's own rules (extend with super())."""
+
+    @classmethod
+    def with_default(cls, name: str, default: Any) -> Any:
+        """This class's option `name`, help and rules included, with another default (for a subclass:
+        CPDP is SlowMo with β = 0.3)."""
+        return dataclasses.field(default=default, metadata=cls.__dataclass_fields__[name].metadata)
+
+
+# ---- the union over strategies: one config key per option name ----------------------------------
+@dataclasses.dataclass(frozen=True)
+class OptionSpec:
+    """One `[strategy]` config key / `--flag`: the fields of that name in the strategies that have it."""
+    name: str
+    type: type
+    defaults: dict[str, Any]          # strategy -> its default
+    helps: dict[str, str]             # strategy -> its help line
+
+    @property
+    def strategies(self) -> list[str]:
+        return list(self.defaults)
+
+    @property
+    def help(self) -> str:
+        """One line: each distinct help text, then the strategies it applies to with their defaults."""
+        users: dict[str, list[str]] = {}
+        for strategy, text in self.helps.items():
+            users.setdefault(text, []).append(f"{strategy} {_show(self.defaults[strategy])}")
+        return "; ".join(f"{text} (default: {', '.join(u)})" for text, u in users.items())
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def collect(options: Mapping[str, type[Options]]) -> dict[str, OptionSpec]:
+    """The union of the options of every strategy (name -> its Options class), by option name.
+
+    Raises TypeError for a declaration the config cannot carry: a field not made with `option()`
+    (no help), or one name with two types in two strategies."""
+    found: dict[str, OptionSpec] = {}
+    for strategy, cls in options.items():
+        kinds = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if "help" not in f.metadata:
+                raise TypeError(f"option {f.name!r} of strategy {strategy} has no help: declare it with option()")
+            kind = kinds[f.name]
+            if kind not in _KINDS:
+                raise TypeError(f"option {f.name!r} of strategy {strategy} is a {kind}; "
+                                f"options are {', '.join(k.__name__ for k in _KINDS)}")
+            spec = found.setdefault(f.name, OptionSpec(f.name, kind, {}, {}))
+            if spec.type is not kind:
+                other = spec.strategies[0]
+                raise TypeError(f"option {f.name!r} is {spec.type.__name__} in strategy {other} but "
+                                f"{kind.__name__} in strategy {strategy}")
+            spec.defaults[strategy] = f.default
+            spec.helps[strategy] = f.metadata["help"]
+    return found
+
+
+# ---- knobs shared across strategy families ------------------------------------------------------
+def sync_every(default: int) -> Any:
+    return option(default, "H (K in CPDP): inner steps between synchronizations", at_least(1))
+
+
+def outer_lr(default: float = 0.7) -> Any:
+    return option(default, "outer (Nesterov) SGD learning rate", positive)
+
+
+def outer_momentum(default: float = 0.9) -> Any:
+    return option(default, "outer SGD momentum (Nesterov when > 0)", in_range(0, 1))
+
