@@ -8,13 +8,18 @@ directory. Validation errors are one line: `sync_every must be >= 1, got 0`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .net.link import Topology
 
 
 def _f(default: Any, section: str, help: str, **kw: Any) -> Any:
@@ -84,6 +89,12 @@ class Config:
     syncs_per_period: int | None = _f(None, "strategy", "fragment syncs per period N (streaming, cocodc; cocodc: 0 = from gamma)")
     compensation: str | None = _f(None, "strategy", "CoCoDC merge: taylor|alpha")
     partition: str | None = _f(None, "strategy", "fragment partition: strided|sequential")
+
+    @functools.cached_property
+    def topology(self) -> Topology | None:
+        """The emulated link `wan` names, parsed once (None without --wan); a bad spec is a ConfigError."""
+        from .net.link import parse_wan
+        return parse_wan(self.wan) if self.wan else None
 
 
 SECTIONS = ("run", "model", "data", "optim", "strategy")
@@ -171,8 +182,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 # Defaults that follow the model kind, for keys the user (file, preset, flags) did not give.
 # The LM keeps the dataclass defaults; `lr`/`weight_decay` apply only when the optimizer is SGD.
-VISION_DEFAULTS: dict[str, Any] = {"data": "fashion-mnist", "batch_size": 64, "optimizer": "sgd", "warmup_steps": 0}
-VISION_SGD_DEFAULTS: dict[str, Any] = {"lr": 0.1, "weight_decay": 5e-4}
+VISION_DEFAULTS = MappingProxyType({"data": "fashion-mnist", "batch_size": 64, "optimizer": "sgd", "warmup_steps": 0})
+VISION_SGD_DEFAULTS = MappingProxyType({"lr": 0.1, "weight_decay": 5e-4})
 
 
 def kind_defaults(values: dict[str, Any]) -> dict[str, Any]:
