@@ -37,15 +37,13 @@ def _worker(rank: int, port: int, presets: list[str], sizes: list[str], queue) -
     from wansync import net
 
     torch.set_num_threads(1)
-    name = net.install("lan")
-    dist.init_process_group(name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(net.install(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=120), pg_options=net.Emulator(net.parse_wan("lan")))
     plain = dist.new_group(backend="gloo")
     rows = []
     for preset in presets:
         topo = net.parse_wan(preset)
-        net.install(topo)
-        group = dist.new_group()  # emulated with this preset
+        group = dist.new_group(pg_options=net.Emulator(topo))  # emulated with this preset
         for size in sizes:
             nbytes = SIZES[size]
             t = torch.ones(nbytes // 4)

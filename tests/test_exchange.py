@@ -5,7 +5,6 @@ anything is sent (abort); bytes and waits are booked once per exchange."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import socket
 from datetime import timedelta
 from pathlib import Path

@@ -155,7 +155,7 @@ def test_other_collectives_compute_what_gloo_computes(training):
             "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
             "reduce_scatter_tensor", "barrier", "subgroup_all_reduce", "all_reduce_coalesced",
         }
-        assert out["is_emulated"] == [True, False]
+        assert out["emulator"] == [True, True]  # the default group's; none on a plain gloo group
 
 
 @pytest.mark.timeout(120)
@@ -165,21 +165,39 @@ def test_a_dead_peer_is_an_error_not_a_hang(tmp_path):
     assert survivor["seconds"] < 30
 
 
+def test_an_emulated_group_needs_an_emulator(tmp_path):
+    code = (
+        "import torch.distributed as dist\n"
+        "from wansync import net\n"
+        "from wansync.errors import ConfigError\n"
+        f"store = dist.FileStore({str(tmp_path / 'store')!r}, 1)\n"
+        "try:\n"
+        "    dist.init_process_group(net.install(), store=store, rank=0, world_size=1)\n"
+        "except ConfigError as e:\n"
+        "    print('ConfigError:', e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ConfigError: the wansync_emu backend needs an emulator"), r.stdout
+
+
 # -- worker side ----------------------------------------------------------------------------------
 
 
 def _init(rank: int, world: int, port: int, topology, seed: int = 0):
+    """The default group under an Emulator of ``topology``; returns (emulator, a plain gloo group)."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
     from wansync import net
 
-    name = net.install(topology, seed=seed)
+    emulator = net.Emulator(topology, seed=seed)
     dist.init_process_group(
-        name, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=20)
+        net.install(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=timedelta(seconds=20), pg_options=emulator,
     )
-    return dist.new_group(backend="gloo")  # a plain group, for syncing and reference results
+    return emulator, dist.new_group(backend="gloo")  # a plain group, for syncing and reference results
 
 
 def _timing(rank: int, world: int, port: int) -> dict:
@@ -189,19 +207,19 @@ def _timing(rank: int, world: int, port: int) -> dict:
     from wansync import net
 
     flat = net.Topology(sites=1, intra_link=net.Link(rtt_s=D, bandwidth_bps=1e9))  # 2-rank ring: 1 RTT
-    plain = _init(rank, world, port, flat)
+    emulator, plain = _init(rank, world, port, flat)
     out: dict = {}
 
     def fresh():
         dist.barrier(group=plain)
-        net.reset_emulator_records()
+        emulator.reset_records()
 
     fresh()
     t = torch.full((4,), float(rank + 1))
     t0 = time.perf_counter()
     dist.all_reduce(t, async_op=True).wait()
     elapsed = time.perf_counter() - t0
-    (rec,) = net.emulator_records()
+    (rec,) = emulator.records()
     out["single"] = {"elapsed": elapsed, "modelled": rec.modelled_s, "value": t.tolist(), "record": rec.as_dict()}
 
     fresh()
@@ -212,7 +230,7 @@ def _timing(rank: int, world: int, port: int) -> dict:
     out["fifo"] = {
         "elapsed": time.perf_counter() - t0,
         "first_done_when_second_done": w1.is_completed(),
-        "records": [r.as_dict() for r in net.emulator_records()],
+        "records": [r.as_dict() for r in emulator.records()],
     }
     w1.wait()
 
@@ -222,12 +240,11 @@ def _timing(rank: int, world: int, port: int) -> dict:
         w = dist.all_reduce(torch.ones(4), async_op=True)
         time.sleep(compute)
         w.wait()
-        (rec,) = net.emulator_records()
+        (rec,) = emulator.records()
         out["overlap"].append({"compute": compute, "modelled": rec.modelled_s, "waited": rec.waited})
 
     jittery = net.Topology(sites=1, intra_link=net.Link(rtt_s=D, bandwidth_bps=1e9, jitter_s=0.03))
-    net.install(jittery, seed=123)  # groups created from now on use it
-    sub = dist.new_group()
+    sub = dist.new_group(pg_options=net.Emulator(jittery, seed=123))  # a group with its own emulator
     fresh()
     for _ in range(6):
         dist.all_reduce(torch.ones(4), group=sub)
@@ -250,8 +267,8 @@ def _training(rank: int, world: int, port: int) -> dict:
 
     from wansync import net
 
-    plain = _init(rank, world, port, "rtt=4ms,bw=1gbit")
-    out: dict = {"is_emulated": [net.is_emulated(), net.is_emulated(plain)]}
+    emulator, plain = _init(rank, world, port, net.parse_wan("rtt=4ms,bw=1gbit"))
+    out: dict = {"emulator": [net.emulator_of() is emulator, net.emulator_of(plain) is None]}
 
     def train(group):
         torch.manual_seed(100 + rank)  # ranks start apart: DDP's initial broadcast must fix that
@@ -265,11 +282,11 @@ def _training(rank: int, world: int, port: int) -> dict:
             opt.zero_grad()
         return list(model.parameters())
 
-    net.reset_emulator_records()
+    emulator.reset_records()
     t0 = time.perf_counter()
     emulated = train(None)  # the default group: emulated
     took = time.perf_counter() - t0
-    summ = net.emulator_summary()
+    summ = emulator.summary()
     out["ddp"] = {
         "emulated": _digest(emulated),
         "plain": _digest(train(plain)),
@@ -284,7 +301,7 @@ def _training(rank: int, world: int, port: int) -> dict:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]) / world
     dist.all_reduce(flat, group=plain)  # the reference, computed as the averager does
     averager = PeriodicModelAverager(period=2, warmup_steps=0)
-    net.reset_emulator_records()
+    emulator.reset_records()
     averager.average_parameters(model.parameters())  # step 0: averages
     averaged = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     with torch.no_grad():
@@ -296,7 +313,7 @@ def _training(rank: int, world: int, port: int) -> dict:
     out["averager"] = {
         "averaged_as_expected": torch.equal(averaged, flat),
         "off_period_step_left_params_alone": torch.equal(before, after),
-        "ops": {op: d["count"] for op, d in net.emulator_summary()["per_op"].items()},
+        "ops": {op: d["count"] for op, d in emulator.summary()["per_op"].items()},
     }
 
     checks: dict[str, bool] = {}
@@ -324,11 +341,11 @@ def _training(rank: int, world: int, port: int) -> dict:
     dist.all_reduce_coalesced([a, b])
     checks["all_reduce_coalesced"] = torch.equal(a, torch.ones(3)) and torch.equal(b, torch.ones(2) * 3)
     dist.barrier()
-    checks["barrier"] = net.emulator_records()[-1].op == "barrier"
+    checks["barrier"] = emulator.records()[-1].op == "barrier"
     sub = dist.new_group([0, 1])
     s = torch.ones(2) * (rank + 1)
     dist.all_reduce(s, group=sub)
-    checks["subgroup_all_reduce"] = torch.equal(s, torch.ones(2) * 3) and net.is_emulated(sub)
+    checks["subgroup_all_reduce"] = torch.equal(s, torch.ones(2) * 3) and net.emulator_of(sub) is emulator
     out["collectives"] = checks
     dist.barrier(group=plain)
     dist.destroy_process_group()
@@ -339,7 +356,9 @@ def _dead_peer(rank: int, world: int, port: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    _init(rank, world, port, "rtt=4ms,bw=1gbit")
+    from wansync import net
+
+    _init(rank, world, port, net.parse_wan("rtt=4ms,bw=1gbit"))
     if rank == 1:
         os._exit(0)  # dies without a goodbye, like a killed worker
     t0 = time.perf_counter()

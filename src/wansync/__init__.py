@@ -14,26 +14,26 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_local_store: Any = None
 
-
-def init(backend: str = "gloo", wan: str | None = None, seed: int = 0) -> None:
+def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
     """Initialize torch.distributed: from a torchrun environment when there is one, else a
-    one-process group on loopback. `wan` runs the group under the emulated link."""
+    one-process group on loopback. `wan` (a ``--wan`` string or a :class:`wansync.net.Topology`)
+    runs the group under the emulated link, with jitter drawn from `seed`."""
     import os
     import torch.distributed as dist
     if dist.is_initialized():
         return
+    emulator = None
     if wan:
-        from .net import install, parse_wan
-        backend = install(parse_wan(wan), seed=seed)
+        from . import net
+        topology = net.parse_wan(wan) if isinstance(wan, str) else wan
+        backend, emulator = net.install(), net.Emulator(topology, seed=seed)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend, init_method="env://")
+        dist.init_process_group(backend, init_method="env://", pg_options=emulator)
         return
-    global _local_store
     from .localgroup import LoopbackStore
-    _local_store = LoopbackStore()
-    dist.init_process_group(backend, store=_local_store.store, rank=0, world_size=1)
+    # the group holds the store, and with it the loopback server, for as long as the group lives
+    dist.init_process_group(backend, store=LoopbackStore().store, rank=0, world_size=1, pg_options=emulator)
 
 
 def strategy(name: str, model: Any, optimizer: Any, *, group: Any = None, **options: Any) -> Any:

@@ -10,14 +10,19 @@ the run directory. Validation errors are one line: `sync_every must be >= 1, got
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from .errors import ConfigError, check
 from .strategies import OPTIONS
+
+if TYPE_CHECKING:
+    from .net.link import Topology
 
 
 def _f(default: Any, section: str, help: str, **kw: Any) -> Any:
@@ -68,6 +73,12 @@ class GeneralKeys:
     weight_decay: float = _f(0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay (vision+sgd default 5e-4)")
     momentum: float = _f(0.9, "optim", "SGD momentum")
     grad_clip: float = _f(1.0, "optim", "clip the local gradient norm (0 = off)")
+
+    @functools.cached_property
+    def topology(self) -> Topology | None:
+        """The emulated link `wan` names, parsed once (None without --wan); a bad spec is a ConfigError."""
+        from .net.link import parse_wan
+        return parse_wan(self.wan) if self.wan else None
 
 
 # [strategy]: one key per strategy option in the registry; None means the chosen strategy's default.
@@ -161,8 +172,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 # Defaults that follow the model kind, for keys the user (file, preset, flags) did not give.
 # The LM keeps the dataclass defaults; `lr`/`weight_decay` apply only when the optimizer is SGD.
-VISION_DEFAULTS: dict[str, Any] = {"data": "fashion-mnist", "batch_size": 64, "optimizer": "sgd", "warmup_steps": 0}
-VISION_SGD_DEFAULTS: dict[str, Any] = {"lr": 0.1, "weight_decay": 5e-4}
+VISION_DEFAULTS = MappingProxyType({"data": "fashion-mnist", "batch_size": 64, "optimizer": "sgd", "warmup_steps": 0})
+VISION_SGD_DEFAULTS = MappingProxyType({"lr": 0.1, "weight_decay": 5e-4})
 
 
 def kind_defaults(values: dict[str, Any]) -> dict[str, Any]:

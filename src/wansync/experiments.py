@@ -14,7 +14,6 @@ finished runs are skipped unless `force`. A run that fails (a WansyncError from 
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -23,16 +22,18 @@ import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import tomli_w
 
+from . import run
+from . import strategies as registry
 from .config import Config, coerce, key_names, replace, to_sections
 from .errors import ConfigError, WansyncError
-from .strategies import resolve_options
-
-PLAN_FILE = "experiment.json"
-FAILED_FILE = "failed.json"
+from .optim import peak_lr
+from .presets import Preset, check_available, layered_config, preset_cells
+from .report import report
+from .rundir import FAILED_FILE, PLAN_FILE
 # Keys that change how a run is shown or where it lives, not what it computes.
 PRESENTATION_KEYS = ("out", "quiet", "log_every", "threads")
 # Keys a grid may not vary (they name the place or the repetition, handled separately).
@@ -65,8 +66,7 @@ class Outcome:
 # ---------------------------------------------------------------- parsing the grid
 
 def available_strategies() -> list[str]:
-    from .strategies import STRATEGIES
-    return list(STRATEGIES)
+    return list(registry.STRATEGIES)
 
 
 def check_strategies(names: Sequence[str], context: str = "") -> list[str]:
@@ -134,6 +134,47 @@ def setting_label(strategy: str, setting: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- the plan
 
+def plan_command(command: str, preset: Preset | None, config_file: str | None, flags: Mapping[str, Any],
+                 grid_items: Sequence[str], strategies_text: str | None, seeds: int | None,
+                 parallel: int) -> tuple[list[RunSpec], Path]:
+    """The runs of `wansync compare|sweep` from its flags, and the experiment directory.
+
+    Values: defaults < preset < --config file < flags; the runs: the preset's cells, else
+    --strategies (or the preset's strategies) x --grid x seeds."""
+    lowest: dict[str, Any] = {"out": f"runs/{preset.name if preset else command}"}
+    if preset:
+        lowest.update(preset.values)
+    cfg = layered_config(lowest, config_file, flags)
+    grid = parse_grid(grid_items)
+    wanted = split_values(strategies_text) if strategies_text else None
+    cells = preset_cells(preset, grid, flags, wanted)
+    if cells is not None:
+        names = list(dict.fromkeys(c["strategy"] for c in cells))
+    elif wanted is not None:
+        names = wanted
+    elif preset:
+        names = list(preset.strategies)
+    elif command == "compare" and "strategy" not in grid:
+        raise ConfigError(f"compare needs --strategies A,B,... (available: {', '.join(available_strategies())})")
+    else:
+        names = [cfg.strategy]
+    if preset and "strategy" not in grid:
+        check_available(preset, names)
+    if command == "sweep" and not grid and cells is None:
+        raise ConfigError("sweep needs at least one --grid KEY=V1,V2 (any config key)")
+    if seeds is None:
+        seeds = preset.seeds if preset else 1
+    if parallel < 1:
+        raise ConfigError(f"--parallel must be >= 1, got {parallel}")
+    threads = None
+    if parallel > 1 and not cfg.threads:
+        threads = default_threads(parallel, cfg.workers)
+    if parallel > 1:
+        cfg = replace(cfg, quiet=True)
+    out = Path(cfg.out)
+    return plan(cfg, names, seeds, grid, out, threads=threads, cells=cells), out
+
+
 def plan(base: Config, strategies: Sequence[str], seeds: int | Sequence[int] = 1,
          grid: dict[str, list[Any]] | None = None, out: str | Path | None = None,
          threads: int | None = None, cells: Sequence[dict[str, Any]] | None = None) -> list[RunSpec]:
@@ -197,23 +238,6 @@ def expand_cells(cells: Sequence[dict[str, Any]], grid: dict[str, list[Any]] | N
     return out
 
 
-def validate_run(cfg: Config) -> dict[str, Any]:
-    """Everything run.prepare checks, without writing anything; returns the resolved strategy options."""
-    from .run import check_data_path
-    from .workloads import VISION_MODELS, lm_model_names
-    options = resolve_options(cfg.strategy, vars(cfg))
-    if cfg.model not in VISION_MODELS and cfg.model not in lm_model_names():
-        raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
-                          f"vision: {', '.join(VISION_MODELS)})")
-    if cfg.wan:
-        from .net import parse_wan
-        parse_wan(cfg.wan)
-    check_data_path(cfg)
-    if cfg.data.startswith("hf:") and importlib.util.find_spec("datasets") is None:
-        raise ConfigError(f"{cfg.data!r} needs the datasets package: install wansync[hf]")
-    return options
-
-
 # ---------------------------------------------------------------- resume
 
 def _comparable(sections: dict[str, Any]) -> dict[str, Any]:
@@ -231,7 +255,7 @@ def is_finished(spec: RunSpec) -> bool:
     if not (d / "summary.json").is_file() or not (d / "config.toml").is_file() or (d / FAILED_FILE).exists():
         return False
     try:
-        options = resolve_options(spec.cfg.strategy, vars(spec.cfg))
+        options = registry.resolve_options(spec.cfg.strategy, vars(spec.cfg))
         expected = tomllib.loads(tomli_w.dumps(to_sections(spec.cfg, options)))
         found = tomllib.loads((d / "config.toml").read_text())
     except (WansyncError, tomllib.TOMLDecodeError, OSError):
@@ -259,7 +283,6 @@ def read_plan(out: Path) -> dict[str, Any]:
 
 
 def run_one(spec: RunSpec, force: bool = False) -> Outcome:
-    from .run import train
     if not force and is_finished(spec):
         summary = json.loads((spec.run_dir / "summary.json").read_text())
         return Outcome(spec, "skipped", summary=summary)
@@ -267,7 +290,7 @@ def run_one(spec: RunSpec, force: bool = False) -> Outcome:
     (spec.run_dir / FAILED_FILE).unlink(missing_ok=True)
     t0 = time.monotonic()
     try:
-        summary = train(spec.cfg)
+        summary = run.train(spec.cfg)
     except WansyncError as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         (spec.run_dir / "summary.json").unlink(missing_ok=True)
@@ -306,3 +329,59 @@ def execute(specs: Sequence[RunSpec], *, force: bool = False, parallel: int = 1,
         return [one(x) for x in enumerate(specs)]
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         return list(pool.map(one, enumerate(specs)))
+
+
+# ---------------------------------------------------------------- the commands' output
+
+def _lr_rule(c: Config) -> str:
+    if c.lr_scaling == "linear":
+        return f"lr {peak_lr(c, c.workers):g} = {c.lr:g} x {c.workers * c.batch_size}/256 (linear scaling)"
+    return f"lr {c.lr:g} (fixed)"
+
+
+def dry_run(specs: Sequence[RunSpec], preset: Preset | None) -> int:
+    """Print the resolved runs and validate each one; train nothing. Raises when one is invalid."""
+    if preset:
+        print(f"preset {preset.name}: {preset.source}")
+        for note in preset.notes:
+            print(f"  note: {note}")
+    c = specs[0].cfg
+    print(f"{len(specs)} runs: model {c.model}, data {c.data}, {c.workers} workers, wan {c.wan or 'none'}, "
+          f"{c.steps} steps, batch {c.batch_size}/worker, {c.optimizer} {_lr_rule(c)}")
+    errors = []
+    for s in specs:
+        try:
+            options = run.validate(s.cfg)
+            status = ("ok  " + (", ".join(f"{k}={v}" for k, v in options.items()) or "(no options)")
+                      + f"; {_lr_rule(s.cfg)}")
+        except WansyncError as e:
+            errors.append(f"{s.label} seed {s.seed}: {e}")
+            status = f"INVALID: {e}"
+        print(f"  {s.run_dir}  {status}")
+    if errors:
+        raise WansyncError(f"{len(errors)} of {len(specs)} runs are invalid; first: {errors[0]}")
+    print(f"all {len(specs)} runs are valid (dry run: nothing trained)")
+    return 0
+
+
+def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: int, target_loss: float | None,
+                   target_acc: float | None) -> int:
+    """Write the plan, run what is not finished, write the report and print its table.
+    Raises (after the report) when a run failed."""
+    write_plan(out, specs, {"target_loss": target_loss, "target_acc": target_acc})
+    t0 = time.monotonic()
+    outcomes = execute(specs, force=force, parallel=parallel)
+    rep = report(out, target_loss=target_loss, target_acc=target_acc)
+    ran = sum(o.status == "ok" for o in outcomes)
+    skipped = sum(o.status == "skipped" for o in outcomes)
+    failed = [o for o in outcomes if o.status == "failed"]
+    print()
+    print(rep.table)
+    print()
+    print(f"{ran} runs trained, {skipped} skipped (finished earlier), {len(failed)} failed, "
+          f"in {time.monotonic() - t0:.0f} s")
+    print(f"report: {rep.path}")
+    if failed:
+        raise WansyncError(f"{len(failed)} of {len(outcomes)} runs failed (marked in {rep.path}); "
+                           f"first: {failed[0].spec.label} seed {failed[0].spec.seed}: {failed[0].message}")
+    return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Sequence
 
 import matplotlib
@@ -11,13 +12,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .report import CATEGORIES, Quality, Setting, _num, human_bytes  # noqa: E402
+from .rundir import CATEGORIES, Quality, Setting, human_bytes, number  # noqa: E402
 
-CATEGORY_COLORS = {"compute": "#4c72b0", "exposed_comm": "#c44e52", "sync_math": "#dd8452", "data": "#8172b3",
-                   "eval": "#55a868", "checkpoint": "#937860", "other": "#bbbbbb"}
+CATEGORY_COLORS = MappingProxyType({"compute": "#4c72b0", "exposed_comm": "#c44e52", "sync_math": "#dd8452",
+                                    "data": "#8172b3", "eval": "#55a868", "checkpoint": "#937860", "other": "#bbbbbb"})
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")  # tell apart curves that coincide
-CATEGORY_NAMES = {"compute": "compute", "exposed_comm": "exposed communication", "sync_math": "sync math",
-                  "data": "data loading", "eval": "evaluation", "checkpoint": "checkpoints", "other": "other"}
+CATEGORY_NAMES = MappingProxyType({"compute": "compute", "exposed_comm": "exposed communication",
+                                   "sync_math": "sync math", "data": "data loading", "eval": "evaluation",
+                                   "checkpoint": "checkpoints", "other": "other"})
 
 
 def _colors(settings: Sequence[Setting]) -> dict[str, Any]:
@@ -31,7 +33,7 @@ def _ylabel(q: Quality) -> str:
 
 def _curves(s: Setting, q: Quality) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
     """Per evaluation index: step, mean time, mean/min/max quality over the setting's finished seeds."""
-    series = [[e for e in r.evals if _num(e.get(q.eval_key)) is not None] for r in s.ok_runs]
+    series = [[e for e in r.evals if number(e.get(q.eval_key)) is not None] for r in s.ok_runs]
     series = [x for x in series if x]
     if not series:
         return [], [], [], [], []
@@ -39,7 +41,7 @@ def _curves(s: Setting, q: Quality) -> tuple[list[float], list[float], list[floa
     steps, times, mean, lo, hi = [], [], [], [], []
     for i in range(n):
         vals = [float(x[i][q.eval_key]) for x in series]
-        ts = [t for x in series if (t := _num(x[i].get("time"))) is not None]
+        ts = [t for x in series if (t := number(x[i].get("time"))) is not None]
         steps.append(series[0][i]["step"])
         times.append(sum(ts) / len(ts) if ts else math.nan)
         mean.append(sum(vals) / len(vals))
@@ -119,8 +121,8 @@ def pareto(settings: Sequence[Setting], q: Quality, path: Path) -> Path:
     means: list[tuple[float, float]] = []
     labels: list[str] = []
     for s in settings:
-        pts = [(w, v) for r in s.ok_runs if (w := _num(r.summary.get("wall_clock_s"))) is not None
-               and (v := _num(r.summary.get(key))) is not None]
+        pts = [(w, v) for r in s.ok_runs if (w := number(r.summary.get("wall_clock_s"))) is not None
+               and (v := number(r.summary.get(key))) is not None]
         if not pts:
             continue
         ws, vs = zip(*pts)
@@ -159,7 +161,7 @@ def time_breakdown(settings: Sequence[Setting], path: Path) -> Path:
     for cat in CATEGORIES:
         vals = []
         for s in shown:
-            xs = [_num(r.profile.get("categories_s", {}).get(cat)) or 0.0 for r in s.ok_runs if r.profile]
+            xs = [number(r.profile.get("categories_s", {}).get(cat)) or 0.0 for r in s.ok_runs if r.profile]
             vals.append(sum(xs) / len(xs) if xs else 0.0)
         if not any(v > 0 for v in vals):
             continue
@@ -167,8 +169,8 @@ def time_breakdown(settings: Sequence[Setting], path: Path) -> Path:
                width=0.6)
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     for i, s in enumerate(shown):
-        ex = [(_num(r.profile.get("categories_s", {}).get("exposed_comm")) or 0.0) /
-              max(1e-9, _num(r.profile.get("wall_clock_s")) or 1e-9) for r in s.ok_runs if r.profile]
+        ex = [(number(r.profile.get("categories_s", {}).get("exposed_comm")) or 0.0) /
+              max(1e-9, number(r.profile.get("wall_clock_s")) or 1e-9) for r in s.ok_runs if r.profile]
         if ex:
             ax.text(i, bottoms[i], f"{100 * sum(ex) / len(ex):.1f}% exposed", ha="center", va="bottom", fontsize=8)
     _xticks(ax, [s.label for s in shown])
@@ -189,7 +191,7 @@ def bytes_per_setting(settings: Sequence[Setting], path: Path) -> Path:
     colors = _colors(settings)
     shown, vals = [], []
     for s in settings:
-        xs = [b for r in s.ok_runs if (b := _num(r.summary.get("bytes_sent"))) is not None]
+        xs = [b for r in s.ok_runs if (b := number(r.summary.get("bytes_sent"))) is not None]
         if xs:
             shown.append(s)
             vals.append(sum(xs) / len(xs))

@@ -1,21 +1,25 @@
-"""Paper presets: the settings of the papers' main experiments (spec/ALGORITHMS.md §7b and §9).
+"""Paper presets: the settings of the papers' main experiments (CPDP, Ettifouri et al. 2026,
+arXiv:2607.21224; CoCoDC, Zhu et al. 2025, arXiv:2504.17672).
 
 A preset is a set of config values plus the strategies and seeds to compare. It sits between the
 defaults and the config file / flags (`defaults < preset < --config < flags`), so any value can be
 overridden, e.g. `--preset cpdp-wan --data cifar100:/data/cifar-100-python`.
-Values the spec does not give are marked "assumed" in `notes`.
+Values the papers do not give are marked "assumed" in `notes`.
 
 A preset may also list its `runs`: explicit cells (config values with a "strategy"), each one setting
 of the experiment, e.g. `{"strategy": "cpdp", "sync_every": 8}`. `compare/sweep --preset` then runs
 those cells instead of strategies x grid; the runner treats them as plain config values (it knows no
 strategy). Keys a cell sets cannot also be given as flags (use `--grid KEY=...`, which replaces them).
-Every preset's notes state its LR rule (spec §8).
+Every preset's notes state its LR rule.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
+from .config import Config, build_config, load_toml
 from .errors import ConfigError
 
 
@@ -25,7 +29,7 @@ class Preset:
     source: str
     strategies: tuple[str, ...]
     seeds: int
-    values: dict[str, Any]
+    values: Mapping[str, Any]
     notes: tuple[str, ...] = field(default=())
     runs: tuple[dict[str, Any], ...] = field(default=())   # explicit cells; empty = strategies x grid
 
@@ -34,15 +38,15 @@ class Preset:
         return list(dict.fromkeys(k for c in self.runs for k in c if k != "strategy"))
 
 
-# CPDP at small scale (spec §4, §8, §9): the small CNN on Fashion-MNIST, 4 workers on the two-site
+# CPDP at small scale: the small CNN on Fashion-MNIST, 4 workers on the two-site
 # link (16.6 ms RTT), per-worker batch 64 = global batch 256 (234.4 steps per epoch), 3 epochs, SGD
 # lr 0.1 (the paper's), cosine decay; evaluation on the full test set at every epoch end.
-CPDP_SMALL: dict[str, Any] = {
+CPDP_SMALL: Mapping[str, Any] = MappingProxyType({
     "workers": 4, "wan": "two-site", "model": "cnn", "width": 1.0, "data": "fashion-mnist", "batch_size": 64,
     "augment": False, "optimizer": "sgd", "lr": 0.1, "lr_scaling": "none", "momentum": 0.9,
     "weight_decay": 5e-4, "lr_schedule": "cosine", "warmup_steps": 0, "steps": 704, "eval_every": 1_000_000,
     "eval_batches": 157, "sync_every": 4, "slowmo_beta": 0.3, "slowmo_lr": 1.0,
-}
+})
 _SMALL_NOTES = (
     "small scale (assumed, not the paper's): small CNN (--model cnn; or --model resnet18 --width 0.25) on "
     "Fashion-MNIST, 4 workers, --wan two-site, 3 epochs = 704 steps of per-worker batch 64, no augmentation; "
@@ -63,8 +67,8 @@ def _strategies(runs: tuple[dict[str, Any], ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(c["strategy"] for c in runs))
 
 
-PRESETS: dict[str, Preset] = {
-    "cocodc-paper": Preset(
+_PAPER_PRESETS = (
+    Preset(
         name="cocodc-paper",
         source="CoCoDC (spec §7b, §9): 4 workers, 150M LLaMA-style LM on C4, H=100, tau=5, P=4, "
                "lambda=0.5, gamma=0.4; DiLoCo vs Streaming DiLoCo vs CoCoDC",
@@ -84,7 +88,7 @@ PRESETS: dict[str, Preset] = {
                "C4 must be on this machine (`hf:allenai/c4` from the HF cache or a save_to_disk directory "
                "given with --data hf:PATH); wansync never downloads it"),
     ),
-    "cpdp-wan": Preset(
+    Preset(
         name="cpdp-wan",
         source="CPDP (spec §4, §9): ResNet-50 on CIFAR-100, 8 workers on two sites (16.6 ms RTT), global "
                "batch 1024, SGD lr 0.1, K=4, beta=0.3; DDP vs LocalSGD vs CPDP, 3 seeds",
@@ -102,7 +106,7 @@ PRESETS: dict[str, Preset] = {
                "CIFAR-100 in its standard python format (cifar-100-python/ with train, test, meta) at "
                "data/cifar-100-python, or pass --data cifar100:PATH"),
     ),
-}
+)
 
 _K_RUNS = ({"strategy": "ddp"},) + _cells("cpdp", "sync_every", (1, 2, 4, 8, 16, 32))
 _BETA_RUNS = _cells("cpdp", "slowmo_beta", (0.0, 0.3, 0.9))
@@ -110,21 +114,21 @@ _LR_RUNS = tuple({"strategy": s, "lr_scaling": r} for s in ("ddp", "local_sgd", 
 _ABLATION_RUNS = ({"strategy": "ddp"}, {"strategy": "local_sgd"}, {"strategy": "slowmo"},
                   {"strategy": "cpdp", "slowmo_beta": 0.0}, {"strategy": "cpdp", "slowmo_beta": 0.3})
 
-PRESETS.update({
-    "cpdp-k-sweep": Preset(
+_SMALL_PRESETS = (
+    Preset(
         name="cpdp-k-sweep",
         source="CPDP's K sweep (spec §4, §9) at small scale: CPDP with K = 1, 2, 4, 8, 16, 32 (beta 0.3), DDP "
                "as the reference for accuracy and wall clock; the paper sees K = 4 best and K >= 16 collapse",
-        strategies=_strategies(_K_RUNS), seeds=1, values=dict(CPDP_SMALL), runs=_K_RUNS,
+        strategies=_strategies(_K_RUNS), seeds=1, values=CPDP_SMALL, runs=_K_RUNS,
         notes=(_FIXED_256, *_SMALL_NOTES,
                "K = 1 with beta 0.3 is not DDP (the SlowMo filter still acts); K = 1, beta 0 would be")),
-    "cpdp-beta": Preset(
+    Preset(
         name="cpdp-beta",
         source="CPDP's SlowMo coefficient (spec §3, §4, §9) at small scale: CPDP K = 4 with beta = 0, 0.3, 0.9; "
                "the paper finds 0.3 best and 0.9 collapsing (gain alpha/(1-beta) = 10x at 0.9)",
-        strategies=_strategies(_BETA_RUNS), seeds=1, values=dict(CPDP_SMALL), runs=_BETA_RUNS,
+        strategies=_strategies(_BETA_RUNS), seeds=1, values=CPDP_SMALL, runs=_BETA_RUNS,
         notes=(_FIXED_256, *_SMALL_NOTES)),
-    "cpdp-lr-protocol": Preset(
+    Preset(
         name="cpdp-lr-protocol",
         source="the CPDP review's falsifier (spec §8, §9) at small scale: DDP, LocalSGD and CPDP (K = 4, "
                "beta 0.3) at global batch 1024 under a fixed lr 0.1 and under linear scaling, lr = 0.1 x "
@@ -137,16 +141,18 @@ PRESETS.update({
                "176 steps; otherwise as the other small-scale presets",
                *_SMALL_NOTES[1:],
                "the claim fails if ddp__lr_scaling=linear reaches CPDP's peak accuracy under linear scaling")),
-    "cpdp-ablation": Preset(
+    Preset(
         name="cpdp-ablation",
         source="the CPDP review's attribution question (spec §4, §9) at small scale, all at K = 4: DDP, LocalSGD, "
                "LocalSGD+SlowMo (slowmo, beta 0.3, alpha 1), CPDP beta = 0 (gradient all-reduce + plain "
                "averaging), CPDP beta = 0.3; does phase 1 or the SlowMo filter carry CPDP's gain?",
-        strategies=_strategies(_ABLATION_RUNS), seeds=1, values=dict(CPDP_SMALL), runs=_ABLATION_RUNS,
+        strategies=_strategies(_ABLATION_RUNS), seeds=1, values=CPDP_SMALL, runs=_ABLATION_RUNS,
         notes=(_FIXED_256, *_SMALL_NOTES,
                "slowmo takes the preset's slowmo_beta 0.3 and slowmo_lr 1.0, i.e. CPDP beta 0.3 without "
                "phase 1 (the same as cpdp --no-grad-phase)")),
-})
+)
+
+PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (*_PAPER_PRESETS, *_SMALL_PRESETS)})
 
 
 def get(name: str) -> Preset:
@@ -164,3 +170,31 @@ def check_available(preset: Preset, strategies: list[str]) -> None:
         raise ConfigError(f"preset {preset.name} needs strateg{'y' if len(missing) == 1 else 'ies'} "
                           f"{', '.join(missing)}, not available in this build (available: {', '.join(STRATEGIES)}); "
                           f"pick others with --strategies")
+
+
+def layered_config(lowest: Mapping[str, Any], config_file: str | None, flags: Mapping[str, Any]) -> Config:
+    """defaults < lowest (a default out, a preset) < the --config file < flags."""
+    values = dict(lowest)
+    if config_file:
+        values.update(load_toml(config_file))
+    values.update(flags)
+    return build_config(None, values)
+
+
+def preset_cells(preset: Preset | None, grid: Mapping[str, Any], flags: Mapping[str, Any],
+                 strategies: list[str] | None) -> list[dict[str, Any]] | None:
+    """The preset's run cells (None when it has none or `--grid strategy=` replaces them);
+    `strategies` (--strategies) keeps the cells of those strategies (a strategy without a cell runs
+    the preset's values)."""
+    if preset is None or not preset.runs or "strategy" in grid:
+        return None
+    clash = [k for k in preset.swept_keys() if k in flags and k not in grid]
+    if clash:
+        values = ", ".join(dict.fromkeys(str(c[clash[0]]) for c in preset.runs if clash[0] in c))
+        raise ConfigError(f"--{clash[0].replace('_', '-')} is swept by preset {preset.name} ({values}); "
+                          f"change its values with --grid {clash[0]}=V1,V2")
+    cells = [dict(c) for c in preset.runs]
+    if strategies is not None:
+        cells = [c for c in cells if c["strategy"] in strategies]
+        cells += [{"strategy": s} for s in strategies if not any(c["strategy"] == s for c in cells)]
+    return cells

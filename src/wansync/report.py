@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 import statistics
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import WansyncError
-
-PLAN_FILE = "experiment.json"
-CATEGORIES = ("compute", "exposed_comm", "sync_math", "data", "eval", "checkpoint", "other")
+from .rundir import FAILED_FILE, LM, PLAN_FILE, VISION, Quality, Run, Setting, human_bytes, number
 
 
 class ReportError(WansyncError):
@@ -38,23 +35,6 @@ class ReportError(WansyncError):
 
 
 # ---------------------------------------------------------------- reading runs
-
-@dataclass
-class Run:
-    dir: Path
-    label: str
-    strategy: str
-    seed: int | None
-    setting: dict[str, Any]
-    status: str                                   # "ok" or "failed: <message>"
-    summary: dict[str, Any] = field(default_factory=dict)
-    profile: dict[str, Any] = field(default_factory=dict)
-    evals: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
 
 def _read_json(path: Path) -> Any:
     return json.loads(path.read_text())
@@ -90,7 +70,7 @@ _SEED_DIR = re.compile(r"^seed(\d+)$")
 
 
 def _is_run_dir(d: Path) -> bool:
-    return (d / "summary.json").is_file() or (d / "failed.json").is_file() or (
+    return (d / "summary.json").is_file() or (d / FAILED_FILE).is_file() or (
         (d / "config.toml").is_file() and (d / "metrics.jsonl").is_file())
 
 
@@ -101,7 +81,7 @@ def find_runs(root: str | Path) -> list[Run]:
         raise ReportError(f"report: directory not found: {root}")
     if not root.is_dir():
         raise ReportError(f"report: {root} is not a directory")
-    dirs = sorted({p.parent for pat in ("summary.json", "failed.json", "metrics.jsonl") for p in root.rglob(pat)
+    dirs = sorted({p.parent for pat in ("summary.json", FAILED_FILE, "metrics.jsonl") for p in root.rglob(pat)
                    if _is_run_dir(p.parent) and "logs" not in p.parent.relative_to(root).parts})
     if not dirs:
         raise ReportError(f"report: no runs found under {root} (expected run directories holding summary.json, "
@@ -115,12 +95,12 @@ def find_runs(root: str | Path) -> list[Run]:
     order = {d: i for i, d in enumerate(plan)}
     on_disk = {d.resolve() for d in dirs}
     plan = {d: r for d, r in plan.items() if d in on_disk}
-    runs = [_load_run(root, d, plan.get(d.resolve())) for d in dirs]
+    runs = [_load_run(d, plan.get(d.resolve())) for d in dirs]
     runs.sort(key=lambda r: (order.get(r.dir.resolve(), len(order)), str(r.dir)))
     return runs
 
 
-def _load_run(root: Path, d: Path, entry: dict[str, Any] | None) -> Run:
+def _load_run(d: Path, entry: dict[str, Any] | None) -> Run:
     m = _SEED_DIR.match(d.name)
     if entry:
         label = entry["label"]
@@ -130,7 +110,7 @@ def _load_run(root: Path, d: Path, entry: dict[str, Any] | None) -> Run:
         label = d.name
     summary: dict[str, Any] = {}
     status = "ok"
-    failed = d / "failed.json"
+    failed = d / FAILED_FILE
     if failed.is_file():
         try:
             status = "failed: " + str(_read_json(failed).get("message", "unknown error"))
@@ -162,44 +142,15 @@ def _load_run(root: Path, d: Path, entry: dict[str, Any] | None) -> Run:
 
 # ---------------------------------------------------------------- metrics
 
-@dataclass(frozen=True)
-class Quality:
-    kind: str             # "lm" | "vision"
-    eval_key: str         # key in eval records
-    final_key: str        # key in summary.json
-    best_key: str
-    higher_is_better: bool
-    name: str             # for axis labels
-    unit: str
-
-    def better(self, a: float, b: float) -> bool:
-        return a > b if self.higher_is_better else a < b
-
-    def reached(self, value: float, target: float) -> bool:
-        return value >= target if self.higher_is_better else value <= target
-
-
-LM = Quality("lm", "val_loss", "final_val_loss", "best_val_loss", False, "validation loss", "nats/token")
-VISION = Quality("vision", "test_acc", "final_test_acc", "peak_test_acc", True, "test accuracy", "%")
-
-
 def quality_of(runs: Sequence[Run]) -> Quality:
     ok = [r for r in runs if r.ok]
     n_vision = sum(1 for r in ok if "final_test_acc" in r.summary)
     return VISION if ok and n_vision > len(ok) / 2 else LM
 
 
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
 def exposed_pct(run: Run) -> float | None:
-    wall = _num(run.profile.get("wall_clock_s"))
-    exposed = _num(run.profile.get("categories_s", {}).get("exposed_comm"))
+    wall = number(run.profile.get("wall_clock_s"))
+    exposed = number(run.profile.get("categories_s", {}).get("exposed_comm"))
     if wall is None or exposed is None or wall <= 0:
         return None
     return 100.0 * exposed / wall
@@ -208,9 +159,9 @@ def exposed_pct(run: Run) -> float | None:
 def to_target(run: Run, q: Quality, target: float) -> tuple[int | None, float | None]:
     """(step, seconds) of the first evaluation that reaches the target, or (None, None)."""
     for e in run.evals:
-        v = _num(e.get(q.eval_key))
+        v = number(e.get(q.eval_key))
         if v is not None and q.reached(v, target):
-            return int(e["step"]), _num(e.get("time"))
+            return int(e["step"]), number(e.get("time"))
     return None, None
 
 
@@ -219,27 +170,6 @@ def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None
     if not vals:
         return None, None, 0
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None), len(vals)
-
-
-@dataclass
-class Setting:
-    label: str
-    strategy: str
-    setting: dict[str, Any]
-    runs: list[Run]
-
-    @property
-    def ok_runs(self) -> list[Run]:
-        return [r for r in self.runs if r.ok]
-
-    @property
-    def status(self) -> str:
-        failed = [r for r in self.runs if not r.ok]
-        if not failed:
-            return "ok"
-        if len(failed) == len(self.runs):
-            return failed[0].status
-        return f"partial: {len(failed)}/{len(self.runs)} seeds {failed[0].status}"
 
 
 def group(runs: Sequence[Run]) -> list[Setting]:
@@ -256,7 +186,7 @@ METRICS = ("final", "best", "final_ppl", "steps_to_target", "time_to_target_s", 
 
 def default_target(settings: Sequence[Setting], q: Quality) -> tuple[float | None, str]:
     def final_mean(s: Setting) -> float | None:
-        return mean_std([_num(r.summary.get(q.final_key)) for r in s.ok_runs])[0]
+        return mean_std([number(r.summary.get(q.final_key)) for r in s.ok_runs])[0]
 
     slack = 0.99 if q.higher_is_better else 1.01
     scored = [(s, v) for s in settings if (v := final_mean(s)) is not None]
@@ -277,17 +207,17 @@ def aggregate(settings: Sequence[Setting], q: Quality, target: float | None) -> 
         reached = 0
         for r in ok:
             sm = r.summary
-            per["final"].append(_num(sm.get(q.final_key)))
-            per["best"].append(_num(sm.get(q.best_key)))
-            per["final_ppl"].append(_num(sm.get("final_val_ppl")))
+            per["final"].append(number(sm.get(q.final_key)))
+            per["best"].append(number(sm.get(q.best_key)))
+            per["final_ppl"].append(number(sm.get("final_val_ppl")))
             step, sec = to_target(r, q, target) if target is not None else (None, None)
             reached += step is not None
             per["steps_to_target"].append(step)
             per["time_to_target_s"].append(sec)
-            per["wall_clock_s"].append(_num(sm.get("wall_clock_s")))
+            per["wall_clock_s"].append(number(sm.get("wall_clock_s")))
             per["exposed_comm_pct"].append(exposed_pct(r))
-            per["bytes_sent"].append(_num(sm.get("bytes_sent")))
-            per["sync_events"].append(_num(sm.get("sync_events")))
+            per["bytes_sent"].append(number(sm.get("bytes_sent")))
+            per["sync_events"].append(number(sm.get("sync_events")))
         row: dict[str, Any] = {"setting": s.label, "strategy": s.strategy, **{k: v for k, v in s.setting.items()},
                                "seeds": len(s.runs), "seeds_ok": len(ok), "reached_target": reached,
                                "status": s.status}
@@ -313,15 +243,6 @@ def _pm(row: dict[str, Any], m: str, digits: int = 4) -> str:
     if mean is None:
         return "–"
     return _f(mean, digits) if std is None else f"{_f(mean, digits)} ± {_f(std, 2)}"
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "–"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def columns(q: Quality) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
@@ -384,11 +305,11 @@ def run_rows(runs: Sequence[Run], q: Quality, target: float | None) -> list[dict
         step, sec = to_target(r, q, target) if r.ok and target is not None else (None, None)
         sm = r.summary
         rows.append({"setting": r.label, "strategy": r.strategy, "seed": r.seed, **r.setting, "status": r.status,
-                     "final": _num(sm.get(q.final_key)), "best": _num(sm.get(q.best_key)),
-                     "final_ppl": _num(sm.get("final_val_ppl")), "steps_to_target": step,
-                     "time_to_target_s": sec, "wall_clock_s": _num(sm.get("wall_clock_s")),
-                     "exposed_comm_pct": exposed_pct(r) if r.ok else None, "bytes_sent": _num(sm.get("bytes_sent")),
-                     "sync_events": _num(sm.get("sync_events")), "dir": str(r.dir)})
+                     "final": number(sm.get(q.final_key)), "best": number(sm.get(q.best_key)),
+                     "final_ppl": number(sm.get("final_val_ppl")), "steps_to_target": step,
+                     "time_to_target_s": sec, "wall_clock_s": number(sm.get("wall_clock_s")),
+                     "exposed_comm_pct": exposed_pct(r) if r.ok else None, "bytes_sent": number(sm.get("bytes_sent")),
+                     "sync_events": number(sm.get("sync_events")), "dir": str(r.dir)})
     return rows
 
 
@@ -463,7 +384,7 @@ def _markdown(rep: Report, runs: Sequence[Run]) -> str:
               "Exposed comm % = time the training thread was blocked on collectives (profile.json "
               "`exposed_comm`) / wall clock. Bytes sent = payload of this worker's collectives.", "",
               rep.table, ""]
-    resid = [abs(_num(r.profile.get("residual_pct")) or 0.0) for r in ok if r.profile]
+    resid = [abs(number(r.profile.get("residual_pct")) or 0.0) for r in ok if r.profile]
     if resid:
         lines += [f"Profiler: categories add up to the wall clock within {max(resid):.2f}% on every run.", ""]
     if rep.failed:

@@ -5,15 +5,18 @@ worker starts: errors arrive as one line within a second.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
-from . import launch
-from .config import Config, to_sections
+from . import checkpoint, launch, worker
+from .config import Config, from_sections, replace, to_sections
 from .errors import ConfigError, DataError, WansyncError
 from .strategies import resolve_options
 
@@ -33,17 +36,24 @@ def check_data_path(cfg: Config) -> None:
         raise DataError(f"data path not found: {path}")
 
 
-def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:
-    """Validate the whole config and write the fully resolved config.toml."""
+def validate(cfg: Config) -> dict[str, Any]:
+    """Everything about `cfg` a user can get wrong, checked without writing anything (used by every
+    run and by `--dry-run`); returns the strategy's resolved options."""
     from .workloads import VISION_MODELS, lm_model_names
     options = resolve_options(cfg.strategy, vars(cfg))
     if cfg.model not in VISION_MODELS and cfg.model not in lm_model_names():
         raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
                           f"vision: {', '.join(VISION_MODELS)})")
-    if cfg.wan:
-        from .net import parse_wan
-        parse_wan(cfg.wan)
+    cfg.topology                              # parses --wan: a bad spec fails here, not in the workers
     check_data_path(cfg)
+    if cfg.data.startswith("hf:") and importlib.util.find_spec("datasets") is None:
+        raise ConfigError(f"{cfg.data!r} needs the datasets package: install wansync[hf]")
+    return options
+
+
+def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:
+    """Validate the whole config and write the fully resolved config.toml."""
+    options = validate(cfg)
     run_dir = Path(cfg.out)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} exists and is not a directory")
@@ -57,9 +67,6 @@ RESUME_CHANGEABLE = ("steps", "checkpoint_every", "eval_every", "log_every", "qu
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
     """The config of an earlier run, with only run-control keys changed (the math must not change)."""
-    from . import checkpoint
-    from .config import from_sections
-    import tomllib
     run_dir = Path(run_dir)
     checkpoint.latest_step_dir(run_dir)                  # one-line errors for a wrong directory
     try:
@@ -70,7 +77,6 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
     forbidden = [k for k, v in changes.items() if k not in RESUME_CHANGEABLE and v != getattr(saved, k)]
     if forbidden:
         raise ConfigError(f"cannot change {forbidden[0]} when resuming (only {', '.join(RESUME_CHANGEABLE)})")
-    from .config import replace
     cfg = replace(saved, out=str(run_dir), **changes)
     step = checkpoint.checkpoint_step(run_dir)
     if cfg.steps < step:
@@ -82,7 +88,6 @@ def train(cfg: Config, resume: bool = False) -> dict[str, Any] | None:
     """Train with cfg; returns rank 0's summary (None on a non-zero rank under torchrun).
     `resume` continues from the run directory's latest checkpoint."""
     if launch.under_torchrun():
-        from . import worker
         rank = int(os.environ["RANK"])
         run_dir = Path(cfg.out)
         if rank == 0:
@@ -93,7 +98,6 @@ def train(cfg: Config, resume: bool = False) -> dict[str, Any] | None:
     run_dir, _ = prepare(cfg)
     (run_dir / "summary.json").unlink(missing_ok=True)
     if not resume:
-        import shutil
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     code, message = launch.spawn(cfg, run_dir, resume=resume)
     if code != 0:

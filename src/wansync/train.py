@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from . import checkpoint, strategies
 from .config import Config
 from .errors import NonFiniteError
 from .faults import Fault
+from .net import emulator_of
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
 from .telemetry.metrics import MetricsWriter
 from .telemetry.commtime import CommTimer, ddp_modules
@@ -46,12 +47,17 @@ def describe(facts: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-PHASE = {"now": "start-up"}       # what the worker was doing, for one-line failure messages
+@dataclass
+class Phase:
+    """What the worker is doing now, for its one-line failure message ("failed during step 12")."""
+    now: str = "start-up"
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, rank: int, world_size: int, resume: bool = False):
+    def __init__(self, cfg: Config, run_dir: Path, rank: int, world_size: int, resume: bool = False,
+                 phase: Phase | None = None):
         self.cfg, self.run_dir, self.rank, self.world = cfg, Path(run_dir), rank, world_size
+        self.phase = phase if phase is not None else Phase()
         torch.manual_seed(cfg.seed)                     # same init on every rank
         self.workload = build_workload(cfg, rank, world_size)
         self.optimizer = build_optimizer(cfg, self.workload.model)
@@ -66,8 +72,7 @@ class Trainer:
         self.sync.on_event(self._count_sync)
         self.profiler = Profiler()
         self._waited = 0.0
-        from .net import is_emulated
-        self.comm_timer = CommTimer(emulated=is_emulated())   # per-sync-event timing; DDP's hidden waits
+        self.comm_timer = CommTimer(emulator_of())        # per-sync-event timing; DDP's hidden waits
         for ddp in ddp_modules(self.sync):
             self.comm_timer.instrument(ddp)
         self.sync.comm.on_wait.append(self._on_wait)
@@ -77,7 +82,6 @@ class Trainer:
         self.fault = Fault.from_env()
         if resumed is not None:
             self.restore_run_state(resumed)
-        self.lower_is_better = self.workload.kind == "lm"
 
     def _count_sync(self, record: dict[str, Any]) -> None:
         if record.get("type") == "sync":
@@ -104,7 +108,7 @@ class Trainer:
         compute = prof.lap("compute")
         prof.move("compute", "exposed_comm", ddp_exposed)
         self._waited = 0.0
-        PHASE["now"] = f"step {step + 1} (synchronization)"
+        self.phase.now = f"step {step + 1} (synchronization)"
         sync.step(skip_inner=skip)
         sync.zero_grad()
         step_s = prof.lap("sync_math")
@@ -141,7 +145,7 @@ class Trainer:
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
-        PHASE["now"] = f"checkpoint at step {step}"
+        self.phase.now = f"checkpoint at step {step}"
         state = {"step": step, "world_size": self.world, "rank": self.rank,
                  "model": self.workload.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "strategy": self.sync.state_dict(), "workload": self.workload.state_dict(),
@@ -193,18 +197,18 @@ class Trainer:
         self.profiler.lap("other")
         unit = "tok/s" if self.workload.kind == "lm" else "img/s"
         for step in range(self.sync.t, cfg.steps):
-            PHASE["now"] = f"step {step + 1}"
+            self.phase.now = f"step {step + 1}"
             rec = self.train_step(step)
             self.writer.write(rec)
             self.profiler.lap("other")
             self.progress.update(rec["step"], f"loss {rec['loss']:.3f} {rec['items_per_s']:.0f} {unit}")
             epoch_done = int(self.workload.epoch_progress()) > self.epochs_evaluated
             if (rec["step"] % cfg.eval_every == 0 or epoch_done) and rec["step"] != cfg.steps:
-                PHASE["now"] = f"evaluation at step {rec['step']}"
+                self.phase.now = f"evaluation at step {rec['step']}"
                 self.progress.log(self.format_eval(self.evaluate(rec["step"])))
             if cfg.checkpoint_every and rec["step"] % cfg.checkpoint_every == 0 and rec["step"] != cfg.steps:
                 self.save_checkpoint(rec["step"])
-        PHASE["now"] = "the final synchronization"
+        self.phase.now = "the final synchronization"
         self._waited = 0.0
         self.comm_timer.begin("finish", self.sync.comm.bytes)
         self.sync.finish()
@@ -212,7 +216,7 @@ class Trainer:
         self.profiler.move("sync_math", "exposed_comm", self._waited)
         self.comm_timer.end(self.sync.comm.bytes, self._waited)
         self._waited = 0.0
-        PHASE["now"] = "the final evaluation"
+        self.phase.now = "the final evaluation"
         final = self.evaluate(cfg.steps)
         self.save_checkpoint(cfg.steps)
         self.progress.close()
@@ -226,11 +230,9 @@ class Trainer:
 
     def wan(self) -> dict[str, Any] | None:
         """The emulated link (None when nothing is emulated)."""
-        if not self.cfg.wan:
+        if self.cfg.topology is None:
             return None
-        from .net import parse_wan
-        return {"spec": self.cfg.wan, "link": parse_wan(self.cfg.wan).describe(),
-                "emulated": self.comm_timer.emulated}
+        return {"spec": self.cfg.wan, "link": self.cfg.topology.describe(), "emulated": self.comm_timer.emulated}
 
     def profile(self) -> dict[str, Any]:
         """profile.json: time categories summing to the wall clock, sync events, derived figures."""
@@ -279,8 +281,8 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 
 def train_worker(cfg: Config, run_dir: str | Path, rank: int, world_size: int,
-                 resume: bool = False) -> dict[str, Any] | None:
+                 resume: bool = False, phase: Phase | None = None) -> dict[str, Any] | None:
     """Run one worker's training; the process group must already be initialized."""
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
     torch.set_num_threads(threads)
-    return Trainer(cfg, Path(run_dir), rank, world_size, resume=resume).run()
+    return Trainer(cfg, Path(run_dir), rank, world_size, resume=resume, phase=phase).run()

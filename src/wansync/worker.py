@@ -9,22 +9,24 @@ import datetime
 import os
 import re
 import sys
+import tomllib
 import traceback
 from pathlib import Path
 
 import torch.distributed as dist
 
-from .config import Config
+from . import net
+from .config import Config, from_sections
 from .errors import WansyncError
+from .train import Phase, train_worker
 
 
 def init_distributed(cfg: Config) -> None:
     """The process group from the torchrun-style environment, under the emulator if asked."""
-    backend = cfg.backend
-    if cfg.wan:
-        from .net import install, parse_wan
-        backend = install(parse_wan(cfg.wan), seed=cfg.seed)
-    dist.init_process_group(backend=backend, init_method="env://",
+    backend, emulator = cfg.backend, None
+    if cfg.topology is not None:
+        backend, emulator = net.install(), net.Emulator(cfg.topology, seed=cfg.seed)
+    dist.init_process_group(backend=backend, init_method="env://", pg_options=emulator,
                             timeout=datetime.timedelta(seconds=cfg.peer_timeout))
 
 
@@ -32,33 +34,32 @@ PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "timed 
                 "broken pipe", "connection refused", "socket closed", "end of file")
 
 
-def one_line(exc: BaseException, rank: int) -> str:
+def one_line(exc: BaseException, rank: int, phase: Phase) -> str:
     """The failure as one line naming the rank and what it was doing."""
-    from .train import PHASE
     if isinstance(exc, WansyncError):
         return f"rank {rank}: {exc}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)      # drop C++ source locations
     if isinstance(exc, (RuntimeError, dist.DistError)) and any(m in str(exc).lower() for m in PEER_MARKERS):
-        return (f"rank {rank} lost contact with a peer during {PHASE['now']}: "
+        return (f"rank {rank} lost contact with a peer during {phase.now}: "
                 f"{type(exc).__name__}: {text}")[:500]
-    return f"rank {rank} failed during {PHASE['now']}: {type(exc).__name__}: {text}"[:500]
+    return f"rank {rank} failed during {phase.now}: {type(exc).__name__}: {text}"[:500]
 
 
 def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     rank = int(os.environ.get("RANK", 0))
     launched = os.environ.get("WANSYNC_LAUNCHED") == "1"
     log_dir = run_dir / "logs"
+    phase = Phase()
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         init_distributed(cfg)
-        from .train import train_worker
-        train_worker(cfg, run_dir, dist.get_rank(), dist.get_world_size(), resume=resume)
+        train_worker(cfg, run_dir, dist.get_rank(), dist.get_world_size(), resume=resume, phase=phase)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line
         if isinstance(exc, KeyboardInterrupt):
             return 130
-        msg = one_line(exc, rank)
+        msg = one_line(exc, rank, phase)
         try:
             (log_dir / f"rank{rank}.log").write_text(traceback.format_exc())
             (log_dir / f"rank{rank}.err").write_text(msg + "\n")
@@ -76,8 +77,6 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
 
 
 def main() -> None:
-    from .config import from_sections
-    import tomllib
     run_dir = Path(os.environ["WANSYNC_RUN_DIR"])
     cfg = from_sections(tomllib.loads((run_dir / "config.toml").read_text()))
     code = run(cfg, run_dir, resume=os.environ.get("WANSYNC_RESUME") == "1")

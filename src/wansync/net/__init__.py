@@ -3,35 +3,32 @@
 Typical use, in every worker process::
 
     from wansync import net
-    backend = net.install(net.parse_wan("two-site"), seed=0)
-    torch.distributed.init_process_group(backend, ...)
+    emulator = net.Emulator(net.parse_wan("two-site"), seed=0)
+    torch.distributed.init_process_group(net.install(), pg_options=emulator, ...)
+    ...
+    emulator.records()          # one CollectiveRecord per collective
 
 Nothing here knows about training; see :mod:`wansync.net.cost` for the cost model.
 """
 
-from wansync.net.backend import BACKEND_NAME, EmulatedProcessGroup, EmulatedWork, install, installed_topology, is_emulated
+from wansync.net.backend import BACKEND_NAME, EmulatedProcessGroup, EmulatedWork, emulator_of, install
 from wansync.net.cost import collective_duration, jitter_draw
+from wansync.net.emulator import Emulator
 from wansync.net.link import PRESETS, Link, Topology, parse_wan
 from wansync.net.records import CollectiveRecord
-from wansync.net.records import records as emulator_records
-from wansync.net.records import reset_records as reset_emulator_records
-from wansync.net.records import summary as emulator_summary
 
 __all__ = [
     "BACKEND_NAME",
     "CollectiveRecord",
     "EmulatedProcessGroup",
     "EmulatedWork",
+    "Emulator",
     "Link",
     "PRESETS",
     "Topology",
     "collective_duration",
-    "emulator_records",
-    "emulator_summary",
+    "emulator_of",
     "install",
-    "installed_topology",
-    "is_emulated",
     "jitter_draw",
     "parse_wan",
-    "reset_emulator_records",
 ]

@@ -6,19 +6,19 @@ whole process group, so it implements every collective its callers use; each one
 
 1. issues the real collective at once on a wrapped backend (gloo for CPU tensors, NCCL for CUDA),
 2. computes the modelled duration d (:mod:`wansync.net.cost`, jitter shared by all ranks),
-3. reserves this rank's link, which is FIFO: start = max(issue, end of the previous transfer),
-4. returns a Work whose Future the process's completer thread completes at
+3. reserves its :class:`~wansync.net.Emulator`'s link, which is FIFO: start = max(issue, end of
+   the previous transfer),
+4. returns a Work whose Future the emulator's completer thread completes at
    max(real completion, start + d), in issue order.
 
-One link and one completer thread per process: a rank has one network path, whatever the group.
+A group gets its emulator as ``pg_options``; a group created without one (``new_group()``, called
+by us or by a library) shares the default group's, so a rank has one network path, whatever the group.
 DDP needs ``broadcast`` (initial state), ``allgather`` (constructor checks) and ``allreduce``
 (gradient buckets); ``PeriodicModelAverager`` needs ``allreduce``; ``dist.barrier`` needs ``barrier``.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -28,82 +28,15 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from wansync.net import records as _records
+from wansync.errors import ConfigError
 from wansync.net.cost import collective_duration, jitter_draw
-from wansync.net.link import Topology, parse_wan
+from wansync.net.emulator import Emulator
+from wansync.net.link import Topology
+from wansync.net.records import CollectiveRecord
 
-__all__ = ["BACKEND_NAME", "EmulatedProcessGroup", "install", "is_emulated", "installed_topology"]
+__all__ = ["BACKEND_NAME", "EmulatedProcessGroup", "EmulatedWork", "emulator_of", "install"]
 
 BACKEND_NAME = "wansync_emu"
-
-_config: dict[str, Any] = {}
-_install_lock = threading.Lock()
-
-
-class _Link:
-    """This rank's link: one transfer at a time, in issue order."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._free_at = 0.0
-
-    def reserve(self, issue: float, duration: float) -> float:
-        with self._lock:
-            start = max(issue, self._free_at)
-            self._free_at = start + duration
-            return start
-
-
-class _Job:
-    def __init__(self, works: list[Any], rec: _records.CollectiveRecord, fut: Future, value: Any, cuda: bool):
-        self.works, self.rec, self.fut, self.value, self.cuda = works, rec, fut, value, cuda
-
-    def run(self) -> None:
-        rec = self.rec
-        try:
-            for w in self.works:
-                if self.cuda:  # NCCL's wait() only orders streams; poll for the host-side truth
-                    while not w.is_completed():
-                        time.sleep(2e-4)
-                    if w.exception() is not None:
-                        raise w.exception()
-                else:
-                    w.wait()
-            rec.real_end = time.perf_counter()
-            delay = rec.modelled_end - rec.real_end
-            if delay > 0:
-                time.sleep(delay)
-        except Exception as exc:  # a dead peer, a timeout: the caller must see it, not hang
-            rec.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            rec.end = time.perf_counter()
-            self.fut.set_exception(exc)
-            return
-        rec.end = time.perf_counter()
-        self.fut.set_result(self.value)
-
-
-class _Completer:
-    """One daemon thread per process that completes futures in issue order (the FIFO link)."""
-
-    def __init__(self) -> None:
-        self._q: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def submit(self, job: _Job) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="wansync-link", daemon=True)
-                self._thread.start()
-        self._q.put(job)
-
-    def _run(self) -> None:
-        while True:
-            self._q.get().run()
-
-
-_LINK = _Link()
-_COMPLETER = _Completer()
 
 
 class EmulatedWork(dist.Work):
@@ -113,7 +46,7 @@ class EmulatedWork(dist.Work):
     error on the Future, which ``wait()`` raises.
     """
 
-    def __init__(self, fut: Future, rec: _records.CollectiveRecord, value: Any):
+    def __init__(self, fut: Future, rec: CollectiveRecord, value: Any):
         super().__init__()
         self._fut, self._rec, self._value = fut, rec, value
 
@@ -144,7 +77,7 @@ class EmulatedWork(dist.Work):
         pass
 
     @property
-    def record(self) -> _records.CollectiveRecord:
+    def record(self) -> CollectiveRecord:
         return self._rec
 
 
@@ -180,9 +113,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         else:  # the default group being created
             self._world = size
             self._ranks = ranks or list(range(size))
-        cfg = _config or {"topology": parse_wan("lan"), "seed": 0}
-        self._topology: Topology = cfg["topology"]
-        self._seed: int = int(cfg["seed"])
+        self.emulator = _emulator_for(pg_options)
         self._seq = 0
         timeout = opts.timeout
         store = dist.PrefixStore("gloo/", opts.store)
@@ -199,15 +130,15 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     def __repr__(self) -> str:
-        return f"EmulatedProcessGroup(group={self._name}, rank={self._rank}/{self._size}, {self._topology.describe()})"
+        return f"EmulatedProcessGroup(group={self._name}, rank={self._rank}/{self._size}, {self.topology.describe()})"
 
     @property
     def topology(self) -> Topology:
-        return self._topology
+        return self.emulator.topology
 
-    def records(self) -> list[_records.CollectiveRecord]:
-        """This group's records in this process."""
-        return [r for r in _records.records() if r.group == self._name]
+    def records(self) -> list[CollectiveRecord]:
+        """This group's records (its emulator's records of collectives on this group)."""
+        return [r for r in self.emulator.records() if r.group == self._name]
 
     def _issue(
         self,
@@ -228,19 +159,18 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         if peers is None:  # a collective: every member issues it, in the same order
             seq = self._seq
             self._seq += 1
-            d = collective_duration(op, nbytes, self._world, self._topology, self._ranks)
-            d += jitter_draw(self._topology, self._world, self._seed, self._group_key, seq, self._ranks)
+            d = collective_duration(op, nbytes, self._world, self.topology, self._ranks)
+            d += jitter_draw(self.topology, self._world, self.emulator.seed, self._group_key, seq, self._ranks)
         else:  # point-to-point: only two ranks see it, so no shared sequence number and no jitter
             seq = -1
-            d = collective_duration(op, nbytes, self._world, self._topology, peers)
-        start = _LINK.reserve(issue, d)
-        rec = _records.CollectiveRecord(
+            d = collective_duration(op, nbytes, self._world, self.topology, peers)
+        start = self.emulator.reserve(issue, d)
+        rec = CollectiveRecord(
             op=op, nbytes=nbytes, group=self._name, seq=seq, issue=issue, start=start,
             modelled_s=d, modelled_end=start + d,
         )
-        _records.add(rec)
         fut = Future(devices=[t.device]) if cuda else Future()
-        _COMPLETER.submit(_Job(works, rec, fut, value, cuda))
+        self.emulator.schedule(works, rec, fut, value, cuda)
         return EmulatedWork(fut, rec, value)
 
     # -- collectives ------------------------------------------------------------------------------
@@ -327,35 +257,37 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         return self._issue("recv", _nbytes(tensors), tensors, lambda b: b.recv(tensors, src, tag), tensors, peers)
 
 
+def _emulator_for(pg_options: Any) -> Emulator:
+    """The group's Emulator: the one it was created with, else the default group's (a group a
+    library creates with ``new_group()`` runs on the same link as the default group)."""
+    if isinstance(pg_options, Emulator):
+        return pg_options
+    if pg_options is not None:
+        raise TypeError(f"the {BACKEND_NAME} backend takes an Emulator as pg_options, got {type(pg_options).__name__}")
+    inherited = emulator_of()
+    if inherited is None:
+        raise ConfigError(f"the {BACKEND_NAME} backend needs an emulator: dist.init_process_group(net.install(), "
+                          f"pg_options=net.Emulator(topology, seed))")
+    return inherited
+
+
 def _create(opts: Any, pg_options: Any = None) -> EmulatedProcessGroup:
     return EmulatedProcessGroup(opts, pg_options)
 
 
-def install(topology: Topology | str, seed: int = 0) -> str:
-    """Register the emulating backend in this process; pass the result as ``backend=``.
-
-    Call it in every worker process before ``init_process_group``. Calling it again changes the
-    topology and seed for groups created afterwards (existing groups keep theirs).
-    """
-    topo = parse_wan(topology) if isinstance(topology, str) else topology
-    with _install_lock:
-        _config["topology"] = topo
-        _config["seed"] = int(seed)
-        if BACKEND_NAME.upper() not in dist.Backend._plugins:
-            devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and dist.is_nccl_available() else [])
-            dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
+def install() -> str:
+    """Register the emulating backend with torch (once per process); pass the result as ``backend=``
+    and an :class:`~wansync.net.Emulator` as ``pg_options=``."""
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and dist.is_nccl_available() else [])
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
     return BACKEND_NAME
 
 
-def installed_topology() -> Topology | None:
-    """The topology that new emulated groups in this process will use (None before install)."""
-    return _config.get("topology")
-
-
-def is_emulated(group: Any = None) -> bool:
-    """Whether ``group`` (default: the default group) runs under the emulator."""
+def emulator_of(group: Any = None) -> Emulator | None:
+    """The Emulator ``group`` (default: the default group) runs under; None when it is not emulated."""
     if group is None:
         if not dist.is_initialized():
-            return False
+            return None
         group = dist.distributed_c10d._get_default_group()
-    return isinstance(group, EmulatedProcessGroup)
+    return group.emulator if isinstance(group, EmulatedProcessGroup) else None

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from types import MappingProxyType
 
 import numpy as np
 
@@ -43,11 +44,11 @@ from wansync.net.link import Link, Topology
 __all__ = ["collective_duration", "jitter_draw", "site_counts", "OPS"]
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "barrier", "send", "recv")
-_ALIASES = {
+_ALIASES = MappingProxyType({
     "all_reduce": "allreduce", "allreduce_coalesced": "allreduce", "all_gather": "allgather",
     "all_gather_single": "allgather", "all_gather_into_tensor": "allgather",
     "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-}
+})
 
 
 def _ring_phase(k: int, nbytes: float, link: Link) -> float:

@@ -23,7 +23,9 @@ With ``sites=1`` (the default for a bare link) the link joins every pair of rank
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from wansync.errors import ConfigError
 
@@ -96,15 +98,15 @@ def _sites(inter: Link, name: str, sites: int = 2) -> Topology:
 #: gives its 16.6 ms RTT but no bandwidth; we use 10 Gbit/s, the RENATER backbone between Grid'5000
 #: sites, because the paper attributes its result to the *number* of synchronization events
 #: (latency-bound), not to volume. For a bandwidth-starved variant pass ``two-site,bw=1gbit``.
-PRESETS: dict[str, Topology] = {
+PRESETS: Mapping[str, Topology] = MappingProxyType({
     "lan": Topology(sites=1, intra_link=LAN_LINK, inter_link=LAN_LINK, name="lan"),
     "two-site": _sites(Link(16.6e-3, 10e9), "two-site"),
     "cross-region": _sites(Link(100e-3, 1e9), "cross-region"),
     "cross-continent": _sites(Link(200e-3, 200e6), "cross-continent"),
-}
+})
 
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
-_BIT_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_TIME_UNITS = MappingProxyType({"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6})
+_BIT_PREFIX = MappingProxyType({"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12})
 _NUM = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
 

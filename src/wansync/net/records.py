@@ -1,4 +1,4 @@
-"""One record per emulated collective, kept per process, so profilers and reports can account time.
+"""One record per emulated collective, so profilers and reports can account time.
 
 All times are ``time.perf_counter()`` seconds of the recording process (comparable within a
 process only). ``waited`` is the time the caller spent blocked in ``Work.wait()``; it stays
@@ -9,10 +9,11 @@ which the emulator cannot observe: measure that exposure around ``backward()`` i
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["CollectiveRecord", "records", "reset_records", "summary"]
+__all__ = ["CollectiveRecord", "RecordLog", "summary"]
 
 
 @dataclass
@@ -34,30 +35,39 @@ class CollectiveRecord:
         return asdict(self)
 
 
-_lock = threading.Lock()
-_records: list[CollectiveRecord] = []
+class RecordLog:
+    """An emulator's records, oldest first. Collectives may be issued from any thread, so every
+    access holds a lock; the records themselves are live objects the completer thread fills in."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[CollectiveRecord] = []
+
+    def add(self, record: CollectiveRecord) -> None:
+        with self._lock:
+            self._items.append(record)
+
+    def all(self) -> list[CollectiveRecord]:
+        """Every record (a copy of the list)."""
+        with self._lock:
+            return list(self._items)
+
+    def since(self, cursor: int) -> list[CollectiveRecord]:
+        """The records from index ``cursor`` on (a slice, not a copy of the whole growing list)."""
+        with self._lock:
+            return self._items[cursor:]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
 
 
-def add(record: CollectiveRecord) -> None:
-    with _lock:
-        _records.append(record)
-
-
-def records() -> list[CollectiveRecord]:
-    """This process's records, oldest first (a copy of the list; the records are live objects)."""
-    with _lock:
-        return list(_records)
-
-
-def reset_records() -> None:
-    """Forget every record of this process (e.g. between benchmark phases)."""
-    with _lock:
-        _records.clear()
-
-
-def summary(recs: list[CollectiveRecord] | None = None) -> dict[str, Any]:
+def summary(recs: Sequence[CollectiveRecord]) -> dict[str, Any]:
     """Totals: count, bytes, modelled and waited seconds, and count/bytes per op."""
-    recs = records() if recs is None else recs
     per_op: dict[str, dict[str, float]] = {}
     for r in recs:
         d = per_op.setdefault(r.op, {"count": 0, "bytes": 0})

@@ -1,4 +1,4 @@
-"""CoCoDC's adaptive transmission count (spec §7b): N = max(P, ⌊γ·H·T_c/T_s⌋), capped at H.
+"""CoCoDC's adaptive transmission count (Zhu et al. 2025, arXiv:2504.17672): N = max(P, ⌊γ·H·T_c/T_s⌋), capped at H.
 
 - `T_c`, the inner-step time, is measured by the strategy: per step, the time from the end of the
   previous `step()` call to the start of this one (forward, backward, data) plus the inner optimizer
@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.ledger import CommLedger
+from ..net import collective_duration, emulator_of
 
 
 def syncs_per_period(gamma: float, sync_every: int, fragments: int, t_c: float, t_s: float) -> int:
@@ -33,15 +34,10 @@ def syncs_per_period(gamma: float, sync_every: int, fragments: int, t_c: float, 
 
 def modelled_sync_seconds(codec: str, numel: int, wire_bytes: int, group: Any = None) -> float | None:
     """The emulator's duration for one fragment exchange, or None when the group is not emulated."""
-    try:
-        from ..net import collective_duration, installed_topology, is_emulated
-    except ImportError:                                     # pragma: no cover - net is part of the package
+    emulator = emulator_of(group)
+    if emulator is None:
         return None
-    if not dist.is_initialized() or not is_emulated(group):
-        return None
-    topology = installed_topology()
-    if topology is None:
-        return None
+    topology = emulator.topology
     world = dist.get_world_size()
     ranks = dist.get_process_group_ranks(group) if group is not None else None
     if codec == "fp32":

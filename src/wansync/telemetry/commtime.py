@@ -113,14 +113,20 @@ class _Step:
 class CommTimer:
     """Collects the timing of one worker's communication, step by step (training thread only)."""
 
-    def __init__(self, emulated: bool = False) -> None:
-        self.emulated = emulated
+    def __init__(self, emulator: Any = None) -> None:
+        """``emulator``: the :class:`wansync.net.Emulator` the group runs under (None: not emulated);
+        its records from now on are attributed to steps."""
+        self.emulator = emulator
         self.instrumented: list[str] = []
         self.uninstrumented: list[str] = []
         self._steps: list[_Step] = []
         self._cur: _Step | None = None
         self.steps = 0  # training steps timed by this process
-        self._cursor = self._record_count() if emulated else 0
+        self._cursor = emulator.record_count() if emulator is not None else 0
+
+    @property
+    def emulated(self) -> bool:
+        return self.emulator is not None
 
     # ---- DDP instrumentation ------------------------------------------------------------------
     def instrument(self, ddp: Any) -> bool:
@@ -214,17 +220,9 @@ class CommTimer:
         self._cur = None
 
     # ---- emulator records -------------------------------------------------------------------
-    @staticmethod
-    def _record_count() -> int:
-        from wansync.net import records as R
-        with R._lock:
-            return len(R._records)
-
     def _new_records(self) -> list[Any]:
-        from wansync.net import records as R
-        with R._lock:  # a slice, not a copy of the whole (growing) list every step
-            new = R._records[self._cursor:]
-            self._cursor = len(R._records)
+        new = self.emulator.records_since(self._cursor)
+        self._cursor += len(new)
         return new
 
     # ---- results ----------------------------------------------------------------------------
@@ -299,8 +297,8 @@ class CommTimer:
             })
         return out
 
-    def summary(self, steps: int, epochs: float | None, wall: float, exposed_category: float) -> dict[str, Any]:
-        """Totals and the derived figures."""
+    def summary(self, steps: int, epochs: float | None) -> dict[str, Any]:
+        """Totals and the derived figures, per training step and per epoch."""
         evs = self.events()
         total_bytes = sum(e["bytes"] for e in evs)
         exposed = sum(e["exposed_s"] for e in evs)

@@ -25,13 +25,3 @@ class MetricsWriter:
         if self._f is not None:
             self._f.close()
             self._f = None
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    out = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                out.append(json.loads(line))
-    return out

@@ -83,7 +83,7 @@ def build_profile(prof: Profiler, comm: Any = None, *, steps: int = 0, epochs: f
     out = prof.report()
     wall, cats = out["wall_clock_s"], out["categories_s"]
     out["wan"] = wan
-    c = comm.summary(steps, epochs, wall, cats["exposed_comm"]) if comm is not None else {}
+    c = comm.summary(steps, epochs) if comm is not None else {}
     out["derived"] = {
         "steps": steps,
         "compute_floor_s": wall - cats["exposed_comm"],

@@ -1,6 +1,7 @@
 """Pick the workload from the model name: LM sizes or vision architectures."""
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
@@ -10,7 +11,7 @@ if TYPE_CHECKING:               # importing this package stays torch-free (confi
 
 VISION_MODELS = ("cnn", "resnet18", "resnet50", "vit_s")
 # The dataset a run gets when none is given: it follows the model kind (config.build_config applies it).
-DEFAULT_DATA = {"lm": "shakespeare", "vision": "fashion-mnist"}
+DEFAULT_DATA = MappingProxyType({"lm": "shakespeare", "vision": "fashion-mnist"})
 VISION_DATA_PREFIXES = ("fashion-mnist", "cifar100", "cifar10", "imagefolder")
 VISION_DATA_FORMS = "fashion-mnist | fashion-mnist:PATH | cifar100:PATH | cifar10:PATH | imagefolder:PATH"
 

@@ -6,7 +6,7 @@ part of the workload's state so that a resumed run continues at the exact sample
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn

@@ -7,7 +7,9 @@ through `TransformerLM.stages()`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +39,7 @@ class LMShape:
         return vocab_size * d + self.n_layers * block + d
 
 
-LM_MODELS: dict[str, LMShape] = {
+LM_MODELS: Mapping[str, LMShape] = MappingProxyType({
     # 1,820,352 parameters with the 256-byte vocabulary: learns Shakespeare's spelling in minutes on 2 CPU cores.
     "tiny": LMShape(dim=192, n_layers=4, n_heads=4, ffn_hidden=512, max_seq_len=512),
     # 19,405,312 parameters with the byte vocabulary.
@@ -46,7 +48,7 @@ LM_MODELS: dict[str, LMShape] = {
     # (12 layers, hidden 896, 16 heads) with a SwiGLU width of 2560. With a 32,000-token vocabulary
     # and the tied head: 32000*896 + 12*(4*896^2 + 3*896*2560 + 2*896) + 896 = 149,804,928 parameters.
     "150m": LMShape(dim=896, n_layers=12, n_heads=16, ffn_hidden=2560, max_seq_len=1024),
-}
+})
 
 
 def lm_shape(name: str) -> LMShape:

@@ -16,9 +16,9 @@ from PIL import Image, UnidentifiedImageError
 
 from wansync.errors import DataError
 
-from .datasets import ImageData
+from .imagedata import ImageData
 
-IMAGE_EXTS = {".jpeg", ".jpg", ".png", ".bmp", ".gif", ".webp"}
+IMAGE_EXTS = frozenset({".jpeg", ".jpg", ".png", ".bmp", ".gif", ".webp"})
 
 
 def _images_under(d: Path) -> list[Path]:

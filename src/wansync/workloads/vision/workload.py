@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .augment import random_crop_flip
-from .datasets import ImageData, load_dataset
+from .datasets import load_dataset
+from .imagedata import ImageData
 from .models import build_model
 from .sampler import ShardSampler, _generator
 

@@ -1,0 +1,139 @@
+"""The emulated network of one process: a topology, a jitter seed, one FIFO link and its records.
+
+An :class:`Emulator` is what an emulated process group runs under. It is handed to torch as the
+group's options, ``dist.init_process_group(net.install(), pg_options=Emulator(topology, seed))``,
+and every group created with it shares its link, so a rank has one network path whatever the
+group. The link carries one transfer at a time: a collective issued while another is in flight
+starts when that one's modelled transfer ends, and one completer thread finishes the Futures in
+issue order.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+from torch.futures import Future
+
+from wansync.net.link import Topology
+from wansync.net.records import CollectiveRecord, RecordLog, summary
+
+__all__ = ["Emulator"]
+
+
+class _Link:
+    """One transfer at a time, in issue order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def reserve(self, issue: float, duration: float) -> float:
+        with self._lock:
+            start = max(issue, self._free_at)
+            self._free_at = start + duration
+            return start
+
+
+class _Job:
+    """Wait for the real collective, then until the modelled end; complete the caller's Future."""
+
+    def __init__(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool):
+        self.works, self.rec, self.fut, self.value, self.cuda = works, rec, fut, value, cuda
+
+    def run(self) -> None:
+        rec = self.rec
+        try:
+            for w in self.works:
+                if self.cuda:  # NCCL's wait() only orders streams; poll for the host-side truth
+                    while not w.is_completed():
+                        time.sleep(2e-4)
+                    if w.exception() is not None:
+                        raise w.exception()
+                else:
+                    w.wait()
+            rec.real_end = time.perf_counter()
+            delay = rec.modelled_end - rec.real_end
+            if delay > 0:
+                time.sleep(delay)
+        except Exception as exc:  # a dead peer, a timeout: the caller must see it, not hang
+            rec.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            rec.end = time.perf_counter()
+            self.fut.set_exception(exc)
+            return
+        rec.end = time.perf_counter()
+        self.fut.set_result(self.value)
+
+
+class _Completer:
+    """A daemon thread that completes Futures in issue order (the FIFO link), started on first use."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, job: _Job) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="wansync-link", daemon=True)
+                self._thread.start()
+        self._q.put(job)
+
+    def _run(self) -> None:
+        while True:
+            self._q.get().run()
+
+
+class Emulator:
+    """A modelled network for the groups created with it.
+
+    Args:
+        topology: the links (see :func:`wansync.net.parse_wan` for the ``--wan`` strings).
+        seed: shared by all ranks; with a collective's sequence number it draws the jitter, so
+            every rank models the same duration.
+    """
+
+    def __init__(self, topology: Topology, seed: int = 0) -> None:
+        if not isinstance(topology, Topology):
+            raise TypeError(f"Emulator needs a Topology (parse a --wan string with parse_wan), got {topology!r}")
+        self.topology = topology
+        self.seed = int(seed)
+        self._link = _Link()
+        self._completer = _Completer()
+        self._log = RecordLog()
+
+    def __repr__(self) -> str:
+        return f"Emulator({self.topology.describe()}, seed={self.seed})"
+
+    # ---- used by the emulated process group -------------------------------------------------
+    def reserve(self, issue: float, duration: float) -> float:
+        """When a transfer issued at ``issue`` starts on the link (after the one before it)."""
+        return self._link.reserve(issue, duration)
+
+    def schedule(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool) -> None:
+        """Record a collective and complete ``fut`` with ``value`` at max(real end, modelled end)."""
+        self._log.add(rec)
+        self._completer.submit(_Job(works, rec, fut, value, cuda))
+
+    # ---- records ----------------------------------------------------------------------------
+    def records(self) -> list[CollectiveRecord]:
+        """Every collective so far, oldest first (a copy of the list; the records are live)."""
+        return self._log.all()
+
+    def record_count(self) -> int:
+        return len(self._log)
+
+    def records_since(self, cursor: int) -> list[CollectiveRecord]:
+        """The records from index ``cursor`` on: read incrementally with ``cursor += len(new)``."""
+        return self._log.since(cursor)
+
+    def reset_records(self) -> None:
+        """Forget every record (e.g. between benchmark phases)."""
+        self._log.clear()
+
+    def summary(self) -> dict[str, Any]:
+        """Totals: count, bytes, modelled and waited seconds, and count/bytes per op."""
+        return summary(self._log.all())

@@ -1,0 +1,233 @@
+"""The package's shape, read from its source with `ast` (nothing is imported).
+
+Every `import` in `src/wansync` counts, function-local ones included: an import inside a function
+still ties the two modules together, only later. An edge goes to the module an import names
+(`from wansync.net import records` names `wansync.net.records`); the parent packages Python
+initializes on the way are not edges, since a package's `__init__` only re-exports its modules.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+PACKAGE = "wansync"
+
+# Module-level containers meant to be mutable: the registry strategies add themselves to, and the
+# codec registry of comm/ (a plain dict there; it can become a MappingProxyType like the tables here).
+MUTABLE_ALLOWED = {
+    "wansync.strategies.STRATEGIES",
+    "wansync.comm.codecs.CODECS",
+}
+MUTABLE_CALLS = {"dict", "list", "set", "bytearray", "defaultdict", "OrderedDict", "deque", "Counter",
+                 "Lock", "RLock", "Event", "Condition", "Semaphore", "Queue", "SimpleQueue", "local"}
+
+
+def module_files() -> dict[str, Path]:
+    out = {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = module_files()
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def imports_of(name: str) -> set[str]:
+    """The package modules `name` imports, anywhere in its source."""
+    found: set[str] = set()
+    for node in ast.walk(TREES[name]):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                here = name.split(".") if _is_package(name) else name.split(".")[:-1]
+                base = ".".join(here[: len(here) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in MODULES:  # `import wansync.net.link as x` names a module; trim attributes
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _in(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def edges(src: tuple[str, ...], dst: tuple[str, ...]) -> list[str]:
+    """Imports from modules under `src` of modules under `dst`."""
+    return sorted(f"{a} -> {b}" for a, bs in GRAPH.items() if _in(a, *src) for b in bs if _in(b, *dst))
+
+
+def test_the_graph_sees_the_package():
+    assert "wansync.net.backend" in MODULES and "wansync.strategies.base" in MODULES
+    assert "wansync.comm.ledger" in GRAPH["wansync.strategies.base"]
+
+
+def test_no_module_imports_its_way_back_to_itself():
+    assert cycles(GRAPH) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_a_strategy_never_imports_a_workload():
+    assert edges(("wansync.strategies",), ("wansync.workloads",)) == []
+
+
+def test_a_workload_never_imports_a_strategy_or_the_exchange():
+    assert edges(("wansync.workloads",), ("wansync.strategies", "wansync.comm", "wansync.net")) == []
+
+
+def test_net_knows_nothing_about_training():
+    outside = [e for e in edges(("wansync.net",), (PACKAGE,))
+               if not _in(e.split(" -> ")[1], "wansync.net", "wansync.errors")]
+    assert outside == []
+
+
+# The layers of DESIGN.md, top to bottom; a module may import only from layers below its own.
+STACK = (("wansync.cli",), ("wansync.experiments", "wansync.demo"), ("wansync.run",),
+         ("wansync.worker",), ("wansync.train",), ("wansync.launch",), ("wansync.strategies",),
+         ("wansync.comm",), ("wansync.net",))
+
+
+def test_imports_point_down_the_stack():
+    up = []
+    for i, layer in enumerate(STACK):
+        for above in STACK[:i]:
+            up += edges(layer, above)
+    assert up == []
+
+
+def test_the_library_never_imports_the_application():
+    library = ("wansync.strategies", "wansync.comm", "wansync.net", "wansync.telemetry", "wansync.workloads",
+               "wansync.config", "wansync.checkpoint", "wansync.optim", "wansync.errors")
+    application = ("wansync.cli", "wansync.demo", "wansync.experiments", "wansync.run", "wansync.worker",
+                   "wansync.train", "wansync.launch", "wansync.report", "wansync.plots", "wansync.presets",
+                   "wansync.rundir")
+    assert edges(library, application) == []
+
+
+def test_only_the_entry_point_imports_the_cli():
+    assert [e for e in edges((PACKAGE,), ("wansync.cli",)) if not e.startswith("wansync.__main__ ")] == []
+
+
+# ---------------------------------------------------------------- module-level state
+
+def _frozen_dataclasses(tree: ast.Module) -> set[str]:
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            for d in node.decorator_list:
+                if isinstance(d, ast.Call) and any(k.arg == "frozen" and getattr(k.value, "value", False)
+                                                   for k in d.keywords):
+                    out.add(node.name)
+    return out
+
+
+def _mutable(value: ast.AST | None, classes: set[str], frozen: set[str]) -> bool:
+    if isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)):
+        return True
+    if isinstance(value, ast.Call):
+        f = value.func
+        fname = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        return fname in MUTABLE_CALLS or (fname in classes and fname not in frozen)
+    return False
+
+
+def module_state(name: str) -> list[str]:
+    """Module-level names bound to a mutable container or object, and `global` rebinding anywhere."""
+    tree = TREES[name]
+    classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    frozen = _frozen_dataclasses(tree)
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign):
+            targets, value = [node.target], node.value
+        elif isinstance(node, ast.AugAssign):
+            targets, value = [node.target], ast.List()       # `X += ...` at module level mutates X
+        else:
+            continue
+        for t in targets:
+            if isinstance(t, ast.Name) and t.id != "__all__" and _mutable(value, classes, frozen):
+                found.append(f"{name}.{t.id}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found += [f"{name}.{n} (global statement)" for n in node.names]
+        elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+              and isinstance(node.value.func, ast.Attribute) and node in tree.body
+              and isinstance(node.value.func.value, ast.Name)
+              and node.value.func.attr in ("update", "append", "extend", "add", "setdefault", "insert")):
+            found.append(f"{name}.{node.value.func.value.id} (mutated at import)")
+    return found
+
+
+def test_no_module_level_mutable_state_outside_the_strategy_registry():
+    state = [s for name in MODULES for s in module_state(name) if s.split(" ")[0] not in MUTABLE_ALLOWED]
+    assert state == []
+
+
+def test_the_state_check_sees_containers_globals_and_instances():
+    TREES["<probe>"] = ast.parse("import threading\nA = {}\nB: list = []\nC = (1,)\nD = threading.Lock()\n"
+                                 "class K: pass\nE = K()\nF = frozenset()\nA.update(x=1)\n"
+                                 "def f():\n    global C\n")
+    try:
+        assert sorted(module_state("<probe>")) == ["<probe>.A", "<probe>.A (mutated at import)", "<probe>.B",
+                                                   "<probe>.C (global statement)", "<probe>.D", "<probe>.E"]
+    finally:
+        del TREES["<probe>"]
