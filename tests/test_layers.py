@@ -113,7 +113,7 @@ def edges(src: tuple[str, ...], dst: tuple[str, ...]) -> list[str]:
 
 def test_the_graph_sees_the_package():
     assert "wansync.net.backend" in MODULES and "wansync.strategies.base" in MODULES
-    assert "wansync.comm.ledger" in GRAPH["wansync.strategies.base"]
+    assert "wansync.comm.exchange" in GRAPH["wansync.strategies.base"]
 
 
 def test_no_module_imports_its_way_back_to_itself():

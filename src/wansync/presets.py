@@ -70,7 +70,7 @@ def _strategies(runs: tuple[dict[str, Any], ...]) -> tuple[str, ...]:
 _PAPER_PRESETS = (
     Preset(
         name="cocodc-paper",
-        source="CoCoDC (spec §7b, §9): 4 workers, 150M LLaMA-style LM on C4, H=100, tau=5, P=4, "
+        source="CoCoDC (Zhu et al. 2025, arXiv:2504.17672): 4 workers, 150M LLaMA-style LM on C4, H=100, tau=5, P=4, "
                "lambda=0.5, gamma=0.4; DiLoCo vs Streaming DiLoCo vs CoCoDC",
         strategies=("diloco", "streaming", "cocodc"),
         seeds=1,
@@ -90,7 +90,7 @@ _PAPER_PRESETS = (
     ),
     Preset(
         name="cpdp-wan",
-        source="CPDP (spec §4, §9): ResNet-50 on CIFAR-100, 8 workers on two sites (16.6 ms RTT), global "
+        source="CPDP (Ettifouri et al. 2026, arXiv:2607.21224): ResNet-50 on CIFAR-100, 8 workers on two sites (16.6 ms RTT), global "
                "batch 1024, SGD lr 0.1, K=4, beta=0.3; DDP vs LocalSGD vs CPDP, 3 seeds",
         strategies=("ddp", "local_sgd", "cpdp"),
         seeds=3,
@@ -117,20 +117,20 @@ _ABLATION_RUNS = ({"strategy": "ddp"}, {"strategy": "local_sgd"}, {"strategy": "
 _SMALL_PRESETS = (
     Preset(
         name="cpdp-k-sweep",
-        source="CPDP's K sweep (spec §4, §9) at small scale: CPDP with K = 1, 2, 4, 8, 16, 32 (beta 0.3), DDP "
+        source="CPDP's K sweep (arXiv:2607.21224) at small scale: CPDP with K = 1, 2, 4, 8, 16, 32 (beta 0.3), DDP "
                "as the reference for accuracy and wall clock; the paper sees K = 4 best and K >= 16 collapse",
         strategies=_strategies(_K_RUNS), seeds=1, values=CPDP_SMALL, runs=_K_RUNS,
         notes=(_FIXED_256, *_SMALL_NOTES,
                "K = 1 with beta 0.3 is not DDP (the SlowMo filter still acts); K = 1, beta 0 would be")),
     Preset(
         name="cpdp-beta",
-        source="CPDP's SlowMo coefficient (spec §3, §4, §9) at small scale: CPDP K = 4 with beta = 0, 0.3, 0.9; "
+        source="CPDP's SlowMo coefficient (arXiv:2607.21224) at small scale: CPDP K = 4 with beta = 0, 0.3, 0.9; "
                "the paper finds 0.3 best and 0.9 collapsing (gain alpha/(1-beta) = 10x at 0.9)",
         strategies=_strategies(_BETA_RUNS), seeds=1, values=CPDP_SMALL, runs=_BETA_RUNS,
         notes=(_FIXED_256, *_SMALL_NOTES)),
     Preset(
         name="cpdp-lr-protocol",
-        source="the CPDP review's falsifier (spec §8, §9) at small scale: DDP, LocalSGD and CPDP (K = 4, "
+        source="the CPDP review's falsifier (fixed vs linearly scaled LR) at small scale: DDP, LocalSGD and CPDP (K = 4, "
                "beta 0.3) at global batch 1024 under a fixed lr 0.1 and under linear scaling, lr = 0.1 x "
                "1024 / 256 = 0.4, including the K = 4 cell under linear scaling the paper does not report",
         strategies=_strategies(_LR_RUNS), seeds=1,
@@ -143,7 +143,7 @@ _SMALL_PRESETS = (
                "the claim fails if ddp__lr_scaling=linear reaches CPDP's peak accuracy under linear scaling")),
     Preset(
         name="cpdp-ablation",
-        source="the CPDP review's attribution question (spec §4, §9) at small scale, all at K = 4: DDP, LocalSGD, "
+        source="the CPDP review's attribution question at small scale, all at K = 4: DDP, LocalSGD, "
                "LocalSGD+SlowMo (slowmo, beta 0.3, alpha 1), CPDP beta = 0 (gradient all-reduce + plain "
                "averaging), CPDP beta = 0.3; does phase 1 or the SlowMo filter carry CPDP's gain?",
         strategies=_strategies(_ABLATION_RUNS), seeds=1, values=CPDP_SMALL, runs=_ABLATION_RUNS,

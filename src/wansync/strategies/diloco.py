@@ -1,4 +1,4 @@
-"""DiLoCo (spec §5; Douillard et al. 2023): local inner optimizer, outer Nesterov SGD on the
+"""DiLoCo (Douillard et al. 2023, arXiv:2311.08105): local inner optimizer, outer Nesterov SGD on the
 averaged pseudo-gradient every H steps.
 
 The inner optimizer is whatever the user passes (the trainer's default is AdamW, as in the paper);
@@ -15,7 +15,7 @@ of on every worker, with the drift telemetry for free. Outer SGD with lr 1 and m
 
 Default H = 100, not the paper's 500: the paper's 500 sits in runs of ~88k inner steps, where it
 still gives ~175 outer steps; our runs are hundreds to a few thousand steps (the default budget is
-300), where H = 500 would mean no outer step at all. 100 is Streaming DiLoCo's default (spec §6)
+300), where H = 500 would mean no outer step at all. 100 is Streaming DiLoCo's default (arXiv:2501.18512)
 and the CoCoDC setting, so DiLoCo and its streaming variants compare at equal H out of the box.
 Pass `sync_every=500` for the paper's setting.
 """

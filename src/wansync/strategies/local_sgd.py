@@ -1,4 +1,4 @@
-"""LocalSGD (spec §2): local steps; every H steps θ_m ← mean(θ_m)."""
+"""LocalSGD (Stich 2018, arXiv:1805.09767; Lin et al. 2020, arXiv:1808.07217): local steps; every H steps θ_m ← mean(θ_m)."""
 from __future__ import annotations
 
 from .periodic import Periodic

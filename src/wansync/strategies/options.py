@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, get_type_hints
 
 from ..errors import check
@@ -59,7 +60,7 @@ def one_of(choices: tuple[str, ...]) -> Rule:
 
 
 # ---- the options base class ---------------------------------------------------------------------
-_KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+_KINDS = MappingProxyType({bool: "true or false", int: "an integer", float: "a number", str: "a string"})
 
 
 def typed(name: str, value: Any, kind: type) -> Any:

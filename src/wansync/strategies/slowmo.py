@@ -1,4 +1,4 @@
-"""SlowMo (spec §3; Wang et al., ICLR 2020): LocalSGD whose average passes through slow momentum.
+"""SlowMo (Wang et al., ICLR 2020, arXiv:1910.00643): LocalSGD whose average passes through slow momentum.
 
 Anchor θ̃ = parameters at the last sync, slow momentum u (zeros at start), slow learning rate α,
 slow momentum β. Every H (`sync_every`) steps::
