@@ -48,9 +48,9 @@ def run_legs(rank: int, world: int, legs: list[dict[str, Any]]) -> list[dict[str
             os.environ["WANSYNC_FAULT"] = fault
         try:
             out.append({"summary": train_worker(cfg, run_dir, rank, world, resume=bool(leg.get("resume")))})
-        except RuntimeError as e:
+        except Exception as e:
             if leg.get("stop_at") is None or str(e) != f"injected failure at step {leg['stop_at']}":
-                raise
+                raise RuntimeError(f"{'resuming ' if leg.get('resume') else ''}{run_dir} failed") from e
             out.append({"stopped": str(e)})
         finally:
             os.environ.pop("WANSYNC_FAULT", None)
