@@ -157,6 +157,18 @@ def test_nan_gradient_abort_stops_with_a_clear_message(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("order", ["the crash exited first", "the peer exited first"])
+def test_the_launcher_reports_a_crash_not_the_lost_contact_it_caused(tmp_path, order):
+    from wansync.launch import error_file, first_cause
+    error_file(tmp_path, 0).parent.mkdir()
+    error_file(tmp_path, 0).write_text("rank 0 lost contact with a peer during step 4 (synchronization): "
+                                       "RuntimeError: Connection closed by peer\n")
+    error_file(tmp_path, 1).write_text("rank 1: non-finite gradient on rank 1 at step 3\n")
+    codes = [1, 1] if order == "the crash exited first" else [1, None]
+    assert first_cause(tmp_path, codes) == "rank 1: non-finite gradient on rank 1 at step 3"
+    assert first_cause(tmp_path, [1, None, None]).startswith("rank 1: ")      # rank 2 wrote nothing yet
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", NAN_SKIP)
 def test_nan_gradient_skip_continues_and_state_stays_finite(runs, name):

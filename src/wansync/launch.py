@@ -20,6 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from .config import Config
+from .worker import PEER_LOST
 
 ERR_DIR = "logs"
 
@@ -93,8 +94,7 @@ def _watch(procs: list[subprocess.Popen], run_dir: Path) -> tuple[int, str]:
         codes = [p.poll() for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
-            rank, code = failed[0]
-            message = describe_exit(run_dir, rank, code)
+            message = first_cause(run_dir, codes)
             stopped = [r for r, p in enumerate(procs) if _is_stopped(p.pid)]
             if stopped:
                 message += f" (rank {stopped[0]} is stopped: it hung)"
@@ -102,6 +102,15 @@ def _watch(procs: list[subprocess.Popen], run_dir: Path) -> tuple[int, str]:
         if all(c == 0 for c in codes):
             return 0, ""
         time.sleep(0.05)
+
+
+def first_cause(run_dir: Path, codes: list[int | None]) -> str:
+    """The failure to report: a crash rather than the lost contact it caused in its peers, even
+    when the peers exit first (the crashed rank writes its error file before its sockets close)."""
+    failed = [describe_exit(run_dir, r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+    running = [error_file(run_dir, r) for r, c in enumerate(codes) if c is None]
+    written = [f.read_text().strip() for f in running if f.is_file()]
+    return next((m for m in failed + [w.splitlines()[0] for w in written if w] if PEER_LOST not in m), failed[0])
 
 
 def _is_stopped(pid: int) -> bool:

@@ -28,6 +28,7 @@ def init_distributed(cfg: Config) -> None:
                             timeout=datetime.timedelta(seconds=cfg.peer_timeout))
 
 
+PEER_LOST = "lost contact with a peer"      # a consequence of another rank's failure, never its cause
 PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "timed out", "timeout",
                 "broken pipe", "connection refused", "socket closed", "end of file")
 
@@ -40,7 +41,7 @@ def one_line(exc: BaseException, rank: int) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)      # drop C++ source locations
     if isinstance(exc, (RuntimeError, dist.DistError)) and any(m in str(exc).lower() for m in PEER_MARKERS):
-        return (f"rank {rank} lost contact with a peer during {PHASE['now']}: "
+        return (f"rank {rank} {PEER_LOST} during {PHASE['now']}: "
                 f"{type(exc).__name__}: {text}")[:500]
     return f"rank {rank} failed during {PHASE['now']}: {type(exc).__name__}: {text}"[:500]
 
