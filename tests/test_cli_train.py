@@ -7,6 +7,7 @@ import time
 import pytest
 
 from cli_harness import TINY, no_process_left, wansync
+from wansync.cli import main
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -41,13 +42,18 @@ def test_train_writes_the_run_directory(tmp_path):
     (["--config", "/no/such.toml"], "config file not found: /no/such.toml"),
     (["--bogus-flag", "1"], "unrecognized arguments: --bogus-flag"),
 ])
-def test_bad_input_is_one_clear_line_and_nonzero(tmp_path, args, message):
+def test_bad_input_is_one_clear_line_and_nonzero(tmp_path, capsys, args, message):
+    """Through `main` in-process (the launcher rejects these before any worker exists); the same
+    from a real process: test_bad_config_file_key."""
     t0 = time.monotonic()
-    r = wansync("train", "--out", str(tmp_path / "run"), *args, timeout=60)
-    assert r.returncode != 0
-    assert message in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "Traceback" not in r.stderr
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--out", str(tmp_path / "run"), *args])
+    stderr = capsys.readouterr().err
+    assert int(e.value.code or 0) != 0
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert "Traceback" not in stderr
     assert time.monotonic() - t0 < 30
 
 

@@ -154,14 +154,16 @@ def several(rank: int, world: int, runs: list[tuple[str, dict[str, Any], int, di
 
 
 # ---- identities ----------------------------------------------------------------------------------
-def test_one_fragment_no_overlap_alpha_zero_is_diloco():
-    H, steps = 4, 14
-    runs = [("streaming", dict(sync_every=H, fragments=1, overlap=0, alpha=0.0), steps, {}),
-            ("direct_diloco", dict(sync_every=H), steps, {})]
+H_IDENTITY, STEPS_IDENTITY = 4, 14
+IDENTITY = [("streaming", dict(sync_every=H_IDENTITY, fragments=1, overlap=0, alpha=0.0), STEPS_IDENTITY, {}),
+            ("direct_diloco", dict(sync_every=H_IDENTITY), STEPS_IDENTITY, {})]
+if "diloco" in STRATEGIES:
+    IDENTITY.append(("diloco", dict(sync_every=H_IDENTITY, outer_lr=0.7, outer_momentum=0.9), STEPS_IDENTITY, {}))
+
+
+def test_one_fragment_no_overlap_alpha_zero_is_diloco(runs):
     has_diloco = "diloco" in STRATEGIES
-    if has_diloco:
-        runs.append(("diloco", dict(sync_every=H, outer_lr=0.7, outer_momentum=0.9), steps, {}))
-    for rank, res in enumerate(run_ranks(several, 2, runs)):
+    for rank, res in enumerate(runs["identity"]):
         streaming, direct = res[0], res[1]
         for t, (a, b) in enumerate(zip(streaming["params"], direct), start=1):
             assert torch.equal(a, b), f"rank {rank} step {t}"                     # same bits
@@ -174,7 +176,7 @@ def test_one_fragment_no_overlap_alpha_zero_is_diloco():
     assert has_diloco, "the registry's diloco is not registered yet (direct comparison passed)"
 
 
-# ---- overlap, offsets, several in flight, finish, checkpoints, codecs (one group for all) ----------
+# ---- overlap, offsets, several in flight, finish, checkpoints, codecs (one group for all, the identity too)
 CODECS = ("fp32", "bf16", "int8", "fp4")
 
 
@@ -203,8 +205,9 @@ def runs():
             ("streaming", CKPT, 14, dict(resume=True, start=7))]
     plan += [("streaming", dict(sync_every=4, fragments=2, overlap=1, codec=c), 9, {"finish": False}) for c in CODECS]
     plan.append(("streaming", dict(sync_every=4, fragments=2, overlap=1, alpha=0.0), 3, dict(tamper=nan_on_rank1, on_nonfinite="skip")))
-    results = run_ranks(several, 2, plan)
-    return {"nonfinite": [r[-1] for r in results],"overlap": [r[0] for r in results], "in_flight": [r[1] for r in results],
+    both = run_ranks(several, 2, IDENTITY + plan)
+    identity, results = [r[:len(IDENTITY)] for r in both], [r[len(IDENTITY):] for r in both]
+    return {"identity": identity, "nonfinite": [r[-1] for r in results],"overlap": [r[0] for r in results], "in_flight": [r[1] for r in results],
             "checkpointed": [r[2] for r in results], "resumed": [r[3] for r in results],
             "codecs": results[0][4:-1]}
 

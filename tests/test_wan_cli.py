@@ -1,14 +1,14 @@
 """`wansync train --wan ...` is checked in the launching process: one line, non-zero exit, no worker.
 
-All invocations start side by side (each fails in the launcher before any worker is spawned).
-A successful `--wan` run and its run files are covered in test_profiler.py.
+Each invocation runs the command line's `main` in-process, as test_bad_inputs.py does: it fails
+in the launcher before any worker is spawned. A successful `--wan` run and its run files are
+covered in test_profiler.py.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+
+from wansync.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,31 +22,13 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    root = tmp_path_factory.mktemp("wan")
-    procs = {}
-    for i, spec in enumerate(CASES):
-        cmd = [sys.executable, "-m", "wansync", "train", "--workers", "2", "--steps", "2",
-               "--wan", spec, "--out", str(root / f"run{i}")]
-        procs[spec] = (root / f"run{i}", subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                          text=True))
-    out = {}
-    try:
-        for spec, (run_dir, p) in procs.items():
-            stdout, stderr = p.communicate(timeout=100)
-            out[spec] = (p.returncode, stdout, stderr, run_dir)
-    finally:
-        for _, p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return out
-
-
 @pytest.mark.parametrize("spec", list(CASES))
-def test_bad_wan_is_one_line_and_nonzero(results, spec):
-    code, stdout, stderr, run_dir = results[spec]
+def test_bad_wan_is_one_line_and_nonzero(tmp_path, capsys, spec):
+    run_dir = tmp_path / "run"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--workers", "2", "--steps", "2", "--wan", spec, "--out", str(run_dir)])
+    code, stderr = int(e.value.code or 0), capsys.readouterr().err
     assert code != 0
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from .config import Config
+from .worker import PEER_LOST
 
 ERR_DIR = "logs"
 
@@ -88,11 +89,9 @@ def spawn(cfg: Config, run_dir: Path, resume: bool = False) -> tuple[int, str]:
         del store
 
 
-# How long the launcher waits, after the first worker fails, for the others to report. A worker
-# that fails for a reason of its own (a NaN, a crash) takes its peers down with it, and on a loaded
-# machine a peer's "lost contact" can reach the launcher first: the root cause must win.
-ROOT_CAUSE_GRACE_S = 3.0
-SECONDARY = "lost contact with a peer"
+# A peer's "lost contact" is a consequence; when it is all the launcher has seen so far, it waits
+# this long for the cause (a crashed rank may still be writing its error file on a loaded machine).
+ROOT_CAUSE_GRACE_S = 2.0
 
 
 def _watch(procs: list[subprocess.Popen], run_dir: Path) -> tuple[int, str]:
@@ -100,12 +99,11 @@ def _watch(procs: list[subprocess.Popen], run_dir: Path) -> tuple[int, str]:
         codes = [p.poll() for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
+            message = first_cause(run_dir, codes)
             deadline = time.monotonic() + ROOT_CAUSE_GRACE_S
-            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            while PEER_LOST in message and time.monotonic() < deadline:
                 time.sleep(0.05)
-            failed = [(r, c) for r, p in enumerate(procs) if (c := p.poll()) not in (None, 0)]
-            messages = [describe_exit(run_dir, r, c) for r, c in failed]
-            message = next((m for m in messages if SECONDARY not in m), messages[0])
+                message = first_cause(run_dir, [p.poll() for p in procs])
             stopped = [r for r, p in enumerate(procs) if _is_stopped(p.pid)]
             if stopped:
                 message += f" (rank {stopped[0]} is stopped: it hung)"
@@ -113,6 +111,15 @@ def _watch(procs: list[subprocess.Popen], run_dir: Path) -> tuple[int, str]:
         if all(c == 0 for c in codes):
             return 0, ""
         time.sleep(0.05)
+
+
+def first_cause(run_dir: Path, codes: list[int | None]) -> str:
+    """The failure to report: a crash rather than the lost contact it caused in its peers, even
+    when the peers exit first (the crashed rank writes its error file before its sockets close)."""
+    failed = [describe_exit(run_dir, r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+    running = [error_file(run_dir, r) for r, c in enumerate(codes) if c is None]
+    written = [f.read_text().strip() for f in running if f.is_file()]
+    return next((m for m in failed + [w.splitlines()[0] for w in written if w] if PEER_LOST not in m), failed[0])
 
 
 def _is_stopped(pid: int) -> bool:

@@ -30,6 +30,7 @@ def init_distributed(cfg: Config) -> None:
                             timeout=datetime.timedelta(seconds=cfg.peer_timeout))
 
 
+PEER_LOST = "lost contact with a peer"      # a consequence of another rank's failure, never its cause
 PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "timed out", "timeout",
                 "broken pipe", "connection refused", "socket closed", "end of file")
 
@@ -41,7 +42,7 @@ def one_line(exc: BaseException, rank: int, phase: Phase) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)      # drop C++ source locations
     if isinstance(exc, (RuntimeError, dist.DistError)) and any(m in str(exc).lower() for m in PEER_MARKERS):
-        return (f"rank {rank} lost contact with a peer during {phase.now}: "
+        return (f"rank {rank} {PEER_LOST} during {phase.now}: "
                 f"{type(exc).__name__}: {text}")[:500]
     return f"rank {rank} failed during {phase.now}: {type(exc).__name__}: {text}"[:500]
 
