@@ -24,13 +24,15 @@ def wrap_ddp(model: nn.Module, group: Any, broadcast_buffers: bool = True) -> Di
     tables) are excluded from DDP's per-forward buffer broadcast: they are constants derived from
     the shape, identical on every rank, and broadcasting them would cost one network latency per
     step for nothing. Real state (BatchNorm statistics) is still broadcast from rank 0 before every
-    forward. Without it, no buffer is broadcast after construction."""
-    if broadcast_buffers:
-        persistent = set(model.state_dict(keep_vars=True).keys())
-        constants = [name for name, _ in model.named_buffers() if name not in persistent]
-        if constants:
-            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, constants)
-    return DistributedDataParallel(model, process_group=group, broadcast_buffers=broadcast_buffers)
+    forward. Without it, no buffer is broadcast after construction (the argument is passed only
+    then: recent torch warns on any use of it)."""
+    if not broadcast_buffers:
+        return DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
+    persistent = set(model.state_dict(keep_vars=True).keys())
+    constants = [name for name, _ in model.named_buffers() if name not in persistent]
+    if constants:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, constants)
+    return DistributedDataParallel(model, process_group=group)
 
 
 class GradientSync:
