@@ -25,3 +25,8 @@ def check(ok: bool, message: str) -> None:
     """Validation of a value a user gave: a one-line ConfigError when `ok` is false."""
     if not ok:
         raise ConfigError(message)
+
+
+# How a worker words a failure that is the consequence of another rank's, never its cause: the
+# launcher reports the cause instead when it has one.
+PEER_LOST = "lost contact with a peer"

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from .config import Config
-from .worker import PEER_LOST
+from .errors import PEER_LOST
 
 ERR_DIR = "logs"
 

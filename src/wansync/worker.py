@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from . import net
 from .config import Config, from_sections
-from .errors import WansyncError
+from .errors import PEER_LOST, WansyncError
 from .train import Phase, train_worker
 
 
@@ -30,7 +30,6 @@ def init_distributed(cfg: Config) -> None:
                             timeout=datetime.timedelta(seconds=cfg.peer_timeout))
 
 
-PEER_LOST = "lost contact with a peer"      # a consequence of another rank's failure, never its cause
 PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "timed out", "timeout",
                 "broken pipe", "connection refused", "socket closed", "end of file")
 

@@ -9,6 +9,7 @@ The bytes are booked on the ledger as `grads` after the step whose backward all-
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from torch import nn
@@ -27,7 +28,9 @@ def wrap_ddp(model: nn.Module, group: Any, broadcast_buffers: bool = True) -> Di
     forward. Without it, no buffer is broadcast after construction (the argument is passed only
     then: recent torch warns on any use of it)."""
     if not broadcast_buffers:
-        return DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
+        with warnings.catch_warnings():      # its replacement would sync buffers at init: keep it
+            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+            return DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
     persistent = set(model.state_dict(keep_vars=True).keys())
     constants = [name for name, _ in model.named_buffers() if name not in persistent]
     if constants:
