@@ -12,11 +12,22 @@ from wansync.cli import main
 pytestmark = pytest.mark.timeout(180)
 
 
-def test_train_writes_the_run_directory(tmp_path):
-    out = tmp_path / "run"
-    r = wansync("train", "--strategy", "local_sgd", "--workers", "2", "--steps", "12", "--sync-every", "4",
-                "--eval-every", "6", "--out", str(out), *TINY)
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One real run, given by a config file (strategy, steps, sync_every 3) and flags (sync_every 4
+    overrides the file), read by the two tests below."""
+    root = tmp_path_factory.mktemp("train")
+    cfg = root / "c.toml"
+    cfg.write_text("[run]\nstrategy = 'local_sgd'\nsteps = 12\n[strategy]\nsync_every = 3\n")
+    out = root / "run"
+    r = wansync("train", "--config", str(cfg), "--sync-every", "4", "--workers", "2", "--eval-every", "6",
+                "--out", str(out), *TINY)
     assert r.returncode == 0, r.stderr
+    return out, r
+
+
+def test_train_writes_the_run_directory(trained):
+    out, r = trained
     summary = json.loads((out / "summary.json").read_text())
     for key in ("final_val_loss", "best_val_loss", "steps", "wall_clock_s", "strategy", "workers"):
         assert key in summary
@@ -29,6 +40,13 @@ def test_train_writes_the_run_directory(tmp_path):
     config = (out / "config.toml").read_text()
     assert "sync_every = 4" in config and 'strategy = "local_sgd"' in config
     assert "val_ppl" in r.stdout
+
+
+def test_config_file_then_flags_override(trained):
+    out, _ = trained
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["options"]["sync_every"] == 4 and summary["steps"] == 12       # flag over file; file
+    assert summary["strategy"] == "local_sgd"                                       # file only
 
 
 @pytest.mark.parametrize("args, message", [
@@ -63,17 +81,6 @@ def test_bad_config_file_key(tmp_path):
     r = wansync("train", "--config", str(cfg), "--out", str(tmp_path / "run"))
     assert r.returncode != 0 and "unknown config key 'sync_evry'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-
-
-def test_config_file_then_flags_override(tmp_path):
-    cfg = tmp_path / "c.toml"
-    cfg.write_text("[run]\nstrategy = 'local_sgd'\nsteps = 4\n[strategy]\nsync_every = 3\n")
-    out = tmp_path / "run"
-    r = wansync("train", "--config", str(cfg), "--sync-every", "2", "--workers", "2", "--out", str(out),
-                "--eval-every", "4", *TINY)
-    assert r.returncode == 0, r.stderr
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["options"]["sync_every"] == 2 and summary["steps"] == 4
 
 
 @pytest.mark.parametrize("action, expect", [("kill", "rank 1 was killed by SIGKILL"),

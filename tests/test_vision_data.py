@@ -1,4 +1,5 @@
 """Vision data: loaders, augmentation, sharding, exact resume, evaluation, errors."""
+import gc
 import gzip
 import pickle
 from pathlib import Path
@@ -277,6 +278,10 @@ def test_evaluate_unwraps_ddp(tmp_path):
         assert wl.evaluate(ddp) == wl.evaluate(wl.model)
         wl.loss(ddp, wl.next_batch()).backward()
     finally:
+        # DDP must go while the group still holds its gloo threads: if DDP held the last reference,
+        # freeing it would join those threads under the GIL, which one of them may be waiting for
+        ddp = None
+        gc.collect()
         dist.destroy_process_group()
 
 
