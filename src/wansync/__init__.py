@@ -20,14 +20,14 @@ _local_store: Any = None
 def init(backend: str = "gloo", wan: str | None = None, seed: int = 0) -> None:
     """Initialize torch.distributed: from a torchrun environment when there is one, else a
     one-process group on loopback. `wan` runs the group under the emulated link."""
-    import os
     import torch.distributed as dist
     if dist.is_initialized():
         return
     if wan:
         from .net import install, parse_wan
         backend = install(parse_wan(wan), seed=seed)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    from .launch import torchrun_env
+    if torchrun_env() is not None:              # a partial or malformed one is refused in one line
         dist.init_process_group(backend, init_method="env://")
         return
     global _local_store

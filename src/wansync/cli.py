@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from . import __version__
 from .config import Config, base_type, build_config, load_toml, replace
 from .errors import ConfigError, WansyncError
+from .interrupts import Terminated, exit_now, exit_status, sigterm_raises
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,10 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .launch import torchrun_env
     from .run import resume_config, train
     if args.resume:
         overrides = {f.name: getattr(args, f.name) for f in fields(Config) if getattr(args, f.name, None) is not None}
-        summary = train(resume_config(args.resume, overrides), resume=True)
+        cfg = resume_config(args.resume, overrides)
+        torchrun_env(cfg.workers)
+        summary = train(cfg, resume=True)
         return 0 if summary is not None else 1
     if args.preset:
         from .presets import get
@@ -110,6 +114,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg, _ = _layered_config(args, {**preset.values, "strategy": preset.strategies[-1]})
     else:
         cfg = config_from_args(args)
+    torchrun_env(cfg.workers if args.workers is not None else None)   # refuses a stale or contradicting one
     summary = train(cfg)
     return 0 if summary is not None else 1
 
@@ -132,6 +137,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if preset:
         lowest.update(preset.values)
     cfg, flags = _layered_config(args, lowest)
+    from .launch import torchrun_env
+    torchrun_env(cfg.workers if "workers" in flags else None)
     grid = X.parse_grid(args.grid)
     cells = _preset_cells(args, preset, grid, flags)
     if cells is not None:
@@ -306,12 +313,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        code = {"train": cmd_train, "demo": cmd_demo, "compare": cmd_experiment, "sweep": cmd_experiment,
-                "report": cmd_report}[args.command](args)
+        with sigterm_raises():
+            code = {"train": cmd_train, "demo": cmd_demo, "compare": cmd_experiment, "sweep": cmd_experiment,
+                    "report": cmd_report}[args.command](args)
     except WansyncError as e:
         print(f"wansync: error: {e}", file=sys.stderr)
         code = 1
-    except KeyboardInterrupt:
-        print("wansync: interrupted", file=sys.stderr)
-        code = 130
+    except (KeyboardInterrupt, Terminated) as e:      # the workers are ended and reaped by now
+        print("wansync: interrupted" if isinstance(e, KeyboardInterrupt) else f"wansync: terminated ({e})",
+              file=sys.stderr)
+        exit_now(exit_status(e))
     sys.exit(code)

@@ -19,3 +19,7 @@ class PeerError(WansyncError):
 
 class NonFiniteError(WansyncError):
     """A NaN or Inf reached a loss, gradient or pseudo-gradient under --on-nonfinite abort."""
+
+
+class StorageError(WansyncError):
+    """The run directory cannot be written (a full disk, a missing permission)."""

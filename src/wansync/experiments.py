@@ -304,5 +304,8 @@ def execute(specs: Sequence[RunSpec], *, force: bool = False, parallel: int = 1,
 
     if parallel == 1:
         return [one(x) for x in enumerate(specs)]
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
+    pool = ThreadPoolExecutor(max_workers=parallel)
+    try:
         return list(pool.map(one, enumerate(specs)))
+    finally:            # on a signal, do not wait for the runs in flight (their workers die with us)
+        pool.shutdown(wait=False, cancel_futures=True)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from .config import Config
 from .errors import WansyncError
+from .interrupts import Terminated, become_launched_worker, exit_status
 
 
 def init_distributed(cfg: Config) -> None:
@@ -56,15 +57,19 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         train_worker(cfg, run_dir, dist.get_rank(), dist.get_world_size(), resume=resume)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line
-        if isinstance(exc, KeyboardInterrupt):
-            return 130
+        if isinstance(exc, (KeyboardInterrupt, Terminated)):
+            if not launched:
+                raise                           # under torchrun the CLI says it in one line
+            return exit_status(exc)
         msg = one_line(exc, rank)
-        try:
-            (log_dir / f"rank{rank}.log").write_text(traceback.format_exc())
+        told_launcher = False
+        try:                                    # the one line first: on a full disk the traceback may not fit
             (log_dir / f"rank{rank}.err").write_text(msg + "\n")
+            told_launcher = launched
+            (log_dir / f"rank{rank}.log").write_text(traceback.format_exc())
         except OSError:
             pass
-        if not launched:
+        if not told_launcher:
             print(f"wansync: error: {msg}", file=sys.stderr)
         return 1
     finally:
@@ -76,6 +81,7 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
 
 
 def main() -> None:
+    become_launched_worker()
     from .config import from_sections
     import tomllib
     run_dir = Path(os.environ["WANSYNC_RUN_DIR"])
