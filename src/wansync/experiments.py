@@ -30,6 +30,7 @@ from . import run
 from . import strategies as registry
 from .config import Config, coerce, key_names, replace, to_sections
 from .errors import ConfigError, WansyncError
+from .launch import torchrun_env
 from .optim import peak_lr
 from .presets import Preset, check_available, layered_config, preset_cells
 from .report import report
@@ -145,6 +146,7 @@ def plan_command(command: str, preset: Preset | None, config_file: str | None, f
     if preset:
         lowest.update(preset.values)
     cfg = layered_config(lowest, config_file, flags)
+    torchrun_env(cfg.workers if "workers" in flags else None)      # refuses a stale or contradicting one
     grid = parse_grid(grid_items)
     wanted = split_values(strategies_text) if strategies_text else None
     cells = preset_cells(preset, grid, flags, wanted)
@@ -327,8 +329,11 @@ def execute(specs: Sequence[RunSpec], *, force: bool = False, parallel: int = 1,
 
     if parallel == 1:
         return [one(x) for x in enumerate(specs)]
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
+    pool = ThreadPoolExecutor(max_workers=parallel)
+    try:
         return list(pool.map(one, enumerate(specs)))
+    finally:            # on a signal, do not wait for the runs in flight (their workers die with us)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 # ---------------------------------------------------------------- the commands' output

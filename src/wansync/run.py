@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tomllib
 from pathlib import Path
@@ -87,10 +86,11 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
 def train(cfg: Config, resume: bool = False) -> dict[str, Any] | None:
     """Train with cfg; returns rank 0's summary (None on a non-zero rank under torchrun).
     `resume` continues from the run directory's latest checkpoint."""
-    if launch.under_torchrun():
-        rank = int(os.environ["RANK"])
-        run_dir = Path(cfg.out)
+    adopted = launch.torchrun_env()
+    if adopted is not None:
+        cfg, rank, run_dir = replace(cfg, workers=adopted.world_size), adopted.rank, Path(cfg.out)
         if rank == 0:
+            print(f"wansync: under torchrun: {adopted.describe()}")
             run_dir, _ = prepare(cfg)
         if worker.run(cfg, run_dir, resume=resume) != 0:
             raise WansyncError((run_dir / "logs" / f"rank{rank}.err").read_text().strip())

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from . import checkpoint, strategies
 from .config import Config
 from .errors import NonFiniteError
-from .faults import Fault
+from .faults import Faults
 from .net import emulator_of
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
 from .telemetry.metrics import MetricsWriter
@@ -79,7 +79,7 @@ class Trainer:
         self.progress = Progress(cfg.steps, every=cfg.log_every, quiet=cfg.quiet, enabled=rank == 0,
                                  prefix=f"[{cfg.strategy}] ")
         self.evals: list[dict[str, Any]] = []
-        self.fault = Fault.from_env()
+        self.fault = Faults.from_env()
         if resumed is not None:
             self.restore_run_state(resumed)
 
@@ -153,9 +153,11 @@ class Trainer:
                  "skipped": self.skipped, "comm": self.sync.comm.snapshot(),
                  "profile": dict(self.profiler.totals)}
         checkpoint.save_rank(self.run_dir, step, self.rank, state)
-        dist.barrier()                                   # every rank's file is in place
+        dist.barrier()                                   # every rank's file is durable: the checkpoint is complete
+        if self.fault is not None:
+            self.fault.after_checkpoint(self.rank, step)
         if self.rank == 0:
-            checkpoint.publish(self.run_dir, step)
+            checkpoint.prune(self.run_dir, step)
         self.profiler.lap("checkpoint")
 
     def load_checkpoint(self) -> dict[str, Any]:
