@@ -1,7 +1,8 @@
 """Checkpoints that resume bit-exactly and survive the crash they exist for.
 
 Layout: RUN_DIR/checkpoints/step00000040/rank{R}.pt, one file per rank per step, each with a
-rank{R}.json beside it (SHA-256, size, world size). A rank writes its .pt to a temporary name,
+rank{R}.json beside it (SHA-256, size, world size, and the resolved configuration of what the
+run computes: a resume under a different one is refused). A rank writes its .pt to a temporary name,
 fsyncs it, renames it into place, does the same for its .json and fsyncs the directory, all
 before the barrier that ends the save: once any rank goes on, every rank's file is on disk. A
 checkpoint is complete when every rank's pair is in place; resume takes the newest complete one
@@ -62,15 +63,18 @@ def meta_path(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
-def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> Path:
-    """Write this rank's state for `step`, durably, with its checksum. A failure (a full disk)
-    leaves nothing of this rank's file behind and raises StorageError."""
+def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any],
+              config: dict[str, Any] | None = None) -> Path:
+    """Write this rank's state for `step`, durably, with its checksum and `config` (what the run
+    computes, checked on resume). A failure (a full disk) leaves nothing of this rank's file
+    behind and raises StorageError."""
     d = ckpt_root(run_dir) / f"step{step:08d}"
     path = d / f"rank{rank}.pt"
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()
-    meta = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "world_size": state["world_size"]}
+    meta = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "world_size": state["world_size"],
+            "config": config}
     try:
         d.mkdir(parents=True, exist_ok=True)
         fsync_dir(d.parent)
@@ -130,6 +134,17 @@ def latest_step_dir(run_dir: Path) -> Path:
             return d
     raise DataError(f"cannot resume: no complete checkpoint in {ckpt_root(run_dir)} "
                     f"(a rank's file or checksum is missing from each of {', '.join(d.name for d in dirs)})")
+
+
+def recorded_config(step_dir: Path) -> dict[str, Any]:
+    """The configuration the checkpoint in `step_dir` was written under (rank 0's record)."""
+    try:
+        config = json.loads((Path(step_dir) / "rank0.json").read_text()).get("config")
+    except (OSError, ValueError, AttributeError):
+        config = None
+    if not isinstance(config, dict):
+        raise DataError(f"cannot resume: {step_dir} does not record the configuration it was written under")
+    return config
 
 
 def load_rank(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:

@@ -7,8 +7,8 @@ from dataclasses import fields
 from typing import Any, Sequence
 
 from . import __version__
-from .config import Config, base_type, build_config
-from .errors import WansyncError
+from .config import Config, base_type, build_config, check_combinations
+from .errors import ConfigError, WansyncError
 from .interrupts import Terminated, exit_now, exit_status, sigterm_raises
 from .presets import PRESETS, get, layered_config
 
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--strategy): " + ", ".join(PRESETS))
     t.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint "
                    "(--steps stays the total budget; only run-control flags may change)")
+    t.add_argument("--force", action="store_true", help="replace an earlier run in --out (it is kept otherwise)")
     c = sub.add_parser("compare", help="run several strategies side by side (x seeds), then write the report")
     _add_experiment_flags(c, "experiment")
     add_config_flags(c)
@@ -100,6 +101,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .launch import torchrun_env
     from .run import resume_config, train
     if args.resume:
+        given = [flag for flag, value in (("--preset", args.preset), ("--config", args.config),
+                                          ("--force", args.force)) if value]
+        if given:
+            raise ConfigError(f"{given[0]} cannot be used with --resume: a resumed run keeps the config it "
+                              f"was started with (only run-control flags may change)")
         cfg = resume_config(args.resume, config_flags(args))
         torchrun_env(cfg.workers)
         summary = train(cfg, resume=True)
@@ -109,8 +115,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = layered_config({**preset.values, "strategy": preset.strategies[-1]}, args.config, config_flags(args))
     else:
         cfg = config_from_args(args)
+    check_combinations(cfg, config_flags(args))
     torchrun_env(cfg.workers if args.workers is not None else None)   # refuses a stale or contradicting one
-    summary = train(cfg)
+    summary = train(cfg, force=args.force)
     return 0 if summary is not None else 1
 
 

@@ -113,8 +113,9 @@ def _terminate(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
             p.wait()
 
 
-def spawn(cfg: Config, run_dir: Path, resume: bool = False) -> tuple[int, str]:
+def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tuple[int, str]:
     """Run cfg.workers worker processes; returns (exit status, message of the first failure).
+    `config` (the resolved config as TOML) reaches the workers in their environment.
     KeyboardInterrupt and Terminated pass through, after every worker is ended and reaped."""
     run_dir = Path(run_dir)
     (run_dir / ERR_DIR).mkdir(parents=True, exist_ok=True)
@@ -135,7 +136,7 @@ def spawn(cfg: Config, run_dir: Path, resume: bool = False) -> tuple[int, str]:
                        LOCAL_WORLD_SIZE=str(cfg.workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=_loopback_ifname(),
                        OMP_NUM_THREADS=str(threads), WANSYNC_RUN_DIR=str(run_dir), WANSYNC_LAUNCHED="1",
-                       WANSYNC_RESUME="1" if resume else "0", **{LAUNCHER_PID_ENV: str(os.getpid())})
+                       WANSYNC_RESUME="1" if resume else "0", WANSYNC_CONFIG=config, **{LAUNCHER_PID_ENV: str(os.getpid())})
             with sigint_blocked():              # the worker starts with SIGINT blocked, then ignores it
                 procs.append(subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env))
         return _watch(procs, run_dir)

@@ -26,7 +26,7 @@ def init_distributed(cfg: Config) -> None:
     """The process group from the torchrun-style environment, under the emulator if asked."""
     backend, emulator = cfg.backend, None
     if cfg.topology is not None:
-        backend, emulator = net.install(), net.Emulator(cfg.topology, seed=cfg.seed)
+        backend, emulator = net.install(), net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
     dist.init_process_group(backend=backend, init_method="env://", pg_options=emulator,
                             timeout=datetime.timedelta(seconds=cfg.peer_timeout))
 
@@ -84,7 +84,7 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
 def main() -> None:
     become_launched_worker()
     run_dir = Path(os.environ["WANSYNC_RUN_DIR"])
-    cfg = from_sections(tomllib.loads((run_dir / "config.toml").read_text()))
+    cfg = from_sections(tomllib.loads(os.environ["WANSYNC_CONFIG"]))      # from the launcher, not a file
     code = run(cfg, run_dir, resume=os.environ.get("WANSYNC_RESUME") == "1")
     sys.stdout.flush()
     sys.stderr.flush()
