@@ -150,8 +150,8 @@ CASES: list[tuple[str, Setup, str]] = [
     ("--resume a foreign directory", foreign_dir, "is not a wansync run directory"),
     ("--resume a run without checkpoints", finished_run(lambda run: __import__("shutil").rmtree(run / "checkpoints")),
      "no checkpoint in"),
-    ("--resume a corrupted checkpoint", finished_run(corrupt), "is corrupted or truncated"),
-    ("--resume a truncated checkpoint", finished_run(truncate), "is corrupted or truncated"),
+    ("--resume a corrupted checkpoint", finished_run(corrupt, "--steps", "4"), "is corrupted or truncated"),
+    ("--resume a truncated checkpoint", finished_run(truncate, "--steps", "4"), "is corrupted or truncated"),
     ("--resume with --lr 1", finished_run(None, "--lr", "1"), "cannot change lr when resuming"),
     ("--resume with --steps below the checkpoint", finished_run(None, "--steps", "1"),
      "is below the checkpoint's step 2"),
@@ -163,6 +163,112 @@ CASES: list[tuple[str, Setup, str]] = [
     ("an image folder without a val/ split", data_dir("imagefolder_no_val"), "has no val/ (or test/) split"),
     ("an image folder with a corrupt image", data_dir("imagefolder_corrupt"), "cannot read image"),
 ]
+def out_under_a_file(tmp: Path) -> list[str]:
+    (tmp / "file.txt").write_text("x")
+    return ["train", "--out", str(tmp / "file.txt" / "run")]
+
+
+def out_is_a_file(tmp: Path) -> list[str]:
+    (tmp / "file.txt").write_text("x")
+    return ["train", "--out", str(tmp / "file.txt")]
+
+
+def out_foreign(tmp: Path) -> list[str]:
+    (tmp / "work" / "checkpoints").mkdir(parents=True)
+    (tmp / "work" / "checkpoints" / "my_model.pt").write_bytes(b"theirs")
+    return ["train", "--out", str(tmp / "work")]
+
+
+def corpus(content: bytes, folder: bool = False) -> Setup:
+    def make(tmp: Path) -> list[str]:
+        path = tmp / "corpus" / "a.txt" if folder else tmp / "corpus.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+        return ["train", "--out", str(tmp / "run"), "--data", str(path.parent if folder else path)]
+    return make
+
+
+def report_on(kind: str) -> Setup:
+    def make(tmp: Path) -> list[str]:
+        target = tmp / "target"
+        if kind == "file":
+            target.write_text("not a directory")
+        elif kind in ("empty", "foreign"):
+            target.mkdir()
+            if kind == "foreign":
+                (target / "notes.txt").write_text("hello")
+                (target / "data.json").write_text("[1, 2, 3]")
+        elif kind == "damaged":
+            target.mkdir()
+            (target / "config.toml").write_bytes(b"\xff\xfe not toml")
+            (target / "metrics.jsonl").write_bytes(b'{"type": "eval", "step": "x"}\n[1, 2]\n\xff\xfe\n{torn')
+            return ["report", str(target), "--no-plots"]
+        return ["report", str(target if kind != "proc" else "/proc"), "--no-plots"]
+    return make
+
+
+def edited_config(old: str, new: str) -> Callable[[Path], None]:
+    def mutate(run: Path) -> None:
+        text = (run / "config.toml").read_text()
+        assert old in text
+        (run / "config.toml").write_text(text.replace(old, new))
+    return mutate
+
+
+BIG = str(2**70)
+CASES += [
+    # item 9: output paths the operating system refuses
+    ("--out on a pseudo file system (/proc)", lambda tmp: ["train", "--out", "/proc/wansync-run"],
+     "cannot create run directory /proc/wansync-run"),
+    ("--out on sysfs", lambda tmp: ["train", "--out", "/sys/kernel/wansync-run"], "cannot create run directory"),
+    ("--out an over-long name", lambda tmp: ["train", "--out", str(tmp / ("a" * 300))], "file name too long"),
+    ("--out below a regular file", out_under_a_file, "cannot create run directory"),
+    ("--out an existing file", out_is_a_file, "exists and is not a directory"),
+    ("--out /proc (a non-empty system directory)", lambda tmp: ["train", "--out", "/proc"],
+     "not empty and not a wansync run"),
+    ("--out a folder holding someone's checkpoints/", out_foreign, "not empty and not a wansync run"),
+    ("--out an existing run without --force", lambda tmp: ["train", "--out", finished_run(None)(tmp)[2]],
+     "already holds a wansync run"),
+    # an empty --data value; binary corpora
+    ("--data ''", flags("--data", ""), "data must name a dataset"),
+    ("--data '   '", flags("--data", "   "), "data must name a dataset"),
+    ("a binary corpus file", corpus(b"\x7fELF\x00\x01\x02" * 100), "is binary"),
+    ("a corpus folder with a binary .txt", corpus(b"PK\x03\x04\x00\x00" * 50, folder=True), "is binary"),
+    # report on things it did not write
+    ("report on a file", report_on("file"), "is not a directory"),
+    ("report on an empty directory", report_on("empty"), "no runs found"),
+    ("report on a foreign directory", report_on("foreign"), "no runs found"),
+    ("report on /proc (racy: either it cannot read it or finds no runs)", report_on("proc"), "/proc"),
+    # combinations that make no sense
+    ("--warmup-steps 50 --steps 10", flags("--warmup-steps", "50", "--steps", "10"),
+     "warmup_steps (50) must not exceed steps (10)"),
+    ("--wan two-site --workers 1", flags("--wan", "two-site", "--workers", "1"), "has 2 sites but the run has 1 workers"),
+    ("--wan ...,sites=3 --workers 2", flags("--wan", "rtt=10ms,bw=1gbit,sites=3", "--workers", "2"), "has 3 sites"),
+    # integers too large for the C++ side; floats that are not finite
+    ("--seed 2**70", flags("--seed", BIG), "seed is too large"),
+    ("--threads 2**40", flags("--threads", str(2**40)), "threads is too large"),
+    ("--batch-size 2**40", flags("--batch-size", str(2**40)), "batch_size is too large"),
+    ("--workers 2**33", flags("--workers", str(2**33)), "workers is too large"),
+    ("--steps 2**70", flags("--steps", BIG), "steps is too large"),
+    ("--sync-every 2**70", flags("--strategy", "local_sgd", "--sync-every", BIG), "sync_every is too large"),
+    ("--weight-decay inf", flags("--weight-decay", "inf"), "weight_decay must be a finite number"),
+    ("--grad-clip inf", flags("--grad-clip", "inf"), "grad_clip must be a finite number"),
+    ("--width inf", flags("--width", "inf"), "width must be a finite number"),
+    ("--peer-timeout inf", flags("--peer-timeout", "inf"), "peer_timeout must be a finite number"),
+    # resume: what it would ignore, a finished run, a hand-edited config
+    ("--resume with --config", finished_run(None, "--config", "/dev/null", "--steps", "4"), "--config cannot be used"),
+    ("--resume with --preset", finished_run(None, "--preset", "cpdp-wan"), "--preset cannot be used"),
+    ("--resume with --force", finished_run(None, "--force"), "--force cannot be used"),
+    ("--resume with another --out", finished_run(None, "--out", "/tmp/elsewhere", "--steps", "4"),
+     "--out cannot be given with --resume"),
+    ("--resume a finished run", finished_run(None), "already finished all 2 steps"),
+    ("--resume after config.toml was edited (lr)", finished_run(edited_config("lr = 0.003", "lr = 0.1"), "--steps", "4"),
+     "(changed: lr)"),
+    ("--resume after config.toml was edited (strategy)",
+     finished_run(edited_config('strategy = "local_sgd"', 'strategy = "ddp"'), "--steps", "4"), "changed: "),
+]
+
+
 if "slowmo" in STRATEGIES:
     CASES.append(("--strategy slowmo --slowmo-beta 1.0", flags("--strategy", "slowmo", "--slowmo-beta", "1.0"),
                   "slowmo_beta"))
@@ -179,6 +285,11 @@ def run_case(setup: Setup, tmp: Path, capsys) -> tuple[int, str]:
     with pytest.raises(SystemExit) as e:
         main(argv)
     return int(e.value.code or 0), capsys.readouterr().err
+
+
+def test_report_reads_past_damaged_config_and_metrics_lines(tmp_path, capsys):
+    code, err = run_case(report_on("damaged"), tmp_path, capsys)
+    assert code == 0 and err == ""                  # the run is listed as incomplete, nothing raised
 
 
 @pytest.mark.timeout(120)

@@ -21,6 +21,7 @@ import torch
 
 from cli_harness import TINY, no_process_left, wansync
 from trainer_harness import lay_out, run_legs
+from wansync import checkpoint
 from wansync.localgroup import run_ranks
 from wansync.strategies import STRATEGIES, option_names
 
@@ -95,7 +96,7 @@ def runs(tmp_path_factory) -> dict:
     first += [{"run_dir": str(dirs[n]["broken"]), "stop_at": STOP_AT} for n in sorted(STRATEGIES)]
     first += [{"run_dir": str(dirs["nan_" + n]), "fault": NAN_FAULT} for n in NAN_SKIP]
     stopped = run_ranks(run_legs, 2, first, timeout=600)
-    on_disk = {n: {"latest": (dirs[n]["broken"] / "checkpoints" / "latest").read_text().strip(),
+    on_disk = {n: {"newest": checkpoint.latest_step_dir(dirs[n]["broken"]).name,
                    "summary": (dirs[n]["broken"] / "summary.json").exists(),
                    "last_step": json.loads((dirs[n]["broken"] / "metrics.jsonl").read_text().splitlines()[-1])["step"],
                    "stopped": [r[len(STRATEGIES) + i] for r in stopped]}
@@ -110,7 +111,7 @@ def runs(tmp_path_factory) -> dict:
 def test_resume_is_bit_exact(runs, name):
     stopped = runs["stopped"][name]
     assert stopped["stopped"] == [{"stopped": f"injected failure at step {STOP_AT}"}] * 2
-    assert stopped["latest"] == f"step{N:08d}" and not stopped["summary"]
+    assert stopped["newest"] == f"step{N:08d}" and not stopped["summary"]
     assert stopped["last_step"] > N                       # records the resume must drop and redo
     assert_resumed_run_equals_whole_run(name, runs["dirs"][name]["whole"], runs["dirs"][name]["broken"])
 

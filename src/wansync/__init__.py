@@ -19,7 +19,6 @@ def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
     """Initialize torch.distributed: from a torchrun environment when there is one, else a
     one-process group on loopback. `wan` (a ``--wan`` string or a :class:`wansync.net.Topology`)
     runs the group under the emulated link, with jitter drawn from `seed`."""
-    import os
     import torch.distributed as dist
     if dist.is_initialized():
         return
@@ -28,7 +27,8 @@ def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
         from . import net
         topology = net.parse_wan(wan) if isinstance(wan, str) else wan
         backend, emulator = net.install(), net.Emulator(topology, seed=seed)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    from .launch import torchrun_env
+    if torchrun_env() is not None:              # a partial or malformed one is refused in one line
         dist.init_process_group(backend, init_method="env://", pg_options=emulator)
         return
     from .localgroup import LoopbackStore

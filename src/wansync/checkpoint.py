@@ -1,13 +1,22 @@
-"""Checkpoints that resume bit-exactly: one file per rank per step, written atomically.
+"""Checkpoints that resume bit-exactly and survive the crash they exist for.
 
-Layout: RUN_DIR/checkpoints/step00000040/rank{R}.pt plus RUN_DIR/checkpoints/latest, a
-pointer rank 0 rewrites (temporary file + rename) only after every rank has renamed its own
-file into place, so `latest` never names a half-written checkpoint. The two newest steps are
-kept. Files hold only tensors, numbers, strings, lists and dicts and load with
+Layout: RUN_DIR/checkpoints/step00000040/rank{R}.pt, one file per rank per step, each with a
+rank{R}.json beside it (SHA-256, size, world size, and the resolved configuration of what the
+run computes: a resume under a different one is refused). A rank writes its .pt to a temporary name,
+fsyncs it, renames it into place, does the same for its .json and fsyncs the directory, all
+before the barrier that ends the save: once any rank goes on, every rank's file is on disk. A
+checkpoint is complete when every rank's pair is in place; resume takes the newest complete one
+and checks each file against its checksum, so a crash of any rank at any moment costs at most
+the checkpoint being written. After the barrier rank 0 prunes: the two newest complete steps
+are kept; older ones, incomplete leftovers and temporary files of writers that died go. Files
+hold only tensors, numbers, strings, lists and dicts and load with
 `torch.load(weights_only=True)`: nothing is unpickled.
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 import shutil
 from pathlib import Path
@@ -15,68 +24,144 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError, DataError
+from .errors import ConfigError, DataError, StorageError
 
 KEEP = 2
+TMP = ".tmp"
 
 
 def ckpt_root(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory `path` (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write `data` to `path` through a temporary file: fsynced, renamed, the directory fsynced.
+    On failure (a full disk) the temporary file is removed and the error raised."""
+    tmp = path.with_name(path.name + f"{TMP}{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
-def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> Path:
-    """Write this rank's state for `step` (atomic rename)."""
+def meta_path(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any],
+              config: dict[str, Any] | None = None) -> Path:
+    """Write this rank's state for `step`, durably, with its checksum and `config` (what the run
+    computes, checked on resume). A failure (a full disk) leaves nothing of this rank's file
+    behind and raises StorageError."""
     d = ckpt_root(run_dir) / f"step{step:08d}"
-    d.mkdir(parents=True, exist_ok=True)
     path = d / f"rank{rank}.pt"
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    meta = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "world_size": state["world_size"],
+            "config": config}
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fsync_dir(d.parent)
+        atomic_write_bytes(path, data)
+        atomic_write_bytes(meta_path(path), json.dumps(meta).encode())
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        meta_path(path).unlink(missing_ok=True)
+        raise StorageError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
     return path
 
 
-def publish(run_dir: Path, step: int) -> None:
-    """Rank 0, after every rank saved: point `latest` at `step` and prune old steps."""
+def step_dirs(run_dir: Path) -> list[Path]:
+    """Every step directory, oldest first."""
     root = ckpt_root(run_dir)
-    atomic_write_bytes(root / "latest", f"step{step:08d}\n".encode())
-    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step"))
-    for old in steps[:-KEEP]:
-        shutil.rmtree(old, ignore_errors=True)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step") and p.name[4:].isdigit())
+
+
+def is_complete(d: Path) -> bool:
+    """Every rank's file and checksum are in place (their contents are checked on load)."""
+    try:
+        world = int(json.loads((d / "rank0.json").read_text())["world_size"])
+        metas = [json.loads((d / f"rank{r}.json").read_text()) for r in range(world)]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return (all(m.get("world_size") == world for m in metas)
+            and all((d / f"rank{r}.pt").is_file() for r in range(world)))
+
+
+def prune(run_dir: Path, step: int) -> None:
+    """Rank 0, once every rank saved `step`: keep the KEEP newest complete checkpoints up to `step`;
+    remove older steps, later ones (left by the run a resume abandoned) and temporary files."""
+    dirs = step_dirs(run_dir)
+    kept = [d for d in dirs if int(d.name[4:]) <= step and is_complete(d)][-KEEP:]
+    for d in dirs:
+        if d in kept:
+            for leftover in d.glob(f"*{TMP}*"):
+                leftover.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def latest_step_dir(run_dir: Path) -> Path:
+    """The newest complete checkpoint of a run directory (one-line errors otherwise)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"cannot resume: {run_dir} is not a directory")
     if not (run_dir / "config.toml").is_file():
         raise ConfigError(f"cannot resume: {run_dir} is not a wansync run directory (no config.toml)")
-    pointer = ckpt_root(run_dir) / "latest"
-    if not pointer.is_file():
+    dirs = step_dirs(run_dir)
+    if not dirs:
         raise ConfigError(f"cannot resume: no checkpoint in {run_dir} (train with --checkpoint-every N)")
-    name = pointer.read_text().strip()
-    d = ckpt_root(run_dir) / name
-    if not name.startswith("step") or not d.is_dir():
-        raise DataError(f"cannot resume: {pointer} names a missing checkpoint '{name}'")
-    return d
+    for d in reversed(dirs):
+        if is_complete(d):
+            return d
+    raise DataError(f"cannot resume: no complete checkpoint in {ckpt_root(run_dir)} "
+                    f"(a rank's file or checksum is missing from each of {', '.join(d.name for d in dirs)})")
+
+
+def recorded_config(step_dir: Path) -> dict[str, Any]:
+    """The configuration the checkpoint in `step_dir` was written under (rank 0's record)."""
+    try:
+        config = json.loads((Path(step_dir) / "rank0.json").read_text()).get("config")
+    except (OSError, ValueError, AttributeError):
+        config = None
+    if not isinstance(config, dict):
+        raise DataError(f"cannot resume: {step_dir} does not record the configuration it was written under")
+    return config
 
 
 def load_rank(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:
-    """This rank's state from the latest checkpoint, checked for consistency."""
+    """This rank's state from the newest complete checkpoint, checked against its checksum."""
     d = latest_step_dir(run_dir)
     path = d / f"rank{rank}.pt"
     if not path.is_file():
         raise DataError(f"cannot resume: checkpoint {path} is missing")
+    data = path.read_bytes()
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        meta = json.loads(meta_path(path).read_text())
+    except (OSError, ValueError):
+        meta = {}
+    if len(data) != meta.get("bytes") or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        raise DataError(f"cannot resume: checkpoint {path} is corrupted or truncated (checksum mismatch)")
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the same user-facing problem
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"cannot resume: checkpoint {path} is corrupted or truncated ({first[:200]})") from None

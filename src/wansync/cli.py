@@ -7,8 +7,9 @@ from dataclasses import fields
 from typing import Any, Sequence
 
 from . import __version__
-from .config import Config, base_type, build_config
-from .errors import WansyncError
+from .config import Config, base_type, build_config, check_combinations
+from .errors import ConfigError, WansyncError
+from .interrupts import Terminated, exit_now, exit_status, sigterm_raises
 from .presets import PRESETS, get, layered_config
 
 
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "--strategy): " + ", ".join(PRESETS))
     t.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its latest checkpoint "
                    "(--steps stays the total budget; only run-control flags may change)")
+    t.add_argument("--force", action="store_true", help="replace an earlier run in --out (it is kept otherwise)")
     c = sub.add_parser("compare", help="run several strategies side by side (x seeds), then write the report")
     _add_experiment_flags(c, "experiment")
     add_config_flags(c)
@@ -96,16 +98,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .launch import torchrun_env
     from .run import resume_config, train
     if args.resume:
-        summary = train(resume_config(args.resume, config_flags(args)), resume=True)
+        given = [flag for flag, value in (("--preset", args.preset), ("--config", args.config),
+                                          ("--force", args.force)) if value]
+        if given:
+            raise ConfigError(f"{given[0]} cannot be used with --resume: a resumed run keeps the config it "
+                              f"was started with (only run-control flags may change)")
+        cfg = resume_config(args.resume, config_flags(args))
+        torchrun_env(cfg.workers)
+        summary = train(cfg, resume=True)
         return 0 if summary is not None else 1
     if args.preset:
         preset = get(args.preset)
         cfg = layered_config({**preset.values, "strategy": preset.strategies[-1]}, args.config, config_flags(args))
     else:
         cfg = config_from_args(args)
-    summary = train(cfg)
+    check_combinations(cfg, config_flags(args))
+    torchrun_env(cfg.workers if args.workers is not None else None)   # refuses a stale or contradicting one
+    summary = train(cfg, force=args.force)
     return 0 if summary is not None else 1
 
 
@@ -138,12 +150,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
-        code = {"train": cmd_train, "demo": cmd_demo, "compare": cmd_experiment, "sweep": cmd_experiment,
-                "report": cmd_report}[args.command](args)
+        with sigterm_raises():
+            code = {"train": cmd_train, "demo": cmd_demo, "compare": cmd_experiment, "sweep": cmd_experiment,
+                    "report": cmd_report}[args.command](args)
     except WansyncError as e:
         print(f"wansync: error: {e}", file=sys.stderr)
         code = 1
-    except KeyboardInterrupt:
-        print("wansync: interrupted", file=sys.stderr)
-        code = 130
+    except (KeyboardInterrupt, Terminated) as e:      # the workers are ended and reaped by now
+        print("wansync: interrupted" if isinstance(e, KeyboardInterrupt) else f"wansync: terminated ({e})",
+              file=sys.stderr)
+        exit_now(exit_status(e))
     sys.exit(code)

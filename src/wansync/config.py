@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Any, Iterable, get_type_hints
 
 from .errors import ConfigError, check
 from .strategies import OPTIONS
@@ -228,6 +228,37 @@ def validate(cfg: Config) -> None:
     check(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
     check(0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}")
     check(cfg.grad_clip >= 0, f"grad_clip must be >= 0, got {cfg.grad_clip}")
+    check(bool(cfg.data.strip()), "data must name a dataset (shakespeare, a path, hf:NAME, ...), got an empty value")
+    for f in fields(Config):
+        value, t = getattr(cfg, f.name), base_type(f.name)
+        if value is None:
+            continue
+        if t is float:
+            check(math.isfinite(value), f"{f.name} must be a finite number, got {value}")
+        elif t is int:
+            limit = INT64_MAX if f.name == "seed" or f.metadata["section"] == "strategy" else INT32_MAX
+            check(-limit <= value <= limit, f"{f.name} is too large: {value} (at most {limit})")
+
+
+# Integers go to C++ (torch, gloo): counts and sizes as 32-bit, seeds and strategy counters as 64-bit.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+# Keys that control how a run is carried out, not what it computes: --resume may change them, and
+# they are left out of the configuration a checkpoint records.
+RUN_CONTROL_KEYS = ("steps", "checkpoint_every", "eval_every", "log_every", "quiet", "peer_timeout", "threads")
+
+
+def check_combinations(cfg: Config, given: Iterable[str]) -> None:
+    """Combinations of keys the user gave (`given`) that make no sense together."""
+    if "warmup_steps" in given:
+        check(cfg.warmup_steps <= cfg.steps, f"warmup_steps ({cfg.warmup_steps}) must not exceed steps ({cfg.steps}): "
+              f"the learning rate would never reach its peak")
+
+
+def fingerprint(cfg: Config, strategy_options: dict[str, Any]) -> dict[str, Any]:
+    """Every resolved key that changes what a run computes (all but RUN_CONTROL_KEYS and out), flat."""
+    flat = {k: v for sec in to_sections(cfg, strategy_options).values() for k, v in sec.items()}
+    return {k: v for k, v in sorted(flat.items()) if k not in RUN_CONTROL_KEYS and k != "out"}
 
 
 def to_sections(cfg: Config, strategy_options: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:

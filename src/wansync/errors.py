@@ -21,6 +21,10 @@ class NonFiniteError(WansyncError):
     """A NaN or Inf reached a loss, gradient or pseudo-gradient under --on-nonfinite abort."""
 
 
+class StorageError(WansyncError):
+    """The run directory cannot be written (a full disk, a missing permission)."""
+
+
 def check(ok: bool, message: str) -> None:
     """Validation of a value a user gave: a one-line ConfigError when `ok` is false."""
     if not ok:

@@ -26,10 +26,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import tomli_w
 
-from . import run
+from . import jsonout, run
 from . import strategies as registry
-from .config import Config, coerce, key_names, replace, to_sections
+from .config import Config, check_combinations, coerce, key_names, replace, to_sections
 from .errors import ConfigError, WansyncError
+from .launch import torchrun_env
 from .optim import peak_lr
 from .presets import Preset, check_available, layered_config, preset_cells
 from .report import report
@@ -145,6 +146,8 @@ def plan_command(command: str, preset: Preset | None, config_file: str | None, f
     if preset:
         lowest.update(preset.values)
     cfg = layered_config(lowest, config_file, flags)
+    check_combinations(cfg, flags)
+    torchrun_env(cfg.workers if "workers" in flags else None)      # refuses a stale or contradicting one
     grid = parse_grid(grid_items)
     wanted = split_values(strategies_text) if strategies_text else None
     cells = preset_cells(preset, grid, flags, wanted)
@@ -272,7 +275,7 @@ def write_plan(out: Path, specs: Sequence[RunSpec], extra: dict[str, Any] | None
     # keep the entries of earlier plans whose directories are not in this one (their runs stay on disk)
     mine = {r["dir"] for r in data["runs"]}
     data["runs"] += [r for r in previous.get("runs", []) if r.get("dir") not in mine]
-    (out / PLAN_FILE).write_text(json.dumps(data, indent=2))
+    (out / PLAN_FILE).write_text(jsonout.dumps(data, indent=2))
 
 
 def read_plan(out: Path) -> dict[str, Any]:
@@ -290,11 +293,11 @@ def run_one(spec: RunSpec, force: bool = False) -> Outcome:
     (spec.run_dir / FAILED_FILE).unlink(missing_ok=True)
     t0 = time.monotonic()
     try:
-        summary = run.train(spec.cfg)
+        summary = run.train(spec.cfg, force=True)     # the experiment decided to (re-)run it
     except WansyncError as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         (spec.run_dir / "summary.json").unlink(missing_ok=True)
-        (spec.run_dir / FAILED_FILE).write_text(json.dumps(
+        (spec.run_dir / FAILED_FILE).write_text(jsonout.dumps(
             {**spec.describe(), "status": "failed", "message": message}, indent=2))
         return Outcome(spec, "failed", message, time.monotonic() - t0)
     return Outcome(spec, "ok", "", time.monotonic() - t0, summary)
@@ -327,8 +330,11 @@ def execute(specs: Sequence[RunSpec], *, force: bool = False, parallel: int = 1,
 
     if parallel == 1:
         return [one(x) for x in enumerate(specs)]
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
+    pool = ThreadPoolExecutor(max_workers=parallel)
+    try:
         return list(pool.map(one, enumerate(specs)))
+    finally:            # on a signal, do not wait for the runs in flight (their workers die with us)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 # ---------------------------------------------------------------- the commands' output

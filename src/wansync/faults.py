@@ -1,18 +1,22 @@
 """Fault injection for tests of failure handling: WANSYNC_FAULT="rank=1,step=5,action=kill".
 
-Actions: `exit` (raise an error), `kill` (SIGKILL itself), `stop` (SIGSTOP itself: a hung
-peer), `nan` (put a NaN into its gradient). Only active when the variable is set.
+Actions after the backward of that step: `exit` (raise an error), `kill` (SIGKILL itself),
+`stop` (SIGSTOP itself: a hung peer), `nan` (put a NaN into its gradient). After the checkpoint
+of that step is saved (the barrier passed) and before rank 0 prunes: `delay` (sleep `seconds`,
+default 5: the window in which a peer that went on can die). Several faults are separated by
+';'. Only active when the variable is set.
 """
 from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-ACTIONS = ("exit", "kill", "stop", "nan")
+ACTIONS = ("exit", "kill", "stop", "nan", "delay")
 
 
 @dataclass(frozen=True)
@@ -20,14 +24,12 @@ class Fault:
     rank: int
     step: int
     action: str
+    seconds: float = 5.0
 
     @staticmethod
-    def from_env() -> "Fault | None":
-        text = os.environ.get("WANSYNC_FAULT", "")
-        if not text:
-            return None
+    def parse(text: str) -> "Fault":
         fields = dict(item.split("=", 1) for item in text.split(","))
-        fault = Fault(int(fields["rank"]), int(fields["step"]), fields["action"])
+        fault = Fault(int(fields["rank"]), int(fields["step"]), fields["action"], float(fields.get("seconds", 5.0)))
         if fault.action not in ACTIONS:
             raise ValueError(f"WANSYNC_FAULT action must be one of {ACTIONS}, got {fault.action!r}")
         return fault
@@ -46,3 +48,28 @@ class Fault:
             p = next(p for p in model.parameters() if p.grad is not None)
             with torch.no_grad():
                 p.grad.view(-1)[0] = float("nan")
+
+    def after_checkpoint(self, rank: int, step: int) -> None:
+        """Called once every rank has saved the checkpoint of `step`."""
+        if rank == self.rank and step == self.step and self.action == "delay":
+            time.sleep(self.seconds)
+
+
+@dataclass(frozen=True)
+class Faults:
+    faults: tuple[Fault, ...]
+
+    @staticmethod
+    def from_env() -> "Faults | None":
+        text = os.environ.get("WANSYNC_FAULT", "")
+        if not text:
+            return None
+        return Faults(tuple(Fault.parse(part) for part in text.split(";") if part.strip()))
+
+    def after_backward(self, rank: int, step: int, model: nn.Module) -> None:
+        for fault in self.faults:
+            fault.after_backward(rank, step, model)
+
+    def after_checkpoint(self, rank: int, step: int) -> None:
+        for fault in self.faults:
+            fault.after_checkpoint(rank, step)

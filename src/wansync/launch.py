@@ -4,7 +4,11 @@ Locally, the launcher holds the rendezvous store itself, on a socket bound to 12
 (no port race, nothing listening beyond loopback), and gives every worker the environment
 torchrun would: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE.
 The first worker to fail ends all of them: its one-line message is printed, every child is
-reaped, and the exit status is non-zero.
+reaped, and the exit status is non-zero. SIGINT and SIGTERM reach the launcher as exceptions
+and end the workers the same way; workers die by themselves if the launcher dies (interrupts).
+
+A torchrun environment is adopted only when it is complete and consistent: a stale or partial
+one must not silently turn `--workers 2` into one worker.
 """
 from __future__ import annotations
 
@@ -15,18 +19,66 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
 
 from .config import Config
-from .errors import PEER_LOST
+from .errors import PEER_LOST, ConfigError
+from .interrupts import LAUNCHER_PID_ENV, sigint_blocked
 
 ERR_DIR = "logs"
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+@dataclass(frozen=True)
+class TorchrunEnv:
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+    def describe(self) -> str:
+        return f"rank {self.rank} of {self.world_size}, rendezvous {self.master_addr}:{self.master_port}"
+
+
+def torchrun_env(workers: int | None = None) -> TorchrunEnv | None:
+    """The torchrun environment of this process, None when there is none. A partial, malformed
+    or inconsistent one is refused in one line, as is a contradiction with `workers` (an explicit
+    --workers, or the worker count of the run being resumed)."""
+    present = [v for v in TORCHRUN_VARS if os.environ.get(v)]
+    if not present:
+        return None
+    missing = [v for v in TORCHRUN_VARS if v not in present]
+    if missing:
+        raise ConfigError(f"incomplete torchrun environment: {', '.join(present)} set but {', '.join(missing)} not "
+                          f"(unset {', '.join(present)} to launch local workers, or start under torchrun)")
+    world = _env_int("WORLD_SIZE", 1, None)
+    env = TorchrunEnv(_env_int("RANK", 0, world - 1), world, os.environ["MASTER_ADDR"],
+                      _env_int("MASTER_PORT", 1, 65535))
+    if os.environ.get("LOCAL_WORLD_SIZE"):
+        local_world = _env_int("LOCAL_WORLD_SIZE", 1, world)
+        if os.environ.get("LOCAL_RANK"):
+            _env_int("LOCAL_RANK", 0, local_world - 1)
+    if workers is not None and workers != world:
+        raise ConfigError(f"the torchrun environment says WORLD_SIZE={world} (RANK, WORLD_SIZE, MASTER_ADDR, "
+                          f"MASTER_PORT are set) but this run has --workers {workers}: drop --workers under "
+                          f"torchrun, or unset those variables to launch {workers} local workers")
+    return env
+
+
+def _env_int(name: str, low: int, high: int | None) -> int:
+    text = os.environ[name]
+    try:
+        value = int(text)
+        fits = value >= low and (high is None or value <= high)
+    except ValueError:
+        fits = False
+    if not fits:
+        bound = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        raise ConfigError(f"torchrun environment: {name} must be {bound}, got {text!r}")
+    return value
 
 
 def error_file(run_dir: Path, rank: int) -> Path:
@@ -42,7 +94,10 @@ def describe_exit(run_dir: Path, rank: int, code: int) -> str:
             return f"rank {rank} was killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"rank {rank} was killed by signal {-code}"
-    return f"rank {rank} exited with status {code} (see {run_dir / ERR_DIR / f'rank{rank}.log'})"
+    log = run_dir / ERR_DIR / f"rank{rank}.log"
+    if log.is_file() and log.stat().st_size > 0:
+        return f"rank {rank} exited with status {code} (see {log})"
+    return f"rank {rank} exited with status {code} and left no log (is {run_dir} writable, with space left?)"
 
 
 def _terminate(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
@@ -58,8 +113,10 @@ def _terminate(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
             p.wait()
 
 
-def spawn(cfg: Config, run_dir: Path, resume: bool = False) -> tuple[int, str]:
-    """Run cfg.workers worker processes; returns (exit status, message of the first failure)."""
+def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tuple[int, str]:
+    """Run cfg.workers worker processes; returns (exit status, message of the first failure).
+    `config` (the resolved config as TOML) reaches the workers in their environment.
+    KeyboardInterrupt and Terminated pass through, after every worker is ended and reaped."""
     run_dir = Path(run_dir)
     (run_dir / ERR_DIR).mkdir(parents=True, exist_ok=True)
     for r in range(cfg.workers):
@@ -79,12 +136,11 @@ def spawn(cfg: Config, run_dir: Path, resume: bool = False) -> tuple[int, str]:
                        LOCAL_WORLD_SIZE=str(cfg.workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=_loopback_ifname(),
                        OMP_NUM_THREADS=str(threads), WANSYNC_RUN_DIR=str(run_dir), WANSYNC_LAUNCHED="1",
-                       WANSYNC_RESUME="1" if resume else "0")
-            procs.append(subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env))
+                       WANSYNC_RESUME="1" if resume else "0", WANSYNC_CONFIG=config, **{LAUNCHER_PID_ENV: str(os.getpid())})
+            with sigint_blocked():              # the worker starts with SIGINT blocked, then ignores it
+                procs.append(subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env))
         return _watch(procs, run_dir)
-    except KeyboardInterrupt:
-        return 130, "interrupted"
-    finally:
+    finally:                                    # also on KeyboardInterrupt and Terminated
         _terminate(procs)
         del store
 

@@ -43,7 +43,7 @@ def _read_json(path: Path) -> Any:
 def _read_evals(path: Path) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 line = line.strip()
                 if not line:
@@ -51,8 +51,8 @@ def _read_evals(path: Path) -> list[dict[str, Any]]:
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
-                    continue                       # a torn last line of a killed run
-                if rec.get("type") == "eval":
+                    continue                       # a torn last line of a killed run, a damaged line
+                if isinstance(rec, dict) and rec.get("type") == "eval" and number(rec.get("step")) is not None:
                     out.append(rec)
     except OSError:
         pass
@@ -62,7 +62,7 @@ def _read_evals(path: Path) -> list[dict[str, Any]]:
 def _config_value(run_dir: Path, section: str, key: str) -> Any:
     try:
         return tomllib.loads((run_dir / "config.toml").read_text()).get(section, {}).get(key)
-    except (OSError, tomllib.TOMLDecodeError):
+    except (OSError, ValueError, AttributeError):     # unreadable, not UTF-8, not TOML, not a table
         return None
 
 
@@ -81,8 +81,11 @@ def find_runs(root: str | Path) -> list[Run]:
         raise ReportError(f"report: directory not found: {root}")
     if not root.is_dir():
         raise ReportError(f"report: {root} is not a directory")
-    dirs = sorted({p.parent for pat in ("summary.json", FAILED_FILE, "metrics.jsonl") for p in root.rglob(pat)
-                   if _is_run_dir(p.parent) and "logs" not in p.parent.relative_to(root).parts})
+    try:
+        dirs = sorted({p.parent for pat in ("summary.json", FAILED_FILE, "metrics.jsonl") for p in root.rglob(pat)
+                       if _is_run_dir(p.parent) and "logs" not in p.parent.relative_to(root).parts})
+    except OSError as e:                          # pseudo file systems, unreadable folders
+        raise ReportError(f"report: cannot read {root}: {e.strerror or e} ({e.filename})") from None
     if not dirs:
         raise ReportError(f"report: no runs found under {root} (expected run directories holding summary.json, "
                           f"as written by wansync train/compare/sweep)")
@@ -90,7 +93,7 @@ def find_runs(root: str | Path) -> list[Run]:
     try:
         for r in _read_json(root / PLAN_FILE).get("runs", []):
             plan[(root / r["dir"]).resolve()] = r
-    except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError):
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
         plan = {}
     order = {d: i for i, d in enumerate(plan)}
     on_disk = {d.resolve() for d in dirs}
@@ -114,20 +117,24 @@ def _load_run(d: Path, entry: dict[str, Any] | None) -> Run:
     if failed.is_file():
         try:
             status = "failed: " + str(_read_json(failed).get("message", "unknown error"))
-        except (OSError, json.JSONDecodeError, AttributeError):
+        except (OSError, ValueError, AttributeError):
             status = "failed: (unreadable failed.json)"
     elif (d / "summary.json").is_file():
         try:
             summary = _read_json(d / "summary.json")
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:
             status = f"failed: unreadable summary.json ({type(e).__name__})"
+        if not isinstance(summary, dict):
+            summary, status = {}, "failed: summary.json is not a wansync summary"
     else:
         status = "failed: incomplete (no summary.json: interrupted or still running)"
     profile: dict[str, Any] = {}
     if status == "ok":
         try:
             profile = _read_json(d / "profile.json")
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):
+            profile = {}
+        if not isinstance(profile, dict):
             profile = {}
     strategy = (summary.get("strategy") or (entry or {}).get("strategy") or _config_value(d, "run", "strategy")
                 or label.split("__")[0])
@@ -340,7 +347,7 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
     plan: dict[str, Any] = {}
     try:
         plan = _read_json(root / PLAN_FILE)
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         pass
     if target_loss is None and target_acc is None and isinstance(plan, dict):
         target_loss, target_acc = plan.get("target_loss"), plan.get("target_acc")
@@ -352,15 +359,18 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
         target, source = default_target(settings, q)
     rows = aggregate(settings, q, target)
     table = markdown_table(rows, q)
-    write_csv(root / "summary.csv", rows)
-    write_csv(root / "runs.csv", run_rows(runs, q, target))
-    made: list[Path] = []
-    if plots and any(r.ok for r in runs):
-        from . import plots as P
-        made = P.all_plots(root, settings, q, target)
-    failed = [r for r in runs if not r.ok]
-    rep = Report(root, q, target, source, rows, table, made, failed)
-    rep.path.write_text(_markdown(rep, runs))
+    try:
+        write_csv(root / "summary.csv", rows)
+        write_csv(root / "runs.csv", run_rows(runs, q, target))
+        made: list[Path] = []
+        if plots and any(r.ok for r in runs):
+            from . import plots as P
+            made = P.all_plots(root, settings, q, target)
+        failed = [r for r in runs if not r.ok]
+        rep = Report(root, q, target, source, rows, table, made, failed)
+        rep.path.write_text(_markdown(rep, runs))
+    except OSError as e:                          # a read-only directory, a full disk
+        raise ReportError(f"report: cannot write into {root}: {e.strerror or e}") from None
     return rep
 
 

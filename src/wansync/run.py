@@ -1,14 +1,19 @@
 """One training run: validate everything, lay out the run directory, launch the workers.
 
 Everything a user can get wrong is checked here, in the launching process, before a single
-worker starts: errors arrive as one line within a second.
+worker starts: errors arrive as one line within a second. A run directory is never destroyed by
+accident: `train` refuses a non-empty directory that is not a wansync run, keeps an existing run
+unless `force` (its files are replaced only once the new run has validated and holds the
+directory), and holds an exclusive lock on the directory while it runs (`runlock`). The workers
+get their configuration from the launcher, never from a file another process may rewrite.
 """
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import json
-import os
 import shutil
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -16,9 +21,18 @@ from typing import Any
 import tomli_w
 
 from . import checkpoint, launch, worker
-from .config import Config, from_sections, replace, to_sections
-from .errors import ConfigError, DataError, WansyncError
+from .config import RUN_CONTROL_KEYS, Config, fingerprint, from_sections, replace, to_sections
+from .errors import ConfigError, DataError, StorageError, WansyncError
+from .rundir import FAILED_FILE
+from .runlock import LOCK_FILE, RunLock, check_unlocked
 from .strategies import resolve_options
+
+# What a run writes into its directory: replaced by --force, nothing else is touched.
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "profile.json", "checkpoints", "logs", FAILED_FILE)
+# Entries that do not make a directory "non-empty" (a lock, a failure note, logs of a run that never wrote its config).
+_NOT_CONTENT = (LOCK_FILE, FAILED_FILE, "logs")
+SNIFF_BYTES = 1 << 20
+TEXT_SUFFIXES = (".txt", ".md")
 
 
 def check_data_path(cfg: Config) -> None:
@@ -34,6 +48,28 @@ def check_data_path(cfg: Config) -> None:
         path = data
     if path is not None and not Path(path).exists():
         raise DataError(f"data path not found: {path}")
+    if path is not None and path == cfg.data:                    # an LM corpus: a text file or a folder of them
+        corpus = Path(path)
+        files = [corpus] if corpus.is_file() else sorted(p for p in corpus.rglob("*") if p.suffix in TEXT_SUFFIXES)
+        for f in files[:64]:
+            check_text(f)
+
+
+def check_text(path: Path) -> None:
+    """A corpus file must be text: binary data (NUL bytes) is refused; bytes that are not UTF-8 are
+    replaced, with a one-line warning (training on the rest makes sense)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError as e:
+        raise DataError(f"cannot read corpus {path}: {e.strerror or e}") from None
+    if b"\0" in head:
+        raise DataError(f"corpus {path} is binary (it holds NUL bytes), not text: pass a UTF-8 text file")
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < SNIFF_BYTES)
+    except UnicodeDecodeError as e:
+        print(f"wansync: warning: corpus {path} is not valid UTF-8 (first bad byte at offset {e.start}); "
+              f"undecodable bytes are replaced", file=sys.stderr)
 
 
 def validate(cfg: Config) -> dict[str, Any]:
@@ -44,7 +80,10 @@ def validate(cfg: Config) -> dict[str, Any]:
     if cfg.model not in VISION_MODELS and cfg.model not in lm_model_names():
         raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
                           f"vision: {', '.join(VISION_MODELS)})")
-    cfg.topology                              # parses --wan: a bad spec fails here, not in the workers
+    topology = cfg.topology                   # parses --wan: a bad spec fails here, not in the workers
+    if topology is not None and topology.sites > cfg.workers:
+        raise ConfigError(f"--wan {cfg.wan} has {topology.sites} sites but the run has {cfg.workers} workers "
+                          f"(at least one worker per site: --workers {topology.sites} or more)")
     check_data_path(cfg)
     if cfg.data.startswith("hf:") and importlib.util.find_spec("datasets") is None:
         raise ConfigError(f"{cfg.data!r} needs the datasets package: install wansync[hf]")
@@ -52,54 +91,139 @@ def validate(cfg: Config) -> dict[str, Any]:
 
 
 def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:
-    """Validate the whole config and write the fully resolved config.toml."""
+    """Validate the whole config and write the fully resolved config.toml (no checks on what the
+    directory holds: `train` makes those)."""
     options = validate(cfg)
-    run_dir = Path(cfg.out)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run directory {run_dir} exists and is not a directory")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(tomli_w.dumps(to_sections(cfg, options)))
+    run_dir = make_run_dir(Path(cfg.out))
+    write_config(run_dir, config_text(cfg, options))
     return run_dir, options
 
 
-RESUME_CHANGEABLE = ("steps", "checkpoint_every", "eval_every", "log_every", "quiet", "peer_timeout", "threads")
+def config_text(cfg: Config, options: dict[str, Any]) -> str:
+    return tomli_w.dumps(to_sections(cfg, options))
+
+
+def make_run_dir(run_dir: Path) -> Path:
+    """Create the run directory, turning what the operating system refuses into one line."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} exists and is not a directory")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StorageError(f"cannot create run directory {run_dir}: {e.strerror or e}") from None
+    return run_dir
+
+
+def write_config(run_dir: Path, text: str) -> None:
+    try:
+        (run_dir / "config.toml").write_text(text)
+    except OSError as e:
+        raise StorageError(f"cannot write {run_dir / 'config.toml'}: {e.strerror or e}") from None
+
+
+def is_run_dir(d: Path) -> bool:
+    """`d` holds a wansync run: a config.toml with a [run] table naming a strategy."""
+    try:
+        data = tomllib.loads((d / "config.toml").read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(data.get("run"), dict) and "strategy" in data["run"]
+
+
+def check_target(run_dir: Path, force: bool) -> bool:
+    """Whether training into `run_dir` may go on; True when an earlier run's files must be replaced.
+    A non-empty directory that is not a run is refused; an existing run needs `force`."""
+    if not run_dir.is_dir():
+        return False
+    try:
+        entries = [p.name for p in run_dir.iterdir() if p.name not in _NOT_CONTENT]
+    except OSError as e:
+        raise StorageError(f"cannot read run directory {run_dir}: {e.strerror or e}") from None
+    if not entries:
+        return False
+    if not is_run_dir(run_dir):
+        raise ConfigError(f"refusing to train into {run_dir}: it is not empty and not a wansync run "
+                          f"(it holds {sorted(entries)[0]!r}); choose another --out")
+    if not force:
+        raise ConfigError(f"{run_dir} already holds a wansync run: --resume {run_dir} continues it, "
+                          f"--force replaces it, or choose another --out")
+    return True
+
+
+def clear_run(run_dir: Path) -> None:
+    """Remove the files an earlier run wrote (RUN_FILES), nothing else."""
+    for name in RUN_FILES:
+        p = run_dir / name
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
-    """The config of an earlier run, with only run-control keys changed (the math must not change)."""
+    """The config of an earlier run, with only run-control keys changed (the math must not change):
+    config.toml must still describe what the newest checkpoint recorded."""
     run_dir = Path(run_dir)
-    checkpoint.latest_step_dir(run_dir)                  # one-line errors for a wrong directory
+    check_unlocked(run_dir, "resume")
+    step_dir = checkpoint.latest_step_dir(run_dir)        # one-line errors for a wrong directory
     try:
         saved = from_sections(tomllib.loads((run_dir / "config.toml").read_text()))
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot resume: {run_dir / 'config.toml'} is not valid TOML: {e}") from None
+    if "out" in overrides and Path(overrides["out"]).resolve() != run_dir.resolve():
+        raise ConfigError(f"--out cannot be given with --resume: the run stays in {run_dir}")
     changes = {k: v for k, v in overrides.items() if k != "out"}
-    forbidden = [k for k, v in changes.items() if k not in RESUME_CHANGEABLE and v != getattr(saved, k)]
+    forbidden = [k for k, v in changes.items() if k not in RUN_CONTROL_KEYS and v != getattr(saved, k)]
     if forbidden:
-        raise ConfigError(f"cannot change {forbidden[0]} when resuming (only {', '.join(RESUME_CHANGEABLE)})")
+        raise ConfigError(f"cannot change {forbidden[0]} when resuming (only {', '.join(RUN_CONTROL_KEYS)})")
     cfg = replace(saved, out=str(run_dir), **changes)
-    step = checkpoint.checkpoint_step(run_dir)
+    step = int(step_dir.name[4:])
     if cfg.steps < step:
         raise ConfigError(f"cannot resume: --steps {cfg.steps} is below the checkpoint's step {step}")
+    recorded = checkpoint.recorded_config(step_dir)
+    current = fingerprint(cfg, resolve_options(cfg.strategy, vars(cfg)))
+    changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+    if changed:
+        raise ConfigError(f"cannot resume {run_dir}: its config.toml no longer matches the checkpoint of step {step} "
+                          f"(changed: {', '.join(changed)}); restore those keys, or start a new run")
+    if cfg.steps == step and (run_dir / "summary.json").is_file():
+        raise ConfigError(f"nothing to resume: {run_dir} already finished all {step} steps "
+                          f"(pass --steps above {step} to train further)")
     return cfg
 
 
-def train(cfg: Config, resume: bool = False) -> dict[str, Any] | None:
+def train(cfg: Config, resume: bool = False, force: bool = False) -> dict[str, Any] | None:
     """Train with cfg; returns rank 0's summary (None on a non-zero rank under torchrun).
-    `resume` continues from the run directory's latest checkpoint."""
-    if launch.under_torchrun():
-        rank = int(os.environ["RANK"])
-        run_dir = Path(cfg.out)
-        if rank == 0:
-            run_dir, _ = prepare(cfg)
-        if worker.run(cfg, run_dir, resume=resume) != 0:
-            raise WansyncError((run_dir / "logs" / f"rank{rank}.err").read_text().strip())
-        return read_summary(run_dir) if rank == 0 else {}
-    run_dir, _ = prepare(cfg)
-    (run_dir / "summary.json").unlink(missing_ok=True)
-    if not resume:
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    code, message = launch.spawn(cfg, run_dir, resume=resume)
+    `resume` continues from the run directory's newest complete checkpoint; `force` replaces an
+    earlier run in the same directory."""
+    options = validate(cfg)
+    run_dir = Path(cfg.out)
+    adopted = launch.torchrun_env()
+    if adopted is not None:
+        cfg, rank = replace(cfg, workers=adopted.world_size), adopted.rank
+        if rank != 0:
+            if worker.run(cfg, run_dir, resume=resume) != 0:
+                raise WansyncError((run_dir / "logs" / f"rank{rank}.err").read_text().strip())
+            return {}
+        print(f"wansync: under torchrun: {adopted.describe()}")
+    try:
+        check_unlocked(run_dir, "train into")
+        if not resume:
+            check_target(run_dir, force)                  # before anything is written
+        make_run_dir(run_dir)
+    except OSError as e:                                  # a name too long, a path through a file
+        raise StorageError(f"cannot use run directory {run_dir}: {e.strerror or e}") from None
+    with RunLock(run_dir):
+        if not resume and check_target(run_dir, force):
+            clear_run(run_dir)
+        text = config_text(cfg, options)
+        write_config(run_dir, text)
+        (run_dir / "summary.json").unlink(missing_ok=True)
+        if adopted is not None:
+            if worker.run(cfg, run_dir, resume=resume) != 0:
+                raise WansyncError((run_dir / "logs" / "rank0.err").read_text().strip())
+            return read_summary(run_dir)
+        code, message = launch.spawn(cfg, run_dir, text, resume=resume)
     if code != 0:
         raise WansyncError(message)
     return read_summary(run_dir)

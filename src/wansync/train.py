@@ -16,12 +16,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, strategies
-from .config import Config
-from .errors import NonFiniteError
-from .faults import Fault
-from .net import emulator_of
+from . import checkpoint, jsonout, strategies
+from .config import Config, fingerprint
+from .errors import ConfigError, NonFiniteError
+from .faults import Faults
+from .net import collective_duration, emulator_of
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
+from .strategies.base import sync_tensors
 from .telemetry.metrics import MetricsWriter
 from .telemetry.commtime import CommTimer, ddp_modules
 from .telemetry.profiler import Profiler, build_profile
@@ -62,6 +63,7 @@ class Trainer:
         self.workload = build_workload(cfg, rank, world_size)
         self.optimizer = build_optimizer(cfg, self.workload.model)
         self.options = strategies.resolve_options(cfg.strategy, vars(cfg))
+        link = link_cost(cfg, self.workload.model, self.options, world_size)     # before the first collective
         self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer,
                                      on_nonfinite=cfg.on_nonfinite, **self.options)
         self.skipped = 0
@@ -79,7 +81,9 @@ class Trainer:
         self.progress = Progress(cfg.steps, every=cfg.log_every, quiet=cfg.quiet, enabled=rank == 0,
                                  prefix=f"[{cfg.strategy}] ")
         self.evals: list[dict[str, Any]] = []
-        self.fault = Fault.from_env()
+        self.fault = Faults.from_env()
+        if link is not None:
+            self.progress.log(link)
         if resumed is not None:
             self.restore_run_state(resumed)
 
@@ -152,10 +156,12 @@ class Trainer:
                  "rng": torch.get_rng_state(), "evals": self.evals, "sync_events": self.sync_events,
                  "skipped": self.skipped, "comm": self.sync.comm.snapshot(),
                  "profile": dict(self.profiler.totals)}
-        checkpoint.save_rank(self.run_dir, step, self.rank, state)
-        dist.barrier()                                   # every rank's file is in place
+        checkpoint.save_rank(self.run_dir, step, self.rank, state, config=fingerprint(self.cfg, self.options))
+        dist.barrier()                                   # every rank's file is durable: the checkpoint is complete
+        if self.fault is not None:
+            self.fault.after_checkpoint(self.rank, step)
         if self.rank == 0:
-            checkpoint.publish(self.run_dir, step)
+            checkpoint.prune(self.run_dir, step)
         self.profiler.lap("checkpoint")
 
     def load_checkpoint(self) -> dict[str, Any]:
@@ -188,6 +194,10 @@ class Trainer:
         self.evals.append(record)
         self.writer.write(record)
         self.profiler.lap("eval")
+        bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+        if bad and self.cfg.on_nonfinite == "abort":
+            raise NonFiniteError(f"the model diverged: {', '.join(bad)} is non-finite at step {step} "
+                                 f"(--on-nonfinite abort; lower the learning rates)")
         return record
 
     # ---- the run ----------------------------------------------------------------------------
@@ -265,10 +275,32 @@ class Trainer:
             summary.update(final_test_acc=final["test_acc"], peak_test_acc=max(accs),
                            final_test_loss=final["test_loss"])
         if self.rank == 0:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-            (self.run_dir / "profile.json").write_text(json.dumps(profile, indent=2))
+            (self.run_dir / "summary.json").write_text(jsonout.dumps(summary, indent=2))
+            (self.run_dir / "profile.json").write_text(jsonout.dumps(profile, indent=2))
         self.writer.close()
         return summary if self.rank == 0 else None
+
+
+def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], world: int) -> str | None:
+    """What one step's exchange costs on the emulated link, as a line to print (None without
+    --wan); a ConfigError when it would outlast --peer-timeout (a typo such as bw=1kbit for 1gbit
+    would otherwise stall the run)."""
+    if cfg.topology is None:
+        return None
+    nbytes = exchange_bytes(model, options)
+    seconds = collective_duration("allreduce", nbytes, world, cfg.topology)
+    line = f"link {cfg.wan}: one exchange of {nbytes / 1e6:.3g} MB takes ~{seconds * 1e3:.3g} ms (modelled)"
+    if seconds > cfg.peer_timeout:
+        raise ConfigError(f"{line}, beyond --peer-timeout {cfg.peer_timeout:g} s: check the link's bandwidth "
+                          f"unit (kbit, mbit, gbit) and rtt, or raise --peer-timeout")
+    return line
+
+
+def exchange_bytes(model: torch.nn.Module, options: dict[str, Any]) -> int:
+    """Bytes of the biggest collective of one step: the whole model (parameters and float buffers),
+    or one fragment of it for the strategies that exchange fragments."""
+    total = sum(t.numel() * t.element_size() for t in sync_tensors(model))
+    return math.ceil(total / max(1, int(options.get("fragments") or 1)))
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from . import net
 from .config import Config, from_sections
 from .errors import PEER_LOST, WansyncError
+from .interrupts import Terminated, become_launched_worker, exit_status
 from .train import Phase, train_worker
 
 
@@ -25,7 +26,7 @@ def init_distributed(cfg: Config) -> None:
     """The process group from the torchrun-style environment, under the emulator if asked."""
     backend, emulator = cfg.backend, None
     if cfg.topology is not None:
-        backend, emulator = net.install(), net.Emulator(cfg.topology, seed=cfg.seed)
+        backend, emulator = net.install(), net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
     dist.init_process_group(backend=backend, init_method="env://", pg_options=emulator,
                             timeout=datetime.timedelta(seconds=cfg.peer_timeout))
 
@@ -57,15 +58,19 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         train_worker(cfg, run_dir, dist.get_rank(), dist.get_world_size(), resume=resume, phase=phase)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line
-        if isinstance(exc, KeyboardInterrupt):
-            return 130
+        if isinstance(exc, (KeyboardInterrupt, Terminated)):
+            if not launched:
+                raise                           # under torchrun the CLI says it in one line
+            return exit_status(exc)
         msg = one_line(exc, rank, phase)
-        try:
-            (log_dir / f"rank{rank}.log").write_text(traceback.format_exc())
+        told_launcher = False
+        try:                                    # the one line first: on a full disk the traceback may not fit
             (log_dir / f"rank{rank}.err").write_text(msg + "\n")
+            told_launcher = launched
+            (log_dir / f"rank{rank}.log").write_text(traceback.format_exc())
         except OSError:
             pass
-        if not launched:
+        if not told_launcher:
             print(f"wansync: error: {msg}", file=sys.stderr)
         return 1
     finally:
@@ -77,8 +82,9 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
 
 
 def main() -> None:
+    become_launched_worker()
     run_dir = Path(os.environ["WANSYNC_RUN_DIR"])
-    cfg = from_sections(tomllib.loads((run_dir / "config.toml").read_text()))
+    cfg = from_sections(tomllib.loads(os.environ["WANSYNC_CONFIG"]))      # from the launcher, not a file
     code = run(cfg, run_dir, resume=os.environ.get("WANSYNC_RESUME") == "1")
     sys.stdout.flush()
     sys.stderr.flush()

@@ -40,8 +40,10 @@ class _Link:
 class _Job:
     """Wait for the real collective, then until the modelled end; complete the caller's Future."""
 
-    def __init__(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool):
+    def __init__(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool,
+                 timeout: float | None):
         self.works, self.rec, self.fut, self.value, self.cuda = works, rec, fut, value, cuda
+        self.timeout = timeout
 
     def run(self) -> None:
         rec = self.rec
@@ -56,6 +58,9 @@ class _Job:
                     w.wait()
             rec.real_end = time.perf_counter()
             delay = rec.modelled_end - rec.real_end
+            if self.timeout is not None and delay > self.timeout:
+                raise TimeoutError(f"the emulated link would hold this {rec.op} for {delay:.3g} s more, beyond "
+                                   f"the peer timeout of {self.timeout:g} s")
             if delay > 0:
                 time.sleep(delay)
         except Exception as exc:  # a dead peer, a timeout: the caller must see it, not hang
@@ -94,13 +99,16 @@ class Emulator:
         topology: the links (see :func:`wansync.net.parse_wan` for the ``--wan`` strings).
         seed: shared by all ranks; with a collective's sequence number it draws the jitter, so
             every rank models the same duration.
+        timeout: the longest a collective may wait for the link (seconds; None: no bound). A
+            longer modelled wait fails the collective at once instead of stalling the run.
     """
 
-    def __init__(self, topology: Topology, seed: int = 0) -> None:
+    def __init__(self, topology: Topology, seed: int = 0, timeout: float | None = None) -> None:
         if not isinstance(topology, Topology):
             raise TypeError(f"Emulator needs a Topology (parse a --wan string with parse_wan), got {topology!r}")
         self.topology = topology
         self.seed = int(seed)
+        self.timeout = timeout
         self._link = _Link()
         self._completer = _Completer()
         self._log = RecordLog()
@@ -116,7 +124,7 @@ class Emulator:
     def schedule(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool) -> None:
         """Record a collective and complete ``fut`` with ``value`` at max(real end, modelled end)."""
         self._log.add(rec)
-        self._completer.submit(_Job(works, rec, fut, value, cuda))
+        self._completer.submit(_Job(works, rec, fut, value, cuda, self.timeout))
 
     # ---- records ----------------------------------------------------------------------------
     def records(self) -> list[CollectiveRecord]:

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from ..comm.flat import FlatTensors
+from ..errors import NonFiniteError
 
 
 class Anchor:
@@ -44,25 +45,43 @@ class Anchor:
         """Δ_m = θ̃ − θ_m (a new flat buffer)."""
         return self.value - (self.local() if local is None else local)
 
-    def outer_step(self, mean_delta: torch.Tensor, lr: float | None = None) -> None:
+    def outer_step(self, mean_delta: torch.Tensor) -> None:
         """θ̃ ← OuterOpt(θ̃, grad = Δ̄)."""
+        self._step(mean_delta)
+        self.check_finite()
+
+    def _step(self, mean_delta: torch.Tensor, lr: float | None = None) -> None:
         if lr is not None:
             self.optimizer.param_groups[0]["lr"] = lr
         averaged = [(a, b, self.value[a:b] - mean_delta[a:b]) for a, b in self.plain]
         self.value.grad = mean_delta
-        self.optimizer.step()
+        try:
+            self.optimizer.step()
+        except RuntimeError as e:                          # a learning rate beyond the tensor's float range
+            if "overflow" not in str(e):
+                raise
+            raise NonFiniteError(f"the outer step would make the global model non-finite: learning rate {self.optimizer.param_groups[0]['lr']:g} "
+                                 f"is beyond the range of {self.value.dtype}") from None
         self.value.grad = None
         with torch.no_grad():
             for a, b, avg in averaged:
                 self.value[a:b] = avg
 
+    def check_finite(self) -> None:
+        """The global parameters are identical on every rank, so every rank raises together: a
+        finite mean can still overflow in the outer step (an outer learning rate of 1e300)."""
+        if not bool(torch.isfinite(self.value).all()):
+            raise NonFiniteError("the outer step made the global model non-finite (the outer learning rate "
+                                 "or momentum is too large)")
+
     def slowmo_step(self, mean_delta: torch.Tensor, inner_lr: float, slow_lr: float) -> None:
         """u ← β·u + Δ̄/η ; θ̃ ← θ̃ − α·η·u (β is the optimizer's momentum; buffers: θ̃ ← θ̄)."""
         averaged = [(a, b, self.value[a:b] - mean_delta[a:b]) for a, b in self.plain]
-        self.outer_step(mean_delta / inner_lr, lr=slow_lr * inner_lr)
+        self._step(mean_delta / inner_lr, lr=slow_lr * inner_lr)
         with torch.no_grad():
             for a, b, avg in averaged:
                 self.value[a:b] = avg
+        self.check_finite()
 
     def load_into_model(self) -> None:
         """θ_m ← θ̃."""

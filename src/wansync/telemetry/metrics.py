@@ -1,16 +1,10 @@
-"""metrics.jsonl: one JSON object per step, evaluation and sync event (written by rank 0)."""
+"""metrics.jsonl: one JSON object per step, evaluation and sync event (written by rank 0); a NaN is null."""
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Any
 
-
-def _clean(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
+from .. import jsonout
 
 
 class MetricsWriter:
@@ -19,7 +13,7 @@ class MetricsWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         if self._f is not None:
-            self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+            self._f.write(jsonout.dumps(record) + "\n")
 
     def close(self) -> None:
         if self._f is not None:

@@ -1,0 +1,84 @@
+"""Nothing lost: a checkpoint is durable before any rank goes on, resume takes the newest complete
+one and checks it, and a full disk leaves one clear line and no temporary file behind."""
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli_harness import TINY, no_process_left, wansync
+from wansync import checkpoint
+from wansync.errors import DataError
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_a_peer_dying_while_rank0_is_still_finishing_the_save_loses_no_checkpoint(tmp_path):
+    # rank 0 sleeps 5 s right after the barrier that ends the save of step 4; meanwhile rank 1
+    # goes on (step 5 is a local step: it needs no peer) and dies, and the launcher ends rank 0
+    run = tmp_path / "run"
+    r = wansync("train", "--strategy", "local_sgd", "--sync-every", "4", "--workers", "2", "--steps", "8",
+                "--checkpoint-every", "4",
+                "--quiet", "--out", str(run), *TINY,
+                env={"WANSYNC_FAULT": "rank=0,step=4,action=delay,seconds=5;rank=1,step=5,action=kill"})
+    assert r.returncode != 0 and "rank 1 was killed by SIGKILL" in r.stderr, r.stderr
+    assert no_process_left(run)
+    r = wansync("train", "--resume", str(run), "--steps", "6")
+    assert r.returncode == 0, r.stderr
+    assert sorted(d.name for d in (run / "checkpoints").iterdir()) == ["step00000004", "step00000006"]
+
+
+def _save(run: Path, step: int, world: int = 2) -> None:
+    for rank in range(world):
+        checkpoint.save_rank(run, step, rank, {"step": step, "world_size": world, "w": torch.full((3,), step)})
+
+
+def test_resume_takes_the_newest_complete_checkpoint(tmp_path):
+    (tmp_path / "config.toml").write_text("")
+    _save(tmp_path, 2)
+    _save(tmp_path, 4)
+    (tmp_path / "checkpoints" / "step00000004" / "rank1.json").unlink()      # rank 1 died while saving
+    assert checkpoint.checkpoint_step(tmp_path) == 2
+    assert int(checkpoint.load_rank(tmp_path, 1, 2)["w"][0]) == 2
+
+
+def test_a_damaged_checkpoint_fails_its_checksum(tmp_path):
+    (tmp_path / "config.toml").write_text("")
+    _save(tmp_path, 2)
+    path = tmp_path / "checkpoints" / "step00000002" / "rank0.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1                                                 # one flipped bit
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="rank0.pt is corrupted or truncated"):
+        checkpoint.load_rank(tmp_path, 0, 2)
+
+
+def test_pruning_keeps_two_complete_checkpoints_and_drops_leftovers(tmp_path):
+    for step in (2, 4, 6):
+        _save(tmp_path, step)
+    (tmp_path / "checkpoints" / "step00000006" / "rank0.pt.tmp999").write_bytes(b"half")   # a writer that died
+    _save(tmp_path, 8, world=1)                                              # a later step of an abandoned run
+    checkpoint.prune(tmp_path, 6)
+    root = tmp_path / "checkpoints"
+    assert sorted(d.name for d in root.iterdir()) == ["step00000004", "step00000006"]
+    assert not list(root.glob("*/*.tmp*"))
+
+
+def _small_files_only():
+    limit = 1 << 20                                  # 1 MiB: the log fits, the 22 MB checkpoint does not
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_full_disk_fails_in_one_line_and_leaves_no_temporary_file(tmp_path):
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "wansync", "train", "--strategy", "ddp", "--workers", "1",
+                        "--steps", "2", "--quiet", "--out", str(run), *TINY], capture_output=True, text=True,
+                       timeout=150, preexec_fn=_small_files_only)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "rank 0: cannot write checkpoint" in r.stderr, r.stderr
+    assert "File too large" in r.stderr, r.stderr
+    assert not [p for p in run.rglob("*") if ".tmp" in p.name]

@@ -1,0 +1,110 @@
+"""Nothing orphaned: a signal to the launcher, or to a worker, ends the whole run in one line,
+leaves no process behind, and the run resumes from its last checkpoint."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli_harness import TINY, no_process_left, wansync
+
+pytestmark = pytest.mark.timeout(180)
+
+CHECKPOINT_EVERY = 2
+
+
+def worker_pids(run: Path) -> dict[int, int]:
+    """rank -> pid of the live workers of the run in `run`."""
+    marker = f"WANSYNC_RUN_DIR={run}".encode()
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in env:
+            rank = next((v[5:] for v in env if v.startswith(b"RANK=")), b"")
+            found[int(rank or -1)] = int(pid)
+    return found
+
+
+def steps_done(run: Path) -> int:
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    steps = [0]
+    for line in lines:
+        try:
+            steps.append(json.loads(line)["step"])
+        except ValueError:                      # a line being written
+            pass
+    return max(steps)
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def long_run(tmp_path):
+    """A 2-worker run that would take hours, in a session of its own (so a signal to its group
+    reaches no one else), past its first checkpoint; everything it started is killed at the end."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "wansync", "train", "--strategy", "ddp", "--workers", "2",
+                             "--steps", "100000", "--checkpoint-every", str(CHECKPOINT_EVERY), "--quiet",
+                             "--out", str(run), *TINY], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        wait_for(lambda: steps_done(run) > CHECKPOINT_EVERY or proc.poll() is not None, 120, "a checkpoint")
+        assert proc.poll() is None, proc.stderr.read()
+        assert len(worker_pids(run)) == 2
+        yield run, proc
+    finally:
+        for pid in [proc.pid, *worker_pids(run).values()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait()
+
+
+CASES = {   # case -> (exit status, stderr)
+    "SIGINT to the process group": (130, "wansync: interrupted"),
+    "SIGTERM to the launcher": (143, "wansync: terminated (SIGTERM)"),
+    "SIGKILL to the launcher": (-signal.SIGKILL, ""),
+    "SIGKILL to a worker": (1, "wansync: error: rank 1 was killed by SIGKILL"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_signal_ends_the_run_in_one_line_and_leaves_nothing_behind(long_run, case):
+    run, proc = long_run
+    if case == "SIGINT to the process group":
+        os.killpg(proc.pid, signal.SIGINT)
+    elif case == "SIGTERM to the launcher":
+        proc.terminate()
+    elif case == "SIGKILL to the launcher":
+        proc.kill()
+    else:
+        os.kill(worker_pids(run)[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err.strip()) == CASES[case], err
+    wait_for(lambda: no_process_left(run), 15, "the workers to end")
+    assert not (run / "summary.json").exists()
+    if case == "SIGKILL to the launcher":            # the harshest end still resumes
+        steps = max(int(d.name[4:]) for d in (run / "checkpoints").glob("step*")) + 1
+        r = wansync("train", "--resume", str(run), "--steps", str(steps))
+        assert r.returncode == 0, r.stderr
+        assert json.loads((run / "summary.json").read_text())["steps"] == steps
