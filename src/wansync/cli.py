@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from . import __version__
 from .config import Config, base_type, build_config
+from .divergence import warning as divergence_warning
 from .errors import WansyncError
 from .presets import PRESETS, get, layered_config
 
@@ -99,13 +100,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .run import resume_config, train
     if args.resume:
         summary = train(resume_config(args.resume, config_flags(args)), resume=True)
-        return 0 if summary is not None else 1
-    if args.preset:
-        preset = get(args.preset)
-        cfg = layered_config({**preset.values, "strategy": preset.strategies[-1]}, args.config, config_flags(args))
     else:
-        cfg = config_from_args(args)
-    summary = train(cfg)
+        if args.preset:
+            preset = get(args.preset)
+            cfg = layered_config({**preset.values, "strategy": preset.strategies[-1]}, args.config,
+                                 config_flags(args))
+        else:
+            cfg = config_from_args(args)
+        summary = train(cfg)
+    if summary and summary.get("diverged"):
+        print(divergence_warning(summary), file=sys.stderr)
     return 0 if summary is not None else 1
 
 
