@@ -66,18 +66,29 @@ def test_alpha_merge():
 
 
 # ---- §7b: the transmission count --------------------------------------------------------------
-def test_syncs_per_period_formula():
-    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=5.0) == 8          # the paper's N = 8
-    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=50.0) == 4         # never below P
-    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=1e-4) == 100       # at most one start per step
-    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=0.0) == 100
+def test_syncs_per_period_formula_of_the_paper():                     # per_fragment=0: no c·P cap
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=5.0, per_fragment=0) == 8      # the paper's N = 8
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=50.0, per_fragment=0) == 4     # never below P
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=1e-4, per_fragment=0) == 100   # one start per step
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=0.0, per_fragment=0) == 100
+
+
+def test_syncs_per_period_is_capped_at_c_fragments_and_keeps_the_papers_n():
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=5.0, per_fragment=2) == 8      # the paper's N = 8
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=1e-4, per_fragment=2) == 8     # a fast link: 2P
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=0.0, per_fragment=2) == 8
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=50.0, per_fragment=2) == 4     # never below P
+    assert syncs_per_period(0.4, 20, 2, t_c=0.88, t_s=0.017, per_fragment=2) == 4    # the run: not 20
+    assert syncs_per_period(0.4, 6, 4, t_c=1.0, t_s=1e-4, per_fragment=2) == 6       # and never above H
 
 
 @pytest.mark.parametrize("options, message", [
     (dict(gamma=0.0), "gamma must be > 0, got 0.0"),
     (dict(gamma=-1.0), "gamma must be > 0, got -1.0"),
     (dict(lam=float("nan")), "lam must be >= 0, got nan"),
-    (dict(schedule="random"), "schedule must be one of adaptive, round_robin, got 'random'"),
+    (dict(schedule="random"), "schedule must be one of adaptive, adaptive_fair, round_robin, got 'random'"),
+    (dict(max_syncs_per_fragment=-1), "max_syncs_per_fragment must be >= 0, got -1"),
+    (dict(outer_scaling="sqrt"), "outer_scaling must be one of none, interval, got 'sqrt'"),
     (dict(compensation="none"), "compensation must be one of taylor, alpha, got 'none'"),
 ])
 def test_bad_cocodc_options(options, message):

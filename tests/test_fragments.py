@@ -119,9 +119,10 @@ def test_round_robin_skips_a_slot_whose_fragment_is_in_flight():
     assert sched.choose(6) == (1, "round_robin")         # the pointer did not move
 
 
-def simulate_adaptive(H: int, P: int, N: int, steps: int, rate_of) -> list[tuple[int, int, str]]:
+def simulate_adaptive(H: int, P: int, N: int, steps: int, rate_of,
+                      mode: str = "adaptive") -> list[tuple[int, int, str]]:
     """Drive an adaptive schedule with merges right after each start; rate_of(p) = ‖Δθ̃_p‖ per step."""
-    sched = Schedule(H, P, N, "adaptive")
+    sched = Schedule(H, P, N, mode)
     out = []
     for t in range(1, steps + 1):
         if sched.is_slot(t):
@@ -166,6 +167,33 @@ def test_adaptive_ties_go_to_the_lowest_fragment_and_in_flight_is_excluded():
     assert sched.choose(2, {0, 1, 2}) is None
 
 
+def test_adaptive_fair_never_syncs_a_fragment_twice_before_every_fragment_had_a_turn():
+    rate = lambda p: [10.0, 1.0, 0.0][p]                                       # noqa: E731
+    locked = [p for _, p, _ in simulate_adaptive(20, 3, 10, steps=60, rate_of=rate)]
+    assert locked[:8] == [0, 1, 2, 0, 0, 0, 0, 0]                              # plain adaptive locks in
+    fair = simulate_adaptive(20, 3, 10, steps=60, rate_of=rate, mode="adaptive_fair")
+    rounds = [[p for _, p, _ in fair[i:i + 3]] for i in range(0, len(fair) - 2, 3)]
+    assert all(sorted(r) == [0, 1, 2] for r in rounds)
+    assert all(r[0] == 0 for r in rounds[1:])                                  # the rate still orders a round
+
+
+def test_the_paper_preset_keeps_n_8_and_the_papers_schedule():
+    from wansync.presets import get
+    from wansync.strategies import resolve_options
+    from wansync.strategies.transmission import syncs_per_period
+    o = resolve_options("cocodc", get("cocodc-paper").values)
+    assert (o["sync_every"], o["fragments"], o["schedule"], o["outer_scaling"]) == (100, 4, "adaptive", "none")
+    for t_s in (5.0, 1e-3, 0.0):                          # the paper's link, a fast one, an instant one
+        assert syncs_per_period(o["gamma"], 100, 4, t_c=1.0, t_s=t_s, per_fragment=o["max_syncs_per_fragment"]) == 8
+    sched = Schedule(100, 4, 8, o["schedule"])
+    assert [t for t in range(1, 201) if sched.is_slot(t)] == [12, 25, 37, 50, 62, 75, 87, 100,
+                                                               112, 125, 137, 150, 162, 175, 187, 200]
+    rate = lambda p: [1.0, 4.0, 2.0, 3.0][p]                                   # noqa: E731
+    picks = [(t, p, r) for t, p, r in simulate_adaptive(100, 4, 8, steps=200, rate_of=rate)]
+    assert picks[:4] == [(12, 0, "rate"), (25, 1, "rate"), (37, 2, "rate"), (50, 3, "rate")]
+    assert [p for _, p, _ in picks[4:]] == [1, 1, 1, 1, 0, 1, 2, 3, 1, 1, 1, 1]   # argmax R_p, then stale
+
+
 def test_schedule_state_round_trips():
     a = Schedule(30, 3, 6, "adaptive")
     for t in range(1, 25):
@@ -181,6 +209,6 @@ def test_schedule_state_round_trips():
 def test_bad_syncs_per_period():
     with pytest.raises(ConfigError, match=r"syncs per period must be between fragments \(4\) and sync_every \(10\), got 11"):
         Schedule(10, 4, 11)
-    with pytest.raises(ConfigError, match="schedule must be one of adaptive, round_robin"):
+    with pytest.raises(ConfigError, match="schedule must be one of adaptive, adaptive_fair, round_robin"):
         Schedule(10, 4, 4, "random")
     assert math.isinf(Schedule(10, 2, 2).rate[0])

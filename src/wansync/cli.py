@@ -10,6 +10,7 @@ from . import __version__
 from .config import Config, base_type, build_config, check_combinations
 from .errors import ConfigError, WansyncError
 from .interrupts import Terminated, exit_now, exit_status, sigterm_raises
+from .divergence import warning as divergence_warning
 from .presets import PRESETS, get, layered_config
 
 
@@ -109,7 +110,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = resume_config(args.resume, config_flags(args))
         torchrun_env(cfg.workers)
         summary = train(cfg, resume=True)
-        return 0 if summary is not None else 1
+        return _finished(summary)
     if args.preset:
         preset = get(args.preset)
         cfg = layered_config({**preset.values, "strategy": preset.strategies[-1]}, args.config, config_flags(args))
@@ -118,6 +119,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_combinations(cfg, config_flags(args))
     torchrun_env(cfg.workers if args.workers is not None else None)   # refuses a stale or contradicting one
     summary = train(cfg, force=args.force)
+    return _finished(summary)
+
+
+def _finished(summary: dict[str, Any] | None) -> int:
+    """The exit status of a finished `train`; a diverged run is warned about in one line."""
+    if summary and summary.get("diverged"):
+        print(divergence_warning(summary), file=sys.stderr)
     return 0 if summary is not None else 1
 
 

@@ -386,6 +386,10 @@ def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: i
     print()
     print(f"{ran} runs trained, {skipped} skipped (finished earlier), {len(failed)} failed, "
           f"in {time.monotonic() - t0:.0f} s")
+    for row in rep.rows:
+        if row["diverged"]:
+            print(f"warning: {row['setting']} diverged in {row['diverged']}/{row['seeds_ok']} seeds (final "
+                  f"{rep.quality.name} worse than at the first evaluation, or at chance)")
     print(f"report: {rep.path}")
     if failed:
         raise WansyncError(f"{len(failed)} of {len(outcomes)} runs failed (marked in {rep.path}); "

@@ -80,8 +80,11 @@ _PAPER_PRESETS = (
             "lr_schedule": "cosine", "weight_decay": 0.1, "steps": 15000, "eval_every": 500, "eval_batches": 64,
             "sync_every": 100, "overlap": 5, "fragments": 4, "lam": 0.5, "gamma": 0.4,
             "outer_lr": 0.7, "outer_momentum": 0.9, "checkpoint_every": 1000, "wan": "",
+            # the paper's algorithm, pinned: argmax-R_p choice, one full outer step per merge, N <= 2P = 8
+            "schedule": "adaptive", "outer_scaling": "none", "max_syncs_per_fragment": 2,
         },
         notes=("the paper simulates the delay in steps (tau=5), not a network: no --wan link by default",
+               "N from gamma is capped at 2P = 8, the paper's N (its rule alone reaches H on a fast link)",
                "assumed (not in the spec): seq_len 1024, batch 32 per worker, AdamW lr 4e-4 with 1000 warmup "
                "steps and cosine decay, weight decay 0.1, 15000 steps (the paper's runs reach ppl 20 "
                "after 10-13k steps), a 32k BPE trained locally",

@@ -227,6 +227,7 @@ def aggregate(settings: Sequence[Setting], q: Quality, target: float | None) -> 
             per["sync_events"].append(number(sm.get("sync_events")))
         row: dict[str, Any] = {"setting": s.label, "strategy": s.strategy, **{k: v for k, v in s.setting.items()},
                                "seeds": len(s.runs), "seeds_ok": len(ok), "reached_target": reached,
+                               "diverged": sum(r.diverged for r in ok),
                                "status": s.status}
         for m, vals in per.items():
             mean, std, _ = mean_std(vals)
@@ -311,8 +312,8 @@ def run_rows(runs: Sequence[Run], q: Quality, target: float | None) -> list[dict
     for r in runs:
         step, sec = to_target(r, q, target) if r.ok and target is not None else (None, None)
         sm = r.summary
-        rows.append({"setting": r.label, "strategy": r.strategy, "seed": r.seed, **r.setting, "status": r.status,
-                     "final": number(sm.get(q.final_key)), "best": number(sm.get(q.best_key)),
+        rows.append({"setting": r.label, "strategy": r.strategy, "seed": r.seed, **r.setting, "status": "diverged" if r.diverged else r.status,
+                     "diverged": r.diverged, "final": number(sm.get(q.final_key)), "best": number(sm.get(q.best_key)),
                      "final_ppl": number(sm.get("final_val_ppl")), "steps_to_target": step,
                      "time_to_target_s": sec, "wall_clock_s": number(sm.get("wall_clock_s")),
                      "exposed_comm_pct": exposed_pct(r) if r.ok else None, "bytes_sent": number(sm.get("bytes_sent")),
@@ -397,6 +398,14 @@ def _markdown(rep: Report, runs: Sequence[Run]) -> str:
     resid = [abs(number(r.profile.get("residual_pct")) or 0.0) for r in ok if r.profile]
     if resid:
         lines += [f"Profiler: categories add up to the wall clock within {max(resid):.2f}% on every run.", ""]
+    diverged = [r for r in runs if r.diverged]
+    if diverged:
+        lines += ["## Diverged runs", "",
+                  f"Finished, but the final {q.name} is worse than at the first evaluation or at chance:", ""]
+        lines += [f"- `{r.label}` seed {r.seed}: first {_f(number(r.evals[0].get(q.eval_key)) if r.evals else None)}, final "
+                  f"{_f(number(r.summary.get(q.final_key)))}, chance {_f(number(r.summary.get('chance_level')))} "
+                  f"(`{r.dir}`)" for r in diverged]
+        lines += [""]
     if rep.failed:
         lines += ["## Failed runs", ""]
         lines += [f"- `{r.label}` seed {r.seed}: {r.status} (`{r.dir}`)" for r in rep.failed]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .divergence import diverged
 from .telemetry.profiler import CATEGORIES
 
 __all__ = ["CATEGORIES", "FAILED_FILE", "LM", "PLAN_FILE", "Quality", "Run", "Setting", "VISION", "human_bytes",
@@ -30,7 +31,7 @@ class Run:
     strategy: str
     seed: int | None
     setting: dict[str, Any]
-    status: str                                   # "ok" or "failed: <message>"
+    status: str                                   # "ok" or "failed: <message>" (a diverged run is ok)
     summary: dict[str, Any] = field(default_factory=dict)
     profile: dict[str, Any] = field(default_factory=dict)
     evals: list[dict[str, Any]] = field(default_factory=list)
@@ -38,6 +39,16 @@ class Run:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def diverged(self) -> bool:
+        """Finished, but ended worse than it started or at chance: summary.json's flag, or for a run
+        written before the flag existed the same rule on its evaluation records (`divergence.py`)."""
+        if not self.ok:
+            return False
+        if "diverged" in self.summary:
+            return bool(self.summary["diverged"])
+        return diverged(self.evals, number(self.summary.get("chance_level")))
 
 
 @dataclass
@@ -55,7 +66,8 @@ class Setting:
     def status(self) -> str:
         failed = [r for r in self.runs if not r.ok]
         if not failed:
-            return "ok"
+            diverged = sum(r.diverged for r in self.runs)
+            return f"diverged ({diverged}/{len(self.runs)} seeds)" if diverged else "ok"
         if len(failed) == len(self.runs):
             return failed[0].status
         return f"partial: {len(failed)}/{len(self.runs)} seeds {failed[0].status}"

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from . import checkpoint, jsonout, strategies
 from .config import Config, fingerprint
+from .divergence import chance_level, diverged
 from .errors import ConfigError, NonFiniteError
 from .faults import Faults
 from .net import collective_duration, emulator_of
@@ -274,6 +275,9 @@ class Trainer:
             accs = [e["test_acc"] for e in self.evals]
             summary.update(final_test_acc=final["test_acc"], peak_test_acc=max(accs),
                            final_test_loss=final["test_loss"])
+        key = "val_loss" if "val_loss" in final else "test_acc"
+        chance = chance_level(self.workload.describe())
+        summary.update(first_eval=self.evals[0][key], chance_level=chance, diverged=diverged(self.evals, chance))
         if self.rank == 0:
             (self.run_dir / "summary.json").write_text(jsonout.dumps(summary, indent=2))
             (self.run_dir / "profile.json").write_text(jsonout.dumps(profile, indent=2))

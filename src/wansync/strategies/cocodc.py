@@ -5,13 +5,17 @@ compensation and adaptive transmission.
   `θ ← θ̃_p + τ·(g + λ·g⊙g⊙D)`, `g = (θ(t_l) − θ(t_p))/τ` (forward difference; the paper's printed
   Eq. (4) has the opposite sign), `D = (θ(t_p) − θ̃_p)/H`; `alpha` keeps Streaming DiLoCo's α-merge.
   Every merge's "sync" event records `lam_term_rel = ‖λ·g⊙g⊙D‖/‖g‖` (this rank's value).
-- Count (`syncs_per_period`): 0 (default) derives `N = max(P, ⌊γ·H·T_c/T_s⌋)` (capped at H) once, at
-  step H, from the measured inner-step time and the modelled or measured fragment sync time, agreed
-  on all ranks (see `transmission.py`); until then the schedule runs with `N = P` (and, when T_s is
+- Count (`syncs_per_period`): 0 (default) derives N once, at step H, by the rule stated in
+  `transmission.py` (the paper's `⌊γ·H·T_c/T_s⌋`, at least P, capped at `max_syncs_per_fragment`·P:
+  without that cap a fast link makes every fragment take a full outer step every few steps, which
+  diverges), from the measured inner-step time and the modelled or measured fragment sync time,
+  agreed on all ranks; until then the schedule runs with `N = P` (and, when T_s is
   measured, those first-period syncs are waited for at once to time them). A positive value
   fixes N (matched-frequency ablations; deterministic runs). A "schedule" event records N, T_c, T_s.
-- Choice (`schedule`): `adaptive` (staleness rule, then argmax R_p; see `fragments.py`) or
-  `round_robin`. `compensation=alpha, schedule=round_robin` is Streaming DiLoCo with N syncs per
+- Choice (`schedule`): `adaptive_fair` (default: the paper's staleness rule, then argmax R_p, among
+  the fragments not yet synced in the current round, so that no fragment syncs more than N/P times a
+  period), `adaptive` (the paper's rule, which can lock in on one fragment; see `fragments.py`) or
+  `round_robin`. `outer_scaling=interval` scales each merge's outer lr by I_p/H (default `none`). `compensation=alpha, schedule=round_robin` is Streaming DiLoCo with N syncs per
   period.
 """
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .streaming import Streaming, StreamingOptions
 from .transmission import agree, modelled_sync_seconds
 
 COMPENSATIONS = ("taylor", "alpha")
+OUTER_SCALINGS = ("none", "interval")
 
 
 @dataclass
@@ -37,9 +42,13 @@ class CoCoDCOptions(StreamingOptions):
     """Streaming DiLoCo's (`alpha` used by compensation=alpha only), plus compensation and adaptation."""
     syncs_per_period: int = option(0, "fragment syncs per period N (0: N from gamma, T_c and T_s, decided at "
                                    "step H)")
+    max_syncs_per_fragment: int = option(2, "automatic N: at most this many syncs of each fragment per period, "
+                                         "N <= this*P (0: no cap, N <= H as in the paper)", at_least(0))
+    outer_scaling: str = option("none", f"outer lr of a merge: {'|'.join(OUTER_SCALINGS)} (interval: "
+                                "outer_lr*I_p/H, I_p the steps the pseudo-gradient covers)", one_of(OUTER_SCALINGS))
     lam: float = option(0.5, "delay-compensation strength lambda", at_least(0))
     gamma: float = option(0.4, "network utilization target gamma", positive)
-    schedule: str = option("adaptive", f"which fragment syncs next: {'|'.join(SCHEDULES)}", one_of(SCHEDULES))
+    schedule: str = option("adaptive_fair", f"which fragment syncs next: {'|'.join(SCHEDULES)}", one_of(SCHEDULES))
     compensation: str = option("taylor", f"merge of a late fragment: {'|'.join(COMPENSATIONS)}",
                                one_of(COMPENSATIONS))
 
@@ -75,6 +84,11 @@ class CoCoDC(Streaming):
         new, rel = delay_compensate(x.theta_start, local, anchor, elapsed, self.H, self.opts.lam)
         return new, {"merge": "taylor", "lam": self.opts.lam, "lam_term_rel": rel}
 
+    def outer_lr_for(self, x: InFlight) -> float | None:
+        if self.opts.outer_scaling == "none":
+            return None
+        return self.opts.outer_lr * min(1.0, x.interval / self.H)
+
     # ---- T_c, T_s and N ------------------------------------------------------------------------
     def after_inner_step(self) -> None:
         if not self.n_decided and self.since_last_step_s is not None:     # T_c: the base class's timings
@@ -93,11 +107,12 @@ class CoCoDC(Streaming):
         if self.n_decided or t < self.H:
             return
         t_c = self.tc_sum / self.tc_count if self.tc_count else 0.0
-        n, t_c, t_s = agree(t_c, self.t_s or 0.0, self.opts.gamma, self.H, self.P, self.comm, self.group)
+        n, t_c, t_s = agree(t_c, self.t_s or 0.0, self.opts.gamma, self.H, self.P,
+                            self.opts.max_syncs_per_fragment, self.comm, self.group)
         self.schedule.set_n(n)
         self.n_decided = True
         self.emit("schedule", syncs_per_period=n, t_c=t_c, t_s=t_s, t_s_source=self.t_s_source,
-                  gamma=self.opts.gamma)
+                  gamma=self.opts.gamma, max_syncs_per_fragment=self.opts.max_syncs_per_fragment)
 
     # ---- resumable state -----------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

@@ -27,9 +27,14 @@ DiLoCo's staggered offsets. CoCoDC's adaptive choice picks, at each slot, any fr
 for ≥ `H` steps (oldest first), else `argmax_p R_p` with `R_p = ‖Δθ̃_p‖₂ / I_p` (`Δθ̃_p`: change of the
 global fragment at its last merge, `I_p`: steps between that sync's start and the previous one; a
 fragment never merged has `R_p = +inf`, so the first slots visit every fragment once; ties: lowest
-`p`). "Unsynced" counts from the start of the fragment's last sync (start 0 for none yet). A fragment
+`p`). The fragment just merged has the largest R_p (its I_p is the smallest), so when N approaches H
+plain `adaptive` locks in (0 0 0 0 0 1 2 3: fragment 0 every slot until the staleness rule forces
+the others); `adaptive_fair` makes the same choice among the fragments that have not started a sync
+in the current round (a round ends when every fragment has had a turn), so no fragment syncs twice
+before every other fragment synced once. "Unsynced" counts from the start of the fragment's last sync (start 0 for none yet). A fragment
 whose exchange is still in flight is never chosen again; when the round-robin fragment (or, in
-adaptive mode, every fragment) is in flight, the slot is skipped.
+adaptive mode, every fragment; in adaptive_fair mode, every fragment still due in the round) is in
+flight, the slot is skipped.
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ from ..errors import ConfigError
 from .base import sync_tensors
 
 PARTITIONS = ("strided", "sequential")
-SCHEDULES = ("adaptive", "round_robin")
+SCHEDULES = ("adaptive", "adaptive_fair", "round_robin")
 
 
 # ---- partition ---------------------------------------------------------------------------------
@@ -156,6 +161,7 @@ class Schedule:
         self.rr_next = 0
         self.last_start = [0] * fragments          # step of each fragment's last sync start (0: none yet)
         self.rate: list[float] = [math.inf] * fragments   # R_p; +inf until its first merge
+        self.turned = [False] * fragments           # adaptive_fair: started a sync in this round
 
     def set_n(self, n: int) -> int:
         if not self.P <= n <= self.H:
@@ -178,7 +184,8 @@ class Schedule:
                 return None
             self.rr_next = (p + 1) % self.P
             return p, "round_robin"
-        free = [p for p in range(self.P) if p not in in_flight]
+        fair = self.mode == "adaptive_fair"
+        free = [p for p in range(self.P) if p not in in_flight and not (fair and self.turned[p])]
         if not free:
             return None
         stale = [p for p in free if t - self.last_start[p] >= self.H]
@@ -190,6 +197,9 @@ class Schedule:
         """Note that fragment p starts a sync at t; returns I_p (steps since its previous start)."""
         interval = max(1, t - self.last_start[p])
         self.last_start[p] = t
+        self.turned[p] = True
+        if all(self.turned):
+            self.turned = [False] * self.P
         return interval
 
     def record_merge(self, p: int, anchor_change_norm: float, interval: int) -> None:
@@ -198,10 +208,11 @@ class Schedule:
 
     def state_dict(self) -> dict[str, Any]:
         return {"n": self.n, "mode": self.mode, "rr_next": self.rr_next, "last_start": list(self.last_start),
-                "rate": list(self.rate)}
+                "rate": list(self.rate), "turned": list(self.turned)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.set_n(int(state["n"]))
         self.rr_next = int(state["rr_next"])
         self.last_start = [int(v) for v in state["last_start"]]
         self.rate = [float(v) for v in state["rate"]]
+        self.turned = [bool(v) for v in state.get("turned", [False] * self.P)]    # absent before adaptive_fair

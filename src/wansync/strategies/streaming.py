@@ -127,7 +127,7 @@ class Streaming(Strategy):
         self.in_flight.remove(x)
         p, anchor = x.fragment, self.anchors[x.fragment]
         before = anchor.value.clone()
-        anchor.outer_step(mean)                           # new anchor first, then the merge
+        anchor.outer_step(mean, lr=self.outer_lr_for(x))  # new anchor first, then the merge
         self.schedule.record_merge(p, float(torch.linalg.vector_norm(anchor.value - before)), x.interval)
         new, info = self.merge_values(x, anchor.local(), anchor.value, t - x.start)
         anchor.flat.scatter(new)
@@ -152,6 +152,10 @@ class Streaming(Strategy):
                      elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
         """The new local fragment after the outer step, and telemetry fields."""
         return alpha_merge(local, anchor, self.opts.alpha), {"merge": "alpha", "alpha": self.opts.alpha}
+
+    def outer_lr_for(self, x: InFlight) -> float | None:
+        """The outer learning rate for this merge (None: the optimizer's own)."""
+        return None
 
     def after_launch(self, x: InFlight) -> None:
         """Called right after a sync is launched (CoCoDC measures T_s here)."""

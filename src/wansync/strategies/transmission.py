@@ -1,4 +1,14 @@
-"""CoCoDC's adaptive transmission count (Zhu et al. 2025, arXiv:2504.17672): N = max(P, ⌊γ·H·T_c/T_s⌋), capped at H.
+"""CoCoDC's adaptive transmission count (Zhu et al. 2025, arXiv:2504.17672), the one statement of it:
+
+    N = max(P, min(⌊γ·H·T_c/T_s⌋, c·P, H))
+
+The paper's rule is `N = max(P, ⌊γ·H·T_c/T_s⌋)`, at most H (one sync start per step): spend the
+spare bandwidth. `c` (`max_syncs_per_fragment`, default 2) caps how often one fragment can take an
+outer step per period, i.e. a minimum interval of H/c steps between two syncs of the same fragment
+(exactly, with the default `adaptive_fair` schedule, which gives every fragment N/P syncs a period).
+Without it (c = 0) a fast link drives N to H and every fragment takes a full outer Nesterov step
+(tuned for one step per H inner steps) every few steps, which diverges; with c = 2 the paper's setting
+(H = 100, P = 4: N = 8) keeps its N.
 
 - `T_c`, the inner-step time, is measured by the strategy: per step, the time from the end of the
   previous `step()` call to the start of this one (forward, backward, data) plus the inner optimizer
@@ -24,12 +34,19 @@ from ..comm.ledger import CommLedger
 from ..net import collective_duration, emulator_of
 
 
-def syncs_per_period(gamma: float, sync_every: int, fragments: int, t_c: float, t_s: float) -> int:
-    """N = max(P, ⌊γ·H·T_c/T_s⌋), at most H (one sync start per step)."""
+def max_syncs(sync_every: int, fragments: int, per_fragment: int) -> int:
+    """The cap on N: min(c·P, H), or H when c = 0 (no per-fragment cap)."""
+    return min(sync_every, per_fragment * fragments) if per_fragment > 0 else sync_every
+
+
+def syncs_per_period(gamma: float, sync_every: int, fragments: int, t_c: float, t_s: float, *,
+                     per_fragment: int) -> int:
+    """N = max(P, min(⌊γ·H·T_c/T_s⌋, c·P, H)) with c = `per_fragment` (0: no c·P cap)."""
+    cap = max_syncs(sync_every, fragments, per_fragment)
     if not (t_s > 0) or not math.isfinite(t_c):
-        return sync_every
+        return cap
     n = math.floor(gamma * sync_every * t_c / t_s)
-    return int(min(sync_every, max(fragments, n)))
+    return int(max(fragments, min(cap, n)))
 
 
 def modelled_sync_seconds(codec: str, numel: int, wire_bytes: int, group: Any = None) -> float | None:
@@ -46,7 +63,7 @@ def modelled_sync_seconds(codec: str, numel: int, wire_bytes: int, group: Any = 
     return float(collective_duration("allgather", members * wire_bytes, world, topology, ranks))
 
 
-def agree(t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int,
+def agree(t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int, per_fragment: int,
           ledger: CommLedger, group: Any = None) -> tuple[int, float, float]:
     """(N, mean T_c, mean T_s), identical on every rank of `group` (see module docstring)."""
     vals = torch.tensor([t_c, t_s], dtype=torch.float64)
@@ -54,7 +71,7 @@ def agree(t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int,
     dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
     vals /= dist.get_world_size(group)
     tc, ts = float(vals[0]), float(vals[1])
-    n = torch.tensor([syncs_per_period(gamma, sync_every, fragments, tc, ts)], dtype=torch.int64)
+    n = torch.tensor([syncs_per_period(gamma, sync_every, fragments, tc, ts, per_fragment=per_fragment)], dtype=torch.int64)
     ledger.count("schedule", n.numel() * n.element_size())
     src = dist.get_global_rank(group, 0) if group is not None else 0
     dist.broadcast(n, src=src, group=group)
