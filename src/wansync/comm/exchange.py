@@ -48,6 +48,13 @@ GUARDED = ("params", "pseudo_grads", "optim_state")
 POLICIES = ("abort", "skip")
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """No NaN/Inf in `x`. A sum is finite only if every element is (NaN and Inf propagate), and it
+    is one pass without a temporary, ~30x cheaper than `isfinite(x).all()` on a model-sized
+    buffer; only a non-finite sum (a NaN, an Inf, or an overflowing sum) pays for the exact test."""
+    return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
+
+
 class MeanHandle:
     """An average in flight. `wait()` blocks until the collective is done, books that time on the
     ledger, finishes the mean and returns it; later calls return the same tensor."""
@@ -104,7 +111,7 @@ class Exchange:
             raise ValueError(f"extra={extra} needs a 1-D buffer of at least that many elements")
         values = buf[:buf.numel() - extra] if extra else buf
         guarded = self.nonfinite is not None and purpose in GUARDED
-        valid = not guarded or bool(torch.isfinite(values).all())
+        valid = not guarded or all_finite(values)
         if not valid and self.nonfinite == "abort":
             raise NonFiniteError(f"non-finite values in this worker's {purpose} before the exchange "
                                  f"(--on-nonfinite abort)")
@@ -126,7 +133,7 @@ class Exchange:
 
         def checked() -> torch.Tensor:
             result = finish()
-            if purpose in GUARDED and not bool(torch.isfinite(result[:result.numel() - extra] if extra else result).all()):
+            if purpose in GUARDED and not all_finite(result[:result.numel() - extra] if extra else result):
                 raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite (a worker sent NaN/Inf; "
                                      f"--on-nonfinite abort or skip stops it before the exchange)")
             return result
