@@ -170,6 +170,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
+    os.environ.setdefault("RUST_LOG", "error")           # torchft's lighthouse and managers log every quorum
     servers = []                                         # one torchft lighthouse per torchft configuration
     try:
         from torchft._torchft import LighthouseServer

@@ -25,7 +25,7 @@ class PeriodicOptions(Options):
     """The knobs of every periodic strategy; with these defaults, LocalSGD's."""
     sync_every: int = sync_every(8)
     sync_optimizer_state: bool = option(False, "average the inner optimizer's state at every boundary")
-    drift_telemetry: bool = option(True, "measure worker drift at every boundary (one 8-byte all-reduce)")
+    drift_telemetry: bool = option(True, "report worker drift at every boundary (rides on the next parameter exchange)")
 
 
 class Periodic(Strategy):
