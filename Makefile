@@ -24,8 +24,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
-	$(PY) benchmarks/step_overhead.py
+bench: $(STAMP)                      # quick mode, a few minutes; the scripts' defaults give the recorded tables
+	$(PY) benchmarks/step_overhead.py --reps 50
+	$(PY) benchmarks/sync_cost.py --reps 5
+	$(PY) benchmarks/framework_overhead.py --models tiny,cnn --rounds 5 --block 2 --emulator-reps 7
+	$(PY) benchmarks/memory_bill.py --models tiny
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

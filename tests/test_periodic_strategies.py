@@ -108,11 +108,11 @@ def test_post_local_sgd_is_ddp_then_local_sgd(two):
         assert not torch.equal(plsgd[5], ddp[5])
         for pa, pb in zip(two[rank]["post_local_0"]["params"], two[rank]["local_sgd"]["params"]):
             assert torch.equal(pa, pb)                   # switch_step 0 is LocalSGD
-    assert [e["step"] for e in two[0]["post_local_4"]["events"]] == [7, 9]   # boundary 4 + 3, then finish()
+    assert [(e["type"], e["step"]) for e in two[0]["post_local_4"]["events"]] == [("sync", 7), ("sync", 9), ("drift", 9)]
     r = two[0]["post_local_4"]
     assert r["comm"][3]["grads"]["calls"] == 4 and r["comm"][-1]["grads"]["calls"] == 4   # DDP steps only
     assert all(r["wire"][t - 1] == [] for t in (5, 6, 8, 9))                            # local steps: nothing
-    assert sorted(b for _, b in r["wire"][6]) == [8, r["flat_bytes"]]                   # t = 7: average + drift
+    assert [b for _, b in r["wire"][6]] == [r["flat_bytes"] + 4]       # t = 7: the average, the drift riding on it
 
 
 # ---- SlowMo by hand ---------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def test_slowmo_matches_the_formula_with_a_changing_learning_rate(two):
     for rank in range(2):
         got = [float(p[0]) for p in two[rank]["slowmo_scalar"]["params"]]
         assert got == pytest.approx([e[rank] for e in expected], abs=1e-12, rel=1e-12)
-    assert [e["step"] for e in two[0]["slowmo_scalar"]["events"]] == [2, 4, 6]
+    assert [e["step"] for e in two[0]["slowmo_scalar"]["events"] if e["type"] == "sync"] == [2, 4, 6]
 
 
 # ---- every periodic strategy: boundaries, drift, optimizer state, resume ------------------------
@@ -160,10 +160,13 @@ def test_parameters_bitwise_identical_at_boundaries_on_four_ranks(four):
 @pytest.mark.parametrize("name", list(PERIODIC))
 def test_drift_is_logged_at_every_boundary(two, name):
     events = two[0][f"{name}_adamw_sos0"]["events"]
-    assert [e["step"] for e in events] == BOUNDARIES[name] + [7]                # + finish()
-    assert all(e["type"] == "sync" and e["strategy"] == name for e in events)
-    assert all(isinstance(e["drift"], float) and 0 < e["drift"] < 1 for e in events)
-    assert [e["drift"] for e in events] == [e["drift"] for e in two[1][f"{name}_adamw_sos0"]["events"]]
+    assert [(e["type"], e["step"]) for e in events] == [("sync", t) for t in BOUNDARIES[name] + [7]] + [("drift", 7)]
+    assert all(e["strategy"] == name for e in events)
+    drifts = [e["drift_prev"] for e in events[1:-1]] + [events[-1]["drift"]]   # one boundary late; finish()'s last
+    assert "drift_prev" not in events[0] and len(drifts) == len(BOUNDARIES[name]) + 1
+    assert all(isinstance(d, float) and 0 < d < 1 for d in drifts)
+    other = two[1][f"{name}_adamw_sos0"]["events"]
+    assert drifts == [e["drift_prev"] for e in other[1:-1]] + [other[-1]["drift"]]
 
 
 @pytest.mark.parametrize("name", list(PERIODIC))
@@ -210,11 +213,11 @@ def test_cpdp_boundary_exchanges_gradients_once_and_parameters_once(two):
         else:
             # DDP's reducer: one all-reduce of every gradient (one bucket for this model)
             assert hook[0] - prev_hook[0] == 1 and hook[1] - prev_hook[1] == grad_bytes
-            # what went on the wire this step: the gradients once, the parameters once, the drift scalar
-            assert sorted(wire) == sorted([("all_reduce", grad_bytes), ("all_reduce", flat_bytes), ("all_reduce", 8)])
+            # what went on the wire this step: the gradients once, the parameters once (the drift rides on them)
+            assert sorted(wire) == sorted([("all_reduce", grad_bytes), ("all_reduce", flat_bytes + 4)])
             assert comm["params"]["calls"] == t // K and comm["params"]["bytes"] == t // K * flat_bytes
             assert comm["grads"]["calls"] == t // K and comm["grads"]["bytes"] == t // K * grad_bytes
-            assert comm["telemetry"]["calls"] == t // K
+            assert comm["telemetry"]["calls"] == 0 and comm["telemetry"]["bytes"] == t // K * 4
         prev_hook, prev = hook, comm
     ddp = two[0]["ddp"]
     assert [h[0] for h in ddp["hook"]] == list(range(1, 10))     # DDP: one gradient all-reduce per step

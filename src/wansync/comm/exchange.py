@@ -16,6 +16,11 @@ plug in here and nowhere else:
   leaves out the same workers the same way (fp32: the weight is one extra element of the
   all-reduced buffer; lossy: one flag byte after each payload). Whatever the policy, a non-finite
   mean of model state raises rather than reach the model.
+- **Side-band scalars** (`extra=k`): the last `k` elements of the buffer are not model state but
+  telemetry riding on an exchange that happens anyway (the drift of the previous boundary), so it
+  costs no collective of its own. They are summed and divided like the values (over the same
+  valid contributors), sent raw as float32 after a lossy payload, left out of the non-finite guard,
+  and booked as `telemetry` bytes without a call.
 - **Bytes**, booked on the ledger by purpose: `wire_bytes` is this rank's payload, what one rank
   puts on the wire per hop. What a rank transmits in total depends on the collective:
   `(M − 1)·wire_bytes` for an all-gather, about `2(M − 1)/M·wire_bytes` for a ring all-reduce.
@@ -41,6 +46,13 @@ from .ledger import CommLedger
 
 GUARDED = ("params", "pseudo_grads", "optim_state")
 POLICIES = ("abort", "skip")
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """No NaN/Inf in `x`. A sum is finite only if every element is (NaN and Inf propagate), and it
+    is one pass without a temporary, ~30x cheaper than `isfinite(x).all()` on a model-sized
+    buffer; only a non-finite sum (a NaN, an Inf, or an overflowing sum) pays for the exact test."""
+    return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
 
 
 class MeanHandle:
@@ -84,18 +96,22 @@ class Exchange:
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
 
     def mean(self, buf: torch.Tensor, purpose: str, codec: str | Codec = "fp32", async_op: bool = False,
-             inplace: bool = False, *, replay: bool = False) -> MeanHandle:
+             inplace: bool = False, *, replay: bool = False, extra: int = 0) -> MeanHandle:
         """Start averaging `buf` over the group; all ranks call it with the same purpose, codec
         and `buf.numel()`.
 
         Without `inplace`, `buf` is left as it is and may be reused at once; with it, the mean is
         written into `buf`. With `async_op` the collective runs in the background until `wait()`.
         `replay`: the ledger already holds this exchange (one relaunched after a resume), so its
-        bytes and a dropped contribution are not counted again."""
+        bytes and a dropped contribution are not counted again. `extra`: how many trailing elements
+        of the 1-D `buf` are side-band scalars (see the module docstring)."""
         started_at = time.perf_counter()
         codec = get_codec(codec)
+        if extra and (buf.dim() != 1 or not 0 < extra <= buf.numel()):
+            raise ValueError(f"extra={extra} needs a 1-D buffer of at least that many elements")
+        values = buf[:buf.numel() - extra] if extra else buf
         guarded = self.nonfinite is not None and purpose in GUARDED
-        valid = not guarded or bool(torch.isfinite(buf).all())
+        valid = not guarded or all_finite(values)
         if not valid and self.nonfinite == "abort":
             raise NonFiniteError(f"non-finite values in this worker's {purpose} before the exchange "
                                  f"(--on-nonfinite abort)")
@@ -103,9 +119,13 @@ class Exchange:
         if codec.name == "fp32":
             work, finish, wire_bytes, guard_bytes = self._all_reduce(buf, purpose, weighted, valid, inplace)
         else:
-            work, finish, wire_bytes, guard_bytes = self._all_gather(buf, codec, purpose, weighted, valid, inplace)
+            work, finish, wire_bytes, guard_bytes = self._all_gather(buf, codec, purpose, weighted, valid, inplace,
+                                                                     extra)
+        extra_bytes = extra * (buf.element_size() if codec.name == "fp32" else 4)
         if not replay:
-            self.ledger.count(purpose, wire_bytes)
+            self.ledger.count(purpose, wire_bytes - extra_bytes)
+            if extra:
+                self.ledger.count("telemetry", extra_bytes, calls=0)
             if weighted:
                 self.ledger.count("nonfinite_guard", guard_bytes)
             if not valid:
@@ -113,12 +133,12 @@ class Exchange:
 
         def checked() -> torch.Tensor:
             result = finish()
-            if purpose in GUARDED and not bool(torch.isfinite(result).all()):
+            if purpose in GUARDED and not all_finite(result[:result.numel() - extra] if extra else result):
                 raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite (a worker sent NaN/Inf; "
                                      f"--on-nonfinite abort or skip stops it before the exchange)")
             return result
-        handle = MeanHandle(self.ledger, purpose, work, checked, wire_bytes, buf.numel() * buf.element_size(),
-                            started_at)
+        handle = MeanHandle(self.ledger, purpose, work, checked, wire_bytes - extra_bytes,
+                            values.numel() * buf.element_size(), started_at)
         if not async_op:
             handle.wait()
         return handle
@@ -149,12 +169,17 @@ class Exchange:
         return work, finish, buf.numel() * item, item if weighted else 0
 
     def _all_gather(self, buf: torch.Tensor, codec: Codec, purpose: str, weighted: bool, valid: bool,
-                    inplace: bool):
-        """Lossy codecs: all-gather every rank's encoded payload (weighted: plus a validity flag);
-        decode and accumulate the valid ones in FP32, in rank order; divide by their number."""
+                    inplace: bool, extra: int):
+        """Lossy codecs: all-gather every rank's encoded payload (then the side-band scalars as raw
+        float32; weighted: then a validity flag); decode and accumulate the valid ones in FP32, in
+        rank order; divide by their number."""
         flat = buf.detach().reshape(-1)
-        numel = flat.numel()
-        payload = codec.encode(flat if valid else torch.zeros_like(flat)).data
+        if not valid:
+            flat = torch.zeros_like(flat)
+        numel = flat.numel() - extra
+        payload = codec.encode(flat[:numel]).data
+        if extra:
+            payload = torch.cat([payload, flat[numel:].float().view(torch.uint8)])
         if weighted:
             payload = torch.cat([payload, payload.new_full((1,), int(valid))])
         if dist.is_initialized():
@@ -164,18 +189,21 @@ class Exchange:
             gathered, work = [payload], None
 
         def finish() -> torch.Tensor:
-            acc = torch.zeros(numel, dtype=torch.float32, device=flat.device)
+            acc = torch.zeros(numel + extra, dtype=torch.float32, device=flat.device)
             contributors = 0
             for data in gathered:  # rank order: the same sum, bit for bit, on every rank
                 if weighted:
                     if not int(data[-1]):
                         continue
                     data = data[:-1]
-                acc += codec.decode(Encoded(codec.name, numel, data))
+                if extra:
+                    data, side = data[:-4 * extra], data[-4 * extra:]
+                    acc[numel:] += side.view(torch.float32)
+                acc[:numel] += codec.decode(Encoded(codec.name, numel, data))
                 contributors += 1
             mean = acc.div_(self._contributors(contributors, purpose))
             return buf.copy_(mean.view_as(buf)) if inplace else mean
-        return work, finish, codec.wire_bytes(numel), 1 if weighted else 0
+        return work, finish, codec.wire_bytes(numel) + 4 * extra, 1 if weighted else 0
 
     @staticmethod
     def _contributors(n: float, purpose: str) -> float:

@@ -27,9 +27,10 @@ class CommLedger:
     on_wait: list[Callable[[str, float], None]] = field(default_factory=list)
     dropped: int = 0                     # exchanges this worker sat out (non-finite, policy skip)
 
-    def count(self, purpose: str, nbytes: int) -> None:
+    def count(self, purpose: str, nbytes: int, calls: int = 1) -> None:
+        """Book one exchange's bytes; `calls=0` for bytes riding on another purpose's exchange."""
         t = self.totals[purpose]
-        t.calls += 1
+        t.calls += calls
         t.bytes += nbytes
 
     def waited(self, purpose: str, seconds: float) -> None:

@@ -37,18 +37,6 @@ def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
     return tensors
 
 
-class Deferred:
-    """A telemetry value still in flight (e.g. the drift's async all-reduce); `emit` resolves it."""
-
-    def __init__(self, fn: Callable[[], Any]):
-        self._fn, self._done, self._value = fn, False, None
-
-    def resolve(self) -> Any:
-        if not self._done:
-            self._value, self._done = self._fn(), True
-        return self._value
-
-
 class Strategy:
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
@@ -123,7 +111,6 @@ class Strategy:
         self._listeners.append(fn)
 
     def emit(self, record_type: str, /, **fields: Any) -> None:
-        fields = {k: v.resolve() if isinstance(v, Deferred) else v for k, v in fields.items()}
         record = {"type": record_type, "step": self.t, "strategy": self.name, **fields}
         for fn in self._listeners:
             fn(record)

@@ -53,7 +53,7 @@ class DiLoCo(Periodic):
         mean_delta = self.anchor.value - avg              # Δ̄ = mean(θ̃ − θ_m) = θ̃ − θ̄
         self.anchor.outer_step(mean_delta)                # θ̃ ← OuterOpt(θ̃, Δ̄)
         self.anchor.load_into_model()                     # θ_m ← θ̃
-        self.emit("sync", kind="outer", **self.resolve_drift(info))
+        self.emit("sync", kind="outer", **info)
 
     # ---- resumable state: θ̃ and the outer optimizer's momentum -----------------------------
     def extra_state(self) -> dict[str, Any]:

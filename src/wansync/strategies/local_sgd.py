@@ -14,4 +14,4 @@ class LocalSGD(Periodic):
     def boundary(self) -> None:
         avg, info = self.average_params()
         self.flat.scatter(avg)
-        self.emit("sync", kind="average", **self.resolve_drift(info))
+        self.emit("sync", kind="average", **info)

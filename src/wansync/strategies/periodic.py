@@ -1,9 +1,11 @@
 """What every periodic strategy shares: the boundary schedule, parameter averaging with drift
 telemetry, and optional inner-optimizer-state averaging.
 
-Drift is measured at every boundary *before* averaging:
-`mean_m ||θ_m − θ̄|| / ||θ̄||`; it rises before the K ≥ 16 collapse. It costs one extra
-8-byte all-reduce per boundary (purpose `telemetry`), which `drift_telemetry=False` removes.
+Drift at a boundary is `mean_m ||θ_m − θ̄|| / ||θ̄||` (θ_m before averaging); it rises before the
+K ≥ 16 collapse. The mean over workers rides as one extra element on the *next* boundary's
+parameter exchange, so a sync event reports the previous boundary's drift (`drift_prev`) and
+telemetry adds no collective; the last boundary's drift comes from one scalar exchange in
+`finish()` (a "drift" record). `drift_telemetry=False` removes the element and that exchange.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 import torch
 
 from ..comm.flat import FlatTensors
-from .base import Deferred, Strategy, sync_tensors
+from .base import Strategy, sync_tensors
 from .options import Options, option, sync_every
 
 
@@ -23,7 +25,7 @@ class PeriodicOptions(Options):
     """The knobs of every periodic strategy; with these defaults, LocalSGD's."""
     sync_every: int = sync_every(8)
     sync_optimizer_state: bool = option(False, "average the inner optimizer's state at every boundary")
-    drift_telemetry: bool = option(True, "measure worker drift at every boundary (one 8-byte all-reduce)")
+    drift_telemetry: bool = option(True, "report worker drift at every boundary (rides on the next parameter exchange)")
 
 
 class Periodic(Strategy):
@@ -33,6 +35,8 @@ class Periodic(Strategy):
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.flat = FlatTensors(sync_tensors(self.module))
+        # drift telemetry: this worker's ‖θ_m − θ̄‖ and ‖θ̄‖ at the last boundary (None: none yet)
+        self._drift_dist, self._drift_avg_norm, self._drift_step = 0.0, None, 0
 
     def is_boundary(self, t: int) -> bool:
         return t % self.opts.sync_every == 0
@@ -47,19 +51,38 @@ class Periodic(Strategy):
     def finish(self) -> None:
         if not self.is_boundary(self.t):
             self.boundary()
+        self.finish_drift()
+
+    # ---- resumable state: the drift in flight rides along (telemetry only) -------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "drift": [self._drift_dist, self._drift_avg_norm, self._drift_step]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._drift_dist, self._drift_avg_norm, self._drift_step = state.get("drift", (0.0, None, 0))
 
     # ---- shared pieces ---------------------------------------------------------------------
     def average_params(self) -> tuple[torch.Tensor, dict[str, Any]]:
-        """θ̄ = mean(θ_m) as a flat buffer (parameters not yet overwritten) and the drift record.
+        """θ̄ = mean(θ_m) as a flat buffer and the sync event's fields. Call it while the model still
+        holds θ_m, and overwrite the model afterwards (every boundary does): with drift telemetry,
+        this worker's distance ‖θ_m − θ̄‖ is taken from the model in place, leaving garbage there.
 
-        The drift's scalar all-reduce is issued asynchronously and waited for only after the
-        caller has used θ̄ (`info["drift"]` is resolved by `resolve_drift`)."""
-        buf = self.flat.gather()
-        local = buf.clone() if self.drift_on else None
-        self.exchange.mean(buf, "params", inplace=True)
-        info: dict[str, Any] = {"bytes": buf.numel() * buf.element_size()}
-        if local is not None:
-            info["drift"] = self.start_drift(local, buf)
+        With drift telemetry the buffer carries one more element, this worker's distance at the
+        previous boundary, so the exchange reports `drift_prev` for that boundary at no extra
+        collective (the values' sum is elementwise: the extra element changes none of its bits)."""
+        extra = 1 if self.drift_on else 0
+        tensors = [t.detach().reshape(-1) for t in self.flat.tensors]
+        if extra:
+            tensors.append(torch.tensor([self._drift_dist], dtype=self.flat.dtype, device=self.flat.device))
+        wire = torch.cat(tensors)
+        self.exchange.mean(wire, "params", inplace=True, extra=extra)
+        buf = wire[:self.flat.numel]
+        info: dict[str, Any] = {"bytes": self.flat.nbytes}
+        if extra:
+            if self._drift_avg_norm is not None:
+                info["drift_prev"] = self.relative_drift(float(wire[-1]), self._drift_avg_norm)
+            self._drift_dist, self._drift_step = self.consume_distance(buf), self.t
+            self._drift_avg_norm = float(torch.linalg.vector_norm(buf))
         if getattr(self.opts, "sync_optimizer_state", False):
             self.average_optimizer_state()
         return buf, info
@@ -68,17 +91,28 @@ class Periodic(Strategy):
     def drift_on(self) -> bool:
         return bool(getattr(self.opts, "drift_telemetry", True))
 
-    def start_drift(self, local: torch.Tensor, avg: torch.Tensor) -> "Deferred":
-        """Launch mean_m ||θ_m − θ̄|| (one async scalar all-reduce); divide by ||θ̄|| on resolve."""
-        d = torch.dist(local, avg).reshape(1).double()
-        pending = self.exchange.mean(d, "telemetry", async_op=True)
-        avg_norm = float(torch.linalg.vector_norm(avg))
-        return Deferred(lambda: float(pending.wait()[0]) / avg_norm if avg_norm > 0 else math.inf)
+    def consume_distance(self, avg: torch.Tensor) -> float:
+        """‖θ_m − θ̄‖ with θ_m read from the model, subtracting in place: no flat copy of θ_m and no
+        temporaries (2-3x cheaper than a fresh difference buffer on CPU). It leaves θ_m − θ̄ in the
+        model, which is why only `average_params` calls it: every boundary overwrites the model next."""
+        local = [t.detach() for t in self.flat.tensors]
+        torch._foreach_sub_(local, self.flat.views(avg))
+        return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(local))))
 
     @staticmethod
-    def resolve_drift(info: dict[str, Any]) -> dict[str, Any]:
-        """Replace a pending drift by its value (`emit` does this too)."""
-        return {k: v.resolve() if isinstance(v, Deferred) else v for k, v in info.items()}
+    def relative_drift(mean_dist: float, avg_norm: float) -> float:
+        """mean_m ‖θ_m − θ̄‖ / ‖θ̄‖ (inf when θ̄ = 0)."""
+        return mean_dist / avg_norm if avg_norm > 0 else math.inf
+
+    def finish_drift(self) -> None:
+        """Report the last boundary's drift, which no later exchange carries: one scalar mean
+        (purpose `telemetry`) and a "drift" record."""
+        if not self.drift_on or self._drift_avg_norm is None:
+            return
+        mean_dist = float(self.exchange.mean(torch.tensor([self._drift_dist], dtype=torch.float64),
+                                             "telemetry").wait()[0])
+        self.emit("drift", boundary=self._drift_step, drift=self.relative_drift(mean_dist, self._drift_avg_norm))
+        self._drift_avg_norm = None
 
     def average_optimizer_state(self) -> None:
         """Average every floating-point tensor of the inner optimizer's state (momentum, Adam

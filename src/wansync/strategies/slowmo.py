@@ -48,7 +48,7 @@ class SlowMo(Periodic):
         avg, info = self.average_params()                             # θ̄ = mean(θ_m)
         self.slowmo_update(avg)                                       # u, θ̃
         self.anchor.load_into_model()                                 # θ_m ← θ̃
-        self.emit("sync", kind=self.sync_kind, **self.resolve_drift(info), **self.boundary_fields())
+        self.emit("sync", kind=self.sync_kind, **info, **self.boundary_fields())
 
     def slowmo_update(self, avg) -> None:
         """u ← β·u + (θ̃ − θ̄)/η ; θ̃ ← θ̃ − α·η·u  (η: the inner learning rate now)."""

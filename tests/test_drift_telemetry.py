@@ -1,0 +1,103 @@
+"""Drift telemetry rides on the parameter exchange: on a real 2-rank gloo group, the drift each
+boundary reports (one boundary late, and the last one from `finish()`) equals the drift computed
+with a separate all-reduce, and turning the telemetry on adds no collective to the training steps."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from wansync.localgroup import run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+H, STEPS, LR = 2, 7, 0.1
+
+
+def _model(rank: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def _reference_drift(theta_m: torch.Tensor) -> float:
+    """mean_m ‖θ_m − θ̄‖ / ‖θ̄‖ with collectives of its own."""
+    avg = theta_m.clone()
+    dist.all_reduce(avg)
+    avg /= dist.get_world_size()
+    d = torch.dist(theta_m, avg).double().reshape(1)
+    dist.all_reduce(d)
+    return float(d[0]) / dist.get_world_size() / float(torch.linalg.vector_norm(avg))
+
+
+def _train(rank: int, name: str, drift: bool) -> dict[str, Any]:
+    import wansync as ws
+    model = _model(rank)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    sync = ws.strategy(name, model, opt, sync_every=H, drift_telemetry=drift,
+                       **({"outer_lr": 0.7, "outer_momentum": 0.9} if name == "diloco" else {}))
+    records: list[dict[str, Any]] = []
+    sync.on_event(records.append)
+    gen = torch.Generator().manual_seed(rank + 1)
+    reference = []
+    for t in range(1, STEPS + 1):
+        x = torch.randn(16, 8, generator=gen)
+        loss = (sync.model(x) - x.sum(1, keepdim=True) * (rank + 1)).pow(2).mean()
+        loss.backward()
+        if t % H == 0 or t == STEPS:              # a boundary (or finish's), after this inner step
+            theta_m = torch.cat([p.detach().reshape(-1) - LR * p.grad.reshape(-1) for p in model.parameters()])
+            reference.append(_reference_drift(theta_m))
+        sync.step()
+        sync.zero_grad()
+    before_finish = sync.comm.snapshot()
+    sync.finish()
+    return {"records": records, "reference": reference, "before_finish": before_finish,
+            "after_finish": sync.comm.snapshot(), "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def _both(rank: int, world: int) -> dict[str, Any]:
+    return {(name, drift): _train(rank, name, drift) for name in ("local_sgd", "diloco") for drift in (True, False)}
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict[str, Any]]:
+    return run_ranks(_both, 2)
+
+
+def _calls(snapshot: dict[str, dict[str, Any]]) -> int:
+    return sum(v["calls"] for v in snapshot.values())
+
+
+@pytest.mark.parametrize("name", ["local_sgd", "diloco"])
+def test_piggybacked_drift_equals_a_separate_all_reduce(runs, name):
+    for r in runs:
+        run = r[(name, True)]
+        syncs = [e for e in run["records"] if e["type"] == "sync"]
+        reported = [e["drift_prev"] for e in syncs[1:]] + [e["drift"] for e in run["records"] if e["type"] == "drift"]
+        assert "drift_prev" not in syncs[0]                      # nothing before the first boundary
+        assert len(reported) == len(run["reference"]) == len(syncs) == 4      # t = 2, 4, 6 and finish's 7
+        assert reported == pytest.approx(run["reference"], abs=1e-6)
+        assert all(0 < d < 1 for d in reported)
+        assert run["records"][-1] == {"type": "drift", "step": STEPS, "strategy": name, "boundary": STEPS,
+                                      "drift": reported[-1]}
+
+
+@pytest.mark.parametrize("name", ["local_sgd", "diloco"])
+def test_telemetry_adds_no_collective_to_training_and_one_scalar_to_finish(runs, name):
+    for r in runs:
+        on, off = r[(name, True)], r[(name, False)]
+        assert _calls(on["before_finish"]) == _calls(off["before_finish"])
+        for key in ("calls", "bytes"):
+            assert on["before_finish"]["params"][key] == off["before_finish"]["params"][key]
+        assert on["before_finish"]["telemetry"] == {"calls": 0, "bytes": 4 * 3, "waited_s": 0.0}  # 4 B per boundary
+        assert _calls(on["after_finish"]) == _calls(off["after_finish"]) + 1
+        assert on["after_finish"]["telemetry"]["calls"] == 1
+        assert all("drift" not in e and "drift_prev" not in e for e in off["records"])
+
+
+@pytest.mark.parametrize("name", ["local_sgd", "diloco"])
+def test_telemetry_changes_no_parameter_bit(runs, name):
+    for r in runs:
+        for a, b in zip(r[(name, True)]["params"], r[(name, False)]["params"], strict=True):
+            assert torch.equal(a, b)
