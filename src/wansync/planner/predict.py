@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..net.link import Topology
 from ..strategies import resolve_options
-from .schedule import Trace, bare_strategy, gradient_phase, trace
+from .schedule import Trace, Transfer, bare_strategy, gradient_phase, trace
 from .simulate import DDP_OVERLAP, Timeline, simulate, transfer_seconds
 from .sizes import ModelSize
 
@@ -35,6 +35,7 @@ class Setting:
     other_s: float = 0.0               # the rest of a step outside communication (data, averaging)
     ranks_per_worker: int = 1
     overlap: float = DDP_OVERLAP       # share of the compute DDP's bucket all-reduces overlap
+    host_bytes_per_s: float | None = None   # the real backend's rate here (see `transfer_seconds`)
 
 
 def setting(strategy: str, options: dict[str, Any], size: ModelSize, workers: int, topology: Topology,
@@ -65,8 +66,12 @@ class Prediction:
         return self.timeline.window(self.first)[2] / (self.timeline.steps - self.first)
 
 
+def seconds_of(s: Setting) -> Callable[[Transfer], float]:
+    return transfer_seconds(s.topology, s.workers, s.ranks_per_worker, s.host_bytes_per_s)
+
+
 def run_trace(s: Setting, steps: int, finish: bool = False) -> Trace:
-    seconds = transfer_seconds(s.topology, s.workers, s.ranks_per_worker)
+    seconds = seconds_of(s)
     return trace(s.strategy, s.options, s.size, s.workers, steps, step_s=s.step_s + s.other_s,
                  fragment_sync_s=seconds, ranks_per_worker=s.ranks_per_worker, finish=finish)
 
@@ -86,8 +91,7 @@ def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Predi
     first = warmup_steps(s) if steps is None else 0
     n = steps if steps is not None else first + 2 * h
     tr = run_trace(s, n, finish)
-    seconds = transfer_seconds(s.topology, s.workers, s.ranks_per_worker)
-    tl = simulate(tr, seconds, s.step_s, s.other_s, s.overlap, include_finish=finish)
+    tl = simulate(tr, seconds_of(s), s.step_s, s.other_s, s.overlap, include_finish=finish)
     return Prediction(s, tl, tr.syncs_per_period if "fragments" in s.options else None,
                       extra_memory_bytes(s, tl.peak_in_flight_bytes), first)
 

@@ -158,15 +158,21 @@ def _fragment_trace(inst: Streaming, size: ModelSize, workers: int, steps: int, 
     adaptive_n = getattr(o, "schedule", None) is not None and o.syncs_per_period == 0
     schedule = Schedule(H, P, o.syncs_per_period or P, "round_robin")
     in_flight: dict[int, tuple[int, Transfer]] = {}          # fragment -> (merge step, transfer)
-    merged_exact: dict[int, int] = {}
-    exact_merge = getattr(o, "compensation", "alpha") == "alpha" and o.alpha == 0
-    out = Trace()
+    merged_exact: dict[int, int] = {}      # fragment -> step at which a merge left it exactly at θ̃_p
+    taylor = getattr(o, "compensation", "alpha") == "taylor"
+
+    def merge(p: int, t: int, acts: list[Action]) -> None:
+        """The merge leaves θ̃_p's exact bits for α = 0, and for the Taylor merge after 0 steps."""
+        x = in_flight.pop(p)[1]
+        acts.append(Action("wait", x))
+        if (t == x.step) if taylor else o.alpha == 0:
+            merged_exact[p] = t
 
     def merge_due(t: int, acts: list[Action]) -> None:
         for p in [p for p, (at, _) in in_flight.items() if at <= t]:
-            acts.append(Action("wait", in_flight.pop(p)[1]))
-            if exact_merge:
-                merged_exact[p] = t
+            merge(p, t, acts)
+
+    out = Trace()
 
     for t in range(1, steps + 1):
         acts: list[Action] = []
@@ -192,9 +198,7 @@ def _fragment_trace(inst: Streaming, size: ModelSize, workers: int, steps: int, 
         out.syncs_per_period = schedule.n
     if finish:
         for p in sorted(in_flight, key=lambda p: in_flight[p][1].step):
-            out.finish.append(Action("wait", in_flight[p][1]))
-            if exact_merge:
-                merged_exact[p] = steps
+            merge(p, steps, out.finish)
         for p in range(P):
             if merged_exact.get(p) != steps:
                 out.finish += blocking(fragment_transfer(steps, p, numels[p], o.codec, workers))

@@ -28,17 +28,26 @@ DDP_OVERLAP = 2 / 3
 WORKER_LINK = Link(rtt_s=10e-6, bandwidth_bps=3.2e12)
 
 
-def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1) -> Callable[[Transfer], float]:
+def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1,
+                     host_bytes_per_s: float | None = None) -> Callable[[Transfer], float]:
     """Modelled seconds of a transfer. With R ranks per worker (R > 1), the ranks of a worker talk
     over `WORKER_LINK`: an exchange between workers is local rank r of every worker carrying its
     shard B/R across (the workers on their sites), then an all-gather of B inside the worker; DDP's
     gradient all-reduce is the hierarchical one (reduce-scatter inside the worker, all-reduce of
     the shards between workers, all-gather inside); the DDP inside a worker (the other strategies)
     is an all-reduce over its R ranks. With R = 1 every transfer is the emulator's collective over
-    the M workers."""
+    the M workers.
+
+    `host_bytes_per_s`: the emulator completes a collective at max(real, modelled); given the rate at
+    which the real backend moves a buffer on the machine at hand, the real part is modelled as
+    B / rate (for validating against emulated runs on a loaded CPU; None: the link model alone)."""
     in_site = Topology(sites=1, intra_link=WORKER_LINK, inter_link=WORKER_LINK)
 
     def seconds(x: Transfer) -> float:
+        modelled = link_seconds(x)
+        return modelled if host_bytes_per_s is None else max(modelled, x.nbytes / host_bytes_per_s)
+
+    def link_seconds(x: Transfer) -> float:
         if x.purpose == "grads_in_worker":
             return collective_duration(x.op, x.nbytes, ranks_per_worker, in_site)
         if ranks_per_worker == 1:
