@@ -139,7 +139,7 @@ def test_net_knows_nothing_about_training():
 
 
 # The layers of DESIGN.md, top to bottom; a module may import only from layers below its own.
-STACK = (("wansync.cli",), ("wansync.experiments", "wansync.demo"), ("wansync.run",),
+STACK = (("wansync.cli",), ("wansync.planner",), ("wansync.experiments", "wansync.demo"), ("wansync.run",),
          ("wansync.worker",), ("wansync.train",), ("wansync.launch",), ("wansync.strategies",),
          ("wansync.comm",), ("wansync.net",))
 
@@ -159,6 +159,17 @@ def test_the_library_never_imports_the_application():
                    "wansync.train", "wansync.launch", "wansync.report", "wansync.plots", "wansync.presets",
                    "wansync.rundir")
     assert edges(library, application) == []
+
+
+def test_only_the_cli_imports_the_planner():
+    assert [e for e in edges((PACKAGE,), ("wansync.planner",)) if not _in(e.split(" -> ")[0], "wansync.planner")
+            and not e.startswith("wansync.cli ")] == []
+
+
+def test_the_planner_never_imports_the_application():
+    application = ("wansync.demo", "wansync.experiments", "wansync.run", "wansync.worker", "wansync.train",
+                   "wansync.launch", "wansync.report", "wansync.plots", "wansync.presets", "wansync.rundir")
+    assert edges(("wansync.planner",), application) == []
 
 
 def test_only_the_entry_point_imports_the_cli():

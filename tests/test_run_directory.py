@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from cli_harness import TINY
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -95,7 +95,28 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="runs/demo", help="experiment directory (default runs/demo)")
     d.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"training steps per run (default {DEMO_STEPS})")
     d.add_argument("--force", action="store_true", help="re-run finished runs too")
+    _add_plan_parser(sub)
     return p
+
+
+def _add_plan_parser(sub: Any) -> None:
+    p = sub.add_parser("plan", help="predict wall clock, exposed communication, bytes and memory of a setting "
+                       "(the emulator's cost model on the strategy's own schedule); --table for large sizes")
+    g = p.add_argument_group("plan")
+    g.add_argument("--params", type=float, default=None, metavar="N", help="model size in parameters (e.g. 7e9) "
+                   "instead of a named --model")
+    g.add_argument("--ranks-per-worker", type=int, default=1, metavar="R", help="ranks (accelerators) per worker")
+    g.add_argument("--step-time", type=float, default=None, metavar="S", help="compute seconds per step")
+    g.add_argument("--measure", action="store_true", help="measure the step time: a few steps of --model here")
+    g.add_argument("--tokens-per-step", type=float, default=None, metavar="T", help="FLOPs rule: tokens per "
+                   "worker step (default batch_size x seq_len)")
+    g.add_argument("--throughput", type=float, default=400e12, metavar="FLOPS", help="FLOPs rule: effective "
+                   "FLOP/s per accelerator (default 4e14)")
+    g.add_argument("--target-exposed", type=float, default=None, metavar="PCT", help="also give the smallest H "
+                   "whose exposed communication stays below PCT %%")
+    g.add_argument("--table", action="store_true", help="the large-scale table: 150M-70B x 8/64/512 workers x "
+                   "the presets x ddp/diloco/streaming/cocodc")
+    add_config_flags(p)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -155,12 +176,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.out, args.steps, args.force)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from . import planner
+    if args.table:
+        print(planner.table_preamble())
+        print(planner.large_table(args.target_exposed if args.target_exposed is not None else planner.TARGET_PCT))
+        return 0
+    print(planner.plan_command(config_from_args(args), params=args.params, ranks_per_worker=args.ranks_per_worker,
+                               step_s=args.step_time, measure=args.measure, target_pct=args.target_exposed,
+                               tokens_per_step=args.tokens_per_step, flops=args.throughput))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         with sigterm_raises():
             code = {"train": cmd_train, "demo": cmd_demo, "compare": cmd_experiment, "sweep": cmd_experiment,
-                    "report": cmd_report}[args.command](args)
+                    "report": cmd_report, "plan": cmd_plan}[args.command](args)
     except WansyncError as e:
         print(f"wansync: error: {e}", file=sys.stderr)
         code = 1

@@ -1,0 +1,140 @@
+"""One prediction: a strategy with its knobs, a model size, M workers (R ranks each), a link and a
+step time -> wall clock per 1000 steps, exposed communication, bytes per worker per step and peak
+extra memory; and the smallest H whose exposed communication stays below a target.
+
+The numbers come from simulating the strategy's own schedule (`schedule.py`) step by step on the
+emulator's cost model (`simulate.py`): a warm-up (CoCoDC's first period, which runs at N = P until
+N is decided; post-local SGD's DDP phase), then two periods whose time, exposed communication and
+bytes are scaled to 1000 steps: the steady state of a long run.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..net.link import Topology
+from ..strategies import resolve_options
+from .schedule import Trace, Transfer, bare_strategy, gradient_phase, trace
+from .simulate import DDP_OVERLAP, Timeline, simulate, transfer_seconds
+from .sizes import ModelSize
+
+STEPS = 1000
+H_CANDIDATES = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 250, 500, 1000, 2000, 5000)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Everything a prediction depends on."""
+    strategy: str
+    options: dict[str, Any]            # the strategy's options (defaults filled in by `setting`)
+    size: ModelSize
+    workers: int
+    topology: Topology
+    step_s: float                      # compute per step: forward, backward, inner step
+    other_s: float = 0.0               # the rest of a step outside communication (data, averaging)
+    ranks_per_worker: int = 1
+    overlap: float = DDP_OVERLAP       # share of the compute DDP's bucket all-reduces overlap
+    host_bytes_per_s: float | None = None   # the real backend's rate here (see `transfer_seconds`)
+
+
+def setting(strategy: str, options: dict[str, Any], size: ModelSize, workers: int, topology: Topology,
+            step_s: float, **kw: Any) -> Setting:
+    """A Setting with the strategy's options validated and its defaults filled in."""
+    return Setting(strategy, resolve_options(strategy, options), size, workers, topology, step_s, **kw)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    setting: Setting
+    timeline: Timeline
+    syncs_per_period: int | None
+    peak_extra_memory_bytes: int
+    first: int = 0                     # steps before the measured window (warm-up)
+
+    @property
+    def wall_per_1000_s(self) -> float:
+        return self.timeline.window(self.first)[0] * STEPS / (self.timeline.steps - self.first)
+
+    @property
+    def exposed_pct(self) -> float:
+        wall, exposed, _ = self.timeline.window(self.first)
+        return 100.0 * exposed / wall if wall > 0 else 0.0
+
+    @property
+    def bytes_per_step(self) -> float:
+        return self.timeline.window(self.first)[2] / (self.timeline.steps - self.first)
+
+
+def seconds_of(s: Setting) -> Callable[[Transfer], float]:
+    return transfer_seconds(s.topology, s.workers, s.ranks_per_worker, s.host_bytes_per_s)
+
+
+def run_trace(s: Setting, steps: int, finish: bool = False) -> Trace:
+    seconds = seconds_of(s)
+    return trace(s.strategy, s.options, s.size, s.workers, steps, step_s=s.step_s + s.other_s,
+                 fragment_sync_s=seconds, ranks_per_worker=s.ranks_per_worker, finish=finish)
+
+
+def warmup_steps(s: Setting) -> int:
+    """Steps before the steady state: post-local SGD's DDP phase, CoCoDC's period at N = P."""
+    o = s.options
+    if "gamma" in o and o["syncs_per_period"] == 0:
+        return o["sync_every"]
+    return o.get("switch_step", 0)
+
+
+def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Prediction:
+    """The steady state (warm-up, then two periods measured), or, given `steps`, a whole run of that
+    many steps (with `finish()` when asked) measured from step 1."""
+    h = int(s.options.get("sync_every", 1))
+    first = warmup_steps(s) if steps is None else 0
+    n = steps if steps is not None else first + 2 * h
+    tr = run_trace(s, n, finish)
+    tl = simulate(tr, seconds_of(s), s.step_s, s.other_s, s.overlap, include_finish=finish)
+    return Prediction(s, tl, tr.syncs_per_period if "fragments" in s.options else None,
+                      extra_memory_bytes(s, tl.peak_in_flight_bytes), first)
+
+
+def extra_memory_bytes(s: Setting, peak_in_flight: int) -> int:
+    """Bytes a strategy holds beyond the model, its gradients and the inner optimizer, per rank:
+
+    - DDP's gradient buckets (ddp, cpdp, post_local_sgd): one fp32 copy of the gradients;
+    - periodic averaging: the flat buffer, plus its local copy for the drift telemetry;
+    - an anchor θ̃ (slowmo, cpdp, diloco, streaming, cocodc) and its momentum buffer when momentum > 0;
+    - averaged optimizer state: a flat copy of AdamW's two moments;
+    - fragment syncs: per fragment in flight its pseudo-gradient and the collective's buffer (the
+      simulated peak), and θ(t_p) for CoCoDC's Taylor merge.
+    Everything in fp32 (4 bytes), the whole buffer per rank (R > 1 does not shard it)."""
+    o, size = s.options, s.size
+    full = 4 * size.sync_numel
+    inst = bare_strategy(s.strategy, o)
+    grads = 4 * size.params if any(gradient_phase(inst, t) for t in (1, o.get("sync_every", 1))) else 0
+    if "fragments" in o:
+        momentum = full if o["outer_momentum"] > 0 else 0
+        theta = 2 if o.get("compensation") == "taylor" else 1      # delta (+ θ(t_p)) per fragment
+        return full + momentum + grads + theta * peak_in_flight
+    extra = grads
+    if "sync_every" in o:
+        extra += full * (2 if o.get("drift_telemetry", True) else 1)
+    if "outer_lr" in o or "slowmo_beta" in o:
+        beta = o.get("outer_momentum", o.get("slowmo_beta", 0.0))
+        extra += full + (full if beta > 0 else 0)
+    if o.get("sync_optimizer_state"):
+        extra += 2 * 4 * size.params
+    return extra
+
+
+def recommend_h(s: Setting, target_pct: float) -> int | None:
+    """The smallest H (K for CPDP) whose predicted exposed communication is at most `target_pct`,
+    the strategy's other knobs unchanged; None when no candidate reaches it or there is no H."""
+    if "sync_every" not in s.options:
+        return None
+    for h in H_CANDIDATES:
+        o = {**s.options, "sync_every": h}
+        if "fragments" in o and (o["fragments"] > h or o["overlap"] >= h
+                                 or (o["syncs_per_period"] and not o["fragments"] <= o["syncs_per_period"] <= h)):
+            continue
+        if predict(dataclasses.replace(s, options=o)).exposed_pct <= target_pct:
+            return h
+    return None

@@ -1,0 +1,133 @@
+"""What the planner needs to know about a model: its tensors' sizes, its fragments, DDP's gradient
+buckets, and the step time the FLOPs rule gives it.
+
+A named model (`tiny`, `small`, `150m`, the vision models) is built on the meta device, so its exact
+tensors are known without allocating them; the fragments are then `strategies.fragments.partition`'s
+own. A bare size (`--params 7e9`) is a stand-in: tensors of 2^20 elements and fragments of equal
+size (a real model's embeddings make its first and last fragments larger).
+
+The FLOPs rule for sizes nothing here can run: one training step of a worker costs
+`6 · N · tokens` floating-point operations (forward 2N, backward 4N per token; attention's own
+FLOPs left out), spread over the worker's accelerators at an effective throughput::
+
+    step_s = 6 · N · tokens_per_worker_step / (accelerators_per_worker · flops_per_accelerator)
+
+Defaults: 400 TFLOP/s effective per accelerator (about 40% of an H100's dense bf16 peak), 8
+accelerators per worker (one node), 524,288 tokens per worker per step (32 sequences of 2,048
+tokens per accelerator).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..strategies.base import sync_tensors
+from ..strategies.fragments import partition
+
+FLOPS_PER_ACCELERATOR = 400e12
+ACCELERATORS_PER_WORKER = 8
+TOKENS_PER_WORKER_STEP = 2 ** 19
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024            # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_BYTES = 25 * 1024 * 1024             # DistributedDataParallel(bucket_cap_mb=25)
+_STAND_IN_TENSOR = 2 ** 20
+
+
+def flops_step_s(params: float, tokens: float = TOKENS_PER_WORKER_STEP,
+                 accelerators: int = ACCELERATORS_PER_WORKER, flops: float = FLOPS_PER_ACCELERATOR) -> float:
+    """Seconds per step by the FLOPs rule: 6·N·tokens / (accelerators · throughput)."""
+    return 6.0 * params * tokens / (accelerators * flops)
+
+
+def ddp_buckets(grad_numels: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
+                cap: int = DDP_BUCKET_BYTES) -> list[int]:
+    """DDP's fp32 gradient buckets in bytes, in the order backward fills them (parameters reversed):
+    a bucket closes once it holds at least its cap (the first one's cap is 1 MiB)."""
+    out, size = [], 0
+    for n in reversed(grad_numels):
+        size += 4 * n
+        if size >= (first_cap if not out else cap):
+            out.append(size)
+            size = 0
+    if size:
+        out.append(size)
+    return out
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """The sizes a plan needs: trainable tensors (registration order), the exchanged flat buffer, fragments."""
+    name: str
+    grad_numels: tuple[int, ...]
+    sync_numel: int                       # parameters + float persistent buffers
+    model: nn.Module | None = None        # the meta-device model (None for a bare size)
+
+    @property
+    def params(self) -> int:
+        return sum(self.grad_numels)
+
+    def fragments(self, count: int, mode: str = "strided") -> list[int]:
+        """Elements of each of `count` fragments: the strategy's own partition, or equal shares."""
+        if self.model is not None:
+            return [f.numel for f in partition(self.model, count, mode)]
+        base, extra = divmod(self.sync_numel, count)
+        return [base + (1 if p < extra else 0) for p in range(count)]
+
+    @cached_property
+    def buckets(self) -> tuple[int, ...]:
+        """DDP's gradient buckets in bytes (see `ddp_buckets`)."""
+        return tuple(ddp_buckets(list(self.grad_numels)))
+
+
+def of_module(name: str, model: nn.Module) -> ModelSize:
+    grads = tuple(p.numel() for p in model.parameters() if p.requires_grad)
+    return ModelSize(name, grads, sum(t.numel() for t in sync_tensors(model)), model)
+
+
+def of_params(params: float) -> ModelSize:
+    """A bare size: `params` fp32 parameters in stand-in tensors of 2^20 elements."""
+    n = int(params)
+    if n < 1:
+        raise ConfigError(f"--params must be >= 1, got {params}")
+    full, rest = divmod(n, _STAND_IN_TENSOR)
+    numels = (_STAND_IN_TENSOR,) * full + ((rest,) if rest else ())
+    return ModelSize(f"{n / 1e9:g}B" if n >= 1e9 else f"{n / 1e6:g}M", numels, n)
+
+
+def of_name(name: str, vocab_size: int = 256) -> ModelSize:
+    """A named model built on the meta device (LM: with `vocab_size`; vision: Fashion-MNIST's shape)."""
+    from ..workloads import VISION_MODELS, lm_model_names
+    with torch.device("meta"):
+        if name in lm_model_names():
+            from ..workloads.lm.model import TransformerLM, lm_shape
+            model: nn.Module = TransformerLM(lm_shape(name), vocab_size)
+        elif name in VISION_MODELS:
+            from ..workloads.vision.models import build_model
+            model = build_model(name, in_channels=1, num_classes=10, image_size=28)
+        else:
+            raise ConfigError(f"unknown model {name!r} (LM: {', '.join(lm_model_names())}; "
+                              f"vision: {', '.join(VISION_MODELS)}); or give --params N")
+    return of_module(name, model)
+
+
+def human_bytes(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def human_seconds(s: float) -> str:
+    if not math.isfinite(s):
+        return "inf"
+    if s >= 86400:
+        return f"{s / 86400:.3g} d"
+    if s >= 3600:
+        return f"{s / 3600:.3g} h"
+    if s >= 60:
+        return f"{s / 60:.3g} min"
+    return f"{s:.3g} s"

@@ -1,0 +1,134 @@
+"""The planner predicts from the strategies' real schedules: for the same knobs, the transfers it
+plans (which step, which purpose, which fragment, how many bytes, when waited for) are the ones the
+strategy makes on a real 2-rank gloo group. No timing is asserted."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import wansync as ws
+from wansync.errors import ConfigError
+from wansync.localgroup import run_ranks
+from wansync.net.link import PRESETS
+from wansync.planner import of_params, predict, setting
+from wansync.planner.schedule import trace
+from wansync.planner.sizes import ddp_buckets, flops_step_s, of_module
+from wansync.strategies import STRATEGIES
+
+pytestmark = pytest.mark.timeout(300)
+
+STEPS = 13
+CASES: list[tuple[str, dict[str, Any]]] = [
+    ("ddp", {}),
+    ("local_sgd", {"sync_every": 3, "sync_optimizer_state": True}),
+    ("slowmo", {"sync_every": 4}),
+    ("cpdp", {"sync_every": 3}),
+    ("post_local_sgd", {"switch_step": 4, "sync_every": 3}),
+    ("diloco", {"sync_every": 5, "drift_telemetry": False}),
+    ("streaming", {"sync_every": 6, "fragments": 3, "overlap": 2, "codec": "int8"}),
+    ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 3, "syncs_per_period": 4}),
+    ("cocodc", {"sync_every": 6, "fragments": 2, "overlap": 1, "syncs_per_period": 4, "schedule": "round_robin"}),
+]
+
+
+def model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [nn.Linear(6, 16), nn.Tanh()]
+    for _ in range(4):
+        layers += [nn.Linear(16, 16), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(16, 3))
+
+
+def _ledger(sync: Any) -> Counter:
+    return Counter({k: v["bytes"] for k, v in sync.comm.snapshot().items() if k != "init"})
+
+
+def run_cases(rank: int, world: int) -> list[dict[str, Any]]:
+    out = []
+    for name, options in CASES:
+        m = model()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        sync = ws.strategy(name, m, opt, **options)
+        events: list[dict[str, Any]] = []
+        sync.on_event(events.append)
+        per_step, before = [], _ledger(sync)
+        for step in range(STEPS):
+            g = torch.Generator().manual_seed(97 * rank + step)
+            nn.functional.mse_loss(sync.model(torch.randn(8, 6, generator=g)), torch.randn(8, 3, generator=g)).backward()
+            sync.step()
+            sync.zero_grad()
+            now = _ledger(sync)
+            per_step.append(dict(now - before))
+            before = now
+        sync.finish()
+        finish = dict(_ledger(sync) - before)
+        frags = sorted((e["started"], e["fragment"], e["bytes"], e["step"]) for e in events
+                       if e["type"] == "sync" and e.get("kind") == "fragment")
+        finals = sorted((e["fragment"], e["bytes"]) for e in events if e["type"] == "sync" and e.get("kind") == "final")
+        out.append({"per_step": per_step, "finish": finish, "fragments": frags, "finals": finals})
+    return out
+
+
+@pytest.fixture(scope="module")
+def measured() -> list[dict[str, Any]]:
+    return run_ranks(run_cases, 2)[0]
+
+
+def planned(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    tr = trace(name, options, of_module("test", model()), 2, STEPS, finish=True)
+
+    def payloads(actions) -> dict[str, int]:
+        c = Counter()
+        for a in actions:
+            if a.kind == "issue":
+                c[a.transfer.purpose] += a.transfer.payload
+        return dict(+c)
+
+    waited = {id(a.transfer): t for t, acts in enumerate(tr.steps, 1) for a in acts if a.kind == "wait"}
+    frags = sorted((a.transfer.step, a.transfer.fragment, a.transfer.payload, waited.get(id(a.transfer), STEPS))
+                   for acts in tr.steps for a in acts if a.kind == "issue" and a.transfer.purpose == "pseudo_grads")
+    finals = sorted((a.transfer.fragment, a.transfer.payload) for a in tr.finish
+                    if a.kind == "issue" and a.transfer.purpose == "pseudo_grads")
+    return {"per_step": [payloads(acts) for acts in tr.steps], "finish": payloads(tr.finish), "fragments": frags,
+            "finals": finals}
+
+
+def test_every_strategy_has_a_case():
+    assert {name for name, _ in CASES} == set(STRATEGIES)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_the_planned_transfers_are_the_ones_the_strategy_makes(measured, case):
+    name, options = CASES[case]
+    got, want = measured[case], planned(name, options)
+    assert got["per_step"] == want["per_step"]          # every step's bytes, by purpose
+    assert got["fragments"] == want["fragments"]        # (start step, fragment, bytes, merge step)
+    assert got["finals"] == want["finals"]
+    assert got["finish"] == want["finish"]
+
+
+def test_ddp_buckets_close_at_their_caps_in_backward_order():
+    assert ddp_buckets([10, 20, 30], first_cap=100, cap=100) == [120, 120]     # bytes: 4 per element
+    assert ddp_buckets([5, 1, 300_000], first_cap=8, cap=100) == [1_200_000, 24]
+
+
+def test_the_flops_rule_is_six_n_tokens_over_throughput():
+    assert flops_step_s(1e9, tokens=1e6, accelerators=2, flops=3e14) == pytest.approx(6e15 / 6e14)
+
+
+def test_a_longer_period_exposes_no_more_communication():
+    base = dict(size=of_params(1e9), workers=8, topology=PRESETS["cross-region"], step_s=0.5)
+    pcts = [predict(setting("diloco", {"sync_every": h}, **base)).exposed_pct for h in (1, 10, 100)]
+    assert pcts[0] >= pcts[1] >= pcts[2]
+
+
+def test_plan_rejects_a_missing_link():
+    from wansync.config import build_config
+    from wansync.planner import plan_command
+    with pytest.raises(ConfigError, match="--wan"):
+        plan_command(build_config(None, {}), params=1e6, ranks_per_worker=1, step_s=0.1, measure=False,
+                     target_pct=None, tokens_per_step=None, flops=4e14)
