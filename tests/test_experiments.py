@@ -195,7 +195,7 @@ def test_parallel_runs_split_the_threads(tmp_path, monkeypatch):
     seen, active, peak = [], [0], [0]
     lock = threading.Lock()
 
-    def fake_train(cfg):
+    def fake_train(cfg, force=False):
         import time
         with lock:
             active[0] += 1
