@@ -201,6 +201,26 @@ def test_single_process_mean_is_the_quantized_input() -> None:
         assert torch.equal(handle.wait(), codec.decode(codec.encode(x)))
 
 
+@pytest.mark.parametrize("policy", [None, "skip"])
+def test_extra_scalars_ride_along_exactly_and_cost_no_call(policy) -> None:
+    x, side = torch.randn(3001), torch.tensor([0.123456789, -7.5])
+    for name, codec in CODECS.items():
+        exchange = Exchange(nonfinite=policy)
+        buf = torch.cat([x, side])
+        handle = exchange.mean(buf, "params", name, extra=2)
+        mean = handle.wait()
+        assert torch.equal(mean[:-2], codec.decode(codec.encode(x))) and torch.equal(mean[-2:], side)
+        assert handle.payload_bytes == 3001 * 4 and handle.wire_bytes == codec.wire_bytes(3001)
+        ledger = exchange.ledger.snapshot()
+        assert ledger["params"]["calls"] == 1 and ledger["params"]["bytes"] == codec.wire_bytes(3001)
+        assert ledger["telemetry"] == {"calls": 0, "bytes": 8, "waited_s": 0.0}
+
+
+def test_extra_scalars_are_not_model_state_for_the_guard() -> None:
+    buf = torch.cat([torch.randn(10), torch.tensor([float("inf")])])
+    assert torch.isinf(Exchange(nonfinite="abort").mean(buf, "params", extra=1).wait()[-1])
+
+
 def test_lossy_codecs_reject_non_float32_input() -> None:
     with pytest.raises(TypeError, match="float32"):
         Exchange().mean(torch.zeros(4, dtype=torch.float64), "pseudo_grads", "fp4")

@@ -198,7 +198,7 @@ class Exchange:
                     data = data[:-1]
                 if extra:
                     data, side = data[:-4 * extra], data[-4 * extra:]
-                    acc[numel:] += side.view(torch.float32)
+                    acc[numel:] += side.clone().view(torch.float32)   # a copy: the payload may end off a 4-byte boundary
                 acc[:numel] += codec.decode(Encoded(codec.name, numel, data))
                 contributors += 1
             mean = acc.div_(self._contributors(contributors, purpose))
