@@ -176,7 +176,8 @@ def _fragment_trace(inst: Streaming, size: ModelSize, workers: int, steps: int, 
         """The merge leaves θ̃_p's exact bits for α = 0, and for the Taylor merge after 0 steps."""
         x = in_flight.pop(p)[1]
         acts.append(Action("wait", x))
-        if (t == x.step) if taylor else o.alpha == 0:
+        exact = t == x.step if taylor else o.alpha == 0
+        if exact:
             merged_exact[p] = t
 
     def merge_due(t: int, acts: list[Action]) -> None:
