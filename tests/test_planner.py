@@ -132,3 +132,14 @@ def test_plan_rejects_a_missing_link():
     with pytest.raises(ConfigError, match="--wan"):
         plan_command(build_config(None, {}), params=1e6, ranks_per_worker=1, step_s=0.1, measure=False,
                      target_pct=None, tokens_per_step=None, flops=4e14)
+
+
+def test_plan_prints_one_screen_with_the_recommended_period(capsys):
+    from wansync.cli import main
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "--model", "tiny", "--workers", "4", "--wan", "cross-region", "--strategy", "diloco",
+              "--sync-every", "50", "--step-time", "0.3", "--target-exposed", "10"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert "wall clock per 1000 steps" in out and "exposed communication" in out
+    assert "smallest H (sync_every) with exposed communication <= 10 %" in out

@@ -27,10 +27,11 @@ from ..strategies.periodic import Periodic
 from ..strategies.post_local_sgd import PostLocalSGD
 from ..strategies.streaming import Streaming
 from ..strategies.transmission import syncs_per_period
-from .sizes import ModelSize
+from .sizes import DDP_BUCKET_BYTES, ModelSize, ddp_buckets
 
 AGREE_BYTES = (16, 8)        # CoCoDC's agreement on N: a float64 pair all-reduced, an int64 broadcast
 DRIFT_BYTES = 8              # the drift telemetry's float64 all-reduce
+REBUILD_BYTES = (108, 8)     # DDP's broadcast of rank 0's rebuilt bucket order after its first backward (tiny LM)
 
 
 @dataclass
@@ -109,15 +110,23 @@ def trace(name: str, options: dict[str, Any], size: ModelSize, workers: int, ste
     return _periodic_trace(inst, size, steps, ranks_per_worker, finish)
 
 
-def _grad_actions(inst: Any, size: ModelSize, t: int, ranks_per_worker: int) -> list[Action]:
+def _grad_actions(inst: Any, size: ModelSize, t: int, ranks_per_worker: int, first: bool) -> list[Action]:
+    """DDP's bucket all-reduces in step t's backward. The first gradient step uses DDP's initial
+    buckets (cap 25 MiB, parameters in order) and ends with the broadcast of the rebuilt bucket
+    order (two small broadcasts, blocking)."""
+    rebuild: list[Action] = []
     if gradient_phase(inst, t):
-        buckets = [Transfer(t, "grads", "allreduce", b, b, between_workers=False) for b in size.buckets]
+        sizes = ddp_buckets(list(size.grad_numels), DDP_BUCKET_BYTES) if first else size.buckets
+        buckets = [Transfer(t, "grads", "allreduce", b, b, between_workers=False) for b in sizes]
+        if first:
+            rebuild = [a for n in REBUILD_BYTES for a in blocking(Transfer(t, "ddp_rebuild", "broadcast", n, 0,
+                                                                          between_workers=False))]
     elif ranks_per_worker > 1:           # the DDP inside each worker: one transfer (its link's latency is µs)
         buckets = [Transfer(t, "grads_in_worker", "allreduce", 4 * size.params, 0, between_workers=False)]
     else:
         return []
-    return [Action("issue", b, in_backward=True) for b in buckets] + [Action("wait", b, in_backward=True)
-                                                                         for b in buckets]
+    return ([Action("issue", b, in_backward=True) for b in buckets]
+            + [Action("wait", b, in_backward=True) for b in buckets] + rebuild)
 
 
 def _boundary_actions(inst: Periodic, size: ModelSize, t: int, optim_state_numel: int) -> list[Action]:
@@ -139,8 +148,10 @@ def _boundary_actions(inst: Periodic, size: ModelSize, t: int, optim_state_numel
 def _periodic_trace(inst: Any, size: ModelSize, steps: int, ranks_per_worker: int, finish: bool) -> Trace:
     out = Trace()
     optim_numel = 2 * size.params                 # AdamW's two moments (the trainer's default optimizer)
+    first = True
     for t in range(1, steps + 1):
-        acts = _grad_actions(inst, size, t, ranks_per_worker)
+        acts = _grad_actions(inst, size, t, ranks_per_worker, first)
+        first = first and not gradient_phase(inst, t)
         if isinstance(inst, Periodic) and inst.is_boundary(t):
             acts += _boundary_actions(inst, size, t, optim_numel)
         out.steps.append(acts)
@@ -165,7 +176,8 @@ def _fragment_trace(inst: Streaming, size: ModelSize, workers: int, steps: int, 
         """The merge leaves θ̃_p's exact bits for α = 0, and for the Taylor merge after 0 steps."""
         x = in_flight.pop(p)[1]
         acts.append(Action("wait", x))
-        if (t == x.step) if taylor else o.alpha == 0:
+        exact = t == x.step if taylor else o.alpha == 0
+        if exact:
             merged_exact[p] = t
 
     def merge_due(t: int, acts: list[Action]) -> None:
