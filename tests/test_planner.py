@@ -84,7 +84,7 @@ def planned(name: str, options: dict[str, Any]) -> dict[str, Any]:
     def payloads(actions) -> dict[str, int]:
         c = Counter()
         for a in actions:
-            if a.kind == "issue":
+            if a.kind in ("issue", "book"):
                 c[a.transfer.purpose] += a.transfer.payload
         return dict(+c)
 

@@ -30,7 +30,8 @@ from ..strategies.transmission import syncs_per_period
 from .sizes import DDP_BUCKET_BYTES, ModelSize, ddp_buckets
 
 AGREE_BYTES = (16, 8)        # CoCoDC's agreement on N: a float64 pair all-reduced, an int64 broadcast
-DRIFT_BYTES = 8              # the drift telemetry's float64 all-reduce
+DRIFT_BYTES = 4              # the drift telemetry: one float32 element riding on the parameter exchange
+FINAL_DRIFT_BYTES = 8        # finish(): the last boundary's drift, one float64 scalar mean
 REBUILD_BYTES = (108, 8)     # DDP's broadcast of rank 0's rebuilt bucket order after its first backward (tiny LM)
 
 
@@ -49,7 +50,7 @@ class Transfer:
 
 @dataclass
 class Action:
-    kind: str                  # "issue" | "wait"
+    kind: str                  # "issue" | "wait" | "book" (bytes booked on the ledger, carried by another collective)
     transfer: Transfer
     in_backward: bool = False
 
@@ -130,18 +131,16 @@ def _grad_actions(inst: Any, size: ModelSize, t: int, ranks_per_worker: int, fir
 
 
 def _boundary_actions(inst: Periodic, size: ModelSize, t: int, optim_state_numel: int) -> list[Action]:
-    """`Periodic.average_params`: the blocking params mean, the drift scalar (async, waited at the
-    sync event), the optimizer state's mean when asked."""
-    params = Transfer(t, "params", "allreduce", 4 * size.sync_numel, 4 * size.sync_numel)
-    acts = blocking(params)
-    drift = Transfer(t, "telemetry", "allreduce", DRIFT_BYTES, DRIFT_BYTES)
+    """`Periodic.average_params`: the blocking params mean (with drift telemetry, one more element that
+    carries the previous boundary's drift, booked as `telemetry`), the optimizer state's mean when asked."""
     drift_on = bool(getattr(inst.opts, "drift_telemetry", True))
+    params = Transfer(t, "params", "allreduce", 4 * size.sync_numel + (DRIFT_BYTES if drift_on else 0),
+                      4 * size.sync_numel)
+    acts = blocking(params)
     if drift_on:
-        acts.append(Action("issue", drift))
+        acts.append(Action("book", Transfer(t, "telemetry", "allreduce", 0, DRIFT_BYTES)))
     if getattr(inst.opts, "sync_optimizer_state", False):
         acts += blocking(Transfer(t, "optim_state", "allreduce", 4 * optim_state_numel, 4 * optim_state_numel))
-    if drift_on:
-        acts.append(Action("wait", drift))
     return acts
 
 
@@ -155,9 +154,11 @@ def _periodic_trace(inst: Any, size: ModelSize, steps: int, ranks_per_worker: in
         if isinstance(inst, Periodic) and inst.is_boundary(t):
             acts += _boundary_actions(inst, size, t, optim_numel)
         out.steps.append(acts)
-    if finish and isinstance(inst, Periodic) and not inst.is_boundary(steps):
-        if not (isinstance(inst, PostLocalSGD) and inst.in_ddp_phase(steps)):
+    if finish and isinstance(inst, Periodic) and not (isinstance(inst, PostLocalSGD) and inst.in_ddp_phase(steps)):
+        if not inst.is_boundary(steps):
             out.finish = _boundary_actions(inst, size, steps, optim_numel)
+        if bool(getattr(inst.opts, "drift_telemetry", True)):     # the last boundary's drift
+            out.finish += blocking(Transfer(steps, "telemetry", "allreduce", FINAL_DRIFT_BYTES, FINAL_DRIFT_BYTES))
     return out
 
 

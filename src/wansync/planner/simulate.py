@@ -109,6 +109,7 @@ def simulate(trace: Trace, seconds: Callable[[Transfer], float], compute_s: floa
         return max(at, end)
 
     def run(actions: list[Action], start: float, busy_s: float) -> float:
+        nonlocal payload
         backward = [a for a in actions if a.in_backward]
         issued = [a.transfer for a in backward if a.kind == "issue"]
         total = sum(x.nbytes for x in issued) or 1
@@ -125,6 +126,8 @@ def simulate(trace: Trace, seconds: Callable[[Transfer], float], compute_s: floa
                 continue
             if a.kind == "issue":
                 issue(a.transfer, t)
+            elif a.kind == "book":                 # carried by another collective: bytes only
+                payload += a.transfer.payload
             else:
                 t = wait(a.transfer, t)
         return t

@@ -45,9 +45,9 @@ class Anchor:
         """Δ_m = θ̃ − θ_m (a new flat buffer)."""
         return self.value - (self.local() if local is None else local)
 
-    def outer_step(self, mean_delta: torch.Tensor) -> None:
-        """θ̃ ← OuterOpt(θ̃, grad = Δ̄)."""
-        self._step(mean_delta)
+    def outer_step(self, mean_delta: torch.Tensor, lr: float | None = None) -> None:
+        """θ̃ ← OuterOpt(θ̃, grad = Δ̄) (at learning rate `lr` from now on, when given)."""
+        self._step(mean_delta, lr)
         self.check_finite()
 
     def _step(self, mean_delta: torch.Tensor, lr: float | None = None) -> None:
