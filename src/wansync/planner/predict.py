@@ -77,11 +77,14 @@ def run_trace(s: Setting, steps: int, finish: bool = False) -> Trace:
 
 
 def warmup_steps(s: Setting) -> int:
-    """Steps before the steady state: post-local SGD's DDP phase, CoCoDC's period at N = P."""
+    """Steps before the steady state: post-local SGD's DDP phase, CoCoDC's period at N = P, DDP's
+    first gradient step (its initial buckets)."""
     o = s.options
     if "gamma" in o and o["syncs_per_period"] == 0:
         return o["sync_every"]
-    return o.get("switch_step", 0)
+    inst = bare_strategy(s.strategy, o)
+    first_grad = next((t for t in range(1, o.get("sync_every", 1) + 1) if gradient_phase(inst, t)), 0)
+    return max(o.get("switch_step", 0), first_grad)
 
 
 def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Prediction:
