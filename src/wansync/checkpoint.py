@@ -168,7 +168,7 @@ def load_rank(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:
     if not isinstance(state, dict) or "step" not in state:
         raise DataError(f"cannot resume: {path} is not a wansync checkpoint")
     if state.get("world_size") != world_size:
-        raise ConfigError(f"cannot resume: checkpoint was written by {state.get('world_size')} workers, "
+        raise ConfigError(f"cannot resume: checkpoint was written by {state.get('world_size')} processes, "
                           f"this run has {world_size}")
     return state
 

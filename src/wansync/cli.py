@@ -105,7 +105,6 @@ def _add_plan_parser(sub: Any) -> None:
     g = p.add_argument_group("plan")
     g.add_argument("--params", type=float, default=None, metavar="N", help="model size in parameters (e.g. 7e9) "
                    "instead of a named --model")
-    g.add_argument("--ranks-per-worker", type=int, default=1, metavar="R", help="ranks (accelerators) per worker")
     g.add_argument("--step-time", type=float, default=None, metavar="S", help="compute seconds per step")
     g.add_argument("--measure", action="store_true", help="measure the step time: a few steps of --model here")
     g.add_argument("--tokens-per-step", type=float, default=None, metavar="T", help="FLOPs rule: tokens per "
@@ -129,7 +128,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"{given[0]} cannot be used with --resume: a resumed run keeps the config it "
                               f"was started with (only run-control flags may change)")
         cfg = resume_config(args.resume, config_flags(args))
-        torchrun_env(cfg.workers)
+        torchrun_env(cfg.workers, cfg.ranks_per_worker)
         summary = train(cfg, resume=True)
         return _finished(summary)
     if args.preset:
@@ -138,7 +137,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = config_from_args(args)
     check_combinations(cfg, config_flags(args))
-    torchrun_env(cfg.workers if args.workers is not None else None)   # refuses a stale or contradicting one
+    torchrun_env(cfg.workers if args.workers is not None else None, cfg.ranks_per_worker)   # refuses a stale or contradicting one
     summary = train(cfg, force=args.force)
     return _finished(summary)
 
@@ -182,7 +181,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(planner.table_preamble())
         print(planner.large_table(args.target_exposed if args.target_exposed is not None else planner.TARGET_PCT))
         return 0
-    print(planner.plan_command(config_from_args(args), params=args.params, ranks_per_worker=args.ranks_per_worker,
+    cfg = config_from_args(args)
+    print(planner.plan_command(cfg, params=args.params, ranks_per_worker=cfg.ranks_per_worker,
                                step_s=args.step_time, measure=args.measure, target_pct=args.target_exposed,
                                tokens_per_step=args.tokens_per_step, flops=args.throughput))
     return 0

@@ -34,7 +34,9 @@ class GeneralKeys:
     """The keys of every run, whatever the strategy; `Config` adds the strategies' options."""
     # [run]
     strategy: str = _f("ddp", "run", "synchronization strategy")
-    workers: int = _f(2, "run", "worker processes (ranks) on this machine")
+    workers: int = _f(2, "run", "workers (model replicas; each averages with the others by the strategy)")
+    ranks_per_worker: int = _f(1, "run", "processes per worker (one per GPU): DDP inside a worker every step, "
+                               "the strategy between workers; the world size is workers x this")
     steps: int = _f(300, "run", "training steps (the total budget, also when resuming)")
     seed: int = _f(0, "run", "seed for model init, data order and jitter")
     out: str = _f("runs/latest", "run", "run directory")
@@ -55,7 +57,8 @@ class GeneralKeys:
     data: str = _f("shakespeare", "data", "LM: shakespeare | PATH | hf:NAME; vision: fashion-mnist | "
                    "cifar100:PATH | imagefolder:PATH (default: shakespeare for LM models, fashion-mnist "
                    "for vision models)")
-    batch_size: int = _f(16, "data", "per-worker batch size (sequences or images; vision default 64)")
+    batch_size: int = _f(16, "data", "per-rank batch size (sequences or images; vision default 64); a worker of "
+                         "R ranks trains on R x this")
     seq_len: int = _f(128, "data", "LM context length in tokens")
     tokenizer: str = _f("byte", "data", "LM tokenizer: byte|bpe")
     bpe_vocab: int = _f(2048, "data", "vocabulary size of the locally trained BPE")
@@ -78,7 +81,9 @@ class GeneralKeys:
     def topology(self) -> Topology | None:
         """The emulated link `wan` names, parsed once (None without --wan); a bad spec is a ConfigError."""
         from .net.link import parse_wan
-        return parse_wan(self.wan) if self.wan else None
+        if not self.wan:
+            return None
+        return dataclasses.replace(parse_wan(self.wan), ranks_per_worker=self.ranks_per_worker)
 
 
 # [strategy]: one key per strategy option in the registry; None means the chosen strategy's default.
@@ -203,6 +208,9 @@ def build_config(file: str | Path | None = None, overrides: dict[str, Any] | Non
 def validate(cfg: Config) -> None:
     """Checks that do not depend on the strategy (strategies validate their own options)."""
     check(cfg.workers >= 1, f"workers must be >= 1, got {cfg.workers}")
+    check(cfg.ranks_per_worker >= 1, f"ranks_per_worker must be >= 1, got {cfg.ranks_per_worker}")
+    check(cfg.workers * cfg.ranks_per_worker <= 4096, f"workers x ranks_per_worker is too large: "
+          f"{cfg.workers} x {cfg.ranks_per_worker} processes (at most 4096)")
     check(cfg.steps >= 1, f"steps must be >= 1, got {cfg.steps}")
     check(cfg.seed >= 0, f"seed must be >= 0, got {cfg.seed}")
     check(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")

@@ -147,7 +147,7 @@ def plan_command(command: str, preset: Preset | None, config_file: str | None, f
         lowest.update(preset.values)
     cfg = layered_config(lowest, config_file, flags)
     check_combinations(cfg, flags)
-    torchrun_env(cfg.workers if "workers" in flags else None)      # refuses a stale or contradicting one
+    torchrun_env(cfg.workers if "workers" in flags else None, cfg.ranks_per_worker)   # refuses a stale or contradicting one
     grid = parse_grid(grid_items)
     wanted = split_values(strategies_text) if strategies_text else None
     cells = preset_cells(preset, grid, flags, wanted)

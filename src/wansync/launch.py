@@ -43,10 +43,11 @@ class TorchrunEnv:
         return f"rank {self.rank} of {self.world_size}, rendezvous {self.master_addr}:{self.master_port}"
 
 
-def torchrun_env(workers: int | None = None) -> TorchrunEnv | None:
+def torchrun_env(workers: int | None = None, ranks_per_worker: int = 1) -> TorchrunEnv | None:
     """The torchrun environment of this process, None when there is none. A partial, malformed
     or inconsistent one is refused in one line, as is a contradiction with `workers` (an explicit
-    --workers, or the worker count of the run being resumed)."""
+    --workers, or the worker count of the run being resumed) or a world that workers of
+    `ranks_per_worker` ranks cannot fill."""
     present = [v for v in TORCHRUN_VARS if os.environ.get(v)]
     if not present:
         return None
@@ -61,9 +62,14 @@ def torchrun_env(workers: int | None = None) -> TorchrunEnv | None:
         local_world = _env_int("LOCAL_WORLD_SIZE", 1, world)
         if os.environ.get("LOCAL_RANK"):
             _env_int("LOCAL_RANK", 0, local_world - 1)
-    if workers is not None and workers != world:
+    if world % ranks_per_worker:
+        raise ConfigError(f"the torchrun environment says WORLD_SIZE={world}, which workers of --ranks-per-worker "
+                          f"{ranks_per_worker} cannot fill (under torchrun --nnodes N --nproc-per-node R, pass "
+                          f"--ranks-per-worker R)")
+    if workers is not None and workers * ranks_per_worker != world:
+        per = f" x --ranks-per-worker {ranks_per_worker}" if ranks_per_worker > 1 else ""
         raise ConfigError(f"the torchrun environment says WORLD_SIZE={world} (RANK, WORLD_SIZE, MASTER_ADDR, "
-                          f"MASTER_PORT are set) but this run has --workers {workers}: drop --workers under "
+                          f"MASTER_PORT are set) but this run has --workers {workers}{per}: drop --workers under "
                           f"torchrun, or unset those variables to launch {workers} local workers")
     return env
 
@@ -114,12 +120,14 @@ def _terminate(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
 
 
 def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tuple[int, str]:
-    """Run cfg.workers worker processes; returns (exit status, message of the first failure).
+    """Run cfg.workers × cfg.ranks_per_worker processes (ranks w·R … w·R+R−1 are worker w);
+    returns (exit status, message of the first failure).
     `config` (the resolved config as TOML) reaches the workers in their environment.
     KeyboardInterrupt and Terminated pass through, after every worker is ended and reaped."""
     run_dir = Path(run_dir)
     (run_dir / ERR_DIR).mkdir(parents=True, exist_ok=True)
-    for r in range(cfg.workers):
+    world = cfg.workers * cfg.ranks_per_worker
+    for r in range(world):
         error_file(run_dir, r).unlink(missing_ok=True)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -128,12 +136,12 @@ def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tupl
     store = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=cfg.peer_timeout),
                           wait_for_workers=False, master_listen_fd=sock.fileno())
     sock.detach()                        # the store owns the listening socket now
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.workers)
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // world)
     procs: list[subprocess.Popen] = []
     try:
-        for rank in range(cfg.workers):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(cfg.workers),
-                       LOCAL_WORLD_SIZE=str(cfg.workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        for rank in range(world):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=_loopback_ifname(),
                        OMP_NUM_THREADS=str(threads), WANSYNC_RUN_DIR=str(run_dir), WANSYNC_LAUNCHED="1",
                        WANSYNC_RESUME="1" if resume else "0", WANSYNC_CONFIG=config, **{LAUNCHER_PID_ENV: str(os.getpid())})

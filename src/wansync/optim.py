@@ -21,10 +21,11 @@ LINEAR_SCALING_BASE_BATCH = 256
 
 def peak_lr(cfg: Any, world_size: int | None = None) -> float:
     """The peak inner lr: `lr` as given (lr_scaling none = fixed), or under lr_scaling linear
-    lr x global batch / 256, the global batch being world_size (default cfg.workers) x batch_size."""
+    lr x global batch / 256, the global batch being world_size (default: every rank of every
+    worker) x batch_size."""
     if getattr(cfg, "lr_scaling", "none") != "linear":
         return cfg.lr
-    world = world_size if world_size is not None else cfg.workers
+    world = world_size if world_size is not None else cfg.workers * getattr(cfg, "ranks_per_worker", 1)
     return cfg.lr * world * cfg.batch_size / LINEAR_SCALING_BASE_BATCH
 
 

@@ -198,9 +198,9 @@ def train(cfg: Config, resume: bool = False, force: bool = False) -> dict[str, A
     earlier run in the same directory."""
     options = validate(cfg)
     run_dir = Path(cfg.out)
-    adopted = launch.torchrun_env()
+    adopted = launch.torchrun_env(ranks_per_worker=cfg.ranks_per_worker)
     if adopted is not None:
-        cfg, rank = replace(cfg, workers=adopted.world_size), adopted.rank
+        cfg, rank = replace(cfg, workers=adopted.world_size // cfg.ranks_per_worker), adopted.rank
         if rank != 0:
             if worker.run(cfg, run_dir, resume=resume) != 0:
                 raise WansyncError((run_dir / "logs" / f"rank{rank}.err").read_text().strip())

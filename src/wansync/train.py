@@ -1,8 +1,10 @@
-"""One worker's training loop: workload + strategy + profiler + evaluation + run files.
+"""One rank's training loop: workload + strategy + profiler + evaluation + run files.
 
-Evaluation runs on every rank (the same held-out batches) and reports the mean over workers
-of each worker's *local* model; after the last step `sync.finish()` brings all ranks to the
-same parameters, so the final numbers describe the one model every worker holds.
+A worker is `ranks_per_worker` ranks (`comm.replicas`): each trains on its slice of the worker's
+batch under DDP inside the worker, and the strategy exchanges between workers. Evaluation runs
+on every rank (the same held-out batches) and reports the mean over workers of each worker's
+*local* model; after the last step `sync.finish()` brings all ranks to the same parameters, so
+the final numbers describe the one model every worker holds.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, jsonout, strategies
+from .comm.ledger import INSIDE
+from .comm.replicas import Replicas, replica_groups
 from .config import Config, fingerprint
 from .divergence import chance_level, diverged
 from .errors import ConfigError, NonFiniteError
@@ -60,13 +64,15 @@ class Trainer:
                  phase: Phase | None = None):
         self.cfg, self.run_dir, self.rank, self.world = cfg, Path(run_dir), rank, world_size
         self.phase = phase if phase is not None else Phase()
+        self.replicas = replica_groups(cfg.ranks_per_worker)
         torch.manual_seed(cfg.seed)                     # same init on every rank
-        self.workload = build_workload(cfg, rank, world_size)
+        self.workload = build_workload(cfg, self.replicas.worker, self.replicas.workers,
+                                       self.replicas.local_rank, self.replicas.ranks_per_worker)
         self.optimizer = build_optimizer(cfg, self.workload.model)
         self.options = strategies.resolve_options(cfg.strategy, vars(cfg))
         link = link_cost(cfg, self.workload.model, self.options, world_size)     # before the first collective
         self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer,
-                                     on_nonfinite=cfg.on_nonfinite, **self.options)
+                                     on_nonfinite=cfg.on_nonfinite, replicas=self.replicas, **self.options)
         self.skipped = 0
         resumed = self.load_checkpoint() if resume else None
         self.writer = MetricsWriter(self.run_dir / "metrics.jsonl" if rank == 0 else None, append=resume)
@@ -75,6 +81,7 @@ class Trainer:
         self.sync.on_event(self._count_sync)
         self.profiler = Profiler()
         self._waited = 0.0
+        self.exposed_inside_s = 0.0                       # the part of exposed_comm spent inside the worker
         self.comm_timer = CommTimer(emulator_of())        # per-sync-event timing; DDP's hidden waits
         for ddp in ddp_modules(self.sync):
             self.comm_timer.instrument(ddp)
@@ -94,6 +101,8 @@ class Trainer:
 
     def _on_wait(self, purpose: str, seconds: float) -> None:
         self._waited += seconds
+        if purpose.startswith(INSIDE):
+            self.exposed_inside_s += seconds
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, Any]:
@@ -112,6 +121,8 @@ class Trainer:
         skip = self.nonfinite_guard(loss_value, self.grad_norm(), step + 1)
         compute = prof.lap("compute")
         prof.move("compute", "exposed_comm", ddp_exposed)
+        if sync.inside_sync is not None and sync.inside_step(step + 1):
+            self.exposed_inside_s += ddp_exposed                  # the worker's own DDP
         self._waited = 0.0
         self.phase.now = f"step {step + 1} (synchronization)"
         sync.step(skip_inner=skip)
@@ -156,7 +167,7 @@ class Trainer:
                  "strategy": self.sync.state_dict(), "workload": self.workload.state_dict(),
                  "rng": torch.get_rng_state(), "evals": self.evals, "sync_events": self.sync_events,
                  "skipped": self.skipped, "comm": self.sync.comm.snapshot(),
-                 "profile": dict(self.profiler.totals)}
+                 "profile": dict(self.profiler.totals), "exposed_inside_s": self.exposed_inside_s}
         checkpoint.save_rank(self.run_dir, step, self.rank, state, config=fingerprint(self.cfg, self.options))
         dist.barrier()                                   # every rank's file is durable: the checkpoint is complete
         if self.fault is not None:
@@ -182,6 +193,7 @@ class Trainer:
         self.evals = list(state["evals"])
         self.sync_events = int(state["sync_events"])
         self.profiler.restore(state["profile"])
+        self.exposed_inside_s += float(state.get("exposed_inside_s", 0.0))
 
     @property
     def epochs_evaluated(self) -> int:
@@ -204,7 +216,9 @@ class Trainer:
     # ---- the run ----------------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
         cfg = self.cfg
-        self.progress.log(f"{cfg.strategy}: {self.world} workers, {describe(self.workload.describe())}")
+        r = self.replicas.ranks_per_worker
+        ranks = f" of {r} ranks each (DDP inside a worker)" if r > 1 else ""
+        self.progress.log(f"{cfg.strategy}: {self.replicas.workers} workers{ranks}, {describe(self.workload.describe())}")
         self.profiler.lap("other")
         unit = "tok/s" if self.workload.kind == "lm" else "img/s"
         for step in range(self.sync.t, cfg.steps):
@@ -255,17 +269,25 @@ class Trainer:
 
     def summarize(self, final: dict[str, Any]) -> dict[str, Any] | None:
         profile = self.profile()
+        r = self.replicas.ranks_per_worker
+        means = all_mean({"between": self.sync.comm.bytes, "inside": self.sync.comm.inside_bytes})
+        per_worker = {"between": means["between"] * r, "inside": means["inside"] * r}   # a worker's ranks together
+        exposed = profile["categories_s"]["exposed_comm"]
+        inside_s = min(exposed, self.exposed_inside_s)
         summary: dict[str, Any] = {
-            "strategy": self.cfg.strategy, "workers": self.world, "steps": self.cfg.steps,
+            "strategy": self.cfg.strategy, "workers": self.replicas.workers, "ranks_per_worker": r,
+            "steps": self.cfg.steps,
             "wall_clock_s": profile["wall_clock_s"], "model": self.cfg.model, "data": self.cfg.data,
             "seed": self.cfg.seed, "options": self.options,
             "lr_scaling": self.cfg.lr_scaling, "peak_lr": peak_lr(self.cfg, self.world),
-            "bytes_sent": self.sync.comm.bytes, "comm": self.sync.comm.snapshot(),
+            "bytes_sent": round(per_worker["between"]), "bytes_between_workers": round(per_worker["between"]),
+            "bytes_inside_workers": round(per_worker["inside"]), "comm": self.sync.comm.snapshot(),
             "sync_events": self.sync_events,
-            **{k: round(v * self.world) for k, v in all_mean(     # summed over workers
+            **{k: round(v * self.replicas.workers) for k, v in all_mean(     # summed over workers
                 {"skipped_steps": self.skipped, "dropped_exchanges": self.sync.comm.dropped}).items()},
             "wan": profile["wan"], "time_s": profile["categories_s"],
             "exposed_comm_pct": profile["derived"]["exposed_comm_pct"],
+            "exposed_comm_inside_s": inside_s, "exposed_comm_between_s": exposed - inside_s,
         }
         if "val_loss" in final:
             losses = [e["val_loss"] for e in self.evals]
@@ -292,12 +314,26 @@ def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], worl
     if cfg.topology is None:
         return None
     nbytes = exchange_bytes(model, options)
-    seconds = collective_duration("allreduce", nbytes, world, cfg.topology)
+    seconds = modelled_exchange_seconds(nbytes, world, cfg.ranks_per_worker, cfg.topology,
+                                        strategies.strategy_class(cfg.strategy).steps_inside_workers)
     line = f"link {cfg.wan}: one exchange of {nbytes / 1e6:.3g} MB takes ~{seconds * 1e3:.3g} ms (modelled)"
     if seconds > cfg.peer_timeout:
         raise ConfigError(f"{line}, beyond --peer-timeout {cfg.peer_timeout:g} s: check the link's bandwidth "
                           f"unit (kbit, mbit, gbit) and rtt, or raise --peer-timeout")
     return line
+
+
+def modelled_exchange_seconds(nbytes: int, world: int, ranks_per_worker: int, topology: Any,
+                              between_workers: bool = True) -> float:
+    """The link's time for one average of `nbytes`: an all-reduce over every rank, or, between
+    workers of R > 1 ranks, R parallel all-reduces of a 1/R shard (one rank per worker each)
+    followed by the all-gather inside the worker (see `comm.exchange`)."""
+    r = ranks_per_worker
+    if r == 1 or not between_workers:
+        return collective_duration("allreduce", nbytes, world, topology)
+    shard = math.ceil(nbytes / r)
+    return (collective_duration("allreduce", shard, world, topology, range(0, world, r), parallel=r)
+            + collective_duration("allgather", shard * r, world, topology, range(r)))
 
 
 def exchange_bytes(model: torch.nn.Module, options: dict[str, Any]) -> int:

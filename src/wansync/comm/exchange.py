@@ -29,6 +29,15 @@ plug in here and nowhere else:
 - **Time.** `wait()` books the time blocked on the collective under the purpose; the ledger's
   listeners (the trainer's profiler) count it as exposed communication. Decoding is not waiting.
 
+- **Replica groups** (`replicas`, see `comm.replicas`): when a worker is R > 1 ranks holding the
+  same parameters, the exchange is between workers only. The buffer's values are split into R
+  contiguous shards (the side-band scalars ride on the last); local rank r averages shard r over
+  its `across` group (one rank per worker: the guard, the codec and the division by the number
+  of contributors are as above, per shard), then the worker's ranks all-gather the shards over
+  `inside`. Each worker thus puts one model's worth of bytes on the wide-area link per exchange,
+  whatever R is, every rank carrying 1/R of it; the all-gather is booked as `inside/<purpose>`.
+  A buffer with fewer values than R is not split (every local rank averages all of it).
+
 Without an initialized process group the "group" is this one rank, and the mean of a lossy codec
 is `decode(encode(x))`, the same quantization a multi-rank run applies.
 """
@@ -41,8 +50,10 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, NonFiniteError
+from ..net import collective_duration, emulator_of
 from .codecs import Codec, Encoded, get_codec
-from .ledger import CommLedger
+from .ledger import INSIDE, CommLedger
+from .replicas import Replicas
 
 GUARDED = ("params", "pseudo_grads", "optim_state")
 POLICIES = ("abort", "skip")
@@ -85,15 +96,22 @@ class Exchange:
     Args:
         group: the process group (None: the default group).
         nonfinite: None, "abort" or "skip": what to do with a NaN/Inf in this worker's model state.
+        replicas: this rank's replica group (None: every rank is a worker of its own); with R > 1,
+            averages run between workers, `group` must be the default group.
     """
 
-    def __init__(self, group: Any = None, nonfinite: str | None = None):
+    def __init__(self, group: Any = None, nonfinite: str | None = None, replicas: Replicas | None = None):
         if nonfinite is not None and nonfinite not in POLICIES:
             raise ConfigError(f"on_nonfinite must be abort or skip, got {nonfinite!r}")
-        self.group = group
+        self.group = self.broadcast_group = group
         self.nonfinite = nonfinite
+        self.replicas = replicas if replicas is not None else Replicas()
         self.ledger = CommLedger()
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        if self.replicas.sharded:
+            if group is not None:
+                raise ConfigError("an exchange between replica groups runs on the default group")
+            self.group, self.world_size = self.replicas.across, self.replicas.workers
 
     def mean(self, buf: torch.Tensor, purpose: str, codec: str | Codec = "fp32", async_op: bool = False,
              inplace: bool = False, *, replay: bool = False, extra: int = 0) -> MeanHandle:
@@ -106,7 +124,7 @@ class Exchange:
         bytes and a dropped contribution are not counted again. `extra`: how many trailing elements
         of the 1-D `buf` are side-band scalars (see the module docstring)."""
         started_at = time.perf_counter()
-        codec = get_codec(codec)
+        codec, inplace_whole, extra_whole = get_codec(codec), inplace, extra
         if extra and (buf.dim() != 1 or not 0 < extra <= buf.numel()):
             raise ValueError(f"extra={extra} needs a 1-D buffer of at least that many elements")
         values = buf[:buf.numel() - extra] if extra else buf
@@ -116,6 +134,10 @@ class Exchange:
             raise NonFiniteError(f"non-finite values in this worker's {purpose} before the exchange "
                                  f"(--on-nonfinite abort)")
         weighted = guarded and self.nonfinite == "skip"
+        whole = buf
+        sharded = self.replicas.sharded and values.numel() >= self.replicas.ranks_per_worker
+        if sharded:
+            buf, extra, inplace = self._shard(whole, extra), extra if self._last_shard else 0, False
         if codec.name == "fp32":
             work, finish, wire_bytes, guard_bytes = self._all_reduce(buf, purpose, weighted, valid, inplace)
         else:
@@ -132,22 +154,80 @@ class Exchange:
                 self.ledger.dropped += 1
 
         def checked() -> torch.Tensor:
-            result = finish()
-            if purpose in GUARDED and not all_finite(result[:result.numel() - extra] if extra else result):
+            result = self._reassemble(finish(), whole, extra_whole, purpose, inplace_whole) if sharded else finish()
+            if purpose in GUARDED and not all_finite(result.reshape(-1)[:values.numel()] if extra_whole else result):
                 raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite (a worker sent NaN/Inf; "
                                      f"--on-nonfinite abort or skip stops it before the exchange)")
             return result
         handle = MeanHandle(self.ledger, purpose, work, checked, wire_bytes - extra_bytes,
-                            values.numel() * buf.element_size(), started_at)
+                            values.numel() * whole.element_size(), started_at)
         if not async_op:
             handle.wait()
         return handle
 
     def broadcast(self, buf: torch.Tensor, purpose: str = "init") -> None:
-        """Overwrite `buf` in place with the group's first rank's values (blocking)."""
+        """Overwrite `buf` in place with the group's first rank's values (blocking; with replica
+        groups, every rank of every worker gets rank 0's)."""
         self.ledger.count(purpose, buf.numel() * buf.element_size())
-        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        dist.broadcast(buf, src=src, group=self.group)
+        group = self.broadcast_group
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast(buf, src=src, group=group)
+
+    def modelled_seconds(self, numel: int, codec: str | Codec = "fp32") -> float | None:
+        """The emulated link's duration of one `mean` of `numel` float32 values (None when the
+        group is not emulated): an all-reduce for fp32, an all-gather of every worker's payload
+        for a lossy codec; sharded, R of them at once over each site's uplink, then the worker's
+        all-gather."""
+        emulator = emulator_of(self.broadcast_group)
+        if emulator is None:
+            return None
+        codec, world, r = get_codec(codec), dist.get_world_size(), self.replicas.ranks_per_worker
+        sharded = self.replicas.sharded and numel >= r
+        n = -(-numel // r) if sharded else numel
+        ranks = dist.get_process_group_ranks(self.group) if self.group is not None else None
+        if codec.name == "fp32":
+            seconds = collective_duration("allreduce", 4 * n, world, emulator.topology, ranks, parallel=r)
+        else:
+            seconds = collective_duration("allgather", self.world_size * codec.wire_bytes(n), world,
+                                          emulator.topology, ranks, parallel=r)
+        if sharded:
+            inside = dist.get_process_group_ranks(self.replicas.inside)
+            seconds += collective_duration("allgather", r * 4 * n, world, emulator.topology, inside)
+        return float(seconds)
+
+    # ---- replica groups: a shard across workers, the whole inside the worker ---------------------
+    @property
+    def _last_shard(self) -> bool:
+        return self.replicas.local_rank == self.replicas.ranks_per_worker - 1
+
+    def _bounds(self, n_values: int) -> list[int]:
+        """Where the R shards of `n_values` values start (and the last ends): near-equal, none empty."""
+        q, rem = divmod(n_values, self.replicas.ranks_per_worker)
+        return [i * q + min(i, rem) for i in range(self.replicas.ranks_per_worker + 1)]
+
+    def _shard(self, buf: torch.Tensor, extra: int) -> torch.Tensor:
+        """This local rank's contiguous shard of the values (the last one also holds the side-band)."""
+        flat = buf.detach().reshape(-1)
+        bounds = self._bounds(flat.numel() - extra)
+        r = self.replicas.local_rank
+        return flat[bounds[r]:] if self._last_shard else flat[bounds[r]:bounds[r + 1]]
+
+    def _reassemble(self, shard_mean: torch.Tensor, whole: torch.Tensor, extra: int, purpose: str,
+                    inplace: bool) -> torch.Tensor:
+        """All-gather every local rank's averaged shard inside the worker (blocking, booked as
+        `inside/<purpose>`) and put the buffer back together; into `whole` when `inplace`."""
+        bounds = self._bounds(whole.numel() - extra)
+        lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+        lengths[-1] += extra
+        piece = shard_mean.new_zeros(max(lengths))          # equal lengths for the all-gather
+        piece[:shard_mean.numel()] = shard_mean
+        pieces = [torch.empty_like(piece) for _ in lengths]
+        t0 = time.perf_counter()
+        dist.all_gather(pieces, piece, group=self.replicas.inside)
+        self.ledger.count(INSIDE + purpose, piece.numel() * piece.element_size())
+        self.ledger.waited(INSIDE + purpose, time.perf_counter() - t0)
+        mean = torch.cat([p[:k] for p, k in zip(pieces, lengths)])
+        return whole.copy_(mean.view_as(whole)) if inplace else mean.view_as(whole)
 
     # ---- the two collectives -------------------------------------------------------------------
     def _all_reduce(self, buf: torch.Tensor, purpose: str, weighted: bool, valid: bool, inplace: bool):

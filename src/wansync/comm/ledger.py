@@ -3,13 +3,17 @@
 The ledger is what tests count ("a CPDP boundary exchanges the gradients once and the
 parameters once") and what the profiler reads for exposed communication. Purposes name *why*
 bytes moved: `params`, `grads`, `pseudo_grads`, `optim_state`, `telemetry`, ... The exchanges
-themselves (`exchange.Exchange`) and DDP's gradient phase book here.
+themselves (`exchange.Exchange`) and DDP's gradient phase book here. Traffic that stays inside a
+worker of several ranks (its DDP gradients, the all-gather of a sharded exchange) is booked under
+`inside/<purpose>`: it never crosses the wide-area link, so `bytes` leaves it out.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+INSIDE = "inside/"      # purpose prefix of the traffic inside a worker (it never crosses the wide-area link)
 
 
 @dataclass
@@ -40,8 +44,14 @@ class CommLedger:
 
     @property
     def bytes(self) -> int:
-        """Bytes sent for training (the one-off initial broadcast is not counted)."""
-        return sum(t.bytes for k, t in self.totals.items() if k != "init")
+        """Bytes this rank sent between workers for training (not the one-off initial broadcast,
+        not the traffic inside its worker)."""
+        return sum(t.bytes for k, t in self.totals.items() if k != "init" and not k.startswith(INSIDE))
+
+    @property
+    def inside_bytes(self) -> int:
+        """Bytes this rank sent to the other ranks of its worker."""
+        return sum(t.bytes for k, t in self.totals.items() if k.startswith(INSIDE))
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {k: {"calls": v.calls, "bytes": v.bytes, "waited_s": v.waited_s} for k, v in self.totals.items()}

@@ -74,8 +74,10 @@ def resolve_options(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, group: Any = None,
-          on_nonfinite: str | None = None, **options: Any) -> Strategy:
+          on_nonfinite: str | None = None, replicas: Any = None, **options: Any) -> Strategy:
     """Build a strategy on an existing process group (the public `wansync.strategy`).
-    `on_nonfinite` (None, "abort", "skip"): what its exchange does with NaN/Inf model state."""
+    `on_nonfinite` (None, "abort", "skip"): what its exchange does with NaN/Inf model state.
+    `replicas` (`comm.replicas.replica_groups(R)`): workers of R ranks each."""
     cls = strategy_class(name)
-    return cls(model, optimizer, make_options(name, **options), group=group, on_nonfinite=on_nonfinite)
+    return cls(model, optimizer, make_options(name, **options), group=group, on_nonfinite=on_nonfinite,
+               replicas=replicas)

@@ -22,7 +22,10 @@ from torch import nn
 
 from ..comm.exchange import Exchange
 from ..comm.flat import FlatTensors
+from ..comm.ledger import INSIDE
+from ..comm.replicas import Replicas
 from ..errors import ConfigError
+from .grad_sync import GradientSync
 from .options import Options
 
 
@@ -40,11 +43,14 @@ def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
 class Strategy:
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
+    steps_inside_workers: ClassVar[bool] = True     # False: every step all-reduces over every rank (DDP)
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, *,
-                 group: Any = None, on_nonfinite: str | None = None):
+                 group: Any = None, on_nonfinite: str | None = None, replicas: Replicas | None = None):
         """`on_nonfinite`: None, "abort" or "skip", what the exchange does with a NaN/Inf in this
-        worker's model state (see `comm.exchange`)."""
+        worker's model state (see `comm.exchange`). `replicas`: this rank's place in a worker of
+        several ranks (`comm.replicas`; None: every rank is a worker); its ranks train one model
+        with DDP over the worker's own group, and the exchange runs between workers."""
         if not dist.is_initialized():
             raise ConfigError("torch.distributed is not initialized: call wansync.init() or "
                               "torch.distributed.init_process_group() first")
@@ -58,15 +64,25 @@ class Strategy:
         self.last_inner_s = 0.0          # time of the last inner optimizer step (profiler: compute)
         self.since_last_step_s: float | None = None   # end of the previous step() to this one's start
         self._left_step_at: float | None = None
-        self.exchange = Exchange(group, on_nonfinite)
+        self.replicas = replicas if replicas is not None else Replicas()
+        self.exchange = Exchange(group, on_nonfinite, self.replicas)
         self.comm = self.exchange.ledger
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.inside_sync = None
+        if self.replicas.sharded and self.steps_inside_workers:
+            self.inside_sync = GradientSync(model, self.replicas.inside, self.comm, purpose=INSIDE + "grads")
 
     # ---- the user's view -------------------------------------------------------------
     @property
     def model(self) -> nn.Module:
-        """The module to call forward on (a DDP wrapper for gradient-synchronizing strategies)."""
-        return self.module
+        """The module to call forward on (a DDP wrapper for gradient-synchronizing strategies, and
+        inside a worker of several ranks)."""
+        return self.inside_sync.ddp if self.inside_sync is not None and self.inside_step(self.t + 1) else self.module
+
+    def inside_step(self, t: int) -> bool:
+        """Does step t (1-based) all-reduce gradients inside the worker only? (Not when the
+        strategy all-reduces them over every rank then.)"""
+        return True
 
     def step(self, skip_inner: bool = False) -> None:
         """Inner optimizer step, then whatever synchronization is due at the new step count.
@@ -81,6 +97,8 @@ class Strategy:
         if not skip_inner:
             self.optimizer.step()
         self.last_inner_s = time.perf_counter() - entered
+        if self.inside_sync is not None and self.inside_step(self.t + 1):
+            self.inside_sync.book()
         self.t += 1
         self.after_inner_step()
         self._left_step_at = time.perf_counter()

@@ -31,7 +31,7 @@ from .fragments import SCHEDULES
 from .inflight import InFlight
 from .options import at_least, one_of, option, positive
 from .streaming import Streaming, StreamingOptions
-from .transmission import agree, modelled_sync_seconds
+from .transmission import agree
 
 COMPENSATIONS = ("taylor", "alpha")
 OUTER_SCALINGS = ("none", "interval")
@@ -65,7 +65,7 @@ class CoCoDC(Streaming):
         self.t_s_source = ""
         if not self.n_decided:
             numel = round(sum(f.numel for f in self.fragments) / self.P)
-            modelled = modelled_sync_seconds(self.codec.name, numel, self.codec.wire_bytes(numel), self.group)
+            modelled = self.exchange.modelled_seconds(numel, self.codec)
             if modelled is not None:
                 self.t_s, self.t_s_source = modelled, "model"
 

@@ -61,7 +61,14 @@ class CPDP(SlowMo):
 
     @property
     def model(self):
+        """The all-rank DDP wrapper (its gradient phase armed at boundaries); in a worker of
+        several ranks, local steps go through the worker's own DDP instead."""
+        if self.inside_sync is not None and self.inside_step(self.t + 1):
+            return self.inside_sync.ddp
         return self.grad_sync.ddp
+
+    def inside_step(self, t: int) -> bool:
+        return not self.phase_one_at(t)
 
     def phase_one_at(self, t: int) -> bool:
         """Does step t start with the gradient all-reduce? At boundaries, unless ablated."""

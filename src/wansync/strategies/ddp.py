@@ -17,6 +17,7 @@ from .grad_sync import GradientSync
 
 class DDP(Strategy):
     name = "ddp"
+    steps_inside_workers = False
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, **kw: Any):
         super().__init__(model, optimizer, options, **kw)
@@ -24,7 +25,7 @@ class DDP(Strategy):
 
     @property
     def model(self) -> nn.Module:
-        return self.grad_sync.ddp
+        return self.grad_sync.ddp           # over every rank, also in workers of several ranks
 
     def after_inner_step(self) -> None:
         self.grad_sync.book()      # DDP's reducer all-reduced every gradient bucket during backward

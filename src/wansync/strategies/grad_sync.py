@@ -6,6 +6,10 @@ backward): a baseline users actually run. DDP decides at forward time whether th
 all-reduces gradients, from `require_backward_grad_sync`, the flag `no_sync()` toggles; so a
 strategy arms the phase for its *next* step (at construction, after every step, after a resume).
 The bytes are booked on the ledger as `grads` after the step whose backward all-reduced them.
+
+A worker of several ranks (`comm.replicas`) trains its one model with a second wrapper over its
+own ranks (`inside/grads`), every step the strategy does not all-reduce over all ranks. Two
+wrappers can share a module: a backward only all-reduces in the wrapper its forward went through.
 """
 from __future__ import annotations
 
@@ -41,10 +45,11 @@ def wrap_ddp(model: nn.Module, group: Any, broadcast_buffers: bool = True) -> Di
 class GradientSync:
     """The DDP wrapper of `model`, its gradient bytes, and the switch for the next backward."""
 
-    def __init__(self, model: nn.Module, group: Any, ledger: CommLedger, *, broadcast_buffers: bool = True):
+    def __init__(self, model: nn.Module, group: Any, ledger: CommLedger, *, broadcast_buffers: bool = True,
+                 purpose: str = "grads"):
         self.ddp = wrap_ddp(model, group, broadcast_buffers)
         self.bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        self._ledger = ledger
+        self._ledger, self._purpose = ledger, purpose
 
     def arm(self, on: bool) -> None:
         """Gradient all-reduce on or off for the next backward."""
@@ -55,5 +60,5 @@ class GradientSync:
         if so, count the bytes DDP's reducer sent."""
         if not self.ddp.require_backward_grad_sync:
             return False
-        self._ledger.count("grads", self.bytes)
+        self._ledger.count(self._purpose, self.bytes)
         return True

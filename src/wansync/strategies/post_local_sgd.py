@@ -45,7 +45,10 @@ class PostLocalSGD(LocalSGD):
 
     @property
     def model(self) -> nn.Module:
-        return self.grad_sync.ddp if self.in_ddp_phase(self.t + 1) else self.module
+        return self.grad_sync.ddp if self.in_ddp_phase(self.t + 1) else super().model
+
+    def inside_step(self, t: int) -> bool:
+        return not self.in_ddp_phase(t)
 
     def is_boundary(self, t: int) -> bool:
         return not self.in_ddp_phase(t) and (t - self.opts.switch_step) % self.opts.sync_every == 0

@@ -14,8 +14,9 @@ Without it (c = 0) a fast link drives N to H and every fragment takes a full out
   previous `step()` call to the start of this one (forward, backward, data) plus the inner optimizer
   step; sync work done inside `step()` is excluded. The first step is skipped (warm-up).
 - `T_s`, the time to sync one fragment, is modelled from the WAN emulator's link when the group runs
-  under it (`wansync.net.collective_duration` on a mean-sized fragment: an all-reduce of its float32
-  bytes for fp32, an all-gather of every rank's encoded payload for the lossy codecs), else measured
+  under it (`Exchange.modelled_seconds` on a mean-sized fragment: an all-reduce of its float32
+  bytes for fp32, an all-gather of every worker's encoded payload for the lossy codecs; sharded
+  over the ranks of a worker when workers have several), else measured
   on the fragment syncs of the first period (N = P of them): each is waited for at once instead of τ
   steps later (the arithmetic is unchanged, only their overlap is lost) and T_s is the fastest one
   (the first includes the connection warm-up).
@@ -31,7 +32,6 @@ import torch
 import torch.distributed as dist
 
 from ..comm.ledger import CommLedger
-from ..net import collective_duration, emulator_of
 
 
 def max_syncs(sync_every: int, fragments: int, per_fragment: int) -> int:
@@ -47,20 +47,6 @@ def syncs_per_period(gamma: float, sync_every: int, fragments: int, t_c: float, 
         return cap
     n = math.floor(gamma * sync_every * t_c / t_s)
     return int(max(fragments, min(cap, n)))
-
-
-def modelled_sync_seconds(codec: str, numel: int, wire_bytes: int, group: Any = None) -> float | None:
-    """The emulator's duration for one fragment exchange, or None when the group is not emulated."""
-    emulator = emulator_of(group)
-    if emulator is None:
-        return None
-    topology = emulator.topology
-    world = dist.get_world_size()
-    ranks = dist.get_process_group_ranks(group) if group is not None else None
-    if codec == "fp32":
-        return float(collective_duration("allreduce", 4 * numel, world, topology, ranks))
-    members = dist.get_world_size(group)
-    return float(collective_duration("allgather", members * wire_bytes, world, topology, ranks))
 
 
 def agree(t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int, per_fragment: int,

@@ -47,10 +47,12 @@ __all__ = ["CommTimer", "ddp_modules", "attribute_blocked", "union_length"]
 
 
 def ddp_modules(obj: Any) -> list[Any]:
-    """The DistributedDataParallel wrappers a strategy holds (its attributes and its ``model``)."""
+    """The DistributedDataParallel wrappers a strategy holds (its attributes, its gradient phases'
+    wrappers, and its ``model``)."""
     from torch.nn.parallel import DistributedDataParallel
     found: dict[int, Any] = {}
     candidates = list(vars(obj).values())
+    candidates += [v.ddp for v in list(candidates) if hasattr(v, "ddp")]     # GradientSync phases
     try:
         candidates.append(obj.model)
     except Exception:  # noqa: BLE001 - a property that cannot be evaluated yet

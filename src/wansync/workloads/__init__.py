@@ -1,6 +1,7 @@
 """Pick the workload from the model name: LM sizes or vision architectures."""
 from __future__ import annotations
 
+import dataclasses
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,13 @@ def lm_model_names() -> tuple[str, ...]:
     return tuple(LM_MODELS)
 
 
-def build_workload(cfg: Any, rank: int, world_size: int) -> Workload:
-    """The workload a Config asks for, sharded for this rank."""
+def build_workload(cfg: Any, rank: int, world_size: int, local_rank: int = 0, ranks_per_worker: int = 1) -> Workload:
+    """The workload a Config asks for, sharded for worker `rank` of `world_size`; in a worker of
+    several ranks, this local rank's slice of the worker's batch (`base.RankSlice`)."""
+    if ranks_per_worker > 1:
+        from .base import RankSlice
+        worker_cfg = dataclasses.replace(cfg, batch_size=cfg.batch_size * ranks_per_worker)
+        return RankSlice(build_workload(worker_cfg, rank, world_size), local_rank, ranks_per_worker)
     if cfg.model in VISION_MODELS:
         from .vision import build_vision_workload
         # build_config gives a vision model DEFAULT_DATA["vision"] when no data is named; this fallback

@@ -39,3 +39,28 @@ class Workload(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Facts for the run's log: parameter count, dataset sizes, shapes."""
+
+
+class RankSlice:
+    """One rank's view of its worker's workload when a worker is R ranks (`comm.replicas`).
+
+    The worker draws its batch of R × b items exactly as a one-rank worker with batch R × b
+    would (same shard, same order, same augmentation), and local rank r trains on rows
+    r·b … (r+1)·b − 1; so the samples a worker sees do not depend on R, and changing R changes
+    only the order of the arithmetic. Everything else is the worker's workload's.
+    """
+
+    def __init__(self, workload: Workload, local_rank: int, ranks_per_worker: int):
+        self.workload, self.local_rank, self.ranks_per_worker = workload, local_rank, ranks_per_worker
+
+    def next_batch(self) -> Any:
+        batch = self.workload.next_batch()
+        n = int(batch[0].shape[0])
+        if n % self.ranks_per_worker:
+            raise ValueError(f"a worker batch of {n} items cannot be split over {self.ranks_per_worker} ranks")
+        size = n // self.ranks_per_worker
+        lo = self.local_rank * size
+        return tuple(t[lo:lo + size] for t in batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.workload, name)
