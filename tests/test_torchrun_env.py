@@ -32,6 +32,11 @@ CASES = [
     ("RANK beyond WORLD_SIZE", torchrun(rank="3", world="2"), [], "RANK must be an integer in [0, 1], got '3'"),
     ("WORLD_SIZE zero", torchrun(world="0"), [], "WORLD_SIZE must be an integer >= 1, got '0'"),
     ("MASTER_PORT out of range", torchrun(port="99999"), [], "MASTER_PORT must be an integer in [1, 65535]"),
+    ("a world that workers of R ranks cannot fill", torchrun(world="3"), ["--ranks-per-worker", "2"],
+     "WORLD_SIZE=3, which workers of --ranks-per-worker 2 cannot fill"),
+    ("--workers x --ranks-per-worker against WORLD_SIZE", torchrun(world="2"), ["--workers", "2", "--ranks-per-worker", "2"],
+     "says WORLD_SIZE=2 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are set) but this run has --workers 2 x "
+     "--ranks-per-worker 2"),
 ]
 
 

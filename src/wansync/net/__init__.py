@@ -33,6 +33,3 @@ __all__ = [
     "parse_wan",
 ]
 
-
-def shared_uplink(copies, group=None):  # TEMP until wt-net merges
-    return None
