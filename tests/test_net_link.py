@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -95,6 +96,28 @@ def test_ranks_spread_evenly_over_sites():
     assert [Topology(sites=3).site_of(r, 6) for r in range(6)] == [0, 0, 1, 1, 2, 2]
 
 
+def test_sites_get_whole_workers():
+    # 3 workers of 2 ranks on 2 sites: workers 0, 1 in site 0, worker 2 in site 1 (rank by rank,
+    # rank 3 of worker 1 would have gone to site 1)
+    topo = Topology(sites=2, ranks_per_worker=2)
+    assert [topo.site_of(r, 6) for r in range(6)] == [0, 0, 0, 0, 1, 1]
+    assert [Topology(sites=2).site_of(r, 6) for r in range(6)] == [0, 0, 0, 1, 1, 1]
+    assert [topo.site_of(r, 4) for r in range(4)] == [0, 0, 1, 1]
+    assert [Topology(sites=2, ranks_per_worker=4).site_of(r, 4) for r in range(4)] == [0, 0, 0, 0]
+
+
+def test_ranks_per_worker_is_checked_and_named_in_the_description():
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ConfigError):
+            Topology(sites=2, ranks_per_worker=bad)
+    with pytest.raises(ConfigError, match="multiple"):
+        Topology(sites=2, ranks_per_worker=2).site_of(0, 3)
+    cross = PRESETS["cross-region"]
+    assert replace(cross, ranks_per_worker=1).describe() == cross.describe()
+    assert "2 ranks per worker" in replace(cross, ranks_per_worker=2).describe()
+    assert parse_wan("cross-region").ranks_per_worker == 1
+
+
 # -- cost model, by hand ------------------------------------------------------------------------
 
 TWO_SITE = PRESETS["two-site"]  # inter: a = 8.3 ms, b = 1.25e9 B/s; intra: a = 0.1 ms, b = 1.25e9 B/s
@@ -110,15 +133,15 @@ def test_one_site_is_the_plain_ring():
     assert collective_duration("allreduce", 1e6, 4, PRESETS["lan"]) == pytest.approx(1.8 * MS)
 
 
-def test_eight_ranks_on_two_sites_are_hierarchical():
-    b = 100e6  # 4 ranks per site
+def test_eight_ranks_on_two_sites_are_hierarchical_and_each_site_moves_the_buffer_once():
+    b = 100e6  # 4 ranks per site share their site's uplink: the site moves B across, not B/4
     rs_intra = 3 * 0.1 * MS + 0.75 * b / 1.25e9  # 60.3 ms
-    ar_inter = 2 * 8.3 * MS + 2 * 0.5 * (b / 4) / 1.25e9  # 36.6 ms
-    rs_inter = 8.3 * MS + 0.5 * (b / 4) / 1.25e9  # 18.3 ms
+    ar_inter = 2 * 8.3 * MS + 2 * 0.5 * b / 1.25e9  # 96.6 ms
+    rs_inter = 8.3 * MS + 0.5 * b / 1.25e9  # 48.3 ms
     assert collective_duration("allreduce", b, 8, TWO_SITE) == pytest.approx(rs_intra + ar_inter + rs_intra)
-    assert collective_duration("allreduce", b, 8, TWO_SITE) == pytest.approx(157.2 * MS)
+    assert collective_duration("allreduce", b, 8, TWO_SITE) == pytest.approx(217.2 * MS)
     assert collective_duration("reduce_scatter", b, 8, TWO_SITE) == pytest.approx(rs_intra + rs_inter)
-    assert collective_duration("allgather", b, 8, TWO_SITE) == pytest.approx(78.6 * MS)
+    assert collective_duration("allgather", b, 8, TWO_SITE) == pytest.approx(108.6 * MS)
     total = sum(collective_duration(op, b, 8, TWO_SITE) for op in ("reduce_scatter", "allgather"))
     assert total == pytest.approx(collective_duration("allreduce", b, 8, TWO_SITE))  # AR = RS + AG
 
@@ -136,6 +159,56 @@ def test_a_group_inside_one_site_never_touches_the_wan():
     assert collective_duration("allreduce", 1e6, 8, TWO_SITE, ranks=[0, 1]) == pytest.approx(
         collective_duration("allreduce", 1e6, 2, PRESETS["lan"])
     )
+
+
+# -- the site's uplink is shared ---------------------------------------------------------------------
+
+CROSS_R2 = replace(PRESETS["cross-region"], ranks_per_worker=2)  # inter: a = 50 ms, b = 1.25e8 B/s
+MODEL = 10e6  # bytes
+
+
+def test_one_rank_per_site_is_the_ring_over_the_uplink_as_before():
+    # AR(2, 10 MB, inter) = 2·50 ms + 2·(1/2)·1e7/1.25e8 s = 100 ms + 80 ms
+    assert collective_duration("allreduce", MODEL, 2, PRESETS["cross-region"]) == pytest.approx(180 * MS)
+
+
+def test_parallel_cross_worker_groups_share_the_uplink_like_one_rank_sending_the_model():
+    # 2 workers of 2 ranks, one per site; {0, 2} and {1, 3} each all-reduce half the model at once:
+    # 2·50 ms + 2·(1/2)·2·5e6/1.25e8 s = 100 ms + 80 ms (per-rank links would have said 100 + 40 ms)
+    for group in ([0, 2], [1, 3]):
+        half = collective_duration("allreduce", MODEL / 2, 4, CROSS_R2, ranks=group, parallel=2)
+        assert half == pytest.approx(180 * MS)
+    whole = collective_duration("allreduce", MODEL, 2, PRESETS["cross-region"])
+    assert collective_duration("allreduce", MODEL / 2, 4, CROSS_R2, [0, 2], parallel=2) == pytest.approx(whole)
+    assert collective_duration("allreduce", MODEL / 2, 4, CROSS_R2, [0, 2]) == pytest.approx(140 * MS)  # alone
+
+
+def test_all_ranks_of_a_site_all_reducing_move_the_buffer_over_the_uplink_once():
+    # RS(2, 1e7, lan) = 0.1 ms + 0.5·1e7/1.25e9 s = 4.1 ms; across: 100 ms + 1e7/1.25e8 s = 180 ms
+    rs = 0.1 * MS + 0.5 * MODEL / 1.25e9
+    assert collective_duration("allreduce", MODEL, 4, CROSS_R2) == pytest.approx(rs + 180 * MS + rs)
+    assert collective_duration("allreduce", MODEL, 4, CROSS_R2) == pytest.approx(188.2 * MS)
+    rs_across = 50 * MS + 0.5 * MODEL / 1.25e8  # 90 ms
+    assert collective_duration("reduce_scatter", MODEL, 4, CROSS_R2) == pytest.approx(rs + rs_across)
+    assert collective_duration("allgather", MODEL, 4, CROSS_R2) == pytest.approx(rs_across + rs)
+    assert collective_duration("allgather", MODEL / 2, 4, CROSS_R2, [0, 2], parallel=2) == pytest.approx(90 * MS)
+
+
+def test_broadcast_and_point_to_point_share_the_uplink_only_with_parallel_copies():
+    # one rank per site crosses: 50 ms + p·1e7/1.25e8 s (+ 0.1 ms + 8 ms inside a site of 2)
+    assert collective_duration("broadcast", MODEL, 4, CROSS_R2) == pytest.approx(138.1 * MS)
+    assert collective_duration("broadcast", MODEL, 4, CROSS_R2, [0, 2], parallel=2) == pytest.approx(210 * MS)
+    assert collective_duration("send", MODEL, 4, CROSS_R2, [0, 2], parallel=2) == pytest.approx(210 * MS)
+    assert collective_duration("send", MODEL, 4, CROSS_R2, [0, 1], parallel=2) == pytest.approx(0.1 * MS + 8 * MS)
+    assert collective_duration("barrier", 0, 4, CROSS_R2, [0, 2], parallel=2) == pytest.approx(100 * MS)
+
+
+def test_parallel_copies_inside_one_site_never_touch_the_uplink():
+    assert collective_duration("allreduce", MODEL, 4, CROSS_R2, [0, 1], parallel=2) == pytest.approx(
+        collective_duration("allreduce", MODEL, 2, PRESETS["lan"])
+    )
+    with pytest.raises(ConfigError):
+        collective_duration("allreduce", MODEL, 4, CROSS_R2, parallel=0)
 
 
 def test_one_rank_costs_nothing_and_names_are_checked():

@@ -126,6 +126,19 @@ def test_a_longer_period_exposes_no_more_communication():
     assert pcts[0] >= pcts[1] >= pcts[2]
 
 
+def test_an_exchange_sharded_over_a_workers_ranks_moves_the_whole_model_over_the_uplink():
+    from wansync.net import Topology, collective_duration
+    from wansync.planner.schedule import Transfer
+    from wansync.planner.simulate import WORKER_LINK, transfer_seconds
+    link, b = PRESETS["cross-region"], 10_000_000
+    exchange = Transfer(0, "params", "allreduce", b, b)
+    in_worker = Topology(sites=1, intra_link=WORKER_LINK, inter_link=WORKER_LINK)
+    for r in (2, 4):  # R shards at once share the uplink: the across part is one rank sending B
+        whole = collective_duration("allreduce", b, 2, link) + collective_duration("allgather", b, r, in_worker)
+        assert transfer_seconds(link, 2, r)(exchange) == pytest.approx(whole)
+    assert transfer_seconds(link, 2, 1)(exchange) == pytest.approx(0.18)  # 100 ms + 1e7 B / 1.25e8 B/s
+
+
 def test_plan_rejects_a_missing_link():
     from wansync.config import build_config
     from wansync.planner import plan_command

@@ -7,11 +7,21 @@ Typical use, in every worker process::
     torch.distributed.init_process_group(net.install(), pg_options=emulator, ...)
     ...
     emulator.records()          # one CollectiveRecord per collective
+    # a group that runs as one of 2 parallel copies sharing the sites' uplinks:
+    torch.distributed.new_group([0, 2], pg_options=net.shared_uplink(2))
 
 Nothing here knows about training; see :mod:`wansync.net.cost` for the cost model.
 """
 
-from wansync.net.backend import BACKEND_NAME, EmulatedProcessGroup, EmulatedWork, emulator_of, install
+from wansync.net.backend import (
+    BACKEND_NAME,
+    EmulatedProcessGroup,
+    EmulatedWork,
+    SharedUplink,
+    emulator_of,
+    install,
+    shared_uplink,
+)
 from wansync.net.cost import collective_duration, jitter_draw
 from wansync.net.emulator import Emulator
 from wansync.net.link import PRESETS, Link, Topology, parse_wan
@@ -25,11 +35,13 @@ __all__ = [
     "Emulator",
     "Link",
     "PRESETS",
+    "SharedUplink",
     "Topology",
     "collective_duration",
     "emulator_of",
     "install",
     "jitter_draw",
     "parse_wan",
+    "shared_uplink",
 ]
 

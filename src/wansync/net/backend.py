@@ -13,6 +13,9 @@ whole process group, so it implements every collective its callers use; each one
 
 A group gets its emulator as ``pg_options``; a group created without one (``new_group()``, called
 by us or by a library) shares the default group's, so a rank has one network path, whatever the group.
+A group that runs as one of several parallel copies on disjoint ranks of the same sites (the sharded
+exchange between workers) is created with ``pg_options=shared_uplink(copies)``: its collectives are
+modelled with ``parallel=copies``, the copies sharing each site's uplink (:mod:`wansync.net.cost`).
 DDP needs ``broadcast`` (initial state), ``allgather`` (constructor checks) and ``allreduce``
 (gradient buckets); ``PeriodicModelAverager`` needs ``allreduce``; ``dist.barrier`` needs ``barrier``.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,7 +38,8 @@ from wansync.net.emulator import Emulator
 from wansync.net.link import Topology
 from wansync.net.records import CollectiveRecord
 
-__all__ = ["BACKEND_NAME", "EmulatedProcessGroup", "EmulatedWork", "emulator_of", "install"]
+__all__ = ["BACKEND_NAME", "EmulatedProcessGroup", "EmulatedWork", "SharedUplink", "emulator_of", "install",
+           "shared_uplink"]
 
 BACKEND_NAME = "wansync_emu"
 
@@ -114,6 +119,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
             self._world = size
             self._ranks = ranks or list(range(size))
         self.emulator = _emulator_for(pg_options)
+        self.parallel = pg_options.copies if isinstance(pg_options, SharedUplink) else 1
         self._seq = 0
         timeout = opts.timeout
         store = dist.PrefixStore("gloo/", opts.store)
@@ -130,7 +136,9 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     def __repr__(self) -> str:
-        return f"EmulatedProcessGroup(group={self._name}, rank={self._rank}/{self._size}, {self.topology.describe()})"
+        copies = f", 1 of {self.parallel} parallel copies" if self.parallel > 1 else ""
+        return (f"EmulatedProcessGroup(group={self._name}, rank={self._rank}/{self._size}{copies}, "
+                f"{self.topology.describe()})")
 
     @property
     def topology(self) -> Topology:
@@ -159,11 +167,11 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         if peers is None:  # a collective: every member issues it, in the same order
             seq = self._seq
             self._seq += 1
-            d = collective_duration(op, nbytes, self._world, self.topology, self._ranks)
+            d = collective_duration(op, nbytes, self._world, self.topology, self._ranks, self.parallel)
             d += jitter_draw(self.topology, self._world, self.emulator.seed, self._group_key, seq, self._ranks)
         else:  # point-to-point: only two ranks see it, so no shared sequence number and no jitter
             seq = -1
-            d = collective_duration(op, nbytes, self._world, self.topology, peers)
+            d = collective_duration(op, nbytes, self._world, self.topology, peers, self.parallel)
         start = self.emulator.reserve(issue, d)
         rec = CollectiveRecord(
             op=op, nbytes=nbytes, group=self._name, seq=seq, issue=issue, start=start,
@@ -257,13 +265,37 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         return self._issue("recv", _nbytes(tensors), tensors, lambda b: b.recv(tensors, src, tag), tensors, peers)
 
 
+@dataclass(frozen=True)
+class SharedUplink:
+    """``pg_options`` for a group that runs as one of ``copies`` parallel copies under ``emulator``."""
+
+    emulator: Emulator
+    copies: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.copies, int) or self.copies < 1:
+            raise ConfigError(f"copies must be a positive integer, got {self.copies!r}")
+
+
+def shared_uplink(copies: int, group: Any = None) -> SharedUplink | None:
+    """The ``pg_options`` for ``dist.new_group(ranks, pg_options=...)`` of a group that runs as one of
+    ``copies`` parallel copies on disjoint ranks of the same sites, sharing their uplinks (e.g. one
+    group per local rank of the sharded exchange between workers). None when ``group`` (default:
+    the default group) is not emulated, so a plain gloo or NCCL group gets no options."""
+    emulator = emulator_of(group)
+    return None if emulator is None else SharedUplink(emulator, copies)
+
+
 def _emulator_for(pg_options: Any) -> Emulator:
-    """The group's Emulator: the one it was created with, else the default group's (a group a
-    library creates with ``new_group()`` runs on the same link as the default group)."""
+    """The group's Emulator: the one it was created with (alone or in a :class:`SharedUplink`), else
+    the default group's (a group a library creates with ``new_group()`` runs on the same link)."""
     if isinstance(pg_options, Emulator):
         return pg_options
+    if isinstance(pg_options, SharedUplink):
+        return pg_options.emulator
     if pg_options is not None:
-        raise TypeError(f"the {BACKEND_NAME} backend takes an Emulator as pg_options, got {type(pg_options).__name__}")
+        raise TypeError(f"the {BACKEND_NAME} backend takes an Emulator or net.shared_uplink(...) as pg_options, "
+                        f"got {type(pg_options).__name__}")
     inherited = emulator_of()
     if inherited is None:
         raise ConfigError(f"the {BACKEND_NAME} backend needs an emulator: dist.init_process_group(net.install(), "

@@ -11,19 +11,37 @@ Ring phases over k ranks on link L (k = 1 costs nothing)::
     AG(k, X, L) = (k-1)·a_L + (k-1)/k · X / b_L      all-gather into an X-byte buffer
     AR(k, X, L) = RS + AG = 2(k-1)·a_L + 2(k-1)/k · X / b_L
 
-Collectives are hierarchical (intra = link inside a site, inter = link between sites); every rank
-of a site carries its own shard across in parallel, since bandwidth is per rank::
+Collectives are hierarchical (intra = link inside a site, inter = link between sites). Inside a
+site every rank has its own port at b_intra. The inter link is the site's uplink: the ranks of a
+site that cross it at the same time share its bandwidth. If c of a group's ranks in one site cross
+at once and ``parallel`` = p copies of the group's collective run at the same time on disjoint ranks
+of the same sites (the sharded exchange between workers: one group per local rank), each crossing
+rank moves bytes at::
 
-    all_reduce(B)     = RS(m, B, intra) + AR(s, B/m, inter) + AG(m, B, intra)
-    reduce_scatter(B) = RS(m, B, intra) + RS(s, B/m, inter)
-    all_gather(B)     = AG(s, B/m, inter) + AG(m, B, intra)
-    broadcast(B)      = ceil(log2 s)·(a_inter + B/b_inter) + ceil(log2 m)·(a_intra + B/b_intra)
+    b_up = b_inter / (c·p)        c = m for the ring phases (every rank carries its shard),
+                                  c = 1 for broadcast and send/recv (one rank per site crosses)
+
+    all_reduce(B)     = RS(m, B, intra) + AR(s, B/m, up) + AG(m, B, intra)
+                      = RS(m, B, intra) + 2(s-1)·a_inter + 2(s-1)/s · p·B/b_inter + AG(m, B, intra)
+    reduce_scatter(B) = RS(m, B, intra) + RS(s, B/m, up)
+    all_gather(B)     = AG(s, B/m, up) + AG(m, B, intra)
+    broadcast(B)      = ceil(log2 s)·(a_inter + p·B/b_inter) + ceil(log2 m)·(a_intra + B/b_intra)
     barrier           = all_reduce(0) = 2(m-1)·a_intra + 2(s-1)·a_inter      (latency only)
-    send / recv (B)   = a + B/b on the link between the two ranks
+    send / recv (B)   = a + B/b on the link between the two ranks (across sites: a_inter + p·B/b_inter)
 
-With one site this is the plain ring (all_reduce = AR(n, B, intra)); with one rank per site it is
-the ring over the inter link. Example, 2 ranks on ``two-site`` (16.6 ms, 10 Gbit/s), B = 1 MB:
-AR(2, 1e6, inter) = 2·8.3 ms + 1e6 / 1.25e9 s = 16.6 ms + 0.8 ms = 17.4 ms.
+Consequences. One group (p = 1) with one rank per site (m = 1) is the ring over the inter link, as
+a per-rank model would have it. With m ranks of the group per site the site moves B over its uplink
+once, not B/m: all_reduce(B) = RS(m, B, intra) + 2(s-1)·a_inter + 2(s-1)/s·B/b_inter + AG(m, B, intra).
+R parallel groups across workers (one rank per site each) each carrying B/R cost
+2(s-1)·a_inter + 2(s-1)/s·B/b_inter: the bandwidth term of one rank sending the whole model.
+
+With one site this is the plain ring (all_reduce = AR(n, B, intra)). Examples: 2 ranks on
+``two-site`` (16.6 ms, 10 Gbit/s), B = 1 MB: AR(2, 1e6, inter) = 2·8.3 ms + 1e6 / 1.25e9 s =
+16.6 ms + 0.8 ms = 17.4 ms. ``cross-region`` (a_inter = 50 ms, b_inter = 1.25e8 B/s), 2 sites,
+2 ranks per worker, 4 ranks: the groups {0, 2} and {1, 3} (p = 2) each all-reducing 5 MB of a
+B = 10 MB model take 100 ms + 2·(1/2)·2·5e6/1.25e8 s = 100 ms + 80 ms = 180 ms, as one rank
+all-reducing the 10 MB across would; the all-reduce of 10 MB over all 4 ranks takes
+4.1 ms + 180 ms + 4.1 ms = 188.2 ms (RS(2, 1e7, lan) = 0.1 ms + 4 ms).
 
 Jitter: each collective adds |z|·j seconds, z ~ N(0, 1), j the jitter of the slowest link it uses
 (inter when s > 1, else intra); z comes from a generator seeded with (shared seed, group key,
@@ -34,6 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from types import MappingProxyType
 
 import numpy as np
@@ -80,35 +99,47 @@ def _shape(world_size: int, topology: Topology, ranks: Sequence[int] | None) -> 
     return len(counts), max(counts, default=1)
 
 
+def _uplink_share(link: Link, crossing: int) -> Link:
+    """The inter link as one of ``crossing`` ranks of a site that cross it at once sees it."""
+    return replace(link, bandwidth_bps=link.bandwidth_bps / crossing)
+
+
 def collective_duration(
     op: str,
     nbytes: float,
     world_size: int,
     topology: Topology,
     ranks: Sequence[int] | None = None,
+    parallel: int = 1,
 ) -> float:
     """Modelled seconds for ``op`` over ``nbytes`` (see the module docstring); jitter excluded.
 
     ``world_size`` is the global number of ranks (it fixes which site each rank is in); ``ranks``
     are the group's global ranks (default: all of them). For ``send``/``recv`` pass the two ranks.
+    ``parallel``: how many copies of this group's collective run at the same time on disjoint ranks
+    of the same sites, sharing the sites' uplinks (1: this one alone).
     """
     op = _ALIASES.get(op, op)
     if nbytes < 0:
         raise ConfigError(f"nbytes must be >= 0, got {nbytes}")
+    if not isinstance(parallel, int) or parallel < 1:
+        raise ConfigError(f"parallel must be a positive integer, got {parallel!r}")
     intra, inter = topology.intra_link, topology.inter_link
     s, m = _shape(world_size, topology, ranks)
+    ring_up = _uplink_share(inter, m * parallel)  # every rank of the group in a site carries a shard
+    one_up = _uplink_share(inter, parallel)  # one rank per site crosses
     if op == "allreduce":
-        return _ring_phase(m, nbytes, intra) + 2 * _ring_phase(s, nbytes / m, inter) + _ring_phase(m, nbytes, intra)
+        return _ring_phase(m, nbytes, intra) + 2 * _ring_phase(s, nbytes / m, ring_up) + _ring_phase(m, nbytes, intra)
     if op == "reduce_scatter":
-        return _ring_phase(m, nbytes, intra) + _ring_phase(s, nbytes / m, inter)
+        return _ring_phase(m, nbytes, intra) + _ring_phase(s, nbytes / m, ring_up)
     if op == "allgather":
-        return _ring_phase(s, nbytes / m, inter) + _ring_phase(m, nbytes, intra)
+        return _ring_phase(s, nbytes / m, ring_up) + _ring_phase(m, nbytes, intra)
     if op == "broadcast":
-        return _tree(s, nbytes, inter) + _tree(m, nbytes, intra)
+        return _tree(s, nbytes, one_up) + _tree(m, nbytes, intra)
     if op == "barrier":
         return collective_duration("allreduce", 0, world_size, topology, ranks)
     if op in ("send", "recv"):
-        link = inter if s > 1 else intra
+        link = one_up if s > 1 else intra
         return link.latency_s + nbytes / link.bytes_per_s
     raise ConfigError(f"unknown collective {op!r}; known: {', '.join(OPS)}")
 

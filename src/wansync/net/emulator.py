@@ -2,8 +2,8 @@
 
 An :class:`Emulator` is what an emulated process group runs under. It is handed to torch as the
 group's options, ``dist.init_process_group(net.install(), pg_options=Emulator(topology, seed))``,
-and every group created with it shares its link, so a rank has one network path whatever the
-group. The link carries one transfer at a time: a collective issued while another is in flight
+and every group created with it (or with ``net.shared_uplink(copies)``, which carries it) shares
+its link, so a rank has one network path whatever the group. The link carries one transfer at a time: a collective issued while another is in flight
 starts when that one's modelled transfer ends, and one completer thread finishes the Futures in
 issue order.
 """

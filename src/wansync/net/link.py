@@ -1,10 +1,11 @@
 """Links, topologies, named presets and the ``--wan`` spec string.
 
-A :class:`Link` is what one rank's path to its peers looks like: a round-trip time, a bandwidth and
-a jitter scale. A :class:`Topology` puts M ranks into ``sites`` (rank r lives in site
-``r * sites // M``); ranks in the same site talk over ``intra_link``, ranks in different sites over
-``inter_link``. Bandwidth is per rank (each rank has its own path at that rate), not a site
-uplink shared by all ranks of a site.
+A :class:`Link` is a path: a round-trip time, a bandwidth and a jitter scale. A :class:`Topology`
+puts whole workers into ``sites``: with R ranks per worker (``ranks_per_worker``), ranks
+``w*R .. w*R+R-1`` form worker w, and worker w of W lives in site ``w * sites // W``. Ranks in the
+same site talk over ``intra_link`` (each rank has its own port at that rate); ranks in different
+sites over ``inter_link``, which is the site's uplink: the ranks of a site that cross it at the same
+time share its bandwidth (see :mod:`wansync.net.cost`).
 
 Spec strings (``--wan``), comma-separated, case-insensitive except for byte units::
 
@@ -34,7 +35,7 @@ __all__ = ["Link", "Topology", "PRESETS", "parse_wan", "parse_time", "parse_rate
 
 @dataclass(frozen=True)
 class Link:
-    """One rank's path: round-trip time (s), bandwidth (bit/s), jitter scale (s)."""
+    """A path: round-trip time (s), bandwidth (bit/s), jitter scale (s)."""
 
     rtt_s: float
     bandwidth_bps: float
@@ -63,20 +64,26 @@ LAN_LINK = Link(rtt_s=0.2e-3, bandwidth_bps=10e9)
 
 @dataclass(frozen=True)
 class Topology:
-    """Ranks spread evenly over ``sites``; links inside a site and between sites."""
+    """Whole workers spread evenly over ``sites``; links inside a site and between sites (the uplink)."""
 
     sites: int = 1
     intra_link: Link = LAN_LINK
     inter_link: Link = field(default=LAN_LINK)
     name: str = ""
+    ranks_per_worker: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.sites, int) or self.sites < 1:
             raise ConfigError(f"sites must be a positive integer, got {self.sites!r}")
+        if not isinstance(self.ranks_per_worker, int) or self.ranks_per_worker < 1:
+            raise ConfigError(f"ranks_per_worker must be a positive integer, got {self.ranks_per_worker!r}")
 
     def site_of(self, rank: int, world_size: int) -> int:
-        """The site of global rank ``rank`` among ``world_size`` ranks."""
-        return rank * self.sites // world_size
+        """The site of global rank ``rank`` among ``world_size`` ranks: its worker's site."""
+        r = self.ranks_per_worker
+        if world_size % r:
+            raise ConfigError(f"world size {world_size} is not a multiple of ranks_per_worker {r}")
+        return (rank // r) * self.sites // (world_size // r)
 
     def describe(self) -> str:
         """A one-line human description (used by logs and reports)."""
@@ -85,9 +92,11 @@ class Topology:
             return f"RTT {link.rtt_s * 1e3:g} ms, {link.bandwidth_bps / 1e9:g} Gbit/s{j}"
 
         head = f"{self.name}: " if self.name else ""
+        tail = f"; {self.ranks_per_worker} ranks per worker" if self.ranks_per_worker > 1 else ""
         if self.sites == 1:
-            return f"{head}1 site, {fmt(self.intra_link)}"
-        return f"{head}{self.sites} sites, between sites {fmt(self.inter_link)}; inside {fmt(self.intra_link)}"
+            return f"{head}1 site, {fmt(self.intra_link)}{tail}"
+        return (f"{head}{self.sites} sites, between sites {fmt(self.inter_link)}; "
+                f"inside {fmt(self.intra_link)}{tail}")
 
 
 def _sites(inter: Link, name: str, sites: int = 2) -> Topology:

@@ -15,7 +15,7 @@ when it is slower than the model (on a loaded CPU, for the fast presets).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..net.cost import collective_duration
@@ -32,16 +32,20 @@ def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1
                      host_bytes_per_s: float | None = None) -> Callable[[Transfer], float]:
     """Modelled seconds of a transfer. With R ranks per worker (R > 1), the ranks of a worker talk
     over `WORKER_LINK`: an exchange between workers is local rank r of every worker carrying its
-    shard B/R across (the workers on their sites), then an all-gather of B inside the worker; DDP's
-    gradient all-reduce is the hierarchical one (reduce-scatter inside the worker, all-reduce of
-    the shards between workers, all-gather inside); the DDP inside a worker (the other strategies)
-    is an all-reduce over its R ranks. With R = 1 every transfer is the emulator's collective over
-    the M workers.
+    shard B/R across (whole workers on their sites, the R groups at once sharing each site's uplink:
+    the cost model's `parallel=R`), then an all-gather of B inside the worker; DDP's gradient
+    all-reduce is the hierarchical one (reduce-scatter inside the worker, all-reduce of the shards
+    between workers, all-gather inside); the DDP inside a worker (the other strategies) is an
+    all-reduce over its R ranks. With R = 1 every transfer is the emulator's collective over the M
+    workers.
 
     `host_bytes_per_s`: the emulator completes a collective at max(real, modelled); given the rate at
     which the real backend moves a buffer on the machine at hand, the real part is modelled as
     B / rate (for validating against emulated runs on a loaded CPU; None: the link model alone)."""
     in_site = Topology(sites=1, intra_link=WORKER_LINK, inter_link=WORKER_LINK)
+    placed = replace(topology, ranks_per_worker=ranks_per_worker)
+    world = workers * ranks_per_worker
+    local_rank_0 = range(0, world, ranks_per_worker)  # one of the R groups between workers
 
     def seconds(x: Transfer) -> float:
         modelled = link_seconds(x)
@@ -51,8 +55,9 @@ def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1
         if x.purpose == "grads_in_worker":
             return collective_duration(x.op, x.nbytes, ranks_per_worker, in_site)
         if ranks_per_worker == 1:
-            return collective_duration(x.op, x.nbytes, workers, topology)
-        across = collective_duration(x.op, x.nbytes / ranks_per_worker, workers, topology)
+            return collective_duration(x.op, x.nbytes, workers, placed)
+        across = collective_duration(x.op, x.nbytes / ranks_per_worker, world, placed, local_rank_0,
+                                     parallel=ranks_per_worker)
         gather = collective_duration("allgather", x.nbytes, ranks_per_worker, in_site)
         if x.between_workers:
             return across + gather
