@@ -133,6 +133,8 @@ CASES: list[tuple[str, Setup, str]] = [
     ("--on-nonfinite ignore", flags("--on-nonfinite", "ignore"), "on_nonfinite must be abort or skip"),
     ("--peer-timeout 0", flags("--peer-timeout", "0"), "peer_timeout must be > 0"),
     ("--backend mpi", flags("--backend", "mpi"), "backend must be gloo or nccl"),
+    *([("--backend nccl without a GPU", flags("--backend", "nccl"), "--backend nccl needs CUDA GPUs")]
+      if not __import__("torch").cuda.is_available() else []),
     ("--val-fraction 1.5", flags("--val-fraction", "1.5"), "val_fraction must be in (0, 1)"),
     ("--eval-every 0", flags("--eval-every", "0"), "eval_every must be >= 1, got 0"),
     ("--threads -1", flags("--threads", "-1"), "threads must be >= 0, got -1"),

@@ -188,7 +188,9 @@ def group(runs: Sequence[Run]) -> list[Setting]:
 
 
 METRICS = ("final", "best", "final_ppl", "steps_to_target", "time_to_target_s", "wall_clock_s",
-           "exposed_comm_pct", "bytes_sent", "sync_events")
+           "exposed_comm_pct", "bytes_sent", "sync_events", "bytes_inside_workers", "exposed_comm_inside_s")
+# Shown only when some run has workers of several ranks (traffic that stays inside a worker).
+INSIDE_COLUMNS = ("bytes inside workers", "exposed inside workers (s)")
 
 
 def default_target(settings: Sequence[Setting], q: Quality) -> tuple[float | None, str]:
@@ -225,6 +227,8 @@ def aggregate(settings: Sequence[Setting], q: Quality, target: float | None) -> 
             per["exposed_comm_pct"].append(exposed_pct(r))
             per["bytes_sent"].append(number(sm.get("bytes_sent")))
             per["sync_events"].append(number(sm.get("sync_events")))
+            per["bytes_inside_workers"].append(number(sm.get("bytes_inside_workers")))
+            per["exposed_comm_inside_s"].append(number(sm.get("exposed_comm_inside_s")))
         row: dict[str, Any] = {"setting": s.label, "strategy": s.strategy, **{k: v for k, v in s.setting.items()},
                                "seeds": len(s.runs), "seeds_ok": len(ok), "reached_target": reached,
                                "diverged": sum(r.diverged for r in ok),
@@ -275,12 +279,16 @@ def columns(q: Quality) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
              ("wall clock (s)", lambda r: _pm(r, "wall_clock_s", 3)),
              ("exposed comm %", lambda r: _pm(r, "exposed_comm_pct", 3)),
              ("bytes sent", lambda r: human_bytes(r.get("bytes_sent_mean"))),
+             (INSIDE_COLUMNS[0], lambda r: human_bytes(r.get("bytes_inside_workers_mean"))),
+             (INSIDE_COLUMNS[1], lambda r: _pm(r, "exposed_comm_inside_s", 3)),
              ("sync events", lambda r: _pm(r, "sync_events", 4)), ("status", lambda r: r["status"])]
     return cols
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], q: Quality) -> str:
     cols = columns(q)
+    if not any(r.get("bytes_inside_workers_mean") for r in rows):
+        cols = [c for c in cols if c[0] not in INSIDE_COLUMNS]
     cells = [[f(r).replace("|", "\\|") for _, f in cols] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (h, _) in enumerate(cols)]
     line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731

@@ -84,6 +84,10 @@ def validate(cfg: Config) -> dict[str, Any]:
     if topology is not None and topology.sites > cfg.workers:
         raise ConfigError(f"--wan {cfg.wan} has {topology.sites} sites but the run has {cfg.workers} workers "
                           f"(at least one worker per site: --workers {topology.sites} or more)")
+    if cfg.backend == "nccl":
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError("--backend nccl needs CUDA GPUs, and torch sees none here (use --backend gloo)")
     check_data_path(cfg)
     if cfg.data.startswith("hf:") and importlib.util.find_spec("datasets") is None:
         raise ConfigError(f"{cfg.data!r} needs the datasets package: install wansync[hf]")

@@ -68,6 +68,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)                     # same init on every rank
         self.workload = build_workload(cfg, self.replicas.worker, self.replicas.workers,
                                        self.replicas.local_rank, self.replicas.ranks_per_worker)
+        if cfg.backend == "nccl":                       # one rank per GPU (worker.init_distributed chose it)
+            self.workload.model.to(torch.device("cuda", torch.cuda.current_device()))
         self.optimizer = build_optimizer(cfg, self.workload.model)
         self.options = strategies.resolve_options(cfg.strategy, vars(cfg))
         link = link_cost(cfg, self.workload.model, self.options, world_size)     # before the first collective

@@ -13,18 +13,29 @@ import tomllib
 import traceback
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from . import net
 from .config import Config, from_sections
-from .errors import PEER_LOST, WansyncError
+from .errors import PEER_LOST, ConfigError, WansyncError
 from .interrupts import Terminated, become_launched_worker, exit_status
 from .train import Phase, train_worker
 
 
 def init_distributed(cfg: Config) -> None:
-    """The process group from the torchrun-style environment, under the emulator if asked."""
-    backend, emulator = cfg.backend, None
+    """The process group from the torchrun-style environment, under the emulator if asked.
+    `--backend nccl` means NCCL for CUDA tensors and gloo for the few CPU ones (metrics, the
+    schedule's agreement), one rank per GPU (LOCAL_RANK picks it)."""
+    backend, emulator = ("cpu:gloo,cuda:nccl" if cfg.backend == "nccl" else cfg.backend), None
+    if cfg.backend == "nccl":
+        if not torch.cuda.is_available():
+            raise ConfigError("--backend nccl needs CUDA GPUs, and torch sees none here (use --backend gloo)")
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        if local >= torch.cuda.device_count():
+            raise ConfigError(f"--backend nccl: local rank {local} has no GPU ({torch.cuda.device_count()} visible; "
+                              f"one rank per GPU)")
+        torch.cuda.set_device(local)
     if cfg.topology is not None:
         backend, emulator = net.install(), net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
     dist.init_process_group(backend=backend, init_method="env://", pg_options=emulator,

@@ -1,0 +1,73 @@
+"""Real launches: two `torchrun` processes on this host acting as two nodes (c10d rendezvous on
+127.0.0.1), each node one worker of two ranks, train exactly what the local launcher trains
+with `--workers 2 --ranks-per-worker 2`: the same final parameters, bit for bit."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli_harness import TINY, wansync
+from wansync import checkpoint
+from wansync.workloads.lm.corpus import shakespeare_text
+
+pytestmark = pytest.mark.timeout(300)
+
+R = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_flags(corpus: Path, out: Path) -> list[str]:
+    return ["train", "--strategy", "diloco", "--sync-every", "3", "--steps", "6", "--quiet",
+            "--ranks-per-worker", str(R), "--data", str(corpus), "--eval-every", "100", *TINY, "--out", str(out)]
+
+
+def final_params(run: Path, world: int) -> list[torch.Tensor]:
+    return [torch.cat([v.reshape(-1).float() for v in checkpoint.load_rank(run, rank, world)["model"].values()])
+            for rank in range(world)]
+
+
+def torchrun_nodes(flags: list[str], timeout: float) -> list[tuple[int, str]]:
+    """Start two torchrun agents (node ranks 0 and 1) and wait for both; every process they
+    started is killed if they outlive `timeout`."""
+    port = free_port()
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n),
+                               "--nproc-per-node", str(R), "--rdzv-backend", "c10d",
+                               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "wansync-test",
+                               "-m", "wansync", *flags],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) for n in range(2)]
+    try:
+        return [(p.wait(timeout=timeout), p.stdout.read()) for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def test_two_torchrun_nodes_train_what_the_local_launcher_trains_bit_for_bit(tmp_path):
+    corpus = tmp_path / "plays.txt"
+    corpus.write_text(shakespeare_text()[:200_000])
+    local = wansync(*train_flags(corpus, tmp_path / "local"), "--workers", "2", timeout=240)
+    assert local.returncode == 0, local.stderr
+    results = torchrun_nodes(train_flags(corpus, tmp_path / "nodes"), timeout=240)
+    for code, output in results:
+        assert code == 0, output[-3000:]
+    assert any("wansync: under torchrun: rank 0 of 4" in out for _, out in results)
+    ours, theirs = final_params(tmp_path / "local", 4), final_params(tmp_path / "nodes", 4)
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+    assert all(torch.equal(ours[0], p) for p in ours)
