@@ -139,6 +139,12 @@ def test_an_exchange_sharded_over_a_workers_ranks_moves_the_whole_model_over_the
     assert transfer_seconds(link, 2, 1)(exchange) == pytest.approx(0.18)  # 100 ms + 1e7 B / 1.25e8 B/s
 
 
+def test_cocodc_picks_its_automatic_n_within_its_caps():
+    base = dict(size=of_params(1e9), workers=8, topology=PRESETS["cross-region"], step_s=0.5, ranks_per_worker=8)
+    n = predict(setting("cocodc", {}, **base)).syncs_per_period   # defaults: P = 4, c = 2, H = 100
+    assert 4 <= n <= 8
+
+
 def test_plan_rejects_a_missing_link():
     from wansync.config import build_config
     from wansync.planner import plan_command

@@ -202,7 +202,7 @@ def _fragment_trace(inst: Streaming, size: ModelSize, workers: int, steps: int, 
         if adaptive_n and t >= H and out.syncs_per_period is None:
             mean = round(sum(numels) / P)
             t_s = fragment_sync_s(fragment_transfer(t, 0, mean, o.codec, workers)) if fragment_sync_s else 0.0
-            schedule.set_n(syncs_per_period(o.gamma, H, P, step_s, t_s))
+            schedule.set_n(syncs_per_period(o.gamma, H, P, step_s, t_s, per_fragment=o.max_syncs_per_fragment))
             out.syncs_per_period = schedule.n
             for b, op in zip(AGREE_BYTES, ("allreduce", "broadcast")):
                 acts += blocking(Transfer(t, "schedule", op, b, b))
