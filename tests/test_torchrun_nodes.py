@@ -71,3 +71,18 @@ def test_two_torchrun_nodes_train_what_the_local_launcher_trains_bit_for_bit(tmp
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b)
     assert all(torch.equal(ours[0], p) for p in ours)
+
+
+def test_the_cli_trains_a_worker_of_two_ranks_as_one_rank_with_twice_the_batch(tmp_path):
+    """Through the whole CLI (profiler hooks on DDP included: they once all-reduced a worker's
+    gradients over every rank), not only the strategies' own loop."""
+    corpus = tmp_path / "plays.txt"
+    corpus.write_text(shakespeare_text()[:200_000])
+    flags = train_flags(corpus, tmp_path / "two")
+    r = wansync(*flags, "--workers", "2", "--strategy", "local_sgd", timeout=240)
+    assert r.returncode == 0, r.stderr
+    one = [*flags[:-2], "--out", str(tmp_path / "one"), "--ranks-per-worker", "1", "--batch-size", "8"]
+    r = wansync(*one, "--workers", "2", "--strategy", "local_sgd", timeout=240)
+    assert r.returncode == 0, r.stderr
+    two, ref = final_params(tmp_path / "two", 4)[0], final_params(tmp_path / "one", 2)[0]
+    assert float((two - ref).norm() / ref.norm()) <= 1e-5

@@ -152,7 +152,8 @@ class CommTimer:
             return fut.then(done)
 
         try:
-            ddp.register_comm_hook(None, timed_allreduce_hook)
+            # the hook's state is the group it all-reduces over: DDP's own (a worker's ranks), not the default
+            ddp.register_comm_hook(ddp.process_group, timed_allreduce_hook)
         except RuntimeError:
             self.uninstrumented.append(type(ddp).__name__)
             return False
