@@ -36,7 +36,7 @@ from .presets import Preset, check_available, layered_config, preset_cells
 from .report import report
 from .rundir import FAILED_FILE, PLAN_FILE
 # Keys that change how a run is shown or where it lives, not what it computes.
-PRESENTATION_KEYS = ("out", "quiet", "log_every", "threads")
+PRESENTATION_KEYS = ("out", "quiet", "log_every", "threads", "target_loss", "target_acc")
 # Keys a grid may not vary (they name the place or the repetition, handled separately).
 _NOT_GRIDDABLE = ("out",)
 
@@ -377,7 +377,7 @@ def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: i
     write_plan(out, specs, {"target_loss": target_loss, "target_acc": target_acc})
     t0 = time.monotonic()
     outcomes = execute(specs, force=force, parallel=parallel)
-    rep = report(out, target_loss=target_loss, target_acc=target_acc)
+    rep = report(out, target_loss=target_loss, target_acc=target_acc, record_targets=True)
     ran = sum(o.status == "ok" for o in outcomes)
     skipped = sum(o.status == "skipped" for o in outcomes)
     failed = [o for o in outcomes if o.status == "failed"]
