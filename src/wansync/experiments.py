@@ -30,6 +30,7 @@ from . import jsonout, run
 from . import strategies as registry
 from .config import Config, check_combinations, coerce, key_names, replace, to_sections
 from .errors import ConfigError, WansyncError
+from .guards import regime_warnings
 from .launch import torchrun_env
 from .optim import peak_lr
 from .presets import Preset, check_available, layered_config, preset_cells
@@ -360,10 +361,13 @@ def dry_run(specs: Sequence[RunSpec], preset: Preset | None) -> int:
             options = run.validate(s.cfg)
             status = ("ok  " + (", ".join(f"{k}={v}" for k, v in options.items()) or "(no options)")
                       + f"; {_lr_rule(s.cfg)}")
+            warnings = regime_warnings(s.cfg.strategy, options)
         except WansyncError as e:
             errors.append(f"{s.label} seed {s.seed}: {e}")
-            status = f"INVALID: {e}"
+            status, warnings = f"INVALID: {e}", []
         print(f"  {s.run_dir}  {status}")
+        for line in warnings:
+            print(f"    warning: {line}")
     if errors:
         raise WansyncError(f"{len(errors)} of {len(specs)} runs are invalid; first: {errors[0]}")
     print(f"all {len(specs)} runs are valid (dry run: nothing trained)")
