@@ -60,8 +60,8 @@ def test_no_preset_setting_triggers_a_guard(name):
         assert bool(found) == ((name, cfg.strategy, cell.get("slowmo_beta")) in DELIBERATE), (cell, found)
 
 
-@pytest.mark.xfail(strict=True, reason="the demo's sync_every 8 (with 8 fragment syncs per period for cocodc) "
-                   "is outside the outer-Nesterov regime; issue 14 item 1 moves it to sync_every >= 25")
+@pytest.mark.xfail(strict=True, reason="the demo's sync_every 8 (cocodc: up to 2 syncs of a fragment per period) "
+                   "is outside the outer-Nesterov regime (interval >= 25; cocodc needs sync_every >= 50)")
 def test_no_demo_setting_triggers_a_guard(tmp_path):
     base = demo.demo_config(DEMO_STEPS, str(tmp_path))
     strategies = experiments.available_strategies()

@@ -11,8 +11,9 @@ from typing import Any, Callable, Mapping
 # Outer Nesterov momentum (DiLoCo's lr 0.7, momentum 0.9: a gain lr/(1-momentum) = 7) needs the outer
 # steps on the same parameters to be at least this many inner steps apart.
 MIN_NESTEROV_INTERVAL = 25
-# The overlap τ must stay below this fraction of a fragment's sync interval.
-MAX_OVERLAP_FRACTION = 0.5
+# The overlap τ should stay below this fraction of a fragment's sync interval (at or above it, the
+# merge lands just before the fragment's next sync, or after it when the interval shrinks below τ).
+MAX_OVERLAP_FRACTION = 0.9
 # SlowMo's (and CPDP's) effective step gain α/(1−β) above this is outside the regime.
 MAX_SLOWMO_GAIN = 5.0
 
@@ -44,8 +45,8 @@ def overlap_near_interval(strategy: str, options: Mapping[str, Any]) -> str | No
     if not tau or interval is None or tau < MAX_OVERLAP_FRACTION * interval:
         return None
     return (f"{strategy}: overlap {tau} is {tau / interval:.0%} of a fragment's sync interval ({interval:.3g} steps; "
-            f"keep it below {MAX_OVERLAP_FRACTION:.0%}): each merge lands on a replica that has moved on "
-            f"for most of the interval (docs/guards.md)")
+            f"keep it below {MAX_OVERLAP_FRACTION:.0%}): each merge lands just before, or after, the fragment's "
+            f"next sync (docs/guards.md)")
 
 
 def slowmo_gain_too_high(strategy: str, options: Mapping[str, Any]) -> str | None:

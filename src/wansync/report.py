@@ -362,10 +362,12 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
 
 
 def record_target(runs: Sequence[Run], target: Target) -> None:
-    """Write `target` and when each finished run reached it into the run's summary.json."""
+    """Write `target` and when each finished run reached it into the run's summary.json (a summary that
+    already says so is left untouched)."""
     for r in runs:
-        if r.ok and r.summary:
-            r.summary["target"] = target_record(r.evals, target)
+        record = target_record(r.evals, target)
+        if r.ok and r.summary and r.summary.get("target") != record:
+            r.summary["target"] = record
             (r.dir / "summary.json").write_text(jsonout.dumps(r.summary, indent=2))
 
 
