@@ -1,4 +1,5 @@
 """Corpora, tokenizers, shards and the resumable sampler of the LM workload."""
+import math
 import sys
 
 import numpy as np
@@ -8,7 +9,11 @@ from wansync.errors import ConfigError, DataError
 from wansync.workloads.lm import (
     ByteTokenizer, build_lm_workload, build_tokenizer, load_corpus, shakespeare_plays, strip_markdown,
 )
-from wansync.workloads.lm.dataset import ShardSampler, shard_windows, split_tokens, window_batch
+from wansync.localgroup import run_ranks
+from wansync.workloads import leader_first
+from wansync.workloads.lm.dataset import ShardSampler, shard_windows, split_documents, window_batch
+from wansync.workloads.lm.tokenizer import BPETokenizer
+from wansync.workloads.lm.workload import bits_per_byte
 
 
 @pytest.fixture
@@ -105,10 +110,60 @@ def test_bpe_workload_uses_the_trained_vocabulary(small_corpus, tmp_path):
     assert np.array_equal(w.train_tokens, again.train_tokens)
 
 
-def test_validation_is_the_contiguous_tail():
-    tokens = np.arange(1000)
-    train, val = split_tokens(tokens, 0.1)
-    assert train.tolist() == list(range(900)) and val.tolist() == list(range(900, 1000))
+def test_validation_is_the_tail_of_every_document():
+    train, val = split_documents(["a" * 90 + "A" * 10, "b" * 18 + "B" * 2, "c"], 0.1)
+    assert train == "a" * 90 + "\n" + "b" * 18 + "\n" + "c"
+    assert val == "A" * 10 + "\n" + "BB"
+
+
+def test_validation_of_a_corpus_directory_samples_every_file(tmp_path):
+    for name, letter in (("a.txt", "x"), ("b.txt", "y"), ("c.md", "z")):
+        (tmp_path / name).write_text((letter * 7 + "\n") * 400, encoding="utf-8")
+    w = build_lm_workload(data=str(tmp_path), batch_size=2, seq_len=16, val_fraction=0.1)
+    val = ByteTokenizer().decode(w.val_tokens)
+    assert {c for c in val if c.isalpha()} == {"x", "y", "z"}
+    assert all(abs(val.count(c) - 280) <= 8 for c in "xyz")        # a tenth of each file's 2800 letters
+
+
+def test_bits_per_byte_is_the_byte_loss_in_bits(small_corpus):
+    w = build_lm_workload(data=small_corpus, batch_size=4, seq_len=16, eval_batches=2)
+    e = w.evaluate(w.model)
+    assert e["val_bpb"] == pytest.approx(e["val_loss"] / math.log(2)) and w.describe()["val_bytes_per_token"] == 1.0
+    assert bits_per_byte(8 * math.log(2), 4) == pytest.approx(2.0)
+
+
+def test_bpe_bits_per_byte_count_the_bytes_its_tokens_stand_for(small_corpus, tmp_path):
+    pytest.importorskip("tokenizers")
+    text = "Wörds — “quoted” 日本語, and plain ones.\nA second line\n" * 40
+    bpe = build_tokenizer("bpe", text, bpe_vocab=300)
+    assert bpe.token_bytes()[bpe.encode(text)].sum() == len(text.encode("utf-8"))
+    w = build_lm_workload(data=small_corpus, tokenizer="bpe", bpe_vocab=300, cache_dir=str(tmp_path),
+                          batch_size=4, seq_len=16, eval_batches=2)
+    e, per_token = w.evaluate(w.model), w.describe()["val_bytes_per_token"]
+    assert per_token > 1.5            # the BPE packs several bytes per token ...
+    assert e["val_bpb"] == pytest.approx(e["val_loss"] / math.log(2) / per_token, rel=0.1)   # ... and bpb says so
+
+
+def build_bpe_counting_trainings(rank: int, world: int, corpus: str, cache_dir: str) -> tuple[int, list[int]]:
+    """(BPE trainings on this rank, its first training tokens) for a workload built under `leader_first`."""
+    trainings = []
+    train = BPETokenizer.train
+
+    def counting(text, vocab):
+        trainings.append(1)
+        return train(text, vocab)
+
+    BPETokenizer.train = counting
+    w = build_lm_workload(data=corpus, tokenizer="bpe", bpe_vocab=300, cache_dir=cache_dir, rank=rank,
+                          world_size=world, batch_size=4, seq_len=16, leader_first=leader_first)
+    return len(trainings), w.train_tokens[:50].tolist()
+
+
+def test_the_bpe_is_trained_once_per_run_not_once_per_rank(small_corpus, tmp_path):
+    pytest.importorskip("tokenizers")
+    results = run_ranks(build_bpe_counting_trainings, 3, small_corpus, str(tmp_path))
+    assert [n for n, _ in results] == [1, 0, 0]
+    assert results[0][1] == results[1][1] == results[2][1]
 
 
 def test_windows_give_next_token_targets():

@@ -27,7 +27,8 @@ def test_satisfies_the_workload_protocol(workload):
     assert isinstance(workload, Workload) and workload.kind == "lm"
     facts = workload.describe()
     assert facts["params"] == 1_820_352 and facts["vocab"] == 256 and facts["tokenizer"] == "byte"
-    assert facts["train_tokens"] > 19 * facts["val_tokens"] > 0 and facts["windows_per_rank"] == facts["windows"]
+    assert facts["val_tokens"] / (facts["train_tokens"] + facts["val_tokens"]) == pytest.approx(0.05, abs=1e-3)
+    assert facts["windows_per_rank"] == facts["windows"]
 
 
 def test_loss_is_next_token_cross_entropy(workload):
@@ -43,6 +44,7 @@ def test_evaluation_is_fixed_and_restores_the_mode(workload):
     other_rank = build_lm_workload(rank=1, world_size=2, batch_size=4, seq_len=32, eval_batches=3)
     assert workload.evaluate(model) == first == other_rank.evaluate(model)
     assert first["val_ppl"] == pytest.approx(math.exp(first["val_loss"]))
+    assert first["val_bpb"] == pytest.approx(first["val_loss"] / math.log(2))      # bytes: one per token
     model.eval()
     workload.evaluate(model)
     assert not model.training

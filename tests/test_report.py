@@ -87,6 +87,27 @@ def test_lm_numbers_and_default_target(lm_exp):
     assert len(list(csv.DictReader(open(lm_exp / "runs.csv")))) == 5
 
 
+def test_the_runner_records_the_target_in_every_summary(lm_exp):
+    R.report(lm_exp)
+    assert "target" not in json.loads((lm_exp / "ddp" / "seed0" / "summary.json").read_text())   # the report reads
+    R.report(lm_exp, record_targets=True)
+    ddp0, ddp1, sgd0 = (json.loads((lm_exp / d / "summary.json").read_text())
+                        for d in ("ddp/seed0", "ddp/seed1", "local_sgd/seed0"))
+    assert ddp0["target"]["value"] == pytest.approx(2.121) and "DDP's final" in ddp0["target"]["source"]
+    assert (ddp0["target"]["step"], ddp0["target"]["time_s"], ddp0["target"]["reached"]) == (30, 3.0, True)
+    assert ddp1["target"]["reached"] is False and ddp1["target"]["step"] is None
+    assert (sgd0["target"]["step"], sgd0["target"]["time_s"]) == (20, 2.0)
+
+
+def test_bits_per_byte_are_reported_beside_loss_and_perplexity(tmp_path):
+    run = fake_run(tmp_path / "exp" / "ddp" / "seed0", "ddp", 0, [3.0, 2.0])
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "final_val_bpb": 1.25}))
+    R.report(tmp_path / "exp")
+    assert rows(tmp_path / "exp" / "summary.csv")["ddp"]["final_bpb_mean"] == "1.25"
+    assert "final val bpb" in (tmp_path / "exp" / "report.md").read_text()
+
+
 def test_plots_are_valid_pngs(lm_exp):
     import matplotlib
     matplotlib.use("Agg")

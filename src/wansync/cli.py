@@ -56,7 +56,6 @@ def _add_experiment_flags(p: argparse.ArgumentParser, what: str) -> None:
     e.add_argument("--parallel", type=int, default=1, metavar="N",
                    help="runs at once (default 1; threads per worker are split between them)")
     e.add_argument("--dry-run", action="store_true", help="print the resolved runs and validate them; train nothing")
-    _add_target_flags(e)
 
 
 def _add_target_flags(g: Any) -> None:
@@ -156,7 +155,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
                                           args.strategies, args.seeds, args.parallel)
     if args.dry_run:
         return experiments.dry_run(specs, preset)
-    return experiments.run_and_report(specs, out, args.force, args.parallel, args.target_loss, args.target_acc)
+    first = specs[0].cfg                      # --target-loss/--target-acc are config keys (flag, file or preset)
+    return experiments.run_and_report(specs, out, args.force, args.parallel, first.target_loss, first.target_acc)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

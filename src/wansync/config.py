@@ -50,6 +50,11 @@ class GeneralKeys:
     on_nonfinite: str = _f("abort", "run", "what to do with a NaN/Inf loss, gradient or pseudo-gradient: abort|skip")
     peer_timeout: float = _f(60.0, "run", "seconds before a silent peer is declared dead")
     backend: str = _f("gloo", "run", "torch.distributed backend under the strategy: gloo|nccl")
+    target_loss: float | None = _f(None, "run", "validation loss target: summary.json and the report give the "
+                                   "step and second each run first reached it (default in compare/sweep: "
+                                   "DDP's final x 1.01; a single run without it: none)")
+    target_acc: float | None = _f(None, "run", "test accuracy target in percent (vision), like target_loss "
+                                  "(default in compare/sweep: DDP's final x 0.99)")
     # [model]
     model: str = _f("tiny", "model", "model name: tiny|small|150m (LM) or cnn|resnet18|resnet50|vit_s (vision)")
     width: float = _f(1.0, "model", "channel-width multiplier for ResNets")
@@ -253,7 +258,8 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 # Keys that control how a run is carried out, not what it computes: --resume may change them, and
 # they are left out of the configuration a checkpoint records.
-RUN_CONTROL_KEYS = ("steps", "checkpoint_every", "eval_every", "log_every", "quiet", "peer_timeout", "threads")
+RUN_CONTROL_KEYS = ("steps", "checkpoint_every", "eval_every", "log_every", "quiet", "peer_timeout", "threads",
+                    "target_loss", "target_acc")
 
 
 def check_combinations(cfg: Config, given: Iterable[str]) -> None:
@@ -274,7 +280,7 @@ def to_sections(cfg: Config, strategy_options: dict[str, Any] | None = None) -> 
     out: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
     for f in fields(Config):
         sec = f.metadata["section"]
-        if sec == "strategy":
+        if sec == "strategy" or getattr(cfg, f.name) is None:      # TOML has no null: absent = unset
             continue
         out[sec][f.name] = getattr(cfg, f.name)
     out["strategy"] = dict(strategy_options or {k: v for k in OPTIONS if (v := getattr(cfg, k)) is not None})

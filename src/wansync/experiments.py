@@ -30,13 +30,14 @@ from . import jsonout, run
 from . import strategies as registry
 from .config import Config, check_combinations, coerce, key_names, replace, to_sections
 from .errors import ConfigError, WansyncError
+from .guards import regime_warnings
 from .launch import torchrun_env
 from .optim import peak_lr
 from .presets import Preset, check_available, layered_config, preset_cells
 from .report import report
 from .rundir import FAILED_FILE, PLAN_FILE
 # Keys that change how a run is shown or where it lives, not what it computes.
-PRESENTATION_KEYS = ("out", "quiet", "log_every", "threads")
+PRESENTATION_KEYS = ("out", "quiet", "log_every", "threads", "target_loss", "target_acc")
 # Keys a grid may not vary (they name the place or the repetition, handled separately).
 _NOT_GRIDDABLE = ("out",)
 
@@ -360,10 +361,13 @@ def dry_run(specs: Sequence[RunSpec], preset: Preset | None) -> int:
             options = run.validate(s.cfg)
             status = ("ok  " + (", ".join(f"{k}={v}" for k, v in options.items()) or "(no options)")
                       + f"; {_lr_rule(s.cfg)}")
+            warnings = regime_warnings(s.cfg.strategy, options)
         except WansyncError as e:
             errors.append(f"{s.label} seed {s.seed}: {e}")
-            status = f"INVALID: {e}"
+            status, warnings = f"INVALID: {e}", []
         print(f"  {s.run_dir}  {status}")
+        for line in warnings:
+            print(f"    warning: {line}")
     if errors:
         raise WansyncError(f"{len(errors)} of {len(specs)} runs are invalid; first: {errors[0]}")
     print(f"all {len(specs)} runs are valid (dry run: nothing trained)")
@@ -377,7 +381,7 @@ def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: i
     write_plan(out, specs, {"target_loss": target_loss, "target_acc": target_acc})
     t0 = time.monotonic()
     outcomes = execute(specs, force=force, parallel=parallel)
-    rep = report(out, target_loss=target_loss, target_acc=target_acc)
+    rep = report(out, target_loss=target_loss, target_acc=target_acc, record_targets=True)
     ran = sum(o.status == "ok" for o in outcomes)
     skipped = sum(o.status == "skipped" for o in outcomes)
     failed = [o for o in outcomes if o.status == "failed"]

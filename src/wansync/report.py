@@ -4,8 +4,9 @@
 `failed.json` for a run that failed), groups the runs into settings (one setting = one strategy
 and one choice of grid values, all seeds) and aggregates mean ± std over seeds:
 
-- quality: final and best validation loss and final validation perplexity (LM), or final and peak
-  test accuracy (vision);
+- quality: final and best validation loss, final validation perplexity and bits per byte (LM; the
+  one of the three that compares runs with different tokenizers), or final and peak test accuracy
+  (vision);
 - steps and wall clock until the validation loss first reaches a target (`target_loss`) or the test
   accuracy first reaches `target_acc`. Default target: DDP's final value with 1% slack (loss x 1.01,
   accuracy x 0.99) when DDP is among the settings, else the best setting's final value, same slack;
@@ -26,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from . import jsonout
 from .errors import WansyncError
 from .rundir import FAILED_FILE, LM, PLAN_FILE, VISION, Quality, Run, Setting, human_bytes, number
+from .target import Target, first_reached, read_evals, target_record
 
 
 class ReportError(WansyncError):
@@ -38,25 +41,6 @@ class ReportError(WansyncError):
 
 def _read_json(path: Path) -> Any:
     return json.loads(path.read_text())
-
-
-def _read_evals(path: Path) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue                       # a torn last line of a killed run, a damaged line
-                if isinstance(rec, dict) and rec.get("type") == "eval" and number(rec.get("step")) is not None:
-                    out.append(rec)
-    except OSError:
-        pass
-    return out
 
 
 def _config_value(run_dir: Path, section: str, key: str) -> Any:
@@ -144,7 +128,7 @@ def _load_run(d: Path, entry: dict[str, Any] | None) -> Run:
     if seed is None and m:
         seed = int(m.group(1))
     return Run(d, label, str(strategy), seed, dict((entry or {}).get("setting", {})), status, summary, profile,
-               _read_evals(d / "metrics.jsonl") if status == "ok" else [])
+               read_evals(d / "metrics.jsonl") if status == "ok" else [])
 
 
 # ---------------------------------------------------------------- metrics
@@ -165,11 +149,7 @@ def exposed_pct(run: Run) -> float | None:
 
 def to_target(run: Run, q: Quality, target: float) -> tuple[int | None, float | None]:
     """(step, seconds) of the first evaluation that reaches the target, or (None, None)."""
-    for e in run.evals:
-        v = number(e.get(q.eval_key))
-        if v is not None and q.reached(v, target):
-            return int(e["step"]), number(e.get("time"))
-    return None, None
+    return first_reached(run.evals, Target(q.eval_key, target, q.higher_is_better, "")) or (None, None)
 
 
 def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
@@ -187,7 +167,7 @@ def group(runs: Sequence[Run]) -> list[Setting]:
     return list(out.values())
 
 
-METRICS = ("final", "best", "final_ppl", "steps_to_target", "time_to_target_s", "wall_clock_s",
+METRICS = ("final", "best", "final_ppl", "final_bpb", "steps_to_target", "time_to_target_s", "wall_clock_s",
            "exposed_comm_pct", "bytes_sent", "sync_events", "bytes_inside_workers", "exposed_comm_inside_s")
 # Shown only when some run has workers of several ranks (traffic that stays inside a worker).
 INSIDE_COLUMNS = ("bytes inside workers", "exposed inside workers (s)")
@@ -219,6 +199,7 @@ def aggregate(settings: Sequence[Setting], q: Quality, target: float | None) -> 
             per["final"].append(number(sm.get(q.final_key)))
             per["best"].append(number(sm.get(q.best_key)))
             per["final_ppl"].append(number(sm.get("final_val_ppl")))
+            per["final_bpb"].append(number(sm.get("final_val_bpb")))
             step, sec = to_target(r, q, target) if target is not None else (None, None)
             reached += step is not None
             per["steps_to_target"].append(step)
@@ -272,7 +253,7 @@ def columns(q: Quality) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
         ("setting", lambda r: r["setting"]), ("seeds", lambda r: f"{r['seeds_ok']}/{r['seeds']}")]
     if q.kind == "lm":
         cols += [("final val loss", lambda r: _pm(r, "final")), ("best val loss", lambda r: _pm(r, "best")),
-                 ("final val ppl", lambda r: _pm(r, "final_ppl"))]
+                 ("final val ppl", lambda r: _pm(r, "final_ppl")), ("final val bpb", lambda r: _pm(r, "final_bpb"))]
     else:
         cols += [("final test acc %", lambda r: _pm(r, "final")), ("peak test acc %", lambda r: _pm(r, "best"))]
     cols += [("steps to target", target_col("steps_to_target")), ("time to target (s)", target_col("time_to_target_s")),
@@ -322,7 +303,8 @@ def run_rows(runs: Sequence[Run], q: Quality, target: float | None) -> list[dict
         sm = r.summary
         rows.append({"setting": r.label, "strategy": r.strategy, "seed": r.seed, **r.setting, "status": "diverged" if r.diverged else r.status,
                      "diverged": r.diverged, "final": number(sm.get(q.final_key)), "best": number(sm.get(q.best_key)),
-                     "final_ppl": number(sm.get("final_val_ppl")), "steps_to_target": step,
+                     "final_ppl": number(sm.get("final_val_ppl")), "final_bpb": number(sm.get("final_val_bpb")),
+                     "steps_to_target": step,
                      "time_to_target_s": sec, "wall_clock_s": number(sm.get("wall_clock_s")),
                      "exposed_comm_pct": exposed_pct(r) if r.ok else None, "bytes_sent": number(sm.get("bytes_sent")),
                      "sync_events": number(sm.get("sync_events")), "dir": str(r.dir)})
@@ -348,8 +330,10 @@ class Report:
 
 
 def report(root: str | Path, target_loss: float | None = None, target_acc: float | None = None,
-           plots: bool = True) -> Report:
-    """Write summary.csv, runs.csv, report.md and the plots into root; returns what it wrote."""
+           plots: bool = True, record_targets: bool = False) -> Report:
+    """Write summary.csv, runs.csv, report.md and the plots into root; returns what it wrote.
+    With `record_targets` (the runner, once its runs are done) each finished run's summary.json also
+    gets the experiment's target and when that run reached it."""
     root = Path(root)
     runs = find_runs(root)
     q = quality_of(runs)
@@ -375,12 +359,24 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
         if plots and any(r.ok for r in runs):
             from . import plots as P
             made = P.all_plots(root, settings, q, target)
+        if record_targets and target is not None:
+            record_target(runs, Target(q.eval_key, target, q.higher_is_better, source))
         failed = [r for r in runs if not r.ok]
         rep = Report(root, q, target, source, rows, table, made, failed)
         rep.path.write_text(_markdown(rep, runs))
     except OSError as e:                          # a read-only directory, a full disk
         raise ReportError(f"report: cannot write into {root}: {e.strerror or e}") from None
     return rep
+
+
+def record_target(runs: Sequence[Run], target: Target) -> None:
+    """Write `target` and when each finished run reached it into the run's summary.json (a summary that
+    already says so is left untouched)."""
+    for r in runs:
+        record = target_record(r.evals, target)
+        if r.ok and r.summary and r.summary.get("target") != record:
+            r.summary["target"] = record
+            (r.dir / "summary.json").write_text(jsonout.dumps(r.summary, indent=2))
 
 
 def _markdown(rep: Report, runs: Sequence[Run]) -> str:
@@ -400,6 +396,9 @@ def _markdown(rep: Report, runs: Sequence[Run]) -> str:
     lines += [f"Target: {target}. Steps and time to target are those of the first evaluation that reaches it "
               f"(resolution: the evaluation interval); the time is the evaluation record's clock since training "
               f"started.", "",
+              *(["Bits per byte (bpb) = the validation loss in bits over the UTF-8 bytes of the text it was "
+                 "measured on: unlike loss and perplexity per token, it compares runs with different "
+                 "tokenizers.", ""] if q.kind == "lm" else []),
               "Exposed comm % = time the training thread was blocked on collectives (profile.json "
               "`exposed_comm`) / wall clock. Bytes sent = payload of this worker's collectives.", "",
               rep.table, ""]

@@ -23,6 +23,7 @@ import tomli_w
 from . import checkpoint, launch, worker
 from .config import RUN_CONTROL_KEYS, Config, fingerprint, from_sections, replace, to_sections
 from .errors import ConfigError, DataError, StorageError, WansyncError
+from .guards import regime_warnings
 from .rundir import FAILED_FILE
 from .runlock import LOCK_FILE, RunLock, check_unlocked
 from .strategies import resolve_options
@@ -210,6 +211,8 @@ def train(cfg: Config, resume: bool = False, force: bool = False) -> dict[str, A
                 raise WansyncError((run_dir / "logs" / f"rank{rank}.err").read_text().strip())
             return {}
         print(f"wansync: under torchrun: {adopted.describe()}")
+    for line in regime_warnings(cfg.strategy, options):
+        print(f"wansync: warning: {line}", file=sys.stderr)
     try:
         check_unlocked(run_dir, "train into")
         if not resume:

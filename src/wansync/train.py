@@ -28,6 +28,7 @@ from .faults import Faults
 from .net import collective_duration, emulator_of
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
 from .strategies.base import sync_tensors
+from .target import given_target, target_record
 from .telemetry.metrics import MetricsWriter
 from .telemetry.commtime import CommTimer, ddp_modules
 from .telemetry.profiler import Profiler, build_profile
@@ -252,7 +253,8 @@ class Trainer:
 
     def format_eval(self, e: dict[str, Any]) -> str:
         if "val_loss" in e:
-            return f"step {e['step']}: val_loss {e['val_loss']:.4f} val_ppl {e['val_ppl']:.2f}"
+            bpb = f" val_bpb {e['val_bpb']:.4f}" if "val_bpb" in e else ""
+            return f"step {e['step']}: val_loss {e['val_loss']:.4f} val_ppl {e['val_ppl']:.2f}{bpb}"
         return f"step {e['step']}: test_loss {e['test_loss']:.4f} test_acc {e['test_acc']:.2f}%"
 
     def wan(self) -> dict[str, Any] | None:
@@ -295,6 +297,8 @@ class Trainer:
             losses = [e["val_loss"] for e in self.evals]
             summary.update(final_val_loss=final["val_loss"], final_val_ppl=final["val_ppl"],
                            best_val_loss=min(losses), best_val_ppl=math.exp(min(losses)))
+            if "val_bpb" in final:          # bits per byte: comparable across tokenizers
+                summary.update(final_val_bpb=final["val_bpb"], best_val_bpb=min(e["val_bpb"] for e in self.evals if "val_bpb" in e))
         else:
             accs = [e["test_acc"] for e in self.evals]
             summary.update(final_test_acc=final["test_acc"], peak_test_acc=max(accs),
@@ -302,6 +306,9 @@ class Trainer:
         key = "val_loss" if "val_loss" in final else "test_acc"
         chance = chance_level(self.workload.describe())
         summary.update(first_eval=self.evals[0][key], chance_level=chance, diverged=diverged(self.evals, chance))
+        target = given_target(self.cfg.target_loss, self.cfg.target_acc, self.workload.kind)
+        if target is not None:
+            summary["target"] = target_record(self.evals, target)
         if self.rank == 0:
             (self.run_dir / "summary.json").write_text(jsonout.dumps(summary, indent=2))
             (self.run_dir / "profile.json").write_text(jsonout.dumps(profile, indent=2))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..errors import ConfigError
 
@@ -15,6 +15,12 @@ VISION_MODELS = ("cnn", "resnet18", "resnet50", "vit_s")
 DEFAULT_DATA = MappingProxyType({"lm": "shakespeare", "vision": "fashion-mnist"})
 VISION_DATA_PREFIXES = ("fashion-mnist", "cifar100", "cifar10", "imagefolder")
 VISION_DATA_FORMS = "fashion-mnist | fashion-mnist:PATH | cifar100:PATH | cifar10:PATH | imagefolder:PATH"
+# Rank 0 sets this store key once its one-off preparation (a BPE, its token files) is on disk.
+LEADER_DONE_KEY = "wansync/workload-prepared"
+# How long the other ranks wait for it: training a BPE on a large corpus takes minutes, far beyond
+# the peer timeout that guards the collectives.
+LEADER_WAIT_S = 3600.0
+T = TypeVar("T")
 
 
 def model_kind(model: str) -> str:
@@ -73,6 +79,26 @@ def build_workload(cfg: Any, rank: int, world_size: int, local_rank: int = 0, ra
         return build_lm_workload(cfg.model, cfg.data, rank=rank, world_size=world_size, seed=cfg.seed,
                                  batch_size=cfg.batch_size, seq_len=cfg.seq_len, tokenizer=cfg.tokenizer,
                                  eval_batches=cfg.eval_batches, val_fraction=cfg.val_fraction,
-                                 bpe_vocab=cfg.bpe_vocab, cache_dir=str(cfg.out))
+                                 bpe_vocab=cfg.bpe_vocab, cache_dir=str(cfg.out), leader_first=leader_first)
     raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
                       f"vision: {', '.join(VISION_MODELS)})")
+
+
+def leader_first(build: Callable[[], T]) -> T:
+    """`build()` on global rank 0 first, then on the other ranks, which find the files it cached: a
+    one-off preparation (a BPE) is done once per run, not once per rank. The others wait on the
+    process group's store (the local launcher's and torchrun's alike). A rank that cannot see rank 0's
+    files (another host without a shared run directory) just builds them itself."""
+    import datetime
+
+    import torch.distributed as dist
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return build()
+    store = dist.distributed_c10d._get_default_store()
+    if dist.get_rank() == 0:
+        try:
+            return build()
+        finally:                      # also on failure: the others then meet the same error themselves
+            store.set(LEADER_DONE_KEY, "1")
+    store.wait([LEADER_DONE_KEY], datetime.timedelta(seconds=LEADER_WAIT_S))
+    return build()

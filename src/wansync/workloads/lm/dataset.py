@@ -1,14 +1,15 @@
 """Token windows, a disjoint per-rank shard, and a resumable per-epoch shuffled batch order.
 
-The corpus splits once into train (first part) and validation (the contiguous tail), so no
-window straddles the boundary. Training tokens are cut into non-overlapping windows of
+The corpus splits once into train and validation by document: the last `val_fraction` of every
+document is held out, so validation samples the whole corpus (not the end of its last file), and
+the two texts are tokenized apart, so no window straddles the boundary. Training tokens are cut into non-overlapping windows of
 `seq_len + 1` (inputs are the first `seq_len`, targets the last `seq_len`). All ranks permute
 the window ids with the same seed and rank r takes `perm[r::world_size]`, truncated so every
 rank has the same number: shards are disjoint, and steps per epoch agree across ranks.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -18,12 +19,14 @@ from wansync.errors import ConfigError, DataError
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def split_tokens(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """(train, val): val is the last `val_fraction` of the tokens, contiguous."""
+def split_documents(docs: Sequence[str], val_fraction: float, sep: str = "\n") -> tuple[str, str]:
+    """(train text, validation text): the validation text is the tail `val_fraction` (in characters) of
+    every document, the training text their heads, each joined with `sep` in document order."""
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    n_val = int(len(tokens) * val_fraction)
-    return tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:]
+    cuts = [len(d) - int(len(d) * val_fraction) for d in docs]
+    return (sep.join(d[:c] for d, c in zip(docs, cuts)),
+            sep.join(d[c:] for d, c in zip(docs, cuts) if c < len(d)))
 
 
 def window_batch(tokens: np.ndarray, window_ids: np.ndarray, seq_len: int) -> Batch:

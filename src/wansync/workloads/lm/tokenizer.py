@@ -32,6 +32,8 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
 
+    def token_bytes(self) -> np.ndarray: ...
+
 
 class ByteTokenizer:
     """Each UTF-8 byte is a token: vocab 256, no training, no unknown tokens."""
@@ -44,6 +46,10 @@ class ByteTokenizer:
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return np.asarray(ids, dtype=np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes each token stands for: one."""
+        return np.ones(self.vocab_size, dtype=np.int64)
 
 
 class BPETokenizer:
@@ -64,6 +70,11 @@ class BPETokenizer:
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes each token stands for (for bits per byte). Byte-level BPE spells every token in
+        its 256-character byte alphabet, one character per byte, so a token's length is its byte count."""
+        return np.array([len(self._tok.id_to_token(i) or "") for i in range(self.vocab_size)], dtype=np.int64)
 
     def to_str(self) -> str:
         return self._tok.to_str()

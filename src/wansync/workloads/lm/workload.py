@@ -1,8 +1,14 @@
-"""The LM workload: model + tokenized corpus + this rank's shard, behind the `Workload` protocol."""
+"""The LM workload: model + tokenized corpus + this rank's shard, behind the `Workload` protocol.
+
+Evaluation reports bits per byte beside the per-token loss: the loss summed over the evaluated
+targets, in bits, over the UTF-8 bytes those targets stand for. Per-token losses of a byte and a
+BPE tokenizer are not comparable; bits per byte are.
+"""
 from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,13 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from wansync.errors import ConfigError, DataError
-from wansync.workloads.lm.corpus import load_corpus
+from wansync.workloads.lm.corpus import load_documents
 from wansync.workloads.lm.dataset import (
     Batch,
     ShardSampler,
     eval_window_ids,
     shard_windows,
-    split_tokens,
+    split_documents,
     window_batch,
 )
 from wansync.workloads.lm.model import TransformerLM, lm_shape
@@ -37,12 +43,13 @@ class LMWorkload:
 
     kind = "lm"
 
-    def __init__(self, model: TransformerLM, tokenizer: Tokenizer, tokens: np.ndarray, *, model_name: str,
-                 data: str, rank: int, world_size: int, seed: int, batch_size: int, seq_len: int,
-                 eval_batches: int, val_fraction: float) -> None:
+    def __init__(self, model: TransformerLM, tokenizer: Tokenizer, train_tokens: np.ndarray,
+                 val_tokens: np.ndarray, *, model_name: str, data: str, rank: int, world_size: int, seed: int,
+                 batch_size: int, seq_len: int, eval_batches: int) -> None:
         self.model, self.tokenizer, self.model_name, self.data = model, tokenizer, model_name, data
         self.seq_len, self.batch_size = seq_len, batch_size
-        self.train_tokens, self.val_tokens = split_tokens(tokens, val_fraction)
+        self.train_tokens, self.val_tokens = train_tokens, val_tokens
+        self._token_bytes = torch.from_numpy(tokenizer.token_bytes())
         self.n_windows = len(self.train_tokens) // (seq_len + 1)
         self.shard_indices = shard_windows(self.n_windows, seed=seed, rank=rank, world_size=world_size)
         if len(self.shard_indices) < batch_size:
@@ -69,22 +76,25 @@ class LMWorkload:
         return batch[0].numel()
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
-        """Mean token loss over the fixed validation batches, on the unwrapped module (no DDP hooks)."""
+        """Mean token loss, its perplexity and bits per byte over the fixed validation batches, on the
+        unwrapped module (no DDP hooks)."""
         net = _unwrap(model)
         was_training = net.training
         net.eval()
-        total, count = 0.0, 0
+        total, count, nbytes = 0.0, 0, 0
         try:
             with torch.no_grad():
                 for ids in self._eval_ids:
-                    inputs, targets = _to_model_device(net, window_batch(self.val_tokens, ids, self.seq_len))
+                    batch = window_batch(self.val_tokens, ids, self.seq_len)
+                    nbytes += int(self._token_bytes[batch[1]].sum())
+                    inputs, targets = _to_model_device(net, batch)
                     logits = net(inputs).flatten(0, 1).float()
                     total += F.cross_entropy(logits, targets.flatten(), reduction="sum").item()
                     count += targets.numel()
         finally:
             net.train(was_training)
         mean = total / count
-        return {"val_loss": mean, "val_ppl": math.exp(min(mean, 80.0))}
+        return {"val_loss": mean, "val_ppl": math.exp(min(mean, 80.0)), "val_bpb": bits_per_byte(total, nbytes)}
 
     def epoch_progress(self) -> float:
         return self._sampler.epoch_progress()
@@ -106,6 +116,8 @@ class LMWorkload:
             "vocab": self.tokenizer.vocab_size,
             "train_tokens": len(self.train_tokens),
             "val_tokens": len(self.val_tokens),
+            "val_bytes_per_token": float(self._token_bytes[torch.from_numpy(self.val_tokens.astype(np.int64))]
+                                         .sum()) / max(1, len(self.val_tokens)),
             "seq_len": self.seq_len,
             "batch_size": self.batch_size,
             "windows": self.n_windows,
@@ -118,21 +130,43 @@ class LMWorkload:
 def build_lm_workload(model: str = "tiny", data: str = "shakespeare", *, rank: int = 0, world_size: int = 1,
                       seed: int = 0, batch_size: int = 16, seq_len: int = 128, tokenizer: str = "byte",
                       eval_batches: int = 8, val_fraction: float = 0.05, bpe_vocab: int = 2048,
-                      cache_dir: str | None = None) -> LMWorkload:
-    """Build the LM workload for one rank. The model depends only on (model, vocab, seed), so all ranks agree."""
+                      cache_dir: str | None = None,
+                      leader_first: Callable[[Callable[[], Any]], Any] | None = None) -> LMWorkload:
+    """Build the LM workload for one rank. The model depends only on (model, vocab, seed), so all ranks agree.
+
+    `leader_first(build)` runs `build` on one rank before the others (which then read the files it
+    cached in `cache_dir`), so a BPE is trained once per run, not once per rank; without it every
+    caller tokenizes for itself."""
     shape = lm_shape(model)
     if not 1 <= seq_len <= shape.max_seq_len:
         raise ConfigError(f"seq_len must be in [1, {shape.max_seq_len}] for model {model!r}, got {seq_len}")
     if eval_batches < 1:
         raise ConfigError(f"eval_batches must be positive, got {eval_batches}")
-    text = load_corpus(data)
-    tok = build_tokenizer(tokenizer, text, bpe_vocab=bpe_vocab, cache_dir=cache_dir)
-    tokens = _encode_cached(tok, text, cache_dir)
+    train_text, val_text = split_documents(load_documents(data), val_fraction,
+                                           sep="\n\n" if data.startswith("hf:") else "\n")
+
+    def tokenize() -> tuple[Tokenizer, np.ndarray, np.ndarray]:
+        # the BPE learns from the training text only: the held-out text stays unseen
+        tok = build_tokenizer(tokenizer, train_text, bpe_vocab=bpe_vocab, cache_dir=cache_dir)
+        return tok, _encode_cached(tok, train_text, cache_dir), _encode_cached(tok, val_text, cache_dir)
+
+    once = leader_first if leader_first is not None and tokenizer == "bpe" and cache_dir is not None else _call
+    tok, train_tokens, val_tokens = once(tokenize)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = TransformerLM(shape, tok.vocab_size)
-    return LMWorkload(net, tok, tokens, model_name=model, data=data, rank=rank, world_size=world_size, seed=seed,
-                      batch_size=batch_size, seq_len=seq_len, eval_batches=eval_batches, val_fraction=val_fraction)
+    return LMWorkload(net, tok, train_tokens, val_tokens, model_name=model, data=data, rank=rank,
+                      world_size=world_size, seed=seed, batch_size=batch_size, seq_len=seq_len,
+                      eval_batches=eval_batches)
+
+
+def bits_per_byte(loss_nats: float, nbytes: int) -> float:
+    """A summed cross-entropy in nats as bits per byte of the text it was measured on."""
+    return loss_nats / math.log(2) / max(1, nbytes)
+
+
+def _call(build: Callable[[], Any]) -> Any:
+    return build()
 
 
 def _encode_cached(tok: Tokenizer, text: str, cache_dir: str | None) -> np.ndarray:
