@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import checkpoint, jsonout, strategies
 from .comm.ledger import INSIDE
-from .comm.replicas import Replicas, replica_groups
+from .comm.replicas import replica_groups
 from .config import Config, fingerprint
 from .divergence import chance_level, diverged
 from .errors import ConfigError, NonFiniteError
