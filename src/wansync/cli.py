@@ -65,7 +65,7 @@ def _add_target_flags(g: Any) -> None:
                    help="test accuracy target in %% (vision; default: DDP's final x 0.99)")
 
 
-DEMO_STEPS = 120
+DEMO_STEPS = 300
 
 
 def build_parser() -> argparse.ArgumentParser:

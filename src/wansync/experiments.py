@@ -395,6 +395,11 @@ def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: i
             print(f"warning: {row['setting']} diverged in {row['diverged']}/{row['seeds_ok']} seeds (final "
                   f"{rep.quality.name} worse than at the first evaluation, or at chance)")
     print(f"report: {rep.path}")
+    if len(rep.rows) > 1:
+        print()
+        print(rep.decision)
+        print()
+        print(rep.verdict)
     if failed:
         raise WansyncError(f"{len(failed)} of {len(outcomes)} runs failed (marked in {rep.path}); "
                            f"first: {failed[0].spec.label} seed {failed[0].spec.seed}: {failed[0].message}")

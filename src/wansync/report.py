@@ -31,6 +31,7 @@ from . import jsonout
 from .errors import WansyncError
 from .rundir import FAILED_FILE, LM, PLAN_FILE, VISION, Quality, Run, Setting, human_bytes, number
 from .target import Target, first_reached, read_evals, target_record
+from .verdict import decision_rows, decision_table, equal_time, verdict
 
 
 class ReportError(WansyncError):
@@ -323,6 +324,8 @@ class Report:
     table: str
     plots: list[Path]
     failed: list[Run]
+    decision: str = ""          # the decision figures (verdict.py): quality at equal wall clock, time to target, costs
+    verdict: str = ""           # the one computed sentence
 
     @property
     def path(self) -> Path:
@@ -362,7 +365,11 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
         if record_targets and target is not None:
             record_target(runs, Target(q.eval_key, target, q.higher_is_better, source))
         failed = [r for r in runs if not r.ok]
-        rep = Report(root, q, target, source, rows, table, made, failed)
+        at = equal_time(settings)
+        decisions = decision_rows(settings, q, target)
+        link = next((str((r.summary.get("wan") or {}).get("spec") or "") for r in runs if r.ok), "")
+        rep = Report(root, q, target, source, rows, table, made, failed, decision_table(decisions, q, at),
+                     verdict(decisions, q, target, source, link, at))
         rep.path.write_text(_markdown(rep, runs))
     except OSError as e:                          # a read-only directory, a full disk
         raise ReportError(f"report: cannot write into {root}: {e.strerror or e}") from None
@@ -393,6 +400,11 @@ def _markdown(rep: Report, runs: Sequence[Run]) -> str:
         lines += [f"Model `{s.get('model', '?')}`, data `{s.get('data', '?')}`, {s.get('workers', '?')} workers, "
                   f"{s.get('steps', '?')} steps" + (f"; grid keys: {', '.join(setting_bits)}" if setting_bits else "")
                   + ".", ""]
+    if rep.decision:
+        lines += ["## What to decide on", "", rep.verdict, "", rep.decision, "",
+                  "Quality at equal wall clock: the last evaluation each run had made when the fastest setting "
+                  "made its last one (mean over seeds). Time to target: the first evaluation reaching the target "
+                  "below, on the run's clock since training started.", "", "## All figures", ""]
     lines += [f"Target: {target}. Steps and time to target are those of the first evaluation that reaches it "
               f"(resolution: the evaluation interval); the time is the evaluation record's clock since training "
               f"started.", "",
