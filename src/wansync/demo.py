@@ -53,4 +53,4 @@ def run_demo(out: str, steps: int, force: bool) -> int:
     print(f"demo: {', '.join(strategies)} on the tiny LM (Shakespeare), {WORKERS} workers, link {WAN} "
           f"(100 ms RTT, 1 Gbit/s), {steps} steps; runs in {out}")
     specs = experiments.plan(base, strategies, 1, None, Path(out), cells=demo_cells(strategies))
-    return experiments.run_and_report(specs, Path(out), force, 1, None, None)
+    return experiments.run_and_report(specs, Path(out), force, 1, None, None, target_rule="common")

@@ -174,7 +174,24 @@ METRICS = ("final", "best", "final_ppl", "final_bpb", "steps_to_target", "time_t
 INSIDE_COLUMNS = ("bytes inside workers", "exposed inside workers (s)")
 
 
-def default_target(settings: Sequence[Setting], q: Quality) -> tuple[float | None, str]:
+def common_target(settings: Sequence[Setting], q: Quality) -> tuple[float | None, str]:
+    """The quality every setting reached: the worst mean final value among the settings that did
+    not diverge (so time to target ranks them all, not only those that match the best)."""
+    finals = [(s, v) for s in settings if s.ok_runs and not any(r.diverged for r in s.ok_runs)
+              and (v := mean_std([number(r.summary.get(q.final_key)) for r in s.ok_runs])[0]) is not None]
+    if not finals:
+        return None, "no finished run"
+    s, v = (min if q.higher_is_better else max)(finals, key=lambda sv: sv[1])
+    return v, f"the final {q.name} every setting reached (the worst of them: {s.label})"
+
+
+TARGET_RULES = ("ddp", "common")
+
+
+def default_target(settings: Sequence[Setting], q: Quality, rule: str = "ddp") -> tuple[float | None, str]:
+    """The experiment's target when none is given: rule "ddp" (below) or "common" (`common_target`)."""
+    if rule == "common":
+        return common_target(settings, q)
     def final_mean(s: Setting) -> float | None:
         return mean_std([number(r.summary.get(q.final_key)) for r in s.ok_runs])[0]
 
@@ -333,7 +350,7 @@ class Report:
 
 
 def report(root: str | Path, target_loss: float | None = None, target_acc: float | None = None,
-           plots: bool = True, record_targets: bool = False) -> Report:
+           plots: bool = True, record_targets: bool = False, target_rule: str = "ddp") -> Report:
     """Write summary.csv, runs.csv, report.md and the plots into root; returns what it wrote.
     With `record_targets` (the runner, once its runs are done) each finished run's summary.json also
     gets the experiment's target and when that run reached it."""
@@ -352,7 +369,7 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
     if given is not None:
         target, source = float(given), f"given (--target-{'acc' if q.higher_is_better else 'loss'})"
     else:
-        target, source = default_target(settings, q)
+        target, source = default_target(settings, q, str(plan.get("target_rule", target_rule)))
     rows = aggregate(settings, q, target)
     table = markdown_table(rows, q)
     try:
