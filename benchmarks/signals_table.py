@@ -48,7 +48,8 @@ def steps_done(run: Path) -> int:
 def measure(case: str, run: Path) -> str:
     cmd = [sys.executable, "-m", "wansync", "train", "--strategy", "ddp", "--workers", "2", "--steps", "100000",
            "--checkpoint-every", "2", "--quiet", "--out", str(run), *TINY]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as a foreground job
     while steps_done(run) <= 2 and proc.poll() is None:
         time.sleep(0.1)
     workers = {int(rank): pid for pid, rank in run_pids(run).items() if rank}

@@ -63,6 +63,12 @@ def read_available(stream) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+def as_a_foreground_job() -> None:
+    """Ctrl-C reaches a command a user started: a shell's background job (`make test &`, nohup)
+    starts with SIGINT ignored, and an ignored SIGINT rightly stays ignored by everything below."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -78,7 +84,7 @@ def long_run(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "wansync", "train", "--strategy", "ddp", "--workers", "2",
                              "--steps", "100000", "--checkpoint-every", str(CHECKPOINT_EVERY), "--quiet",
                              "--out", str(run), *TINY], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=as_a_foreground_job)
     try:
         wait_for(lambda: steps_done(run) > CHECKPOINT_EVERY or proc.poll() is not None, 120, "a checkpoint")
         assert proc.poll() is None, proc.stderr.read()
@@ -168,7 +174,8 @@ def test_a_sigint_inside_the_launchers_bookkeeping_still_ends_the_run_in_one_lin
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-c", SIGNAL_INSIDE_POLL, "train", "--strategy", "ddp", "--workers",
                              "2", "--steps", "100000", "--quiet", "--out", str(run), *TINY],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_a_foreground_job)
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
@@ -187,13 +194,14 @@ def test_a_sigint_inside_the_launchers_bookkeeping_still_ends_the_run_in_one_lin
 
 
 def test_a_deferred_sigint_is_raised_where_the_launcher_checks_and_an_ignored_one_stays_ignored():
-    with signals_deferred() as check:
-        os.kill(os.getpid(), signal.SIGINT)             # no KeyboardInterrupt here, in the middle of anything
-        with pytest.raises(KeyboardInterrupt):
-            check()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)     # as in a foreground job
     try:
+        with signals_deferred() as check:
+            os.kill(os.getpid(), signal.SIGINT)         # no KeyboardInterrupt here, in the middle of anything
+            with pytest.raises(KeyboardInterrupt):
+                check()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         with signals_deferred() as check:
             os.kill(os.getpid(), signal.SIGINT)
             check()                                     # a background job's ignored Ctrl-C stays ignored
