@@ -4,8 +4,9 @@ Locally, the launcher holds the rendezvous store itself, on a socket bound to 12
 (no port race, nothing listening beyond loopback), and gives every worker the environment
 torchrun would: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE.
 The first worker to fail ends all of them: its one-line message is printed, every child is
-reaped, and the exit status is non-zero. SIGINT and SIGTERM reach the launcher as exceptions
-and end the workers the same way; workers die by themselves if the launcher dies (interrupts).
+reaped, and the exit status is non-zero. SIGINT and SIGTERM reach the launcher as exceptions,
+raised between two polls (never inside the bookkeeping of a Popen), and end the workers the
+same way; workers die by themselves if the launcher dies (interrupts).
 
 A torchrun environment is adopted only when it is complete and consistent: a stale or partial
 one must not silently turn `--workers 2` into one worker.
@@ -21,12 +22,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch.distributed as dist
 
 from .config import Config
 from .errors import PEER_LOST, ConfigError
-from .interrupts import LAUNCHER_PID_ENV, sigint_blocked
+from .interrupts import LAUNCHER_PID_ENV, signals_deferred, sigint_blocked
 
 ERR_DIR = "logs"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -124,7 +126,11 @@ def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tupl
     returns (exit status, message of the first failure).
     `config` (the resolved config as TOML) reaches the workers in their environment.
     KeyboardInterrupt and Terminated pass through, after every worker is ended and reaped."""
-    run_dir = Path(run_dir)
+    with signals_deferred() as check_signals:
+        return _spawn(cfg, Path(run_dir), config, resume, check_signals)
+
+
+def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals: Callable[[], None]) -> tuple[int, str]:
     (run_dir / ERR_DIR).mkdir(parents=True, exist_ok=True)
     world = cfg.workers * cfg.ranks_per_worker
     for r in range(world):
@@ -147,7 +153,8 @@ def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tupl
                        WANSYNC_RESUME="1" if resume else "0", WANSYNC_CONFIG=config, **{LAUNCHER_PID_ENV: str(os.getpid())})
             with sigint_blocked():              # the worker starts with SIGINT blocked, then ignores it
                 procs.append(subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env))
-        return _watch(procs, run_dir)
+            check_signals()
+        return _watch(procs, run_dir, check_signals)
     finally:                                    # also on KeyboardInterrupt and Terminated
         _terminate(procs)
         del store
@@ -158,8 +165,9 @@ def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tupl
 ROOT_CAUSE_GRACE_S = 2.0
 
 
-def _watch(procs: list[subprocess.Popen], run_dir: Path) -> tuple[int, str]:
+def _watch(procs: list[subprocess.Popen], run_dir: Path, check_signals: Callable[[], None]) -> tuple[int, str]:
     while True:
+        check_signals()                         # a signal becomes an exception here, between polls
         codes = [p.poll() for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
