@@ -13,24 +13,25 @@ from wansync.rundir import Run, Setting
 from wansync.stats import NO_DIFFERENCE
 
 
-def dry(capsys, *extra: str) -> str:
+def dry(capsys, out: Path, *extra: str) -> str:
     with pytest.raises(SystemExit) as e:
-        main(["results", "--dry-run", "--out", "runs/results", *extra])
+        main(["results", "--dry-run", "--out", str(out), *extra])
     assert e.value.code == 0
     return capsys.readouterr().out
 
 
 def test_the_dry_run_lists_every_table_every_cell_and_every_seed_without_training(capsys, tmp_path):
-    out = dry(capsys)
+    runs = tmp_path / "results"
+    out = dry(capsys, runs)
     for t in results.TABLES:
         assert f"== {t.name}:" in out
-        root = Path("runs/results") / (t.reads or t.name)
+        root = runs / (t.reads or t.name)
         for c in t.cells:
             lab = results.label(c["strategy"], **{k: v for k, v in c.items() if k != "strategy"})
             for seed in range(results.SEEDS):
                 assert str(root / lab / f"seed{seed}") in out, (t.name, lab, seed)
     assert "total: 96 runs in 10 tables" in out and "estimated" in out
-    assert not Path("runs/results").exists() or not any(Path("runs/results").rglob("summary.json"))
+    assert not runs.exists() or not any(runs.rglob("summary.json"))
 
 
 def test_the_dry_run_covers_the_tables_the_issue_asks_for():
@@ -62,8 +63,8 @@ def test_an_unknown_table_is_one_line_and_a_nonzero_exit(capsys):
     assert "unknown results table 'nope' (available: cpdp-k-sweep" in capsys.readouterr().err
 
 
-def test_only_one_table_also_lists_the_table_it_reads(capsys):
-    out = dry(capsys, "--only", "cpdp-profile")
+def test_only_one_table_also_lists_the_table_it_reads(capsys, tmp_path):
+    out = dry(capsys, tmp_path / "results", "--only", "cpdp-profile")
     assert "== cpdp-k-sweep:" in out and "== cpdp-profile:" in out and "== cocodc-main:" not in out
 
 
