@@ -29,7 +29,8 @@ def _cell_text(iv: Interval | None, have: int, ran: int, metric: str) -> str:
 
 def _lead(text: str) -> str:
     """A question opens its own sentence: capitalised, and a colon where it is not a question."""
-    text = text[:1].upper() + text[1:]
+    if text[:1].isascii():         # "β = 0.9 ..." keeps its lower-case Greek
+        text = text[:1].upper() + text[1:]
     return text if text.endswith("?") else text + ":"
 
 
