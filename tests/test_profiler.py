@@ -6,6 +6,7 @@ state ratios and sums, never absolute speed.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -95,6 +96,10 @@ def _ddp_rank(rank: int, world: int, port: int, out: str) -> None:
             timer.end(sync.comm.bytes, 0.0)
         result[str(instrumented)] = {"params": flat_params(model).tolist(), "exposed": exposed,
                                      "events": timer.events()}
+    # DDP must go while the group still holds its gloo threads: if DDP held the last reference,
+    # freeing it at exit joins those threads under the GIL ("terminate called without an active exception")
+    del sync, model
+    gc.collect()
     dist.destroy_process_group()
     Path(out).write_text(json.dumps(result))
 
@@ -226,3 +231,5 @@ def test_slow_link_ddp_is_exposed_local_sgd_much_less(runs):
 
 if __name__ == "__main__":
     _ddp_rank(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown of gloo threads; the JSON is the result
