@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import checkpoint, jsonout, strategies
 from .comm.ledger import INSIDE
-from .comm.replicas import replica_groups
+from .comm.replicas import Replicas, replica_groups
 from .config import Config, fingerprint
 from .divergence import chance_level, diverged
 from .errors import ConfigError, NonFiniteError
@@ -65,7 +65,7 @@ class Trainer:
                  phase: Phase | None = None):
         self.cfg, self.run_dir, self.rank, self.world = cfg, Path(run_dir), rank, world_size
         self.phase = phase if phase is not None else Phase()
-        self.replicas = replica_groups(cfg.ranks_per_worker)
+        self.replicas = Replicas(1, rank, world_size, 0) if cfg.fault_tolerant else replica_groups(cfg.ranks_per_worker)
         torch.manual_seed(cfg.seed)                     # same init on every rank
         self.workload = build_workload(cfg, self.replicas.worker, self.replicas.workers,
                                        self.replicas.local_rank, self.replicas.ranks_per_worker)
@@ -77,8 +77,10 @@ class Trainer:
         self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer,
                                      on_nonfinite=cfg.on_nonfinite, replicas=self.replicas, **self.options)
         self.skipped = 0
+        self.quorum = self.join_quorum() if cfg.fault_tolerant else None
         resumed = self.load_checkpoint() if resume else None
-        self.writer = MetricsWriter(self.run_dir / "metrics.jsonl" if rank == 0 else None, append=resume)
+        restarted = os.environ.get("WANSYNC_RESTARTED") == "1"
+        self.writer = MetricsWriter(self.run_dir / "metrics.jsonl" if rank == 0 else None, append=resume or restarted)
         self.sync.on_event(self.writer.write)
         self.sync_events = 0
         self.sync.on_event(self._count_sync)
@@ -97,6 +99,29 @@ class Trainer:
             self.progress.log(link)
         if resumed is not None:
             self.restore_run_state(resumed)
+
+    # ---- fault tolerance (comm.ft) -------------------------------------------------------------
+    def join_quorum(self) -> Any:
+        """This worker's torchft Manager; what it serves a healing peer, and how it heals itself."""
+        from .comm.ft import Quorum
+        local = not self.cfg.lighthouse
+        quorum = Quorum(self.rank, os.environ.get("WANSYNC_LIGHTHOUSE") or f"http://{self.cfg.lighthouse}",
+                        self.cfg.peer_timeout, hostname="127.0.0.1" if local else None)
+        quorum.serve(self.heal_state, self.heal)
+        self.sync.exchange.ft = quorum
+        return quorum
+
+    def heal_state(self) -> dict[str, Any]:
+        return {"model": self.workload.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "strategy": self.sync.heal_state()}
+
+    def heal(self, state: dict[str, Any]) -> None:
+        """Take a live peer's state (its data position stays this worker's own: each reads its shard)."""
+        self.workload.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sync.load_heal_state(state["strategy"])
+        with open(self.run_dir / "logs" / "heals.jsonl", "a") as f:
+            f.write(json.dumps({"rank": self.rank, "step": self.sync.t}) + "\n")
 
     def _count_sync(self, record: dict[str, Any]) -> None:
         if record.get("type") == "sync":
@@ -135,7 +160,7 @@ class Trainer:
         prof.move("sync_math", "exposed_comm", self._waited)
         self.comm_timer.end(sync.comm.bytes, self._waited)
         items = self.workload.batch_size_items(batch) * self.world
-        rec = {"type": "step", "step": step + 1, "loss": loss_value, "lr": lr,
+        rec = {"type": "step", "step": sync.t, "loss": loss_value, "lr": lr,
                "items_per_s": items / max(1e-9, compute + step_s), "time": prof.wall()}
         if skip:
             rec["skipped"] = True
@@ -224,7 +249,11 @@ class Trainer:
         self.progress.log(f"{cfg.strategy}: {self.replicas.workers} workers{ranks}, {describe(self.workload.describe())}")
         self.profiler.lap("other")
         unit = "tok/s" if self.workload.kind == "lm" else "img/s"
-        for step in range(self.sync.t, cfg.steps):
+        if self.quorum is not None:
+            restarted = os.environ.get("WANSYNC_RESTARTED") == "1"
+            self.sync.join(1 if restarted else self.world)     # a restarted worker heals here
+        while self.sync.t < cfg.steps:
+            step = self.sync.t
             self.phase.now = f"step {step + 1}"
             rec = self.train_step(step)
             self.writer.write(rec)
@@ -239,6 +268,8 @@ class Trainer:
         self.phase.now = "the final synchronization"
         self._waited = 0.0
         self.comm_timer.begin("finish", self.sync.comm.bytes)
+        if self.quorum is not None:
+            self.quorum.quorum(self.sync.t)
         self.sync.finish()
         self.profiler.lap("sync_math")
         self.profiler.move("sync_math", "exposed_comm", self._waited)
@@ -313,6 +344,8 @@ class Trainer:
             (self.run_dir / "summary.json").write_text(jsonout.dumps(summary, indent=2))
             (self.run_dir / "profile.json").write_text(jsonout.dumps(profile, indent=2))
         self.writer.close()
+        if self.quorum is not None:
+            self.quorum.shutdown()
         return summary if self.rank == 0 else None
 
 

@@ -100,8 +100,27 @@ class Strategy:
         if self.inside_sync is not None and self.inside_step(self.t + 1):
             self.inside_sync.book()
         self.t += 1
+        if self.exchange.ft is not None and self.exchanges_at(self.t):
+            self.exchange.ft.quorum(self.t)           # may heal this worker from a peer (comm.ft)
         self.after_inner_step()
         self._left_step_at = time.perf_counter()
+
+    def join(self, expected: int = 1) -> None:
+        """Fault-tolerant runs, before the first step: meet the others at their next quorum
+        (at the start of a run, until `expected` workers are in it); a worker that started late
+        (restarted) heals there to their step and takes part in that step's exchanges with them."""
+        t = self.t
+        self.exchange.ft.quorum(t)
+        while self.t == t and self.exchange.ft.participants < expected:
+            self.exchange.ft.quorum(t)
+        if self.t != t:
+            self.after_inner_step()
+            self._left_step_at = time.perf_counter()
+
+    def exchanges_at(self, t: int) -> bool:
+        """Does step t (after its inner step) exchange between workers? Fault-tolerant runs take a
+        quorum there."""
+        return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -130,6 +149,8 @@ class Strategy:
 
     def emit(self, record_type: str, /, **fields: Any) -> None:
         record = {"type": record_type, "step": self.t, "strategy": self.name, **fields}
+        if self.exchange.ft is not None and record_type == "sync":
+            record.setdefault("participants", self.exchange.ft.participants)
         for fn in self._listeners:
             fn(record)
 
@@ -140,6 +161,13 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.t = int(state["t"])
         self.load_extra_state(state)
+
+    def heal_state(self) -> dict[str, Any]:
+        """What a worker healing from this one receives (fault-tolerant runs): the resumable state."""
+        return self.state_dict()
+
+    def load_heal_state(self, state: dict[str, Any]) -> None:
+        self.load_state_dict(state)
 
     def extra_state(self) -> dict[str, Any]:
         return {}

@@ -103,12 +103,15 @@ class CoCoDC(Streaming):
             self.t_s = took if self.t_s is None else min(self.t_s, took)
             self.t_s_source = "measured"
 
+    def exchanges_at(self, t: int) -> bool:
+        return super().exchanges_at(t) or (not self.n_decided and t >= self.H)    # the schedule's agreement
+
     def after_slot(self, t: int) -> None:
         if self.n_decided or t < self.H:
             return
         t_c = self.tc_sum / self.tc_count if self.tc_count else 0.0
         n, t_c, t_s = agree(t_c, self.t_s or 0.0, self.opts.gamma, self.H, self.P,
-                            self.opts.max_syncs_per_fragment, self.comm, self.group)
+                            self.opts.max_syncs_per_fragment, self.comm, self.group, self.exchange)
         self.schedule.set_n(n)
         self.n_decided = True
         self.emit("schedule", syncs_per_period=n, t_c=t_c, t_s=t_s, t_s_source=self.t_s_source,

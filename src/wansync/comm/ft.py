@@ -1,0 +1,108 @@
+"""Fault-tolerant exchanges through torchft: quorum averages, and healing from a live peer.
+
+Each worker is one torchft replica with its own `Manager` over a reconfigurable gloo group
+(torchft's `ProcessGroupGloo`). The lighthouse (torchft's, started by the launcher or given as
+HOST:PORT) decides who takes part in each quorum; a worker that died or stopped answering is
+left out of the next one. The protocol:
+
+- **A quorum at every synchronization slot** (`quorum(t)`, called by the strategy before it
+  computes anything it will exchange at step t). The Manager's step is the strategy's step, so a
+  worker behind the others (a restarted one, at step 0) *heals*: torchft's checkpoint transport
+  fetches a live peer's state over HTTP (model, inner optimizer, strategy: anchors, outer
+  optimizer, schedule, exchanges in flight) and `load` applies it before the slot's exchanges.
+  Every participant then decides the same exchanges from the same state.
+- **The mean** (`mean`): a SUM all-reduce of the values and one weight over the quorum, divided by
+  the sum of the weights (the contributors). A worker's weight is 0 when its values must not count
+  (non-finite under "skip"). An all-reduce that fails (a peer died inside it) is retried under a
+  shrink-only quorum (no joiner mid-exchange) from an untouched copy of the input.
+- **Participants** of the last exchange are kept for the sync events.
+
+Only fp32 exchanges: a lossy codec's all-gather has no quorum form here (refused in config).
+"""
+from __future__ import annotations
+
+import copy
+import socket
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+
+from ..errors import ConfigError, PeerError
+
+INSTALL = "fault tolerance needs torchft: pip install wansync[ft]"
+RETRIES = 3
+
+
+def require_torchft() -> None:
+    """One line, not a traceback, when the optional dependency is missing."""
+    try:
+        import torchft  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(INSTALL) from exc
+
+
+class Quorum:
+    """This worker's membership in the fault-tolerant group (see the module docstring).
+
+    Args:
+        worker: this worker's index (the replica id torchft reports).
+        lighthouse: the lighthouse's address, http://HOST:PORT.
+        timeout_s: how long a collective or a quorum waits for a silent peer.
+        hostname: the name peers reach this worker's Manager and checkpoint server by.
+    """
+
+    def __init__(self, worker: int, lighthouse: str, timeout_s: float, hostname: str | None = None):
+        require_torchft()
+        from torch.distributed import TCPStore
+        from torchft import Manager, ProcessGroupGloo
+        timeout = timedelta(seconds=timeout_s)
+        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)   # this worker's own
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None, min_replica_size=1,
+            use_async_quorum=False, replica_id=f"worker_{worker}", store_addr="127.0.0.1",
+            store_port=self._store.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
+            hostname=hostname or socket.gethostname(), timeout=timeout, quorum_timeout=timeout,
+            connect_timeout=timeout, init_sync=False)
+        self.participants: int | None = None      # of the last exchange
+        self.heals = 0
+        self._t = 0                               # the step of the last quorum
+        self._load: Callable[[dict[str, Any]], None] | None = None
+
+    def serve(self, save: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None]) -> None:
+        """What a healing peer receives (`save`, copied: the transport serves tensors by reference
+        while this worker trains on) and how this worker applies a peer's (`load`)."""
+        self._load = load
+        self.manager.register_state_dict_fn("wansync", self._healed, lambda: copy.deepcopy(save()))
+
+    def _healed(self, state: dict[str, Any]) -> None:
+        self.heals += 1
+        assert self._load is not None
+        self._load(state)
+
+    def quorum(self, t: int, shrink_only: bool = False) -> None:
+        """Agree on who takes part from step t on; heal from a peer when this worker is behind."""
+        self._t = t
+        self.manager.load_state_dict({"step": t, "batches_committed": 0})
+        self.manager.start_quorum(shrink_only=shrink_only)
+        if self.manager.errored():
+            raise PeerError(f"the fault-tolerant quorum failed: {self.manager.errored().original_exception}")
+        self.participants = self.manager.num_participants()
+
+    def mean(self, values: torch.Tensor, valid: bool) -> tuple[torch.Tensor, int]:
+        """(the weighted mean of `values` over the quorum, the number of contributors)."""
+        from torch.distributed import ReduceOp
+        flat = values.detach().reshape(-1)
+        for attempt in range(RETRIES + 1):
+            wire = torch.cat([flat if valid else torch.zeros_like(flat), flat.new_full((1,), float(valid))])
+            ok = self.manager.allreduce(wire, reduce_op=ReduceOp.SUM).wait()
+            if ok and self.manager.errored() is None:
+                self.participants = self.manager.num_participants()
+                contributors = int(round(float(wire[-1])))
+                return wire[:-1].view_as(values).div_(max(1, contributors)), contributors
+            if attempt < RETRIES:
+                self.quorum(self._t, shrink_only=True)
+        raise PeerError(f"an exchange failed {RETRIES + 1} times in a row under the fault-tolerant quorum")
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
