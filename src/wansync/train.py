@@ -200,7 +200,7 @@ class Trainer:
         dist.barrier()                                   # every rank's file is durable: the checkpoint is complete
         if self.fault is not None:
             self.fault.after_checkpoint(self.rank, step)
-        if self.rank == 0:
+        if self.rank == 0 and self.quorum is None:     # fault-tolerant: no barrier, so nothing is pruned
             checkpoint.prune(self.run_dir, step)
         self.profiler.lap("checkpoint")
 
