@@ -3,7 +3,12 @@ run ends with every worker holding the same parameters (torchft on gloo, 127.0.0
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,3 +87,153 @@ def test_the_cli_refuses_an_unsupported_strategy_in_one_line(tmp_path):
                 "--out", str(tmp_path / "run"), *TINY, timeout=60)
     assert r.returncode != 0
     assert "Traceback" not in r.stderr and "all-reduces gradients every step" in r.stderr
+
+
+# ---- the must-show scenarios: 4 workers, worker 2 fails (tiny LM, few steps) ----------------------
+STEPS, EVERY, FAILS_AT = 40, 5, 12          # the last exchange worker 2 takes part in is at step 10
+FOUR = ("--workers", "4", "--steps", str(STEPS), "--eval-every", "1000", "--quiet", *TINY)
+
+
+def run_four(out, strategy, *extra, fault=None, timeout=240):
+    env = {"WANSYNC_FAULT": fault} if fault else None
+    return wansync("train", "--strategy", strategy, "--fault-tolerant", "--peer-timeout", "10", "--out", str(out),
+                   *FOUR, *extra, env=env, timeout=timeout)
+
+
+def quorums(out, rank):
+    path = out / "logs" / f"quorum_rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def final_models(out, ranks):
+    final = sorted((out / "checkpoints").glob("step*"))[-1]
+    return [torch.load(final / f"rank{r}.pt", weights_only=False)["model"] for r in ranks]
+
+
+def all_equal(models):
+    return all(torch.equal(models[0][k], m[k]) for m in models[1:] for k in models[0])
+
+
+@pytest.fixture(scope="module")
+def killed_for_good(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ft4")
+    clean = run_four(root / "clean", "diloco", "--sync-every", str(EVERY))
+    killed = run_four(root / "killed", "diloco", "--sync-every", str(EVERY),
+                      fault=f"rank=2,step={FAILS_AT},action=kill")
+    return clean, root / "clean", killed, root / "killed"
+
+
+def test_four_workers_one_killed_for_good_the_run_finishes_with_three_at_every_exchange_after(killed_for_good):
+    _, _, r, out = killed_for_good
+    assert r.returncode == 0, r.stderr[-2000:]
+    after = [p for s, p in sync_participants(out) if s > FAILS_AT]
+    assert after and all(p == 3 for p in after)
+    assert all(p == 4 for s, p in sync_participants(out) if s < FAILS_AT)
+    assert all_equal(final_models(out, [0, 1, 3]))
+    assert no_process_left(out)
+
+
+def test_the_killed_run_reports_its_losses_next_to_the_fault_free_run(killed_for_good):
+    clean, clean_out, r, out = killed_for_good
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    fault_free, faulty = (json.loads((d / "summary.json").read_text()) for d in (clean_out, out))
+    assert fault_free["final_val_loss"] > 0 and faulty["final_val_loss"] > 0
+    assert faulty["steps_lost"] == [0, 0, STEPS - 10, 0] and fault_free["steps_lost"] == [0, 0, 0, 0]
+    assert faulty["short_exchanges"] == list(range(15, STEPS + 1, EVERY)) and fault_free["short_exchanges"] == []
+
+
+@pytest.fixture(scope="module")
+def killed_and_healed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ft4heal") / "run"
+    r = run_four(out, "diloco", "--sync-every", str(EVERY), "--max-restarts", "1",
+                 fault=f"rank=2,step={FAILS_AT},action=kill")
+    return r, out
+
+
+def test_a_healed_worker_holds_its_peers_anchors_and_outer_state_bit_for_bit(killed_and_healed):
+    r, out = killed_and_healed
+    assert r.returncode == 0, r.stderr[-2000:]
+    healed = [q for q in quorums(out, 2) if q["healed"]]
+    assert len(healed) == 1
+    step, mine = healed[0]["step"], healed[0]["anchor_digest"]
+    for peer in (0, 1, 3):
+        theirs = [q["anchor_digest"] for q in quorums(out, peer) if q["step"] == step and "anchor_digest" in q]
+        assert theirs and theirs[-1] == mine
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["heals"] == 1 and summary["steps_lost"][2] == step - 10
+
+
+def test_after_healing_every_rank_ends_with_identical_parameters(killed_and_healed):
+    _, out = killed_and_healed
+    assert all_equal(final_models(out, range(4)))
+    assert no_process_left(out)
+
+
+def first_slot_after(strategy_args, after):
+    """The first step after `after` where the fragment schedule starts an exchange (cocodc may
+    change the schedule after its agreement: the fault then strikes its first exchange after)."""
+    from wansync.strategies.fragments import Schedule
+    h, p = int(strategy_args[1]), int(strategy_args[3])
+    schedule = Schedule(h, p, p)
+    return next(t for t in range(after + 1, STEPS) if schedule.is_slot(t))
+
+
+@pytest.mark.parametrize("strategy", ["streaming", "cocodc"])
+def test_a_worker_killed_inside_a_fragment_exchange_is_left_out_of_it_and_the_others_go_on(strategy, tmp_path):
+    args = ("--sync-every", "8", "--fragments", "2", "--overlap", "2")
+    slot = first_slot_after(args, FAILS_AT)
+    out = tmp_path / "run"
+    r = run_four(out, strategy, *args, fault=f"rank=2,step={slot},action=kill_in_exchange")
+    assert r.returncode == 0, r.stderr[-2000:]
+    died_in = quorums(out, 2)[-1]["step"]                 # the exchange it was killed inside
+    assert died_in >= slot
+    at_slot = [q["participants"] for q in quorums(out, 0) if q["step"] == died_in]
+    assert at_slot[0] == 4 and at_slot[-1] == 3          # retried without it, inside that exchange
+    assert all(p == 3 for s, p in sync_participants(out) if s >= died_in)
+    assert all_equal(final_models(out, [0, 1, 3]))
+    assert no_process_left(out)
+
+
+def worker_pid(out, rank):
+    marker, rank_var = f"WANSYNC_RUN_DIR={out}".encode(), f"RANK={rank}".encode()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in env and rank_var in env and b"wansync.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return int(pid)
+    return None
+
+
+def test_a_stopped_worker_is_left_out_and_when_continued_rejoins_or_exits_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "wansync", "train", "--strategy", "diloco", "--sync-every", str(EVERY),
+           "--fault-tolerant", "--peer-timeout", "5", "--out", str(out), *FOUR]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, WANSYNC_FAULT=f"rank=2,step={FAILS_AT},action=stop"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            log = out / "logs" / "quorum_rank0.jsonl"
+            lines = log.read_text().splitlines() if log.is_file() else []
+            if any(json.loads(x)["participants"] == 3 for x in lines if x.strip()):
+                break
+            time.sleep(0.5)
+        pid = worker_pid(out, 2)
+        assert pid is not None and Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"   # stopped, left out
+        os.kill(pid, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=180)                                          # never a hang
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr[-2000:]
+    healed = [q for q in quorums(out, 2) if q["healed"]]
+    err = out / "logs" / "rank2.err"
+    if healed:
+        assert all_equal(final_models(out, range(4)))
+    else:
+        assert err.is_file() and len(err.read_text().strip().splitlines()) == 1
+        assert all_equal(final_models(out, [0, 1, 3]))
+    assert no_process_left(out)

@@ -1,7 +1,9 @@
 """Fault injection for tests of failure handling: WANSYNC_FAULT="rank=1,step=5,action=kill".
 
 Actions after the backward of that step: `exit` (raise an error), `kill` (SIGKILL itself),
-`stop` (SIGSTOP itself: a hung peer), `nan` (put a NaN into its gradient). After the checkpoint
+`stop` (SIGSTOP itself: a hung peer), `nan` (put a NaN into its gradient). Inside the first
+exchange at or after that step, before its values go on the wire (fault-tolerant runs):
+`kill_in_exchange` (SIGKILL itself while its peers are in the exchange). After the checkpoint
 of that step is saved (the barrier passed) and before rank 0 prunes: `delay` (sleep `seconds`,
 default 5: the window in which a peer that went on can die). Several faults are separated by
 ';'. Only active when the variable is set.
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-ACTIONS = ("exit", "kill", "stop", "nan", "delay")
+ACTIONS = ("exit", "kill", "stop", "nan", "delay", "kill_in_exchange")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,11 @@ class Fault:
         if rank == self.rank and step == self.step and self.action == "delay":
             time.sleep(self.seconds)
 
+    def in_exchange(self, rank: int, step: int) -> None:
+        """Called by a fault-tolerant exchange of `step` before this worker's values go on the wire."""
+        if rank == self.rank and step >= self.step and self.action == "kill_in_exchange":
+            os.kill(os.getpid(), signal.SIGKILL)
+
 
 @dataclass(frozen=True)
 class Faults:
@@ -73,3 +80,7 @@ class Faults:
     def after_checkpoint(self, rank: int, step: int) -> None:
         for fault in self.faults:
             fault.after_checkpoint(rank, step)
+
+    def in_exchange(self, rank: int, step: int) -> None:
+        for fault in self.faults:
+            fault.in_exchange(rank, step)

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from .config import Config
 from .errors import PEER_LOST, ConfigError
 from .interrupts import LAUNCHER_PID_ENV, sigint_blocked
+from .telemetry.quorums import read_quorums, short_exchanges, steps_lost
 
 ERR_DIR = "logs"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -165,7 +166,8 @@ def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tupl
         if not cfg.fault_tolerant:
             return _watch(procs, run_dir)
         code, message, failures = _watch_tolerant(procs, run_dir, cfg.max_restarts, start)
-        record_failures(run_dir, failures, restarts=sum(min(n, cfg.max_restarts) for n in failures.values()))
+        record_failures(run_dir, failures, restarts=sum(min(n, cfg.max_restarts) for n in failures.values()),
+                        workers=world, steps=cfg.steps)
         return code, message
     finally:                                    # also on KeyboardInterrupt and Terminated
         _terminate(procs)
@@ -218,15 +220,19 @@ def _watch_tolerant(procs: list[subprocess.Popen], run_dir: Path, max_restarts: 
         time.sleep(0.05)
 
 
-def record_failures(run_dir: Path, failures: dict[int, int], restarts: int) -> None:
-    """Add the run's failures, rejoins and heals to summary.json (written by rank 0's worker)."""
+def record_failures(run_dir: Path, failures: dict[int, int], restarts: int, workers: int, steps: int) -> None:
+    """Add the run's failures, rejoins, heals, the steps each worker lost and the exchanges short of
+    a worker (telemetry.quorums) to summary.json (written by rank 0's worker)."""
     path = run_dir / "summary.json"
     if not path.is_file():
         return
     heals_file = run_dir / ERR_DIR / HEALS_FILE
     heals = len(heals_file.read_text().splitlines()) if heals_file.is_file() else 0
+    quorums = read_quorums(run_dir / ERR_DIR, workers)
+    lost = steps_lost({w: [r["step"] for r in rs] for w, rs in quorums.items()}, end=steps)
     summary = json.loads(path.read_text())
-    summary.update(worker_failures=sum(failures.values()), rejoins=restarts, heals=heals)
+    summary.update(worker_failures=sum(failures.values()), rejoins=restarts, heals=heals,
+                   steps_lost=[lost[w] for w in range(workers)], short_exchanges=short_exchanges(quorums[0], workers))
     path.write_text(json.dumps(summary, indent=2))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, jsonout, strategies
+from .comm.ft import Quorum, digest
 from .comm.ledger import INSIDE
 from .comm.replicas import Replicas, replica_groups
 from .config import Config, fingerprint
@@ -95,6 +97,8 @@ class Trainer:
                                  prefix=f"[{cfg.strategy}] ")
         self.evals: list[dict[str, Any]] = []
         self.fault = Faults.from_env()
+        if self.fault is not None and self.quorum is not None:
+            self.quorum.before_exchange = lambda t: self.fault.in_exchange(self.rank, t)
         if link is not None:
             self.progress.log(link)
         if resumed is not None:
@@ -103,13 +107,25 @@ class Trainer:
     # ---- fault tolerance (comm.ft) -------------------------------------------------------------
     def join_quorum(self) -> Any:
         """This worker's torchft Manager; what it serves a healing peer, and how it heals itself."""
-        from .comm.ft import Quorum
         local = not self.cfg.lighthouse
         quorum = Quorum(self.rank, os.environ.get("WANSYNC_LIGHTHOUSE") or f"http://{self.cfg.lighthouse}",
                         self.cfg.peer_timeout, hostname="127.0.0.1" if local else None)
         quorum.serve(self.heal_state, self.heal)
+        quorum.on_quorum = self.log_quorum
         self.sync.exchange.ft = quorum
+        self._last_participants: int | None = None
         return quorum
+
+    def log_quorum(self, record: dict[str, Any]) -> None:
+        """logs/quorum_rank<r>.jsonl: every quorum this worker took part in; where the membership
+        changed (or this worker healed), the digest of its anchors and outer optimizer state, so
+        that peers can be compared bitwise (comm.ft.digest)."""
+        if record["healed"] or record["participants"] != self._last_participants:
+            state = self.sync.state_dict()
+            record["anchor_digest"] = digest({k: state[k] for k in ("anchor", "anchors") if k in state})
+        self._last_participants = record["participants"]
+        with open(self.run_dir / "logs" / f"quorum_rank{self.rank}.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), **record}) + "\n")
 
     def heal_state(self) -> dict[str, Any]:
         return {"model": self.workload.model.state_dict(), "optimizer": self.optimizer.state_dict(),

@@ -15,14 +15,18 @@ left out of the next one. The protocol:
   the sum of the weights (the contributors). A worker's weight is 0 when its values must not count
   (non-finite under "skip"). An all-reduce that fails (a peer died inside it) is retried under a
   shrink-only quorum (no joiner mid-exchange) from an untouched copy of the input.
-- **Participants** of the last exchange are kept for the sync events.
+- **Participants** of the last exchange are kept for the sync events; `on_quorum` hears of every
+  quorum (step, participants, whether this worker healed in it) and `before_exchange` of every
+  exchange (fault injection: a worker killed inside an exchange).
 
 Only fp32 exchanges: a lossy codec's all-gather has no quorum form here (refused in config).
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import socket
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -68,6 +72,8 @@ class Quorum:
         self.heals = 0
         self._t = 0                               # the step of the last quorum
         self._load: Callable[[dict[str, Any]], None] | None = None
+        self.on_quorum: Callable[[dict[str, Any]], None] | None = None
+        self.before_exchange: Callable[[int], None] | None = None
 
     def serve(self, save: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None]) -> None:
         """What a healing peer receives (`save`, copied: the transport serves tensors by reference
@@ -83,16 +89,23 @@ class Quorum:
     def quorum(self, t: int, shrink_only: bool = False) -> None:
         """Agree on who takes part from step t on; heal from a peer when this worker is behind."""
         self._t = t
+        heals, t0 = self.heals, time.perf_counter()
         self.manager.load_state_dict({"step": t, "batches_committed": 0})
         self.manager.start_quorum(shrink_only=shrink_only)
         if self.manager.errored():
             raise PeerError(f"the fault-tolerant quorum failed: {self.manager.errored().original_exception}")
         self.participants = self.manager.num_participants()
+        if self.on_quorum is not None:
+            self.on_quorum({"step": self.manager.current_step(), "participants": self.participants,
+                            "healed": self.heals > heals,
+                            "seconds": round(time.perf_counter() - t0, 4)})
 
     def mean(self, values: torch.Tensor, valid: bool) -> tuple[torch.Tensor, int]:
         """(the weighted mean of `values` over the quorum, the number of contributors)."""
         from torch.distributed import ReduceOp
         flat = values.detach().reshape(-1)
+        if self.before_exchange is not None:
+            self.before_exchange(self._t)
         for attempt in range(RETRIES + 1):
             wire = torch.cat([flat if valid else torch.zeros_like(flat), flat.new_full((1,), float(valid))])
             ok = self.manager.allreduce(wire, reduce_op=ReduceOp.SUM).wait()
@@ -106,3 +119,23 @@ class Quorum:
 
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def digest(state: Any) -> str:
+    """sha256 of every tensor in a nested dict/list, in order: equal digests mean bitwise-equal state."""
+    h = hashlib.sha256()
+
+    def visit(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            h.update(str((x.dtype, tuple(x.shape))).encode())
+            h.update(x.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(str(k).encode())
+                visit(x[k])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v)
+
+    visit(state)
+    return h.hexdigest()
