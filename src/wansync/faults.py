@@ -1,7 +1,8 @@
 """Fault injection for tests of failure handling: WANSYNC_FAULT="rank=1,step=5,action=kill".
 
 Actions after the backward of that step: `exit` (raise an error), `kill` (SIGKILL itself),
-`stop` (SIGSTOP itself: a hung peer), `nan` (put a NaN into its gradient). Inside the first
+`stop` (SIGSTOP itself: a hung peer), `nan` (put a NaN into its gradient), `pause` (sleep
+`seconds`: a straggler, alive but late). Inside the first
 exchange at or after that step, before its values go on the wire (fault-tolerant runs):
 `kill_in_exchange` (SIGKILL itself while its peers are in the exchange). After the checkpoint
 of that step is saved (the barrier passed) and before rank 0 prunes: `delay` (sleep `seconds`,
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-ACTIONS = ("exit", "kill", "stop", "nan", "delay", "kill_in_exchange")
+ACTIONS = ("exit", "kill", "stop", "nan", "delay", "kill_in_exchange", "pause")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Fault:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.action == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        if self.action == "pause":
+            time.sleep(self.seconds)
         if self.action == "nan":
             p = next(p for p in model.parameters() if p.grad is not None)
             with torch.no_grad():

@@ -25,7 +25,7 @@ from .comm.ledger import INSIDE
 from .comm.replicas import Replicas, replica_groups
 from .config import Config, fingerprint
 from .divergence import chance_level, diverged
-from .errors import ConfigError, NonFiniteError
+from .errors import ConfigError, NonFiniteError, PeerError
 from .faults import Faults
 from .net import collective_duration, emulator_of
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
@@ -114,16 +114,20 @@ class Trainer:
         quorum.on_quorum = self.log_quorum
         self.sync.exchange.ft = quorum
         self._last_participants: int | None = None
+        self._last_quorum_step: int | None = None
         return quorum
 
     def log_quorum(self, record: dict[str, Any]) -> None:
         """logs/quorum_rank<r>.jsonl: every quorum this worker took part in; where the membership
         changed (or this worker healed), the digest of its anchors and outer optimizer state, so
         that peers can be compared bitwise (comm.ft.digest)."""
-        if record["healed"] or record["participants"] != self._last_participants:
+        changed = record["participants"] != self._last_participants
+        if not (record["healed"] or changed or record["step"] != self._last_quorum_step):
+            return                     # the same quorum again (waiting for the others at the start)
+        if record["healed"] or changed:
             state = self.sync.state_dict()
             record["anchor_digest"] = digest({k: state[k] for k in ("anchor", "anchors") if k in state})
-        self._last_participants = record["participants"]
+        self._last_participants, self._last_quorum_step = record["participants"], record["step"]
         with open(self.run_dir / "logs" / f"quorum_rank{self.rank}.jsonl", "a") as f:
             f.write(json.dumps({"time": time.time(), **record}) + "\n")
 
@@ -268,6 +272,9 @@ class Trainer:
         if self.quorum is not None:
             restarted = os.environ.get("WANSYNC_RESTARTED") == "1"
             self.sync.join(1 if restarted else self.world)     # a restarted worker heals here
+            if restarted and self.quorum.heals == 0:
+                raise PeerError("this restarted worker found no live peer to heal from: the others ended the "
+                                "run without it")
         while self.sync.t < cfg.steps:
             step = self.sync.t
             self.phase.now = f"step {step + 1}"
