@@ -184,15 +184,14 @@ HEARTBEAT_TIMEOUT_MS = 2000           # a worker silent this long is left out of
 
 def start_lighthouse(cfg: Config) -> tuple[object | None, dict[str, str]]:
     """torchft's lighthouse on 127.0.0.1 (None when --lighthouse names one) and the workers' env.
-    A quorum waits up to half of --peer-timeout for a live (heartbeating) worker that is late (so the
-    lighthouse decides before a worker's quorum call, bounded by --peer-timeout, gives up), so slow
+    A quorum waits up to --peer-timeout for a live (heartbeating) worker that is late, so slow
     workers stay in lockstep; a dead one stops heartbeating and is left out after 2 s."""
     from .comm.ft import require_torchft
     require_torchft()
     if cfg.lighthouse:
         return None, {LIGHTHOUSE_ENV: f"http://{cfg.lighthouse}"}
     from torchft.coordination import LighthouseServer
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=int(cfg.peer_timeout * 500),
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=int(cfg.peer_timeout * 1000),
                               heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
     port = server.address().rsplit(":", 1)[1]
     return server, {LIGHTHOUSE_ENV: f"http://127.0.0.1:{port}"}

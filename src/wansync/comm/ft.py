@@ -61,7 +61,6 @@ class Quorum:
         from torch.distributed import TCPStore
         from torchft import Manager, ProcessGroupGloo
         timeout = timedelta(seconds=timeout_s)
-        self.timeout_s = timeout_s
         self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)   # this worker's own
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None, min_replica_size=1,

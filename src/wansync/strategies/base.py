@@ -24,11 +24,9 @@ from ..comm.exchange import Exchange
 from ..comm.flat import FlatTensors
 from ..comm.ledger import INSIDE
 from ..comm.replicas import Replicas
-from ..errors import ConfigError, PeerError
+from ..errors import ConfigError
 from .grad_sync import GradientSync
 from .options import Options
-
-JOIN_TIMEOUTS = 3          # fault-tolerant start-up: the others get this many --peer-timeout to arrive
 
 
 def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
@@ -111,20 +109,10 @@ class Strategy:
         """Fault-tolerant runs, before the first step: meet the others at their next quorum
         (at the start of a run, until `expected` workers are in it); a worker that started late
         (restarted) heals there to their step and takes part in that step's exchanges with them."""
-        t, ft = self.t, self.exchange.ft
-        deadline = time.monotonic() + JOIN_TIMEOUTS * ft.timeout_s
-        while True:
-            try:
-                ft.quorum(t)
-            except PeerError:                 # a quorum call timed out: the others may still be starting
-                if time.monotonic() > deadline:
-                    raise
-                continue
-            if self.t != t or ft.participants >= expected:
-                break
-            if time.monotonic() > deadline:
-                raise PeerError(f"only {ft.participants} of {expected} workers joined the fault-tolerant run "
-                                f"within {JOIN_TIMEOUTS} x --peer-timeout")
+        t = self.t
+        self.exchange.ft.quorum(t)
+        while self.t == t and self.exchange.ft.participants < expected:
+            self.exchange.ft.quorum(t)
         if self.t != t:
             self.after_inner_step()
             self._left_step_at = time.perf_counter()
