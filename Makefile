@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH_SPEC))))
 
-.PHONY: demo test bench setup clean
+.PHONY: demo test bench results setup clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,15 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Every table of docs/results.md, 3 seeds per cell, into runs/results/ (resumable: finished runs are
+# skipped), then the page is rewritten; about 90 minutes on 2 idle cores. `make results --dry-run`
+# (or RESULTS_FLAGS=--dry-run) lists every table, cell and seed with its estimated time and trains
+# nothing: the `+` line runs under make's own -n/--dry-run too, with --dry-run passed on.
+RESULTS_FLAGS ?=
+DRY := $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run)
+results: $(STAMP)
+	+$(PY) -m wansync results $(DRY) $(RESULTS_FLAGS)
 
 bench: $(STAMP)                      # quick mode, a few minutes; the scripts' defaults give the recorded tables
 	$(PY) benchmarks/step_overhead.py --reps 50

@@ -301,7 +301,7 @@ def test_report_reads_past_damaged_config_and_metrics_lines(tmp_path, capsys):
     assert code == 0 and err == ""                  # the run is listed as incomplete, nothing raised
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)                       # the first resume case trains the template run
 @pytest.mark.parametrize("label, setup, expect", CASES, ids=[c[0] for c in CASES])
 def test_bad_input(tmp_path, capsys, label, setup, expect):
     code, err = run_case(setup, tmp_path, capsys)

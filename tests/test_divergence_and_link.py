@@ -18,7 +18,7 @@ def test_an_outer_step_that_overflows_ends_the_run_non_zero_under_abort(tmp_path
     check must (an outer learning rate beyond float32 overflows the step itself)."""
     out = tmp_path / "run"
     r = wansync("train", *TINY, "--workers", "2", "--steps", "2", "--strategy", "diloco", "--sync-every", "2",
-                "--outer-lr", "1e300", "--out", str(out))
+                "--outer-lr", "1e300", "--outer-momentum", "0", "--out", str(out))
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "non-finite" in lines[0], r.stderr

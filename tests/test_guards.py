@@ -60,12 +60,8 @@ def test_no_preset_setting_triggers_a_guard(name):
         assert bool(found) == ((name, cfg.strategy, cell.get("slowmo_beta")) in DELIBERATE), (cell, found)
 
 
-@pytest.mark.xfail(strict=True, reason="the demo's sync_every 8 (cocodc: up to 2 syncs of a fragment per period) "
-                   "is outside the outer-Nesterov regime (interval >= 25; cocodc needs sync_every >= 50)")
 def test_no_demo_setting_triggers_a_guard(tmp_path):
     base = demo.demo_config(DEMO_STEPS, str(tmp_path))
-    strategies = experiments.available_strategies()
-    h = demo.common_sync_every(base, strategies)
-    for s in strategies:
-        values = {**vars(base), "strategy": s, **({"sync_every": h} if h else {})}
-        assert regime_warnings(s, resolve_options(s, values)) == [], s
+    for cell in demo.demo_cells(experiments.available_strategies()):
+        values = {**vars(base), **cell}
+        assert regime_warnings(cell["strategy"], resolve_options(cell["strategy"], values)) == [], cell

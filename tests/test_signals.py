@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli_harness import TINY, no_process_left, wansync
+from wansync.interrupts import signals_deferred
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -62,6 +63,12 @@ def read_available(stream) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+def as_a_foreground_job() -> None:
+    """Ctrl-C reaches a command a user started: a shell's background job (`make test &`, nohup)
+    starts with SIGINT ignored, and an ignored SIGINT rightly stays ignored by everything below."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -77,7 +84,7 @@ def long_run(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "wansync", "train", "--strategy", "ddp", "--workers", "2",
                              "--steps", "100000", "--checkpoint-every", str(CHECKPOINT_EVERY), "--quiet",
                              "--out", str(run), *TINY], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=as_a_foreground_job)
     try:
         wait_for(lambda: steps_done(run) > CHECKPOINT_EVERY or proc.poll() is not None, 120, "a checkpoint")
         assert proc.poll() is None, proc.stderr.read()
@@ -121,3 +128,82 @@ def test_a_signal_ends_the_run_in_one_line_and_leaves_nothing_behind(long_run, c
         r = wansync("train", "--resume", str(run), "--steps", str(steps))
         assert r.returncode == 0, r.stderr
         assert json.loads((run / "summary.json").read_text())["steps"] == steps
+
+
+SIGNAL_INSIDE_POLL = """
+import os, signal, subprocess, sys, threading
+from wansync.cli import main
+
+FIRED = []
+
+
+class SignalInsidePoll:
+    \"\"\"A Popen's waitpid lock: SIGINT reaches the launcher the moment poll() has taken it.\"\"\"
+    def __init__(self):
+        self.lock = threading.Lock()
+    def acquire(self, *args, **kwargs):
+        got = self.lock.acquire(*args, **kwargs)
+        if got and not FIRED and threading.current_thread() is threading.main_thread():
+            FIRED.append(True)
+            print("SIGINT inside poll", flush=True)
+            os.kill(os.getpid(), signal.SIGINT)
+        return got
+    def release(self):
+        self.lock.release()
+    def __enter__(self):
+        return self.acquire()
+    def __exit__(self, *exc):
+        self.release()
+
+
+class Popen(subprocess.Popen):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._waitpid_lock = SignalInsidePoll()
+
+
+subprocess.Popen = Popen
+main(sys.argv[1:])
+"""
+
+
+def test_a_sigint_inside_the_launchers_bookkeeping_still_ends_the_run_in_one_line(tmp_path):
+    """The window a loaded machine hits now and then, made certain: SIGINT just after Popen.poll()
+    took its waitpid lock. Raised there, it left the lock held and the launcher waited for ever to
+    reap that worker; the launcher must take the signal between polls instead."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_INSIDE_POLL, "train", "--strategy", "ddp", "--workers",
+                             "2", "--steps", "100000", "--quiet", "--out", str(run), *TINY],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_a_foreground_job)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the launcher hung after a SIGINT inside its bookkeeping of a worker")
+    finally:
+        for pid in [proc.pid, *worker_pids(run).values()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait()
+    assert read_available(proc.stdout).strip() == "SIGINT inside poll"     # the window was hit
+    err = read_available(proc.stderr)
+    assert (proc.returncode, err.strip()) == (130, "wansync: interrupted"), err
+    wait_for(lambda: no_process_left(run), 15, "the workers to end")
+
+
+def test_a_deferred_sigint_is_raised_where_the_launcher_checks_and_an_ignored_one_stays_ignored():
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)     # as in a foreground job
+    try:
+        with signals_deferred() as check:
+            os.kill(os.getpid(), signal.SIGINT)         # no KeyboardInterrupt here, in the middle of anything
+            with pytest.raises(KeyboardInterrupt):
+                check()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with signals_deferred() as check:
+            os.kill(os.getpid(), signal.SIGINT)
+            check()                                     # a background job's ignored Ctrl-C stays ignored
+    finally:
+        signal.signal(signal.SIGINT, previous)

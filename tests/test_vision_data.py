@@ -308,6 +308,7 @@ def test_fashion_mnist_debian_package():
 
 
 @needs_fmnist
+@pytest.mark.timeout(900)               # 250 CNN steps on one core: minutes when the machine is loaded
 def test_small_cnn_learns_fashion_mnist():
     torch.manual_seed(0)
     full = load_dataset("fashion-mnist")

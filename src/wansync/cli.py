@@ -65,7 +65,7 @@ def _add_target_flags(g: Any) -> None:
                    help="test accuracy target in %% (vision; default: DDP's final x 0.99)")
 
 
-DEMO_STEPS = 120
+DEMO_STEPS = 300
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,7 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"training steps per run (default {DEMO_STEPS})")
     d.add_argument("--force", action="store_true", help="re-run finished runs too")
     _add_plan_parser(sub)
+    _add_results_parser(sub)
     return p
+
+
+def _add_results_parser(sub: Any) -> None:
+    p = sub.add_parser("results", help="run every table of docs/results.md (>= 3 seeds per cell, resumable), "
+                       "then rewrite that page")
+    p.add_argument("--dry-run", action="store_true", help="list every table, cell and seed with its estimated "
+                   "time; train nothing")
+    p.add_argument("--only", default="", metavar="T1,T2", help="only these tables (the page is still rewritten "
+                   "from every table's runs on disk)")
+    p.add_argument("--out", default="runs/results", help="results root (default runs/results)")
+    p.add_argument("--doc", default="docs/results.md", help="the page to rewrite (default docs/results.md)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
+    p.add_argument("--steps", type=int, default=None, help="shorten every run to this many steps (a smoke test "
+                   "of the pipeline, not a result)")
+    p.add_argument("--force", action="store_true", help="re-run finished runs too")
 
 
 def _add_plan_parser(sub: Any) -> None:
@@ -175,6 +191,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.out, args.steps, args.force)
 
 
+def cmd_results(args: argparse.Namespace) -> int:
+    from .results import run_results
+    return run_results(split_names(args.only), args.out, args.doc, args.seeds, args.steps, args.force, args.dry_run)
+
+
+def split_names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from . import planner
     if args.table:
@@ -193,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with sigterm_raises():
             code = {"train": cmd_train, "demo": cmd_demo, "compare": cmd_experiment, "sweep": cmd_experiment,
-                    "report": cmd_report, "plan": cmd_plan}[args.command](args)
+                    "report": cmd_report, "plan": cmd_plan, "results": cmd_results}[args.command](args)
     except WansyncError as e:
         print(f"wansync: error: {e}", file=sys.stderr)
         code = 1

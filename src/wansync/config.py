@@ -220,8 +220,6 @@ def validate(cfg: Config) -> None:
     """Checks that do not depend on the strategy (strategies validate their own options)."""
     check(cfg.workers >= 1, f"workers must be >= 1, got {cfg.workers}")
     check(cfg.ranks_per_worker >= 1, f"ranks_per_worker must be >= 1, got {cfg.ranks_per_worker}")
-    check(cfg.workers * cfg.ranks_per_worker <= 4096, f"workers x ranks_per_worker is too large: "
-          f"{cfg.workers} x {cfg.ranks_per_worker} processes (at most 4096)")
     check(cfg.steps >= 1, f"steps must be >= 1, got {cfg.steps}")
     check(cfg.seed >= 0, f"seed must be >= 0, got {cfg.seed}")
     check(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")
@@ -260,6 +258,8 @@ def validate(cfg: Config) -> None:
         elif t is int:
             limit = INT64_MAX if f.name == "seed" or f.metadata["section"] == "strategy" else INT32_MAX
             check(-limit <= value <= limit, f"{f.name} is too large: {value} (at most {limit})")
+    check(cfg.workers * cfg.ranks_per_worker <= MAX_PROCESSES, f"workers x ranks_per_worker is too large: "
+          f"{cfg.workers} x {cfg.ranks_per_worker} processes (at most {MAX_PROCESSES})")
 
 
 FAULT_TOLERANT = ("local_sgd", "slowmo", "diloco", "streaming", "cocodc")
@@ -283,6 +283,7 @@ def check_fault_tolerant(cfg: Config) -> None:
 # Integers go to C++ (torch, gloo): counts and sizes as 32-bit, seeds and strategy counters as 64-bit.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+MAX_PROCESSES = 4096          # workers x ranks_per_worker: the processes of one run
 # Keys that control how a run is carried out, not what it computes: --resume may change them, and
 # they are left out of the configuration a checkpoint records.
 RUN_CONTROL_KEYS = ("steps", "checkpoint_every", "eval_every", "log_every", "quiet", "peer_timeout", "threads",

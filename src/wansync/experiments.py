@@ -375,13 +375,14 @@ def dry_run(specs: Sequence[RunSpec], preset: Preset | None) -> int:
 
 
 def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: int, target_loss: float | None,
-                   target_acc: float | None) -> int:
+                   target_acc: float | None, target_rule: str = "ddp") -> int:
     """Write the plan, run what is not finished, write the report and print its table.
+    `target_rule`: the default target when none is given (report.default_target).
     Raises (after the report) when a run failed."""
-    write_plan(out, specs, {"target_loss": target_loss, "target_acc": target_acc})
+    write_plan(out, specs, {"target_loss": target_loss, "target_acc": target_acc, "target_rule": target_rule})
     t0 = time.monotonic()
     outcomes = execute(specs, force=force, parallel=parallel)
-    rep = report(out, target_loss=target_loss, target_acc=target_acc, record_targets=True)
+    rep = report(out, target_loss=target_loss, target_acc=target_acc, record_targets=True, target_rule=target_rule)
     ran = sum(o.status == "ok" for o in outcomes)
     skipped = sum(o.status == "skipped" for o in outcomes)
     failed = [o for o in outcomes if o.status == "failed"]
@@ -395,6 +396,11 @@ def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: i
             print(f"warning: {row['setting']} diverged in {row['diverged']}/{row['seeds_ok']} seeds (final "
                   f"{rep.quality.name} worse than at the first evaluation, or at chance)")
     print(f"report: {rep.path}")
+    if len(rep.rows) > 1:
+        print()
+        print(rep.decision)
+        print()
+        print(rep.verdict)
     if failed:
         raise WansyncError(f"{len(failed)} of {len(outcomes)} runs failed (marked in {rep.path}); "
                            f"first: {failed[0].spec.label} seed {failed[0].spec.seed}: {failed[0].message}")

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 PR_SET_PDEATHSIG = 1                     # from <linux/prctl.h>
 LAUNCHER_PID_ENV = "WANSYNC_LAUNCHER_PID"
@@ -52,6 +52,32 @@ def sigterm_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[Callable[[], None]]:
+    """Within the block, a SIGINT or SIGTERM that would raise (KeyboardInterrupt, Terminated) is
+    recorded instead; the yielded `check()` raises it where the caller calls it. A second signal
+    while the caller ends its work cannot cut that short. Elsewhere than the main thread, and for a
+    signal whose handler would not raise (ignored, default, the caller's own): no change."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    raising = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _raise_terminated}
+    received: list[int] = []
+    previous = {s: signal.getsignal(s) for s in raising}
+    for s, handler in raising.items():
+        if previous[s] is handler:
+            signal.signal(s, lambda signum, frame: received.append(signum))
+
+    def check() -> None:
+        if received:
+            raise KeyboardInterrupt if received[0] == signal.SIGINT else Terminated(received[0])
+    try:
+        yield check
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 @contextlib.contextmanager

@@ -4,8 +4,9 @@ Locally, the launcher holds the rendezvous store itself, on a socket bound to 12
 (no port race, nothing listening beyond loopback), and gives every worker the environment
 torchrun would: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE.
 The first worker to fail ends all of them: its one-line message is printed, every child is
-reaped, and the exit status is non-zero. SIGINT and SIGTERM reach the launcher as exceptions
-and end the workers the same way; workers die by themselves if the launcher dies (interrupts).
+reaped, and the exit status is non-zero. SIGINT and SIGTERM reach the launcher as exceptions,
+raised between two polls (never inside the bookkeeping of a Popen), and end the workers the
+same way; workers die by themselves if the launcher dies (interrupts).
 
 With `--fault-tolerant` (docs/fault_tolerance.md) a failure does not end the run: the launcher
 starts torchft's lighthouse on 127.0.0.1 (unless `--lighthouse HOST:PORT` names one), restarts a
@@ -27,12 +28,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch.distributed as dist
 
 from .config import Config
 from .errors import PEER_LOST, ConfigError
-from .interrupts import LAUNCHER_PID_ENV, sigint_blocked
+from .interrupts import LAUNCHER_PID_ENV, signals_deferred, sigint_blocked
 from .telemetry.quorums import read_quorums, short_exchanges, steps_lost
 
 ERR_DIR = "logs"
@@ -131,7 +133,11 @@ def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tupl
     returns (exit status, message of the first failure).
     `config` (the resolved config as TOML) reaches the workers in their environment.
     KeyboardInterrupt and Terminated pass through, after every worker is ended and reaped."""
-    run_dir = Path(run_dir)
+    with signals_deferred() as check_signals:
+        return _spawn(cfg, Path(run_dir), config, resume, check_signals)
+
+
+def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals: Callable[[], None]) -> tuple[int, str]:
     (run_dir / ERR_DIR).mkdir(parents=True, exist_ok=True)
     world = cfg.workers * cfg.ranks_per_worker
     for r in range(world):
@@ -163,9 +169,10 @@ def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tupl
     try:
         for rank in range(world):
             procs.append(start(rank))
+            check_signals()
         if not cfg.fault_tolerant:
-            return _watch(procs, run_dir)
-        code, message, failures = _watch_tolerant(procs, run_dir, cfg.max_restarts, start)
+            return _watch(procs, run_dir, check_signals)
+        code, message, failures = _watch_tolerant(procs, run_dir, cfg.max_restarts, start, check_signals)
         record_failures(run_dir, failures, restarts=sum(min(n, cfg.max_restarts) for n in failures.values()),
                         workers=world, steps=cfg.steps)
         return code, message
@@ -198,12 +205,13 @@ def start_lighthouse(cfg: Config) -> tuple[object | None, dict[str, str]]:
 
 
 def _watch_tolerant(procs: list[subprocess.Popen], run_dir: Path, max_restarts: int,
-                    start) -> tuple[int, str, dict[int, int]]:
+                    start, check_signals: Callable[[], None]) -> tuple[int, str, dict[int, int]]:
     """Restart a failed worker up to `max_restarts` times, let the others go on; the run succeeds
     when every worker still in it ends well. Returns (status, first failure, failures per rank)."""
     failures: dict[int, int] = {}
     first = ""
     while True:
+        check_signals()                         # a signal becomes an exception here, between polls
         for rank, p in enumerate(procs):
             code = p.poll()
             if code in (None, 0) or failures.get(rank, 0) > max_restarts:
@@ -241,8 +249,9 @@ def record_failures(run_dir: Path, failures: dict[int, int], restarts: int, work
 ROOT_CAUSE_GRACE_S = 2.0
 
 
-def _watch(procs: list[subprocess.Popen], run_dir: Path) -> tuple[int, str]:
+def _watch(procs: list[subprocess.Popen], run_dir: Path, check_signals: Callable[[], None]) -> tuple[int, str]:
     while True:
+        check_signals()                         # a signal becomes an exception here, between polls
         codes = [p.poll() for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:

@@ -31,6 +31,7 @@ from . import jsonout
 from .errors import WansyncError
 from .rundir import FAILED_FILE, LM, PLAN_FILE, VISION, Quality, Run, Setting, human_bytes, number
 from .target import Target, first_reached, read_evals, target_record
+from .verdict import decision_rows, decision_table, equal_time, verdict
 
 
 class ReportError(WansyncError):
@@ -173,7 +174,24 @@ METRICS = ("final", "best", "final_ppl", "final_bpb", "steps_to_target", "time_t
 INSIDE_COLUMNS = ("bytes inside workers", "exposed inside workers (s)")
 
 
-def default_target(settings: Sequence[Setting], q: Quality) -> tuple[float | None, str]:
+def common_target(settings: Sequence[Setting], q: Quality) -> tuple[float | None, str]:
+    """The quality every setting reached: the worst mean final value among the settings that did
+    not diverge (so time to target ranks them all, not only those that match the best)."""
+    finals = [(s, v) for s in settings if s.ok_runs and not any(r.diverged for r in s.ok_runs)
+              and (v := mean_std([number(r.summary.get(q.final_key)) for r in s.ok_runs])[0]) is not None]
+    if not finals:
+        return None, "no finished run"
+    s, v = (min if q.higher_is_better else max)(finals, key=lambda sv: sv[1])
+    return v, f"the final {q.name} every setting reached (the worst of them: {s.label})"
+
+
+TARGET_RULES = ("ddp", "common")
+
+
+def default_target(settings: Sequence[Setting], q: Quality, rule: str = "ddp") -> tuple[float | None, str]:
+    """The experiment's target when none is given: rule "ddp" (below) or "common" (`common_target`)."""
+    if rule == "common":
+        return common_target(settings, q)
     def final_mean(s: Setting) -> float | None:
         return mean_std([number(r.summary.get(q.final_key)) for r in s.ok_runs])[0]
 
@@ -323,6 +341,8 @@ class Report:
     table: str
     plots: list[Path]
     failed: list[Run]
+    decision: str = ""          # the decision figures (verdict.py): quality at equal wall clock, time to target, costs
+    verdict: str = ""           # the one computed sentence
 
     @property
     def path(self) -> Path:
@@ -330,7 +350,7 @@ class Report:
 
 
 def report(root: str | Path, target_loss: float | None = None, target_acc: float | None = None,
-           plots: bool = True, record_targets: bool = False) -> Report:
+           plots: bool = True, record_targets: bool = False, target_rule: str = "ddp") -> Report:
     """Write summary.csv, runs.csv, report.md and the plots into root; returns what it wrote.
     With `record_targets` (the runner, once its runs are done) each finished run's summary.json also
     gets the experiment's target and when that run reached it."""
@@ -349,7 +369,7 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
     if given is not None:
         target, source = float(given), f"given (--target-{'acc' if q.higher_is_better else 'loss'})"
     else:
-        target, source = default_target(settings, q)
+        target, source = default_target(settings, q, str(plan.get("target_rule", target_rule)))
     rows = aggregate(settings, q, target)
     table = markdown_table(rows, q)
     try:
@@ -362,7 +382,11 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
         if record_targets and target is not None:
             record_target(runs, Target(q.eval_key, target, q.higher_is_better, source))
         failed = [r for r in runs if not r.ok]
-        rep = Report(root, q, target, source, rows, table, made, failed)
+        at = equal_time(settings)
+        decisions = decision_rows(settings, q, target)
+        link = next((str((r.summary.get("wan") or {}).get("spec") or "") for r in runs if r.ok), "")
+        rep = Report(root, q, target, source, rows, table, made, failed, decision_table(decisions, q, at),
+                     verdict(decisions, q, target, source, link, at))
         rep.path.write_text(_markdown(rep, runs))
     except OSError as e:                          # a read-only directory, a full disk
         raise ReportError(f"report: cannot write into {root}: {e.strerror or e}") from None
@@ -393,6 +417,11 @@ def _markdown(rep: Report, runs: Sequence[Run]) -> str:
         lines += [f"Model `{s.get('model', '?')}`, data `{s.get('data', '?')}`, {s.get('workers', '?')} workers, "
                   f"{s.get('steps', '?')} steps" + (f"; grid keys: {', '.join(setting_bits)}" if setting_bits else "")
                   + ".", ""]
+    if rep.decision:
+        lines += ["## What to decide on", "", rep.verdict, "", rep.decision, "",
+                  "Quality at equal wall clock: the last evaluation each run had made when the fastest setting "
+                  "made its last one (mean over seeds). Time to target: the first evaluation reaching the target "
+                  "below, on the run's clock since training started.", "", "## All figures", ""]
     lines += [f"Target: {target}. Steps and time to target are those of the first evaluation that reaches it "
               f"(resolution: the evaluation interval); the time is the evaluation record's clock since training "
               f"started.", "",

@@ -1,0 +1,125 @@
+"""`make results` (wansync results): every table, cell and seed is listed by the dry run, nothing is
+trained; the page's verdicts come from the intervals over seeds."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from wansync import results
+from wansync.cli import main
+from wansync.rundir import Run, Setting
+from wansync.stats import NO_DIFFERENCE
+
+
+def dry(capsys, out: Path, *extra: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(["results", "--dry-run", "--out", str(out), *extra])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_the_dry_run_lists_every_table_every_cell_and_every_seed_without_training(capsys, tmp_path):
+    runs = tmp_path / "results"
+    out = dry(capsys, runs)
+    for t in results.TABLES:
+        assert f"== {t.name}:" in out
+        root = runs / (t.reads or t.name)
+        for c in t.cells:
+            lab = results.label(c["strategy"], **{k: v for k, v in c.items() if k != "strategy"})
+            for seed in range(results.SEEDS):
+                assert str(root / lab / f"seed{seed}") in out, (t.name, lab, seed)
+    assert "total: 96 runs in 10 tables" in out and "estimated" in out
+    assert not runs.exists() or not any(runs.rglob("summary.json"))
+
+
+def test_the_dry_run_covers_the_tables_the_issue_asks_for():
+    names = {t.name for t in results.TABLES}
+    assert {"cpdp-k-sweep", "cpdp-beta", "cpdp-lr-protocol", "cpdp-ablation", "cpdp-profile", "cocodc-main",
+            "cocodc-matched", "cocodc-merge", "cocodc-schedule", "cocodc-outer-lr"} <= names
+    assert all(len(t.cells) >= 2 for t in results.TABLES)
+
+
+def test_every_question_names_cells_of_its_own_table():
+    for t in results.TABLES:
+        labels = {results.label(c["strategy"], **{k: v for k, v in c.items() if k != "strategy"}) for c in t.cells}
+        for q in t.questions:
+            assert q.a in labels | {""} and q.b in labels | {""}, (t.name, q.text)
+            assert q.metric in results.METRICS
+
+
+def test_a_cell_two_tables_share_is_trained_once():
+    planned = results.plan_all(results.TABLES, Path("runs/results"), 3, None)
+    shared = {t.name: sum(s) for t, _, s in planned}
+    assert shared["cpdp-k-sweep"] == 0 and shared["cpdp-beta"] == 3      # beta 0.3 at K = 4 is the sweep's K = 4
+    assert shared["cocodc-matched"] == 3                                   # CoCoDC at N = 8 is cocodc-main's
+
+
+def test_an_unknown_table_is_one_line_and_a_nonzero_exit(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["results", "--dry-run", "--only", "nope"])
+    assert e.value.code == 1
+    assert "unknown results table 'nope' (available: cpdp-k-sweep" in capsys.readouterr().err
+
+
+def test_only_one_table_also_lists_the_table_it_reads(capsys, tmp_path):
+    out = dry(capsys, tmp_path / "results", "--only", "cpdp-profile")
+    assert "== cpdp-k-sweep:" in out and "== cpdp-profile:" in out and "== cocodc-main:" not in out
+
+
+def _setting(label: str, values: list[float], strategy: str = "cpdp") -> Setting:
+    runs = [Run(Path(f"/x/{label}/seed{i}"), label, strategy, i, {}, "ok", {"peak_test_acc": v}) for i, v in enumerate(values)]
+    return Setting(label, strategy, {}, runs)
+
+
+def test_overlapping_intervals_answer_no_difference_at_this_scale():
+    q = results.Question("K = 16 against K = 4?", "peak_acc", "a", "b")
+    line = results.answer(q, [_setting("a", [85.0, 86.0, 85.5]), _setting("b", [85.4, 86.2, 85.1])], None)
+    assert NO_DIFFERENCE in line
+
+
+def test_separated_intervals_name_the_better_setting():
+    q = results.Question("K = 16 against K = 4?", "peak_acc", "a", "b")
+    line = results.answer(q, [_setting("a", [80.0, 80.2, 80.1]), _setting("b", [85.0, 85.1, 85.2])], None)
+    assert "b is better than a (the intervals do not overlap)" in line
+
+
+def test_the_best_setting_lists_the_ones_it_cannot_be_told_from():
+    q = results.Question("best?", "peak_acc", "")
+    line = results.answer(q, [_setting("a", [80.0, 80.2, 80.1]), _setting("b", [85.0, 85.1, 85.2]),
+                              _setting("c", [84.0, 86.0, 85.0])], None)
+    assert "best? b," in line and "not distinguishable at this scale from c" in line
+
+
+def test_a_cell_not_run_yet_is_said_so():
+    q = results.Question("q", "peak_acc", "a", "missing")
+    assert "not answerable: missing: not run yet" in results.answer(q, [_setting("a", [1.0, 2.0, 3.0])], None)
+
+
+def test_the_page_is_rewritten_only_between_its_markers(tmp_path):
+    page = tmp_path / "results.md"
+    page.write_text(f"# Results\n\nhand-written head\n\n{results.BEGIN}\nold\n{results.END}\n\n## Earlier runs\nkept\n")
+    results.write_page(page, f"{results.BEGIN}\nnew\n{results.END}\n")
+    text = page.read_text()
+    assert "hand-written head" in text and "new" in text and "old" not in text and "## Earlier runs\nkept" in text
+
+
+def test_the_page_lists_every_table_with_its_command_before_anything_ran(tmp_path):
+    text = results.document(results.TABLES, tmp_path / "none")
+    for t in results.TABLES:
+        assert f"### {t.name}:" in text and f"wansync results --only {t.reads or t.name}" in text
+    assert text.count("**The paper**") == text.count("**It cannot show**") == len(results.TABLES)
+
+
+def test_the_fragment_sequence_and_its_longest_repeat_come_from_the_sync_events(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    recs = [{"type": "sync", "kind": "fragment", "step": i + 5, "fragment": p, "lam_term_rel": 0.002}
+            for i, p in enumerate([0, 0, 0, 1, 2, 3])] + [{"type": "sync", "kind": "final", "step": 99, "fragment": 1}]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    run = Run(d, "cocodc", "cocodc", 0, {}, "ok")
+    assert [e["fragment"] for e in results.sync_events(run)] == [0, 0, 0, 1, 2, 3]
+    assert results.METRICS["longest_repeat"].value(run, None) == 3
+    assert results.METRICS["lam_term_rel"].value(run, None) == pytest.approx(0.002)
+    assert results.longest_repeat([]) == 0 and results.longest_repeat([1, 2, 1]) == 1
