@@ -16,7 +16,7 @@ import torch
 from cli_harness import TINY, no_process_left, wansync
 from wansync.comm.ft import INSTALL, require_torchft
 from wansync.config import build_config
-from wansync.errors import ConfigError
+from wansync.errors import ConfigError, PeerError
 
 pytest.importorskip("torchft")
 
@@ -87,6 +87,44 @@ def test_the_cli_refuses_an_unsupported_strategy_in_one_line(tmp_path):
                 "--out", str(tmp_path / "run"), *TINY, timeout=60)
     assert r.returncode != 0
     assert "Traceback" not in r.stderr and "all-reduces gradients every step" in r.stderr
+
+
+def test_a_worker_waiting_for_the_first_quorum_gives_up_in_one_line_after_three_peer_timeouts():
+    """Start-up join with a peer that never arrives: one worker, a real lighthouse, 2 expected."""
+    import threading
+
+    import torch.distributed as dist
+    import wansync as ws
+    from torchft.coordination import LighthouseServer
+    from wansync.comm.ft import Quorum
+    from wansync.comm.replicas import Replicas
+
+    dist.init_process_group(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)   # as a FT worker's
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=2000)
+    peer_timeout = 1.0
+    quorum = Quorum(0, f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}", peer_timeout, hostname="127.0.0.1")
+    model = torch.nn.Linear(3, 2)
+    sync = ws.strategy("diloco", model, torch.optim.SGD(model.parameters(), lr=0.1), replicas=Replicas(1, 0, 2, 0))
+    sync.exchange.ft = quorum
+    outcome = []
+
+    def join():
+        try:
+            sync.join(expected=2)
+            outcome.append("joined")
+        except BaseException as exc:  # noqa: BLE001 - the test inspects whatever ended the wait
+            outcome.append(exc)
+    waiting = threading.Thread(target=join, daemon=True)
+    try:
+        waiting.start()
+        waiting.join(3 * peer_timeout + 30)          # three peer timeouts, and slack for a loaded machine
+        assert not waiting.is_alive(), "the join never gave up"
+        assert isinstance(outcome[0], PeerError) and "only 1 of 2 workers joined" in str(outcome[0])
+        assert "\n" not in str(outcome[0])
+    finally:
+        quorum.shutdown()
+        lighthouse.shutdown()
+        dist.destroy_process_group()
 
 
 # ---- the must-show scenarios: 4 workers, worker 2 fails (tiny LM, few steps) ----------------------

@@ -61,6 +61,7 @@ class Quorum:
         from torch.distributed import TCPStore
         from torchft import Manager, ProcessGroupGloo
         timeout = timedelta(seconds=timeout_s)
+        self.timeout_s = timeout_s
         self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)   # this worker's own
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None, min_replica_size=1,
@@ -91,7 +92,10 @@ class Quorum:
         self._t = t
         heals, t0 = self.heals, time.perf_counter()
         self.manager.load_state_dict({"step": t, "batches_committed": 0})
-        self.manager.start_quorum(shrink_only=shrink_only)
+        try:
+            self.manager.start_quorum(shrink_only=shrink_only)
+        except Exception as exc:  # noqa: BLE001 - torchft's quorum timeout or lost lighthouse, in one line
+            raise PeerError(f"the fault-tolerant quorum failed: {first_line(exc)}") from exc
         if self.manager.errored():
             raise PeerError(f"the fault-tolerant quorum failed: {self.manager.errored().original_exception}")
         self.participants = self.manager.num_participants()
@@ -119,6 +123,11 @@ class Quorum:
 
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def digest(state: Any) -> str:

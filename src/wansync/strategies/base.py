@@ -24,9 +24,12 @@ from ..comm.exchange import Exchange
 from ..comm.flat import FlatTensors
 from ..comm.ledger import INSIDE
 from ..comm.replicas import Replicas
-from ..errors import ConfigError
+from ..errors import ConfigError, PeerError
 from .grad_sync import GradientSync
 from .options import Options
+
+JOIN_TIMEOUTS = 3          # fault-tolerant start-up: the others get this many --peer-timeout to arrive
+JOIN_POLL_S = 0.2          # between start-up quorums that came back short of workers
 
 
 def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
@@ -108,11 +111,25 @@ class Strategy:
     def join(self, expected: int = 1) -> None:
         """Fault-tolerant runs, before the first step: meet the others at their next quorum
         (at the start of a run, until `expected` workers are in it); a worker that started late
-        (restarted) heals there to their step and takes part in that step's exchanges with them."""
-        t = self.t
-        self.exchange.ft.quorum(t)
-        while self.t == t and self.exchange.ft.participants < expected:
-            self.exchange.ft.quorum(t)
+        (restarted) heals there to their step and takes part in that step's exchanges with them.
+        A worker gives up (PeerError, one line) when the others have not all arrived within
+        JOIN_TIMEOUTS x the quorum timeout (--peer-timeout); a quorum call that times out meanwhile
+        is retried (the others may still be starting on a loaded machine)."""
+        t, ft = self.t, self.exchange.ft
+        deadline = time.monotonic() + JOIN_TIMEOUTS * ft.timeout_s
+        while True:
+            try:
+                ft.quorum(t)
+                if self.t != t or ft.participants >= expected:
+                    break
+            except PeerError:
+                if time.monotonic() >= deadline:
+                    raise
+                continue
+            if time.monotonic() >= deadline:
+                raise PeerError(f"only {ft.participants} of {expected} workers joined the fault-tolerant run within "
+                                f"{JOIN_TIMEOUTS} x --peer-timeout ({JOIN_TIMEOUTS * ft.timeout_s:g} s)")
+            time.sleep(JOIN_POLL_S)           # the others are not heartbeating yet: no busy loop
         if self.t != t:
             self.after_inner_step()
             self._left_step_at = time.perf_counter()
