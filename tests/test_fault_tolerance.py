@@ -127,6 +127,58 @@ def test_a_worker_waiting_for_the_first_quorum_gives_up_in_one_line_after_three_
         dist.destroy_process_group()
 
 
+class DoneWork:
+    """A quorum all-reduce that has already finished (the link model is what is under test)."""
+
+    def wait(self, timeout=None):
+        return True
+
+
+def test_a_quorum_all_reduce_under_the_emulator_takes_the_modelled_time_of_its_participants():
+    from wansync.comm.ft import on_link
+    from wansync.net import Emulator, collective_duration, parse_wan
+
+    topology = parse_wan("rtt=40ms,bw=100mbit,sites=2")
+    emulator = Emulator(topology, seed=0)
+    wire = torch.zeros(2501)
+    first = on_link(emulator, DoneWork(), wire, [0, 1, 3], 4, seq=0)
+    second = on_link(emulator, DoneWork(), wire, [0, 1, 3], 4, seq=1)
+    first.wait()
+    second.wait()
+    expected = collective_duration("allreduce", 4 * 2501, 4, topology, [0, 1, 3])
+    assert expected > 0.04                                   # two sites: at least a round trip
+    records = emulator.records()
+    assert [r.modelled_s for r in records] == [expected, expected]
+    assert records[1].start >= records[0].modelled_end       # one link, first in first out
+    assert all(r.end >= r.modelled_end and r.waited is not None for r in records)
+
+
+WAN = "rtt=40ms,bw=100mbit,sites=2"          # worker 0 on one site, worker 1 on the other; no jitter
+
+
+def test_under_wan_every_quorum_exchange_books_the_link_models_time_for_its_participants(tmp_path):
+    from wansync.net import collective_duration, parse_wan
+
+    out = tmp_path / "run"
+    r = wansync("train", "--strategy", "diloco", "--sync-every", "5", "--workers", "2", "--steps", "10",
+                "--eval-every", "1000", "--fault-tolerant", "--peer-timeout", "60", "--wan", WAN, "--quiet",
+                "--out", str(out), *TINY, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["wan"]["spec"] == WAN and profile["wan"]["emulated"]
+    on_link = [c for ev in profile["events"] for c in ev["per_collective"] if c["modelled_s"] > 0]
+    assert len(on_link) == len(sync_participants(out)) == 2            # the exchanges at steps 5 and 10
+    topology = parse_wan(WAN)
+    for c in on_link:
+        assert c["op"] == "allreduce"
+        assert c["modelled_s"] == pytest.approx(collective_duration("allreduce", c["bytes"], 2, topology, [0, 1]))
+    modelled = sum(c["modelled_s"] for c in on_link)
+    assert profile["derived"]["comm_modelled_s"] == pytest.approx(modelled)
+    assert profile["categories_s"]["exposed_comm"] >= modelled          # an exchange ends after the link says
+    assert abs(sum(profile["categories_s"].values()) - profile["wall_clock_s"]) <= 0.02 * profile["wall_clock_s"]
+    assert no_process_left(out)
+
+
 # ---- the must-show scenarios: 4 workers, worker 2 fails (tiny LM, few steps) ----------------------
 STEPS, EVERY, FAILS_AT = 40, 5, 12          # the last exchange worker 2 takes part in is at step 10
 FOUR = ("--workers", "4", "--steps", str(STEPS), "--eval-every", "1000", "--quiet", *TINY)

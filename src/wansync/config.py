@@ -273,8 +273,6 @@ def check_fault_tolerant(cfg: Config) -> None:
     check(cfg.ranks_per_worker == 1, "--fault-tolerant supports workers of one rank only (--ranks-per-worker 1)")
     check(getattr(cfg, "codec", None) in (None, "fp32"),
           f"--fault-tolerant exchanges fp32 only (torchft's quorum all-reduce sums on the wire), not codec {cfg.codec}")
-    check(not cfg.wan, "--fault-tolerant runs without --wan for now (the emulator wraps the world "
-          "process group, which a fault-tolerant run does not use)")
     host, _, port = cfg.lighthouse.rpartition(":")
     check(not cfg.lighthouse or (bool(host) and port.isdigit()),
           f"lighthouse must be HOST:PORT, got {cfg.lighthouse!r}")

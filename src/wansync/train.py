@@ -109,7 +109,8 @@ class Trainer:
         """This worker's torchft Manager; what it serves a healing peer, and how it heals itself."""
         local = not self.cfg.lighthouse
         quorum = Quorum(self.rank, os.environ.get("WANSYNC_LIGHTHOUSE") or f"http://{self.cfg.lighthouse}",
-                        self.cfg.peer_timeout, hostname="127.0.0.1" if local else None)
+                        self.cfg.peer_timeout, hostname="127.0.0.1" if local else None, emulator=emulator_of(),
+                        workers=self.world)
         quorum.serve(self.heal_state, self.heal)
         quorum.on_quorum = self.log_quorum
         self.sync.exchange.ft = quorum
@@ -292,7 +293,7 @@ class Trainer:
         self._waited = 0.0
         self.comm_timer.begin("finish", self.sync.comm.bytes)
         if self.quorum is not None:
-            self.quorum.quorum(self.sync.t)
+            self.sync.meet_quorum()
         self.sync.finish()
         self.profiler.lap("sync_math")
         self.profiler.move("sync_math", "exposed_comm", self._waited)

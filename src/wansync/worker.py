@@ -27,9 +27,12 @@ def init_distributed(cfg: Config) -> None:
     """The process group from the torchrun-style environment, under the emulator if asked.
     `--backend nccl` means NCCL for CUDA tensors and gloo for the few CPU ones (metrics, the
     schedule's agreement), one rank per GPU (LOCAL_RANK picks it). A fault-tolerant worker is a
-    process group of its own: its exchanges run over torchft's quorum, its metrics are its own."""
+    process group of its own: its exchanges run over torchft's quorum, its metrics are its own; under
+    --wan its group carries the emulator, which the quorum's all-reduces run under (comm.ft)."""
     if cfg.fault_tolerant:      # no world group: a dead worker must not be on any collective's path (comm.ft)
-        dist.init_process_group(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)
+        emulator = None if cfg.topology is None else net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
+        dist.init_process_group(backend="gloo" if emulator is None else net.install(), store=dist.HashStore(),
+                                rank=0, world_size=1, pg_options=emulator)
         return
     backend, emulator = ("cpu:gloo,cuda:nccl" if cfg.backend == "nccl" else cfg.backend), None
     if cfg.backend == "nccl":

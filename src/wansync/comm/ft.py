@@ -15,6 +15,11 @@ left out of the next one. The protocol:
   the sum of the weights (the contributors). A worker's weight is 0 when its values must not count
   (non-finite under "skip"). An all-reduce that fails (a peer died inside it) is retried under a
   shrink-only quorum (no joiner mid-exchange) from an untouched copy of the input.
+- **The emulated link** (`--wan`): each quorum all-reduce runs under the worker's emulator like
+  any collective of an emulated group (`net`): the modelled duration of an all-reduce over the
+  participating workers (`net.collective_duration` over their global ranks, jitter drawn from the
+  slot's step so every participant draws the same), FIFO on the emulator's link, completed at
+  max(real end, modelled end) and recorded, so the exchange waits and books what the link says.
 - **Participants** of the last exchange are kept for the sync events; `on_quorum` hears of every
   quorum (step, participants, whether this worker healed in it) and `before_exchange` of every
   exchange (fault injection: a worker killed inside an exchange).
@@ -27,15 +32,20 @@ import copy
 import hashlib
 import socket
 import time
+import zlib
 from datetime import timedelta
 from typing import Any, Callable
 
 import torch
+from torch.futures import Future
 
 from ..errors import ConfigError, PeerError
+from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, jitter_draw
 
 INSTALL = "fault tolerance needs torchft: pip install wansync[ft]"
 RETRIES = 3
+LINK_GROUP = "ft"                       # the quorum's collectives in the emulator's records
+EXCHANGES_PER_SLOT = 1024               # jitter draws: seq = step x this + the exchange's index in the slot
 
 
 def require_torchft() -> None:
@@ -54,17 +64,22 @@ class Quorum:
         lighthouse: the lighthouse's address, http://HOST:PORT.
         timeout_s: how long a collective or a quorum waits for a silent peer.
         hostname: the name peers reach this worker's Manager and checkpoint server by.
+        emulator: the emulated link (`--wan`) the all-reduces run under; None: not emulated.
+        workers: the run's workers (their global ranks place them on the link's sites).
     """
 
-    def __init__(self, worker: int, lighthouse: str, timeout_s: float, hostname: str | None = None):
+    def __init__(self, worker: int, lighthouse: str, timeout_s: float, hostname: str | None = None,
+                 emulator: Emulator | None = None, workers: int = 1):
         require_torchft()
         from torch.distributed import TCPStore
-        from torchft import Manager, ProcessGroupGloo
+        from torchft import Manager
         timeout = timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
+        self.emulator, self.workers = emulator, workers
+        self._pg = members_recording_gloo(timeout)
         self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)   # this worker's own
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None, min_replica_size=1,
+            pg=self._pg, load_state_dict=None, state_dict=None, min_replica_size=1,
             use_async_quorum=False, replica_id=f"worker_{worker}", store_addr="127.0.0.1",
             store_port=self._store.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
             hostname=hostname or socket.gethostname(), timeout=timeout, quorum_timeout=timeout,
@@ -72,6 +87,7 @@ class Quorum:
         self.participants: int | None = None      # of the last exchange
         self.heals = 0
         self._t = 0                               # the step of the last quorum
+        self._exchanges_in_slot = 0
         self._load: Callable[[dict[str, Any]], None] | None = None
         self.on_quorum: Callable[[dict[str, Any]], None] | None = None
         self.before_exchange: Callable[[int], None] | None = None
@@ -89,7 +105,7 @@ class Quorum:
 
     def quorum(self, t: int, shrink_only: bool = False) -> None:
         """Agree on who takes part from step t on; heal from a peer when this worker is behind."""
-        self._t = t
+        self._t, self._exchanges_in_slot = t, 0
         heals, t0 = self.heals, time.perf_counter()
         self.manager.load_state_dict({"step": t, "batches_committed": 0})
         try:
@@ -112,7 +128,7 @@ class Quorum:
             self.before_exchange(self._t)
         for attempt in range(RETRIES + 1):
             wire = torch.cat([flat if valid else torch.zeros_like(flat), flat.new_full((1,), float(valid))])
-            ok = self.manager.allreduce(wire, reduce_op=ReduceOp.SUM).wait()
+            ok = self._wait(self.manager.allreduce(wire, reduce_op=ReduceOp.SUM), wire)
             if ok and self.manager.errored() is None:
                 self.participants = self.manager.num_participants()
                 contributors = int(round(float(wire[-1])))
@@ -121,8 +137,54 @@ class Quorum:
                 self.quorum(self._t, shrink_only=True)
         raise PeerError(f"an exchange failed {RETRIES + 1} times in a row under the fault-tolerant quorum")
 
+    def _wait(self, work: Any, wire: torch.Tensor) -> bool:
+        """Wait for a quorum all-reduce; under the emulator, until the link says it is done."""
+        if self.emulator is None:
+            return work.wait()
+        seq = self._t * EXCHANGES_PER_SLOT + self._exchanges_in_slot
+        self._exchanges_in_slot += 1
+        members = self._pg.members or list(range(self.participants or 1))
+        try:
+            on_link(self.emulator, work, wire, members, self.workers, seq).wait()
+        except Exception:  # noqa: BLE001 - a peer died inside it, or the link timed out: retried above
+            return False
+        return True
+
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def on_link(emulator: Emulator, work: Any, wire: torch.Tensor, members: list[int], workers: int,
+            seq: int) -> EmulatedWork:
+    """`work` (a quorum all-reduce of `wire` over the global ranks `members` of `workers`) as a
+    collective of the emulated link: its modelled duration, FIFO on the emulator's link, recorded;
+    the returned Work completes at max(real end, modelled end) (see `net.backend`)."""
+    issue, topology = time.perf_counter(), emulator.topology
+    nbytes = wire.numel() * wire.element_size()
+    modelled = collective_duration("allreduce", nbytes, workers, topology, members)
+    modelled += jitter_draw(topology, workers, emulator.seed, zlib.crc32(LINK_GROUP.encode()), seq, members)
+    start = emulator.reserve(issue, modelled)
+    record = CollectiveRecord(op="allreduce", nbytes=nbytes, group=LINK_GROUP, seq=seq, issue=issue, start=start,
+                              modelled_s=modelled, modelled_end=start + modelled)
+    fut = Future(devices=[wire.device]) if wire.is_cuda else Future()
+    emulator.schedule([work], record, fut, wire, wire.is_cuda)
+    return EmulatedWork(fut, record, wire)
+
+
+def members_recording_gloo(timeout: timedelta) -> Any:
+    """torchft's ProcessGroupGloo that keeps the global ranks of the quorum it was last configured
+    for (`members`: the participating workers; None before the first quorum)."""
+    from torchft import ProcessGroupGloo
+
+    class MembersRecordingGloo(ProcessGroupGloo):
+        members: list[int] | None = None
+
+        def configure(self, *args: Any, **kwargs: Any) -> None:
+            ranks = kwargs.get("global_ranks", args[7] if len(args) > 7 else None)
+            self.members = sorted(ranks) if ranks else None
+            super().configure(*args, **kwargs)
+
+    return MembersRecordingGloo(timeout=timeout)
 
 
 def first_line(exc: BaseException) -> str:

@@ -29,6 +29,7 @@ from .grad_sync import GradientSync
 from .options import Options
 
 JOIN_TIMEOUTS = 3          # fault-tolerant start-up: the others get this many --peer-timeout to arrive
+QUORUM = "quorum"          # ledger purpose: the time fault-tolerant workers wait in a slot's quorum
 JOIN_POLL_S = 0.2          # between start-up quorums that came back short of workers
 
 
@@ -104,9 +105,16 @@ class Strategy:
             self.inside_sync.book()
         self.t += 1
         if self.exchange.ft is not None and self.exchanges_at(self.t):
-            self.exchange.ft.quorum(self.t)           # may heal this worker from a peer (comm.ft)
+            self.meet_quorum()                        # may heal this worker from a peer (comm.ft)
         self.after_inner_step()
         self._left_step_at = time.perf_counter()
+
+    def meet_quorum(self) -> None:
+        """Fault-tolerant runs: the quorum of this step's slot; the time spent in it (waiting for the
+        others, healing) is booked as a wait on the ledger under `quorum` (exposed communication)."""
+        t0 = time.perf_counter()
+        self.exchange.ft.quorum(self.t)
+        self.exchange.ledger.waited(QUORUM, time.perf_counter() - t0)
 
     def join(self, expected: int = 1) -> None:
         """Fault-tolerant runs, before the first step: meet the others at their next quorum
