@@ -190,10 +190,13 @@ class Exchange:
         """The emulated link's duration of one `mean` of `numel` float32 values (None when the
         group is not emulated): an all-reduce for fp32, an all-gather of every worker's payload
         for a lossy codec; sharded, R of them at once over each site's uplink, then the worker's
-        all-gather."""
-        emulator = emulator_of(self.broadcast_group)
+        all-gather. Fault-tolerant: the quorum all-reduce of the values and their weight over every
+        worker (comm.ft)."""
+        emulator = emulator_of(self.broadcast_group) if self.ft is None else self.ft.emulator
         if emulator is None:
             return None
+        if self.ft is not None:
+            return float(collective_duration("allreduce", 4 * (numel + 1), self.ft.workers, emulator.topology))
         codec, world, r = get_codec(codec), dist.get_world_size(), self.replicas.ranks_per_worker
         sharded = self.replicas.sharded and numel >= r
         n = -(-numel // r) if sharded else numel

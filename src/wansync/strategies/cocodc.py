@@ -63,7 +63,12 @@ class CoCoDC(Streaming):
         self.tc_sum, self.tc_count = 0.0, 0
         self.t_s: float | None = None
         self.t_s_source = ""
-        if not self.n_decided:
+        self._modelled_t_s()
+
+    def _modelled_t_s(self) -> None:
+        """T_s from the emulated link's model, when there is one (else it is measured); asked again
+        before the first step, when a fault-tolerant exchange has its quorum (comm.ft)."""
+        if not self.n_decided and self.t_s_source in ("", "model"):
             numel = round(sum(f.numel for f in self.fragments) / self.P)
             modelled = self.exchange.modelled_seconds(numel, self.codec)
             if modelled is not None:
@@ -91,6 +96,8 @@ class CoCoDC(Streaming):
 
     # ---- T_c, T_s and N ------------------------------------------------------------------------
     def after_inner_step(self) -> None:
+        if self.t == 1 and self.exchange.ft is not None:
+            self._modelled_t_s()
         if not self.n_decided and self.since_last_step_s is not None:     # T_c: the base class's timings
             self.tc_sum += self.since_last_step_s + self.last_inner_s
             self.tc_count += 1
