@@ -23,9 +23,10 @@ pytest.importorskip("torchft")
 KILL_AT = 22          # after the boundary of step 20, before that of 25
 
 
-def sync_participants(run_dir):
+def sync_participants(run_dir, by="step"):
+    """(step, participants) of every sync event; by="started": the step its exchange started at."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["participants"]) for r in records if r["type"] == "sync"]
+    return [(r.get(by, r["step"]), r["participants"]) for r in records if r["type"] == "sync"]
 
 
 @pytest.fixture(scope="module")
@@ -288,9 +289,7 @@ def first_slot_after(strategy_args, after):
     return next(t for t in range(after + 1, STEPS) if schedule.is_slot(t))
 
 
-@pytest.mark.parametrize("strategy", ["streaming", pytest.param("cocodc", marks=pytest.mark.xfail(
-    reason="known gap: after a kill inside cocodc's exchange at step 16 the survivors' shrink-only retry "
-           "timed out in torchft's quorum (10 s) instead of going on without it", strict=False))])
+@pytest.mark.parametrize("strategy", ["streaming", "cocodc"])
 def test_a_worker_killed_inside_a_fragment_exchange_is_left_out_of_it_and_the_others_go_on(strategy, tmp_path):
     args = ("--sync-every", "8", "--fragments", "2", "--overlap", "2")
     slot = first_slot_after(args, FAILS_AT)
@@ -301,7 +300,7 @@ def test_a_worker_killed_inside_a_fragment_exchange_is_left_out_of_it_and_the_ot
     assert died_in >= slot
     at_slot = [q["participants"] for q in quorums(out, 0) if q["step"] == died_in]
     assert at_slot[0] == 4 and at_slot[-1] == 3          # retried without it, inside that exchange
-    assert all(p == 3 for s, p in sync_participants(out) if s >= died_in)
+    assert all(p == 3 for s, p in sync_participants(out, by="started") if s >= died_in)   # merged later
     assert all_equal(final_models(out, [0, 1, 3]))
     assert no_process_left(out)
 

@@ -79,6 +79,7 @@ class MeanHandle:
         self.payload_bytes = payload_bytes    # the buffer's own size
         self.started_at = started_at          # perf_counter() when the exchange was asked for
         self.waited_s = 0.0                   # time blocked in wait()
+        self.participants: int | None = None  # fault-tolerant: the workers in this exchange's quorum
         self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
         self._result: torch.Tensor | None = None
 
@@ -230,7 +231,7 @@ class Exchange:
         self.ledger.waited(purpose, waited)
         handle = MeanHandle.complete(self.ledger, purpose, mean)
         handle.wire_bytes = handle.payload_bytes = (buf.numel() - extra) * item
-        handle.started_at, handle.waited_s = started_at, waited
+        handle.started_at, handle.waited_s, handle.participants = started_at, waited, self.ft.participants
         if purpose in GUARDED and not all_finite(mean.reshape(-1)[:buf.numel() - extra]):
             raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite")
         return handle

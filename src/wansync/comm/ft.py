@@ -14,7 +14,9 @@ left out of the next one. The protocol:
 - **The mean** (`mean`): a SUM all-reduce of the values and one weight over the quorum, divided by
   the sum of the weights (the contributors). A worker's weight is 0 when its values must not count
   (non-finite under "skip"). An all-reduce that fails (a peer died inside it) is retried under a
-  shrink-only quorum (no joiner mid-exchange) from an untouched copy of the input.
+  shrink-only quorum (no joiner mid-exchange) from an untouched copy of the input. The survivors
+  blocked in it (not next to the dead peer) give up after half of the quorum's timeout, so they
+  all reach that retry quorum before it gives up on them.
 - **The emulated link** (`--wan`): each quorum all-reduce runs under the worker's emulator like
   any collective of an emulated group (`net`): the modelled duration of an all-reduce over the
   participating workers (`net.collective_duration` over their global ranks, jitter drawn from the
@@ -45,6 +47,11 @@ from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration,
 INSTALL = "fault tolerance needs torchft: pip install wansync[ft]"
 RETRIES = 3
 LINK_GROUP = "ft"                       # the quorum's collectives in the emulator's records
+# A collective gives up on a silent peer within this share of --peer-timeout. When a peer dies inside
+# an all-reduce, only its ring neighbours see the connection drop; the others wait out this timeout.
+# It must end well before the survivors' retry quorum (which waits up to --peer-timeout, like the
+# lighthouse's join timeout) gives up on them: with equal timeouts the two raced.
+COLLECTIVE_TIMEOUT_SHARE = 0.5
 EXCHANGES_PER_SLOT = 1024               # jitter draws: seq = step x this + the exchange's index in the slot
 
 
@@ -62,7 +69,8 @@ class Quorum:
     Args:
         worker: this worker's index (the replica id torchft reports).
         lighthouse: the lighthouse's address, http://HOST:PORT.
-        timeout_s: how long a collective or a quorum waits for a silent peer.
+        timeout_s: how long a quorum waits for a silent peer (--peer-timeout); a collective waits
+            COLLECTIVE_TIMEOUT_SHARE of it.
         hostname: the name peers reach this worker's Manager and checkpoint server by.
         emulator: the emulated link (`--wan`) the all-reduces run under; None: not emulated.
         workers: the run's workers (their global ranks place them on the link's sites).
@@ -76,7 +84,7 @@ class Quorum:
         timeout = timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.emulator, self.workers = emulator, workers
-        self._pg = members_recording_gloo(timeout)
+        self._pg = members_recording_gloo(timedelta(seconds=timeout_s * COLLECTIVE_TIMEOUT_SHARE))
         self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)   # this worker's own
         self.manager = Manager(
             pg=self._pg, load_state_dict=None, state_dict=None, min_replica_size=1,

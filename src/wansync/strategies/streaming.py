@@ -137,6 +137,8 @@ class Streaming(Strategy):
         anchor.flat.scatter(new)
         if torch.equal(new, anchor.value):
             self.exact_at[p] = t
+        if x.handle.participants is not None:    # fault-tolerant: this exchange's, not the last quorum's
+            info["participants"] = x.handle.participants
         self.emit("sync", kind="fragment", fragment=p, started=x.start, overlap=t - x.start, reason=x.reason,
                   bytes=x.handle.wire_bytes, payload_bytes=x.handle.payload_bytes, codec=self.codec.name,
                   syncs_per_period=self.schedule.n, waited_s=x.handle.waited_s, **info)
