@@ -111,10 +111,13 @@ class Quorum:
         assert self._load is not None
         self._load(state)
 
-    def quorum(self, t: int, shrink_only: bool = False) -> None:
-        """Agree on who takes part from step t on; heal from a peer when this worker is behind."""
+    def quorum(self, t: int, shrink_only: bool = False, left_out_is_fatal: bool = False) -> None:
+        """Agree on who takes part from step t on; heal from a peer when this worker is behind.
+        `left_out_is_fatal` (training, not the start-up join): a worker the others went on without
+        (quorums formed while it was stopped or cut off) must heal in this quorum; with no live peer
+        to heal from (the others ended), a PeerError rather than train on alone."""
         self._t, self._exchanges_in_slot = t, 0
-        heals, t0 = self.heals, time.perf_counter()
+        heals, t0, last_id = self.heals, time.perf_counter(), self._pg.quorum_id
         self.manager.load_state_dict({"step": t, "batches_committed": 0})
         try:
             self.manager.start_quorum(shrink_only=shrink_only)
@@ -123,6 +126,10 @@ class Quorum:
         if self.manager.errored():
             raise PeerError(f"the fault-tolerant quorum failed: {self.manager.errored().original_exception}")
         self.participants = self.manager.num_participants()
+        left_out = last_id is not None and (self._pg.quorum_id or 0) > last_id + 1
+        if left_out_is_fatal and left_out and self.heals == heals:
+            raise PeerError("this worker was left out (stopped or cut off past the heartbeat timeout) and, back, found "
+                            "no live peer to heal from: it stops rather than train on alone")
         if self.on_quorum is not None:
             self.on_quorum({"step": self.manager.current_step(), "participants": self.participants,
                             "healed": self.heals > heals,
@@ -180,16 +187,19 @@ def on_link(emulator: Emulator, work: Any, wire: torch.Tensor, members: list[int
 
 
 def members_recording_gloo(timeout: timedelta) -> Any:
-    """torchft's ProcessGroupGloo that keeps the global ranks of the quorum it was last configured
-    for (`members`: the participating workers; None before the first quorum)."""
+    """torchft's ProcessGroupGloo that keeps the id and the global ranks of the quorum it was last
+    configured for (`quorum_id`, `members`: the participating workers; None before the first quorum).
+    The lighthouse numbers quorums in order, one more each time the membership changes."""
     from torchft import ProcessGroupGloo
 
     class MembersRecordingGloo(ProcessGroupGloo):
         members: list[int] | None = None
+        quorum_id: int | None = None
 
         def configure(self, *args: Any, **kwargs: Any) -> None:
             ranks = kwargs.get("global_ranks", args[7] if len(args) > 7 else None)
             self.members = sorted(ranks) if ranks else None
+            self.quorum_id = kwargs.get("quorum_id", args[4] if len(args) > 4 else None)
             super().configure(*args, **kwargs)
 
     return MembersRecordingGloo(timeout=timeout)

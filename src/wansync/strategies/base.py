@@ -113,7 +113,7 @@ class Strategy:
         """Fault-tolerant runs: the quorum of this step's slot; the time spent in it (waiting for the
         others, healing) is booked as a wait on the ledger under `quorum` (exposed communication)."""
         t0 = time.perf_counter()
-        self.exchange.ft.quorum(self.t)
+        self.exchange.ft.quorum(self.t, left_out_is_fatal=True)
         self.exchange.ledger.waited(QUORUM, time.perf_counter() - t0)
 
     def join(self, expected: int = 1) -> None:
