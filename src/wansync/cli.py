@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir", metavar="RUN_DIR", help="an experiment directory (or a single run directory)")
     _add_target_flags(r)
     r.add_argument("--no-plots", action="store_true", help="tables only")
-    d = sub.add_parser("demo", help="every available strategy side by side on the tiny LM, 4 workers, "
-                       "emulated two-site link")
+    d = sub.add_parser("demo", help="every available strategy side by side on the tiny LM, 2 workers, "
+                       "emulated cross-region link, each at settings inside its working regime")
     d.add_argument("--out", default="runs/demo", help="experiment directory (default runs/demo)")
     d.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"training steps per run (default {DEMO_STEPS})")
     d.add_argument("--force", action="store_true", help="re-run finished runs too")

@@ -1,0 +1,45 @@
+"""`make results` (`wansync results`): every table of docs/results.md from one resumable command.
+
+Each table is a small experiment (cells x seeds) in `runs/results/<table>/`, run with the experiment
+runner (`experiments.py`: a finished run is skipped, so an interrupted `make results` resumes). A cell
+that two tables share (the same resolved config) is trained once and copied. Then the page's generated
+part is rewritten: per table the command that regenerates it, mean ± 95% interval over seeds
+(`stats.py`), verdicts computed from the intervals, and the paragraph a reader needs: what the paper
+claimed, what its review objected, what this run shows (computed), what it cannot show at this scale.
+The tables answer the questions raised about CPDP (arXiv:2607.21224) and CoCoDC (arXiv:2504.17672).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import ConfigError, WansyncError
+from .metrics import METRICS, longest_repeat, sync_events
+from .page import BEGIN, END, answer, document, write_page
+from .runs import dry_run, plan_all, run_tables
+from .tables import SEEDS, TABLES, Question, Table, get, label
+
+__all__ = ["BEGIN", "END", "METRICS", "SEEDS", "TABLES", "Question", "Table", "answer", "document", "get", "label",
+           "longest_repeat", "plan_all", "run_results", "sync_events", "write_page"]
+
+
+def run_results(names: Sequence[str], root: str, doc: str, seeds: int = SEEDS, steps: int | None = None,
+                force: bool = False, dry: bool = False) -> int:
+    """`wansync results`: run the tables (or list them with `dry`), then rewrite the page."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {steps}")
+    tables, out = get(names), Path(root)
+    if names:                      # a table that reads another needs that one run too
+        tables = get([*names, *(t.reads for t in tables if t.reads)])
+    if dry:
+        return dry_run(tables, out, seeds, steps)
+    outcomes = run_tables(tables, out, seeds, steps, force)
+    write_page(Path(doc), document(TABLES, out, seeds, steps))
+    failed = [o for o in outcomes if o.status == "failed"]
+    print(f"{sum(o.status == 'ok' for o in outcomes)} runs trained, {len(failed)} failed; page: {doc}")
+    if failed:
+        raise WansyncError(f"{len(failed)} runs failed; first: {failed[0].spec.label} seed {failed[0].spec.seed}: "
+                           f"{failed[0].message}")
+    return 0

@@ -1,0 +1,99 @@
+"""Reading the tables' runs back: the metrics a table reports per run and their interval over seeds."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+from ..report import ReportError, exposed_pct, find_runs, group
+from ..rundir import Run, Setting, number
+from ..stats import Interval, interval
+from ..target import Target, first_reached
+from .tables import TARGET_TABLE
+
+
+def sync_events(run: Run) -> list[dict[str, Any]]:
+    """The run's fragment merges ("sync" records of kind "fragment") in step order."""
+    out = []
+    try:
+        with open(run.dir / "metrics.jsonl", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(rec, dict) and rec.get("type") == "sync" and rec.get("kind") == "fragment":
+                    out.append(rec)
+    except OSError:
+        pass
+    return sorted(out, key=lambda r: r.get("step", 0))
+
+
+def longest_repeat(sequence: Sequence[int]) -> int:
+    """The longest run of one fragment chosen again and again (1: never twice in a row; 0: no syncs)."""
+    best = cur = 0
+    for i, p in enumerate(sequence):
+        cur = cur + 1 if i and p == sequence[i - 1] else 1
+        best = max(best, cur)
+    return best
+
+
+@dataclass(frozen=True)
+class Metric:
+    header: str
+    higher_is_better: bool
+    value: Callable[[Run, Target | None], float | None]
+
+
+def _to_target(index: int) -> Callable[[Run, Target | None], float | None]:
+    def f(run: Run, target: Target | None) -> float | None:
+        hit = first_reached(run.evals, target) if target is not None else None
+        return None if hit is None or hit[index] is None else float(hit[index])
+    return f
+
+
+def _lam(run: Run, _: Target | None) -> float | None:
+    vals = [v for e in sync_events(run) if (v := number(e.get("lam_term_rel"))) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _repeat(run: Run, _: Target | None) -> float | None:
+    seq = [int(e["fragment"]) for e in sync_events(run) if "fragment" in e]
+    return float(longest_repeat(seq)) if seq else None
+
+
+METRICS: Mapping[str, Metric] = MappingProxyType({
+    "peak_acc": Metric("peak test acc %", True, lambda r, _: number(r.summary.get("peak_test_acc"))),
+    "wall_clock_s": Metric("wall clock (s)", False, lambda r, _: number(r.summary.get("wall_clock_s"))),
+    "exposed_pct": Metric("exposed comm %", False, lambda r, _: exposed_pct(r)),
+    "final_loss": Metric("final val loss", False, lambda r, _: number(r.summary.get("final_val_loss"))),
+    "steps_to_target": Metric("steps to target", False, _to_target(0)),
+    "time_to_target": Metric("wall clock to target (s)", False, _to_target(1)),
+    "lam_term_rel": Metric("‖λ term‖ / ‖g‖ (mean over merges)", False, _lam),
+    "longest_repeat": Metric("longest run of one fragment", False, _repeat),
+})
+
+
+def load(root: Path, name: str) -> list[Setting]:
+    """The settings of one table's directory (empty when it holds no runs yet)."""
+    try:
+        return group(find_runs(root / name))
+    except ReportError:
+        return []
+
+
+def lm_target(root: Path) -> float | None:
+    """The LM tables' target: the highest final validation loss among TARGET_TABLE's runs, so that every
+    one of them reaches it by its last evaluation (None before those runs exist)."""
+    finals = [v for s in load(root, TARGET_TABLE) for r in s.ok_runs
+              if (v := number(r.summary.get("final_val_loss"))) is not None]
+    return max(finals) if finals else None
+
+
+def cell_interval(setting: Setting, metric: str, target: Target | None) -> tuple[Interval | None, int, int]:
+    """(interval over the seeds that have a value, seeds with a value, seeds run)."""
+    m = METRICS[metric]
+    vals = [v for r in setting.ok_runs if (v := m.value(r, target)) is not None]
+    return interval(vals), len(vals), len(setting.runs)
