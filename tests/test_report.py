@@ -212,3 +212,14 @@ def test_report_on_nothing_from_the_shell(tmp_path):
     r = wansync("report", str(tmp_path), timeout=150)
     assert r.returncode == 1 and r.stderr.startswith("wansync: error: report: no runs found under")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_loss_curve_marks_the_exchanges_a_fault_tolerant_run_had_a_worker_missing(tmp_path):
+    import matplotlib.image as mpimg
+    images = []
+    for name, short in (("whole", []), ("short", [10, 20])):
+        d = fake_run(tmp_path / name / "diloco" / "seed0", "diloco", 0, [3.0, 2.5, 2.0])
+        summary = json.loads((d / "summary.json").read_text())
+        (d / "summary.json").write_text(json.dumps({**summary, "short_exchanges": short}))
+        images.append(mpimg.imread(next(p for p in R.report(tmp_path / name).plots if p.name == "loss_vs_step.png")))
+    assert images[0].shape != images[1].shape or (images[0] != images[1]).any()

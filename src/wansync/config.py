@@ -49,6 +49,12 @@ class GeneralKeys:
     checkpoint_every: int = _f(0, "run", "write a checkpoint every N steps (0 = only at the end)")
     on_nonfinite: str = _f("abort", "run", "what to do with a NaN/Inf loss, gradient or pseudo-gradient: abort|skip")
     peer_timeout: float = _f(60.0, "run", "seconds before a silent peer is declared dead")
+    fault_tolerant: bool = _f(False, "run", "keep training when a worker fails: quorum exchanges through torchft, "
+                              "a restarted worker heals from a live peer (local_sgd, slowmo, diloco, streaming, "
+                              "cocodc; needs wansync[ft]; see docs/fault_tolerance.md)")
+    lighthouse: str = _f("", "run", "fault-tolerant runs: torchft lighthouse HOST:PORT; empty = the launcher "
+                         "starts one on 127.0.0.1")
+    max_restarts: int = _f(0, "run", "fault-tolerant runs: the launcher restarts a dead worker up to N times")
     backend: str = _f("gloo", "run", "torch.distributed backend under the strategy: gloo|nccl")
     target_loss: float | None = _f(None, "run", "validation loss target: summary.json and the report give the "
                                    "step and second each run first reached it (default in compare/sweep: "
@@ -222,6 +228,9 @@ def validate(cfg: Config) -> None:
     check(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
     check(cfg.on_nonfinite in ("abort", "skip"), f"on_nonfinite must be abort or skip, got {cfg.on_nonfinite!r}")
     check(cfg.peer_timeout > 0, f"peer_timeout must be > 0, got {cfg.peer_timeout}")
+    check(cfg.max_restarts >= 0, f"max_restarts must be >= 0, got {cfg.max_restarts}")
+    if cfg.fault_tolerant:
+        check_fault_tolerant(cfg)
     check(cfg.backend in ("gloo", "nccl"), f"backend must be gloo or nccl, got {cfg.backend!r}")
     check(bool(cfg.out), "out must name a run directory")
     check(cfg.width > 0, f"width must be > 0, got {cfg.width}")
@@ -253,6 +262,22 @@ def validate(cfg: Config) -> None:
           f"{cfg.workers} x {cfg.ranks_per_worker} processes (at most {MAX_PROCESSES})")
 
 
+FAULT_TOLERANT = ("local_sgd", "slowmo", "diloco", "streaming", "cocodc")
+
+
+def check_fault_tolerant(cfg: Config) -> None:
+    """What --fault-tolerant supports, each refusal in one line with its reason."""
+    check(cfg.strategy in FAULT_TOLERANT,
+          f"--fault-tolerant does not support {cfg.strategy}: it all-reduces gradients every step, so no step can "
+          f"go on without every worker (use one of {', '.join(FAULT_TOLERANT)})")
+    check(cfg.ranks_per_worker == 1, "--fault-tolerant supports workers of one rank only (--ranks-per-worker 1)")
+    check(getattr(cfg, "codec", None) in (None, "fp32"),
+          f"--fault-tolerant exchanges fp32 only (torchft's quorum all-reduce sums on the wire), not codec {cfg.codec}")
+    host, _, port = cfg.lighthouse.rpartition(":")
+    check(not cfg.lighthouse or (bool(host) and port.isdigit()),
+          f"lighthouse must be HOST:PORT, got {cfg.lighthouse!r}")
+
+
 # Integers go to C++ (torch, gloo): counts and sizes as 32-bit, seeds and strategy counters as 64-bit.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -260,6 +285,7 @@ MAX_PROCESSES = 4096          # workers x ranks_per_worker: the processes of one
 # Keys that control how a run is carried out, not what it computes: --resume may change them, and
 # they are left out of the configuration a checkpoint records.
 RUN_CONTROL_KEYS = ("steps", "checkpoint_every", "eval_every", "log_every", "quiet", "peer_timeout", "threads",
+                    "lighthouse", "max_restarts",
                     "target_loss", "target_acc")
 
 

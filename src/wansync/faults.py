@@ -1,7 +1,10 @@
 """Fault injection for tests of failure handling: WANSYNC_FAULT="rank=1,step=5,action=kill".
 
 Actions after the backward of that step: `exit` (raise an error), `kill` (SIGKILL itself),
-`stop` (SIGSTOP itself: a hung peer), `nan` (put a NaN into its gradient). After the checkpoint
+`stop` (SIGSTOP itself: a hung peer), `nan` (put a NaN into its gradient), `pause` (sleep
+`seconds`: a straggler, alive but late). Inside the first
+exchange at or after that step, before its values go on the wire (fault-tolerant runs):
+`kill_in_exchange` (SIGKILL itself while its peers are in the exchange). After the checkpoint
 of that step is saved (the barrier passed) and before rank 0 prunes: `delay` (sleep `seconds`,
 default 5: the window in which a peer that went on can die). Several faults are separated by
 ';'. Only active when the variable is set.
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-ACTIONS = ("exit", "kill", "stop", "nan", "delay")
+ACTIONS = ("exit", "kill", "stop", "nan", "delay", "kill_in_exchange", "pause")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,8 @@ class Fault:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.action == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        if self.action == "pause":
+            time.sleep(self.seconds)
         if self.action == "nan":
             p = next(p for p in model.parameters() if p.grad is not None)
             with torch.no_grad():
@@ -53,6 +58,11 @@ class Fault:
         """Called once every rank has saved the checkpoint of `step`."""
         if rank == self.rank and step == self.step and self.action == "delay":
             time.sleep(self.seconds)
+
+    def in_exchange(self, rank: int, step: int) -> None:
+        """Called by a fault-tolerant exchange of `step` before this worker's values go on the wire."""
+        if rank == self.rank and step >= self.step and self.action == "kill_in_exchange":
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -73,3 +83,7 @@ class Faults:
     def after_checkpoint(self, rank: int, step: int) -> None:
         for fault in self.faults:
             fault.after_checkpoint(rank, step)
+
+    def in_exchange(self, rank: int, step: int) -> None:
+        for fault in self.faults:
+            fault.in_exchange(rank, step)

@@ -8,12 +8,18 @@ reaped, and the exit status is non-zero. SIGINT and SIGTERM reach the launcher a
 raised between two polls (never inside the bookkeeping of a Popen), and end the workers the
 same way; workers die by themselves if the launcher dies (interrupts).
 
+With `--fault-tolerant` (docs/fault_tolerance.md) a failure does not end the run: the launcher
+starts torchft's lighthouse on 127.0.0.1 (unless `--lighthouse HOST:PORT` names one), restarts a
+dead worker up to `--max-restarts` times (it heals from a live peer), lets the others go on
+without it, and adds `worker_failures`, `rejoins` and `heals` to summary.json.
+
 A torchrun environment is adopted only when it is complete and consistent: a stale or partial
 one must not silently turn `--workers 2` into one worker.
 """
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import signal
 import socket
@@ -29,6 +35,7 @@ import torch.distributed as dist
 from .config import Config
 from .errors import PEER_LOST, ConfigError
 from .interrupts import LAUNCHER_PID_ENV, signals_deferred, sigint_blocked
+from .telemetry.quorums import read_quorums, short_exchanges, steps_lost
 
 ERR_DIR = "logs"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -144,20 +151,97 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
     sock.detach()                        # the store owns the listening socket now
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // world)
     procs: list[subprocess.Popen] = []
+    lighthouse, ft_env = start_lighthouse(cfg) if cfg.fault_tolerant else (None, {})
+
+    def start(rank: int, restarted: bool = False) -> subprocess.Popen:
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=_loopback_ifname(),
+                   OMP_NUM_THREADS=str(threads), WANSYNC_RUN_DIR=str(run_dir), WANSYNC_LAUNCHED="1",
+                   WANSYNC_RESUME="1" if resume else "0", WANSYNC_CONFIG=config, **ft_env,
+                   **{LAUNCHER_PID_ENV: str(os.getpid())})
+        if restarted:                           # a fresh life: it heals from a peer, not from disk
+            env.pop("WANSYNC_FAULT", None)
+            env.update(WANSYNC_RESUME="0", WANSYNC_RESTARTED="1")
+        with sigint_blocked():                  # the worker starts with SIGINT blocked, then ignores it
+            return subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env)
+
     try:
         for rank in range(world):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=_loopback_ifname(),
-                       OMP_NUM_THREADS=str(threads), WANSYNC_RUN_DIR=str(run_dir), WANSYNC_LAUNCHED="1",
-                       WANSYNC_RESUME="1" if resume else "0", WANSYNC_CONFIG=config, **{LAUNCHER_PID_ENV: str(os.getpid())})
-            with sigint_blocked():              # the worker starts with SIGINT blocked, then ignores it
-                procs.append(subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env))
+            procs.append(start(rank))
             check_signals()
-        return _watch(procs, run_dir, check_signals)
+        if not cfg.fault_tolerant:
+            return _watch(procs, run_dir, check_signals)
+        code, message, failures = _watch_tolerant(procs, run_dir, cfg.max_restarts, start, check_signals)
+        record_failures(run_dir, failures, restarts=sum(min(n, cfg.max_restarts) for n in failures.values()),
+                        workers=world, steps=cfg.steps)
+        return code, message
     finally:                                    # also on KeyboardInterrupt and Terminated
         _terminate(procs)
         del store
+        if lighthouse is not None:
+            lighthouse.shutdown()
+
+
+# ---- fault-tolerant runs ------------------------------------------------------------------------
+HEALS_FILE = "heals.jsonl"            # in logs/: one line per worker healed from a peer
+LIGHTHOUSE_ENV = "WANSYNC_LIGHTHOUSE"
+HEARTBEAT_TIMEOUT_MS = 2000           # a worker silent this long is left out of the next quorum
+
+
+def start_lighthouse(cfg: Config) -> tuple[object | None, dict[str, str]]:
+    """torchft's lighthouse on 127.0.0.1 (None when --lighthouse names one) and the workers' env.
+    A quorum waits up to --peer-timeout for a live (heartbeating) worker that is late, so slow
+    workers stay in lockstep; a dead one stops heartbeating and is left out after 2 s."""
+    from .comm.ft import require_torchft
+    require_torchft()
+    if cfg.lighthouse:
+        return None, {LIGHTHOUSE_ENV: f"http://{cfg.lighthouse}"}
+    from torchft.coordination import LighthouseServer
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=int(cfg.peer_timeout * 1000),
+                              heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+    port = server.address().rsplit(":", 1)[1]
+    return server, {LIGHTHOUSE_ENV: f"http://127.0.0.1:{port}"}
+
+
+def _watch_tolerant(procs: list[subprocess.Popen], run_dir: Path, max_restarts: int,
+                    start, check_signals: Callable[[], None]) -> tuple[int, str, dict[int, int]]:
+    """Restart a failed worker up to `max_restarts` times, let the others go on; the run succeeds
+    when every worker still in it ends well. Returns (status, first failure, failures per rank)."""
+    failures: dict[int, int] = {}
+    first = ""
+    while True:
+        check_signals()                         # a signal becomes an exception here, between polls
+        for rank, p in enumerate(procs):
+            code = p.poll()
+            if code in (None, 0) or failures.get(rank, 0) > max_restarts:
+                continue
+            first = first or describe_exit(run_dir, rank, code)
+            failures[rank] = failures.get(rank, 0) + 1
+            if failures[rank] <= max_restarts:
+                error_file(run_dir, rank).unlink(missing_ok=True)
+                procs[rank] = start(rank, restarted=True)
+        ended = [p.poll() for r, p in enumerate(procs) if failures.get(r, 0) <= max_restarts]
+        if all(c is not None for c in ended):
+            ok = bool(ended) and all(c == 0 for c in ended)
+            return (0 if ok else 1), ("" if ok else first), failures
+        time.sleep(0.05)
+
+
+def record_failures(run_dir: Path, failures: dict[int, int], restarts: int, workers: int, steps: int) -> None:
+    """Add the run's failures, rejoins, heals, the steps each worker lost and the exchanges short of
+    a worker (telemetry.quorums) to summary.json (written by rank 0's worker)."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return
+    heals_file = run_dir / ERR_DIR / HEALS_FILE
+    heals = len(heals_file.read_text().splitlines()) if heals_file.is_file() else 0
+    quorums = read_quorums(run_dir / ERR_DIR, workers)
+    lost = steps_lost({w: [r["step"] for r in rs] for w, rs in quorums.items()}, end=steps)
+    summary = json.loads(path.read_text())
+    summary.update(worker_failures=sum(failures.values()), rejoins=restarts, heals=heals,
+                   steps_lost=[lost[w] for w in range(workers)], short_exchanges=short_exchanges(quorums[0], workers))
+    path.write_text(json.dumps(summary, indent=2))
 
 
 # A peer's "lost contact" is a consequence; when it is all the launcher has seen so far, it waits

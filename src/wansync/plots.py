@@ -68,7 +68,8 @@ def _target_line(ax: Any, q: Quality, target: float | None) -> None:
 
 
 def quality_vs(settings: Sequence[Setting], q: Quality, target: float | None, path: Path, x: str) -> Path:
-    """x = 'step' or 'time': mean curve per setting, band = min..max over seeds."""
+    """x = 'step' or 'time': mean curve per setting, band = min..max over seeds; vs step, ticks on the
+    x axis mark a fault-tolerant run's exchanges that had a worker missing (summary `short_exchanges`)."""
     colors = _colors(settings)
     fig, ax = plt.subplots(figsize=(10, 5))
     for i, s in enumerate(settings):
@@ -81,6 +82,10 @@ def quality_vs(settings: Sequence[Setting], q: Quality, target: float | None, pa
                 label=f"{s.label}" + (f" (mean of {n} seeds)" if n > 1 else ""))
         if n > 1:
             ax.fill_between(xs, lo, hi, color=colors[s.label], alpha=0.15)
+        short = sorted({t for r in s.ok_runs for t in r.summary.get("short_exchanges") or []})
+        if x == "step" and short:      # fault-tolerant runs: a tick on the axis where a worker was missing
+            ax.plot(short, [0.0] * len(short), transform=ax.get_xaxis_transform(), linestyle="none", marker="|",
+                    markersize=14, color=colors[s.label], label=f"{s.label}: exchange with a worker missing")
     _target_line(ax, q, target)
     what = "Validation loss" if q.kind == "lm" else "Test accuracy"
     if x == "step":

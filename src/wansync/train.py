@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,12 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, jsonout, strategies
+from .comm.ft import Quorum, digest
 from .comm.ledger import INSIDE
-from .comm.replicas import replica_groups
+from .comm.replicas import Replicas, replica_groups
 from .config import Config, fingerprint
 from .divergence import chance_level, diverged
-from .errors import ConfigError, NonFiniteError
+from .errors import ConfigError, NonFiniteError, PeerError
 from .faults import Faults
 from .net import collective_duration, emulator_of
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
@@ -65,7 +67,7 @@ class Trainer:
                  phase: Phase | None = None):
         self.cfg, self.run_dir, self.rank, self.world = cfg, Path(run_dir), rank, world_size
         self.phase = phase if phase is not None else Phase()
-        self.replicas = replica_groups(cfg.ranks_per_worker)
+        self.replicas = Replicas(1, rank, world_size, 0) if cfg.fault_tolerant else replica_groups(cfg.ranks_per_worker)
         torch.manual_seed(cfg.seed)                     # same init on every rank
         self.workload = build_workload(cfg, self.replicas.worker, self.replicas.workers,
                                        self.replicas.local_rank, self.replicas.ranks_per_worker)
@@ -77,8 +79,10 @@ class Trainer:
         self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer,
                                      on_nonfinite=cfg.on_nonfinite, replicas=self.replicas, **self.options)
         self.skipped = 0
+        self.quorum = self.join_quorum() if cfg.fault_tolerant else None
         resumed = self.load_checkpoint() if resume else None
-        self.writer = MetricsWriter(self.run_dir / "metrics.jsonl" if rank == 0 else None, append=resume)
+        restarted = os.environ.get("WANSYNC_RESTARTED") == "1"
+        self.writer = MetricsWriter(self.run_dir / "metrics.jsonl" if rank == 0 else None, append=resume or restarted)
         self.sync.on_event(self.writer.write)
         self.sync_events = 0
         self.sync.on_event(self._count_sync)
@@ -93,10 +97,52 @@ class Trainer:
                                  prefix=f"[{cfg.strategy}] ")
         self.evals: list[dict[str, Any]] = []
         self.fault = Faults.from_env()
+        if self.fault is not None and self.quorum is not None:
+            self.quorum.before_exchange = lambda t: self.fault.in_exchange(self.rank, t)
         if link is not None:
             self.progress.log(link)
         if resumed is not None:
             self.restore_run_state(resumed)
+
+    # ---- fault tolerance (comm.ft) -------------------------------------------------------------
+    def join_quorum(self) -> Any:
+        """This worker's torchft Manager; what it serves a healing peer, and how it heals itself."""
+        local = not self.cfg.lighthouse
+        quorum = Quorum(self.rank, os.environ.get("WANSYNC_LIGHTHOUSE") or f"http://{self.cfg.lighthouse}",
+                        self.cfg.peer_timeout, hostname="127.0.0.1" if local else None, emulator=emulator_of(),
+                        workers=self.world)
+        quorum.serve(self.heal_state, self.heal)
+        quorum.on_quorum = self.log_quorum
+        self.sync.exchange.ft = quorum
+        self._last_participants: int | None = None
+        self._last_quorum_step: int | None = None
+        return quorum
+
+    def log_quorum(self, record: dict[str, Any]) -> None:
+        """logs/quorum_rank<r>.jsonl: every quorum this worker took part in; where the membership
+        changed (or this worker healed), the digest of its anchors and outer optimizer state, so
+        that peers can be compared bitwise (comm.ft.digest)."""
+        changed = record["participants"] != self._last_participants
+        if not (record["healed"] or changed or record["step"] != self._last_quorum_step):
+            return                     # the same quorum again (waiting for the others at the start)
+        if record["healed"] or changed:
+            state = self.sync.state_dict()
+            record["anchor_digest"] = digest({k: state[k] for k in ("anchor", "anchors") if k in state})
+        self._last_participants, self._last_quorum_step = record["participants"], record["step"]
+        with open(self.run_dir / "logs" / f"quorum_rank{self.rank}.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+    def heal_state(self) -> dict[str, Any]:
+        return {"model": self.workload.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "strategy": self.sync.heal_state()}
+
+    def heal(self, state: dict[str, Any]) -> None:
+        """Take a live peer's state (its data position stays this worker's own: each reads its shard)."""
+        self.workload.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sync.load_heal_state(state["strategy"])
+        with open(self.run_dir / "logs" / "heals.jsonl", "a") as f:
+            f.write(json.dumps({"rank": self.rank, "step": self.sync.t}) + "\n")
 
     def _count_sync(self, record: dict[str, Any]) -> None:
         if record.get("type") == "sync":
@@ -135,7 +181,7 @@ class Trainer:
         prof.move("sync_math", "exposed_comm", self._waited)
         self.comm_timer.end(sync.comm.bytes, self._waited)
         items = self.workload.batch_size_items(batch) * self.world
-        rec = {"type": "step", "step": step + 1, "loss": loss_value, "lr": lr,
+        rec = {"type": "step", "step": sync.t, "loss": loss_value, "lr": lr,
                "items_per_s": items / max(1e-9, compute + step_s), "time": prof.wall()}
         if skip:
             rec["skipped"] = True
@@ -175,7 +221,7 @@ class Trainer:
         dist.barrier()                                   # every rank's file is durable: the checkpoint is complete
         if self.fault is not None:
             self.fault.after_checkpoint(self.rank, step)
-        if self.rank == 0:
+        if self.rank == 0 and self.quorum is None:     # fault-tolerant: no barrier, so nothing is pruned
             checkpoint.prune(self.run_dir, step)
         self.profiler.lap("checkpoint")
 
@@ -224,7 +270,14 @@ class Trainer:
         self.progress.log(f"{cfg.strategy}: {self.replicas.workers} workers{ranks}, {describe(self.workload.describe())}")
         self.profiler.lap("other")
         unit = "tok/s" if self.workload.kind == "lm" else "img/s"
-        for step in range(self.sync.t, cfg.steps):
+        if self.quorum is not None:
+            restarted = os.environ.get("WANSYNC_RESTARTED") == "1"
+            self.sync.join(1 if restarted else self.world)     # a restarted worker heals here
+            if restarted and self.quorum.heals == 0:
+                raise PeerError("this restarted worker found no live peer to heal from: the others ended the "
+                                "run without it")
+        while self.sync.t < cfg.steps:
+            step = self.sync.t
             self.phase.now = f"step {step + 1}"
             rec = self.train_step(step)
             self.writer.write(rec)
@@ -239,6 +292,8 @@ class Trainer:
         self.phase.now = "the final synchronization"
         self._waited = 0.0
         self.comm_timer.begin("finish", self.sync.comm.bytes)
+        if self.quorum is not None:
+            self.sync.meet_quorum()
         self.sync.finish()
         self.profiler.lap("sync_math")
         self.profiler.move("sync_math", "exposed_comm", self._waited)
@@ -313,6 +368,8 @@ class Trainer:
             (self.run_dir / "summary.json").write_text(jsonout.dumps(summary, indent=2))
             (self.run_dir / "profile.json").write_text(jsonout.dumps(profile, indent=2))
         self.writer.close()
+        if self.quorum is not None:
+            self.quorum.shutdown()
         return summary if self.rank == 0 else None
 
 

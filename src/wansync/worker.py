@@ -26,7 +26,14 @@ from .train import Phase, train_worker
 def init_distributed(cfg: Config) -> None:
     """The process group from the torchrun-style environment, under the emulator if asked.
     `--backend nccl` means NCCL for CUDA tensors and gloo for the few CPU ones (metrics, the
-    schedule's agreement), one rank per GPU (LOCAL_RANK picks it)."""
+    schedule's agreement), one rank per GPU (LOCAL_RANK picks it). A fault-tolerant worker is a
+    process group of its own: its exchanges run over torchft's quorum, its metrics are its own; under
+    --wan its group carries the emulator, which the quorum's all-reduces run under (comm.ft)."""
+    if cfg.fault_tolerant:      # no world group: a dead worker must not be on any collective's path (comm.ft)
+        emulator = None if cfg.topology is None else net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
+        dist.init_process_group(backend="gloo" if emulator is None else net.install(), store=dist.HashStore(),
+                                rank=0, world_size=1, pg_options=emulator)
+        return
     backend, emulator = ("cpu:gloo,cuda:nccl" if cfg.backend == "nccl" else cfg.backend), None
     if cfg.backend == "nccl":
         if not torch.cuda.is_available():
@@ -66,7 +73,9 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         init_distributed(cfg)
-        train_worker(cfg, run_dir, dist.get_rank(), dist.get_world_size(), resume=resume, phase=phase)
+        rank_world = (rank, int(os.environ.get("WORLD_SIZE", 1))) if cfg.fault_tolerant else \
+            (dist.get_rank(), dist.get_world_size())
+        train_worker(cfg, run_dir, *rank_world, resume=resume, phase=phase)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line
         if isinstance(exc, (KeyboardInterrupt, Terminated)):

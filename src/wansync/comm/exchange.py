@@ -38,6 +38,9 @@ plug in here and nowhere else:
   whatever R is, every rank carrying 1/R of it; the all-gather is booked as `inside/<purpose>`.
   A buffer with fewer values than R is not split (every local rank averages all of it).
 
+- **Fault tolerance** (`ft`, see `comm.ft`): when set, an fp32 mean runs over torchft's quorum
+  instead of `group` (the workers alive now, divided by the number of contributors), blocking.
+
 Without an initialized process group the "group" is this one rank, and the mean of a lossy codec
 is `decode(encode(x))`, the same quantization a multi-rank run applies.
 """
@@ -76,8 +79,16 @@ class MeanHandle:
         self.payload_bytes = payload_bytes    # the buffer's own size
         self.started_at = started_at          # perf_counter() when the exchange was asked for
         self.waited_s = 0.0                   # time blocked in wait()
+        self.participants: int | None = None  # fault-tolerant: the workers in this exchange's quorum
         self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
         self._result: torch.Tensor | None = None
+
+    @classmethod
+    def complete(cls, ledger: CommLedger, purpose: str, mean: torch.Tensor) -> "MeanHandle":
+        """A handle whose mean is already known (received from a peer; nothing is on the wire)."""
+        handle = cls(ledger, purpose, None, lambda: mean, 0, mean.numel() * mean.element_size(), time.perf_counter())
+        handle._result, handle._finish = mean, None
+        return handle
 
     def wait(self) -> torch.Tensor:
         if self._finish is not None:
@@ -107,6 +118,7 @@ class Exchange:
         self.nonfinite = nonfinite
         self.replicas = replicas if replicas is not None else Replicas()
         self.ledger = CommLedger()
+        self.ft: Any = None               # a comm.ft.Quorum in fault-tolerant runs
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         if self.replicas.sharded:
             if group is not None:
@@ -134,6 +146,8 @@ class Exchange:
             raise NonFiniteError(f"non-finite values in this worker's {purpose} before the exchange "
                                  f"(--on-nonfinite abort)")
         weighted = guarded and self.nonfinite == "skip"
+        if self.ft is not None:
+            return self._ft_mean(buf, purpose, codec, inplace, replay, extra, valid, started_at)
         whole = buf
         sharded = self.replicas.sharded and values.numel() >= self.replicas.ranks_per_worker
         if sharded:
@@ -177,10 +191,13 @@ class Exchange:
         """The emulated link's duration of one `mean` of `numel` float32 values (None when the
         group is not emulated): an all-reduce for fp32, an all-gather of every worker's payload
         for a lossy codec; sharded, R of them at once over each site's uplink, then the worker's
-        all-gather."""
-        emulator = emulator_of(self.broadcast_group)
+        all-gather. Fault-tolerant: the quorum all-reduce of the values and their weight over every
+        worker (comm.ft)."""
+        emulator = emulator_of(self.broadcast_group) if self.ft is None else self.ft.emulator
         if emulator is None:
             return None
+        if self.ft is not None:
+            return float(collective_duration("allreduce", 4 * (numel + 1), self.ft.workers, emulator.topology))
         codec, world, r = get_codec(codec), dist.get_world_size(), self.replicas.ranks_per_worker
         sharded = self.replicas.sharded and numel >= r
         n = -(-numel // r) if sharded else numel
@@ -194,6 +211,30 @@ class Exchange:
             inside = dist.get_process_group_ranks(self.replicas.inside)
             seconds += collective_duration("allgather", r * 4 * n, world, emulator.topology, inside)
         return float(seconds)
+
+    def _ft_mean(self, buf: torch.Tensor, purpose: str, codec: Codec, inplace: bool, replay: bool, extra: int,
+                 valid: bool, started_at: float) -> MeanHandle:
+        """The mean over torchft's quorum (blocking; the handle is already complete)."""
+        if codec.name != "fp32":
+            raise ConfigError(f"--fault-tolerant exchanges fp32 only, not codec {codec.name}")
+        mean, _ = self.ft.mean(buf, valid)
+        if inplace:
+            mean = buf.copy_(mean)
+        item = buf.element_size()
+        if not replay:
+            self.ledger.count(purpose, (buf.numel() - extra) * item)
+            if extra:
+                self.ledger.count("telemetry", extra * item, calls=0)
+            if not valid:
+                self.ledger.dropped += 1
+        waited = time.perf_counter() - started_at
+        self.ledger.waited(purpose, waited)
+        handle = MeanHandle.complete(self.ledger, purpose, mean)
+        handle.wire_bytes = handle.payload_bytes = (buf.numel() - extra) * item
+        handle.started_at, handle.waited_s, handle.participants = started_at, waited, self.ft.participants
+        if purpose in GUARDED and not all_finite(mean.reshape(-1)[:buf.numel() - extra]):
+            raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite")
+        return handle
 
     # ---- replica groups: a shard across workers, the whole inside the worker ---------------------
     @property

@@ -24,9 +24,13 @@ from ..comm.exchange import Exchange
 from ..comm.flat import FlatTensors
 from ..comm.ledger import INSIDE
 from ..comm.replicas import Replicas
-from ..errors import ConfigError
+from ..errors import ConfigError, PeerError
 from .grad_sync import GradientSync
 from .options import Options
+
+JOIN_TIMEOUTS = 3          # fault-tolerant start-up: the others get this many --peer-timeout to arrive
+QUORUM = "quorum"          # ledger purpose: the time fault-tolerant workers wait in a slot's quorum
+JOIN_POLL_S = 0.2          # between start-up quorums that came back short of workers
 
 
 def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
@@ -100,8 +104,48 @@ class Strategy:
         if self.inside_sync is not None and self.inside_step(self.t + 1):
             self.inside_sync.book()
         self.t += 1
+        if self.exchange.ft is not None and self.exchanges_at(self.t):
+            self.meet_quorum()                        # may heal this worker from a peer (comm.ft)
         self.after_inner_step()
         self._left_step_at = time.perf_counter()
+
+    def meet_quorum(self) -> None:
+        """Fault-tolerant runs: the quorum of this step's slot; the time spent in it (waiting for the
+        others, healing) is booked as a wait on the ledger under `quorum` (exposed communication)."""
+        t0 = time.perf_counter()
+        self.exchange.ft.quorum(self.t, left_out_is_fatal=True)
+        self.exchange.ledger.waited(QUORUM, time.perf_counter() - t0)
+
+    def join(self, expected: int = 1) -> None:
+        """Fault-tolerant runs, before the first step: meet the others at their next quorum
+        (at the start of a run, until `expected` workers are in it); a worker that started late
+        (restarted) heals there to their step and takes part in that step's exchanges with them.
+        A worker gives up (PeerError, one line) when the others have not all arrived within
+        JOIN_TIMEOUTS x the quorum timeout (--peer-timeout); a quorum call that times out meanwhile
+        is retried (the others may still be starting on a loaded machine)."""
+        t, ft = self.t, self.exchange.ft
+        deadline = time.monotonic() + JOIN_TIMEOUTS * ft.timeout_s
+        while True:
+            try:
+                ft.quorum(t)
+                if self.t != t or ft.participants >= expected:
+                    break
+            except PeerError:
+                if time.monotonic() >= deadline:
+                    raise
+                continue
+            if time.monotonic() >= deadline:
+                raise PeerError(f"only {ft.participants} of {expected} workers joined the fault-tolerant run within "
+                                f"{JOIN_TIMEOUTS} x --peer-timeout ({JOIN_TIMEOUTS * ft.timeout_s:g} s)")
+            time.sleep(JOIN_POLL_S)           # the others are not heartbeating yet: no busy loop
+        if self.t != t:
+            self.after_inner_step()
+            self._left_step_at = time.perf_counter()
+
+    def exchanges_at(self, t: int) -> bool:
+        """Does step t (after its inner step) exchange between workers? Fault-tolerant runs take a
+        quorum there."""
+        return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -130,6 +174,8 @@ class Strategy:
 
     def emit(self, record_type: str, /, **fields: Any) -> None:
         record = {"type": record_type, "step": self.t, "strategy": self.name, **fields}
+        if self.exchange.ft is not None and record_type == "sync":
+            record.setdefault("participants", self.exchange.ft.participants)
         for fn in self._listeners:
             fn(record)
 
@@ -140,6 +186,13 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.t = int(state["t"])
         self.load_extra_state(state)
+
+    def heal_state(self) -> dict[str, Any]:
+        """What a worker healing from this one receives (fault-tolerant runs): the resumable state."""
+        return self.state_dict()
+
+    def load_heal_state(self, state: dict[str, Any]) -> None:
+        self.load_state_dict(state)
 
     def extra_state(self) -> dict[str, Any]:
         return {}

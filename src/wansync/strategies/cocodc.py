@@ -63,7 +63,12 @@ class CoCoDC(Streaming):
         self.tc_sum, self.tc_count = 0.0, 0
         self.t_s: float | None = None
         self.t_s_source = ""
-        if not self.n_decided:
+        self._modelled_t_s()
+
+    def _modelled_t_s(self) -> None:
+        """T_s from the emulated link's model, when there is one (else it is measured); asked again
+        before the first step, when a fault-tolerant exchange has its quorum (comm.ft)."""
+        if not self.n_decided and self.t_s_source in ("", "model"):
             numel = round(sum(f.numel for f in self.fragments) / self.P)
             modelled = self.exchange.modelled_seconds(numel, self.codec)
             if modelled is not None:
@@ -91,6 +96,8 @@ class CoCoDC(Streaming):
 
     # ---- T_c, T_s and N ------------------------------------------------------------------------
     def after_inner_step(self) -> None:
+        if self.t == 1 and self.exchange.ft is not None:
+            self._modelled_t_s()
         if not self.n_decided and self.since_last_step_s is not None:     # T_c: the base class's timings
             self.tc_sum += self.since_last_step_s + self.last_inner_s
             self.tc_count += 1
@@ -103,12 +110,15 @@ class CoCoDC(Streaming):
             self.t_s = took if self.t_s is None else min(self.t_s, took)
             self.t_s_source = "measured"
 
+    def exchanges_at(self, t: int) -> bool:
+        return super().exchanges_at(t) or (not self.n_decided and t >= self.H)    # the schedule's agreement
+
     def after_slot(self, t: int) -> None:
         if self.n_decided or t < self.H:
             return
         t_c = self.tc_sum / self.tc_count if self.tc_count else 0.0
         n, t_c, t_s = agree(t_c, self.t_s or 0.0, self.opts.gamma, self.H, self.P,
-                            self.opts.max_syncs_per_fragment, self.comm, self.group)
+                            self.opts.max_syncs_per_fragment, self.comm, self.group, self.exchange)
         self.schedule.set_n(n)
         self.n_decided = True
         self.emit("schedule", syncs_per_period=n, t_c=t_c, t_s=t_s, t_s_source=self.t_s_source,

@@ -41,6 +41,9 @@ class Periodic(Strategy):
     def is_boundary(self, t: int) -> bool:
         return t % self.opts.sync_every == 0
 
+    def exchanges_at(self, t: int) -> bool:
+        return self.is_boundary(t)
+
     def after_inner_step(self) -> None:
         if self.is_boundary(self.t):
             self.boundary()

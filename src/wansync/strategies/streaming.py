@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..comm.codecs import CODECS, get_codec
+from ..comm.exchange import MeanHandle
 from ..errors import check
 from .base import Strategy
 from .compensation import alpha_merge
@@ -106,6 +107,9 @@ class Streaming(Strategy):
             self.merge_due(t)             # τ = 0: merge at once
         self.after_slot(t)
 
+    def exchanges_at(self, t: int) -> bool:
+        return self.schedule.is_slot(t)
+
     def start_sync(self, p: int, reason: str, t: int) -> None:
         """Sync start at t_p: Δ_{m,p} = θ̃_p − θ_{m,p}(t_p); launch the async mean of Δ_{m,p}."""
         anchor = self.anchors[p]
@@ -133,6 +137,8 @@ class Streaming(Strategy):
         anchor.flat.scatter(new)
         if torch.equal(new, anchor.value):
             self.exact_at[p] = t
+        if x.handle.participants is not None:    # fault-tolerant: this exchange's, not the last quorum's
+            info["participants"] = x.handle.participants
         self.emit("sync", kind="fragment", fragment=p, started=x.start, overlap=t - x.start, reason=x.reason,
                   bytes=x.handle.wire_bytes, payload_bytes=x.handle.payload_bytes, codec=self.codec.name,
                   syncs_per_period=self.schedule.n, waited_s=x.handle.waited_s, **info)
@@ -184,6 +190,19 @@ class Streaming(Strategy):
     def extra_state(self) -> dict[str, Any]:
         return {"anchors": [a.state_dict() for a in self.anchors], "schedule": self.schedule.state_dict(),
                 "exact_at": list(self.exact_at), "in_flight": self.in_flight.state_dict()}
+
+    def heal_state(self) -> dict[str, Any]:
+        """Fault-tolerant exchanges are complete when issued, so the exchanges in flight travel with
+        their means: the healed worker merges them with its peers instead of relaunching them."""
+        state = self.state_dict()
+        for entry, x in zip(state["in_flight"], self.in_flight):
+            entry["mean"] = x.handle.wait().clone()
+        return state
+
+    def load_heal_state(self, state: dict[str, Any]) -> None:
+        self.load_state_dict(state)
+        for entry, x in zip(state["in_flight"], self.in_flight):
+            x.handle = MeanHandle.complete(self.comm, "pseudo_grads", entry["mean"])
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         for a, s in zip(self.anchors, state["anchors"], strict=True):

@@ -50,9 +50,14 @@ def syncs_per_period(gamma: float, sync_every: int, fragments: int, t_c: float, 
 
 
 def agree(t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int, per_fragment: int,
-          ledger: CommLedger, group: Any = None) -> tuple[int, float, float]:
-    """(N, mean T_c, mean T_s), identical on every rank of `group` (see module docstring)."""
+          ledger: CommLedger, group: Any = None, exchange: Any = None) -> tuple[int, float, float]:
+    """(N, mean T_c, mean T_s), identical on every rank of `group` (see module docstring). A
+    fault-tolerant `exchange` averages over its quorum instead: the same mean bits on every
+    participant give the same N, so no broadcast is needed."""
     vals = torch.tensor([t_c, t_s], dtype=torch.float64)
+    if exchange is not None and exchange.ft is not None:
+        tc, ts = (float(v) for v in exchange.mean(vals, "schedule").wait())
+        return syncs_per_period(gamma, sync_every, fragments, tc, ts, per_fragment=per_fragment), tc, ts
     ledger.count("schedule", vals.numel() * vals.element_size())
     dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
     vals /= dist.get_world_size(group)

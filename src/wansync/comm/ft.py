@@ -1,0 +1,230 @@
+"""Fault-tolerant exchanges through torchft: quorum averages, and healing from a live peer.
+
+Each worker is one torchft replica with its own `Manager` over a reconfigurable gloo group
+(torchft's `ProcessGroupGloo`). The lighthouse (torchft's, started by the launcher or given as
+HOST:PORT) decides who takes part in each quorum; a worker that died or stopped answering is
+left out of the next one. The protocol:
+
+- **A quorum at every synchronization slot** (`quorum(t)`, called by the strategy before it
+  computes anything it will exchange at step t). The Manager's step is the strategy's step, so a
+  worker behind the others (a restarted one, at step 0) *heals*: torchft's checkpoint transport
+  fetches a live peer's state over HTTP (model, inner optimizer, strategy: anchors, outer
+  optimizer, schedule, exchanges in flight) and `load` applies it before the slot's exchanges.
+  Every participant then decides the same exchanges from the same state.
+- **The mean** (`mean`): a SUM all-reduce of the values and one weight over the quorum, divided by
+  the sum of the weights (the contributors). A worker's weight is 0 when its values must not count
+  (non-finite under "skip"). An all-reduce that fails (a peer died inside it) is retried under a
+  shrink-only quorum (no joiner mid-exchange) from an untouched copy of the input. The survivors
+  blocked in it (not next to the dead peer) give up after half of the quorum's timeout, so they
+  all reach that retry quorum before it gives up on them.
+- **The emulated link** (`--wan`): each quorum all-reduce runs under the worker's emulator like
+  any collective of an emulated group (`net`): the modelled duration of an all-reduce over the
+  participating workers (`net.collective_duration` over their global ranks, jitter drawn from the
+  slot's step so every participant draws the same), FIFO on the emulator's link, completed at
+  max(real end, modelled end) and recorded, so the exchange waits and books what the link says.
+- **Participants** of the last exchange are kept for the sync events; `on_quorum` hears of every
+  quorum (step, participants, whether this worker healed in it) and `before_exchange` of every
+  exchange (fault injection: a worker killed inside an exchange).
+
+Only fp32 exchanges: a lossy codec's all-gather has no quorum form here (refused in config).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import socket
+import time
+import zlib
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+from torch.futures import Future
+
+from ..errors import ConfigError, PeerError
+from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, jitter_draw
+
+INSTALL = "fault tolerance needs torchft: pip install wansync[ft]"
+RETRIES = 3
+LINK_GROUP = "ft"                       # the quorum's collectives in the emulator's records
+# A collective gives up on a silent peer within this share of --peer-timeout. When a peer dies inside
+# an all-reduce, only its ring neighbours see the connection drop; the others wait out this timeout.
+# It must end well before the survivors' retry quorum (which waits up to --peer-timeout, like the
+# lighthouse's join timeout) gives up on them: with equal timeouts the two raced.
+COLLECTIVE_TIMEOUT_SHARE = 0.5
+EXCHANGES_PER_SLOT = 1024               # jitter draws: seq = step x this + the exchange's index in the slot
+
+
+def require_torchft() -> None:
+    """One line, not a traceback, when the optional dependency is missing."""
+    try:
+        import torchft  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(INSTALL) from exc
+
+
+class Quorum:
+    """This worker's membership in the fault-tolerant group (see the module docstring).
+
+    Args:
+        worker: this worker's index (the replica id torchft reports).
+        lighthouse: the lighthouse's address, http://HOST:PORT.
+        timeout_s: how long a quorum waits for a silent peer (--peer-timeout); a collective waits
+            COLLECTIVE_TIMEOUT_SHARE of it.
+        hostname: the name peers reach this worker's Manager and checkpoint server by.
+        emulator: the emulated link (`--wan`) the all-reduces run under; None: not emulated.
+        workers: the run's workers (their global ranks place them on the link's sites).
+    """
+
+    def __init__(self, worker: int, lighthouse: str, timeout_s: float, hostname: str | None = None,
+                 emulator: Emulator | None = None, workers: int = 1):
+        require_torchft()
+        from torch.distributed import TCPStore
+        from torchft import Manager
+        timeout = timedelta(seconds=timeout_s)
+        self.timeout_s = timeout_s
+        self.emulator, self.workers = emulator, workers
+        self._pg = members_recording_gloo(timedelta(seconds=timeout_s * COLLECTIVE_TIMEOUT_SHARE))
+        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)   # this worker's own
+        self.manager = Manager(
+            pg=self._pg, load_state_dict=None, state_dict=None, min_replica_size=1,
+            use_async_quorum=False, replica_id=f"worker_{worker}", store_addr="127.0.0.1",
+            store_port=self._store.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
+            hostname=hostname or socket.gethostname(), timeout=timeout, quorum_timeout=timeout,
+            connect_timeout=timeout, init_sync=False)
+        self.participants: int | None = None      # of the last exchange
+        self.heals = 0
+        self._t = 0                               # the step of the last quorum
+        self._exchanges_in_slot = 0
+        self._load: Callable[[dict[str, Any]], None] | None = None
+        self.on_quorum: Callable[[dict[str, Any]], None] | None = None
+        self.before_exchange: Callable[[int], None] | None = None
+
+    def serve(self, save: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None]) -> None:
+        """What a healing peer receives (`save`, copied: the transport serves tensors by reference
+        while this worker trains on) and how this worker applies a peer's (`load`)."""
+        self._load = load
+        self.manager.register_state_dict_fn("wansync", self._healed, lambda: copy.deepcopy(save()))
+
+    def _healed(self, state: dict[str, Any]) -> None:
+        self.heals += 1
+        assert self._load is not None
+        self._load(state)
+
+    def quorum(self, t: int, shrink_only: bool = False, left_out_is_fatal: bool = False) -> None:
+        """Agree on who takes part from step t on; heal from a peer when this worker is behind.
+        `left_out_is_fatal` (training, not the start-up join): a worker the others went on without
+        (quorums formed while it was stopped or cut off) must heal in this quorum; with no live peer
+        to heal from (the others ended), a PeerError rather than train on alone."""
+        self._t, self._exchanges_in_slot = t, 0
+        heals, t0, last_id = self.heals, time.perf_counter(), self._pg.quorum_id
+        self.manager.load_state_dict({"step": t, "batches_committed": 0})
+        try:
+            self.manager.start_quorum(shrink_only=shrink_only)
+        except Exception as exc:  # noqa: BLE001 - torchft's quorum timeout or lost lighthouse, in one line
+            raise PeerError(f"the fault-tolerant quorum failed: {first_line(exc)}") from exc
+        if self.manager.errored():
+            raise PeerError(f"the fault-tolerant quorum failed: {self.manager.errored().original_exception}")
+        self.participants = self.manager.num_participants()
+        left_out = last_id is not None and (self._pg.quorum_id or 0) > last_id + 1
+        if left_out_is_fatal and left_out and self.heals == heals:
+            raise PeerError("this worker was left out (stopped or cut off past the heartbeat timeout) and, back, found "
+                            "no live peer to heal from: it stops rather than train on alone")
+        if self.on_quorum is not None:
+            self.on_quorum({"step": self.manager.current_step(), "participants": self.participants,
+                            "healed": self.heals > heals,
+                            "seconds": round(time.perf_counter() - t0, 4)})
+
+    def mean(self, values: torch.Tensor, valid: bool) -> tuple[torch.Tensor, int]:
+        """(the weighted mean of `values` over the quorum, the number of contributors)."""
+        from torch.distributed import ReduceOp
+        flat = values.detach().reshape(-1)
+        if self.before_exchange is not None:
+            self.before_exchange(self._t)
+        for attempt in range(RETRIES + 1):
+            wire = torch.cat([flat if valid else torch.zeros_like(flat), flat.new_full((1,), float(valid))])
+            ok = self._wait(self.manager.allreduce(wire, reduce_op=ReduceOp.SUM), wire)
+            if ok and self.manager.errored() is None:
+                self.participants = self.manager.num_participants()
+                contributors = int(round(float(wire[-1])))
+                return wire[:-1].view_as(values).div_(max(1, contributors)), contributors
+            if attempt < RETRIES:
+                self.quorum(self._t, shrink_only=True)
+        raise PeerError(f"an exchange failed {RETRIES + 1} times in a row under the fault-tolerant quorum")
+
+    def _wait(self, work: Any, wire: torch.Tensor) -> bool:
+        """Wait for a quorum all-reduce; under the emulator, until the link says it is done."""
+        if self.emulator is None:
+            return work.wait()
+        seq = self._t * EXCHANGES_PER_SLOT + self._exchanges_in_slot
+        self._exchanges_in_slot += 1
+        members = self._pg.members or list(range(self.participants or 1))
+        try:
+            on_link(self.emulator, work, wire, members, self.workers, seq).wait()
+        except Exception:  # noqa: BLE001 - a peer died inside it, or the link timed out: retried above
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+def on_link(emulator: Emulator, work: Any, wire: torch.Tensor, members: list[int], workers: int,
+            seq: int) -> EmulatedWork:
+    """`work` (a quorum all-reduce of `wire` over the global ranks `members` of `workers`) as a
+    collective of the emulated link: its modelled duration, FIFO on the emulator's link, recorded;
+    the returned Work completes at max(real end, modelled end) (see `net.backend`)."""
+    issue, topology = time.perf_counter(), emulator.topology
+    nbytes = wire.numel() * wire.element_size()
+    modelled = collective_duration("allreduce", nbytes, workers, topology, members)
+    modelled += jitter_draw(topology, workers, emulator.seed, zlib.crc32(LINK_GROUP.encode()), seq, members)
+    start = emulator.reserve(issue, modelled)
+    record = CollectiveRecord(op="allreduce", nbytes=nbytes, group=LINK_GROUP, seq=seq, issue=issue, start=start,
+                              modelled_s=modelled, modelled_end=start + modelled)
+    fut = Future(devices=[wire.device]) if wire.is_cuda else Future()
+    emulator.schedule([work], record, fut, wire, wire.is_cuda)
+    return EmulatedWork(fut, record, wire)
+
+
+def members_recording_gloo(timeout: timedelta) -> Any:
+    """torchft's ProcessGroupGloo that keeps the id and the global ranks of the quorum it was last
+    configured for (`quorum_id`, `members`: the participating workers; None before the first quorum).
+    The lighthouse numbers quorums in order, one more each time the membership changes."""
+    from torchft import ProcessGroupGloo
+
+    class MembersRecordingGloo(ProcessGroupGloo):
+        members: list[int] | None = None
+        quorum_id: int | None = None
+
+        def configure(self, *args: Any, **kwargs: Any) -> None:
+            ranks = kwargs.get("global_ranks", args[7] if len(args) > 7 else None)
+            self.members = sorted(ranks) if ranks else None
+            self.quorum_id = kwargs.get("quorum_id", args[4] if len(args) > 4 else None)
+            super().configure(*args, **kwargs)
+
+    return MembersRecordingGloo(timeout=timeout)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def digest(state: Any) -> str:
+    """sha256 of every tensor in a nested dict/list, in order: equal digests mean bitwise-equal state."""
+    h = hashlib.sha256()
+
+    def visit(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            h.update(str((x.dtype, tuple(x.shape))).encode())
+            h.update(x.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(str(k).encode())
+                visit(x[k])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v)
+
+    visit(state)
+    return h.hexdigest()

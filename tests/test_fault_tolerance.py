@@ -1,0 +1,389 @@
+"""--fault-tolerant: a worker killed mid-run is left out, restarted, healed from a live peer, and the
+run ends with every worker holding the same parameters (torchft on gloo, 127.0.0.1)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli_harness import TINY, no_process_left, wansync
+from wansync.comm.ft import INSTALL, require_torchft
+from wansync.config import build_config
+from wansync.errors import ConfigError, PeerError
+
+pytest.importorskip("torchft")
+
+KILL_AT = 22          # after the boundary of step 20, before that of 25
+
+
+def sync_participants(run_dir, by="step"):
+    """(step, participants) of every sync event; by="started": the step its exchange started at."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r.get(by, r["step"]), r["participants"]) for r in records if r["type"] == "sync"]
+
+
+@pytest.fixture(scope="module")
+def killed_and_restarted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ft") / "run"
+    r = wansync("train", "--strategy", "diloco", "--sync-every", "5", "--workers", "3", "--steps", "100",
+                "--eval-every", "1000", "--fault-tolerant", "--max-restarts", "1", "--quiet", "--out", str(out),
+                *TINY, env={"WANSYNC_FAULT": f"rank=1,step={KILL_AT},action=kill"}, timeout=240)
+    return r, out
+
+
+def test_a_killed_worker_does_not_end_the_run(killed_and_restarted):
+    r, out = killed_and_restarted
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["worker_failures"] == 1 and summary["rejoins"] == 1 and summary["heals"] == 1
+    assert no_process_left(out)
+
+
+def test_the_exchange_after_the_failure_has_two_participants_then_three_after_healing(killed_and_restarted):
+    _, out = killed_and_restarted
+    seen = sync_participants(out)
+    assert all(p == 3 for s, p in seen if s < KILL_AT)
+    after = [p for s, p in seen if s > KILL_AT]
+    assert after[0] == 2
+    assert 3 in after and after[-1] == 3
+
+
+def test_every_worker_ends_with_the_same_parameters(killed_and_restarted):
+    _, out = killed_and_restarted
+    final = sorted((out / "checkpoints").glob("step*"))[-1]
+    models = [torch.load(final / f"rank{r}.pt", weights_only=False)["model"] for r in range(3)]
+    for other in models[1:]:
+        assert all(torch.equal(models[0][k], other[k]) for k in models[0])
+
+
+def test_strategies_that_all_reduce_every_step_are_refused_in_one_line():
+    for strategy in ("ddp", "cpdp", "post_local_sgd"):
+        with pytest.raises(ConfigError, match="all-reduces gradients every step"):
+            build_config(overrides={"strategy": strategy, "fault_tolerant": True})
+
+
+def test_a_lossy_codec_and_workers_of_several_ranks_are_refused():
+    with pytest.raises(ConfigError, match="fp32 only"):
+        build_config(overrides={"strategy": "streaming", "fault_tolerant": True, "codec": "int8"})
+    with pytest.raises(ConfigError, match="one rank"):
+        build_config(overrides={"strategy": "diloco", "fault_tolerant": True, "ranks_per_worker": 2})
+
+
+def test_without_torchft_the_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchft", None)
+    with pytest.raises(ConfigError, match=r"pip install wansync\[ft\]"):
+        require_torchft()
+    assert "wansync[ft]" in INSTALL
+
+
+def test_the_cli_refuses_an_unsupported_strategy_in_one_line(tmp_path):
+    r = wansync("train", "--strategy", "ddp", "--fault-tolerant", "--workers", "2", "--steps", "2",
+                "--out", str(tmp_path / "run"), *TINY, timeout=60)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr and "all-reduces gradients every step" in r.stderr
+
+
+def test_a_worker_waiting_for_the_first_quorum_gives_up_in_one_line_after_three_peer_timeouts():
+    """Start-up join with a peer that never arrives: one worker, a real lighthouse, 2 expected."""
+    import threading
+
+    import torch.distributed as dist
+    import wansync as ws
+    from torchft.coordination import LighthouseServer
+    from wansync.comm.ft import Quorum
+    from wansync.comm.replicas import Replicas
+
+    dist.init_process_group(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)   # as a FT worker's
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=2000)
+    peer_timeout = 1.0
+    quorum = Quorum(0, f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}", peer_timeout, hostname="127.0.0.1")
+    model = torch.nn.Linear(3, 2)
+    sync = ws.strategy("diloco", model, torch.optim.SGD(model.parameters(), lr=0.1), replicas=Replicas(1, 0, 2, 0))
+    sync.exchange.ft = quorum
+    outcome = []
+
+    def join():
+        try:
+            sync.join(expected=2)
+            outcome.append("joined")
+        except BaseException as exc:  # noqa: BLE001 - the test inspects whatever ended the wait
+            outcome.append(exc)
+    waiting = threading.Thread(target=join, daemon=True)
+    try:
+        waiting.start()
+        waiting.join(3 * peer_timeout + 30)          # three peer timeouts, and slack for a loaded machine
+        assert not waiting.is_alive(), "the join never gave up"
+        assert isinstance(outcome[0], PeerError) and "only 1 of 2 workers joined" in str(outcome[0])
+        assert "\n" not in str(outcome[0])
+    finally:
+        quorum.shutdown()
+        lighthouse.shutdown()
+        dist.destroy_process_group()
+
+
+class DoneWork:
+    """A quorum all-reduce that has already finished (the link model is what is under test)."""
+
+    def wait(self, timeout=None):
+        return True
+
+
+def test_a_quorum_all_reduce_under_the_emulator_takes_the_modelled_time_of_its_participants():
+    from wansync.comm.ft import on_link
+    from wansync.net import Emulator, collective_duration, parse_wan
+
+    topology = parse_wan("rtt=40ms,bw=100mbit,sites=2")
+    emulator = Emulator(topology, seed=0)
+    wire = torch.zeros(2501)
+    first = on_link(emulator, DoneWork(), wire, [0, 1, 3], 4, seq=0)
+    second = on_link(emulator, DoneWork(), wire, [0, 1, 3], 4, seq=1)
+    first.wait()
+    second.wait()
+    expected = collective_duration("allreduce", 4 * 2501, 4, topology, [0, 1, 3])
+    assert expected > 0.04                                   # two sites: at least a round trip
+    records = emulator.records()
+    assert [r.modelled_s for r in records] == [expected, expected]
+    assert records[1].start >= records[0].modelled_end       # one link, first in first out
+    assert all(r.end >= r.modelled_end and r.waited is not None for r in records)
+
+
+WAN = "rtt=40ms,bw=100mbit,sites=2"          # worker 0 on one site, worker 1 on the other; no jitter
+
+
+def test_under_wan_every_quorum_exchange_books_the_link_models_time_for_its_participants(tmp_path):
+    from wansync.net import collective_duration, parse_wan
+
+    out = tmp_path / "run"
+    r = wansync("train", "--strategy", "diloco", "--sync-every", "5", "--workers", "2", "--steps", "10",
+                "--eval-every", "1000", "--fault-tolerant", "--peer-timeout", "60", "--wan", WAN, "--quiet",
+                "--out", str(out), *TINY, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["wan"]["spec"] == WAN and profile["wan"]["emulated"]
+    on_link = [c for ev in profile["events"] for c in ev["per_collective"] if c["modelled_s"] > 0]
+    models = [c for c in on_link if c["bytes"] > 64]                     # not the drift telemetry at the end
+    assert len(models) == len(sync_participants(out)) == 2              # the exchanges at steps 5 and 10
+    topology = parse_wan(WAN)
+    for c in on_link:
+        assert c["op"] == "allreduce"
+        assert c["modelled_s"] == pytest.approx(collective_duration("allreduce", c["bytes"], 2, topology, [0, 1]))
+    modelled = sum(c["modelled_s"] for c in on_link)
+    assert profile["derived"]["comm_modelled_s"] == pytest.approx(modelled)
+    assert profile["categories_s"]["exposed_comm"] >= modelled          # an exchange ends after the link says
+    assert abs(sum(profile["categories_s"].values()) - profile["wall_clock_s"]) <= 0.02 * profile["wall_clock_s"]
+    assert no_process_left(out)
+
+
+def test_under_wan_cocodc_takes_its_sync_time_from_the_link_model_of_every_worker(tmp_path):
+    out = tmp_path / "run"
+    r = wansync("train", "--strategy", "cocodc", "--sync-every", "4", "--fragments", "2", "--overlap", "1",
+                "--workers", "2", "--steps", "8", "--eval-every", "1000", "--fault-tolerant", "--peer-timeout", "60",
+                "--wan", WAN, "--quiet", "--out", str(out), *TINY, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    schedule = next(rec for rec in records if rec["type"] == "schedule")
+    profile = json.loads((out / "profile.json").read_text())
+    fragment_syncs = [c["modelled_s"] for ev in profile["events"] for c in ev["per_collective"]
+                      if c["modelled_s"] > 0 and c["bytes"] > 64]
+    assert schedule["t_s_source"] == "model" and fragment_syncs
+    assert schedule["t_s"] == pytest.approx(min(fragment_syncs), rel=0.05)   # not one worker's (zero) link
+    assert no_process_left(out)
+
+
+# ---- the must-show scenarios: 4 workers, worker 2 fails (tiny LM, few steps) ----------------------
+STEPS, EVERY, FAILS_AT = 40, 5, 12          # the last exchange worker 2 takes part in is at step 10
+FOUR = ("--workers", "4", "--steps", str(STEPS), "--eval-every", "1000", "--quiet", *TINY)
+
+
+def run_four(out, strategy, *extra, fault=None, peer_timeout=10, timeout=240):
+    env = {"WANSYNC_FAULT": fault} if fault else None
+    return wansync("train", "--strategy", strategy, "--fault-tolerant", "--peer-timeout", str(peer_timeout),
+                   "--out", str(out),
+                   *FOUR, *extra, env=env, timeout=timeout)
+
+
+def quorums(out, rank):
+    path = out / "logs" / f"quorum_rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def final_models(out, ranks):
+    final = sorted((out / "checkpoints").glob("step*"))[-1]
+    return [torch.load(final / f"rank{r}.pt", weights_only=False)["model"] for r in ranks]
+
+
+def all_equal(models):
+    return all(torch.equal(models[0][k], m[k]) for m in models[1:] for k in models[0])
+
+
+@pytest.fixture(scope="module")
+def killed_for_good(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ft4")
+    clean = run_four(root / "clean", "diloco", "--sync-every", str(EVERY))
+    killed = run_four(root / "killed", "diloco", "--sync-every", str(EVERY),
+                      fault=f"rank=2,step={FAILS_AT},action=kill")
+    return clean, root / "clean", killed, root / "killed"
+
+
+def test_four_workers_one_killed_for_good_the_run_finishes_with_three_at_every_exchange_after(killed_for_good):
+    _, _, r, out = killed_for_good
+    assert r.returncode == 0, r.stderr[-2000:]
+    after = [p for s, p in sync_participants(out) if s > FAILS_AT]
+    assert after and all(p == 3 for p in after)
+    assert all(p == 4 for s, p in sync_participants(out) if s < FAILS_AT)
+    assert all_equal(final_models(out, [0, 1, 3]))
+    assert no_process_left(out)
+
+
+def test_the_killed_run_reports_its_losses_next_to_the_fault_free_run(killed_for_good):
+    clean, clean_out, r, out = killed_for_good
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    fault_free, faulty = (json.loads((d / "summary.json").read_text()) for d in (clean_out, out))
+    assert fault_free["final_val_loss"] > 0 and faulty["final_val_loss"] > 0
+    assert faulty["steps_lost"] == [0, 0, STEPS - 10, 0] and fault_free["steps_lost"] == [0, 0, 0, 0]
+    assert faulty["short_exchanges"] == list(range(15, STEPS + 1, EVERY)) and fault_free["short_exchanges"] == []
+
+
+@pytest.fixture(scope="module")
+def killed_and_healed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ft4heal") / "run"
+    # worker 0 straggles at step 18 (alive, so the others wait for it at step 20) long enough for the
+    # restarted worker to start on a loaded machine: it then heals at step 20, not after the run
+    r = run_four(out, "diloco", "--sync-every", str(EVERY), "--max-restarts", "1", peer_timeout=90,
+                 fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=45")
+    return r, out
+
+
+def test_a_healed_worker_holds_its_peers_anchors_and_outer_state_bit_for_bit(killed_and_healed):
+    r, out = killed_and_healed
+    assert r.returncode == 0, r.stderr[-2000:]
+    healed = [q for q in quorums(out, 2) if q["healed"]]
+    assert len(healed) == 1
+    step, mine = healed[0]["step"], healed[0]["anchor_digest"]
+    for peer in (0, 1, 3):
+        theirs = [q["anchor_digest"] for q in quorums(out, peer) if q["step"] == step and "anchor_digest" in q]
+        assert theirs and theirs[-1] == mine
+    summary = json.loads((out / "summary.json").read_text())
+    assert step == 20 and summary["heals"] == 1 and summary["steps_lost"] == [0, 0, 10, 0]
+
+
+def test_after_healing_every_rank_ends_with_identical_parameters(killed_and_healed):
+    _, out = killed_and_healed
+    assert all_equal(final_models(out, range(4)))
+    assert no_process_left(out)
+
+
+def first_slot_after(strategy_args, after):
+    """The first step after `after` where the fragment schedule starts an exchange (cocodc may
+    change the schedule after its agreement: the fault then strikes its first exchange after)."""
+    from wansync.strategies.fragments import Schedule
+    h, p = int(strategy_args[1]), int(strategy_args[3])
+    schedule = Schedule(h, p, p)
+    return next(t for t in range(after + 1, STEPS) if schedule.is_slot(t))
+
+
+@pytest.mark.parametrize("strategy", ["streaming", "cocodc"])
+def test_a_worker_killed_inside_a_fragment_exchange_is_left_out_of_it_and_the_others_go_on(strategy, tmp_path):
+    args = ("--sync-every", "8", "--fragments", "2", "--overlap", "2")
+    slot = first_slot_after(args, FAILS_AT)
+    out = tmp_path / "run"
+    r = run_four(out, strategy, *args, fault=f"rank=2,step={slot},action=kill_in_exchange")
+    assert r.returncode == 0, r.stderr[-2000:]
+    died_in = quorums(out, 2)[-1]["step"]                 # the exchange it was killed inside
+    assert died_in >= slot
+    at_slot = [q["participants"] for q in quorums(out, 0) if q["step"] == died_in]
+    assert at_slot[0] == 4 and at_slot[-1] == 3          # retried without it, inside that exchange
+    assert all(p == 3 for s, p in sync_participants(out, by="started") if s >= died_in)   # merged later
+    assert all_equal(final_models(out, [0, 1, 3]))
+    assert no_process_left(out)
+
+
+def worker_pid(out, rank):
+    marker, rank_var = f"WANSYNC_RUN_DIR={out}".encode(), f"RANK={rank}".encode()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in env and rank_var in env and b"wansync.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return int(pid)
+    return None
+
+
+def test_a_stopped_worker_is_left_out_and_when_continued_rejoins_or_exits_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "wansync", "train", "--strategy", "diloco", "--sync-every", str(EVERY),
+           "--fault-tolerant", "--peer-timeout", "60", "--out", str(out), *FOUR]   # left out by heartbeat (2 s)
+    output = tmp_path / "launcher.log"    # a file, not a pipe: an undrained pipe blocks the lighthouse's logging
+    with open(output, "w") as sink:
+        proc = subprocess.Popen(cmd, env=dict(os.environ, WANSYNC_FAULT=f"rank=2,step={FAILS_AT},action=stop"),
+                                stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            log = out / "logs" / "quorum_rank0.jsonl"
+            lines = log.read_text().splitlines() if log.is_file() else []
+            if any(q["participants"] == 3 and q["step"] > FAILS_AT for q in map(json.loads, filter(str.strip, lines))):
+                break
+            time.sleep(0.5)
+        pid = worker_pid(out, 2)
+        assert pid is not None and Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"   # stopped, left out
+        os.kill(pid, signal.SIGCONT)
+        proc.wait(timeout=180)                                                             # never a hang
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output.read_text()[-2000:]
+    healed = [q for q in quorums(out, 2) if q["healed"]]
+    err = out / "logs" / "rank2.err"
+    if healed:
+        assert all_equal(final_models(out, range(4)))
+    else:
+        assert err.is_file() and len(err.read_text().strip().splitlines()) == 1
+        assert all_equal(final_models(out, [0, 1, 3]))
+    assert no_process_left(out)
+
+
+def test_a_stopped_worker_continued_after_the_others_ended_exits_in_one_line_instead_of_training_alone(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "wansync", "train", "--strategy", "diloco", "--sync-every", str(EVERY),
+           "--fault-tolerant", "--peer-timeout", "60", "--out", str(out), *FOUR]
+    output = tmp_path / "launcher.log"
+    with open(output, "w") as sink:
+        proc = subprocess.Popen(cmd, env=dict(os.environ, WANSYNC_FAULT=f"rank=2,step={FAILS_AT},action=stop"),
+                                stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None and not (out / "summary.json").is_file():
+            time.sleep(0.5)                                      # rank 0 wrote its summary: the others ended
+        pid = worker_pid(out, 2)
+        assert pid is not None and Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"
+        os.kill(pid, signal.SIGCONT)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output.read_text()[-2000:]
+    lines = (out / "logs" / "rank2.err").read_text().strip().splitlines()
+    assert len(lines) == 1 and "left out" in lines[0] and "Traceback" not in output.read_text()
+    assert all(q["participants"] > 1 for q in quorums(out, 2))          # it never trained on alone
+    assert all_equal(final_models(out, [0, 1, 3]))
+    assert no_process_left(out)
+
+
+def test_steps_lost_run_from_the_last_slot_taken_part_in_to_the_heal_or_the_end():
+    from wansync.telemetry.quorums import short_exchanges, steps_lost
+    slots = [5, 10, 15, 20, 25, 30]
+    lost = steps_lost({0: slots, 1: [5, 10, 20, 25, 30], 2: [5, 10], 3: []}, end=30)
+    assert lost == {0: 0, 1: 10, 2: 20, 3: 30}
+    records = [{"step": 5, "participants": 4}, {"step": 10, "participants": 4}, {"step": 10, "participants": 3}]
+    assert short_exchanges(records, 4) == [10]
