@@ -12,7 +12,7 @@ import torch
 from wansync.errors import ConfigError, PeerError
 from wansync.localgroup import run_ranks
 from wansync.strategies import make_options
-from wansync.strategies.compensation import alpha_merge, delay_compensate
+from wansync.strategies.compensation import alpha_merge, damped_compensate, delay_compensate
 from wansync.strategies.fragments import slot_index
 from wansync.strategies.transmission import syncs_per_period
 from test_streaming import resume, train
@@ -89,7 +89,7 @@ def test_syncs_per_period_is_capped_at_c_fragments_and_keeps_the_papers_n():
     (dict(schedule="random"), "schedule must be one of adaptive, adaptive_fair, round_robin, got 'random'"),
     (dict(max_syncs_per_fragment=-1), "max_syncs_per_fragment must be >= 0, got -1"),
     (dict(outer_scaling="sqrt"), "outer_scaling must be one of none, interval, got 'sqrt'"),
-    (dict(compensation="none"), "compensation must be one of taylor, alpha, got 'none'"),
+    (dict(compensation="none"), "compensation must be one of taylor, alpha, damped, got 'none'"),
 ])
 def test_bad_cocodc_options(options, message):
     with pytest.raises(ConfigError) as e:
@@ -185,3 +185,14 @@ def test_n_from_gamma_is_agreed_once_and_then_followed(ranks):
     expected = [t for t in range(H + 1, STEPS + 1) if slot_index(t, H, n) is not None]
     later = [t for t in starts if t > H]
     assert set(later) <= set(expected) and len(later) >= len(expected) - 2   # the last may still be in flight
+
+
+def test_the_damped_merge_keeps_the_local_steps_and_damps_only_the_outer_step():
+    theta_p, anchor, tau = torch.tensor([1.0, 2.0]), torch.tensor([3.0, -2.0]), 4
+    theta_l = theta_p + torch.tensor([0.4, -0.8])                     # τ local steps of velocity (0.1, -0.2)
+    undamped, _ = damped_compensate(theta_p, theta_l, anchor, tau, 100, 0.0, alpha=0.0)
+    assert torch.equal(undamped, delay_compensate(theta_p, theta_l, anchor, tau, 100, 0.0)[0])
+    damped, _ = damped_compensate(theta_p, theta_l, anchor, tau, 100, 0.0, alpha=0.5)
+    torch.testing.assert_close(damped, 0.5 * theta_p + 0.5 * anchor + (theta_l - theta_p))
+    kept, _ = damped_compensate(theta_p, theta_l, anchor, tau, 100, 0.0, alpha=1.0)
+    torch.testing.assert_close(kept, theta_l)

@@ -115,7 +115,7 @@ def extra_memory_bytes(s: Setting, peak_in_flight: int) -> int:
     grads = 4 * size.params if any(gradient_phase(inst, t) for t in (1, o.get("sync_every", 1))) else 0
     if "fragments" in o:
         momentum = full if o["outer_momentum"] > 0 else 0
-        theta = 2 if o.get("compensation") == "taylor" else 1      # delta (+ θ(t_p)) per fragment
+        theta = 2 if o.get("compensation", "alpha") != "alpha" else 1     # delta (+ θ(t_p)) per fragment
         return full + momentum + grads + theta * peak_in_flight
     extra = grads
     if "sync_every" in o:

@@ -171,7 +171,7 @@ def _fragment_trace(inst: Streaming, size: ModelSize, workers: int, steps: int, 
     schedule = Schedule(H, P, o.syncs_per_period or P, "round_robin")
     in_flight: dict[int, tuple[int, Transfer]] = {}          # fragment -> (merge step, transfer)
     merged_exact: dict[int, int] = {}      # fragment -> step at which a merge left it exactly at θ̃_p
-    taylor = getattr(o, "compensation", "alpha") == "taylor"
+    taylor = getattr(o, "compensation", "alpha") != "alpha"        # keeps θ(t_p)
 
     def merge(p: int, t: int, acts: list[Action]) -> None:
         """The merge leaves θ̃_p's exact bits for α = 0, and for the Taylor merge after 0 steps."""

@@ -3,7 +3,9 @@ compensation and adaptive transmission.
 
 - Merge (`compensation`): `taylor` (default) replaces the α-merge by
   `θ ← θ̃_p + τ·(g + λ·g⊙g⊙D)`, `g = (θ(t_l) − θ(t_p))/τ` (forward difference; the paper's printed
-  Eq. (4) has the opposite sign), `D = (θ(t_p) − θ̃_p)/H`; `alpha` keeps Streaming DiLoCo's α-merge.
+  Eq. (4) has the opposite sign), `D = (θ(t_p) − θ̃_p)/H`; `alpha` keeps Streaming DiLoCo's α-merge;
+  `damped` is the Taylor merge with the outer step damped by α at the launch point
+  (`θ ← α·θ(t_p) + (1−α)·θ̃_p + τ·g_corr`: the τ local steps kept whole, unlike the α-merge).
   Every merge's "sync" event records `lam_term_rel = ‖λ·g⊙g⊙D‖/‖g‖` (this rank's value).
 - Count (`syncs_per_period`): 0 (default) derives N once, at step H, by the rule stated in
   `transmission.py` (the paper's `⌊γ·H·T_c/T_s⌋`, at least P, capped at `max_syncs_per_fragment`·P:
@@ -26,14 +28,14 @@ from typing import Any
 
 import torch
 
-from .compensation import delay_compensate
+from .compensation import damped_compensate, delay_compensate
 from .fragments import SCHEDULES
 from .inflight import InFlight
 from .options import at_least, one_of, option, positive
 from .streaming import Streaming, StreamingOptions
 from .transmission import agree
 
-COMPENSATIONS = ("taylor", "alpha")
+COMPENSATIONS = ("taylor", "alpha", "damped")
 OUTER_SCALINGS = ("none", "interval")
 
 
@@ -79,13 +81,16 @@ class CoCoDC(Streaming):
         return self.opts.schedule
 
     def keeps_theta_start(self) -> bool:
-        return self.opts.compensation == "taylor"
+        return self.opts.compensation != "alpha"
 
     def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
                      elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
         if self.opts.compensation == "alpha":
             return super().merge_values(x, local, anchor, elapsed)
         assert x.theta_start is not None
+        if self.opts.compensation == "damped":
+            new, rel = damped_compensate(x.theta_start, local, anchor, elapsed, self.H, self.opts.lam, self.opts.alpha)
+            return new, {"merge": "damped", "alpha": self.opts.alpha, "lam": self.opts.lam, "lam_term_rel": rel}
         new, rel = delay_compensate(x.theta_start, local, anchor, elapsed, self.H, self.opts.lam)
         return new, {"merge": "taylor", "lam": self.opts.lam, "lam_term_rel": rel}
 

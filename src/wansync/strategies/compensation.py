@@ -40,3 +40,19 @@ def delay_compensate(theta_start: torch.Tensor, theta_now: torch.Tensor, anchor:
     else:
         rel, g_corr = 0.0, g
     return anchor + g_corr * tau, rel
+
+
+def damped_compensate(theta_start: torch.Tensor, theta_now: torch.Tensor, anchor: torch.Tensor, tau: int,
+                      sync_every: int, lam: float, alpha: float) -> tuple[torch.Tensor, float]:
+    """The Taylor merge with the α-merge's damping of the outer step, applied at the launch point:
+
+        θ ← α·θ(t_p) + (1−α)·θ̃_p + τ·g_corr
+
+    The α-merge damps both the outer step and the τ local steps taken during the exchange (it mixes
+    θ(t_l)); this keeps the local steps whole and damps only the outer step. α = 0 is `delay_compensate`;
+    λ = 0 with α = 1 keeps the local fragment unchanged.
+    """
+    new, rel = delay_compensate(theta_start, theta_now, anchor, tau, sync_every, lam)
+    if alpha == 0:
+        return new, rel
+    return new + (theta_start - anchor) * alpha, rel
