@@ -14,7 +14,7 @@ Columns: participants per exchange (rank 0's quorums, run-length: "3×2 2×5" = 
 step the missing worker was back at (heal), steps lost per worker, final loss and its difference
 from the fault-free run.
 
-    PYTHONPATH=src python benchmarks/ft_scenarios.py [--workers 3 --steps 100 --strategies diloco,streaming]
+    PYTHONPATH=src python benchmarks/ft_scenarios.py [--workers 3 --steps 100 --strategies diloco,streaming,...]
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ import time
 from pathlib import Path
 
 TINY = ["--model", "tiny", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "4", "--threads", "1"]
-STRATEGY_ARGS = {"diloco": ["--sync-every", "5"], "streaming": ["--sync-every", "8", "--fragments", "2",
-                                                                "--overlap", "2"]}
+FRAGMENTS = ["--sync-every", "8", "--fragments", "2", "--overlap", "2"]
+STRATEGY_ARGS = {"local_sgd": ["--sync-every", "5"], "slowmo": ["--sync-every", "5"], "diloco": ["--sync-every", "5"],
+                 "streaming": FRAGMENTS, "cocodc": FRAGMENTS}
 SCENARIOS = {"fault-free": ("", []), "kill": ("rank=2,step=12,action=kill", []),
              "stop": ("rank=2,step=12,action=stop", []),
              "kill in exchange": ("rank=2,step=12,action=kill_in_exchange", []),
@@ -95,7 +96,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--strategies", default="diloco,streaming")
+    ap.add_argument("--strategies", default=",".join(STRATEGY_ARGS))
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     args = ap.parse_args()
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")

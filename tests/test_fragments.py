@@ -182,7 +182,8 @@ def test_the_paper_preset_keeps_n_8_and_the_papers_schedule():
     from wansync.strategies import resolve_options
     from wansync.strategies.transmission import syncs_per_period
     o = resolve_options("cocodc", get("cocodc-paper").values)
-    assert (o["sync_every"], o["fragments"], o["schedule"], o["outer_scaling"]) == (100, 4, "adaptive", "none")
+    assert (o["sync_every"], o["fragments"], o["schedule"], o["outer_scaling"], o["compensation"]) == (
+        100, 4, "adaptive", "none", "taylor")                  # the paper's rules, not the defaults
     for t_s in (5.0, 1e-3, 0.0):                          # the paper's link, a fast one, an instant one
         assert syncs_per_period(o["gamma"], 100, 4, t_c=1.0, t_s=t_s, per_fragment=o["max_syncs_per_fragment"]) == 8
     sched = Schedule(100, 4, 8, o["schedule"])

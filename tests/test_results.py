@@ -49,6 +49,13 @@ def test_every_question_names_cells_of_its_own_table():
             assert q.metric in results.METRICS
 
 
+def test_the_cocodc_tables_measure_the_papers_taylor_merge_not_the_default():
+    for t, specs, _ in results.plan_all(results.TABLES, Path("runs/results"), 1, None):
+        for spec in specs:
+            if spec.cfg.strategy == "cocodc":
+                assert spec.cfg.compensation in ("taylor", "alpha"), (t.name, spec.label)
+
+
 def test_a_cell_two_tables_share_is_trained_once():
     planned = results.plan_all(results.TABLES, Path("runs/results"), 3, None)
     shared = {t.name: sum(s) for t, _, s in planned}

@@ -83,7 +83,7 @@ def test_defaults_are_unchanged():
                                                "outer_lr": 0.7, "outer_momentum": 0.9, "codec": "fp32",
                                                "partition": "strided", "syncs_per_period": 0}
     assert vars(make_options("cocodc")) == {**vars(make_options("streaming")), "lam": 0.5, "gamma": 0.4,
-                                            "schedule": "adaptive_fair", "compensation": "taylor",
+                                            "schedule": "adaptive_fair", "compensation": "damped",
                                             "max_syncs_per_fragment": 2, "outer_scaling": "none"}
 
 

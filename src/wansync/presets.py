@@ -80,8 +80,9 @@ _PAPER_PRESETS = (
             "lr_schedule": "cosine", "weight_decay": 0.1, "steps": 15000, "eval_every": 500, "eval_batches": 64,
             "sync_every": 100, "overlap": 5, "fragments": 4, "lam": 0.5, "gamma": 0.4,
             "outer_lr": 0.7, "outer_momentum": 0.9, "checkpoint_every": 1000, "wan": "",
-            # the paper's algorithm, pinned: argmax-R_p choice, one full outer step per merge, N <= 2P = 8
-            "schedule": "adaptive", "outer_scaling": "none", "max_syncs_per_fragment": 2,
+            # the paper's algorithm, pinned: argmax-R_p choice, the Taylor merge, one full outer step per
+            # merge, N <= 2P = 8
+            "schedule": "adaptive", "compensation": "taylor", "outer_scaling": "none", "max_syncs_per_fragment": 2,
         },
         notes=("the paper simulates the delay in steps (tau=5), not a network: no --wan link by default",
                "N from gamma is capped at 2P = 8, the paper's N (its rule alone reaches H on a fast link)",

@@ -21,7 +21,8 @@ COCODC_SMALL: Mapping[str, Any] = MappingProxyType({
     "workers": 4, "wan": "cross-region", "model": "tiny", "data": "shakespeare", "batch_size": 8, "seq_len": 64,
     "threads": 1, "steps": LM_STEPS, "eval_every": 25, "eval_batches": 8, "warmup_steps": 20,
     "sync_every": LM_H, "fragments": 4, "overlap": 5, "lam": 0.5, "gamma": 0.4, "outer_lr": OUTER_LR,
-    "outer_momentum": 0.9, "schedule": "adaptive", "outer_scaling": "none", "max_syncs_per_fragment": 2,
+    "outer_momentum": 0.9, "schedule": "adaptive", "compensation": "taylor", "outer_scaling": "none",
+    "max_syncs_per_fragment": 2,
 })
 N8 = MappingProxyType({"syncs_per_period": 8})  # the paper's N (gamma 0.4 gives 8 syncs per H there), fixed from step 1
 CPDP_EPOCH = 234                   # one epoch of Fashion-MNIST at 4 workers x batch 64

@@ -1,11 +1,13 @@
 """CoCoDC (Zhu et al. 2025, arXiv:2504.17672): Streaming DiLoCo's fragments and overlap with delay
 compensation and adaptive transmission.
 
-- Merge (`compensation`): `taylor` (default) replaces the α-merge by
+- Merge (`compensation`): `taylor` (the paper's) replaces the α-merge by
   `θ ← θ̃_p + τ·(g + λ·g⊙g⊙D)`, `g = (θ(t_l) − θ(t_p))/τ` (forward difference; the paper's printed
-  Eq. (4) has the opposite sign), `D = (θ(t_p) − θ̃_p)/H`; `alpha` keeps Streaming DiLoCo's α-merge;
-  `damped` is the Taylor merge with the outer step damped by α at the launch point
-  (`θ ← α·θ(t_p) + (1−α)·θ̃_p + τ·g_corr`: the τ local steps kept whole, unlike the α-merge).
+  Eq. (4) has the opposite sign), `D = (θ(t_p) − θ̃_p)/H`; `damped` (default) is the Taylor merge with
+  the outer step damped by α at the launch point (`θ ← α·θ(t_p) + (1−α)·θ̃_p + τ·g_corr`: the τ local
+  steps kept whole, unlike the α-merge); `alpha` keeps Streaming DiLoCo's α-merge. The default is not
+  the paper's: handing every merge the full outer step, `taylor` ends 2.5–4 % behind DiLoCo on the
+  tiny LM where `damped` does not (docs/strategies.md); the `cocodc-paper` preset pins `taylor`.
   Every merge's "sync" event records `lam_term_rel = ‖λ·g⊙g⊙D‖/‖g‖` (this rank's value).
 - Count (`syncs_per_period`): 0 (default) derives N once, at step H, by the rule stated in
   `transmission.py` (the paper's `⌊γ·H·T_c/T_s⌋`, at least P, capped at `max_syncs_per_fragment`·P:
@@ -41,7 +43,8 @@ OUTER_SCALINGS = ("none", "interval")
 
 @dataclass
 class CoCoDCOptions(StreamingOptions):
-    """Streaming DiLoCo's (`alpha` used by compensation=alpha only), plus compensation and adaptation."""
+    """Streaming DiLoCo's (`alpha`: the damping of compensation=damped and =alpha), plus compensation and
+    adaptation."""
     syncs_per_period: int = option(0, "fragment syncs per period N (0: N from gamma, T_c and T_s, decided at "
                                    "step H)")
     max_syncs_per_fragment: int = option(2, "automatic N: at most this many syncs of each fragment per period, "
@@ -51,7 +54,7 @@ class CoCoDCOptions(StreamingOptions):
     lam: float = option(0.5, "delay-compensation strength lambda", at_least(0))
     gamma: float = option(0.4, "network utilization target gamma", positive)
     schedule: str = option("adaptive_fair", f"which fragment syncs next: {'|'.join(SCHEDULES)}", one_of(SCHEDULES))
-    compensation: str = option("taylor", f"merge of a late fragment: {'|'.join(COMPENSATIONS)}",
+    compensation: str = option("damped", f"merge of a late fragment: {'|'.join(COMPENSATIONS)}",
                                one_of(COMPENSATIONS))
 
 
