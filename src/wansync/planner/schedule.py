@@ -171,13 +171,14 @@ def _fragment_trace(inst: Streaming, size: ModelSize, workers: int, steps: int, 
     schedule = Schedule(H, P, o.syncs_per_period or P, "round_robin")
     in_flight: dict[int, tuple[int, Transfer]] = {}          # fragment -> (merge step, transfer)
     merged_exact: dict[int, int] = {}      # fragment -> step at which a merge left it exactly at θ̃_p
-    taylor = getattr(o, "compensation", "alpha") != "alpha"        # keeps θ(t_p)
+    compensation = getattr(o, "compensation", "alpha")              # taylor and damped keep θ(t_p)
 
     def merge(p: int, t: int, acts: list[Action]) -> None:
-        """The merge leaves θ̃_p's exact bits for α = 0, and for the Taylor merge after 0 steps."""
+        """The merge leaves θ̃_p's exact bits for α = 0 (α- and damped merge), and for the Taylor and
+        damped merges only after 0 steps."""
         x = in_flight.pop(p)[1]
         acts.append(Action("wait", x))
-        exact = t == x.step if taylor else o.alpha == 0
+        exact = (compensation == "alpha" or t == x.step) and (compensation == "taylor" or o.alpha == 0)
         if exact:
             merged_exact[p] = t
 
