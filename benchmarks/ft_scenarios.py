@@ -43,12 +43,14 @@ SCENARIOS = {"fault-free": ("", []), "kill": ("rank=2,step=12,action=kill", []),
 
 def quorums(out: Path, rank: int) -> list[dict]:
     path = out / "logs" / f"quorum_rank{rank}.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [json.loads(x) for x in lines if x.strip().endswith("}")]     # a line being written is left for later
 
 
 def continue_when_left_out(proc: subprocess.Popen, out: Path, workers: int) -> None:
-    """The stop scenario: once rank 0's quorum has a worker missing, SIGCONT the stopped worker."""
-    while proc.poll() is None and not any(q["participants"] < workers for q in quorums(out, 0)):
+    """The stop scenario: once a quorum of rank 0 after start-up has a worker missing, SIGCONT the
+    stopped worker (start-up quorums grow one worker at a time)."""
+    while proc.poll() is None and not any(q["participants"] < workers and q["step"] > 0 for q in quorums(out, 0)):
         time.sleep(0.5)
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:

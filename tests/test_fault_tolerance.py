@@ -387,3 +387,18 @@ def test_steps_lost_run_from_the_last_slot_taken_part_in_to_the_heal_or_the_end(
     assert lost == {0: 0, 1: 10, 2: 20, 3: 30}
     records = [{"step": 5, "participants": 4}, {"step": 10, "participants": 4}, {"step": 10, "participants": 3}]
     assert short_exchanges(records, 4) == [10]
+
+
+def test_a_worker_stopped_for_good_is_ended_one_peer_timeout_after_the_others_finished(tmp_path):
+    out = tmp_path / "run"
+    r = wansync("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--fault-tolerant", "--peer-timeout",
+                "10", "--out", str(out), "--workers", "3", "--steps", "20", "--eval-every", "1000", "--quiet", *TINY,
+                env={"WANSYNC_FAULT": "rank=2,step=7,action=stop"}, timeout=240)     # never continued
+    assert r.returncode == 0, r.stderr[-2000:]                 # the workers still in the run ended well
+    warnings = [line for line in r.stderr.splitlines() if "rank 2 was stopped (it hung)" in line]
+    assert len(warnings) == 1 and "launcher ended it" in warnings[0] and "Traceback" not in r.stderr
+    assert (out / "logs" / "rank2.err").read_text().strip() == warnings[0].removeprefix("wansync: warning: ")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["worker_failures"] == 1 and summary["rejoins"] == 0
+    assert all_equal(final_models(out, [0, 1]))
+    assert no_process_left(out)

@@ -172,7 +172,8 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
             check_signals()
         if not cfg.fault_tolerant:
             return _watch(procs, run_dir, check_signals)
-        code, message, failures = _watch_tolerant(procs, run_dir, cfg.max_restarts, start, check_signals)
+        code, message, failures = _watch_tolerant(procs, run_dir, cfg.max_restarts, start, check_signals,
+                                                  cfg.peer_timeout)
         record_failures(run_dir, failures, restarts=sum(min(n, cfg.max_restarts) for n in failures.values()),
                         workers=world, steps=cfg.steps)
         return code, message
@@ -205,27 +206,65 @@ def start_lighthouse(cfg: Config) -> tuple[object | None, dict[str, str]]:
 
 
 def _watch_tolerant(procs: list[subprocess.Popen], run_dir: Path, max_restarts: int,
-                    start, check_signals: Callable[[], None]) -> tuple[int, str, dict[int, int]]:
+                    start, check_signals: Callable[[], None], peer_timeout: float) -> tuple[int, str, dict[int, int]]:
     """Restart a failed worker up to `max_restarts` times, let the others go on; the run succeeds
-    when every worker still in it ends well. Returns (status, first failure, failures per rank)."""
+    when every worker still in it ends well. Returns (status, first failure, failures per rank).
+
+    Once a worker has finished the run, the ones still alive were left out of its end: a running one
+    exits by itself within its start-up deadline (3 peer timeouts, `comm.ft`), so it gets
+    LINGER_TIMEOUTS of them; a stopped one (SIGSTOP, a hung host) cannot, so it gets one. Past that the
+    launcher ends it and says so in one line, instead of waiting for it forever."""
     failures: dict[int, int] = {}
+    left_behind: set[int] = set()               # ended by the launcher after the run's end
     first = ""
+    finished_at: float | None = None
     while True:
         check_signals()                         # a signal becomes an exception here, between polls
         for rank, p in enumerate(procs):
             code = p.poll()
-            if code in (None, 0) or failures.get(rank, 0) > max_restarts:
+            if code in (None, 0) or failures.get(rank, 0) > max_restarts or rank in left_behind:
                 continue
             first = first or describe_exit(run_dir, rank, code)
             failures[rank] = failures.get(rank, 0) + 1
             if failures[rank] <= max_restarts:
                 error_file(run_dir, rank).unlink(missing_ok=True)
                 procs[rank] = start(rank, restarted=True)
-        ended = [p.poll() for r, p in enumerate(procs) if failures.get(r, 0) <= max_restarts]
+        ended = [p.poll() for r, p in enumerate(procs) if failures.get(r, 0) <= max_restarts and r not in left_behind]
         if all(c is not None for c in ended):
             ok = bool(ended) and all(c == 0 for c in ended)
             return (0 if ok else 1), ("" if ok else first), failures
+        if finished_at is None and 0 in ended:
+            finished_at = time.monotonic()
+        if finished_at is not None:
+            for rank in _end_left_behind(procs, run_dir, time.monotonic() - finished_at, peer_timeout):
+                left_behind.add(rank)
+                failures[rank] = failures.get(rank, 0) + 1
         time.sleep(0.05)
+
+
+LINGER_TIMEOUTS = 4                   # peer timeouts a running worker may outlive the run's end
+
+
+def _end_left_behind(procs: list[subprocess.Popen], run_dir: Path, since_end: float, peer_timeout: float
+                     ) -> list[int]:
+    """Kill the workers still alive too long after the run's end (see _watch_tolerant), each with one
+    line in its error file and on stderr; returns their ranks (a failure each, never restarted)."""
+    ended = []
+    for rank, p in enumerate(procs):
+        if p.poll() is not None:
+            continue
+        stopped = _is_stopped(p.pid)
+        if since_end < (1 if stopped else LINGER_TIMEOUTS) * peer_timeout:
+            continue
+        how = "stopped (it hung)" if stopped else "still running"
+        line = (f"rank {rank} was {how} {since_end:.0f} s after the other workers ended the run; "
+                "it was left out of the run's end and the launcher ended it")
+        error_file(run_dir, rank).write_text(line + "\n")
+        print(f"wansync: warning: {line}", file=sys.stderr)
+        p.kill()
+        p.wait()
+        ended.append(rank)
+    return ended
 
 
 def record_failures(run_dir: Path, failures: dict[int, int], restarts: int, workers: int, steps: int) -> None:
