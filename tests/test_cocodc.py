@@ -153,7 +153,7 @@ def test_all_ranks_choose_the_same_fragments_with_different_data(ranks):
     assert torch.equal(a["final"], b["final"])
     rels = [e["lam_term_rel"] for e in a["events"] if e.get("kind") == "fragment"]
     assert all(r >= 0 for r in rels) and any(r > 0 for r in rels)
-    assert all(e["merge"] == "taylor" for e in a["events"] if e.get("kind") == "fragment")
+    assert all(e["merge"] == "damped" for e in a["events"] if e.get("kind") == "fragment")
 
 
 def test_a_rank_that_chooses_another_fragment_is_caught_in_debug_mode(ranks):
