@@ -81,6 +81,8 @@ class Quorum:
         require_torchft()
         from torch.distributed import TCPStore
         from torchft import Manager
+
+        from .heal_transport import HealTransport
         timeout = timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.emulator, self.workers = emulator, workers
@@ -91,7 +93,7 @@ class Quorum:
             use_async_quorum=False, replica_id=f"worker_{worker}", store_addr="127.0.0.1",
             store_port=self._store.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
             hostname=hostname or socket.gethostname(), timeout=timeout, quorum_timeout=timeout,
-            connect_timeout=timeout, init_sync=False)
+            connect_timeout=timeout, init_sync=False, checkpoint_transport=HealTransport(timeout=timeout, num_chunks=0))
         self.participants: int | None = None      # of the last exchange
         self.heals = 0
         self._t = 0                               # the step of the last quorum
