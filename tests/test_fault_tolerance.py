@@ -20,6 +20,7 @@ from wansync.errors import ConfigError, PeerError
 
 pytest.importorskip("torchft")
 
+
 def sync_participants(run_dir, by="step"):
     """(step, participants) of every sync event; by="started": the step its exchange started at."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
