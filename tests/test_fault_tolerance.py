@@ -20,47 +20,11 @@ from wansync.errors import ConfigError, PeerError
 
 pytest.importorskip("torchft")
 
-KILL_AT = 22          # after the boundary of step 20, before that of 25
-
 
 def sync_participants(run_dir, by="step"):
     """(step, participants) of every sync event; by="started": the step its exchange started at."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [(r.get(by, r["step"]), r["participants"]) for r in records if r["type"] == "sync"]
-
-
-@pytest.fixture(scope="module")
-def killed_and_restarted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ft") / "run"
-    r = wansync("train", "--strategy", "diloco", "--sync-every", "5", "--workers", "3", "--steps", "100",
-                "--eval-every", "1000", "--fault-tolerant", "--max-restarts", "1", "--quiet", "--out", str(out),
-                *TINY, env={"WANSYNC_FAULT": f"rank=1,step={KILL_AT},action=kill"}, timeout=240)
-    return r, out
-
-
-def test_a_killed_worker_does_not_end_the_run(killed_and_restarted):
-    r, out = killed_and_restarted
-    assert r.returncode == 0, r.stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["worker_failures"] == 1 and summary["rejoins"] == 1 and summary["heals"] == 1
-    assert no_process_left(out)
-
-
-def test_the_exchange_after_the_failure_has_two_participants_then_three_after_healing(killed_and_restarted):
-    _, out = killed_and_restarted
-    seen = sync_participants(out)
-    assert all(p == 3 for s, p in seen if s < KILL_AT)
-    after = [p for s, p in seen if s > KILL_AT]
-    assert after[0] == 2
-    assert 3 in after and after[-1] == 3
-
-
-def test_every_worker_ends_with_the_same_parameters(killed_and_restarted):
-    _, out = killed_and_restarted
-    final = sorted((out / "checkpoints").glob("step*"))[-1]
-    models = [torch.load(final / f"rank{r}.pt", weights_only=False)["model"] for r in range(3)]
-    for other in models[1:]:
-        assert all(torch.equal(models[0][k], other[k]) for k in models[0])
 
 
 def test_strategies_that_all_reduce_every_step_are_refused_in_one_line():
@@ -198,7 +162,7 @@ def test_under_wan_cocodc_takes_its_sync_time_from_the_link_model_of_every_worke
 
 
 # ---- the must-show scenarios: 4 workers, worker 2 fails (tiny LM, few steps) ----------------------
-STEPS, EVERY, FAILS_AT = 40, 5, 12          # the last exchange worker 2 takes part in is at step 10
+STEPS, EVERY, FAILS_AT = 25, 5, 12          # the last exchange worker 2 takes part in is at step 10
 FOUR = ("--workers", "4", "--steps", str(STEPS), "--eval-every", "1000", "--quiet", *TINY)
 
 
@@ -255,10 +219,28 @@ def test_the_killed_run_reports_its_losses_next_to_the_fault_free_run(killed_for
 def killed_and_healed(tmp_path_factory):
     out = tmp_path_factory.mktemp("ft4heal") / "run"
     # worker 0 straggles at step 18 (alive, so the others wait for it at step 20) long enough for the
-    # restarted worker to start on a loaded machine: it then heals at step 20, not after the run
+    # restarted worker to start on a loaded machine (it asked for its quorum ~5 s after the kill on
+    # 2 busy cores): it then heals at step 20, not after the run
     r = run_four(out, "diloco", "--sync-every", str(EVERY), "--max-restarts", "1", peer_timeout=90,
-                 fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=45")
+                 fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=25")
     return r, out
+
+
+def test_a_killed_worker_does_not_end_the_run(killed_and_healed):
+    r, out = killed_and_healed
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["worker_failures"] == 1 and summary["rejoins"] == 1 and summary["heals"] == 1
+    assert no_process_left(out)
+
+
+def test_the_exchanges_after_the_failure_lack_the_killed_worker_until_it_heals(killed_and_healed):
+    _, out = killed_and_healed
+    seen = sync_participants(out)
+    assert all(p == 4 for s, p in seen if s < FAILS_AT)
+    after = [p for s, p in seen if s > FAILS_AT]
+    assert after[0] == 3
+    assert 4 in after and after[-1] == 4
 
 
 def test_a_healed_worker_holds_its_peers_anchors_and_outer_state_bit_for_bit(killed_and_healed):
@@ -375,7 +357,8 @@ def test_a_stopped_worker_continued_after_the_others_ended_exits_in_one_line_ins
     assert proc.returncode == 0, output.read_text()[-2000:]
     lines = (out / "logs" / "rank2.err").read_text().strip().splitlines()
     assert len(lines) == 1 and "left out" in lines[0] and "Traceback" not in output.read_text()
-    assert all(q["participants"] > 1 for q in quorums(out, 2))          # it never trained on alone
+    # it never trained on alone (at the start-up join, quorums short of workers are only waited in)
+    assert all(q["participants"] > 1 for q in quorums(out, 2) if q["step"] > 0)
     assert all_equal(final_models(out, [0, 1, 3]))
     assert no_process_left(out)
 

@@ -4,7 +4,8 @@ EXTRA holds the few options a strategy needs to make boundaries happen within a 
 
 The resume matrix runs the training loop in-process (`trainer_harness`): one process group
 trains every strategy whole and stopped two steps past its checkpoint, a fresh group resumes
-them all. One end-to-end case does the same through the command line with a real SIGKILL.
+them all. One end-to-end case does the same through the command line with a real SIGKILL of one
+rank of a worker of two ranks.
 """
 from __future__ import annotations
 
@@ -66,9 +67,9 @@ def steps_recorded(run: Path) -> list[int]:
     return [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["type"] == "step"]
 
 
-def assert_resumed_run_equals_whole_run(name: str, whole: Path, broken: Path) -> None:
+def assert_resumed_run_equals_whole_run(name: str, whole: Path, broken: Path, ranks: int = 2) -> None:
     assert steps_recorded(broken) == list(range(1, 2 * N + 1))     # resumed at N, nothing twice
-    for rank in range(2):
+    for rank in range(ranks):
         a, b = final_state(whole, rank, 2 * N), final_state(broken, rank, 2 * N)
         for key in a["model"]:
             assert torch.equal(a["model"][key], b["model"][key]), f"{name} rank {rank}: {key} differs"
@@ -123,18 +124,20 @@ def test_overlapped_strategies_checkpoint_with_an_exchange_in_flight(runs, name)
         assert final_state(runs["dirs"][name]["broken"], rank, N)["strategy"]["in_flight"]
 
 
-def test_cli_resume_after_a_worker_is_killed_is_bit_exact(tmp_path):
+def test_cli_resume_after_a_rank_is_killed_is_bit_exact_with_workers_of_two_ranks(tmp_path):
+    """Through the command line with a real SIGKILL of one rank of a worker of two ranks (DDP inside
+    a worker, the strategy between workers): the resumed run equals the whole run on every rank."""
     name = "cocodc" if "cocodc" in STRATEGIES else "diloco"
-    common = [*strategy_args(name), "--workers", "2", "--steps", str(2 * N), "--checkpoint-every", str(N),
-              "--eval-every", "2", *TINY]
+    common = [*strategy_args(name), "--workers", "2", "--ranks-per-worker", "2", "--steps", str(2 * N),
+              "--checkpoint-every", str(N), "--eval-every", "2", *TINY]
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     r = wansync("train", *common, "--out", str(whole))
     assert r.returncode == 0, r.stderr
-    r = wansync("train", *common, "--out", str(broken), env={"WANSYNC_FAULT": f"rank=1,step={N + 1},action=kill"})
-    assert r.returncode != 0 and "killed by SIGKILL" in r.stderr
+    r = wansync("train", *common, "--out", str(broken), env={"WANSYNC_FAULT": f"rank=3,step={N + 1},action=kill"})
+    assert r.returncode != 0 and "rank 3 was killed by SIGKILL" in r.stderr, r.stderr
     r = wansync("train", "--resume", str(broken))
     assert r.returncode == 0, r.stderr
-    assert_resumed_run_equals_whole_run(name, whole, broken)
+    assert_resumed_run_equals_whole_run(name, whole, broken, ranks=4)
 
 
 def test_a_hung_peer_ends_the_run_within_the_timeout(tmp_path):

@@ -58,31 +58,35 @@ def torchrun_nodes(flags: list[str], timeout: float) -> list[tuple[int, str]]:
                 p.wait()
 
 
-def test_two_torchrun_nodes_train_what_the_local_launcher_trains_bit_for_bit(tmp_path):
-    corpus = tmp_path / "plays.txt"
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> tuple[Path, Path]:
+    """(corpus, run): the local launcher's `--workers 2 --ranks-per-worker 2` run both tests compare with."""
+    root = tmp_path_factory.mktemp("nodes")
+    corpus = root / "plays.txt"
     corpus.write_text(shakespeare_text()[:200_000])
-    local = wansync(*train_flags(corpus, tmp_path / "local"), "--workers", "2", timeout=240)
+    local = wansync(*train_flags(corpus, root / "local"), "--workers", "2", timeout=240)
     assert local.returncode == 0, local.stderr
+    return corpus, root / "local"
+
+
+def test_two_torchrun_nodes_train_what_the_local_launcher_trains_bit_for_bit(local_run, tmp_path):
+    corpus, local = local_run
     results = torchrun_nodes(train_flags(corpus, tmp_path / "nodes"), timeout=240)
     for code, output in results:
         assert code == 0, output[-3000:]
     assert any("wansync: under torchrun: rank 0 of 4" in out for _, out in results)
-    ours, theirs = final_params(tmp_path / "local", 4), final_params(tmp_path / "nodes", 4)
+    ours, theirs = final_params(local, 4), final_params(tmp_path / "nodes", 4)
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b)
     assert all(torch.equal(ours[0], p) for p in ours)
 
 
-def test_the_cli_trains_a_worker_of_two_ranks_as_one_rank_with_twice_the_batch(tmp_path):
+def test_the_cli_trains_a_worker_of_two_ranks_as_one_rank_with_twice_the_batch(local_run, tmp_path):
     """Through the whole CLI (profiler hooks on DDP included: they once all-reduced a worker's
     gradients over every rank), not only the strategies' own loop."""
-    corpus = tmp_path / "plays.txt"
-    corpus.write_text(shakespeare_text()[:200_000])
-    flags = train_flags(corpus, tmp_path / "two")
-    r = wansync(*flags, "--workers", "2", "--strategy", "local_sgd", timeout=240)
+    corpus, two = local_run
+    flags = train_flags(corpus, tmp_path / "one")
+    r = wansync(*flags, "--workers", "2", "--ranks-per-worker", "1", "--batch-size", "8", timeout=240)
     assert r.returncode == 0, r.stderr
-    one = [*flags[:-2], "--out", str(tmp_path / "one"), "--ranks-per-worker", "1", "--batch-size", "8"]
-    r = wansync(*one, "--workers", "2", "--strategy", "local_sgd", timeout=240)
-    assert r.returncode == 0, r.stderr
-    two, ref = final_params(tmp_path / "two", 4)[0], final_params(tmp_path / "one", 2)[0]
-    assert float((two - ref).norm() / ref.norm()) <= 1e-5
+    mine, ref = final_params(two, 4)[0], final_params(tmp_path / "one", 2)[0]
+    assert float((mine - ref).norm() / ref.norm()) <= 1e-5
