@@ -222,7 +222,7 @@ def killed_and_healed(tmp_path_factory):
     # restarted worker to start on a loaded machine (it asked for its quorum ~5 s after the kill on
     # 2 busy cores): it then heals at step 20, not after the run
     r = run_four(out, "diloco", "--sync-every", str(EVERY), "--max-restarts", "1", peer_timeout=90,
-                 fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=25")
+                 fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=35")
     return r, out
 
 
