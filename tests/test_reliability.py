@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_harness import TINY, no_process_left, wansync
+from cli_harness import TINY, no_process_left, wansync, worker_pids
 from trainer_harness import lay_out, run_legs
 from wansync import checkpoint
 from wansync.localgroup import run_ranks
@@ -236,9 +236,8 @@ def test_local_runs_listen_only_on_loopback(tmp_path):
     finally:
         proc.kill()
         proc.wait()
-        for p in os.listdir("/proc"):
-            if p.isdigit() and _has_run_dir(int(p), out):
-                os.kill(int(p), 9)
+        for pid in worker_pids(out).values():
+            os.kill(pid, 9)
 
 
 def _child_of(pid: int, parent: int) -> bool:
@@ -249,8 +248,3 @@ def _child_of(pid: int, parent: int) -> bool:
     return int(stat.rsplit(")", 1)[-1].split()[1]) == parent
 
 
-def _has_run_dir(pid: int, run: Path) -> bool:
-    try:
-        return f"WANSYNC_RUN_DIR={run}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False

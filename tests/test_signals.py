@@ -13,29 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from cli_harness import TINY, no_process_left, wansync
+from cli_harness import TINY, no_process_left, wansync, worker_pids
 from wansync.interrupts import signals_deferred
 
 pytestmark = pytest.mark.timeout(180)
 
 CHECKPOINT_EVERY = 2
-
-
-def worker_pids(run: Path) -> dict[int, int]:
-    """rank -> pid of the live workers of the run in `run`."""
-    marker = f"WANSYNC_RUN_DIR={run}".encode()
-    found = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker in env:
-            rank = next((v[5:] for v in env if v.startswith(b"RANK=")), b"")
-            found[int(rank or -1)] = int(pid)
-    return found
 
 
 def steps_done(run: Path) -> int:
@@ -163,13 +146,14 @@ class Popen(subprocess.Popen):
 
 
 subprocess.Popen = Popen
+threading.Thread(target=threading.Event().wait, daemon=True).start()   # not single-threaded: workers get Popen
 main(sys.argv[1:])
 """
 
 
 def test_a_sigint_inside_the_launchers_bookkeeping_still_ends_the_run_in_one_line(tmp_path):
     """The window a loaded machine hits now and then, made certain: SIGINT just after Popen.poll()
-    took its waitpid lock. Raised there, it left the lock held and the launcher waited for ever to
+    took its waitpid lock (a launcher with a second thread starts its workers with Popen). Raised there, it left the lock held and the launcher waited for ever to
     reap that worker; the launcher must take the signal between polls instead."""
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-c", SIGNAL_INSIDE_POLL, "train", "--strategy", "ddp", "--workers",

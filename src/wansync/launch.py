@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from .config import Config
 from .errors import PEER_LOST, ConfigError
+from . import workerproc
 from .interrupts import LAUNCHER_PID_ENV, signals_deferred, sigint_blocked
 from .telemetry.quorums import read_quorums, short_exchanges, steps_lost
 
@@ -115,7 +116,7 @@ def describe_exit(run_dir: Path, rank: int, code: int) -> str:
     return f"rank {rank} exited with status {code} and left no log (is {run_dir} writable, with space left?)"
 
 
-def _terminate(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
+def _terminate(procs: list[workerproc.Worker], grace: float = 3.0) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
@@ -144,16 +145,17 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
         error_file(run_dir, r).unlink(missing_ok=True)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    sock.listen(512)
+    sock.listen(512)                     # workers may connect before the store serves: the kernel queues them
     port = sock.getsockname()[1]
-    store = dist.TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=cfg.peer_timeout),
-                          wait_for_workers=False, master_listen_fd=sock.fileno())
-    sock.detach()                        # the store owns the listening socket now
+    # Fork the workers while this process is single-threaded (workerproc): the store's threads
+    # start after them. A fault-tolerant run's lighthouse must exist first, so it starts fresh ones.
+    fork = workerproc.can_fork() and not cfg.fault_tolerant
+    store = None if fork else _serve_store(sock, cfg.peer_timeout)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // world)
-    procs: list[subprocess.Popen] = []
+    procs: list[workerproc.Worker] = []
     lighthouse, ft_env = start_lighthouse(cfg) if cfg.fault_tolerant else (None, {})
 
-    def start(rank: int, restarted: bool = False) -> subprocess.Popen:
+    def start(rank: int, restarted: bool = False) -> workerproc.Worker:
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME=_loopback_ifname(),
@@ -164,12 +166,16 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
             env.pop("WANSYNC_FAULT", None)
             env.update(WANSYNC_RESUME="0", WANSYNC_RESTARTED="1")
         with sigint_blocked():                  # the worker starts with SIGINT blocked, then ignores it
-            return subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env)
+            proc = workerproc.start(env, fork=fork, close=[sock.fileno()] if fork else [])
+        workerproc.record_pid(run_dir / ERR_DIR, rank, proc)
+        return proc
 
     try:
         for rank in range(world):
             procs.append(start(rank))
             check_signals()
+        if store is None:
+            store = _serve_store(sock, cfg.peer_timeout)
         if not cfg.fault_tolerant:
             return _watch(procs, run_dir, check_signals)
         code, message, failures = _watch_tolerant(procs, run_dir, cfg.max_restarts, start, check_signals,
@@ -179,9 +185,19 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
         return code, message
     finally:                                    # also on KeyboardInterrupt and Terminated
         _terminate(procs)
+        if store is None:
+            sock.close()
         del store
         if lighthouse is not None:
             lighthouse.shutdown()
+
+
+def _serve_store(sock: socket.socket, timeout_s: float) -> dist.TCPStore:
+    """The rendezvous store, serving on the bound and listening `sock` (which it takes over)."""
+    store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], None, True, datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=False, master_listen_fd=sock.fileno())
+    sock.detach()
+    return store
 
 
 # ---- fault-tolerant runs ------------------------------------------------------------------------
@@ -205,7 +221,7 @@ def start_lighthouse(cfg: Config) -> tuple[object | None, dict[str, str]]:
     return server, {LIGHTHOUSE_ENV: f"http://127.0.0.1:{port}"}
 
 
-def _watch_tolerant(procs: list[subprocess.Popen], run_dir: Path, max_restarts: int,
+def _watch_tolerant(procs: list[workerproc.Worker], run_dir: Path, max_restarts: int,
                     start, check_signals: Callable[[], None], peer_timeout: float) -> tuple[int, str, dict[int, int]]:
     """Restart a failed worker up to `max_restarts` times, let the others go on; the run succeeds
     when every worker still in it ends well. Returns (status, first failure, failures per rank).
@@ -245,7 +261,7 @@ def _watch_tolerant(procs: list[subprocess.Popen], run_dir: Path, max_restarts: 
 LINGER_TIMEOUTS = 4                   # peer timeouts a running worker may outlive the run's end
 
 
-def _end_left_behind(procs: list[subprocess.Popen], run_dir: Path, since_end: float, peer_timeout: float
+def _end_left_behind(procs: list[workerproc.Worker], run_dir: Path, since_end: float, peer_timeout: float
                      ) -> list[int]:
     """Kill the workers still alive too long after the run's end (see _watch_tolerant), each with one
     line in its error file and on stderr; returns their ranks (a failure each, never restarted)."""
@@ -288,7 +304,7 @@ def record_failures(run_dir: Path, failures: dict[int, int], restarts: int, work
 ROOT_CAUSE_GRACE_S = 2.0
 
 
-def _watch(procs: list[subprocess.Popen], run_dir: Path, check_signals: Callable[[], None]) -> tuple[int, str]:
+def _watch(procs: list[workerproc.Worker], run_dir: Path, check_signals: Callable[[], None]) -> tuple[int, str]:
     while True:
         check_signals()                         # a signal becomes an exception here, between polls
         codes = [p.poll() for p in procs]

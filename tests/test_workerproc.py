@@ -1,0 +1,77 @@
+"""How the launcher starts workers (workerproc): forked from a single-threaded launcher, a fresh
+interpreter otherwise. The specification:
+- a forked worker answers poll/wait/terminate/kill with subprocess.Popen's conventions;
+- forked and fresh workers train the same bits, and the launcher records every worker's pid.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from cli_harness import TINY, no_process_left, wansync
+from wansync.workerproc import ForkedWorker
+
+
+def forked(then_exit: int | None = None) -> ForkedWorker:
+    """A child of this process that exits with `then_exit` at once, or sleeps until signalled."""
+    pid = os.fork()
+    if pid == 0:
+        if then_exit is None:
+            time.sleep(60)
+        os._exit(then_exit or 0)
+    return ForkedWorker(pid)
+
+
+def test_a_forked_worker_reports_its_end_as_popen_does():
+    ok, failed = forked(0), forked(3)
+    assert (ok.wait(timeout=30), failed.wait(timeout=30)) == (0, 3)
+    assert (ok.poll(), failed.returncode) == (0, 3)
+
+    running = forked()
+    assert running.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        running.wait(timeout=0.1)
+    running.terminate()
+    assert running.wait(timeout=30) == -signal.SIGTERM
+
+    running = forked()
+    running.kill()
+    assert running.wait(timeout=30) == -signal.SIGKILL
+    running.kill()                                       # already reaped: nothing is signalled
+
+
+THREADED = """
+import sys, threading
+from wansync.cli import main
+threading.Thread(target=threading.Event().wait, daemon=True).start()   # not single-threaded: Popen
+main(sys.argv[1:])
+"""
+
+
+def test_forked_and_fresh_workers_train_the_same_bits(tmp_path):
+    args = ["train", "--strategy", "local_sgd", "--sync-every", "2", "--workers", "2", "--steps", "4",
+            "--checkpoint-every", "4", *TINY]
+    forked_run, fresh_run = tmp_path / "forked", tmp_path / "fresh"
+    r = wansync(*args, "--out", str(forked_run))
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-c", THREADED, *args, "--out", str(fresh_run)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    losses = [[json.loads(line).get("loss") for line in (run / "metrics.jsonl").read_text().splitlines()]
+              for run in (forked_run, fresh_run)]
+    assert losses[0] == losses[1] and any(v is not None for v in losses[0])
+    for rank in (0, 1):
+        a, b = (torch.load(run / "checkpoints" / "step00000004" / f"rank{rank}.pt", weights_only=False)
+                for run in (forked_run, fresh_run))
+        assert a["model"].keys() == b["model"].keys()
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    for run in (forked_run, fresh_run):
+        assert sorted(p.name for p in (run / "logs").glob("rank*.pid")) == ["rank0.pid", "rank1.pid"]
+        assert no_process_left(run)
