@@ -15,7 +15,8 @@ plug in here and nowhere else:
   zero contribution with weight 0 and divide by the number of valid contributors, so every rank
   leaves out the same workers the same way (fp32: the weight is one extra element of the
   all-reduced buffer; lossy: one flag byte after each payload). Whatever the policy, a non-finite
-  mean of model state raises rather than reach the model.
+  mean of model state raises rather than reach the model; that check is the mean's L2 norm, which
+  the handle keeps (`norm`) for whoever needs it (the drift telemetry's ‖θ̄‖).
 - **Side-band scalars** (`extra=k`): the last `k` elements of the buffer are not model state but
   telemetry riding on an exchange that happens anyway (the drift of the previous boundary), so it
   costs no collective of its own. They are summed and divided like the values (over the same
@@ -46,6 +47,7 @@ is `decode(encode(x))`, the same quantization a multi-rank run applies.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable
 
@@ -69,6 +71,15 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
 
 
+def finite_norm(x: torch.Tensor) -> float | None:
+    """‖x‖₂ (inf if a square overflows) when every element of `x` is finite, else None. Like the sum,
+    the norm is finite only if every element is, so one pass both checks a mean of model state and
+    measures it (the drift telemetry's ‖θ̄‖ needs no pass of its own); only a non-finite norm pays
+    for the exact test."""
+    norm = float(torch.linalg.vector_norm(x))
+    return norm if math.isfinite(norm) or bool(torch.isfinite(x).all()) else None
+
+
 class MeanHandle:
     """An average in flight. `wait()` blocks until the collective is done, books that time on the
     ledger, finishes the mean and returns it; later calls return the same tensor."""
@@ -80,6 +91,7 @@ class MeanHandle:
         self.started_at = started_at          # perf_counter() when the exchange was asked for
         self.waited_s = 0.0                   # time blocked in wait()
         self.participants: int | None = None  # fault-tolerant: the workers in this exchange's quorum
+        self.norm: float | None = None        # ‖mean‖₂ of the values, from the non-finite check (GUARDED purposes)
         self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
         self._result: torch.Tensor | None = None
 
@@ -169,9 +181,11 @@ class Exchange:
 
         def checked() -> torch.Tensor:
             result = self._reassemble(finish(), whole, extra_whole, purpose, inplace_whole) if sharded else finish()
-            if purpose in GUARDED and not all_finite(result.reshape(-1)[:values.numel()] if extra_whole else result):
-                raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite (a worker sent NaN/Inf; "
-                                     f"--on-nonfinite abort or skip stops it before the exchange)")
+            if purpose in GUARDED:
+                handle.norm = finite_norm(result.reshape(-1)[:values.numel()] if extra_whole else result)
+                if handle.norm is None:
+                    raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite (a worker sent NaN/Inf; "
+                                         f"--on-nonfinite abort or skip stops it before the exchange)")
             return result
         handle = MeanHandle(self.ledger, purpose, work, checked, wire_bytes - extra_bytes,
                             values.numel() * whole.element_size(), started_at)
@@ -232,8 +246,10 @@ class Exchange:
         handle = MeanHandle.complete(self.ledger, purpose, mean)
         handle.wire_bytes = handle.payload_bytes = (buf.numel() - extra) * item
         handle.started_at, handle.waited_s, handle.participants = started_at, waited, self.ft.participants
-        if purpose in GUARDED and not all_finite(mean.reshape(-1)[:buf.numel() - extra]):
-            raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite")
+        if purpose in GUARDED:
+            handle.norm = finite_norm(mean.reshape(-1)[:buf.numel() - extra])
+            if handle.norm is None:
+                raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite")
         return handle
 
     # ---- replica groups: a shard across workers, the whole inside the worker ---------------------

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..comm.exchange import all_finite
 from ..comm.flat import FlatTensors
 from ..errors import NonFiniteError
 
@@ -70,7 +71,7 @@ class Anchor:
     def check_finite(self) -> None:
         """The global parameters are identical on every rank, so every rank raises together: a
         finite mean can still overflow in the outer step (an outer learning rate of 1e300)."""
-        if not bool(torch.isfinite(self.value).all()):
+        if not all_finite(self.value):
             raise NonFiniteError("the outer step made the global model non-finite (the outer learning rate "
                                  "or momentum is too large)")
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ..errors import check
 from .base import sync_tensors
 from .options import in_range, option, positive
@@ -55,7 +57,8 @@ class SlowMo(Periodic):
         eta = self.inner_lr
         check(eta > 0, f"{self.name} needs an inner learning rate > 0 at a boundary (the filter divides "
                        f"by it), got {eta} at step {self.t}")
-        self.anchor.slowmo_step(self.anchor.value - avg, eta, self.opts.slowmo_lr)
+        mean_delta = torch.sub(self.anchor.value, avg, out=avg)      # θ̃ − θ̄, in θ̄'s buffer
+        self.anchor.slowmo_step(mean_delta, eta, self.opts.slowmo_lr)
 
     def boundary_fields(self) -> dict[str, Any]:
         """Extra fields of the sync event (subclasses add theirs)."""

@@ -112,11 +112,11 @@ class Streaming(Strategy):
 
     def start_sync(self, p: int, reason: str, t: int) -> None:
         """Sync start at t_p: Δ_{m,p} = θ̃_p − θ_{m,p}(t_p); launch the async mean of Δ_{m,p}."""
-        anchor = self.anchors[p]
+        anchor, keep = self.anchors[p], self.keeps_theta_start()
         local = anchor.local()
+        delta = anchor.value - local if keep else torch.sub(anchor.value, local, out=local)   # no second buffer
         x = InFlight(fragment=p, start=t, merge_at=t + self.tau, interval=self.schedule.record_start(p, t),
-                     reason=reason, delta=anchor.value - local,
-                     theta_start=local if self.keeps_theta_start() else None)
+                     reason=reason, delta=delta, theta_start=local if keep else None)
         x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True)
         self.in_flight.add(x)
         self.after_launch(x)
@@ -132,7 +132,7 @@ class Streaming(Strategy):
         p, anchor = x.fragment, self.anchors[x.fragment]
         before = anchor.value.clone()
         anchor.outer_step(mean, lr=self.outer_lr_for(x))  # new anchor first, then the merge
-        self.schedule.record_merge(p, float(torch.linalg.vector_norm(anchor.value - before)), x.interval)
+        self.schedule.record_merge(p, float(torch.linalg.vector_norm(before.sub_(anchor.value))), x.interval)
         new, info = self.merge_values(x, anchor.local(), anchor.value, t - x.start)
         anchor.flat.scatter(new)
         if torch.equal(new, anchor.value):
