@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/wansync demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+test: $(STAMP)                       # two pytest workers, one test file each at a time (pytest-xdist)
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # Every table of docs/results.md, 3 seeds per cell, into runs/results/ (resumable: finished runs are
 # skipped), then the page is rewritten; about 90 minutes on 2 idle cores. `make results --dry-run`

@@ -97,15 +97,17 @@ def bench_rank(rank: int, world: int, reps: int, lighthouses: list[str] | None) 
     calls: dict[str, Callable[[], float]] = {}
     keep = []
 
-    # local_sgd boundary vs PeriodicModelAverager, on the same model
+    # local_sgd boundary vs PeriodicModelAverager: each on its own copy of the model (both re-point
+    # parameters into new buffers, so a shared model would make one side page-fault for the other)
     model = _tiny_lm()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
     params = list(model.parameters())
     for p in params:                      # the averager only averages parameters that have gradients
         p.grad = torch.zeros_like(p)
     averager = PeriodicModelAverager(period=1, warmup_steps=0)
-    on = ws.strategy("local_sgd", model, opt, sync_every=1)
-    off = ws.strategy("local_sgd", model, opt, sync_every=1, drift_telemetry=False)
+    m_on, m_off = _tiny_lm(), _tiny_lm()
+    on = ws.strategy("local_sgd", m_on, torch.optim.SGD(m_on.parameters(), lr=LR), sync_every=1)
+    off = ws.strategy("local_sgd", m_off, torch.optim.SGD(m_off.parameters(), lr=LR), sync_every=1,
+                      drift_telemetry=False)
     calls["pma"] = lambda: _timed(lambda: averager.average_parameters(params))
     calls["local_sgd"] = lambda: _timed(on.boundary)
     calls["local_sgd_nodrift"] = lambda: _timed(off.boundary)

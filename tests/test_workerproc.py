@@ -59,7 +59,7 @@ def test_forked_and_fresh_workers_train_the_same_bits(tmp_path):
     args = ["train", "--strategy", "local_sgd", "--sync-every", "2", "--workers", "2", "--steps", "4",
             "--checkpoint-every", "4", *TINY]
     forked_run, fresh_run = tmp_path / "forked", tmp_path / "fresh"
-    r = wansync(*args, "--out", str(forked_run))
+    r = wansync(*args, "--out", str(forked_run), fresh=True)      # a CLI process of its own forks its workers
     assert r.returncode == 0, r.stderr
     r = subprocess.run([sys.executable, "-c", THREADED, *args, "--out", str(fresh_run)], capture_output=True,
                        text=True, timeout=120)
@@ -75,3 +75,30 @@ def test_forked_and_fresh_workers_train_the_same_bits(tmp_path):
     for run in (forked_run, fresh_run):
         assert sorted(p.name for p in (run / "logs").glob("rank*.pid")) == ["rank0.pid", "rank1.pid"]
         assert no_process_left(run)
+
+
+CAN_FORK = """
+import threading, torch
+from wansync.workerproc import can_fork
+seen = [can_fork()]
+torch.set_num_threads(2)
+x = torch.randn(1000, 1000)
+(x @ x).cos()                                        # torch's OpenMP team starts: 2 threads
+seen.append(can_fork())
+print(seen)
+"""
+
+
+def test_a_launcher_forks_only_without_other_threads_and_before_an_openmp_team():
+    r = subprocess.run([sys.executable, "-c", CAN_FORK], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["[True,", "False]"], r.stderr
+    import threading
+    from wansync.workerproc import can_fork
+    waiting = threading.Event()
+    thread = threading.Thread(target=waiting.wait, daemon=True)
+    thread.start()
+    try:
+        assert not can_fork()
+    finally:
+        waiting.set()
+        thread.join()

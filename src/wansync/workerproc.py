@@ -3,8 +3,8 @@
 A fresh interpreter spends seconds importing torch (and torch._dynamo, which the first optimizer
 imports) before it does anything. The launcher has imported torch already, so a single-threaded
 launcher imports torch._dynamo once and forks its workers: each starts in milliseconds with every
-module imported. A launcher
-with other threads (a parallel sweep's, a fault-tolerant run's lighthouse) starts a fresh
+module imported. A launcher with other threads (a parallel sweep's, a fault-tolerant run's
+lighthouse, OpenMP's after a torch op on several threads: `can_fork`) starts a fresh
 `python -m wansync.worker` instead, as does one on a platform without fork: forking while another
 thread holds a lock can deadlock the child.
 
@@ -63,9 +63,21 @@ class ForkedWorker:
 Worker = Union[ForkedWorker, subprocess.Popen]
 
 
+# Threads a process has after `import torch` (the main one and one torch starts), read on Linux.
+THREADS_AFTER_IMPORT = 2
+
+
 def can_fork() -> bool:
-    """Whether this process may fork a worker: fork exists and no other Python thread runs."""
-    return hasattr(os, "fork") and threading.active_count() == 1
+    """Whether this process may fork a worker: no thread runs but the main one and the one `import
+    torch` starts. Any other (a Python thread, a rendezvous store's, a lighthouse's, or the OpenMP
+    team torch starts at its first op on more than one thread) may hold a lock the child would wait
+    for forever (GNU OpenMP's team, seen here: the child hangs in its first parallel op)."""
+    if not hasattr(os, "fork") or threading.active_count() != 1:
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) <= THREADS_AFTER_IMPORT
+    except OSError:                              # no /proc: the native threads cannot be counted
+        return False
 
 
 def start(env: dict[str, str], *, fork: bool, close: Sequence[int] = ()) -> Worker:
