@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from wansync.workerproc import live_workers
+
 TINY = ["--model", "tiny", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "4", "--threads", "1"]
 FRAGMENTS = ["--sync-every", "8", "--fragments", "2", "--overlap", "2"]
 STRATEGY_ARGS = {"local_sgd": ["--sync-every", "5"], "slowmo": ["--sync-every", "5"], "diloco": ["--sync-every", "5"],
@@ -52,14 +54,13 @@ def continue_when_left_out(proc: subprocess.Popen, out: Path, workers: int) -> N
     stopped worker (start-up quorums grow one worker at a time)."""
     while proc.poll() is None and not any(q["participants"] < workers and q["step"] > 0 for q in quorums(out, 0)):
         time.sleep(0.5)
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    for pid in live_workers(out).values():
         try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             stopped = Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"
         except OSError:
             continue
-        if f"WANSYNC_RUN_DIR={out}".encode() in env and stopped:
-            os.kill(int(pid), signal.SIGCONT)
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
 
 
 def run(out: Path, strategy: str, scenario: str, workers: int, steps: int) -> dict:

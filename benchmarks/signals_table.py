@@ -20,35 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from wansync.workerproc import live_workers
+
 TINY = ["--model", "tiny", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "2", "--threads", "1"]
 CASES = ("SIGINT to the process group", "SIGTERM to the launcher", "SIGKILL to the launcher", "SIGKILL to a worker")
 
 
 def run_pids(run: Path) -> dict[int, bytes]:
-    """pid -> RANK of every live worker of the run: the pids its launcher recorded in
-    logs/rank{R}.pid (a forked worker's /proc/PID/environ is its launcher's), and any process with
-    the run directory in its environment."""
-    found = {}
-    for f in (run / "logs").glob("rank*.pid"):
-        pid = int(f.read_text() or 0)
-        if pid and _alive(pid):
-            found[pid] = f.stem[4:].encode()
-    marker = f"WANSYNC_RUN_DIR={run}".encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker in env and _alive(int(pid)):
-            found[int(pid)] = next((v[5:] for v in env if v.startswith(b"RANK=")), b"")
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    """pid -> RANK of every live worker of the run, forked or fresh."""
+    return {pid: str(rank).encode() for rank, pid in live_workers(run).items()}
 
 
 def steps_done(run: Path) -> int:

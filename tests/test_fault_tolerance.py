@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_harness import TINY, no_process_left, wansync
+from cli_harness import TINY, no_process_left, wansync, worker_pids
 from wansync.comm.ft import INSTALL, require_torchft
 from wansync.config import build_config
 from wansync.errors import ConfigError, PeerError
+from wansync.localgroup import run_ranks
 
 pytest.importorskip("torchft")
 
@@ -54,19 +55,16 @@ def test_the_cli_refuses_an_unsupported_strategy_in_one_line(tmp_path):
     assert "Traceback" not in r.stderr and "all-reduces gradients every step" in r.stderr
 
 
-def test_a_worker_waiting_for_the_first_quorum_gives_up_in_one_line_after_three_peer_timeouts():
-    """Start-up join with a peer that never arrives: one worker, a real lighthouse, 2 expected."""
+def _wait_for_a_peer_that_never_comes(rank, world_size, peer_timeout):
+    """A FT worker alone in its group, a real lighthouse, 2 workers expected: what ends the join."""
     import threading
 
-    import torch.distributed as dist
     import wansync as ws
     from torchft.coordination import LighthouseServer
     from wansync.comm.ft import Quorum
     from wansync.comm.replicas import Replicas
 
-    dist.init_process_group(backend="gloo", store=dist.HashStore(), rank=0, world_size=1)   # as a FT worker's
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=2000)
-    peer_timeout = 1.0
     quorum = Quorum(0, f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}", peer_timeout, hostname="127.0.0.1")
     model = torch.nn.Linear(3, 2)
     sync = ws.strategy("diloco", model, torch.optim.SGD(model.parameters(), lr=0.1), replicas=Replicas(1, 0, 2, 0))
@@ -83,13 +81,17 @@ def test_a_worker_waiting_for_the_first_quorum_gives_up_in_one_line_after_three_
     try:
         waiting.start()
         waiting.join(3 * peer_timeout + 30)          # three peer timeouts, and slack for a loaded machine
-        assert not waiting.is_alive(), "the join never gave up"
-        assert isinstance(outcome[0], PeerError) and "only 1 of 2 workers joined" in str(outcome[0])
-        assert "\n" not in str(outcome[0])
+        return "never gave up" if waiting.is_alive() else (type(outcome[0]).__name__, str(outcome[0]))
     finally:
         quorum.shutdown()
         lighthouse.shutdown()
-        dist.destroy_process_group()
+
+
+def test_a_worker_waiting_for_the_first_quorum_gives_up_in_one_line_after_three_peer_timeouts():
+    """In a rank process of its own: the lighthouse and quorum threads would stay in this one."""
+    kind, message = run_ranks(_wait_for_a_peer_that_never_comes, 1, 1.0, timeout=120)[0]
+    assert kind == PeerError.__name__ and "only 1 of 2 workers joined" in message
+    assert "\n" not in message
 
 
 class DoneWork:
@@ -288,15 +290,7 @@ def test_a_worker_killed_inside_a_fragment_exchange_is_left_out_of_it_and_the_ot
 
 
 def worker_pid(out, rank):
-    marker, rank_var = f"WANSYNC_RUN_DIR={out}".encode(), f"RANK={rank}".encode()
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker in env and rank_var in env and b"wansync.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return int(pid)
-    return None
+    return worker_pids(out).get(rank)
 
 
 def test_a_stopped_worker_is_left_out_and_when_continued_rejoins_or_exits_in_one_line(tmp_path):

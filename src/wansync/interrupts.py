@@ -108,9 +108,14 @@ def become_launched_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    die_with(int(os.environ.get(LAUNCHER_PID_ENV, "0")))
+
+
+def die_with(launcher: int) -> None:
+    """Arm SIGKILL for when the parent dies (Linux), and exit now if it is not `launcher` any more
+    (it died before the death signal was armed). `launcher` 0: no check."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0"))
-    if launcher and os.getppid() != launcher:    # it died before the death signal was armed
+    if launcher and os.getppid() != launcher:
         os._exit(1)

@@ -143,17 +143,18 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
     world = cfg.workers * cfg.ranks_per_worker
     for r in range(world):
         error_file(run_dir, r).unlink(missing_ok=True)
+    # A fault-tolerant run's lighthouse serves from a child process (lighthouse.py), so this one
+    # stays single-threaded and may fork its workers (workerproc); the store's threads start after
+    # them, and a worker restarted later starts fresh.
+    lighthouse, ft_env = start_lighthouse(cfg) if cfg.fault_tolerant else (None, {})
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(512)                     # workers may connect before the store serves: the kernel queues them
     port = sock.getsockname()[1]
-    # Fork the workers while this process is single-threaded (workerproc): the store's threads
-    # start after them. A fault-tolerant run's lighthouse must exist first, so it starts fresh ones.
-    fork = workerproc.can_fork() and not cfg.fault_tolerant
+    fork = workerproc.can_fork()
     store = None if fork else _serve_store(sock, cfg.peer_timeout)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // world)
     procs: list[workerproc.Worker] = []
-    lighthouse, ft_env = start_lighthouse(cfg) if cfg.fault_tolerant else (None, {})
 
     def start(rank: int, restarted: bool = False) -> workerproc.Worker:
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
@@ -165,8 +166,9 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
         if restarted:                           # a fresh life: it heals from a peer, not from disk
             env.pop("WANSYNC_FAULT", None)
             env.update(WANSYNC_RESUME="0", WANSYNC_RESTARTED="1")
+        forked = fork and store is None         # not once the store's threads run
         with sigint_blocked():                  # the worker starts with SIGINT blocked, then ignores it
-            proc = workerproc.start(env, fork=fork, close=[sock.fileno()] if fork else [])
+            proc = workerproc.start(env, fork=forked, close=[sock.fileno()] if forked else [])
         workerproc.record_pid(run_dir / ERR_DIR, rank, proc)
         return proc
 
@@ -187,7 +189,7 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
         _terminate(procs)
         if store is None:
             sock.close()
-        del store
+        store = None                            # the store stops serving
         if lighthouse is not None:
             lighthouse.shutdown()
 
@@ -214,9 +216,8 @@ def start_lighthouse(cfg: Config) -> tuple[object | None, dict[str, str]]:
     require_torchft()
     if cfg.lighthouse:
         return None, {LIGHTHOUSE_ENV: f"http://{cfg.lighthouse}"}
-    from torchft.coordination import LighthouseServer
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=int(cfg.peer_timeout * 1000),
-                              heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+    from . import lighthouse
+    server = lighthouse.start(join_timeout_ms=int(cfg.peer_timeout * 1000), heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
     port = server.address().rsplit(":", 1)[1]
     return server, {LIGHTHOUSE_ENV: f"http://127.0.0.1:{port}"}
 

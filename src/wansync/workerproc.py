@@ -3,10 +3,12 @@
 A fresh interpreter spends seconds importing torch (and torch._dynamo, which the first optimizer
 imports) before it does anything. The launcher has imported torch already, so a single-threaded
 launcher imports torch._dynamo once and forks its workers: each starts in milliseconds with every
-module imported. A launcher with other threads (a parallel sweep's, a fault-tolerant run's
-lighthouse, OpenMP's after a torch op on several threads: `can_fork`) starts a fresh
+module imported. A launcher with other threads (a parallel sweep's, the rendezvous store's once it
+serves, OpenMP's after a torch op on several threads: `can_fork`) starts a fresh
 `python -m wansync.worker` instead, as does one on a platform without fork: forking while another
-thread holds a lock can deadlock the child.
+thread holds a lock can deadlock the child. So a worker restarted in a fault-tolerant run starts
+fresh; the run's lighthouse serves from a process of its own (`lighthouse`) so that its first
+workers need not.
 
 Nothing else changes for the worker. It gets the same environment, starts with the launcher's
 signal mask (SIGINT blocked) and the default SIGTERM, and its parent is the launcher, which its
@@ -69,7 +71,7 @@ THREADS_AFTER_IMPORT = 2
 
 def can_fork() -> bool:
     """Whether this process may fork a worker: no thread runs but the main one and the one `import
-    torch` starts. Any other (a Python thread, a rendezvous store's, a lighthouse's, or the OpenMP
+    torch` starts. Any other (a Python thread, a rendezvous store's, a hosted lighthouse's, or the OpenMP
     team torch starts at its first op on more than one thread) may hold a lock the child would wait
     for forever (GNU OpenMP's team, seen here: the child hangs in its first parallel op)."""
     if not hasattr(os, "fork") or threading.active_count() != 1:
@@ -108,3 +110,35 @@ def start(env: dict[str, str], *, fork: bool, close: Sequence[int] = ()) -> Work
 def record_pid(logs: Path, rank: int, worker: Worker) -> None:
     """logs/rank{R}.pid: the pid of rank R's current process (rewritten when it is restarted)."""
     (logs / f"rank{rank}.pid").write_text(f"{worker.pid}\n")
+
+
+def live_workers(run_dir: Path) -> dict[int, int]:
+    """rank -> pid of a run's live worker processes: those its launcher recorded in
+    logs/rank{R}.pid (a forked worker's /proc/PID/environ is its launcher's), and any process with
+    the run directory in its environment (a fresh interpreter; rank -1 if it has no RANK). Linux."""
+    found = {}
+    for f in Path(run_dir, "logs").glob("rank*.pid"):
+        pid = int(f.read_text() or 0)
+        if pid and _alive(pid):
+            found[int(f.stem[4:])] = pid
+    marker = f"WANSYNC_RUN_DIR={run_dir}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in env and _alive(int(pid)):
+            rank = next((v[5:] for v in env if v.startswith(b"RANK=")), b"")
+            found[int(rank or -1)] = int(pid)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a dead child its parent has not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
