@@ -77,7 +77,7 @@ def formula(name: str, opts: dict[str, Any], p_bytes: int, frag_bytes: list[int]
     measured step (a fragment in flight holds Δ and the exchange's copy, plus θ(t_p) for taylor)."""
     ddp = p_bytes                                            # DDP's gradient buckets hold one gradient copy
     per_fragment = 3 if opts.get("compensation") == "taylor" else 2
-    spare = p_bytes + 4                                      # local_sgd's second wire buffer (values + drift element)
+    spare = p_bytes                                          # local_sgd keeps θ_m's copy for the drift
     return {"ddp": ddp, "local_sgd": spare, "post_local_sgd": ddp + spare, "slowmo": 2 * p_bytes, "cpdp": 2 * p_bytes + ddp,
             "diloco": 2 * p_bytes,
             "streaming": 2 * p_bytes + sum(per_fragment * frag_bytes[f] for f in in_flight),

@@ -101,3 +101,35 @@ def test_telemetry_changes_no_parameter_bit(runs, name):
     for r in runs:
         for a, b in zip(r[(name, True)]["params"], r[(name, False)]["params"], strict=True):
             assert torch.equal(a, b)
+
+
+def _storages_across_boundaries(rank: int, world: int) -> dict[str, Any]:
+    """Where the model's tensors and the drift's copy of θ_m live, boundary after boundary."""
+    import wansync as ws
+    out: dict[str, Any] = {}
+    for name, drift in (("local_sgd", True), ("local_sgd", False), ("diloco", True)):
+        model = _model(rank)
+        sync = ws.strategy(name, model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=1,
+                           drift_telemetry=drift)
+        seen = []
+        for _ in range(3):
+            model(torch.randn(4, 8)).sum().backward()
+            sync.step()
+            sync.zero_grad()
+            seen.append((sync.flat.packed() is not None and sync.flat.packed().data_ptr(),
+                         None if sync._drift_copy is None else sync._drift_copy.data_ptr()))
+        out[(name, drift)] = seen
+    return out
+
+
+def test_a_boundary_averages_the_models_own_buffer_in_place_and_reuses_the_drift_copy():
+    """From the first boundary on, the model lives in one flat buffer that every boundary
+    all-reduces in place (no gather, no copy back, no fresh memory); local_sgd keeps θ_m's copy
+    for the drift between boundaries, and without telemetry holds none."""
+    seen = run_ranks(_storages_across_boundaries, 2)[0]
+    for key, boundaries in seen.items():
+        homes = {home for home, _ in boundaries}
+        assert len(homes) == 1 and homes != {False}, key         # packed, and the same buffer each time
+    assert len({copy for _, copy in seen[("local_sgd", True)]}) == 1 and seen[("local_sgd", True)][0][1]
+    assert {copy for _, copy in seen[("local_sgd", False)]} == {None}
+    assert {copy for _, copy in seen[("diloco", True)]} == {None}          # allocated at each boundary

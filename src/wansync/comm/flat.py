@@ -27,7 +27,8 @@ class FlatTensors:
 
     def gather(self) -> torch.Tensor:
         """A new flat copy of the current values."""
-        return torch.cat([t.detach().reshape(-1) for t in self.tensors])
+        packed = self.packed()
+        return packed.clone() if packed is not None else torch.cat([t.detach().reshape(-1) for t in self.tensors])
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Views of `flat` shaped like the tensors (no copy)."""
@@ -53,7 +54,11 @@ class FlatTensors:
     def scatter(self, flat: torch.Tensor) -> None:
         """Copy `flat` back into the tensors in place."""
         with torch.no_grad():
-            torch._foreach_copy_([t.detach() for t in self.tensors], self.views(flat))
+            packed = self.packed()
+            if packed is not None:
+                packed.copy_(flat)
+            else:
+                torch._foreach_copy_([t.detach() for t in self.tensors], self.views(flat))
 
     def adopt(self, flat: torch.Tensor) -> None:
         """Give the tensors `flat`'s values by making them views of it (no copy), as torch's

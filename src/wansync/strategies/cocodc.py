@@ -86,6 +86,9 @@ class CoCoDC(Streaming):
     def keeps_theta_start(self) -> bool:
         return self.opts.compensation != "alpha"
 
+    def takes_anchor(self) -> bool:
+        return self.opts.compensation == "alpha" and super().takes_anchor()
+
     def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
                      elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
         if self.opts.compensation == "alpha":

@@ -7,12 +7,13 @@ import torch
 
 
 def alpha_merge(local: torch.Tensor, anchor: torch.Tensor, alpha: float) -> torch.Tensor:
-    """θ ← α·θ(t_l) + (1−α)·θ̃_p (α: weight on the local fragment). α = 0 returns θ̃_p's exact bits."""
+    """θ ← α·θ(t_l) + (1−α)·θ̃_p (α: weight on the local fragment). α = 0 returns θ̃_p's exact bits.
+    Overwrites `local` (the caller's gathered copy) for 0 < α < 1."""
     if alpha == 0:
         return anchor.clone()
     if alpha == 1:
         return local.clone()
-    return local * alpha + anchor * (1.0 - alpha)
+    return local.mul_(alpha).add_(anchor * (1.0 - alpha))    # `local` is the caller's gathered copy
 
 
 def delay_compensate(theta_start: torch.Tensor, theta_now: torch.Tensor, anchor: torch.Tensor, tau: int,

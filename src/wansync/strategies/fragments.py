@@ -202,6 +202,11 @@ class Schedule:
             self.turned = [False] * self.P
         return interval
 
+    @property
+    def uses_rates(self) -> bool:
+        """Whether `choose` reads R_p (the adaptive modes); round robin never does."""
+        return self.mode != "round_robin"
+
     def record_merge(self, p: int, anchor_change_norm: float, interval: int) -> None:
         """R_p = ‖Δθ̃_p‖ / I_p from the merge of the sync that covered `interval` steps."""
         self.rate[p] = float(anchor_change_norm) / max(1, interval)

@@ -28,30 +28,28 @@ class PeriodicOptions(Options):
     drift_telemetry: bool = option(True, "report worker drift at every boundary (rides on the next parameter exchange)")
 
 
-def consume_distance(local: list[torch.Tensor], avg: list[torch.Tensor],
-                     packed: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
-    """‖θ_m − θ̄‖ from θ_m's own tensors and θ̄'s views, subtracting in place: no copy of θ_m and no
-    temporaries (2-3x cheaper than a fresh difference buffer on CPU). `packed`: the same two as flat
-    buffers, for one subtraction instead of one per tensor (the same bits). The norm is taken tensor
-    by tensor either way, so the value does not depend on the layout (a resumed run reports the same
-    bits). It leaves θ_m − θ̄ in `local`, which is why only `average_params` calls it: every
-    boundary gives the model new values next."""
-    if packed is not None:
-        packed[0].sub_(packed[1])
-    else:
-        torch._foreach_sub_(local, avg)
-    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(local))))
+def consume_distance(local: torch.Tensor, avg: torch.Tensor) -> float:
+    """‖θ_m − θ̄‖ from flat copies of θ_m and θ̄, subtracting in place (`local` is left holding
+    θ_m − θ̄): no temporary. Both are in the flat order of the exchange whatever the model's layout,
+    so a resumed run reports the same bits."""
+    return float(torch.linalg.vector_norm(local.sub_(avg)))
 
 
 class Periodic(Strategy):
     """Local inner steps; `boundary()` every `opts.sync_every` steps."""
     Options = PeriodicOptions
 
+    # whether θ_m's copy for the drift is kept between boundaries (P bytes held, no fresh memory
+    # per boundary) or allocated at each (strategies whose peak already holds a transient P)
+    keeps_drift_copy = False
+
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.flat = FlatTensors(sync_tensors(self.module))
         # drift telemetry: this worker's ‖θ_m − θ̄‖ and ‖θ̄‖ at the last boundary (None: none yet)
         self._drift_dist, self._drift_avg_norm, self._drift_step = 0.0, None, 0
+        self._home: torch.Tensor | None = None
+        self._drift_copy: torch.Tensor | None = None
 
     def is_boundary(self, t: int) -> bool:
         return t % self.opts.sync_every == 0
@@ -80,38 +78,64 @@ class Periodic(Strategy):
         self._drift_dist, self._drift_avg_norm, self._drift_step = state.get("drift", (0.0, None, 0))
 
     # ---- shared pieces ---------------------------------------------------------------------
-    def average_params(self, wire: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
-        """θ̄ = mean(θ_m) as a flat buffer and the sync event's fields. Call it while the model still
-        holds θ_m, and overwrite the model afterwards (every boundary does): with drift telemetry,
-        this worker's distance ‖θ_m − θ̄‖ is taken from the model in place, leaving garbage there.
-        `wire`: a buffer of `wire_numel` elements the model does not live in, to gather θ_m into
-        (None: a new one).
+    def home(self) -> torch.Tensor | None:
+        """The flat buffer of `wire_numel` elements whose first P the model's tensors live in (they
+        move there at the first boundary, as torch's averager re-points them): a boundary averages
+        it in place, so θ_m is never gathered and θ̄ lands where the model reads it. None when a
+        tensor cannot move (a non-contiguous one keeps its layout, `FlatTensors.adopt`)."""
+        packed = self.flat.packed()
+        if self._home is not None and packed is not None and packed.data_ptr() == self._home.data_ptr():
+            return self._home
+        if not all(t.is_contiguous() for t in self.flat.tensors):
+            return None
+        home = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
+        torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=home[:self.flat.numel])
+        self.flat.adopt(home[:self.flat.numel])
+        self._home = home
+        return home
+
+    def average_params(self) -> tuple[torch.Tensor, dict[str, Any]]:
+        """θ̄ = mean(θ_m) as a flat buffer, and the sync event's fields. The buffer is the model's
+        home (`home`): the model holds θ̄ when this returns, and a strategy that gives it other
+        values next writes them there (`FlatTensors.scatter` is one copy).
 
         With drift telemetry the buffer carries one more element, this worker's distance at the
         previous boundary, so the exchange reports `drift_prev` for that boundary at no extra
         collective (the values' sum is elementwise: the extra element changes none of its bits).
-        ‖θ̄‖ is the exchange's non-finite check (`norm`), and the views the distance needs are built
-        while the all-reduce runs, so telemetry costs one subtraction and one norm."""
-        extra = self.wire_numel - self.flat.numel
-        packed = self.flat.packed()                   # θ_m as one flat view when the model lies in one buffer
-        local = [t.detach() for t in self.flat.tensors]
-        pieces = [packed] if packed is not None else [t.reshape(-1) for t in local]
+        The distance ‖θ_m − θ̄‖ needs θ_m after the exchange, so θ_m is copied first (the one pass
+        telemetry adds before the exchange); ‖θ̄‖ is the exchange's non-finite check (`norm`)."""
+        extra, n = self.wire_numel - self.flat.numel, self.flat.numel
+        home = self.home()
+        if home is not None:
+            wire, local = home, self._copy_for_drift(home[:n]) if extra else None
+        else:                                         # tensors that stay where they are: gather them
+            wire = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
+            torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=wire[:n])
+            local = wire[:n].clone() if extra else None
         if extra:
-            pieces.append(torch.tensor([self._drift_dist], dtype=self.flat.dtype, device=self.flat.device))
-        wire = torch.cat(pieces, out=wire) if wire is not None else torch.cat(pieces)
+            wire[n] = self._drift_dist
         sent = self.exchange.mean(wire, "params", async_op=True, inplace=True, extra=extra)
-        buf = wire[:self.flat.numel]
-        avg = self.flat.views(buf) if extra else []
         sent.wait()
+        buf = wire[:n]
         info: dict[str, Any] = {"bytes": self.flat.nbytes}
         if extra:
             if self._drift_avg_norm is not None:
-                info["drift_prev"] = self.relative_drift(float(wire[-1]), self._drift_avg_norm)
-            self._drift_dist = consume_distance(local, avg, (packed, buf) if packed is not None else None)
+                info["drift_prev"] = self.relative_drift(float(wire[n]), self._drift_avg_norm)
+            self._drift_dist = consume_distance(local, buf)
             self._drift_step, self._drift_avg_norm = self.t, sent.norm
+        if home is None:
+            self.flat.scatter(buf)                    # the model holds θ̄, as with a home
         if getattr(self.opts, "sync_optimizer_state", False):
             self.average_optimizer_state()
         return buf, info
+
+    def _copy_for_drift(self, values: torch.Tensor) -> torch.Tensor:
+        """θ_m, copied before the exchange overwrites it in place."""
+        if not self.keeps_drift_copy:
+            return values.clone()
+        if self._drift_copy is None:
+            self._drift_copy = torch.empty_like(values)
+        return self._drift_copy.copy_(values)
 
     @property
     def drift_on(self) -> bool:

@@ -130,13 +130,19 @@ class Streaming(Strategy):
         mean = x.handle.wait()
         self.in_flight.remove(x)
         p, anchor = x.fragment, self.anchors[x.fragment]
-        before = anchor.value.clone()
+        before = anchor.value.clone() if self.schedule.uses_rates else None
         anchor.outer_step(mean, lr=self.outer_lr_for(x))  # new anchor first, then the merge
-        self.schedule.record_merge(p, float(torch.linalg.vector_norm(before.sub_(anchor.value))), x.interval)
-        new, info = self.merge_values(x, anchor.local(), anchor.value, t - x.start)
-        anchor.flat.scatter(new)
-        if torch.equal(new, anchor.value):
+        if before is not None:
+            self.schedule.record_merge(p, float(torch.linalg.vector_norm(before.sub_(anchor.value))), x.interval)
+        if self.takes_anchor():                           # θ_{m,p} ← θ̃_p: no local values needed
+            anchor.load_into_model()
+            info: dict[str, Any] = {"merge": "alpha", "alpha": 0.0}
             self.exact_at[p] = t
+        else:
+            new, info = self.merge_values(x, anchor.local(), anchor.value, t - x.start)
+            anchor.flat.scatter(new)
+            if torch.equal(new, anchor.value):
+                self.exact_at[p] = t
         if x.handle.participants is not None:    # fault-tolerant: this exchange's, not the last quorum's
             info["participants"] = x.handle.participants
         self.emit("sync", kind="fragment", fragment=p, started=x.start, overlap=t - x.start, reason=x.reason,
@@ -153,6 +159,10 @@ class Streaming(Strategy):
 
     def keeps_theta_start(self) -> bool:
         return False
+
+    def takes_anchor(self) -> bool:
+        """Whether a merge sets the local fragment to θ̃_p exactly (α = 0)."""
+        return self.opts.alpha == 0
 
     def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
                      elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
