@@ -14,7 +14,7 @@ the same with the emulator's other term, the real backend's own transfer time, m
 bytes / the rate this run's gloo collectives reached (on a loaded CPU a 4 MB gloo all-reduce can take
 longer than the emulated link, and the emulator then follows the machine).
 
-Default subset (about 30 min on 2 cores shared with other jobs): tiny LM, 2 workers, every preset, ddp / diloco /
+Default subset (about 4 min on 2 idle cores, 30 shared with other jobs): tiny LM, 2 workers, every preset, ddp / diloco /
 streaming / cocodc; plus 4 workers under cross-region for every other strategy. ``--full`` runs
 tiny and small, 2/4/8 workers, every preset, every strategy.
 

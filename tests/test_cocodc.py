@@ -196,3 +196,23 @@ def test_the_damped_merge_keeps_the_local_steps_and_damps_only_the_outer_step():
     torch.testing.assert_close(damped, 0.5 * theta_p + 0.5 * anchor + (theta_l - theta_p))
     kept, _ = damped_compensate(theta_p, theta_l, anchor, tau, 100, 0.0, alpha=1.0)
     torch.testing.assert_close(kept, theta_l)
+
+
+def _agree_with_a_late_peer(rank: int, world: int) -> dict[str, Any]:
+    import time
+
+    from wansync.comm.ledger import CommLedger
+    from wansync.strategies.transmission import agree
+    ledger = CommLedger()
+    if rank == 1:
+        time.sleep(0.3)                              # rank 0 waits for it inside the agreement
+    n, _, _ = agree(0.1, 0.05, 0.4, 10, 2, 2, ledger)
+    return {"n": n, "schedule": ledger.snapshot()["schedule"]}
+
+
+def test_the_agreement_on_n_is_booked_as_a_wait_so_the_profiler_counts_it_as_exposed_communication():
+    """The all-reduce and broadcast that agree on N block the training thread: the ledger's wait
+    (the profiler's `exposed_comm`), not sync math."""
+    r0, r1 = run_ranks(_agree_with_a_late_peer, 2)
+    assert r0["n"] == r1["n"] == 4                              # ⌊0.4·10·0.1/0.05⌋ = 8, capped at 2·P
+    assert r0["schedule"]["bytes"] == 24 and r0["schedule"]["waited_s"] >= 0.2

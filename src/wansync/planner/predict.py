@@ -72,7 +72,9 @@ def seconds_of(s: Setting) -> Callable[[Transfer], float]:
 
 def run_trace(s: Setting, steps: int, finish: bool = False) -> Trace:
     seconds = seconds_of(s)
-    return trace(s.strategy, s.options, s.size, s.workers, steps, step_s=s.step_s + s.other_s,
+    # CoCoDC's T_c is the time a step spends outside the strategy's own sync work (forward,
+    # backward, data, inner step): `step_s`, without the averaging `other_s` also holds.
+    return trace(s.strategy, s.options, s.size, s.workers, steps, step_s=s.step_s,
                  fragment_sync_s=seconds, ranks_per_worker=s.ranks_per_worker, finish=finish)
 
 

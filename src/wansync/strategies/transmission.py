@@ -26,6 +26,7 @@ Without it (c = 0) a fast link drives N to H and every fragment takes a full out
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -59,6 +60,7 @@ def agree(t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int,
         tc, ts = (float(v) for v in exchange.mean(vals, "schedule").wait())
         return syncs_per_period(gamma, sync_every, fragments, tc, ts, per_fragment=per_fragment), tc, ts
     ledger.count("schedule", vals.numel() * vals.element_size())
+    started = time.perf_counter()
     dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
     vals /= dist.get_world_size(group)
     tc, ts = float(vals[0]), float(vals[1])
@@ -66,4 +68,5 @@ def agree(t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int,
     ledger.count("schedule", n.numel() * n.element_size())
     src = dist.get_global_rank(group, 0) if group is not None else 0
     dist.broadcast(n, src=src, group=group)
+    ledger.waited("schedule", time.perf_counter() - started)   # blocked on both: exposed communication
     return int(n[0]), tc, ts
