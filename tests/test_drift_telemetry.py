@@ -133,3 +133,24 @@ def test_a_boundary_averages_the_models_own_buffer_in_place_and_reuses_the_drift
     assert len({copy for _, copy in seen[("local_sgd", True)]}) == 1 and seen[("local_sgd", True)][0][1]
     assert {copy for _, copy in seen[("local_sgd", False)]} == {None}
     assert {copy for _, copy in seen[("diloco", True)]} == {None}          # allocated at each boundary
+
+
+def _channels_last_local_sgd(rank: int, world: int) -> dict[str, Any]:
+    """A model with a channels-last weight (non-contiguous: it cannot move into a flat buffer)."""
+    import wansync as ws
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(16, 1))
+    model[0].weight.data = model[0].weight.data.contiguous(memory_format=torch.channels_last)
+    sync = ws.strategy("local_sgd", model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=1)
+    gen = torch.Generator().manual_seed(rank + 1)
+    model(torch.randn(2, 3, 4, 4, generator=gen)).sum().backward()
+    sync.step()
+    return {"home": sync.home() is not None, "params": [p.detach().clone() for p in model.parameters()],
+            "channels_last": model[0].weight.is_contiguous(memory_format=torch.channels_last),
+            "contiguous": model[0].weight.is_contiguous()}
+
+
+def test_a_tensor_that_cannot_move_is_gathered_and_written_back_keeping_its_layout():
+    r0, r1 = run_ranks(_channels_last_local_sgd, 2)
+    assert not r0["home"] and r0["channels_last"] and not r0["contiguous"]
+    assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))     # averaged all the same
