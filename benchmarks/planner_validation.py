@@ -16,9 +16,10 @@ longer than the emulated link, and the emulator then follows the machine).
 
 Default subset (about 4 min on 2 idle cores, 30 shared with other jobs): tiny LM, 2 workers, every preset, ddp / diloco /
 streaming / cocodc; plus 4 workers under cross-region for every other strategy. ``--full`` runs
-tiny and small, 2/4/8 workers, every preset, every strategy.
+tiny and small, 2/4/8 workers, every preset, every strategy; ``--models``, ``--workers``, ``--presets``
+and ``--strategies`` (comma-separated) run that part of the full grid.
 
-    python benchmarks/planner_validation.py [--full] [--out runs/bench_planner]
+    python benchmarks/planner_validation.py [--full | --models small --workers 2,8 ...] [--out runs/bench_planner]
 """
 from __future__ import annotations
 
@@ -50,9 +51,15 @@ KNOBS = {
 FOUR = ("ddp", "diloco", "streaming", "cocodc")
 
 
-def grid(full: bool) -> list[tuple[str, int, str, str]]:
-    if full:
-        return list(itertools.product(("tiny", "small"), (2, 4, 8), PRESETS, STRATEGIES))
+def grid(full: bool, models: str | None = None, workers: str | None = None, presets: str | None = None,
+         strategies: str | None = None) -> list[tuple[str, int, str, str]]:
+    """The default subset, the full grid, or the grid of the given comma-separated lists (each
+    defaulting to the full grid's)."""
+    if full or any((models, workers, presets, strategies)):
+        def pick(given: str | None, every) -> list[str]:
+            return [v.strip() for v in given.split(",")] if given else [str(v) for v in every]
+        return list(itertools.product(pick(models, ("tiny", "small")), map(int, pick(workers, ("2", "4", "8"))),
+                                      pick(presets, PRESETS), pick(strategies, STRATEGIES)))
     rows = list(itertools.product(("tiny",), (2,), PRESETS, FOUR))
     return rows + [("tiny", 4, "cross-region", s) for s in STRATEGIES if s not in FOUR]
 
@@ -94,6 +101,10 @@ def host_rate(prof: dict) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="the full grid (hours on 2 cores)")
+    ap.add_argument("--models", help="a grid of these models (comma-separated; tiny, small)")
+    ap.add_argument("--workers", help="... of these worker counts (e.g. 2,8)")
+    ap.add_argument("--presets", help="... under these link presets")
+    ap.add_argument("--strategies", help="... of these strategies")
     ap.add_argument("--out", default="runs/bench_planner")
     args = ap.parse_args()
     out = Path(args.out)
@@ -104,7 +115,7 @@ def main() -> None:
           "| host MB/s |")
     print("|" + "---|" * 13)
     ok = ok_host = total = 0
-    for model, workers, preset, strategy in grid(args.full):
+    for model, workers, preset, strategy in grid(args.full, args.models, args.workers, args.presets, args.strategies):
         r = run_one(model, workers, preset, strategy, out)
         head = f"| {model} | {workers} | {preset} | {strategy} "
         if "error" in r:
