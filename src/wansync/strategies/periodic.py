@@ -114,8 +114,7 @@ class Periodic(Strategy):
             local = wire[:n].clone() if extra else None
         if extra:
             wire[n] = self._drift_dist
-        sent = self.exchange.mean(wire, "params", async_op=True, inplace=True, extra=extra)
-        sent.wait()
+        sent = self.exchange.mean(wire, "params", inplace=True, extra=extra)
         buf = wire[:n]
         info: dict[str, Any] = {"bytes": self.flat.nbytes}
         if extra:
