@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -36,7 +37,7 @@ class ServedLighthouse:
         self.process.terminate()
         try:
             self.process.wait(timeout=5)
-        except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: it ignored SIGTERM
+        except subprocess.TimeoutExpired:        # it did not end on SIGTERM
             self.process.kill()
             self.process.wait()
 
