@@ -104,7 +104,7 @@ def test_telemetry_changes_no_parameter_bit(runs, name):
 
 
 def _storages_across_boundaries(rank: int, world: int) -> dict[str, Any]:
-    """Where the model's tensors and the drift's copy of θ_m live, boundary after boundary."""
+    """Where the model's tensors live, boundary after boundary, and the spare buffer kept."""
     import wansync as ws
     out: dict[str, Any] = {}
     for name, drift in (("local_sgd", True), ("local_sgd", False), ("diloco", True)):
@@ -112,27 +112,30 @@ def _storages_across_boundaries(rank: int, world: int) -> dict[str, Any]:
         sync = ws.strategy(name, model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=1,
                            drift_telemetry=drift)
         seen = []
-        for _ in range(3):
+        for _ in range(4):
             model(torch.randn(4, 8)).sum().backward()
             sync.step()
             sync.zero_grad()
             seen.append((sync.flat.packed() is not None and sync.flat.packed().data_ptr(),
-                         None if sync._drift_copy is None else sync._drift_copy.data_ptr()))
+                         None if sync._spare is None else sync._spare.data_ptr()))
         out[(name, drift)] = seen
     return out
 
 
-def test_a_boundary_averages_the_models_own_buffer_in_place_and_reuses_the_drift_copy():
-    """From the first boundary on, the model lives in one flat buffer that every boundary
-    all-reduces in place (no gather, no copy back, no fresh memory); local_sgd keeps θ_m's copy
-    for the drift between boundaries, and without telemetry holds none."""
+def test_a_boundary_averages_into_the_models_own_buffers_without_fresh_memory():
+    """From the first boundary on, the model lives in one flat buffer. Without telemetry every
+    boundary all-reduces it in place; with it, the mean lands in a second buffer that the model
+    moves to (the first is consumed measuring the drift), and local_sgd keeps both, taking turns
+    (no fresh memory), while diloco allocates the second at each boundary."""
     seen = run_ranks(_storages_across_boundaries, 2)[0]
-    for key, boundaries in seen.items():
-        homes = {home for home, _ in boundaries}
-        assert len(homes) == 1 and homes != {False}, key         # packed, and the same buffer each time
-    assert len({copy for _, copy in seen[("local_sgd", True)]}) == 1 and seen[("local_sgd", True)][0][1]
-    assert {copy for _, copy in seen[("local_sgd", False)]} == {None}
-    assert {copy for _, copy in seen[("diloco", True)]} == {None}          # allocated at each boundary
+    off = seen[("local_sgd", False)]
+    assert len({home for home, _ in off}) == 1 and off[0][0] and {spare for _, spare in off} == {None}
+    on = seen[("local_sgd", True)]
+    homes = [home for home, _ in on]
+    assert all(homes) and homes[0] != homes[1] and homes[0] == homes[2] and homes[1] == homes[3]
+    assert all(spare == other for (_, spare), other in zip(on, homes[1:] + [homes[2]]))  # the other one
+    assert all(home for home, _ in seen[("diloco", True)])
+    assert {spare for _, spare in seen[("diloco", True)]} == {None}
 
 
 def _channels_last_local_sgd(rank: int, world: int) -> dict[str, Any]:

@@ -4,8 +4,10 @@ optimizer state, and the initial broadcast, goes through an `Exchange`.
 One place owns what each such exchange needs, so that replica groups and fault tolerance can
 plug in here and nowhere else:
 
-- **Codec.** `fp32` sends the buffer as it is (any float dtype) through a SUM all-reduce and
-  divides by the number of contributors (gloo has no AVG). A lossy codec (bf16, int8, fp4) cannot
+- **Codec.** `fp32` sends the buffer as it is (any float dtype) through a SUM all-reduce of every
+  worker's values divided by their number (gloo has no AVG; dividing before the collective, as
+  torch's DDP and model averager do, needs no pass after it and writes the mean out of place for
+  free). A lossy codec (bf16, int8, fp4) cannot
   be summed on the wire (each rank has its own scales), so every rank's encoded payload is
   all-gathered and each rank decodes and accumulates all of them in FP32, in rank order: the same
   bytes summed in the same order give the same bits on every rank, which the strategies rely on
@@ -17,6 +19,10 @@ plug in here and nowhere else:
   all-reduced buffer; lossy: one flag byte after each payload). Whatever the policy, a non-finite
   mean of model state raises rather than reach the model; that check is the mean's L2 norm, which
   the handle keeps (`norm`) for whoever needs it (the drift telemetry's ‖θ̄‖).
+- **Where the mean lands**: a new tensor, `buf` itself (`inplace`), or `out`: then `buf` still
+  holds this worker's values afterwards, and the handle also reports `distance`, ‖values − mean‖₂,
+  this worker's distance from the mean (the drift telemetry). Measuring it consumes `buf` (left
+  holding values − mean), so the caller keeps no copy of its values for it.
 - **Side-band scalars** (`extra=k`): the last `k` elements of the buffer are not model state but
   telemetry riding on an exchange that happens anyway (the drift of the previous boundary), so it
   costs no collective of its own. They are summed and divided like the values (over the same
@@ -71,12 +77,20 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
 
 
+def l2_norm(x: torch.Tensor) -> float:
+    """‖x‖₂: for a flat float32/float64 buffer the square root of BLAS's dot(x, x) (one pass, and
+    closer to the float64 norm than `vector_norm`'s float32 accumulation)."""
+    if x.dim() == 1 and x.is_contiguous() and x.dtype in (torch.float32, torch.float64) and x.device.type == "cpu":
+        return math.sqrt(float(torch.dot(x, x))) if x.numel() else 0.0
+    return float(torch.linalg.vector_norm(x))
+
+
 def finite_norm(x: torch.Tensor) -> float | None:
     """‖x‖₂ (inf if a square overflows) when every element of `x` is finite, else None. Like the sum,
     the norm is finite only if every element is, so one pass both checks a mean of model state and
     measures it (the drift telemetry's ‖θ̄‖ needs no pass of its own); only a non-finite norm pays
     for the exact test."""
-    norm = float(torch.linalg.vector_norm(x))
+    norm = l2_norm(x)
     return norm if math.isfinite(norm) or bool(torch.isfinite(x).all()) else None
 
 
@@ -92,6 +106,7 @@ class MeanHandle:
         self.waited_s = 0.0                   # time blocked in wait()
         self.participants: int | None = None  # fault-tolerant: the workers in this exchange's quorum
         self.norm: float | None = None        # ‖mean‖₂ of the values, from the non-finite check (GUARDED purposes)
+        self.distance: float | None = None    # ‖values − mean‖₂ of this worker's values (a mean into `out`)
         self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
         self._result: torch.Tensor | None = None
 
@@ -138,19 +153,24 @@ class Exchange:
             self.group, self.world_size = self.replicas.across, self.replicas.workers
 
     def mean(self, buf: torch.Tensor, purpose: str, codec: str | Codec = "fp32", async_op: bool = False,
-             inplace: bool = False, *, replay: bool = False, extra: int = 0) -> MeanHandle:
+             inplace: bool = False, *, out: torch.Tensor | None = None, replay: bool = False,
+             extra: int = 0) -> MeanHandle:
         """Start averaging `buf` over the group; all ranks call it with the same purpose, codec
         and `buf.numel()`.
 
         Without `inplace`, `buf` is left as it is and may be reused at once; with it, the mean is
-        written into `buf`. With `async_op` the collective runs in the background until `wait()`.
+        written into `buf`. With `out` (shaped like `buf`) the mean is written there and the
+        handle's `distance` is ‖values − mean‖₂, which leaves `buf` holding values − mean. With `async_op` the collective runs in the background until `wait()`.
         `replay`: the ledger already holds this exchange (one relaunched after a resume), so its
         bytes and a dropped contribution are not counted again. `extra`: how many trailing elements
         of the 1-D `buf` are side-band scalars (see the module docstring)."""
         started_at = time.perf_counter()
-        codec, inplace_whole, extra_whole = get_codec(codec), inplace, extra
+        codec, extra_whole = get_codec(codec), extra
         if extra and (buf.dim() != 1 or not 0 < extra <= buf.numel()):
             raise ValueError(f"extra={extra} needs a 1-D buffer of at least that many elements")
+        if out is not None and (out.shape != buf.shape or out.dtype != buf.dtype or inplace):
+            raise ValueError("out must be shaped like buf, of its dtype, and not with inplace")
+        dest_whole = dest = out if out is not None else (buf if inplace else None)
         values = buf[:buf.numel() - extra] if extra else buf
         guarded = self.nonfinite is not None and purpose in GUARDED
         valid = not guarded or all_finite(values)
@@ -159,15 +179,15 @@ class Exchange:
                                  f"(--on-nonfinite abort)")
         weighted = guarded and self.nonfinite == "skip"
         if self.ft is not None:
-            return self._ft_mean(buf, purpose, codec, inplace, replay, extra, valid, started_at)
+            return self._ft_mean(buf, purpose, codec, dest, replay, extra, valid, started_at, out is not None)
         whole = buf
         sharded = self.replicas.sharded and values.numel() >= self.replicas.ranks_per_worker
         if sharded:
-            buf, extra, inplace = self._shard(whole, extra), extra if self._last_shard else 0, False
+            buf, extra, dest = self._shard(whole, extra), extra if self._last_shard else 0, None
         if codec.name == "fp32":
-            work, finish, wire_bytes, guard_bytes = self._all_reduce(buf, purpose, weighted, valid, inplace)
+            work, finish, wire_bytes, guard_bytes = self._all_reduce(buf, purpose, weighted, valid, dest)
         else:
-            work, finish, wire_bytes, guard_bytes = self._all_gather(buf, codec, purpose, weighted, valid, inplace,
+            work, finish, wire_bytes, guard_bytes = self._all_gather(buf, codec, purpose, weighted, valid, dest,
                                                                      extra)
         extra_bytes = extra * (buf.element_size() if codec.name == "fp32" else 4)
         if not replay:
@@ -180,12 +200,9 @@ class Exchange:
                 self.ledger.dropped += 1
 
         def checked() -> torch.Tensor:
-            result = self._reassemble(finish(), whole, extra_whole, purpose, inplace_whole) if sharded else finish()
-            if purpose in GUARDED:
-                handle.norm = finite_norm(result.reshape(-1)[:values.numel()] if extra_whole else result)
-                if handle.norm is None:
-                    raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite (a worker sent NaN/Inf; "
-                                         f"--on-nonfinite abort or skip stops it before the exchange)")
+            result = self._reassemble(finish(), whole, extra_whole, purpose, dest_whole) if sharded else finish()
+            self._measure(handle, result, values, purpose, out is not None,
+                          " (a worker sent NaN/Inf; --on-nonfinite abort or skip stops it before the exchange)")
             return result
         handle = MeanHandle(self.ledger, purpose, work, checked, wire_bytes - extra_bytes,
                             values.numel() * whole.element_size(), started_at)
@@ -226,14 +243,26 @@ class Exchange:
             seconds += collective_duration("allgather", r * 4 * n, world, emulator.topology, inside)
         return float(seconds)
 
-    def _ft_mean(self, buf: torch.Tensor, purpose: str, codec: Codec, inplace: bool, replay: bool, extra: int,
-                 valid: bool, started_at: float) -> MeanHandle:
+    @staticmethod
+    def _measure(handle: MeanHandle, result: torch.Tensor, values: torch.Tensor, purpose: str, distance: bool,
+                 why: str = "") -> None:
+        """The mean's non-finite check and norm (model state), and this worker's distance from it."""
+        mean = result.reshape(-1)[:values.numel()] if result.numel() != values.numel() else result
+        if purpose in GUARDED:
+            handle.norm = finite_norm(mean)
+            if handle.norm is None:
+                raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite{why}")
+        if distance:
+            handle.distance = l2_norm(values.sub_(mean.view_as(values)))
+
+    def _ft_mean(self, buf: torch.Tensor, purpose: str, codec: Codec, dest: torch.Tensor | None, replay: bool,
+                 extra: int, valid: bool, started_at: float, distance: bool) -> MeanHandle:
         """The mean over torchft's quorum (blocking; the handle is already complete)."""
         if codec.name != "fp32":
             raise ConfigError(f"--fault-tolerant exchanges fp32 only, not codec {codec.name}")
         mean, _ = self.ft.mean(buf, valid)
-        if inplace:
-            mean = buf.copy_(mean)
+        if dest is not None:
+            mean = dest.copy_(mean)
         item = buf.element_size()
         if not replay:
             self.ledger.count(purpose, (buf.numel() - extra) * item)
@@ -246,10 +275,7 @@ class Exchange:
         handle = MeanHandle.complete(self.ledger, purpose, mean)
         handle.wire_bytes = handle.payload_bytes = (buf.numel() - extra) * item
         handle.started_at, handle.waited_s, handle.participants = started_at, waited, self.ft.participants
-        if purpose in GUARDED:
-            handle.norm = finite_norm(mean.reshape(-1)[:buf.numel() - extra])
-            if handle.norm is None:
-                raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite")
+        self._measure(handle, mean, buf.reshape(-1)[:buf.numel() - extra] if extra else buf, purpose, distance)
         return handle
 
     # ---- replica groups: a shard across workers, the whole inside the worker ---------------------
@@ -270,9 +296,9 @@ class Exchange:
         return flat[bounds[r]:] if self._last_shard else flat[bounds[r]:bounds[r + 1]]
 
     def _reassemble(self, shard_mean: torch.Tensor, whole: torch.Tensor, extra: int, purpose: str,
-                    inplace: bool) -> torch.Tensor:
+                    dest: torch.Tensor | None) -> torch.Tensor:
         """All-gather every local rank's averaged shard inside the worker (blocking, booked as
-        `inside/<purpose>`) and put the buffer back together; into `whole` when `inplace`."""
+        `inside/<purpose>`) and put the buffer back together; into `dest` when given."""
         bounds = self._bounds(whole.numel() - extra)
         lengths = [b - a for a, b in zip(bounds, bounds[1:])]
         lengths[-1] += extra
@@ -284,29 +310,32 @@ class Exchange:
         self.ledger.count(INSIDE + purpose, piece.numel() * piece.element_size())
         self.ledger.waited(INSIDE + purpose, time.perf_counter() - t0)
         mean = torch.cat([p[:k] for p, k in zip(pieces, lengths)])
-        return whole.copy_(mean.view_as(whole)) if inplace else mean.view_as(whole)
+        return dest.copy_(mean.view_as(whole)) if dest is not None else mean.view_as(whole)
 
     # ---- the two collectives -------------------------------------------------------------------
-    def _all_reduce(self, buf: torch.Tensor, purpose: str, weighted: bool, valid: bool, inplace: bool):
-        """fp32: SUM all-reduce of the values (and, weighted, of the weight), then divide."""
+    def _all_reduce(self, buf: torch.Tensor, purpose: str, weighted: bool, valid: bool, dest: torch.Tensor | None):
+        """fp32: SUM all-reduce of the values divided by the world size, into `dest` (or a new
+        tensor); weighted, of the values and the weight, divided by the weights' sum after."""
         if weighted:
             values = buf.detach().reshape(-1) if valid else buf.new_zeros(buf.numel())
             wire = torch.cat([values, values.new_ones(1) if valid else values.new_zeros(1)])
         else:
-            wire = buf if inplace else buf.detach().clone()
+            wire = dest if dest is not None else torch.empty_like(buf)
+            if wire is not buf or self.world_size != 1:
+                torch.div(buf.detach(), self.world_size, out=wire)
         work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.group, async_op=True) \
             if dist.is_initialized() else None
 
         def finish() -> torch.Tensor:
             if not weighted:
-                return wire.div_(self.world_size)
+                return wire
             total = wire[:-1].view_as(buf)
-            return (buf.copy_(total) if inplace else total).div_(self._contributors(float(wire[-1]), purpose))
+            return (dest.copy_(total) if dest is not None else total).div_(self._contributors(float(wire[-1]), purpose))
         item = buf.element_size()
         return work, finish, buf.numel() * item, item if weighted else 0
 
     def _all_gather(self, buf: torch.Tensor, codec: Codec, purpose: str, weighted: bool, valid: bool,
-                    inplace: bool, extra: int):
+                    dest: torch.Tensor | None, extra: int):
         """Lossy codecs: all-gather every rank's encoded payload (then the side-band scalars as raw
         float32; weighted: then a validity flag); decode and accumulate the valid ones in FP32, in
         rank order; divide by their number."""
@@ -339,7 +368,7 @@ class Exchange:
                 acc[:numel] += codec.decode(Encoded(codec.name, numel, data))
                 contributors += 1
             mean = acc.div_(self._contributors(contributors, purpose))
-            return buf.copy_(mean.view_as(buf)) if inplace else mean
+            return dest.copy_(mean.view_as(buf)) if dest is not None else mean
         return work, finish, codec.wire_bytes(numel) + 4 * extra, 1 if weighted else 0
 
     @staticmethod

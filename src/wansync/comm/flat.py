@@ -60,14 +60,15 @@ class FlatTensors:
             else:
                 torch._foreach_copy_([t.detach() for t in self.tensors], self.views(flat))
 
-    def adopt(self, flat: torch.Tensor) -> None:
+    def adopt(self, flat: torch.Tensor, views: list[torch.Tensor] | None = None) -> None:
         """Give the tensors `flat`'s values by making them views of it (no copy), as torch's
         `PeriodicModelAverager` does: one pass over the bytes cheaper than `scatter`. Only `.data`
         changes, so a Parameter keeps its identity (the optimizer's state, hooks and a DDP wrapper
         still refer to it); its previous storage no longer follows it. A non-contiguous tensor (a
-        channels-last weight) is copied into instead, keeping its layout."""
+        channels-last weight) is copied into instead, keeping its layout. `views`: `views(flat)`,
+        made once for a buffer adopted again and again."""
         with torch.no_grad():
-            for t, v in zip(self.tensors, self.views(flat)):
+            for t, v in zip(self.tensors, views if views is not None else self.views(flat)):
                 if t.is_contiguous():
                     t.data = v
                 else:

@@ -105,9 +105,9 @@ def extra_memory_bytes(s: Setting, peak_in_flight: int) -> int:
     """Bytes a strategy holds beyond the model, its gradients and the inner optimizer, per rank:
 
     - DDP's gradient buckets (ddp, cpdp, post_local_sgd): one fp32 copy of the gradients;
-    - periodic averaging: with drift telemetry, the copy of θ_m the distance is taken in (local_sgd
-      keeps it between boundaries, diloco and slowmo allocate it at each); the all-reduce runs in
-      the model's own buffer;
+    - periodic averaging: with drift telemetry, the second buffer the mean lands in while the first,
+      holding θ_m, is consumed for the distance (local_sgd keeps both between boundaries, diloco and
+      slowmo allocate it at each); without, the all-reduce runs in the model's own buffer;
     - an anchor θ̃ (slowmo, cpdp, diloco, streaming, cocodc) and its momentum buffer when momentum > 0;
     - averaged optimizer state: a flat copy of AdamW's two moments;
     - fragment syncs: per fragment in flight its pseudo-gradient and the collective's buffer (the

@@ -2,9 +2,9 @@
 
 The model lives in one flat buffer (`Periodic.home`; its tensors re-pointed to views of it at the
 first boundary, as torch's `PeriodicModelAverager` does), and a boundary averages that buffer in
-place: no gather, no copy back, no fresh memory. With drift telemetry θ_m is copied first into a
-buffer kept between boundaries (P held: fresh memory costs a page fault per 4 KiB on CPU, more
-than the copy itself).
+place: no gather, no copy back, no fresh memory. With drift telemetry the mean lands in a second
+buffer and the model moves there, the two taking turns boundary after boundary (P held: fresh
+memory costs a page fault per 4 KiB on CPU, more than a pass over it).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .periodic import Periodic
 
 class LocalSGD(Periodic):
     name = "local_sgd"                   # options: Periodic's (H = 8)
-    keeps_drift_copy = True
+    keeps_spare = True
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)

@@ -28,20 +28,15 @@ class PeriodicOptions(Options):
     drift_telemetry: bool = option(True, "report worker drift at every boundary (rides on the next parameter exchange)")
 
 
-def consume_distance(local: torch.Tensor, avg: torch.Tensor) -> float:
-    """‖θ_m − θ̄‖ from flat copies of θ_m and θ̄, subtracting in place (`local` is left holding
-    θ_m − θ̄): no temporary. Both are in the flat order of the exchange whatever the model's layout,
-    so a resumed run reports the same bits."""
-    return float(torch.linalg.vector_norm(local.sub_(avg)))
-
-
 class Periodic(Strategy):
     """Local inner steps; `boundary()` every `opts.sync_every` steps."""
     Options = PeriodicOptions
 
-    # whether θ_m's copy for the drift is kept between boundaries (P bytes held, no fresh memory
-    # per boundary) or allocated at each (strategies whose peak already holds a transient P)
-    keeps_drift_copy = False
+    # with drift telemetry a boundary's mean lands in a second buffer, which becomes the model's
+    # home while the first, still holding θ_m, is consumed measuring ‖θ_m − θ̄‖: whether that spare
+    # is kept between boundaries (P bytes held, no fresh memory per boundary) or allocated at each
+    # (strategies whose peak already holds a transient P)
+    keeps_spare = False
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
@@ -49,7 +44,10 @@ class Periodic(Strategy):
         # drift telemetry: this worker's ‖θ_m − θ̄‖ and ‖θ̄‖ at the last boundary (None: none yet)
         self._drift_dist, self._drift_avg_norm, self._drift_step = 0.0, None, 0
         self._home: torch.Tensor | None = None
-        self._drift_copy: torch.Tensor | None = None
+        self._home_ptrs: list[int] = []       # where the model's tensors lie when they live in _home
+        self._home_views: list[torch.Tensor] = []
+        self._spare: torch.Tensor | None = None
+        self._spare_views: list[torch.Tensor] = []
 
     def is_boundary(self, t: int) -> bool:
         return t % self.opts.sync_every == 0
@@ -83,16 +81,19 @@ class Periodic(Strategy):
         move there at the first boundary, as torch's averager re-points them): a boundary averages
         it in place, so θ_m is never gathered and θ̄ lands where the model reads it. None when a
         tensor cannot move (a non-contiguous one keeps its layout, `FlatTensors.adopt`)."""
-        packed = self.flat.packed()
-        if self._home is not None and packed is not None and packed.data_ptr() == self._home.data_ptr():
+        if self._home is not None and all(t.data_ptr() == p for t, p in zip(self.flat.tensors, self._home_ptrs)):
             return self._home
         if not all(t.is_contiguous() for t in self.flat.tensors):
             return None
         home = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
         torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=home[:self.flat.numel])
-        self.flat.adopt(home[:self.flat.numel])
-        self._home = home
+        self._move_home(home)
         return home
+
+    def _move_home(self, home: torch.Tensor, views: list[torch.Tensor] | None = None) -> None:
+        views = views or self.flat.views(home[:self.flat.numel])
+        self.flat.adopt(home[:self.flat.numel], views)
+        self._home, self._home_views, self._home_ptrs = home, views, [t.data_ptr() for t in self.flat.tensors]
 
     def average_params(self) -> tuple[torch.Tensor, dict[str, Any]]:
         """θ̄ = mean(θ_m) as a flat buffer, and the sync event's fields. The buffer is the model's
@@ -102,39 +103,41 @@ class Periodic(Strategy):
         With drift telemetry the buffer carries one more element, this worker's distance at the
         previous boundary, so the exchange reports `drift_prev` for that boundary at no extra
         collective (the values' sum is elementwise: the extra element changes none of its bits).
-        The distance ‖θ_m − θ̄‖ needs θ_m after the exchange, so θ_m is copied first (the one pass
-        telemetry adds before the exchange); ‖θ̄‖ is the exchange's non-finite check (`norm`)."""
+        The distance ‖θ_m − θ̄‖ needs θ_m after the exchange, so the mean lands in a second buffer
+        (`Exchange.mean(out=)`: the division before the collective writes it there, no copy of
+        θ_m), which becomes the model's home, and the first is consumed measuring the distance;
+        ‖θ̄‖ is the exchange's non-finite check (`norm`)."""
         extra, n = self.wire_numel - self.flat.numel, self.flat.numel
         home = self.home()
         if home is not None:
-            wire, local = home, self._copy_for_drift(home[:n]) if extra else None
+            wire = home
         else:                                         # tensors that stay where they are: gather them
             wire = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
             torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=wire[:n])
-            local = wire[:n].clone() if extra else None
         if extra:
             wire[n] = self._drift_dist
-        sent = self.exchange.mean(wire, "params", inplace=True, extra=extra)
-        buf = wire[:n]
+            out = self._spare if self._spare is not None else torch.empty_like(wire)
+            sent = self.exchange.mean(wire, "params", out=out, extra=extra)
+            if home is not None:
+                old_views = self._home_views
+                self._move_home(out, self._spare_views if out is self._spare else None)
+                if self.keeps_spare:
+                    self._spare, self._spare_views = home, old_views
+        else:
+            out = wire
+            sent = self.exchange.mean(wire, "params", inplace=True)
+        buf = out[:n]
         info: dict[str, Any] = {"bytes": self.flat.nbytes}
         if extra:
             if self._drift_avg_norm is not None:
-                info["drift_prev"] = self.relative_drift(float(wire[n]), self._drift_avg_norm)
-            self._drift_dist = consume_distance(local, buf)
+                info["drift_prev"] = self.relative_drift(float(out[n]), self._drift_avg_norm)
+            self._drift_dist = sent.distance
             self._drift_step, self._drift_avg_norm = self.t, sent.norm
         if home is None:
             self.flat.scatter(buf)                    # the model holds θ̄, as with a home
         if getattr(self.opts, "sync_optimizer_state", False):
             self.average_optimizer_state()
         return buf, info
-
-    def _copy_for_drift(self, values: torch.Tensor) -> torch.Tensor:
-        """θ_m, copied before the exchange overwrites it in place."""
-        if not self.keeps_drift_copy:
-            return values.clone()
-        if self._drift_copy is None:
-            self._drift_copy = torch.empty_like(values)
-        return self._drift_copy.copy_(values)
 
     @property
     def drift_on(self) -> bool:
