@@ -90,7 +90,7 @@ def test_telemetry_adds_no_collective_to_training_and_one_scalar_to_finish(runs,
         assert _calls(on["before_finish"]) == _calls(off["before_finish"])
         for key in ("calls", "bytes"):
             assert on["before_finish"]["params"][key] == off["before_finish"]["params"][key]
-        assert on["before_finish"]["telemetry"] == {"calls": 0, "bytes": 4 * 3, "waited_s": 0.0}  # 4 B per boundary
+        assert on["before_finish"]["telemetry"] == {"calls": 0, "bytes": 12 * 3, "waited_s": 0.0}  # 12 B per boundary
         assert _calls(on["after_finish"]) == _calls(off["after_finish"]) + 1
         assert on["after_finish"]["telemetry"]["calls"] == 1
         assert all("drift" not in e and "drift_prev" not in e for e in off["records"])

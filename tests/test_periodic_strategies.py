@@ -112,7 +112,7 @@ def test_post_local_sgd_is_ddp_then_local_sgd(two):
     r = two[0]["post_local_4"]
     assert r["comm"][3]["grads"]["calls"] == 4 and r["comm"][-1]["grads"]["calls"] == 4   # DDP steps only
     assert all(r["wire"][t - 1] == [] for t in (5, 6, 8, 9))                            # local steps: nothing
-    assert [b for _, b in r["wire"][6]] == [r["flat_bytes"] + 4]       # t = 7: the average, the drift riding on it
+    assert [b for _, b in r["wire"][6]] == [r["flat_bytes"] + 12]      # t = 7: the average, the drift side band riding on it
 
 
 # ---- SlowMo by hand ---------------------------------------------------------------------------
@@ -214,10 +214,10 @@ def test_cpdp_boundary_exchanges_gradients_once_and_parameters_once(two):
             # DDP's reducer: one all-reduce of every gradient (one bucket for this model)
             assert hook[0] - prev_hook[0] == 1 and hook[1] - prev_hook[1] == grad_bytes
             # what went on the wire this step: the gradients once, the parameters once (the drift rides on them)
-            assert sorted(wire) == sorted([("all_reduce", grad_bytes), ("all_reduce", flat_bytes + 4)])
+            assert sorted(wire) == sorted([("all_reduce", grad_bytes), ("all_reduce", flat_bytes + 12)])
             assert comm["params"]["calls"] == t // K and comm["params"]["bytes"] == t // K * flat_bytes
             assert comm["grads"]["calls"] == t // K and comm["grads"]["bytes"] == t // K * grad_bytes
-            assert comm["telemetry"]["calls"] == 0 and comm["telemetry"]["bytes"] == t // K * 4
+            assert comm["telemetry"]["calls"] == 0 and comm["telemetry"]["bytes"] == t // K * 12
         prev_hook, prev = hook, comm
     ddp = two[0]["ddp"]
     assert [h[0] for h in ddp["hook"]] == list(range(1, 10))     # DDP: one gradient all-reduce per step

@@ -18,7 +18,8 @@ plug in here and nowhere else:
   leaves out the same workers the same way (fp32: the weight is one extra element of the
   all-reduced buffer; lossy: one flag byte after each payload). Whatever the policy, a non-finite
   mean of model state raises rather than reach the model; that check is the mean's L2 norm, which
-  the handle keeps (`norm`) for whoever needs it (the drift telemetry's ‖θ̄‖).
+  the handle keeps (`norm`), or, when the exchange measures this worker's distance from the mean
+  (below), that distance: values − mean is finite only where the mean is.
 - **Where the mean lands**: a new tensor, `buf` itself (`inplace`), or `out`: then `buf` still
   holds this worker's values afterwards, and the handle also reports `distance`, ‖values − mean‖₂,
   this worker's distance from the mean (the drift telemetry). Measuring it consumes `buf` (left
@@ -77,19 +78,23 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
 
 
-def l2_norm(x: torch.Tensor) -> float:
-    """‖x‖₂: for a flat float32/float64 buffer the square root of BLAS's dot(x, x) (one pass, and
-    closer to the float64 norm than `vector_norm`'s float32 accumulation)."""
+def sq_norm(x: torch.Tensor) -> float:
+    """‖x‖₂²: for a flat float32/float64 buffer BLAS's dot(x, x) (one pass, and closer to the
+    float64 value than `vector_norm`'s float32 accumulation)."""
     if x.dim() == 1 and x.is_contiguous() and x.dtype in (torch.float32, torch.float64) and x.device.type == "cpu":
-        return math.sqrt(float(torch.dot(x, x))) if x.numel() else 0.0
-    return float(torch.linalg.vector_norm(x))
+        return float(torch.dot(x, x)) if x.numel() else 0.0
+    return float(torch.linalg.vector_norm(x)) ** 2
+
+
+def l2_norm(x: torch.Tensor) -> float:
+    """‖x‖₂ (`sq_norm`'s root; inf when the square overflows, nan when x holds one)."""
+    return math.sqrt(sq_norm(x))
 
 
 def finite_norm(x: torch.Tensor) -> float | None:
     """‖x‖₂ (inf if a square overflows) when every element of `x` is finite, else None. Like the sum,
     the norm is finite only if every element is, so one pass both checks a mean of model state and
-    measures it (the drift telemetry's ‖θ̄‖ needs no pass of its own); only a non-finite norm pays
-    for the exact test."""
+    measures it; only a non-finite norm pays for the exact test."""
     norm = l2_norm(x)
     return norm if math.isfinite(norm) or bool(torch.isfinite(x).all()) else None
 
@@ -105,7 +110,8 @@ class MeanHandle:
         self.started_at = started_at          # perf_counter() when the exchange was asked for
         self.waited_s = 0.0                   # time blocked in wait()
         self.participants: int | None = None  # fault-tolerant: the workers in this exchange's quorum
-        self.norm: float | None = None        # ‖mean‖₂ of the values, from the non-finite check (GUARDED purposes)
+        self.norm: float | None = None        # ‖mean‖₂ of the values, from the non-finite check (GUARDED
+                                              # purposes; none when a finite `distance` was the check)
         self.distance: float | None = None    # ‖values − mean‖₂ of this worker's values (a mean into `out`)
         self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
         self._result: torch.Tensor | None = None
@@ -246,14 +252,17 @@ class Exchange:
     @staticmethod
     def _measure(handle: MeanHandle, result: torch.Tensor, values: torch.Tensor, purpose: str, distance: bool,
                  why: str = "") -> None:
-        """The mean's non-finite check and norm (model state), and this worker's distance from it."""
+        """This worker's distance from the mean, and the mean's non-finite check and norm (model
+        state). A finite distance is the check: values − mean can only be finite where the mean is."""
         mean = result.reshape(-1)[:values.numel()] if result.numel() != values.numel() else result
+        if distance:
+            handle.distance = l2_norm(values.sub_(mean.view_as(values)))
+            if math.isfinite(handle.distance):
+                return
         if purpose in GUARDED:
             handle.norm = finite_norm(mean)
             if handle.norm is None:
                 raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite{why}")
-        if distance:
-            handle.distance = l2_norm(values.sub_(mean.view_as(values)))
 
     def _ft_mean(self, buf: torch.Tensor, purpose: str, codec: Codec, dest: torch.Tensor | None, replay: bool,
                  extra: int, valid: bool, started_at: float, distance: bool) -> MeanHandle:

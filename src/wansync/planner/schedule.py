@@ -30,8 +30,8 @@ from ..strategies.transmission import syncs_per_period
 from .sizes import DDP_BUCKET_BYTES, ModelSize, ddp_buckets
 
 AGREE_BYTES = (16, 8)        # CoCoDC's agreement on N: a float64 pair all-reduced, an int64 broadcast
-DRIFT_BYTES = 4              # the drift telemetry: one float32 element riding on the parameter exchange
-FINAL_DRIFT_BYTES = 8        # finish(): the last boundary's drift, one float64 scalar mean
+DRIFT_BYTES = 12             # the drift telemetry: three float32 elements riding on the parameter exchange
+FINAL_DRIFT_BYTES = 24       # finish(): the last boundary's side band, three float64 scalars
 REBUILD_BYTES = (108, 8)     # DDP's broadcast of rank 0's rebuilt bucket order after its first backward (tiny LM)
 
 

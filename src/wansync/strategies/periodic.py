@@ -2,10 +2,16 @@
 telemetry, and optional inner-optimizer-state averaging.
 
 Drift at a boundary is `mean_m ||θ_m − θ̄|| / ||θ̄||` (θ_m before averaging); it rises before the
-K ≥ 16 collapse. The mean over workers rides as one extra element on the *next* boundary's
-parameter exchange, so a sync event reports the previous boundary's drift (`drift_prev`) and
-telemetry adds no collective; the last boundary's drift comes from one scalar exchange in
-`finish()` (a "drift" record). `drift_telemetry=False` removes the element and that exchange.
+K ≥ 16 collapse. Its means over workers ride as three extra elements on the *next* boundary's
+parameter exchange (`DRIFT_SIDE_BAND`), so a sync event reports the previous boundary's drift
+(`drift_prev`) and telemetry adds no collective; the last boundary's drift comes from one small
+exchange in `finish()` (a "drift" record). `drift_telemetry=False` removes the elements and that
+exchange.
+
+‖θ̄‖ is not measured on θ̄ (one more pass over the parameters after the exchange): each worker
+measures ‖θ_m‖² while its exchange is on the wire, and since θ̄ is the workers' mean,
+‖θ̄‖² = mean_m ‖θ_m‖² − mean_m ‖θ_m − θ̄‖² exactly (the parallel-axis identity, without
+cancellation: the distances are small next to the norms).
 """
 from __future__ import annotations
 
@@ -15,9 +21,15 @@ from typing import Any
 
 import torch
 
+from ..comm.exchange import sq_norm
 from ..comm.flat import FlatTensors
 from .base import Strategy, sync_tensors
 from .options import Options, option, sync_every
+
+
+# the side band a boundary's exchange carries for the previous one: ‖θ_m − θ̄‖, and ‖θ_m‖² and
+# ‖θ_m − θ̄‖² per element (in range for the buffer's dtype, even float16)
+DRIFT_SIDE_BAND = 3
 
 
 @dataclass
@@ -41,8 +53,8 @@ class Periodic(Strategy):
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.flat = FlatTensors(sync_tensors(self.module))
-        # drift telemetry: this worker's ‖θ_m − θ̄‖ and ‖θ̄‖ at the last boundary (None: none yet)
-        self._drift_dist, self._drift_avg_norm, self._drift_step = 0.0, None, 0
+        # drift telemetry: this worker's ‖θ_m − θ̄‖ and ‖θ_m‖² at the last boundary (None: none yet)
+        self._drift_dist, self._drift_sq, self._drift_step = 0.0, None, 0
         self._home: torch.Tensor | None = None
         self._home_ptrs: list[int] = []       # where the model's tensors lie when they live in _home
         self._home_views: list[torch.Tensor] = []
@@ -69,11 +81,15 @@ class Periodic(Strategy):
 
     # ---- resumable state: the drift in flight rides along (telemetry only) -------------------
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "drift": [self._drift_dist, self._drift_avg_norm, self._drift_step]}
+        return {**super().state_dict(), "drift_side": [self._drift_dist, self._drift_sq, self._drift_step]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self._drift_dist, self._drift_avg_norm, self._drift_step = state.get("drift", (0.0, None, 0))
+        if "drift_side" in state:
+            self._drift_dist, self._drift_sq, self._drift_step = state["drift_side"]
+        else:                       # a checkpoint from before the side band: [‖θ_m − θ̄‖, ‖θ̄‖, step]
+            self._drift_dist, avg_norm, self._drift_step = state.get("drift", (0.0, None, 0))
+            self._drift_sq = None if avg_norm is None else avg_norm ** 2 + self._drift_dist ** 2
 
     # ---- shared pieces ---------------------------------------------------------------------
     def home(self) -> torch.Tensor | None:
@@ -100,13 +116,13 @@ class Periodic(Strategy):
         home (`home`): the model holds θ̄ when this returns, and a strategy that gives it other
         values next writes them there (`FlatTensors.scatter` is one copy).
 
-        With drift telemetry the buffer carries one more element, this worker's distance at the
-        previous boundary, so the exchange reports `drift_prev` for that boundary at no extra
-        collective (the values' sum is elementwise: the extra element changes none of its bits).
-        The distance ‖θ_m − θ̄‖ needs θ_m after the exchange, so the mean lands in a second buffer
-        (`Exchange.mean(out=)`: the division before the collective writes it there, no copy of
-        θ_m), which becomes the model's home, and the first is consumed measuring the distance;
-        ‖θ̄‖ is the exchange's non-finite check (`norm`)."""
+        With drift telemetry the buffer carries the previous boundary's side band (`drift_side`),
+        so the exchange reports `drift_prev` for that boundary at no extra collective (the values'
+        sum is elementwise: the extra elements change none of its bits). The distance ‖θ_m − θ̄‖
+        needs θ_m after the exchange, so the mean lands in a second buffer (`Exchange.mean(out=)`:
+        the division before the collective writes it there, no copy of θ_m), which becomes the
+        model's home, and the first is consumed measuring the distance; ‖θ_m‖² is measured while
+        the exchange is on the wire."""
         extra, n = self.wire_numel - self.flat.numel, self.flat.numel
         home = self.home()
         if home is not None:
@@ -115,9 +131,11 @@ class Periodic(Strategy):
             wire = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
             torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=wire[:n])
         if extra:
-            wire[n] = self._drift_dist
+            wire[n:] = torch.tensor(self.drift_side(), dtype=wire.dtype)
             out = self._spare if self._spare is not None else torch.empty_like(wire)
-            sent = self.exchange.mean(wire, "params", out=out, extra=extra)
+            sent = self.exchange.mean(wire, "params", out=out, extra=extra, async_op=True)
+            local_sq = sq_norm(wire[:n])              # θ_m's, while the exchange runs (it reads `out`)
+            sent.wait()
             if home is not None:
                 old_views = self._home_views
                 self._move_home(out, self._spare_views if out is self._spare else None)
@@ -129,10 +147,9 @@ class Periodic(Strategy):
         buf = out[:n]
         info: dict[str, Any] = {"bytes": self.flat.nbytes}
         if extra:
-            if self._drift_avg_norm is not None:
-                info["drift_prev"] = self.relative_drift(float(out[n]), self._drift_avg_norm)
-            self._drift_dist = sent.distance
-            self._drift_step, self._drift_avg_norm = self.t, sent.norm
+            if self._drift_sq is not None:
+                info["drift_prev"] = self.relative_drift(*out[n:].tolist())
+            self._drift_dist, self._drift_sq, self._drift_step = sent.distance, local_sq, self.t
         if home is None:
             self.flat.scatter(buf)                    # the model holds θ̄, as with a home
         if getattr(self.opts, "sync_optimizer_state", False):
@@ -145,23 +162,29 @@ class Periodic(Strategy):
 
     @property
     def wire_numel(self) -> int:
-        """The parameter exchange's length: the values, plus the drift element with telemetry."""
-        return self.flat.numel + (1 if self.drift_on else 0)
+        """The parameter exchange's length: the values, plus the drift side band with telemetry."""
+        return self.flat.numel + (DRIFT_SIDE_BAND if self.drift_on else 0)
 
-    @staticmethod
-    def relative_drift(mean_dist: float, avg_norm: float) -> float:
-        """mean_m ‖θ_m − θ̄‖ / ‖θ̄‖ (inf when θ̄ = 0)."""
-        return mean_dist / avg_norm if avg_norm > 0 else math.inf
+    def drift_side(self) -> list[float]:
+        """This worker's side band for the last boundary: ‖θ_m − θ̄‖, ‖θ_m‖²/P, ‖θ_m − θ̄‖²/P
+        (zeros before the first)."""
+        d, n = self._drift_dist, max(self.flat.numel, 1)
+        return [d, (self._drift_sq or 0.0) / n, d * d / n]
+
+    def relative_drift(self, mean_dist: float, mean_sq: float, mean_dist_sq: float) -> float:
+        """mean_m ‖θ_m − θ̄‖ / ‖θ̄‖ from the side band's means: ‖θ̄‖² = mean_m ‖θ_m‖² − mean_m
+        ‖θ_m − θ̄‖² (inf when θ̄ = 0)."""
+        avg_sq = (mean_sq - mean_dist_sq) * max(self.flat.numel, 1)
+        return mean_dist / math.sqrt(avg_sq) if avg_sq > 0 else math.inf
 
     def finish_drift(self) -> None:
-        """Report the last boundary's drift, which no later exchange carries: one scalar mean
-        (purpose `telemetry`) and a "drift" record."""
-        if not self.drift_on or self._drift_avg_norm is None:
+        """Report the last boundary's drift, which no later exchange carries: one mean of the side
+        band (purpose `telemetry`) and a "drift" record."""
+        if not self.drift_on or self._drift_sq is None:
             return
-        mean_dist = float(self.exchange.mean(torch.tensor([self._drift_dist], dtype=torch.float64),
-                                             "telemetry").wait()[0])
-        self.emit("drift", boundary=self._drift_step, drift=self.relative_drift(mean_dist, self._drift_avg_norm))
-        self._drift_avg_norm = None
+        side = self.exchange.mean(torch.tensor(self.drift_side(), dtype=torch.float64), "telemetry").wait()
+        self.emit("drift", boundary=self._drift_step, drift=self.relative_drift(*side.tolist()))
+        self._drift_sq = None
 
     def average_optimizer_state(self) -> None:
         """Average every floating-point tensor of the inner optimizer's state (momentum, Adam
