@@ -4,6 +4,8 @@ anything is sent (abort); bytes and waits are booked once per exchange."""
 
 from __future__ import annotations
 
+import math
+
 import multiprocessing as mp
 import socket
 from datetime import timedelta
@@ -120,6 +122,18 @@ def _guard_cases(rank: int) -> dict:
         except NonFiniteError as e:
             out["abort"] = str(e)
         out["abort_ledger"] = abort.ledger.snapshot()
+    own, into = clean.clone(), torch.empty_like(clean)
+    handle = Exchange().mean(own, "params", out=into)
+    out["out"] = {"same_tensor": handle.wait() is into, "mean": into, "left": own,
+                  "distance": handle.distance, "norm": handle.norm}
+    own, into = bad.clone(), torch.empty_like(bad)
+    handle = Exchange(nonfinite="skip").mean(own, "params", out=into)
+    out["out_skip"] = {"mean": handle.wait(), "distance": handle.distance, "norm": handle.norm}
+    try:
+        Exchange().mean(bad.clone(), "params", out=torch.empty_like(bad)).wait()
+        out["out_nan"] = None
+    except NonFiniteError as e:
+        out["out_nan"] = str(e)
     after = torch.tensor([rank + 1.0])
     dist.all_reduce(after)                  # pairs with the other rank's: nothing stray was sent
     out["after_abort"] = float(after[0])
@@ -296,3 +310,31 @@ def test_an_unknown_policy_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="on_nonfinite must be abort or skip, got 'ignore'"):
         Exchange(nonfinite="ignore")
 
+
+
+def test_out_of_place_mean_measures_this_workers_distance(results: list[dict]) -> None:
+    exact = (_rank_input(0, GUARD_N) + _rank_input(1, GUARD_N)) / 2
+    for rank, r in enumerate(results):
+        o = r["guard"]["out"]
+        assert o["same_tensor"] and torch.equal(o["mean"], exact)
+        mine = _rank_input(rank, GUARD_N)
+        assert torch.equal(o["left"], mine - exact)
+        ref = float(torch.linalg.vector_norm((mine - exact).double()))
+        assert o["distance"] == pytest.approx(ref, rel=1e-6) and o["norm"] is None
+
+
+def test_out_of_place_mean_checks_the_mean_when_the_distance_is_not_finite(results: list[dict]) -> None:
+    valid = results[0]["guard"]["clean0"]
+    for rank, r in enumerate(results):
+        skip = r["guard"]["out_skip"]                  # rank 1 sent NaN and was left out
+        assert torch.equal(skip["mean"], valid)
+        if rank == 0:
+            assert skip["distance"] == 0.0 and skip["norm"] is None
+        else:                                          # its own distance is NaN: the mean was checked instead
+            assert math.isnan(skip["distance"]) and skip["norm"] == pytest.approx(float(valid.norm()), rel=1e-5)
+        assert r["guard"]["out_nan"].startswith("the mean of the workers' params is non-finite")
+
+
+def test_out_must_be_shaped_like_the_buffer() -> None:
+    with pytest.raises(ValueError, match="out must be shaped like buf"):
+        Exchange().mean(torch.zeros(4), "params", out=torch.zeros(5))
