@@ -125,7 +125,7 @@ def _guard_cases(rank: int) -> dict:
     own, into = clean.clone(), torch.empty_like(clean)
     handle = Exchange().mean(own, "params", out=into)
     out["out"] = {"same_tensor": handle.wait() is into, "mean": into, "left": own,
-                  "distance": handle.distance, "norm": handle.norm}
+                  "distance": handle.distance, "norm": handle.norm, "values_sq": handle.values_sq}
     own, into = bad.clone(), torch.empty_like(bad)
     handle = Exchange(nonfinite="skip").mean(own, "params", out=into)
     out["out_skip"] = {"mean": handle.wait(), "distance": handle.distance, "norm": handle.norm}
@@ -321,6 +321,7 @@ def test_out_of_place_mean_measures_this_workers_distance(results: list[dict]) -
         assert torch.equal(o["left"], mine - exact)
         ref = float(torch.linalg.vector_norm((mine - exact).double()))
         assert o["distance"] == pytest.approx(ref, rel=1e-6) and o["norm"] is None
+        assert o["values_sq"] == pytest.approx(float(mine.double().square().sum()), rel=1e-6)
 
 
 def test_out_of_place_mean_checks_the_mean_when_the_distance_is_not_finite(results: list[dict]) -> None:

@@ -217,6 +217,15 @@ def test_the_killed_run_reports_its_losses_next_to_the_fault_free_run(killed_for
     assert faulty["short_exchanges"] == list(range(15, STEPS + 1, EVERY)) and fault_free["short_exchanges"] == []
 
 
+def test_fault_tolerant_drift_telemetry_rides_on_the_quorum_exchange(killed_for_good):
+    """The quorum's exchange is blocking, yet the drift's ‖θ_m‖² is still taken on θ_m, before the
+    distance consumes it: every boundary after the first reports a drift between 0 and 1."""
+    _, clean_out, _, _ = killed_for_good
+    records = [json.loads(line) for line in (clean_out / "metrics.jsonl").read_text().splitlines()]
+    drifts = [r["drift_prev"] for r in records if r["type"] == "sync" and "drift_prev" in r]
+    assert len(drifts) == STEPS // EVERY - 1 and all(0 < d < 1 for d in drifts)
+
+
 @pytest.fixture(scope="module")
 def killed_and_healed(tmp_path_factory):
     out = tmp_path_factory.mktemp("ft4heal") / "run"

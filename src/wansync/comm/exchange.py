@@ -22,7 +22,8 @@ plug in here and nowhere else:
   (below), that distance: values − mean is finite only where the mean is.
 - **Where the mean lands**: a new tensor, `buf` itself (`inplace`), or `out`: then `buf` still
   holds this worker's values afterwards, and the handle also reports `distance`, ‖values − mean‖₂,
-  this worker's distance from the mean (the drift telemetry). Measuring it consumes `buf` (left
+  this worker's distance from the mean (the drift telemetry), and `values_sq`, ‖values‖₂², taken in
+  `wait()` while the collective is still on the wire. Measuring the distance consumes `buf` (left
   holding values − mean), so the caller keeps no copy of its values for it.
 - **Side-band scalars** (`extra=k`): the last `k` elements of the buffer are not model state but
   telemetry riding on an exchange that happens anyway (the drift of the previous boundary), so it
@@ -113,6 +114,8 @@ class MeanHandle:
         self.norm: float | None = None        # ‖mean‖₂ of the values, from the non-finite check (GUARDED
                                               # purposes; none when a finite `distance` was the check)
         self.distance: float | None = None    # ‖values − mean‖₂ of this worker's values (a mean into `out`)
+        self.values_sq: float | None = None   # ‖values‖₂², taken while the collective runs (a mean into `out`)
+        self.meanwhile: Callable[[], None] | None = None   # done in `wait()` before blocking
         self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
         self._result: torch.Tensor | None = None
 
@@ -125,6 +128,9 @@ class MeanHandle:
 
     def wait(self) -> torch.Tensor:
         if self._finish is not None:
+            if self.meanwhile is not None:
+                self.meanwhile()
+                self.meanwhile = None
             t0 = time.perf_counter()
             if self._work is not None:
                 self._work.wait()
@@ -212,6 +218,8 @@ class Exchange:
             return result
         handle = MeanHandle(self.ledger, purpose, work, checked, wire_bytes - extra_bytes,
                             values.numel() * whole.element_size(), started_at)
+        if out is not None:
+            handle.meanwhile = lambda: setattr(handle, "values_sq", sq_norm(values))
         if not async_op:
             handle.wait()
         return handle
@@ -269,6 +277,7 @@ class Exchange:
         """The mean over torchft's quorum (blocking; the handle is already complete)."""
         if codec.name != "fp32":
             raise ConfigError(f"--fault-tolerant exchanges fp32 only, not codec {codec.name}")
+        values_sq = sq_norm(buf.reshape(-1)[:buf.numel() - extra]) if distance else None
         mean, _ = self.ft.mean(buf, valid)
         if dest is not None:
             mean = dest.copy_(mean)
@@ -284,6 +293,7 @@ class Exchange:
         handle = MeanHandle.complete(self.ledger, purpose, mean)
         handle.wire_bytes = handle.payload_bytes = (buf.numel() - extra) * item
         handle.started_at, handle.waited_s, handle.participants = started_at, waited, self.ft.participants
+        handle.values_sq = values_sq
         self._measure(handle, mean, buf.reshape(-1)[:buf.numel() - extra] if extra else buf, purpose, distance)
         return handle
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from ..comm.exchange import sq_norm
 from ..comm.flat import FlatTensors
 from .base import Strategy, sync_tensors
 from .options import Options, option, sync_every
@@ -133,9 +132,7 @@ class Periodic(Strategy):
         if extra:
             wire[n:] = torch.tensor(self.drift_side(), dtype=wire.dtype)
             out = self._spare if self._spare is not None else torch.empty_like(wire)
-            sent = self.exchange.mean(wire, "params", out=out, extra=extra, async_op=True)
-            local_sq = sq_norm(wire[:n])              # θ_m's, while the exchange runs (it reads `out`)
-            sent.wait()
+            sent = self.exchange.mean(wire, "params", out=out, extra=extra)
             if home is not None:
                 old_views = self._home_views
                 self._move_home(out, self._spare_views if out is self._spare else None)
@@ -149,7 +146,7 @@ class Periodic(Strategy):
         if extra:
             if self._drift_sq is not None:
                 info["drift_prev"] = self.relative_drift(*out[n:].tolist())
-            self._drift_dist, self._drift_sq, self._drift_step = sent.distance, local_sq, self.t
+            self._drift_dist, self._drift_sq, self._drift_step = sent.distance, sent.values_sq, self.t
         if home is None:
             self.flat.scatter(buf)                    # the model holds θ̄, as with a home
         if getattr(self.opts, "sync_optimizer_state", False):
