@@ -162,3 +162,34 @@ def test_plan_prints_one_screen_with_the_recommended_period(capsys):
     assert done.value.code == 0
     assert "wall clock per 1000 steps" in out and "exposed communication" in out
     assert "smallest H (sync_every) with exposed communication <= 10 %" in out
+
+
+def _ddp_buckets_by_step(rank: int, world: int) -> list[list[int]]:
+    """The byte sizes of the gradient buckets DDP's backward used in each of 3 steps (its reducer's)."""
+    m = wide_model()
+    sync = ws.strategy("ddp", m, torch.optim.SGD(m.parameters(), lr=1e-3))
+    seen = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(rank + step)
+        sync.model(torch.randn(4, 512, generator=g)).sum().backward()    # a rebuild happens in forward
+        seen.append([4 * b.buffer().numel() for b in sync.model.reducer._get_zeros_like_grad_buckets()])
+        sync.step()
+        sync.zero_grad()
+    return seen
+
+
+def wide_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(512, 2048), nn.Tanh(), nn.Linear(2048, 2048), nn.Tanh(), nn.Linear(2048, 2048),
+                         nn.Tanh(), nn.Linear(2048, 8))
+
+
+def test_the_planned_ddp_buckets_are_ddps_own_in_every_step():
+    """DDP starts with every gradient in one bucket and rebuilds its buckets (1 MiB first, then
+    25 MiB caps, in backward order) after the first backward; the planner's bucket transfers are
+    the same, step by step (38 MB of gradients: one bucket, then two; not two 25 MiB ones at first)."""
+    seen = run_ranks(_ddp_buckets_by_step, 2)[0]
+    tr = trace("ddp", {}, of_module("wide", wide_model()), 2, 3)
+    planned = [[a.transfer.payload for a in acts if a.kind == "issue" and a.transfer.purpose == "grads"]
+               for acts in tr.steps]
+    assert planned == seen and len(seen[0]) == 1 and len(seen[1]) == 2

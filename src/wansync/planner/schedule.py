@@ -27,7 +27,7 @@ from ..strategies.periodic import Periodic
 from ..strategies.post_local_sgd import PostLocalSGD
 from ..strategies.streaming import Streaming
 from ..strategies.transmission import syncs_per_period
-from .sizes import DDP_BUCKET_BYTES, ModelSize, ddp_buckets
+from .sizes import ModelSize
 
 AGREE_BYTES = (16, 8)        # CoCoDC's agreement on N: a float64 pair all-reduced, an int64 broadcast
 DRIFT_BYTES = 12             # the drift telemetry: three float32 elements riding on the parameter exchange
@@ -113,11 +113,12 @@ def trace(name: str, options: dict[str, Any], size: ModelSize, workers: int, ste
 
 def _grad_actions(inst: Any, size: ModelSize, t: int, ranks_per_worker: int, first: bool) -> list[Action]:
     """DDP's bucket all-reduces in step t's backward. The first gradient step uses DDP's initial
-    buckets (cap 25 MiB, parameters in order) and ends with the broadcast of the rebuilt bucket
-    order (two small broadcasts, blocking)."""
+    bucket (without `find_unused_parameters`, torch puts every gradient in one bucket until it has
+    seen the order backward produces them) and ends with the broadcast of the rebuilt bucket order
+    (two small broadcasts, blocking)."""
     rebuild: list[Action] = []
     if gradient_phase(inst, t):
-        sizes = ddp_buckets(list(size.grad_numels), DDP_BUCKET_BYTES) if first else size.buckets
+        sizes = [4 * size.params] if first else size.buckets
         buckets = [Transfer(t, "grads", "allreduce", b, b, between_workers=False) for b in sizes]
         if first:
             rebuild = [a for n in REBUILD_BYTES for a in blocking(Transfer(t, "ddp_rebuild", "broadcast", n, 0,
