@@ -157,3 +157,24 @@ def test_a_tensor_that_cannot_move_is_gathered_and_written_back_keeping_its_layo
     r0, r1 = run_ranks(_channels_last_local_sgd, 2)
     assert not r0["home"] and r0["channels_last"] and not r0["contiguous"]
     assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))     # averaged all the same
+
+
+def _resumed_from_an_old_checkpoint(rank: int, world: int) -> dict[str, Any]:
+    import wansync as ws
+    model = _model(rank)
+    sync = ws.strategy("local_sgd", model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=H)
+    state = sync.state_dict()
+    state.pop("drift_side")
+    state["drift"] = [0.25, 5.0, 4]                          # [‖θ_m − θ̄‖, ‖θ̄‖, step], as saved before
+    sync.load_state_dict(state)
+    out = {"step": sync._drift_step, "drift": sync.relative_drift(*sync.drift_side())}
+    state["drift"] = [0.0, None, 0]                          # saved before any boundary
+    sync.load_state_dict(state)
+    return {**out, "none_yet": sync._drift_sq is None}
+
+
+def test_a_checkpoint_from_before_the_side_band_resumes_with_its_drift_in_flight():
+    """Older checkpoints kept [‖θ_m − θ̄‖, ‖θ̄‖, step]; loaded, the side band they imply reports the
+    same drift (every worker's ‖θ_m‖² taken as ‖θ̄‖² + d², so mean ‖θ_m‖² − mean d² = ‖θ̄‖²)."""
+    r = run_ranks(_resumed_from_an_old_checkpoint, 2)[0]
+    assert r["step"] == 4 and r["drift"] == pytest.approx(0.25 / 5.0, rel=1e-9) and r["none_yet"]
