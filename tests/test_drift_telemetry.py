@@ -125,8 +125,8 @@ def _storages_across_boundaries(rank: int, world: int) -> dict[str, Any]:
 def test_a_boundary_averages_into_the_models_own_buffers_without_fresh_memory():
     """From the first boundary on, the model lives in one flat buffer. Without telemetry every
     boundary all-reduces it in place; with it, the mean lands in a second buffer that the model
-    moves to (the first is consumed measuring the drift), and local_sgd keeps both, taking turns
-    (no fresh memory), while diloco allocates the second at each boundary."""
+    moves to (the first is consumed measuring the drift), and local_sgd keeps both, side by side in
+    one block, taking turns (no fresh memory), while diloco allocates the second at each boundary."""
     seen = run_ranks(_storages_across_boundaries, 2)[0]
     off = seen[("local_sgd", False)]
     assert len({home for home, _ in off}) == 1 and off[0][0] and {spare for _, spare in off} == {None}
@@ -134,6 +134,8 @@ def test_a_boundary_averages_into_the_models_own_buffers_without_fresh_memory():
     homes = [home for home, _ in on]
     assert all(homes) and homes[0] != homes[1] and homes[0] == homes[2] and homes[1] == homes[3]
     assert all(spare == other for (_, spare), other in zip(on, homes[1:] + [homes[2]]))  # the other one
+    wire_bytes = 4 * (sum(p.numel() for p in _model(0).parameters()) + 3)     # the values and the side band
+    assert abs(homes[0] - homes[1]) == wire_bytes                     # the two rows of one block
     assert all(home for home, _ in seen[("diloco", True)])
     assert {spare for _, spare in seen[("diloco", True)]} == {None}
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from wansync.comm.codecs import CODECS, Encoded
-from wansync.comm.exchange import Exchange
+from wansync.comm.exchange import Exchange, distance_of
 from wansync.errors import ConfigError, NonFiniteError
 
 WORLD = 2
@@ -126,6 +126,13 @@ def _guard_cases(rank: int) -> dict:
     handle = Exchange().mean(own, "params", out=into)
     out["out"] = {"same_tensor": handle.wait() is into, "mean": into, "left": own,
                   "distance": handle.distance, "norm": handle.norm, "values_sq": handle.values_sq}
+    pair = torch.empty(2, GUARD_N + 2)       # a strategy's spare and home, one block (the home second)
+    pair[1, :GUARD_N], pair[1, GUARD_N:] = clean, torch.tensor([rank + 1.0, 10.0 * rank])
+    handle = Exchange().mean(pair[1], "params", out=pair[0], extra=2)
+    out["paired"] = {"mean": handle.wait().clone(), "distance": handle.distance, "values_sq": handle.values_sq}
+    pair[1, :GUARD_N], pair[1, GUARD_N:] = bad, 0.0
+    handle = Exchange(nonfinite="skip").mean(pair[1], "params", out=pair[0], extra=2)
+    out["paired_skip"] = {"distance": handle.distance, "norm": handle.norm}
     own, into = bad.clone(), torch.empty_like(bad)
     handle = Exchange(nonfinite="skip").mean(own, "params", out=into)
     out["out_skip"] = {"mean": handle.wait(), "distance": handle.distance, "norm": handle.norm}
@@ -322,6 +329,54 @@ def test_out_of_place_mean_measures_this_workers_distance(results: list[dict]) -
         ref = float(torch.linalg.vector_norm((mine - exact).double()))
         assert o["distance"] == pytest.approx(ref, rel=1e-6) and o["norm"] is None
         assert o["values_sq"] == pytest.approx(float(mine.double().square().sum()), rel=1e-6)
+
+
+def test_a_mean_into_the_row_beside_the_values_measures_the_same_distance(results: list[dict]) -> None:
+    """Values and mean as the two rows of one block (local_sgd's home and spare) take the fused
+    pass; the side band rides along without entering the distance."""
+    exact = (_rank_input(0, GUARD_N) + _rank_input(1, GUARD_N)) / 2
+    for rank, r in enumerate(results):
+        o = r["guard"]["paired"]
+        assert torch.equal(o["mean"][:GUARD_N], exact) and o["mean"][GUARD_N:].tolist() == [1.5, 5.0]
+        mine = _rank_input(rank, GUARD_N)
+        ref = float(torch.linalg.vector_norm((mine - exact).double()))
+        assert o["distance"] == pytest.approx(ref, rel=1e-6)
+        assert o["values_sq"] == pytest.approx(float(mine.double().square().sum()), rel=1e-6)
+        skip = r["guard"]["paired_skip"]               # rank 1 sent NaN: its distance is NaN, the mean checked
+        if rank == 0:
+            assert skip["distance"] == 0.0 and skip["norm"] is None
+        else:
+            valid = float(r["guard"]["clean0"].norm())
+            assert math.isnan(skip["distance"]) and skip["norm"] == pytest.approx(valid, rel=1e-5)
+
+
+@pytest.mark.parametrize("order", ["values first", "mean first"])
+def test_paired_rows_take_one_fused_pass_that_agrees_with_subtracting(order: str) -> None:
+    torch.manual_seed(0)
+    pair = torch.randn(2, 5000, dtype=torch.float64).float()
+    values, mean = (pair[0], pair[1]) if order == "values first" else (pair[1], pair[0])
+    ref = float(torch.linalg.vector_norm(values.double() - mean.double()))
+    kept = values.clone()
+    assert distance_of(values, mean) == pytest.approx(ref, rel=1e-6)
+    assert torch.equal(values, kept)                       # fused: nothing written
+    apart = values.clone()                                 # not beside the mean: subtract, then a dot
+    assert distance_of(apart, mean) == pytest.approx(ref, rel=1e-6) and torch.equal(apart, kept - mean)
+
+
+def test_a_pair_too_long_for_the_fused_pass_subtracts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import wansync.comm.exchange as ex
+    monkeypatch.setattr(ex, "PAIRED_DISTANCE_MAX", 100)
+    pair = torch.randn(2, 101)
+    kept = pair[0].clone()
+    assert distance_of(pair[0], pair[1]) == pytest.approx(float((kept - pair[1]).norm()), rel=1e-6)
+    assert torch.equal(pair[0], kept - pair[1])
+
+
+def test_a_non_finite_pair_has_a_non_finite_distance() -> None:
+    for bad in (float("nan"), float("inf")):
+        pair = torch.ones(2, 8)
+        pair[1, 3] = bad
+        assert not math.isfinite(distance_of(pair[0], pair[1]))
 
 
 def test_out_of_place_mean_checks_the_mean_when_the_distance_is_not_finite(results: list[dict]) -> None:

@@ -45,8 +45,9 @@ class Periodic(Strategy):
 
     # with drift telemetry a boundary's mean lands in a second buffer, which becomes the model's
     # home while the first, still holding θ_m, is consumed measuring ‖θ_m − θ̄‖: whether that spare
-    # is kept between boundaries (P bytes held, no fresh memory per boundary) or allocated at each
-    # (strategies whose peak already holds a transient P)
+    # is kept between boundaries (P bytes held, no fresh memory per boundary; allocated beside the
+    # home, so the distance is one fused pass) or allocated at each (strategies whose peak already
+    # holds a transient P)
     keeps_spare = False
 
     def __init__(self, model, optimizer, options=None, **kw):
@@ -100,7 +101,13 @@ class Periodic(Strategy):
             return self._home
         if not all(t.is_contiguous() for t in self.flat.tensors):
             return None
-        home = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
+        if self.keeps_spare and self.drift_on and self._spare is None:
+            # home and spare as the two rows of one block: the distance between them is one fused
+            # pass (`exchange.distance_of`)
+            home, self._spare = torch.empty(2, self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
+            self._spare_views = self.flat.views(self._spare[:self.flat.numel])
+        else:
+            home = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
         torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=home[:self.flat.numel])
         self._move_home(home)
         return home
