@@ -6,7 +6,9 @@ token batch (150m: plain SGD inside and 1 x 4 tokens, to keep it quick on a CPU;
 the inner optimizer either way). The model, its gradients, AdamW's state and every other tensor alive before the
 strategy exists are the baseline (kept alive, so no new tensor can reuse their memory); after each
 step of one period (and the strategy's `finish()`), every live tensor storage outside the baseline,
-the model's parameters and gradients and the optimizer's state is counted once. The bill is the
+the model's parameters and gradients and the optimizer's state is counted once (a storage they live
+in counts for the bytes they do not occupy: the buffer a periodic strategy moves the model into
+carries the drift side band, and local_sgd keeps its spare in the same block). The bill is the
 largest count over the period: what the strategy holds between steps, anchors, outer momentum,
 fragments in flight, θ(t_p) copies, codec buffers. DDP's gradient buckets live in C++ where no
 Python tensor points to them; their size comes from DDP's own logging data (`bucket_sizes`).
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from wansync.localgroup import run_ranks
+from wansync.strategies.periodic import DRIFT_SIDE_BAND
 
 STRATEGIES: dict[str, dict[str, Any]] = {          # options that reach every state within STEPS steps
     "ddp": {},
@@ -57,9 +60,21 @@ def _live_tensors() -> list[torch.Tensor]:
 
 
 def _owned(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[int, int]:
+    """The bytes the model, its gradients and the optimizer's state occupy, per storage they live in."""
     ts = [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters() if p.grad is not None)]
     ts += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    return _storages(ts)
+    out: dict[int, int] = {}
+    for t in {id(t): t for t in ts if isinstance(t, torch.Tensor) and t.device.type == "cpu"}.values():
+        ptr = t.untyped_storage().data_ptr()
+        out[ptr] = out.get(ptr, 0) + t.numel() * t.element_size()
+    return out
+
+
+def _held(base: dict[int, int], owned: dict[int, int]) -> int:
+    """Bytes of live storages outside the baseline: whole, or, for a storage the model or the
+    optimizer lives in, the part they do not occupy (a strategy's buffer the model moved into: the
+    side band after the values, a spare kept in the same block)."""
+    return sum(n - owned.get(ptr, 0) for ptr, n in _storages(_live_tensors()).items() if ptr not in base)
 
 
 def _ddp_bucket_bytes(sync: Any) -> int:
@@ -77,9 +92,10 @@ def formula(name: str, opts: dict[str, Any], p_bytes: int, frag_bytes: list[int]
     measured step (a fragment in flight holds Δ and the exchange's copy, plus θ(t_p) for taylor)."""
     ddp = p_bytes                                            # DDP's gradient buckets hold one gradient copy
     per_fragment = 3 if opts.get("compensation") == "taylor" else 2
-    spare = p_bytes                                          # local_sgd keeps θ_m's copy for the drift
-    return {"ddp": ddp, "local_sgd": spare, "post_local_sgd": ddp + spare, "slowmo": 2 * p_bytes, "cpdp": 2 * p_bytes + ddp,
-            "diloco": 2 * p_bytes,
+    band = 4 * DRIFT_SIDE_BAND                               # the drift side band after the model's values
+    spare = p_bytes + band                                   # local_sgd's second buffer, for the drift
+    return {"ddp": ddp, "local_sgd": band + spare, "post_local_sgd": ddp + band + spare,
+            "slowmo": 2 * p_bytes + band, "cpdp": 2 * p_bytes + ddp + band, "diloco": 2 * p_bytes + band,
             "streaming": 2 * p_bytes + sum(per_fragment * frag_bytes[f] for f in in_flight),
             "cocodc": 2 * p_bytes + sum(per_fragment * frag_bytes[f] for f in in_flight)}[name]
 
@@ -118,8 +134,7 @@ def bill_rank(rank: int, world: int, model_name: str) -> dict[str, Any]:
             else:
                 sync.finish()
             gc.collect()
-            skip = {**base, **_owned(model, opt)}
-            held = sum(n for ptr, n in _storages(_live_tensors()).items() if ptr not in skip)
+            held = _held(base, _owned(model, opt))
             flying = [x.fragment for x in getattr(sync, "in_flight", [])] if t < STEPS else []
             if held > worst[0]:
                 worst = (held, flying)
@@ -137,15 +152,16 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     print(f"# memory_bill  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
           f"torch {torch.__version__}; load average {load0:.1f} at the start")
-    print("| model | P (param bytes) | strategy | held MB | of which DDP buckets MB | formula MB | held / P | "
-          "fragments in flight | target |")
-    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("| model | P (param bytes) | strategy | held MB | of which DDP buckets MB | formula MB | held − formula (bytes) "
+          "| held / P | fragments in flight | target |")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for model in args.models.split(","):
         for name, r in run_ranks(bill_rank, 1, model, timeout=3600)[0].items():
             p = r["p_bytes"]
             target = "<= 2P + in flight" if name in ("streaming", "cocodc") else ("<= 2P" if name != "ddp" else "-")
             print(f"| {model} | {p / 1e6:.1f} MB | {name} | {r['held'] / 1e6:.2f} | {r['buckets'] / 1e6:.2f} | "
-                  f"{r['formula'] / 1e6:.2f} | {r['held'] / p:.2f} | {r['in_flight']} | {target} |", flush=True)
+                  f"{r['formula'] / 1e6:.2f} | {r['held'] - r['formula']} | {r['held'] / p:.2f} | {r['in_flight']} | "
+                  f"{target} |", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     print(f"reproduce: .venv/bin/python benchmarks/memory_bill.py --models {args.models}")
 

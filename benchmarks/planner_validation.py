@@ -17,7 +17,8 @@ longer than the emulated link, and the emulator then follows the machine).
 Default subset (about 4 min on 2 idle cores, 30 shared with other jobs): tiny LM, 2 workers, every preset, ddp / diloco /
 streaming / cocodc; plus 4 workers under cross-region for every other strategy. ``--full`` runs
 tiny and small, 2/4/8 workers, every preset, every strategy; ``--models``, ``--workers``, ``--presets``
-and ``--strategies`` (comma-separated) run that part of the full grid.
+and ``--strategies`` (comma-separated) run that part of the full grid. Each run's checkpoints are
+deleted once its profile is read (the rest of its directory stays under ``--out``).
 
     python benchmarks/planner_validation.py [--full | --models small --workers 2,8 ...] [--out runs/bench_planner]
 """
@@ -28,6 +29,7 @@ import dataclasses
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -73,6 +75,7 @@ def run_one(model: str, workers: int, preset: str, strategy: str, out: Path) -> 
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
     prof = json.loads((run_dir / "profile.json").read_text())
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)     # 8 small-LM workers: ~2 GB a run
     cats = prof["categories_s"]
     s = setting(strategy, KNOBS[strategy], of_name(model), workers, parse_wan(preset), cats["compute"] / STEPS,
                 other_s=(cats["data"] + cats["sync_math"]) / STEPS)

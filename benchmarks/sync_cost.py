@@ -11,8 +11,9 @@
   `DistributedDataParallel` (target <= 1.02).
 
 Model: the tiny LM (1.82M parameters), batch 4 x 64 tokens, plain SGD inside. Every configuration
-runs once per round, the order rotated between rounds, a barrier before each, and the median per
-call over the rounds is reported, so machine noise hits every side alike.
+runs once per round, in an order shuffled anew each round (a rotation would keep each configuration
+behind the same neighbour, and so in the same cache state, every round), a barrier before each, and
+the median per call over the rounds is reported, so machine noise hits every side alike.
 
     .venv/bin/python benchmarks/sync_cost.py [--reps 15]
 """
@@ -22,6 +23,7 @@ import argparse
 import datetime
 import os
 import platform
+import random
 import socket
 import statistics
 import time
@@ -154,9 +156,9 @@ def bench_rank(rank: int, world: int, reps: int, lighthouses: list[str] | None) 
         for k in names:
             dist.barrier()
             calls[k]()
-    for i in range(reps):
-        for j in range(len(names)):
-            k = names[(i + j) % len(names)]
+    order = random.Random(0)                             # the same on every rank: the barriers pair up
+    for _ in range(reps):
+        for k in order.sample(names, len(names)):
             dist.barrier()
             times[k].append(calls[k]())
     return {"ms": {k: 1e3 * statistics.median(v) for k, v in times.items()}, "note": note}
