@@ -1,7 +1,8 @@
 """The boundary step of each strategy against its nearest peer, same model, same 2-rank gloo group.
 
-- local_sgd `boundary()` / torch's `PeriodicModelAverager.average_parameters` (target <= 1.0 with
-  drift telemetry on; the drift rides on the parameter exchange).
+- local_sgd `boundary()` / torch's `PeriodicModelAverager.average_parameters`, each right after its
+  own model's forward, backward and inner step, as a boundary runs in training (only the averaging
+  is timed) (target <= 1.0 with drift telemetry on; the drift rides on the parameter exchange).
 - diloco `sync.step()` at H = 1 (every step an outer step) / torchft's `DiLoCo` optimizer step with
   one fragment; streaming over one period (2 fragments, H = 4, overlap 1, alpha 0) / torchft's
   `DiLoCo` with 2 fragments, `fragment_sync_delay=1`: the step calls of one period summed, forward
@@ -12,8 +13,9 @@
 
 Model: the tiny LM (1.82M parameters), batch 4 x 64 tokens, plain SGD inside. Every configuration
 runs once per round, in an order shuffled anew each round (a rotation would keep each configuration
-behind the same neighbour, and so in the same cache state, every round), a barrier before each, and
-the median per call over the rounds is reported, so machine noise hits every side alike.
+behind the same neighbour, and so in the same cache state, every round), a barrier before each. The
+median per call over the rounds is printed, and the ratio is the median of the per-round ratios
+(ours and the peer ran in the same round, so a slow round divides out), with its quartiles.
 
     .venv/bin/python benchmarks/sync_cost.py [--reps 15]
 """
@@ -57,11 +59,13 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 
 def _stepper(model, step: Callable[[], None], zero: Callable[[], None], gen) -> Callable[[int], float]:
-    """n training steps; returns the time spent in `step` (the sync step), not forward/backward."""
+    """n training steps; returns the time spent in `step` (the sync step), not forward/backward (a
+    barrier after the backward: one rank's slower backward is not the other's sync cost)."""
     def run(n: int) -> float:
         total = 0.0
         for _ in range(n):
             _loss(model, gen).backward()
+            dist.barrier()
             total += _timed(step)
             zero()
         return total
@@ -99,20 +103,28 @@ def bench_rank(rank: int, world: int, reps: int, lighthouses: list[str] | None) 
     calls: dict[str, Callable[[], float]] = {}
     keep = []
 
-    # local_sgd boundary vs PeriodicModelAverager: each on its own copy of the model (both re-point
-    # parameters into new buffers, so a shared model would make one side page-fault for the other)
+    # local_sgd boundary vs PeriodicModelAverager, each on its own copy of the model (both re-point
+    # parameters into new buffers, so a shared model would make one side page-fault for the other),
+    # each right after its own model's inner step, as in training (only the averaging is timed)
+    def after_inner_step(m: torch.nn.Module, opt: torch.optim.Optimizer, average: Callable[[], Any]):
+        def run() -> float:
+            _loss(m, gen).backward()
+            opt.step()
+            dist.barrier()
+            t = _timed(average)
+            opt.zero_grad()
+            return t
+        return run
     model = _tiny_lm()
     params = list(model.parameters())
-    for p in params:                      # the averager only averages parameters that have gradients
-        p.grad = torch.zeros_like(p)
     averager = PeriodicModelAverager(period=1, warmup_steps=0)
     m_on, m_off = _tiny_lm(), _tiny_lm()
     on = ws.strategy("local_sgd", m_on, torch.optim.SGD(m_on.parameters(), lr=LR), sync_every=1)
     off = ws.strategy("local_sgd", m_off, torch.optim.SGD(m_off.parameters(), lr=LR), sync_every=1,
                       drift_telemetry=False)
-    calls["pma"] = lambda: _timed(lambda: averager.average_parameters(params))
-    calls["local_sgd"] = lambda: _timed(on.boundary)
-    calls["local_sgd_nodrift"] = lambda: _timed(off.boundary)
+    calls["pma"] = after_inner_step(model, torch.optim.SGD(params, lr=LR), lambda: averager.average_parameters(params))
+    calls["local_sgd"] = after_inner_step(m_on, on.optimizer, on.boundary)
+    calls["local_sgd_nodrift"] = after_inner_step(m_off, off.optimizer, off.boundary)
 
     # diloco at H = 1 and streaming over one period, telemetry on and off
     for key, name, opts, n in (("diloco", "diloco", {"sync_every": 1}, 1),
@@ -161,7 +173,14 @@ def bench_rank(rank: int, world: int, reps: int, lighthouses: list[str] | None) 
         for k in order.sample(names, len(names)):
             dist.barrier()
             times[k].append(calls[k]())
-    return {"ms": {k: 1e3 * statistics.median(v) for k, v in times.items()}, "note": note}
+    return {"ms": {k: 1e3 * statistics.median(v) for k, v in times.items()}, "times": times, "note": note}
+
+
+def paired_ratio(ours: list[float], peer: list[float]) -> tuple[float, float, float]:
+    """The median and quartiles of the per-round ratios ours/peer: both ran in the same round, so
+    whatever slowed the machine during that round divides out."""
+    q = statistics.quantiles([a / b for a, b in zip(ours, peer)], n=4)
+    return q[1], q[0], q[2]
 
 
 def _free_port() -> int:
@@ -188,7 +207,7 @@ def main() -> None:
     finally:
         for s in servers:
             s.shutdown()
-    r, note = results[0]["ms"], results[0]["note"]
+    r, times, note = results[0]["ms"], results[0]["times"], results[0]["note"]
     print(f"# sync_cost  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
           f"torch {torch.__version__}  2 ranks (gloo, 127.0.0.1), tiny LM 1.82M params, 1 thread per rank, "
           f"{args.reps} rounds, load average {load[0]:.1f} before / {os.getloadavg()[0]:.1f} after")
@@ -198,13 +217,14 @@ def main() -> None:
             ("diloco sync step (H=1), drift off", "diloco_nodrift", "torchft DiLoCo", "torchft_diloco", "<= 0.5"),
             ("streaming steps of a period (P=2, H=4)", "streaming", "torchft DiLoCo P=2", "torchft_streaming", "<= 0.5"),
             ("ddp training step", "ddp", "bare DistributedDataParallel", "bare_ddp", "<= 1.02")]
-    print(f"| {'ours':40s} | ms | {'peer':28s} | ms | ratio | target |")
-    print("|---|---|---|---|---|---|")
+    print(f"| {'ours':40s} | ms | {'peer':28s} | ms | ratio | quartiles | target |")
+    print("|---|---|---|---|---|---|---|")
     for label, ours, peer_label, peer, target in rows:
         if peer not in r:
-            print(f"| {label:40s} | {r[ours]:.2f} | {peer_label:28s} | - | - | {target} |")
+            print(f"| {label:40s} | {r[ours]:.2f} | {peer_label:28s} | - | - | - | {target} |")
             continue
-        print(f"| {label:40s} | {r[ours]:.2f} | {peer_label:28s} | {r[peer]:.2f} | {r[ours] / r[peer]:.3f} | {target} |")
+        mid, lo, hi = paired_ratio(times[ours], times[peer])
+        print(f"| {label:40s} | {r[ours]:.2f} | {peer_label:28s} | {r[peer]:.2f} | {mid:.3f} | {lo:.3f}–{hi:.3f} | {target} |")
     if note:
         print(note)
     print(f"reproduce: .venv/bin/python benchmarks/sync_cost.py --reps {args.reps}")

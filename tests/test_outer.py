@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wansync.strategies.outer import Anchor
+from wansync.errors import NonFiniteError
+from wansync.strategies.outer import BLOCK, Anchor
 
 
 def test_outer_step_is_torch_sgd_on_parameters():
@@ -51,6 +52,42 @@ def test_the_in_place_outer_step_is_torch_sgd_bit_for_bit_and_keeps_its_state_fo
     assert torch.equal(follower.detach(), ref.detach())
 
 
+@pytest.mark.parametrize("momentum,nesterov,divide", [(0.9, True, None), (0.9, False, 0.01), (0.0, False, None)])
+def test_a_step_from_the_average_loaded_into_the_model_is_torch_sgd_on_the_pseudo_gradient(momentum, nesterov, divide):
+    """`step_to_average` / `slowmo_step` form Δ̄ = θ̃ − θ̄ (over η for SlowMo) block by block, step
+    and write θ̃ into the model in the same pass: the bits of torch's SGD on the separately formed
+    pseudo-gradient, over several blocks and a ragged tail, with the model (which here holds θ̄,
+    as after a boundary) left holding θ̃ and a buffer left holding θ̄ exactly."""
+    gen = torch.Generator().manual_seed(1)
+    n = 3 * BLOCK + 12_345
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.randn(n, generator=gen))
+    model.register_buffer("running", torch.rand(7, generator=gen))
+    flat = torch.cat([model.w.detach(), model.running])        # the model moved into one flat buffer
+    model.w.data, model.running.data = flat[:n], flat[n:]
+    a = Anchor([model.w, model.running], lr=0.7, momentum=momentum, nesterov=nesterov)
+    ref = torch.nn.Parameter(a.value[:n].clone())
+    opt = torch.optim.SGD([ref], lr=0.7 if divide is None else 0.5 * divide, momentum=momentum, nesterov=nesterov)
+    for step in range(3):
+        avg = a.value + torch.randn(n + 7, generator=gen) * 1e-2
+        flat.copy_(avg)                                        # the model holds θ̄ after the exchange
+        ref.grad = a.value[:n] - avg[:n] if divide is None else (a.value[:n] - avg[:n]) / divide
+        opt.step()
+        if divide is None:
+            a.step_to_average(flat, load=True)
+        else:
+            a.slowmo_step(flat, divide, 0.5, load=True)
+        assert torch.equal(a.value[:n], ref.detach()), step
+        assert torch.equal(model.w.detach(), a.value[:n]) and model.w.data_ptr() == flat.data_ptr()
+        assert torch.equal(model.running, avg[n:]) and torch.equal(a.value[n:], avg[n:])
+
+
+def test_an_outer_step_that_overflows_raises_non_finite():
+    a = Anchor([torch.nn.Parameter(torch.full((BLOCK + 5,), 3e38))], lr=1.0, momentum=0.0)
+    with pytest.raises(NonFiniteError, match="non-finite"):
+        a.outer_step(torch.full((BLOCK + 5,), -3e38))
+
+
 def test_buffers_get_the_plain_average_never_momentum_or_slowmo_scaling():
     """A running variance filtered through momentum and 1/η overshoots below zero (found on a
     CNN under warmup); buffers must take θ̄ exactly."""
@@ -59,7 +96,6 @@ def test_buffers_get_the_plain_average_never_momentum_or_slowmo_scaling():
     for eta, avg_var in ((0.001, 0.9), (0.1, 0.2), (0.01, 0.05)):
         target = a.value.clone()
         target[-3:] = avg_var
-        delta = a.value - target                     # Δ̄ = θ̃ − θ̄ on the buffer part
-        a.slowmo_step(delta, eta, 1.0)
+        a.slowmo_step(target, eta, 1.0)
         assert torch.allclose(a.value[-3:], torch.full((3,), avg_var))
     assert bool((a.value[-3:] > 0).all())

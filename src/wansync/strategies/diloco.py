@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 from .base import sync_tensors
 from .options import outer_lr, outer_momentum, sync_every
@@ -52,9 +51,8 @@ class DiLoCo(Periodic):
 
     def boundary(self) -> None:
         avg, info = self.average_params()                 # θ̄ = mean(θ_m)
-        mean_delta = torch.sub(self.anchor.value, avg, out=avg)   # Δ̄ = mean(θ̃ − θ_m) = θ̃ − θ̄, in θ̄'s buffer
-        self.anchor.outer_step(mean_delta)                # θ̃ ← OuterOpt(θ̃, Δ̄)
-        self.anchor.load_into_model()                     # θ_m ← θ̃
+        # Δ̄ = mean(θ̃ − θ_m) = θ̃ − θ̄, in θ̄'s buffer; θ̃ ← OuterOpt(θ̃, Δ̄); θ_m ← θ̃: one pass
+        self.anchor.step_to_average(avg, load=True)
         self.emit("sync", kind="outer", **info)
 
     # ---- resumable state: θ̃ and the outer optimizer's momentum -----------------------------

@@ -7,7 +7,7 @@ the averaged pseudo-gradient Δ̄ = mean(θ̃ − θ_m) (DiLoCo sign: a descent 
 
 - DiLoCo / Streaming: `outer_step(Δ̄)` with SGD(lr, momentum, Nesterov).
 - SlowMo (Wang et al. 2020, arXiv:1910.00643): u ← β·u + Δ̄/η ; θ̃ ← θ̃ − α·η·u is exactly SGD with momentum β (no
-  dampening) at lr α·η on the gradient Δ̄/η, so `slowmo_step(Δ̄, η, α)` reuses the same optimizer
+  dampening) at lr α·η on the gradient Δ̄/η, so `slowmo_step(θ̄, η, α)` reuses the same optimizer
   and stays right when η changes between boundaries.
 """
 from __future__ import annotations
@@ -20,6 +20,12 @@ import torch
 from ..comm.exchange import all_finite
 from ..comm.flat import FlatTensors
 from ..errors import NonFiniteError
+
+
+# values per block of the outer step (`Anchor._sgd`): its four buffers (θ̃, Δ̄, the momentum, the
+# model) take 1 MiB of float32, inside a core's L2; a multiple of every SIMD width, so each value
+# takes the same kernel path, and gets the same bits, as in one op over the whole buffer
+BLOCK = 1 << 16
 
 
 class Anchor:
@@ -46,45 +52,78 @@ class Anchor:
         """Δ_m = θ̃ − θ_m (a new flat buffer)."""
         return self.value - (self.local() if local is None else local)
 
-    def outer_step(self, mean_delta: torch.Tensor, lr: float | None = None) -> None:
+    def outer_step(self, mean_delta: torch.Tensor, lr: float | None = None, *, load: bool = False) -> None:
         """θ̃ ← OuterOpt(θ̃, grad = Δ̄) (at learning rate `lr` from now on, when given); overwrites
-        `mean_delta`."""
-        self._step(mean_delta, lr)
-        self.check_finite()
+        `mean_delta`. `load`: θ_m ← θ̃ too, in the same pass (`load_into_model`)."""
+        self._step(mean_delta, lr, load=load)
 
-    def _step(self, mean_delta: torch.Tensor, lr: float | None = None) -> None:
+    def step_to_average(self, avg: torch.Tensor, lr: float | None = None, *, load: bool = False) -> None:
+        """The outer step on Δ̄ = θ̃ − θ̄ from the workers' average θ̄ (`avg`, overwritten: Δ̄ is
+        formed in its buffer, block by block in the same pass as the step)."""
+        self._step(avg, lr, average=True, load=load)
+
+    def _step(self, source: torch.Tensor, lr: float | None = None, *, average: bool = False,
+              divide: float | None = None, load: bool = False) -> None:
+        """The outer SGD step on Δ̄ (`source`, or θ̃ − source when `average`, then divided by
+        `divide`), the buffers given the plain average, θ̃ loaded into the model when `load`, and
+        θ̃ checked finite."""
         if lr is not None:
             self.optimizer.param_groups[0]["lr"] = lr
-        averaged = [(a, b, self.value[a:b] - mean_delta[a:b]) for a, b in self.plain]
+        plain = [(a, b, source[a:b].clone() if average else self.value[a:b] - source[a:b]) for a, b in self.plain]
+        model = self.flat.packed() if load else None
         try:
             with torch.no_grad():
-                self._sgd(mean_delta)
+                finite = self._sgd(source, average, divide, model)
         except RuntimeError as e:                          # a learning rate beyond the tensor's float range
             if "overflow" not in str(e):
                 raise
             raise NonFiniteError(f"the outer step would make the global model non-finite: learning rate {self.optimizer.param_groups[0]['lr']:g} "
                                  f"is beyond the range of {self.value.dtype}") from None
         with torch.no_grad():
-            for a, b, avg in averaged:
+            for a, b, avg in plain:
                 self.value[a:b] = avg
+                if model is not None:
+                    model[a:b] = avg
+        if load and model is None:
+            self.load_into_model()
+        if not finite:
+            self.check_finite()
 
-    def _sgd(self, grad: torch.Tensor) -> None:
-        """torch.optim.SGD's step on θ̃ (no weight decay, no dampening), bit for bit, with the
-        Nesterov look-ahead formed in `grad` itself: torch's step allocates a P-sized temporary
-        for it, and fresh memory costs a page fault per 4 KiB, more than the arithmetic. `grad`
-        (Δ̄, a buffer the caller gives up) is overwritten. The momentum lives in the optimizer's
-        state, so its state_dict is torch's."""
+    def _sgd(self, source: torch.Tensor, average: bool, divide: float | None, model: torch.Tensor | None) -> bool:
+        """torch.optim.SGD's step on θ̃ (no weight decay, no dampening), bit for bit, in blocks of
+        `BLOCK` values: every op of the step (forming Δ̄, the momentum, the Nesterov look-ahead, the
+        update, the copy into the model) runs on one block while it is in cache, so each buffer is
+        read from memory once per step instead of once per op. The look-ahead is formed in `source`
+        (a buffer the caller gives up): torch's step allocates a P-sized temporary for it, and fresh
+        memory costs a page fault per 4 KiB, more than the arithmetic. The momentum lives in the
+        optimizer's state, so its state_dict is torch's. Returns whether θ̃'s sum is finite (then
+        every value is: `all_finite`)."""
         group = self.optimizer.param_groups[0]
-        lr, momentum = group["lr"], group["momentum"]
-        if momentum:
-            state = self.optimizer.state[self.value]
-            buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = grad.clone()
-            else:
-                buf.mul_(momentum).add_(grad)
-            grad = grad.add_(buf, alpha=momentum) if group["nesterov"] else buf
-        self.value.add_(grad, alpha=-lr)
+        lr, momentum, nesterov = group["lr"], group["momentum"], group["nesterov"]
+        state = self.optimizer.state[self.value] if momentum else {}
+        buf = state.get("momentum_buffer")
+        first = momentum and buf is None
+        if first:
+            buf = state["momentum_buffer"] = torch.empty_like(self.value)
+        sums = []
+        for a in range(0, self.value.numel(), BLOCK):
+            value, grad = self.value[a:a + BLOCK], source[a:a + BLOCK]
+            if average:
+                torch.sub(value, grad, out=grad)
+            if divide is not None:
+                grad.div_(divide)
+            if momentum:
+                m = buf[a:a + BLOCK]
+                if first:
+                    m.copy_(grad)
+                else:
+                    m.mul_(momentum).add_(grad)
+                grad = grad.add_(m, alpha=momentum) if nesterov else m
+            value.add_(grad, alpha=-lr)
+            if model is not None:
+                model[a:a + BLOCK].copy_(value)
+            sums.append(value.sum())
+        return bool(torch.isfinite(torch.stack(sums).sum())) if sums else True
 
     def check_finite(self) -> None:
         """The global parameters are identical on every rank, so every rank raises together: a
@@ -93,14 +132,10 @@ class Anchor:
             raise NonFiniteError("the outer step made the global model non-finite (the outer learning rate "
                                  "or momentum is too large)")
 
-    def slowmo_step(self, mean_delta: torch.Tensor, inner_lr: float, slow_lr: float) -> None:
-        """u ← β·u + Δ̄/η ; θ̃ ← θ̃ − α·η·u (β is the optimizer's momentum; buffers: θ̃ ← θ̄)."""
-        averaged = [(a, b, self.value[a:b] - mean_delta[a:b]) for a, b in self.plain]
-        self._step(mean_delta / inner_lr, lr=slow_lr * inner_lr)
-        with torch.no_grad():
-            for a, b, avg in averaged:
-                self.value[a:b] = avg
-        self.check_finite()
+    def slowmo_step(self, avg: torch.Tensor, inner_lr: float, slow_lr: float, *, load: bool = False) -> None:
+        """From the workers' average θ̄ (`avg`, overwritten): u ← β·u + (θ̃ − θ̄)/η ; θ̃ ← θ̃ − α·η·u
+        (β is the optimizer's momentum; buffers: θ̃ ← θ̄)."""
+        self._step(avg, lr=slow_lr * inner_lr, average=True, divide=inner_lr, load=load)
 
     def load_into_model(self) -> None:
         """θ_m ← θ̃."""

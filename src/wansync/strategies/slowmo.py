@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 from ..errors import check
 from .base import sync_tensors
@@ -48,17 +47,15 @@ class SlowMo(Periodic):
 
     def boundary(self) -> None:
         avg, info = self.average_params()                             # θ̄ = mean(θ_m)
-        self.slowmo_update(avg)                                       # u, θ̃
-        self.anchor.load_into_model()                                 # θ_m ← θ̃
+        self.slowmo_update(avg)                                       # u, θ̃, and θ_m ← θ̃
         self.emit("sync", kind=self.sync_kind, **info, **self.boundary_fields())
 
     def slowmo_update(self, avg) -> None:
-        """u ← β·u + (θ̃ − θ̄)/η ; θ̃ ← θ̃ − α·η·u  (η: the inner learning rate now)."""
+        """u ← β·u + (θ̃ − θ̄)/η ; θ̃ ← θ̃ − α·η·u  (η: the inner learning rate now); θ_m ← θ̃."""
         eta = self.inner_lr
         check(eta > 0, f"{self.name} needs an inner learning rate > 0 at a boundary (the filter divides "
                        f"by it), got {eta} at step {self.t}")
-        mean_delta = torch.sub(self.anchor.value, avg, out=avg)      # θ̃ − θ̄, in θ̄'s buffer
-        self.anchor.slowmo_step(mean_delta, eta, self.opts.slowmo_lr)
+        self.anchor.slowmo_step(avg, eta, self.opts.slowmo_lr, load=True)   # θ̃ − θ̄ formed in θ̄'s buffer
 
     def boundary_fields(self) -> dict[str, Any]:
         """Extra fields of the sync event (subclasses add theirs)."""

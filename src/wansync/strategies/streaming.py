@@ -131,11 +131,11 @@ class Streaming(Strategy):
         self.in_flight.remove(x)
         p, anchor = x.fragment, self.anchors[x.fragment]
         before = anchor.value.clone() if self.schedule.uses_rates else None
-        anchor.outer_step(mean, lr=self.outer_lr_for(x))  # new anchor first, then the merge
+        takes_anchor = self.takes_anchor()                # θ_{m,p} ← θ̃_p: no local values needed,
+        anchor.outer_step(mean, lr=self.outer_lr_for(x), load=takes_anchor)   # loaded in the step's pass
         if before is not None:
             self.schedule.record_merge(p, float(torch.linalg.vector_norm(before.sub_(anchor.value))), x.interval)
-        if self.takes_anchor():                           # θ_{m,p} ← θ̃_p: no local values needed
-            anchor.load_into_model()
+        if takes_anchor:
             info: dict[str, Any] = {"merge": "alpha", "alpha": 0.0}
             self.exact_at[p] = t
         else:
@@ -190,8 +190,7 @@ class Streaming(Strategy):
             if self.exact_at[p] == t:
                 continue
             sent = self.exchange.mean(anchor.pseudo_gradient(), "pseudo_grads", self.codec)
-            anchor.outer_step(sent.wait())
-            anchor.load_into_model()
+            anchor.outer_step(sent.wait(), load=True)
             self.exact_at[p] = t
             self.emit("sync", kind="final", fragment=p, started=t, overlap=0, bytes=sent.wire_bytes,
                       payload_bytes=sent.payload_bytes, codec=self.codec.name, syncs_per_period=self.schedule.n)
