@@ -82,6 +82,23 @@ def test_a_step_from_the_average_loaded_into_the_model_is_torch_sgd_on_the_pseud
         assert torch.equal(model.running, avg[n:]) and torch.equal(a.value[n:], avg[n:])
 
 
+def test_the_pseudo_gradient_is_one_pass_over_the_tensors_where_they_lie():
+    """Δ_m = θ̃ − θ_m the same bits whether the tensors are separate (one a transposed view),
+    packed in one buffer, or gathered by the caller first."""
+    gen = torch.Generator().manual_seed(2)
+    w, b = torch.nn.Parameter(torch.randn(5, 7, generator=gen)), torch.nn.Parameter(torch.randn(3, generator=gen))
+    a = Anchor([w, b], lr=0.7, momentum=0.9)
+    with torch.no_grad():
+        w.data = torch.randn(7, 5, generator=gen).t()          # non-contiguous
+        b.add_(1.0)
+    expected = a.value - torch.cat([w.detach().reshape(-1), b.detach()])
+    assert torch.equal(a.pseudo_gradient(), expected)
+    assert torch.equal(a.pseudo_gradient(a.local()), expected)
+    flat = torch.cat([w.detach().reshape(-1), b.detach()])
+    w.data, b.data = flat[:35].view(5, 7), flat[35:]           # packed
+    assert a.flat.packed() is not None and torch.equal(a.pseudo_gradient(), expected)
+
+
 def test_an_outer_step_that_overflows_raises_non_finite():
     a = Anchor([torch.nn.Parameter(torch.full((BLOCK + 5,), 3e38))], lr=1.0, momentum=0.0)
     with pytest.raises(NonFiniteError, match="non-finite"):

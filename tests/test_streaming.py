@@ -184,15 +184,15 @@ def nan_on_rank1(rank: int, sync: Any) -> None:
     """Rank 1's first pseudo-gradient of fragment 0 turns NaN (run it with on_nonfinite="skip")."""
     if rank == 1:
         anchor, calls = sync.anchors[0], [0]
-        real = anchor.local
+        real = anchor.pseudo_gradient
 
-        def local():
+        def pseudo_gradient(local=None):
             calls[0] += 1
-            x = real()
+            x = real(local)
             if calls[0] == 1:
                 x[0] = float("nan")
             return x
-        anchor.local = local
+        anchor.pseudo_gradient = pseudo_gradient
 CKPT = dict(sync_every=6, fragments=2, overlap=2, alpha=0.5, codec="int8")
 
 

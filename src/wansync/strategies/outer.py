@@ -49,8 +49,18 @@ class Anchor:
         return self.flat.gather()
 
     def pseudo_gradient(self, local: torch.Tensor | None = None) -> torch.Tensor:
-        """Δ_m = θ̃ − θ_m (a new flat buffer)."""
-        return self.value - (self.local() if local is None else local)
+        """Δ_m = θ̃ − θ_m (a new flat buffer), in one pass over the model's tensors where they lie
+        (no gathered copy of θ_m first), or from `local`, θ_m already gathered."""
+        if local is not None:
+            return self.value - local
+        packed = self.flat.packed()
+        if packed is not None:
+            return torch.sub(self.value, packed.detach())
+        delta = torch.empty_like(self.value)
+        with torch.no_grad():
+            for anchor, t, out in zip(self.flat.views(self.value), self.flat.tensors, self.flat.views(delta)):
+                torch.sub(anchor, t, out=out)
+        return delta
 
     def outer_step(self, mean_delta: torch.Tensor, lr: float | None = None, *, load: bool = False) -> None:
         """θ̃ ← OuterOpt(θ̃, grad = Δ̄) (at learning rate `lr` from now on, when given); overwrites

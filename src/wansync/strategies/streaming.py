@@ -113,10 +113,10 @@ class Streaming(Strategy):
     def start_sync(self, p: int, reason: str, t: int) -> None:
         """Sync start at t_p: Δ_{m,p} = θ̃_p − θ_{m,p}(t_p); launch the async mean of Δ_{m,p}."""
         anchor, keep = self.anchors[p], self.keeps_theta_start()
-        local = anchor.local()
-        delta = anchor.value - local if keep else torch.sub(anchor.value, local, out=local)   # no second buffer
+        local = anchor.local() if keep else None
+        delta = anchor.pseudo_gradient(local)
         x = InFlight(fragment=p, start=t, merge_at=t + self.tau, interval=self.schedule.record_start(p, t),
-                     reason=reason, delta=delta, theta_start=local if keep else None)
+                     reason=reason, delta=delta, theta_start=local)
         x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True)
         self.in_flight.add(x)
         self.after_launch(x)
