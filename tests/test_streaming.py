@@ -281,6 +281,25 @@ def test_a_non_finite_pseudo_gradient_is_left_out_under_skip(runs):
     assert torch.equal(a["final"], b["final"])
 
 
+def fragments_in_flat_buffers(rank: int, world: int, name: str) -> list[bool]:
+    model = deep_model(3)
+    params, before = list(model.parameters()), [p.detach().clone() for p in model.parameters()]
+    sync = ws.strategy(name, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=8, fragments=2,
+                       overlap=1)
+    packed = [a.flat.packed() for a in sync.anchors]
+    return [all(a is b for a, b in zip(model.parameters(), params, strict=True)),
+            all(torch.equal(p, v) for p, v in zip(model.parameters(), before)),
+            all(f is not None and torch.equal(f, a.value) for f, a in zip(packed, sync.anchors))]
+
+
+@pytest.mark.parametrize("name", ["streaming", "cocodc"])
+def test_each_fragments_tensors_move_into_one_flat_buffer_keeping_values_and_identity(name):
+    """So that a fragment's Δ, its merge and θ̃ into the model are one op each: the parameters the
+    optimizer holds are the same objects, with the same values, now views of one buffer per fragment."""
+    same_objects, same_values, packed = run_ranks(fragments_in_flat_buffers, 1, name)[0]
+    assert same_objects and same_values and packed
+
+
 # ---- bad input ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["streaming", "cocodc"])
 @pytest.mark.parametrize("options, message", [

@@ -88,6 +88,8 @@ class Streaming(Strategy):
         self.broadcast_initial_state()
         self.anchors = [Anchor(f.tensors, lr=o.outer_lr, momentum=o.outer_momentum, nesterov=True)
                         for f in self.fragments]
+        for anchor in self.anchors:     # each fragment's tensors move into one flat buffer (values kept,
+            anchor.flat.adopt(anchor.value.clone())   # as Periodic's home): Δ and a merge are one op each
         self.schedule = Schedule(self.H, self.P, o.syncs_per_period or self.P, self.schedule_mode())
         self.in_flight = InFlightExchanges()
         self.exact_at = [0] * self.P     # step at which fragment p was last set to exactly θ̃_p
