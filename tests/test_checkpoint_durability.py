@@ -82,3 +82,36 @@ def test_a_full_disk_fails_in_one_line_and_leaves_no_temporary_file(tmp_path):
     assert r.stderr.count("\n") == 1 and "rank 0: cannot write checkpoint" in r.stderr, r.stderr
     assert "File too large" in r.stderr, r.stderr
     assert not [p for p in run.rglob("*") if ".tmp" in p.name]
+
+
+def test_a_view_of_a_larger_buffer_is_written_as_its_own_elements_and_reads_back_the_same(tmp_path):
+    """torch.save writes a view's whole storage: a model living in one row of a two-row block (as a
+    local_sgd model does, beside the buffer its next average lands in) would be written twice.
+    Views that fill their storage (a model in its flat buffer, a side band beside it) stay as they
+    are: no copy."""
+    block = torch.randn(2, 100_003)
+    flat = torch.randn(50_003)
+    state = {"step": 3, "world_size": 1,
+             "model": {"w": block[0, :60_000].view(600, 100), "b": block[0, 60_000:100_000]},
+             "filled": {"a": flat[:30_000], "b": flat[30_000:50_000]}}
+    compacted = checkpoint.compact(state)
+    assert compacted["filled"]["a"] is state["filled"]["a"] and compacted["filled"]["b"] is state["filled"]["b"]
+    assert compacted["model"]["w"].untyped_storage().nbytes() == 60_000 * 4
+    path = checkpoint.save_rank(tmp_path, 3, 0, state)
+    assert path.stat().st_size < (100_000 + 50_003) * 4 + 10_000          # not the 2 x 100_003 of the block
+    loaded = torch.load(path, weights_only=True)
+    assert all(torch.equal(loaded["model"][k], state["model"][k]) for k in ("w", "b"))
+    assert all(torch.equal(loaded["filled"][k], state["filled"][k]) for k in ("a", "b"))
+
+
+def test_a_local_sgd_checkpoint_holds_the_model_once(tmp_path):
+    """The trainer's checkpoint of a local_sgd run with drift telemetry (the model in one row of its
+    two-row block) is no larger than a ddp run's of the same model."""
+    sizes = {}
+    for name in ("local_sgd", "ddp"):
+        run = tmp_path / name
+        r = wansync("train", "--strategy", name, "--sync-every", "2", "--workers", "2", "--steps", "4",
+                    "--checkpoint-every", "4", "--quiet", "--out", str(run), *TINY)
+        assert r.returncode == 0, r.stderr
+        sizes[name] = (checkpoint.latest_step_dir(run) / "rank0.pt").stat().st_size
+    assert sizes["local_sgd"] < 1.1 * sizes["ddp"], sizes

@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -63,6 +63,48 @@ def meta_path(path: Path) -> Path:
     return path.with_suffix(".json")
 
 
+def map_tensors(x: Any, fn: Callable[[torch.Tensor], Any], leaf: Callable[[Any], Any] = lambda v: v) -> Any:
+    """`x` (dicts, lists and tuples of tensors and plain values) rebuilt with `fn` applied to every
+    tensor and `leaf` to every other value; a dict keeps its type and a state_dict's `_metadata`."""
+    if torch.is_tensor(x):
+        return fn(x)
+    if isinstance(x, dict):
+        out = type(x)((k, map_tensors(v, fn, leaf)) for k, v in x.items())
+        if hasattr(x, "_metadata"):
+            out._metadata = x._metadata
+        return out
+    if isinstance(x, list):
+        return [map_tensors(v, fn, leaf) for v in x]
+    if type(x) is tuple:
+        return tuple(map_tensors(v, fn, leaf) for v in x)
+    return leaf(x)
+
+
+def compact(state: Any) -> Any:
+    """`state` with every tensor whose storage lies mostly outside the state's tensors replaced by a
+    copy of its own elements. torch.save (and a deepcopy) writes a view's whole storage: a local_sgd
+    model lives in one row of a two-row block, the other holding the buffer its next average lands
+    in, and would be written twice. Views that together fill their storage (a model in its flat
+    buffer, with at most a few side-band values beside it) are written as they are, without a copy."""
+    covered: dict[int, dict[tuple[int, int], int]] = {}
+
+    def count(t: torch.Tensor) -> torch.Tensor:
+        if t.layout != torch.strided:
+            return t
+        nbytes = t.numel() * t.element_size()
+        covered.setdefault(t.untyped_storage().data_ptr(), {})[(t.data_ptr(), nbytes)] = nbytes
+        return t
+    map_tensors(state, count)
+
+    def own(t: torch.Tensor) -> torch.Tensor:
+        if t.layout != torch.strided:
+            return t
+        storage = t.untyped_storage().nbytes()
+        used = sum(covered[t.untyped_storage().data_ptr()].values())
+        return t.clone() if storage > used + max(used // 8, 4096) else t
+    return map_tensors(state, own)
+
+
 def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any],
               config: dict[str, Any] | None = None) -> Path:
     """Write this rank's state for `step`, durably, with its checksum and `config` (what the run
@@ -71,7 +113,7 @@ def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any],
     d = ckpt_root(run_dir) / f"step{step:08d}"
     path = d / f"rank{rank}.pt"
     buf = io.BytesIO()
-    torch.save(state, buf)
+    torch.save(compact(state), buf)
     data = buf.getvalue()
     meta = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "world_size": state["world_size"],
             "config": config}

@@ -41,6 +41,7 @@ from typing import Any, Callable
 import torch
 from torch.futures import Future
 
+from ..checkpoint import map_tensors
 from ..errors import ConfigError, PeerError
 from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, jitter_draw
 
@@ -104,9 +105,11 @@ class Quorum:
 
     def serve(self, save: Callable[[], dict[str, Any]], load: Callable[[dict[str, Any]], None]) -> None:
         """What a healing peer receives (`save`, copied: the transport serves tensors by reference
-        while this worker trains on) and how this worker applies a peer's (`load`)."""
+        while this worker trains on; each tensor's own elements, not the whole storage a view lies
+        in, which a deepcopy would copy and send) and how this worker applies a peer's (`load`)."""
         self._load = load
-        self.manager.register_state_dict_fn("wansync", self._healed, lambda: copy.deepcopy(save()))
+        self.manager.register_state_dict_fn(
+            "wansync", self._healed, lambda: map_tensors(save(), lambda t: t.detach().clone(), copy.deepcopy))
 
     def _healed(self, state: dict[str, Any]) -> None:
         self.heals += 1
