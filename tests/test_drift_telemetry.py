@@ -106,8 +106,12 @@ def test_telemetry_changes_no_parameter_bit(runs, name):
 def _storages_across_boundaries(rank: int, world: int) -> dict[str, Any]:
     """Where the model's tensors live, boundary after boundary, and the spare buffer kept."""
     import wansync as ws
+    from wansync.strategies import periodic
     out: dict[str, Any] = {}
-    for name, drift in (("local_sgd", True), ("local_sgd", False), ("diloco", True)):
+    bound = periodic.PAIRED_DISTANCE_MAX
+    for name, drift, long in (("local_sgd", True, False), ("local_sgd", False, False), ("diloco", True, False),
+                              ("local_sgd", True, True)):
+        periodic.PAIRED_DISTANCE_MAX = 10 if long else bound      # as if the model were longer than the bound
         model = _model(rank)
         sync = ws.strategy(name, model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=1,
                            drift_telemetry=drift)
@@ -116,9 +120,12 @@ def _storages_across_boundaries(rank: int, world: int) -> dict[str, Any]:
             model(torch.randn(4, 8)).sum().backward()
             sync.step()
             sync.zero_grad()
-            seen.append((sync.flat.packed() is not None and sync.flat.packed().data_ptr(),
-                         None if sync._spare is None else sync._spare.data_ptr()))
-        out[(name, drift)] = seen
+            packed = sync.flat.packed()
+            seen.append((packed is not None and packed.data_ptr(),
+                         None if sync._spare is None else sync._spare.data_ptr(),
+                         packed is not None and packed.untyped_storage().nbytes()))
+        out[(name, drift) if not long else "long"] = seen
+    periodic.PAIRED_DISTANCE_MAX = bound
     return out
 
 
@@ -128,16 +135,21 @@ def test_a_boundary_averages_into_the_models_own_buffers_without_fresh_memory():
     moves to (the first is consumed measuring the drift), and local_sgd keeps both, side by side in
     one block, taking turns (no fresh memory), while diloco allocates the second at each boundary."""
     seen = run_ranks(_storages_across_boundaries, 2)[0]
-    off = seen[("local_sgd", False)]
-    assert len({home for home, _ in off}) == 1 and off[0][0] and {spare for _, spare in off} == {None}
-    on = seen[("local_sgd", True)]
-    homes = [home for home, _ in on]
-    assert all(homes) and homes[0] != homes[1] and homes[0] == homes[2] and homes[1] == homes[3]
-    assert all(spare == other for (_, spare), other in zip(on, homes[1:] + [homes[2]]))  # the other one
     wire_bytes = 4 * (sum(p.numel() for p in _model(0).parameters()) + 3)     # the values and the side band
-    assert abs(homes[0] - homes[1]) == wire_bytes                     # the two rows of one block
-    assert all(home for home, _ in seen[("diloco", True)])
-    assert {spare for _, spare in seen[("diloco", True)]} == {None}
+    off = seen[("local_sgd", False)]
+    assert len({home for home, _, _ in off}) == 1 and off[0][0] and {spare for _, spare, _ in off} == {None}
+    for key in (("local_sgd", True), "long"):
+        on = seen[key]
+        homes = [home for home, _, _ in on]
+        assert all(homes) and homes[0] != homes[1] and homes[0] == homes[2] and homes[1] == homes[3]
+        assert all(spare == other for (_, spare, _), other in zip(on, homes[1:] + [homes[2]]))  # the other one
+    # up to the fused distance's bound the two rows of one block; above it two buffers, so that
+    # torch.save of the model's state writes the model once
+    assert abs(seen[("local_sgd", True)][0][0] - seen[("local_sgd", True)][1][0]) == wire_bytes
+    assert {nbytes for _, _, nbytes in seen[("local_sgd", True)]} == {2 * wire_bytes}
+    assert {nbytes for _, _, nbytes in seen["long"]} == {wire_bytes}
+    assert all(home for home, _, _ in seen[("diloco", True)])
+    assert {spare for _, spare, _ in seen[("diloco", True)]} == {None}
 
 
 def _channels_last_local_sgd(rank: int, world: int) -> dict[str, Any]:

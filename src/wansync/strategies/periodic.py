@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..comm.exchange import PAIRED_DISTANCE_MAX
 from ..comm.flat import FlatTensors
 from .base import Strategy, sync_tensors
 from .options import Options, option, sync_every
@@ -101,9 +102,10 @@ class Periodic(Strategy):
             return self._home
         if not all(t.is_contiguous() for t in self.flat.tensors):
             return None
-        if self.keeps_spare and self.drift_on and self._spare is None:
+        if self.keeps_spare and self.drift_on and self._spare is None and self.wire_numel <= PAIRED_DISTANCE_MAX:
             # home and spare as the two rows of one block: the distance between them is one fused
-            # pass (`exchange.distance_of`)
+            # pass (`exchange.distance_of`, for buffers short enough for it; longer ones are two
+            # allocations, so that torch.save of the model's state does not write the spare too)
             home, self._spare = torch.empty(2, self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
             self._spare_views = self.flat.views(self._spare[:self.flat.numel])
         else:
