@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from wansync.errors import NonFiniteError
-from wansync.strategies.outer import BLOCK, Anchor
+from wansync.strategies.outer import BLOCK, Anchor, block_for
 
 
 def test_outer_step_is_torch_sgd_on_parameters():
@@ -97,6 +97,12 @@ def test_the_pseudo_gradient_is_one_pass_over_the_tensors_where_they_lie():
     flat = torch.cat([w.detach().reshape(-1), b.detach()])
     w.data, b.data = flat[:35].view(5, 7), flat[35:]           # packed
     assert a.flat.packed() is not None and torch.equal(a.pseudo_gradient(), expected)
+
+
+def test_the_step_is_blocked_on_cpu_only():
+    """On an accelerator a launch per op and block would cost more than the cache it saves."""
+    assert block_for(torch.empty(10 * BLOCK)) == BLOCK
+    assert block_for(torch.empty(10 * BLOCK, device="meta")) == 10 * BLOCK
 
 
 def test_an_outer_step_that_overflows_raises_non_finite():

@@ -22,10 +22,16 @@ from ..comm.flat import FlatTensors
 from ..errors import NonFiniteError
 
 
-# values per block of the outer step (`Anchor._sgd`): its four buffers (θ̃, Δ̄, the momentum, the
-# model) take 1 MiB of float32, inside a core's L2; a multiple of every SIMD width, so each value
-# takes the same kernel path, and gets the same bits, as in one op over the whole buffer
+# values per block of the outer step on CPU (`Anchor._sgd`): its four buffers (θ̃, Δ̄, the momentum,
+# the model) take 1 MiB of float32, inside a core's L2; each value takes the same kernel path, and
+# gets the same bits, as in one op over the whole buffer
 BLOCK = 1 << 16
+
+
+def block_for(t: torch.Tensor) -> int:
+    """The outer step's block for buffers like `t`: `BLOCK` on CPU; on an accelerator the whole
+    buffer (a kernel launch per op and block would cost more than the cache it saves)."""
+    return BLOCK if t.device.type == "cpu" else max(t.numel(), 1)
 
 
 class Anchor:
@@ -101,7 +107,7 @@ class Anchor:
 
     def _sgd(self, source: torch.Tensor, average: bool, divide: float | None, model: torch.Tensor | None) -> bool:
         """torch.optim.SGD's step on θ̃ (no weight decay, no dampening), bit for bit, in blocks of
-        `BLOCK` values: every op of the step (forming Δ̄, the momentum, the Nesterov look-ahead, the
+        `block_for(θ̃)` values: every op of the step (forming Δ̄, the momentum, the Nesterov look-ahead, the
         update, the copy into the model) runs on one block while it is in cache, so each buffer is
         read from memory once per step instead of once per op. The look-ahead is formed in `source`
         (a buffer the caller gives up): torch's step allocates a P-sized temporary for it, and fresh
@@ -115,15 +121,15 @@ class Anchor:
         first = momentum and buf is None
         if first:
             buf = state["momentum_buffer"] = torch.empty_like(self.value)
-        sums = []
-        for a in range(0, self.value.numel(), BLOCK):
-            value, grad = self.value[a:a + BLOCK], source[a:a + BLOCK]
+        sums, block = [], block_for(self.value)
+        for a in range(0, self.value.numel(), block):
+            value, grad = self.value[a:a + block], source[a:a + block]
             if average:
                 torch.sub(value, grad, out=grad)
             if divide is not None:
                 grad.div_(divide)
             if momentum:
-                m = buf[a:a + BLOCK]
+                m = buf[a:a + block]
                 if first:
                     m.copy_(grad)
                 else:
@@ -131,7 +137,7 @@ class Anchor:
                 grad = grad.add_(m, alpha=momentum) if nesterov else m
             value.add_(grad, alpha=-lr)
             if model is not None:
-                model[a:a + BLOCK].copy_(value)
+                model[a:a + block].copy_(value)
             sums.append(value.sum())
         return bool(torch.isfinite(torch.stack(sums).sum())) if sums else True
 
