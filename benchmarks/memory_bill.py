@@ -8,7 +8,7 @@ strategy exists are the baseline (kept alive, so no new tensor can reuse their m
 step of one period (and the strategy's `finish()`), every live tensor storage outside the baseline,
 the model's parameters and gradients and the optimizer's state is counted once (a storage they live
 in counts for the bytes they do not occupy: the buffer a periodic strategy moves the model into
-carries the drift side band, and local_sgd keeps its spare in the same block). The bill is the
+carries the drift's element after the values). The bill is the
 largest count over the period: what the strategy holds between steps, anchors, outer momentum,
 fragments in flight, θ(t_p) copies, codec buffers. DDP's gradient buckets live in C++ where no
 Python tensor points to them; their size comes from DDP's own logging data (`bucket_sizes`).
@@ -73,7 +73,7 @@ def _owned(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[int, int]
 def _held(base: dict[int, int], owned: dict[int, int]) -> int:
     """Bytes of live storages outside the baseline: whole, or, for a storage the model or the
     optimizer lives in, the part they do not occupy (a strategy's buffer the model moved into: the
-    side band after the values, a spare kept in the same block)."""
+    drift's element after the values)."""
     return sum(n - owned.get(ptr, 0) for ptr, n in _storages(_live_tensors()).items() if ptr not in base)
 
 
@@ -92,9 +92,8 @@ def formula(name: str, opts: dict[str, Any], p_bytes: int, frag_bytes: list[int]
     measured step (a fragment in flight holds Δ and the exchange's copy, plus θ(t_p) for taylor)."""
     ddp = p_bytes                                            # DDP's gradient buckets hold one gradient copy
     per_fragment = 3 if opts.get("compensation") == "taylor" else 2
-    band = 4 * DRIFT_SIDE_BAND                               # the drift side band after the model's values
-    spare = p_bytes + band                                   # local_sgd's second buffer, for the drift
-    return {"ddp": ddp, "local_sgd": band + spare, "post_local_sgd": ddp + band + spare,
+    band = 4 * DRIFT_SIDE_BAND                               # the drift's element after the model's values
+    return {"ddp": ddp, "local_sgd": band, "post_local_sgd": ddp + band,
             "slowmo": 2 * p_bytes + band, "cpdp": 2 * p_bytes + ddp + band, "diloco": 2 * p_bytes + band,
             "streaming": 2 * p_bytes + sum(per_fragment * frag_bytes[f] for f in in_flight),
             "cocodc": 2 * p_bytes + sum(per_fragment * frag_bytes[f] for f in in_flight)}[name]

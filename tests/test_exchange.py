@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from wansync.comm.codecs import CODECS, Encoded
-from wansync.comm.exchange import Exchange, distance_of
+from wansync.comm.exchange import Exchange
 from wansync.errors import ConfigError, NonFiniteError
 
 WORLD = 2
@@ -122,25 +122,17 @@ def _guard_cases(rank: int) -> dict:
         except NonFiniteError as e:
             out["abort"] = str(e)
         out["abort_ledger"] = abort.ledger.snapshot()
-    own, into = clean.clone(), torch.empty_like(clean)
-    handle = Exchange().mean(own, "params", out=into)
-    out["out"] = {"same_tensor": handle.wait() is into, "mean": into, "left": own,
-                  "distance": handle.distance, "norm": handle.norm, "values_sq": handle.values_sq}
-    pair = torch.empty(2, GUARD_N + 2)       # a strategy's spare and home, one block (the home second)
-    pair[1, :GUARD_N], pair[1, GUARD_N:] = clean, torch.tensor([rank + 1.0, 10.0 * rank])
-    handle = Exchange().mean(pair[1], "params", out=pair[0], extra=2)
-    out["paired"] = {"mean": handle.wait().clone(), "distance": handle.distance, "values_sq": handle.values_sq}
-    pair[1, :GUARD_N], pair[1, GUARD_N:] = bad, 0.0
-    handle = Exchange(nonfinite="skip").mean(pair[1], "params", out=pair[0], extra=2)
-    out["paired_skip"] = {"distance": handle.distance, "norm": handle.norm}
-    own, into = bad.clone(), torch.empty_like(bad)
-    handle = Exchange(nonfinite="skip").mean(own, "params", out=into)
-    out["out_skip"] = {"mean": handle.wait(), "distance": handle.distance, "norm": handle.norm}
+    side = torch.cat([clean, torch.tensor([rank + 1.0])])          # the values and one side-band scalar
+    handle = Exchange().mean(side, "params", inplace=True, extra=1, mean_sq=True)
+    out["mean_sq"] = {"mean": side.clone(), "mean_sq": handle.mean_sq, "norm": handle.norm}
+    side = torch.cat([bad, torch.zeros(1)])
+    handle = Exchange(nonfinite="skip").mean(side, "params", inplace=True, extra=1, mean_sq=True)
+    out["mean_sq_skip"] = {"mean": side.clone(), "mean_sq": handle.mean_sq}
     try:
-        Exchange().mean(bad.clone(), "params", out=torch.empty_like(bad)).wait()
-        out["out_nan"] = None
+        Exchange().mean(bad.clone(), "params", inplace=True, mean_sq=True).wait()
+        out["mean_sq_nan"] = None
     except NonFiniteError as e:
-        out["out_nan"] = str(e)
+        out["mean_sq_nan"] = str(e)
     after = torch.tensor([rank + 1.0])
     dist.all_reduce(after)                  # pairs with the other rank's: nothing stray was sent
     out["after_abort"] = float(after[0])
@@ -319,78 +311,50 @@ def test_an_unknown_policy_is_a_config_error() -> None:
 
 
 
-def test_out_of_place_mean_measures_this_workers_distance(results: list[dict]) -> None:
+def test_mean_sq_is_the_means_float64_square_norm_and_its_non_finite_check(results: list[dict]) -> None:
     exact = (_rank_input(0, GUARD_N) + _rank_input(1, GUARD_N)) / 2
-    for rank, r in enumerate(results):
-        o = r["guard"]["out"]
-        assert o["same_tensor"] and torch.equal(o["mean"], exact)
-        mine = _rank_input(rank, GUARD_N)
-        assert torch.equal(o["left"], mine - exact)
-        ref = float(torch.linalg.vector_norm((mine - exact).double()))
-        assert o["distance"] == pytest.approx(ref, rel=1e-6) and o["norm"] is None
-        assert o["values_sq"] == pytest.approx(float(mine.double().square().sum()), rel=1e-6)
-
-
-def test_a_mean_into_the_row_beside_the_values_measures_the_same_distance(results: list[dict]) -> None:
-    """Values and mean as the two rows of one block (local_sgd's home and spare) take the fused
-    pass; the side band rides along without entering the distance."""
-    exact = (_rank_input(0, GUARD_N) + _rank_input(1, GUARD_N)) / 2
-    for rank, r in enumerate(results):
-        o = r["guard"]["paired"]
-        assert torch.equal(o["mean"][:GUARD_N], exact) and o["mean"][GUARD_N:].tolist() == [1.5, 5.0]
-        mine = _rank_input(rank, GUARD_N)
-        ref = float(torch.linalg.vector_norm((mine - exact).double()))
-        assert o["distance"] == pytest.approx(ref, rel=1e-6)
-        assert o["values_sq"] == pytest.approx(float(mine.double().square().sum()), rel=1e-6)
-        skip = r["guard"]["paired_skip"]               # rank 1 sent NaN: its distance is NaN, the mean checked
-        if rank == 0:
-            assert skip["distance"] == 0.0 and skip["norm"] is None
-        else:
-            valid = float(r["guard"]["clean0"].norm())
-            assert math.isnan(skip["distance"]) and skip["norm"] == pytest.approx(valid, rel=1e-5)
-
-
-@pytest.mark.parametrize("order", ["values first", "mean first"])
-def test_paired_rows_take_one_fused_pass_that_agrees_with_subtracting(order: str) -> None:
-    torch.manual_seed(0)
-    pair = torch.randn(2, 5000, dtype=torch.float64).float()
-    values, mean = (pair[0], pair[1]) if order == "values first" else (pair[1], pair[0])
-    ref = float(torch.linalg.vector_norm(values.double() - mean.double()))
-    kept = values.clone()
-    assert distance_of(values, mean) == pytest.approx(ref, rel=1e-6)
-    assert torch.equal(values, kept)                       # fused: nothing written
-    apart = values.clone()                                 # not beside the mean: subtract, then a dot
-    assert distance_of(apart, mean) == pytest.approx(ref, rel=1e-6) and torch.equal(apart, kept - mean)
-
-
-def test_a_pair_too_long_for_the_fused_pass_subtracts(monkeypatch: pytest.MonkeyPatch) -> None:
-    import wansync.comm.exchange as ex
-    monkeypatch.setattr(ex, "PAIRED_DISTANCE_MAX", 100)
-    pair = torch.randn(2, 101)
-    kept = pair[0].clone()
-    assert distance_of(pair[0], pair[1]) == pytest.approx(float((kept - pair[1]).norm()), rel=1e-6)
-    assert torch.equal(pair[0], kept - pair[1])
-
-
-def test_a_non_finite_pair_has_a_non_finite_distance() -> None:
-    for bad in (float("nan"), float("inf")):
-        pair = torch.ones(2, 8)
-        pair[1, 3] = bad
-        assert not math.isfinite(distance_of(pair[0], pair[1]))
-
-
-def test_out_of_place_mean_checks_the_mean_when_the_distance_is_not_finite(results: list[dict]) -> None:
     valid = results[0]["guard"]["clean0"]
-    for rank, r in enumerate(results):
-        skip = r["guard"]["out_skip"]                  # rank 1 sent NaN and was left out
-        assert torch.equal(skip["mean"], valid)
-        if rank == 0:
-            assert skip["distance"] == 0.0 and skip["norm"] is None
-        else:                                          # its own distance is NaN: the mean was checked instead
-            assert math.isnan(skip["distance"]) and skip["norm"] == pytest.approx(float(valid.norm()), rel=1e-5)
-        assert r["guard"]["out_nan"].startswith("the mean of the workers' params is non-finite")
+    for r in results:
+        o = r["guard"]["mean_sq"]
+        assert torch.equal(o["mean"][:GUARD_N], exact) and o["mean"][GUARD_N:].tolist() == [1.5]
+        assert o["mean_sq"] == pytest.approx(float(exact.double().square().sum()), rel=1e-12) and o["norm"] is None
+        skip = r["guard"]["mean_sq_skip"]               # rank 1 sent NaN and was left out, side band too
+        assert torch.equal(skip["mean"][:GUARD_N], valid) and skip["mean"][GUARD_N:].tolist() == [0.0]
+        assert skip["mean_sq"] == pytest.approx(float(valid.double().square().sum()), rel=1e-12)
+        assert r["guard"]["mean_sq_nan"].startswith("the mean of the workers' params is non-finite")
 
 
-def test_out_must_be_shaped_like_the_buffer() -> None:
-    with pytest.raises(ValueError, match="out must be shaped like buf"):
-        Exchange().mean(torch.zeros(4), "params", out=torch.zeros(5))
+def _transformer_like(n: int, seed: int) -> torch.Tensor:
+    """Weights of ~0.02 with, every 100k values, a norm weight of 256 ones: a few rows carry most
+    of the squared norm, as in a transformer."""
+    torch.manual_seed(seed)
+    x = torch.randn(n) * 0.02
+    for a in range(0, n - 256, 100_000):
+        x[a:a + 256] = 1.0 + 1e-3 * torch.randn(256)
+    return x
+
+
+@pytest.mark.parametrize("n", [1000, 70_000, 1_000_000])
+def test_exact_sq_norm_is_within_1e_9_of_float64_where_a_float32_dot_is_not(n: int) -> None:
+    from wansync.comm.exchange import exact_sq_norm
+    errors, dot_errors = [], []
+    for seed in range(5):
+        x = _transformer_like(n, seed)
+        ref = float(x.double().square().sum())
+        errors.append(abs(exact_sq_norm(x) - ref) / ref)
+        dot_errors.append(abs(float(torch.dot(x, x)) - ref) / ref)
+    assert max(errors) < 1e-9
+    if n == 1_000_000:
+        assert max(dot_errors) > 1e-8                   # what the drift's identity cannot afford
+
+
+def test_exact_sq_norm_of_non_finite_values() -> None:
+    from wansync.comm.exchange import exact_sq_norm
+    for n in (10, 100_000):
+        x = torch.ones(n)
+        x[n // 2] = float("nan")
+        assert math.isnan(exact_sq_norm(x))
+        x[n // 2] = 1e30                                # finite, its square beyond float32's range
+        assert exact_sq_norm(x) == pytest.approx(1e60, rel=1e-6)
+        x[n // 2] = float("inf")
+        assert exact_sq_norm(x) == math.inf

@@ -76,4 +76,4 @@ def test_cli_cpdp_run_without_gradient_phase_and_with_optimizer_state_sync(tmp_p
     assert summary["comm"]["params"]["calls"] == 2 and summary["comm"]["optim_state"]["calls"] == 2
     syncs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     syncs = [s for s in syncs if s["type"] == "sync"]
-    assert [s["step"] for s in syncs] == [4, 8] and syncs[1]["drift_prev"] > 0 and not any(s["grad_phase"] for s in syncs)
+    assert [s["step"] for s in syncs] == [4, 8] and syncs[1]["drift"] > 0 and not any(s["grad_phase"] for s in syncs)

@@ -108,11 +108,11 @@ def test_post_local_sgd_is_ddp_then_local_sgd(two):
         assert not torch.equal(plsgd[5], ddp[5])
         for pa, pb in zip(two[rank]["post_local_0"]["params"], two[rank]["local_sgd"]["params"]):
             assert torch.equal(pa, pb)                   # switch_step 0 is LocalSGD
-    assert [(e["type"], e["step"]) for e in two[0]["post_local_4"]["events"]] == [("sync", 7), ("sync", 9), ("drift", 9)]
+    assert [(e["type"], e["step"]) for e in two[0]["post_local_4"]["events"]] == [("sync", 7), ("sync", 9)]
     r = two[0]["post_local_4"]
     assert r["comm"][3]["grads"]["calls"] == 4 and r["comm"][-1]["grads"]["calls"] == 4   # DDP steps only
     assert all(r["wire"][t - 1] == [] for t in (5, 6, 8, 9))                            # local steps: nothing
-    assert [b for _, b in r["wire"][6]] == [r["flat_bytes"] + 12]      # t = 7: the average, the drift side band riding on it
+    assert [b for _, b in r["wire"][6]] == [r["flat_bytes"] + 4]       # t = 7: the average, the drift's element riding on it
 
 
 # ---- SlowMo by hand ---------------------------------------------------------------------------
@@ -160,13 +160,12 @@ def test_parameters_bitwise_identical_at_boundaries_on_four_ranks(four):
 @pytest.mark.parametrize("name", list(PERIODIC))
 def test_drift_is_logged_at_every_boundary(two, name):
     events = two[0][f"{name}_adamw_sos0"]["events"]
-    assert [(e["type"], e["step"]) for e in events] == [("sync", t) for t in BOUNDARIES[name] + [7]] + [("drift", 7)]
+    assert [(e["type"], e["step"]) for e in events] == [("sync", t) for t in BOUNDARIES[name] + [7]]  # finish()'s 7
     assert all(e["strategy"] == name for e in events)
-    drifts = [e["drift_prev"] for e in events[1:-1]] + [events[-1]["drift"]]   # one boundary late; finish()'s last
-    assert "drift_prev" not in events[0] and len(drifts) == len(BOUNDARIES[name]) + 1
+    drifts = [e["drift"] for e in events]                  # each boundary's own
     assert all(isinstance(d, float) and 0 < d < 1 for d in drifts)
     other = two[1][f"{name}_adamw_sos0"]["events"]
-    assert drifts == [e["drift_prev"] for e in other[1:-1]] + [other[-1]["drift"]]
+    assert drifts == [e["drift"] for e in other]           # the same on every worker
 
 
 @pytest.mark.parametrize("name", list(PERIODIC))
@@ -214,10 +213,10 @@ def test_cpdp_boundary_exchanges_gradients_once_and_parameters_once(two):
             # DDP's reducer: one all-reduce of every gradient (one bucket for this model)
             assert hook[0] - prev_hook[0] == 1 and hook[1] - prev_hook[1] == grad_bytes
             # what went on the wire this step: the gradients once, the parameters once (the drift rides on them)
-            assert sorted(wire) == sorted([("all_reduce", grad_bytes), ("all_reduce", flat_bytes + 12)])
+            assert sorted(wire) == sorted([("all_reduce", grad_bytes), ("all_reduce", flat_bytes + 4)])
             assert comm["params"]["calls"] == t // K and comm["params"]["bytes"] == t // K * flat_bytes
             assert comm["grads"]["calls"] == t // K and comm["grads"]["bytes"] == t // K * grad_bytes
-            assert comm["telemetry"]["calls"] == 0 and comm["telemetry"]["bytes"] == t // K * 12
+            assert comm["telemetry"]["calls"] == 0 and comm["telemetry"]["bytes"] == t // K * 4
         prev_hook, prev = hook, comm
     ddp = two[0]["ddp"]
     assert [h[0] for h in ddp["hook"]] == list(range(1, 10))     # DDP: one gradient all-reduce per step

@@ -18,15 +18,11 @@ plug in here and nowhere else:
   leaves out the same workers the same way (fp32: the weight is one extra element of the
   all-reduced buffer; lossy: one flag byte after each payload). Whatever the policy, a non-finite
   mean of model state raises rather than reach the model; that check is the mean's L2 norm, which
-  the handle keeps (`norm`), or, when the exchange measures this worker's distance from the mean
-  (below), that distance: values − mean is finite only where the mean is.
-- **Where the mean lands**: a new tensor, `buf` itself (`inplace`), or `out`: then `buf` still
-  holds this worker's values afterwards, and the handle also reports `distance`, ‖values − mean‖₂,
-  this worker's distance from the mean (the drift telemetry), and `values_sq`, ‖values‖₂², taken in
-  `wait()` while the collective is still on the wire. Measuring the distance consumes `buf` (left
-  holding values − mean, or, when `buf` and `out` are the two rows of one block, the values with
-  the side band overwritten: then the distance is one fused pass that writes nothing), so the
-  caller keeps no copy of its values for it.
+  the handle keeps (`norm`), or with `mean_sq` its float64 square (below).
+- **Where the mean lands**: a new tensor, or `buf` itself (`inplace`). With `mean_sq` the handle
+  also reports ‖mean‖₂² accumulated in float64 (`exact_sq_norm`), which is then the non-finite
+  check: the drift telemetry's parallel-axis identity needs it to ~1e-9, where a float32 dot's
+  long accumulation is off by ~1e-6.
 - **Side-band scalars** (`extra=k`): the last `k` elements of the buffer are not model state but
   telemetry riding on an exchange that happens anyway (the drift of the previous boundary), so it
   costs no collective of its own. They are summed and divided like the values (over the same
@@ -89,6 +85,29 @@ def sq_norm(x: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(x)) ** 2
 
 
+# `exact_sq_norm`: each row of EXACT_ROW values sums its squares in one reduction (float32 result),
+# the rows' sums are added in float64, and the EXACT_TOP largest rows, which carry most of the
+# rounding when a few tensors dominate the norm (a transformer's norm weights, all ones), are summed
+# again in float64
+EXACT_ROW, EXACT_TOP = 1024, 16
+
+
+def exact_sq_norm(x: torch.Tensor) -> float:
+    """‖x‖₂² within ~1e-9 relative: about a float32 dot's time on CPU, where a float32 dot of a
+    million values is off by ~1e-6 and `vector_norm(x, dtype=float64)` first converts the whole
+    buffer (4-5x the time). Squares beyond float32's range still come out right (the rows' norms
+    fit it); nan or inf when x holds one."""
+    flat = x.detach().reshape(-1)
+    rows = flat.numel() // EXACT_ROW
+    if flat.dtype == torch.float64 or flat.device.type != "cpu" or rows <= EXACT_TOP:
+        return float(torch.linalg.vector_norm(flat, dtype=torch.float64)) ** 2
+    head, tail = flat[:rows * EXACT_ROW].view(rows, EXACT_ROW), flat[rows * EXACT_ROW:].double()
+    sums = torch.linalg.vector_norm(head, dim=1).double().square_()
+    top = torch.topk(sums, EXACT_TOP, sorted=False).indices
+    sums[top] = torch.linalg.vector_norm(head[top], dim=1, dtype=torch.float64).square_()
+    return float(sums.sum()) + float(tail.square_().sum())
+
+
 def l2_norm(x: torch.Tensor) -> float:
     """‖x‖₂ (`sq_norm`'s root; inf when the square overflows, nan when x holds one)."""
     return math.sqrt(sq_norm(x))
@@ -100,36 +119,6 @@ def finite_norm(x: torch.Tensor) -> float | None:
     measures it; only a non-finite norm pays for the exact test."""
     norm = l2_norm(x)
     return norm if math.isfinite(norm) or bool(torch.isfinite(x).all()) else None
-
-
-# pdist accumulates each of its eight SIMD lanes sequentially in float32: one pass over both
-# buffers and no write, but its relative error grows with the length (3e-5 at 2^21 elements, 2e-3
-# at 2^25, measured against float64); longer buffers subtract and take a dot instead
-PAIRED_DISTANCE_MAX = 1 << 21
-
-
-def _pair_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
-    """a and b as the two rows of one contiguous (2, n) tensor when they are adjacent in one
-    storage (in either order), else None."""
-    n = a.numel()
-    if (a.dim() != 1 or b.shape != a.shape or not (a.is_contiguous() and b.is_contiguous())
-            or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()):
-        return None
-    lo, hi = (a, b) if a.storage_offset() < b.storage_offset() else (b, a)
-    if hi.storage_offset() - lo.storage_offset() != n:
-        return None
-    return lo.as_strided((2, n), (n, 1))
-
-
-def distance_of(values: torch.Tensor, mean: torch.Tensor) -> float:
-    """‖values − mean‖₂ (inf when a square overflows, nan when either holds one), consuming
-    `values` (left holding values − mean). Two buffers that are the rows of one (2, n) block (a
-    strategy that keeps its spare beside its home) take one fused pass instead (`pdist`: both
-    read once, nothing written) when short enough to stay accurate."""
-    pair = _pair_rows(values, mean) if values.numel() <= PAIRED_DISTANCE_MAX else None
-    if pair is not None and pair.dtype in (torch.float32, torch.float64) and pair.device.type == "cpu":
-        return float(torch.nn.functional.pdist(pair))
-    return l2_norm(values.sub_(mean.view_as(values)))
 
 
 class MeanHandle:
@@ -144,10 +133,8 @@ class MeanHandle:
         self.waited_s = 0.0                   # time blocked in wait()
         self.participants: int | None = None  # fault-tolerant: the workers in this exchange's quorum
         self.norm: float | None = None        # ‖mean‖₂ of the values, from the non-finite check (GUARDED
-                                              # purposes; none when a finite `distance` was the check)
-        self.distance: float | None = None    # ‖values − mean‖₂ of this worker's values (a mean into `out`)
-        self.values_sq: float | None = None   # ‖values‖₂², taken while the collective runs (a mean into `out`)
-        self.meanwhile: Callable[[], None] | None = None   # done in `wait()` before blocking
+                                              # purposes, without `mean_sq`)
+        self.mean_sq: float | None = None     # ‖mean‖₂² of the values in float64 (asked for with `mean_sq`)
         self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
         self._result: torch.Tensor | None = None
 
@@ -160,9 +147,6 @@ class MeanHandle:
 
     def wait(self) -> torch.Tensor:
         if self._finish is not None:
-            if self.meanwhile is not None:
-                self.meanwhile()
-                self.meanwhile = None
             t0 = time.perf_counter()
             if self._work is not None:
                 self._work.wait()
@@ -197,15 +181,13 @@ class Exchange:
             self.group, self.world_size = self.replicas.across, self.replicas.workers
 
     def mean(self, buf: torch.Tensor, purpose: str, codec: str | Codec = "fp32", async_op: bool = False,
-             inplace: bool = False, *, out: torch.Tensor | None = None, replay: bool = False,
-             extra: int = 0) -> MeanHandle:
+             inplace: bool = False, *, replay: bool = False, extra: int = 0, mean_sq: bool = False) -> MeanHandle:
         """Start averaging `buf` over the group; all ranks call it with the same purpose, codec
         and `buf.numel()`.
 
         Without `inplace`, `buf` is left as it is and may be reused at once; with it, the mean is
-        written into `buf`. With `out` (shaped like `buf`) the mean is written there and the
-        handle's `distance` is ‖values − mean‖₂, which consumes `buf` (`distance_of`). With
-        `async_op` the collective runs in the background until `wait()`.
+        written into `buf`. With `async_op` the collective runs in the background until `wait()`.
+        `mean_sq`: the handle's `mean_sq` is ‖mean‖₂² of the values, in float64 (`exact_sq_norm`).
         `replay`: the ledger already holds this exchange (one relaunched after a resume), so its
         bytes and a dropped contribution are not counted again. `extra`: how many trailing elements
         of the 1-D `buf` are side-band scalars (see the module docstring)."""
@@ -213,9 +195,7 @@ class Exchange:
         codec, extra_whole = get_codec(codec), extra
         if extra and (buf.dim() != 1 or not 0 < extra <= buf.numel()):
             raise ValueError(f"extra={extra} needs a 1-D buffer of at least that many elements")
-        if out is not None and (out.shape != buf.shape or out.dtype != buf.dtype or inplace):
-            raise ValueError("out must be shaped like buf, of its dtype, and not with inplace")
-        dest_whole = dest = out if out is not None else (buf if inplace else None)
+        dest_whole = dest = buf if inplace else None
         values = buf[:buf.numel() - extra] if extra else buf
         guarded = self.nonfinite is not None and purpose in GUARDED
         valid = not guarded or all_finite(values)
@@ -224,7 +204,7 @@ class Exchange:
                                  f"(--on-nonfinite abort)")
         weighted = guarded and self.nonfinite == "skip"
         if self.ft is not None:
-            return self._ft_mean(buf, purpose, codec, dest, replay, extra, valid, started_at, out is not None)
+            return self._ft_mean(buf, purpose, codec, dest, replay, extra, valid, started_at, mean_sq)
         whole = buf
         sharded = self.replicas.sharded and values.numel() >= self.replicas.ranks_per_worker
         if sharded:
@@ -246,13 +226,11 @@ class Exchange:
 
         def checked() -> torch.Tensor:
             result = self._reassemble(finish(), whole, extra_whole, purpose, dest_whole) if sharded else finish()
-            self._measure(handle, result, whole, extra_whole, purpose, out is not None,
+            self._measure(handle, result, whole, extra_whole, purpose, mean_sq,
                           " (a worker sent NaN/Inf; --on-nonfinite abort or skip stops it before the exchange)")
             return result
         handle = MeanHandle(self.ledger, purpose, work, checked, wire_bytes - extra_bytes,
                             values.numel() * whole.element_size(), started_at)
-        if out is not None:
-            handle.meanwhile = lambda: setattr(handle, "values_sq", sq_norm(values))
         if not async_op:
             handle.wait()
         return handle
@@ -292,29 +270,25 @@ class Exchange:
 
     @staticmethod
     def _measure(handle: MeanHandle, result: torch.Tensor, whole: torch.Tensor, extra: int, purpose: str,
-                 distance: bool, why: str = "") -> None:
-        """This worker's distance from the mean, and the mean's non-finite check and norm (model
-        state). A finite distance is the check: values − mean can only be finite where the mean is.
-        The distance is taken over the whole buffers, the side band first overwritten with its
-        mean (it adds nothing, and whole rows keep a strategy's paired buffers one block)."""
+                 mean_sq: bool, why: str = "") -> None:
+        """The mean's non-finite check (model state) and norm: its float64 square with `mean_sq`
+        (finite only where every value is, unless a square overflows), else its float32 norm."""
         mean = result.reshape(-1)[:whole.numel() - extra] if extra else result
-        if distance:
-            if extra:
-                whole[-extra:] = result.reshape(-1)[-extra:]
-            handle.distance = distance_of(whole, result.view_as(whole))
-            if math.isfinite(handle.distance):
+        if mean_sq:
+            handle.mean_sq = exact_sq_norm(mean)
+            if math.isfinite(handle.mean_sq) or purpose not in GUARDED or bool(torch.isfinite(mean).all()):
                 return
+            raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite{why}")
         if purpose in GUARDED:
             handle.norm = finite_norm(mean)
             if handle.norm is None:
                 raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite{why}")
 
     def _ft_mean(self, buf: torch.Tensor, purpose: str, codec: Codec, dest: torch.Tensor | None, replay: bool,
-                 extra: int, valid: bool, started_at: float, distance: bool) -> MeanHandle:
+                 extra: int, valid: bool, started_at: float, mean_sq: bool) -> MeanHandle:
         """The mean over torchft's quorum (blocking; the handle is already complete)."""
         if codec.name != "fp32":
             raise ConfigError(f"--fault-tolerant exchanges fp32 only, not codec {codec.name}")
-        values_sq = sq_norm(buf.reshape(-1)[:buf.numel() - extra]) if distance else None
         mean, _ = self.ft.mean(buf, valid)
         if dest is not None:
             mean = dest.copy_(mean)
@@ -330,8 +304,7 @@ class Exchange:
         handle = MeanHandle.complete(self.ledger, purpose, mean)
         handle.wire_bytes = handle.payload_bytes = (buf.numel() - extra) * item
         handle.started_at, handle.waited_s, handle.participants = started_at, waited, self.ft.participants
-        handle.values_sq = values_sq
-        self._measure(handle, mean, buf, extra, purpose, distance)
+        self._measure(handle, mean, buf, extra, purpose, mean_sq)
         return handle
 
     # ---- replica groups: a shard across workers, the whole inside the worker ---------------------

@@ -105,9 +105,8 @@ def extra_memory_bytes(s: Setting, peak_in_flight: int) -> int:
     """Bytes a strategy holds beyond the model, its gradients and the inner optimizer, per rank:
 
     - DDP's gradient buckets (ddp, cpdp, post_local_sgd): one fp32 copy of the gradients;
-    - periodic averaging: with drift telemetry, the second buffer the mean lands in while the first,
-      holding θ_m, is consumed for the distance (local_sgd keeps both between boundaries, diloco and
-      slowmo allocate it at each); without, the all-reduce runs in the model's own buffer;
+    - periodic averaging: nothing (the all-reduce runs in the model's own buffer, drift telemetry
+      included: one more element);
     - an anchor θ̃ (slowmo, cpdp, diloco, streaming, cocodc) and its momentum buffer when momentum > 0;
     - averaged optimizer state: a flat copy of AdamW's two moments;
     - fragment syncs: per fragment in flight its pseudo-gradient and the collective's buffer (the
@@ -122,8 +121,6 @@ def extra_memory_bytes(s: Setting, peak_in_flight: int) -> int:
         theta = 2 if o.get("compensation", "alpha") != "alpha" else 1     # delta (+ θ(t_p)) per fragment
         return full + momentum + grads + theta * peak_in_flight
     extra = grads
-    if "sync_every" in o and o.get("drift_telemetry", True):
-        extra += full
     if "outer_lr" in o or "slowmo_beta" in o:
         beta = o.get("outer_momentum", o.get("slowmo_beta", 0.0))
         extra += full + (full if beta > 0 else 0)

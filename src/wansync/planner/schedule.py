@@ -30,8 +30,7 @@ from ..strategies.transmission import syncs_per_period
 from .sizes import ModelSize
 
 AGREE_BYTES = (16, 8)        # CoCoDC's agreement on N: a float64 pair all-reduced, an int64 broadcast
-DRIFT_BYTES = 12             # the drift telemetry: three float32 elements riding on the parameter exchange
-FINAL_DRIFT_BYTES = 24       # finish(): the last boundary's side band, three float64 scalars
+DRIFT_BYTES = 4              # the drift telemetry: one float32 element riding on the parameter exchange
 REBUILD_BYTES = (108, 8)     # DDP's broadcast of rank 0's rebuilt bucket order after its first backward (tiny LM)
 
 
@@ -133,7 +132,7 @@ def _grad_actions(inst: Any, size: ModelSize, t: int, ranks_per_worker: int, fir
 
 def _boundary_actions(inst: Periodic, size: ModelSize, t: int, optim_state_numel: int) -> list[Action]:
     """`Periodic.average_params`: the blocking params mean (with drift telemetry, one more element that
-    carries the previous boundary's drift, booked as `telemetry`), the optimizer state's mean when asked."""
+    carries this worker's ‖θ_m‖², booked as `telemetry`), the optimizer state's mean when asked."""
     drift_on = bool(getattr(inst.opts, "drift_telemetry", True))
     params = Transfer(t, "params", "allreduce", 4 * size.sync_numel + (DRIFT_BYTES if drift_on else 0),
                       4 * size.sync_numel)
@@ -158,8 +157,6 @@ def _periodic_trace(inst: Any, size: ModelSize, steps: int, ranks_per_worker: in
     if finish and isinstance(inst, Periodic) and not (isinstance(inst, PostLocalSGD) and inst.in_ddp_phase(steps)):
         if not inst.is_boundary(steps):
             out.finish = _boundary_actions(inst, size, steps, optim_numel)
-        if bool(getattr(inst.opts, "drift_telemetry", True)):     # the last boundary's drift
-            out.finish += blocking(Transfer(steps, "telemetry", "allreduce", FINAL_DRIFT_BYTES, FINAL_DRIFT_BYTES))
     return out
 
 

@@ -13,7 +13,6 @@ from .periodic import Periodic
 
 class LocalSGD(Periodic):
     name = "local_sgd"                   # options: Periodic's (H = 8)
-    keeps_spare = True
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)

@@ -1,17 +1,21 @@
 """What every periodic strategy shares: the boundary schedule, parameter averaging with drift
 telemetry, and optional inner-optimizer-state averaging.
 
-Drift at a boundary is `mean_m ||θ_m − θ̄|| / ||θ̄||` (θ_m before averaging); it rises before the
-K ≥ 16 collapse. Its means over workers ride as three extra elements on the *next* boundary's
-parameter exchange (`DRIFT_SIDE_BAND`), so a sync event reports the previous boundary's drift
-(`drift_prev`) and telemetry adds no collective; the last boundary's drift comes from one small
-exchange in `finish()` (a "drift" record). `drift_telemetry=False` removes the elements and that
-exchange.
+Drift at a boundary is the workers' RMS distance from their mean, relative to it,
+`sqrt(mean_m ‖θ_m − θ̄‖²) / ‖θ̄‖` (θ_m before averaging; the consensus distance of Kong et al. 2021,
+arXiv:2102.04828); it rises before the K ≥ 16 collapse. It costs no collective and no second
+buffer: by the parallel-axis identity, mean_m ‖θ_m − θ̄‖² = mean_m ‖θ_m‖² − ‖θ̄‖² for θ̄ the mean,
+so each worker measures ‖θ_m‖² before its exchange, sends it as one extra element of the parameter
+buffer (`DRIFT_SIDE_BAND`), and the exchange, averaging in place, returns its mean beside θ̄, whose
+‖θ̄‖² the mean's non-finite check measures anyway. The sync event reports that boundary's `drift`.
+`drift_telemetry=False` removes the element and the float64 accumulation.
 
-‖θ̄‖ is not measured on θ̄ (one more pass over the parameters after the exchange): each worker
-measures ‖θ_m‖² while its exchange is on the wire, and since θ̄ is the workers' mean,
-‖θ̄‖² = mean_m ‖θ_m‖² − mean_m ‖θ_m − θ̄‖² exactly (the parallel-axis identity, without
-cancellation: the distances are small next to the norms).
+Both norms are accumulated in float64 (`exact_sq_norm`): their difference is drift² of their size,
+~1e-5 at a drift of 3e-3, where a float32 dot of a million values is off by ~1e-6. The element
+carries ‖θ_m‖² less the previous boundary's ‖θ̄‖² (the same on every worker), per value: the
+float32 sum across workers then rounds a small number, not the whole norm. What the identity does
+not see is θ̄'s own float32 rounding, a relative error in the drift of about
+2⁻²⁴ / (√P · drift²): 3e-6 at P = 1.8M and drift 3e-3, 0.5 % at drift 1e-4.
 """
 from __future__ import annotations
 
@@ -21,15 +25,15 @@ from typing import Any
 
 import torch
 
-from ..comm.exchange import PAIRED_DISTANCE_MAX
+from ..comm.exchange import exact_sq_norm
 from ..comm.flat import FlatTensors
 from .base import Strategy, sync_tensors
 from .options import Options, option, sync_every
 
 
-# the side band a boundary's exchange carries for the previous one: ‖θ_m − θ̄‖, and ‖θ_m‖² and
-# ‖θ_m − θ̄‖² per element (in range for the buffer's dtype, even float16)
-DRIFT_SIDE_BAND = 3
+# the side band a boundary's exchange carries: (‖θ_m‖² − ‖θ̄_prev‖²) / P, per value so that it stays
+# in range for the buffer's dtype, even float16
+DRIFT_SIDE_BAND = 1
 
 
 @dataclass
@@ -37,30 +41,21 @@ class PeriodicOptions(Options):
     """The knobs of every periodic strategy; with these defaults, LocalSGD's."""
     sync_every: int = sync_every(8)
     sync_optimizer_state: bool = option(False, "average the inner optimizer's state at every boundary")
-    drift_telemetry: bool = option(True, "report worker drift at every boundary (rides on the next parameter exchange)")
+    drift_telemetry: bool = option(True, "report worker drift at every boundary (one more element of the parameter exchange)")
 
 
 class Periodic(Strategy):
     """Local inner steps; `boundary()` every `opts.sync_every` steps."""
     Options = PeriodicOptions
 
-    # with drift telemetry a boundary's mean lands in a second buffer, which becomes the model's
-    # home while the first, still holding θ_m, is consumed measuring ‖θ_m − θ̄‖: whether that spare
-    # is kept between boundaries (P bytes held, no fresh memory per boundary; allocated beside the
-    # home, so the distance is one fused pass) or allocated at each (strategies whose peak already
-    # holds a transient P)
-    keeps_spare = False
-
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.flat = FlatTensors(sync_tensors(self.module))
-        # drift telemetry: this worker's ‖θ_m − θ̄‖ and ‖θ_m‖² at the last boundary (None: none yet)
-        self._drift_dist, self._drift_sq, self._drift_step = 0.0, None, 0
+        # drift telemetry: ‖θ̄‖² at the last boundary (or of the broadcast initial state), the same on
+        # every worker: the reference the side band subtracts (None: none yet, the reference is 0)
+        self._ref_sq: float | None = None
         self._home: torch.Tensor | None = None
         self._home_ptrs: list[int] = []       # where the model's tensors lie when they live in _home
-        self._home_views: list[torch.Tensor] = []
-        self._spare: torch.Tensor | None = None
-        self._spare_views: list[torch.Tensor] = []
 
     def is_boundary(self, t: int) -> bool:
         return t % self.opts.sync_every == 0
@@ -78,19 +73,19 @@ class Periodic(Strategy):
     def finish(self) -> None:
         if not self.is_boundary(self.t):
             self.boundary()
-        self.finish_drift()
 
-    # ---- resumable state: the drift in flight rides along (telemetry only) -------------------
+    def broadcast_initial_state(self) -> None:
+        super().broadcast_initial_state()
+        if self.drift_on:                   # the first boundary's reference: every worker holds rank 0's
+            self._ref_sq = exact_sq_norm(self.flat.gather())
+
+    # ---- resumable state: the drift's reference rides along (telemetry only) ------------------
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "drift_side": [self._drift_dist, self._drift_sq, self._drift_step]}
+        return {**super().state_dict(), "drift_ref": self._ref_sq}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        if "drift_side" in state:
-            self._drift_dist, self._drift_sq, self._drift_step = state["drift_side"]
-        else:                       # a checkpoint from before the side band: [‖θ_m − θ̄‖, ‖θ̄‖, step]
-            self._drift_dist, avg_norm, self._drift_step = state.get("drift", (0.0, None, 0))
-            self._drift_sq = None if avg_norm is None else avg_norm ** 2 + self._drift_dist ** 2
+        self._ref_sq = state.get("drift_ref")     # a checkpoint from before: the next reference is 0
 
     # ---- shared pieces ---------------------------------------------------------------------
     def home(self) -> torch.Tensor | None:
@@ -102,35 +97,20 @@ class Periodic(Strategy):
             return self._home
         if not all(t.is_contiguous() for t in self.flat.tensors):
             return None
-        if self.keeps_spare and self.drift_on and self._spare is None and self.wire_numel <= PAIRED_DISTANCE_MAX:
-            # home and spare as the two rows of one block: the distance between them is one fused
-            # pass (`exchange.distance_of`, for buffers short enough for it; longer ones are two
-            # allocations, so that torch.save of the model's state does not write the spare too)
-            home, self._spare = torch.empty(2, self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
-            self._spare_views = self.flat.views(self._spare[:self.flat.numel])
-        else:
-            home = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
+        home = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
         torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=home[:self.flat.numel])
-        self._move_home(home)
+        self.flat.adopt(home[:self.flat.numel], self.flat.views(home[:self.flat.numel]))
+        self._home, self._home_ptrs = home, [t.data_ptr() for t in self.flat.tensors]
         return home
-
-    def _move_home(self, home: torch.Tensor, views: list[torch.Tensor] | None = None) -> None:
-        views = views or self.flat.views(home[:self.flat.numel])
-        self.flat.adopt(home[:self.flat.numel], views)
-        self._home, self._home_views, self._home_ptrs = home, views, [t.data_ptr() for t in self.flat.tensors]
 
     def average_params(self) -> tuple[torch.Tensor, dict[str, Any]]:
         """θ̄ = mean(θ_m) as a flat buffer, and the sync event's fields. The buffer is the model's
         home (`home`): the model holds θ̄ when this returns, and a strategy that gives it other
         values next writes them there (`FlatTensors.scatter` is one copy).
 
-        With drift telemetry the buffer carries the previous boundary's side band (`drift_side`),
-        so the exchange reports `drift_prev` for that boundary at no extra collective (the values'
-        sum is elementwise: the extra elements change none of its bits). The distance ‖θ_m − θ̄‖
-        needs θ_m after the exchange, so the mean lands in a second buffer (`Exchange.mean(out=)`:
-        the division before the collective writes it there, no copy of θ_m), which becomes the
-        model's home, and the first is consumed measuring the distance; ‖θ_m‖² is measured while
-        the exchange is on the wire."""
+        With drift telemetry the buffer carries this worker's ‖θ_m‖² (less the reference) as one
+        more element, averaged with the values (the sum is elementwise: it changes none of their
+        bits), and the event reports the boundary's `drift` (see the module docstring)."""
         extra, n = self.wire_numel - self.flat.numel, self.flat.numel
         home = self.home()
         if home is not None:
@@ -138,29 +118,20 @@ class Periodic(Strategy):
         else:                                         # tensors that stay where they are: gather them
             wire = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
             torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=wire[:n])
+        ref = self._ref_sq or 0.0
         if extra:
-            wire[n:] = torch.tensor(self.drift_side(), dtype=wire.dtype)
-            out = self._spare if self._spare is not None else torch.empty_like(wire)
-            sent = self.exchange.mean(wire, "params", out=out, extra=extra)
-            if home is not None:
-                old_views = self._home_views
-                self._move_home(out, self._spare_views if out is self._spare else None)
-                if self.keeps_spare:
-                    self._spare, self._spare_views = home, old_views
-        else:
-            out = wire
-            sent = self.exchange.mean(wire, "params", inplace=True)
-        buf = out[:n]
+            wire[n] = (exact_sq_norm(wire[:n]) - ref) / max(n, 1)
+        sent = self.exchange.mean(wire, "params", inplace=True, extra=extra, mean_sq=bool(extra))
         info: dict[str, Any] = {"bytes": self.flat.nbytes}
         if extra:
-            if self._drift_sq is not None:
-                info["drift_prev"] = self.relative_drift(*out[n:].tolist())
-            self._drift_dist, self._drift_sq, self._drift_step = sent.distance, sent.values_sq, self.t
+            avg_sq = sent.mean_sq
+            info["drift"] = self.relative_drift(float(wire[n]) * max(n, 1) + ref, avg_sq)
+            self._ref_sq = avg_sq if math.isfinite(avg_sq) else None
         if home is None:
-            self.flat.scatter(buf)                    # the model holds θ̄, as with a home
+            self.flat.scatter(wire[:n])               # the model holds θ̄, as with a home
         if getattr(self.opts, "sync_optimizer_state", False):
             self.average_optimizer_state()
-        return buf, info
+        return wire[:n], info
 
     @property
     def drift_on(self) -> bool:
@@ -171,26 +142,13 @@ class Periodic(Strategy):
         """The parameter exchange's length: the values, plus the drift side band with telemetry."""
         return self.flat.numel + (DRIFT_SIDE_BAND if self.drift_on else 0)
 
-    def drift_side(self) -> list[float]:
-        """This worker's side band for the last boundary: ‖θ_m − θ̄‖, ‖θ_m‖²/P, ‖θ_m − θ̄‖²/P
-        (zeros before the first)."""
-        d, n = self._drift_dist, max(self.flat.numel, 1)
-        return [d, (self._drift_sq or 0.0) / n, d * d / n]
-
-    def relative_drift(self, mean_dist: float, mean_sq: float, mean_dist_sq: float) -> float:
-        """mean_m ‖θ_m − θ̄‖ / ‖θ̄‖ from the side band's means: ‖θ̄‖² = mean_m ‖θ_m‖² − mean_m
-        ‖θ_m − θ̄‖² (inf when θ̄ = 0)."""
-        avg_sq = (mean_sq - mean_dist_sq) * max(self.flat.numel, 1)
-        return mean_dist / math.sqrt(avg_sq) if avg_sq > 0 else math.inf
-
-    def finish_drift(self) -> None:
-        """Report the last boundary's drift, which no later exchange carries: one mean of the side
-        band (purpose `telemetry`) and a "drift" record."""
-        if not self.drift_on or self._drift_sq is None:
-            return
-        side = self.exchange.mean(torch.tensor(self.drift_side(), dtype=torch.float64), "telemetry").wait()
-        self.emit("drift", boundary=self._drift_step, drift=self.relative_drift(*side.tolist()))
-        self._drift_sq = None
+    @staticmethod
+    def relative_drift(mean_sq: float, avg_sq: float) -> float:
+        """sqrt(mean_m ‖θ_m − θ̄‖²) / ‖θ̄‖ from mean_m ‖θ_m‖² and ‖θ̄‖² (0 when rounding makes their
+        difference negative, inf when θ̄ = 0, nan when either is not finite)."""
+        if not (math.isfinite(mean_sq) and math.isfinite(avg_sq)):
+            return math.nan
+        return math.sqrt(max(mean_sq - avg_sq, 0.0) / avg_sq) if avg_sq > 0 else math.inf
 
     def average_optimizer_state(self) -> None:
         """Average every floating-point tensor of the inner optimizer's state (momentum, Adam
