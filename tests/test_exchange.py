@@ -348,6 +348,13 @@ def test_exact_sq_norm_is_within_1e_9_of_float64_where_a_float32_dot_is_not(n: i
         assert max(dot_errors) > 1e-8                   # what the drift's identity cannot afford
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_exact_sq_norm_of_other_float_types_is_their_float64_norm(dtype: torch.dtype) -> None:
+    from wansync.comm.exchange import exact_sq_norm
+    x = _transformer_like(70_000, 0).to(dtype)
+    assert exact_sq_norm(x) == pytest.approx(float(x.double().square().sum()), rel=1e-12)
+
+
 def test_exact_sq_norm_of_non_finite_values() -> None:
     from wansync.comm.exchange import exact_sq_norm
     for n in (10, 100_000):

@@ -99,7 +99,8 @@ def exact_sq_norm(x: torch.Tensor) -> float:
     fit it); nan or inf when x holds one."""
     flat = x.detach().reshape(-1)
     rows = flat.numel() // EXACT_ROW
-    if flat.dtype == torch.float64 or flat.device.type != "cpu" or rows <= EXACT_TOP:
+    if flat.dtype != torch.float32 or flat.device.type != "cpu" or rows <= EXACT_TOP:
+        # converted whole: a half type's row norms would round to its 8 or 11 bits; short or on an accelerator, it is cheap
         return float(torch.linalg.vector_norm(flat, dtype=torch.float64)) ** 2
     head, tail = flat[:rows * EXACT_ROW].view(rows, EXACT_ROW), flat[rows * EXACT_ROW:].double()
     sums = torch.linalg.vector_norm(head, dim=1).double().square_()
