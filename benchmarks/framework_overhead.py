@@ -13,7 +13,10 @@ costs per collective.
 2. 4 ranks: one all-reduce of the tiny LM's gradients (7.3 MB) and of 1 KB over plain gloo and
    over the emulator with a zero-cost link (rtt 0, 1 Pbit/s), interleaved; the difference
    is the emulator's own overhead per collective, also as a share of a DDP training step (tiny LM,
-   batch 8 x 64, one gradient all-reduce per step) on plain gloo.
+   batch 8 x 64, one gradient all-reduce per step) on plain gloo. With 4 ranks on few cores the
+   difference drowns in scheduling noise, so the same 1 KB all-reduce is also timed on a one-rank
+   group, where nothing is on the wire and no peer is waited for: what is left is the emulator's
+   own work (dispatch, link reservation, record, Future, completer thread) per collective.
 
     .venv/bin/python benchmarks/framework_overhead.py [--models tiny,small,cnn] [--rounds 8] [--block 3]
 """
@@ -170,7 +173,31 @@ def emulator_rank(rank: int, world: int, reps: int) -> dict[str, float]:
             t0 = time.perf_counter()
             calls[k]()
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    out = {k: statistics.median(v) for k, v in times.items()}
+    for key in ("grads", "1KB"):                          # paired: both calls of a round, then the median
+        out[f"diff_{key}"] = statistics.median(e - p for p, e in zip(times[f"plain_{key}"], times[f"emulated_{key}"]))
+    return out
+
+
+def emulator_solo(rank: int, world: int, blocks: int, calls: int) -> dict[str, float]:
+    """The emulator's own cost per collective, with nothing on the wire and no peer to wait for: a
+    1 KB all-reduce on a one-rank group, plain gloo vs emulated with a zero-cost link, `calls` calls
+    per block, blocks interleaved; median µs per call over the blocks."""
+    from wansync import net
+    net.install()
+    zero = net.Topology(sites=1, intra_link=net.Link(0.0, 1e15), inter_link=net.Link(0.0, 1e15), name="zero-cost")
+    groups = {"plain": dist.new_group(backend="gloo"),
+              "emulated": dist.new_group(backend=net.BACKEND_NAME, pg_options=net.Emulator(zero))}
+    small = torch.zeros(256)
+    per_call: dict[str, list[float]] = {k: [] for k in groups}
+    for i in range(blocks + 1):                           # block 0 warms up and is dropped
+        for k in (list(groups) if i % 2 else list(groups)[::-1]):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                dist.all_reduce(small, group=groups[k])
+            if i:
+                per_call[k].append((time.perf_counter() - t0) / calls)
+    return {k: statistics.median(v) for k, v in per_call.items()}
 
 
 def main() -> None:
@@ -185,6 +212,7 @@ def main() -> None:
     loops = run_ranks(overhead_rank, 1, models, args.rounds, args.block, timeout=3600)[0]
     load1 = os.getloadavg()[0]
     emu = run_ranks(emulator_rank, 4, args.emulator_reps, timeout=1800)[0]
+    solo = run_ranks(emulator_solo, 1, 21, 200, timeout=600)[0]
     load2 = os.getloadavg()[0]
     print(f"# framework_overhead  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
           f"torch {torch.__version__}; load average {load0:.1f} / {load1:.1f} / {load2:.1f} (start / after loops / end)")
@@ -194,13 +222,20 @@ def main() -> None:
     for model, r in loops.items():
         print(f"| {model} | {1e3 * r['bare']:.1f} | {1e3 * r['strategy']:.1f} | {r['bare'] / r['strategy']:.3f} | "
               f"{1e3 * r['trainer']:.1f} | {r['bare'] / r['trainer']:.3f} |")
-    print(f"\n4 ranks (gloo, 127.0.0.1), median of {args.emulator_reps} interleaved calls:")
-    print("| collective | plain gloo µs | emulated, zero-cost link µs | emulator overhead µs | share of a DDP step |")
-    print("|---|---|---|---|---|")
     step = emu["ddp_step"]
+    print("\nThe emulator's own cost, nothing on the wire: a 1 KB all-reduce on a one-rank group, "
+          "median µs per call over 21 interleaved blocks of 200 calls:")
+    print("| plain gloo µs | emulated, zero-cost link µs | emulator overhead µs | share of a 4-rank DDP step |")
+    print("|---|---|---|---|")
+    d = solo["emulated"] - solo["plain"]
+    print(f"| {1e6 * solo['plain']:.1f} | {1e6 * solo['emulated']:.1f} | {1e6 * d:.1f} | {d / step:+.4%} |")
+    print(f"\n4 ranks (gloo, 127.0.0.1), {args.emulator_reps} interleaved rounds, a barrier before each call; "
+          "medians, and the median of the rounds' paired differences:")
+    print("| collective | plain gloo µs | emulated, zero-cost link µs | emulator overhead µs (paired) | share of a DDP step |")
+    print("|---|---|---|---|---|")
     for label, key in (("all-reduce 7.3 MB (tiny LM grads)", "grads"), ("all-reduce 1 KB", "1KB")):
-        p, e = emu[f"plain_{key}"], emu[f"emulated_{key}"]
-        print(f"| {label} | {1e6 * p:.0f} | {1e6 * e:.0f} | {1e6 * (e - p):.0f} | {(e - p) / step:+.2%} |")
+        p, e, d = emu[f"plain_{key}"], emu[f"emulated_{key}"], emu[f"diff_{key}"]
+        print(f"| {label} | {1e6 * p:.0f} | {1e6 * e:.0f} | {1e6 * d:.0f} | {d / step:+.2%} |")
     print(f"DDP training step on plain gloo (tiny LM, batch {LM_BATCH} x {LM_SEQ}, 4 ranks): {1e3 * step:.1f} ms")
     print(f"reproduce: .venv/bin/python benchmarks/framework_overhead.py --models {args.models} --rounds {args.rounds} "
           f"--block {args.block} --emulator-reps {args.emulator_reps}")
