@@ -89,10 +89,21 @@ def validate(cfg: Config) -> dict[str, Any]:
         import torch
         if not torch.cuda.is_available():
             raise ConfigError("--backend nccl needs CUDA GPUs, and torch sees none here (use --backend gloo)")
+    if "fragments" in options:
+        check_fragments(cfg.model, options["fragments"], options.get("partition", "strided"))
     check_data_path(cfg)
     if cfg.data.startswith("hf:") and importlib.util.find_spec("datasets") is None:
         raise ConfigError(f"{cfg.data!r} needs the datasets package: install wansync[hf]")
     return options
+
+
+def check_fragments(model: str, fragments: int, mode: str) -> None:
+    """A fragment count the model cannot be cut into fails here, in one line, before any worker
+    starts: the partition is the strategy's own (`fragments.partition`), of the model built on the
+    meta device (no memory; its stages do not depend on the data, the vocabulary or `--width`)."""
+    from .planner.sizes import of_name
+    from .strategies.fragments import partition
+    partition(of_name(model).model, fragments, mode)
 
 
 def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:
