@@ -101,9 +101,9 @@ def check_fragments(model: str, fragments: int, mode: str) -> None:
     """A fragment count the model cannot be cut into fails here, in one line, before any worker
     starts: the partition is the strategy's own (`fragments.partition`), of the model built on the
     meta device (no memory; its stages do not depend on the data, the vocabulary or `--width`)."""
-    from .planner.sizes import of_name
     from .strategies.fragments import partition
-    partition(of_name(model).model, fragments, mode)
+    from .workloads import meta_model
+    partition(meta_model(model), fragments, mode)
 
 
 def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:

@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
-import torch
 from torch import nn
 
 from ..errors import ConfigError
@@ -99,19 +98,12 @@ def of_params(params: float) -> ModelSize:
 
 
 def of_name(name: str, vocab_size: int = 256) -> ModelSize:
-    """A named model built on the meta device (LM: with `vocab_size`; vision: Fashion-MNIST's shape)."""
-    from ..workloads import VISION_MODELS, lm_model_names
-    with torch.device("meta"):
-        if name in lm_model_names():
-            from ..workloads.lm.model import TransformerLM, lm_shape
-            model: nn.Module = TransformerLM(lm_shape(name), vocab_size)
-        elif name in VISION_MODELS:
-            from ..workloads.vision.models import build_model
-            model = build_model(name, in_channels=1, num_classes=10, image_size=28)
-        else:
-            raise ConfigError(f"unknown model {name!r} (LM: {', '.join(lm_model_names())}; "
-                              f"vision: {', '.join(VISION_MODELS)}); or give --params N")
-    return of_module(name, model)
+    """A named model built on the meta device (`workloads.meta_model`)."""
+    from ..workloads import VISION_MODELS, lm_model_names, meta_model
+    if name not in lm_model_names() and name not in VISION_MODELS:
+        raise ConfigError(f"unknown model {name!r} (LM: {', '.join(lm_model_names())}; "
+                          f"vision: {', '.join(VISION_MODELS)}); or give --params N")
+    return of_module(name, meta_model(name, vocab_size))
 
 
 def human_bytes(n: float) -> str:

@@ -59,6 +59,21 @@ def lm_model_names() -> tuple[str, ...]:
     return tuple(LM_MODELS)
 
 
+def meta_model(name: str, vocab_size: int = 256) -> Any:
+    """The named model on the meta device: its exact tensors and stages, no memory (LM: with
+    `vocab_size`; vision: Fashion-MNIST's shape, which changes no stage)."""
+    import torch
+    with torch.device("meta"):
+        if name in lm_model_names():
+            from .lm.model import TransformerLM, lm_shape
+            return TransformerLM(lm_shape(name), vocab_size)
+        if name in VISION_MODELS:
+            from .vision.models import build_model
+            return build_model(name, in_channels=1, num_classes=10, image_size=28)
+    raise ConfigError(f"unknown model {name!r} (LM: {', '.join(lm_model_names())}; "
+                      f"vision: {', '.join(VISION_MODELS)})")
+
+
 def build_workload(cfg: Any, rank: int, world_size: int, local_rank: int = 0, ranks_per_worker: int = 1) -> Workload:
     """The workload a Config asks for, sharded for worker `rank` of `world_size`; in a worker of
     several ranks, this local rank's slice of the worker's batch (`base.RankSlice`)."""
