@@ -6,7 +6,8 @@ file descriptors 1 and 2 on files, the given environment and working directory. 
 what `python -m wansync` gives (SystemExit is the exit status, as in the interpreter; the launcher
 forks its workers as it would in its own process), but a call costs no interpreter start-up and no
 torch import, seconds each. The test process's own threads (pytest-xdist's receiver) do not reach
-the CLI. `fresh=True` runs `python -m wansync` in a subprocess instead.
+the CLI. `fresh=True` runs `python -m wansync` in a subprocess instead. `start()` returns while the
+CLI runs (several runs side by side, or one to look at or signal while it trains).
 """
 from __future__ import annotations
 
@@ -27,22 +28,61 @@ def wansync(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
             cwd: str | Path | None = None, fresh: bool = False,
             setup: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
     """`setup`: a module-level function the CLI's process calls first (to record what it does)."""
-    full_env = dict(os.environ, **(env or {}))
     if fresh:
         return subprocess.run([sys.executable, "-m", "wansync", *args], capture_output=True, text=True,
-                              timeout=timeout, env=full_env, cwd=cwd)
-    from wansync.localgroup import rank_context
-    with tempfile.TemporaryDirectory() as d:
-        out, err = Path(d, "stdout"), Path(d, "stderr")
-        proc = rank_context().Process(target=_cli, args=(list(args), full_env, str(cwd or os.getcwd()),
-                                                         str(out), str(err), setup))
-        proc.start()
-        proc.join(timeout)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
-            raise subprocess.TimeoutExpired(["wansync", *args], timeout, _text(out), _text(err))
-        return subprocess.CompletedProcess(["wansync", *args], proc.exitcode, _text(out), _text(err))
+                              timeout=timeout, env=dict(os.environ, **(env or {})), cwd=cwd)
+    return start(*args, env=env, cwd=cwd, setup=setup).result(timeout)
+
+
+class Running:
+    """A CLI started by `start`, running beside the caller; `result()` waits for it (killing it past
+    `timeout`) and returns what `wansync()` returns."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: str, setup: Callable[[], None] | None):
+        from wansync.localgroup import rank_context
+        self.args, self._dir = args, tempfile.TemporaryDirectory()
+        self._out, self._err = Path(self._dir.name, "stdout"), Path(self._dir.name, "stderr")
+        self.proc = rank_context().Process(target=_cli, args=(args, env, cwd, str(self._out), str(self._err), setup))
+        self.proc.start()
+
+    def result(self, timeout: float = 120) -> subprocess.CompletedProcess:
+        try:
+            self.proc.join(timeout)
+            if self.proc.exitcode is None:
+                self.kill()
+                raise subprocess.TimeoutExpired(["wansync", *self.args], timeout, _text(self._out), _text(self._err))
+            return subprocess.CompletedProcess(["wansync", *self.args], self.proc.exitcode, _text(self._out),
+                                               _text(self._err))
+        finally:
+            self._dir.cleanup()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.exitcode is None
+
+    def stderr(self) -> str:
+        """What the CLI wrote to stderr so far."""
+        return _text(self._err)
+
+    def terminate(self) -> None:
+        """SIGTERM, as a user's `kill PID` (`result()` then waits for the run to wind down)."""
+        if self.proc.exitcode is None:
+            self.proc.terminate()
+
+    def kill(self) -> None:
+        if self.proc.exitcode is None:
+            self.proc.kill()
+            self.proc.join()
+
+
+def start(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+          setup: Callable[[], None] | None = None) -> Running:
+    """Start the CLI in a process forked from the ranks' forkserver (see the module docstring) and return
+    at once: several runs side by side without an interpreter start-up each."""
+    return Running(list(args), dict(os.environ, **(env or {})), str(cwd or os.getcwd()), setup)
 
 
 def _text(path: Path) -> str:

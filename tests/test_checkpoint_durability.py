@@ -3,8 +3,6 @@ one and checks it, and a full disk leaves one clear line and no temporary file b
 from __future__ import annotations
 
 import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -75,9 +73,8 @@ def _small_files_only():
 
 def test_a_full_disk_fails_in_one_line_and_leaves_no_temporary_file(tmp_path):
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "wansync", "train", "--strategy", "ddp", "--workers", "1",
-                        "--steps", "2", "--quiet", "--out", str(run), *TINY], capture_output=True, text=True,
-                       timeout=150, preexec_fn=_small_files_only)
+    r = wansync("train", "--strategy", "ddp", "--workers", "1", "--steps", "2", "--quiet", "--out", str(run), *TINY,
+                timeout=150, setup=_small_files_only)
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "rank 0: cannot write checkpoint" in r.stderr, r.stderr
     assert "File too large" in r.stderr, r.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_harness import TINY, no_process_left, wansync, worker_pids
+from cli_harness import TINY, no_process_left, start, wansync, worker_pids
 from wansync.comm.ft import INSTALL, require_torchft
 from wansync.config import build_config
 from wansync.errors import ConfigError, PeerError
@@ -303,15 +302,12 @@ def worker_pid(out, rank):
 
 def test_a_stopped_worker_is_left_out_and_when_continued_rejoins_or_exits_in_one_line(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "wansync", "train", "--strategy", "diloco", "--sync-every", str(EVERY),
-           "--fault-tolerant", "--peer-timeout", "60", "--out", str(out), *FOUR]   # left out by heartbeat (2 s)
-    output = tmp_path / "launcher.log"    # a file, not a pipe: an undrained pipe blocks the lighthouse's logging
-    with open(output, "w") as sink:
-        proc = subprocess.Popen(cmd, env=dict(os.environ, WANSYNC_FAULT=f"rank=2,step={FAILS_AT},action=stop"),
-                                stdout=sink, stderr=subprocess.STDOUT, text=True)
+    proc = start("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--fault-tolerant", "--peer-timeout",
+                 "60", "--out", str(out), *FOUR,                          # left out by heartbeat (2 s)
+                 env={"WANSYNC_FAULT": f"rank=2,step={FAILS_AT},action=stop"})
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline and proc.running():
             log = out / "logs" / "quorum_rank0.jsonl"
             lines = log.read_text().splitlines() if log.is_file() else []
             if any(q["participants"] == 3 and q["step"] > FAILS_AT for q in map(json.loads, filter(str.strip, lines))):
@@ -320,12 +316,10 @@ def test_a_stopped_worker_is_left_out_and_when_continued_rejoins_or_exits_in_one
         pid = worker_pid(out, 2)
         assert pid is not None and Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"   # stopped, left out
         os.kill(pid, signal.SIGCONT)
-        proc.wait(timeout=180)                                                             # never a hang
+        r = proc.result(timeout=180)                                                       # never a hang
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, output.read_text()[-2000:]
+        proc.kill()
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     healed = [q for q in quorums(out, 2) if q["healed"]]
     err = out / "logs" / "rank2.err"
     if healed:
@@ -338,27 +332,21 @@ def test_a_stopped_worker_is_left_out_and_when_continued_rejoins_or_exits_in_one
 
 def test_a_stopped_worker_continued_after_the_others_ended_exits_in_one_line_instead_of_training_alone(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "wansync", "train", "--strategy", "diloco", "--sync-every", str(EVERY),
-           "--fault-tolerant", "--peer-timeout", "60", "--out", str(out), *FOUR]
-    output = tmp_path / "launcher.log"
-    with open(output, "w") as sink:
-        proc = subprocess.Popen(cmd, env=dict(os.environ, WANSYNC_FAULT=f"rank=2,step={FAILS_AT},action=stop"),
-                                stdout=sink, stderr=subprocess.STDOUT, text=True)
+    proc = start("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--fault-tolerant", "--peer-timeout",
+                 "60", "--out", str(out), *FOUR, env={"WANSYNC_FAULT": f"rank=2,step={FAILS_AT},action=stop"})
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None and not (out / "summary.json").is_file():
+        while time.monotonic() < deadline and proc.running() and not (out / "summary.json").is_file():
             time.sleep(0.5)                                      # rank 0 wrote its summary: the others ended
         pid = worker_pid(out, 2)
         assert pid is not None and Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"
         os.kill(pid, signal.SIGCONT)
-        proc.wait(timeout=180)
+        r = proc.result(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, output.read_text()[-2000:]
+        proc.kill()
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     lines = (out / "logs" / "rank2.err").read_text().strip().splitlines()
-    assert len(lines) == 1 and "left out" in lines[0] and "Traceback" not in output.read_text()
+    assert len(lines) == 1 and "left out" in lines[0] and "Traceback" not in r.stdout + r.stderr
     # it never trained on alone (at the start-up join, quorums short of workers are only waited in)
     assert all(q["participants"] > 1 for q in quorums(out, 2) if q["step"] > 0)
     assert all_equal(final_models(out, [0, 1, 3]))

@@ -20,7 +20,7 @@ import pytest
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
-from cli_harness import TINY  # noqa: E402
+from cli_harness import TINY, start  # noqa: E402
 
 from wansync.telemetry.commtime import attribute_blocked, union_length  # noqa: E402
 from wansync.telemetry.profiler import CATEGORIES, Profiler, build_profile  # noqa: E402
@@ -154,22 +154,19 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     out = {}
     for wave in WAVES:
-        procs = {}
+        running = {}
         try:
             for name in wave:
-                cmd = [sys.executable, "-m", "wansync", "train", "--workers", "2", "--eval-every", "1000",
-                       "--quiet", "--out", str(root / name), *TINY, *RUNS[name]]
-                procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for name, p in procs.items():
-                _, err = p.communicate(timeout=200)
-                assert p.returncode == 0, f"{name}: {err}"
+                running[name] = start("train", "--workers", "2", "--eval-every", "1000", "--quiet",
+                                      "--out", str(root / name), *TINY, *RUNS[name])
+            for name, run in running.items():
+                r = run.result(timeout=200)
+                assert r.returncode == 0, f"{name}: {r.stderr}"
                 out[name] = {"profile": json.loads((root / name / "profile.json").read_text()),
                              "summary": json.loads((root / name / "summary.json").read_text())}
         finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            for run in running.values():
+                run.kill()
     return out
 
 

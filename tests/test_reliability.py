@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from cli_harness import TINY, no_process_left, wansync, worker_pids
+from cli_harness import TINY, no_process_left, start, wansync, worker_pids
 from trainer_harness import lay_out, run_legs
 from wansync import checkpoint
 from wansync.localgroup import run_ranks
@@ -218,13 +216,11 @@ def _listening_addresses(pids: list[int]) -> list[str]:
 
 def test_local_runs_listen_only_on_loopback(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "wansync", "train", "--strategy", "ddp", "--workers", "2",
-                             "--steps", "60", "--out", str(out), *TINY], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = start("train", "--strategy", "ddp", "--workers", "2", "--steps", "60", "--out", str(out), *TINY)
     try:
         addresses: list[str] = []
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline and proc.running():
             if (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size > 0:
                 pids = [proc.pid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of(int(p), proc.pid)]
                 addresses = _listening_addresses(pids)
@@ -235,7 +231,6 @@ def test_local_runs_listen_only_on_loopback(tmp_path):
         assert all(a in loopback for a in addresses), addresses
     finally:
         proc.kill()
-        proc.wait()
         for pid in worker_pids(out).values():
             os.kill(pid, 9)
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_harness import start
 
 
 pytestmark = pytest.mark.timeout(180)
@@ -82,13 +81,12 @@ def test_an_earlier_run_is_kept_unless_force_and_force_replaces_it_only_after_va
 
 def test_a_second_command_on_a_running_directory_is_refused_with_the_holders_pid(finished, tmp_path, capsys):
     out = tmp_path / "busy"
-    first = subprocess.Popen([sys.executable, "-m", "wansync", "train", *SMALL, "--steps", "100000",
-                              "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = start("train", *SMALL, "--steps", "100000", "--out", str(out))
     try:
         deadline = time.monotonic() + 60
-        while not (out / "metrics.jsonl").is_file() and first.poll() is None and time.monotonic() < deadline:
+        while not (out / "metrics.jsonl").is_file() and first.running() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert first.poll() is None, first.stderr.read()
+        assert first.running(), first.stderr()
         config = (out / "config.toml").read_text()
         code, err = cli(capsys, "train", *SMALL, "--lr", "0.1", "--steps", "1", "--force", "--out", str(out))
         assert code != 0
@@ -97,10 +95,10 @@ def test_a_second_command_on_a_running_directory_is_refused_with_the_holders_pid
         assert code != 0
         one_error_line(err, f"PID {first.pid}")
         assert (out / "config.toml").read_text() == config
-        assert first.poll() is None
+        assert first.running()
     finally:
         first.terminate()
-        first.wait(timeout=60)
+        first.result(timeout=60)
 
 
 def test_workers_take_their_config_from_the_launcher_not_the_file(tmp_path, capsys):
