@@ -21,7 +21,8 @@ from typing import Callable
 
 from wansync.workerproc import live_workers
 
-TINY = ["--model", "tiny", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "2", "--threads", "1"]
+# the smallest run of the real pipeline: the micro LM (0.2M parameters), a few tokens per step
+TINY = ["--model", "micro", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "2", "--threads", "1"]
 
 
 def wansync(*args: str, timeout: float = 120, env: dict[str, str] | None = None,

@@ -76,7 +76,7 @@ def test_second_call_skips_finished_runs(compare_dir):
 
 def test_a_changed_config_is_not_finished(compare_dir):
     out, _ = compare_dir
-    base = build_config(overrides={"workers": 2, "steps": 4, "eval_every": 2, "sync_every": 2, "model": "tiny",
+    base = build_config(overrides={"workers": 2, "steps": 4, "eval_every": 2, "sync_every": 2, "model": "micro",
                                    "batch_size": 4, "seq_len": 32, "eval_batches": 2, "threads": 1})
     same = X.plan(base, ["local_sgd"], 2, None, out)
     assert all(X.is_finished(s) for s in same)

@@ -161,7 +161,7 @@ def test_under_wan_cocodc_takes_its_sync_time_from_the_link_model_of_every_worke
     assert no_process_left(out)
 
 
-# ---- the must-show scenarios: 4 workers, worker 2 fails (tiny LM, few steps) ----------------------
+# ---- the must-show scenarios: 4 workers, worker 2 fails (micro LM, few steps) ---------------------
 STEPS, EVERY, FAILS_AT = 25, 5, 12          # the last exchange worker 2 takes part in is at step 10
 FOUR = ("--workers", "4", "--steps", str(STEPS), "--eval-every", "1000", "--quiet", *TINY)
 

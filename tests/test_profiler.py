@@ -1,7 +1,7 @@
 """The profiler: categories that add up to the wall clock, and DDP's hidden waits booked honestly.
 
 Unit tests of the accounting, DDP's arithmetic unchanged by the timing hook (2 gloo ranks), and
-real `wansync train` runs (2 ranks, tiny LM) under emulated links, launched side by side. Tests
+real `wansync train` runs (2 ranks, micro LM) under emulated links, launched side by side. Tests
 state ratios and sums, never absolute speed.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Workers of several ranks (`--ranks-per-worker R`): DDP inside a worker, the strategy between workers.
 
-The specification, on real gloo groups and the tiny LM:
+The specification, on real gloo groups and the micro LM:
 - a worker of R ranks, each with batch b, is a worker of one rank with batch R·b: the same
   parameters (to float rounding) for every strategy, after three sync periods;
 - the ranks of a worker hold bitwise identical parameters after every step;
@@ -39,14 +39,14 @@ PER_RANK_BATCH = 2
 
 
 def train_every_strategy(rank: int, world: int, ranks_per_worker: int, names: list[str], corpus: str) -> dict[str, Any]:
-    """Train each strategy on the tiny LM; per strategy: this rank's final flat parameters, whether
+    """Train each strategy on the micro LM; per strategy: this rank's final flat parameters, whether
     the worker's ranks were bitwise identical after every step, and the ledger."""
     out = {}
     for name in names:
         options, steps = CASES[name]
         replicas = replica_groups(ranks_per_worker)
         worker_batch = 2 * PER_RANK_BATCH            # R = 1: one rank takes the whole worker batch
-        cfg = Config(model="tiny", data=corpus, seq_len=16, batch_size=worker_batch // ranks_per_worker, lr=1e-3, seed=0)
+        cfg = Config(model="micro", data=corpus, seq_len=16, batch_size=worker_batch // ranks_per_worker, lr=1e-3, seed=0)
         torch.manual_seed(0)
         wl = build_workload(cfg, replicas.worker, replicas.workers, replicas.local_rank, ranks_per_worker)
         opt = build_optimizer(cfg, wl.model)

@@ -62,7 +62,7 @@ class GeneralKeys:
     target_acc: float | None = _f(None, "run", "test accuracy target in percent (vision), like target_loss "
                                   "(default in compare/sweep: DDP's final x 0.99)")
     # [model]
-    model: str = _f("tiny", "model", "model name: tiny|small|150m (LM) or cnn|resnet18|resnet50|vit_s (vision)")
+    model: str = _f("tiny", "model", "model name: micro|tiny|small|150m (LM) or cnn|resnet18|resnet50|vit_s (vision)")
     width: float = _f(1.0, "model", "channel-width multiplier for ResNets")
     # [data]
     data: str = _f("shakespeare", "data", "LM: shakespeare | PATH | hf:NAME; vision: fashion-mnist | "

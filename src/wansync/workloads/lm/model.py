@@ -40,6 +40,9 @@ class LMShape:
 
 
 LM_MODELS: Mapping[str, LMShape] = MappingProxyType({
+    # 205,376 parameters: a smoke test of the whole pipeline (a step in milliseconds; it learns little).
+    # The test suite trains it wherever the property under test does not depend on the model's size.
+    "micro": LMShape(dim=64, n_layers=4, n_heads=4, ffn_hidden=160, max_seq_len=256),
     # 1,820,352 parameters with the 256-byte vocabulary: learns Shakespeare's spelling in minutes on 2 CPU cores.
     "tiny": LMShape(dim=192, n_layers=4, n_heads=4, ffn_hidden=512, max_seq_len=512),
     # 19,405,312 parameters with the byte vocabulary.
