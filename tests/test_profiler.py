@@ -206,6 +206,17 @@ def test_sync_events_account_for_exposed_communication(runs, name):
                 assert c["exposed_s"] >= 0 and c["hidden_s"] >= 0
 
 
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_ranks_time_and_its_wait_for_later_peers_are_in_the_profile(runs, name):
+    prof = runs[name]["profile"]
+    ranks, slack = prof["ranks"], 0.01 * prof["wall_clock_s"] + 0.005
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["exposed_comm_s"] == prof["categories_s"]["exposed_comm"]
+    assert prof["derived"]["peer_wait_s"] == ranks[0]["peer_wait_s"]
+    for r in ranks:
+        assert 0 <= r["peer_wait_s"] <= r["exposed_comm_s"] + slack and r["compute_s"] > 0
+
+
 @pytest.mark.parametrize("name, spec", [("ddp_two_site", "two-site"), ("lsgd_slow", SLOW), ("ddp_plain", None)])
 def test_run_files_name_the_emulated_link(runs, name, spec):
     for doc in (runs[name]["profile"], runs[name]["summary"]):

@@ -36,6 +36,7 @@ from .config import Config
 from .errors import PEER_LOST, ConfigError
 from . import workerproc
 from .interrupts import LAUNCHER_PID_ENV, signals_deferred, sigint_blocked
+from .telemetry import peerwait
 from .telemetry.quorums import read_quorums, short_exchanges, steps_lost
 
 ERR_DIR = "logs"
@@ -179,11 +180,14 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
         if store is None:
             store = _serve_store(sock, cfg.peer_timeout)
         if not cfg.fault_tolerant:
-            return _watch(procs, run_dir, check_signals)
-        code, message, failures = _watch_tolerant(procs, run_dir, cfg.max_restarts, start, check_signals,
-                                                  cfg.peer_timeout)
-        record_failures(run_dir, failures, restarts=sum(min(n, cfg.max_restarts) for n in failures.values()),
-                        workers=world, steps=cfg.steps)
+            code, message = _watch(procs, run_dir, check_signals)
+        else:
+            code, message, failures = _watch_tolerant(procs, run_dir, cfg.max_restarts, start, check_signals,
+                                                      cfg.peer_timeout)
+            record_failures(run_dir, failures, restarts=sum(min(n, cfg.max_restarts) for n in failures.values()),
+                            workers=world, steps=cfg.steps)
+        if code == 0:
+            peerwait.record(run_dir, run_dir / ERR_DIR, world)
         return code, message
     finally:                                    # also on KeyboardInterrupt and Terminated
         _terminate(procs)

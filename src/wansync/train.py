@@ -33,6 +33,7 @@ from .strategies.base import sync_tensors
 from .target import given_target, target_record
 from .telemetry.metrics import MetricsWriter
 from .telemetry.commtime import CommTimer, ddp_modules
+from .telemetry.peerwait import PROFILE
 from .telemetry.profiler import Profiler, build_profile
 from .telemetry.progress import Progress
 from .workloads import build_workload
@@ -367,6 +368,9 @@ class Trainer:
         if self.rank == 0:
             (self.run_dir / "summary.json").write_text(jsonout.dumps(summary, indent=2))
             (self.run_dir / "profile.json").write_text(jsonout.dumps(profile, indent=2))
+        # every rank's, for the launcher's comparison of ranks (telemetry.peerwait)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        (self.run_dir / "logs" / PROFILE.format(self.rank)).write_text(jsonout.dumps(profile, indent=2))
         self.writer.close()
         if self.quorum is not None:
             self.quorum.shutdown()
