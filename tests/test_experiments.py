@@ -45,6 +45,7 @@ def test_compare_two_strategies_two_seeds(compare_dir):
         assert key in rows[0]
     assert float(rows[0]["bytes_sent_mean"]) > float(rows[1]["bytes_sent_mean"]) > 0   # DDP sends every step
     assert float(rows[1]["sync_events_mean"]) == 2
+    assert all(0 <= float(row["peer_wait_pct_mean"]) <= float(row["exposed_comm_pct_mean"]) + 1 for row in rows)
     assert len(_rows(out / "runs.csv")) == 4
     report = (out / "report.md").read_text()
     assert "| ddp " in report and "DDP's final validation loss" in report

@@ -148,6 +148,12 @@ def exposed_pct(run: Run) -> float | None:
     return 100.0 * exposed / wall
 
 
+def peer_wait_pct(run: Run) -> float | None:
+    """The part of the exposed % that rank 0 spent waiting for later-arriving peers (a straggler's
+    cost, not the link's; telemetry.peerwait); None where the launcher could not compare ranks."""
+    return number(run.profile.get("derived", {}).get("peer_wait_pct"))
+
+
 def to_target(run: Run, q: Quality, target: float) -> tuple[int | None, float | None]:
     """(step, seconds) of the first evaluation that reaches the target, or (None, None)."""
     return first_reached(run.evals, Target(q.eval_key, target, q.higher_is_better, "")) or (None, None)
@@ -169,7 +175,7 @@ def group(runs: Sequence[Run]) -> list[Setting]:
 
 
 METRICS = ("final", "best", "final_ppl", "final_bpb", "steps_to_target", "time_to_target_s", "wall_clock_s",
-           "exposed_comm_pct", "bytes_sent", "sync_events", "bytes_inside_workers", "exposed_comm_inside_s")
+           "exposed_comm_pct", "peer_wait_pct", "bytes_sent", "sync_events", "bytes_inside_workers", "exposed_comm_inside_s")
 # Shown only when some run has workers of several ranks (traffic that stays inside a worker).
 INSIDE_COLUMNS = ("bytes inside workers", "exposed inside workers (s)")
 
@@ -224,6 +230,7 @@ def aggregate(settings: Sequence[Setting], q: Quality, target: float | None) -> 
             per["time_to_target_s"].append(sec)
             per["wall_clock_s"].append(number(sm.get("wall_clock_s")))
             per["exposed_comm_pct"].append(exposed_pct(r))
+            per["peer_wait_pct"].append(peer_wait_pct(r))
             per["bytes_sent"].append(number(sm.get("bytes_sent")))
             per["sync_events"].append(number(sm.get("sync_events")))
             per["bytes_inside_workers"].append(number(sm.get("bytes_inside_workers")))
@@ -277,6 +284,7 @@ def columns(q: Quality) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
     cols += [("steps to target", target_col("steps_to_target")), ("time to target (s)", target_col("time_to_target_s")),
              ("wall clock (s)", lambda r: _pm(r, "wall_clock_s", 3)),
              ("exposed comm %", lambda r: _pm(r, "exposed_comm_pct", 3)),
+             ("of it waiting for a peer %", lambda r: _pm(r, "peer_wait_pct", 2)),
              ("bytes sent", lambda r: human_bytes(r.get("bytes_sent_mean"))),
              (INSIDE_COLUMNS[0], lambda r: human_bytes(r.get("bytes_inside_workers_mean"))),
              (INSIDE_COLUMNS[1], lambda r: _pm(r, "exposed_comm_inside_s", 3)),
@@ -324,7 +332,8 @@ def run_rows(runs: Sequence[Run], q: Quality, target: float | None) -> list[dict
                      "final_ppl": number(sm.get("final_val_ppl")), "final_bpb": number(sm.get("final_val_bpb")),
                      "steps_to_target": step,
                      "time_to_target_s": sec, "wall_clock_s": number(sm.get("wall_clock_s")),
-                     "exposed_comm_pct": exposed_pct(r) if r.ok else None, "bytes_sent": number(sm.get("bytes_sent")),
+                     "exposed_comm_pct": exposed_pct(r) if r.ok else None,
+                     "peer_wait_pct": peer_wait_pct(r) if r.ok else None, "bytes_sent": number(sm.get("bytes_sent")),
                      "sync_events": number(sm.get("sync_events")), "dir": str(r.dir)})
     return rows
 
@@ -429,7 +438,9 @@ def _markdown(rep: Report, runs: Sequence[Run]) -> str:
                  "measured on: unlike loss and perplexity per token, it compares runs with different "
                  "tokenizers.", ""] if q.kind == "lm" else []),
               "Exposed comm % = time the training thread was blocked on collectives (profile.json "
-              "`exposed_comm`) / wall clock. Bytes sent = payload of this worker's collectives.", "",
+              "`exposed_comm`) / wall clock; of it, waiting for a peer = the time it was blocked beyond the "
+              "last-arriving rank's (a straggler's cost, not the link's; docs/profiler.md). Bytes sent = payload "
+              "of this worker's collectives.", "",
               rep.table, ""]
     resid = [abs(number(r.profile.get("residual_pct")) or 0.0) for r in ok if r.profile]
     if resid:
