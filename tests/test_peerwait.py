@@ -55,3 +55,14 @@ def test_without_every_ranks_profile_nothing_is_added(tmp_path):
     before = (tmp_path / "profile.json").read_text()
     record(tmp_path, logs, world=2)
     assert (tmp_path / "profile.json").read_text() == before
+
+
+def test_an_unreadable_ranks_profile_leaves_profile_json_as_rank_0_wrote_it(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (tmp_path / "profile.json").write_text(json.dumps(profile({5: 0.5})))
+    (logs / PROFILE.format(0)).write_text(json.dumps(profile({5: 0.5})))
+    (logs / PROFILE.format(1)).write_text('{"events": [')                    # cut off mid-write
+    before = (tmp_path / "profile.json").read_text()
+    record(tmp_path, logs, world=2)
+    assert (tmp_path / "profile.json").read_text() == before

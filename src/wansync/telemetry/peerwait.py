@@ -47,14 +47,17 @@ def record(run_dir: Path, logs: Path, world: int) -> None:
     files = [logs / PROFILE.format(r) for r in range(world)]
     if world < 2 or not path.is_file() or not all(f.is_file() for f in files):
         return
-    profiles = {r: json.loads(f.read_text()) for r, f in enumerate(files)}
-    waits = peer_waits(profiles)
-    if waits is None:
+    try:       # telemetry: a file it cannot read leaves profile.json as rank 0 wrote it, never fails the run
+        profiles = {r: json.loads(f.read_text()) for r, f in enumerate(files)}
+        waits = peer_waits(profiles)
+        if waits is None:
+            return
+        profile = json.loads(path.read_text())
+        wall = profile["wall_clock_s"]
+        profile["derived"].update(peer_wait_s=waits[0], peer_wait_pct=100.0 * waits[0] / wall if wall > 0 else 0.0)
+        profile["ranks"] = [{"rank": r, "wall_clock_s": p["wall_clock_s"], "compute_s": p["categories_s"]["compute"],
+                             "exposed_comm_s": p["categories_s"]["exposed_comm"], "peer_wait_s": waits[r]}
+                            for r, p in profiles.items()]
+    except (OSError, ValueError, KeyError, TypeError):
         return
-    profile = json.loads(path.read_text())
-    wall = profile["wall_clock_s"]
-    profile["derived"].update(peer_wait_s=waits[0], peer_wait_pct=100.0 * waits[0] / wall if wall > 0 else 0.0)
-    profile["ranks"] = [{"rank": r, "wall_clock_s": p["wall_clock_s"], "compute_s": p["categories_s"]["compute"],
-                         "exposed_comm_s": p["categories_s"]["exposed_comm"], "peer_wait_s": waits[r]}
-                        for r, p in profiles.items()]
     path.write_text(jsonout.dumps(profile, indent=2))
