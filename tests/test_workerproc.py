@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from cli_harness import TINY, no_process_left, wansync
+from cli_harness import TINY, no_process_left, start
 from wansync.workerproc import ForkedWorker
 
 
@@ -59,11 +59,15 @@ def test_forked_and_fresh_workers_train_the_same_bits(tmp_path):
     args = ["train", "--strategy", "local_sgd", "--sync-every", "2", "--workers", "2", "--steps", "4",
             "--checkpoint-every", "4", *TINY]
     forked_run, fresh_run = tmp_path / "forked", tmp_path / "fresh"
-    r = wansync(*args, "--out", str(forked_run), fresh=True)      # a CLI process of its own forks its workers
-    assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, "-c", THREADED, *args, "--out", str(fresh_run)], capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    forked = start(*args, "--out", str(forked_run))     # a CLI process of its own forks its workers
+    try:                                                  # ... beside a threaded one, which cannot
+        r = subprocess.run([sys.executable, "-c", THREADED, *args, "--out", str(fresh_run)], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        r = forked.result(timeout=120)
+        assert r.returncode == 0, r.stderr
+    finally:
+        forked.kill()
     losses = [[json.loads(line).get("loss") for line in (run / "metrics.jsonl").read_text().splitlines()]
               for run in (forked_run, fresh_run)]
     assert losses[0] == losses[1] and any(v is not None for v in losses[0])
