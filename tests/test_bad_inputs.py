@@ -126,6 +126,8 @@ CASES: list[tuple[str, Setup, str]] = [
     ("--lr nan", flags("--lr", "nan"), "lr must be > 0, got nan"),
     ("--batch-size 0", flags("--batch-size", "0"), "batch_size must be >= 1, got 0"),
     ("--seq-len 1", flags("--seq-len", "1"), "seq_len must be >= 2, got 1"),
+    ("--seq-len beyond the model's", flags("--model", "micro", "--seq-len", "512"),
+     "seq_len must be in [1, 256] for model 'micro', got 512"),
     ("--tokenizer wordpiece", flags("--tokenizer", "wordpiece"), "tokenizer must be byte or bpe"),
     ("--optimizer lamb", flags("--optimizer", "lamb"), "optimizer must be adamw or sgd"),
     ("--lr-schedule step", flags("--lr-schedule", "step"), "lr_schedule must be constant or cosine"),

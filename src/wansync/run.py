@@ -89,6 +89,9 @@ def validate(cfg: Config) -> dict[str, Any]:
         import torch
         if not torch.cuda.is_available():
             raise ConfigError("--backend nccl needs CUDA GPUs, and torch sees none here (use --backend gloo)")
+    if cfg.model in lm_model_names():         # the model's rotary tables: refused here, not on every rank
+        from .workloads.lm import check_seq_len
+        check_seq_len(cfg.model, cfg.seq_len)
     if "fragments" in options:
         check_fragments(cfg.model, options["fragments"], options.get("partition", "strided"))
     check_data_path(cfg)

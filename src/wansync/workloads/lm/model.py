@@ -62,6 +62,14 @@ def lm_shape(name: str) -> LMShape:
         raise ConfigError(f"unknown LM model {name!r}; valid: {', '.join(LM_MODELS)}") from None
 
 
+def check_seq_len(name: str, seq_len: int) -> LMShape:
+    """The named shape, or a ConfigError when `seq_len` exceeds its rotary tables (or is not positive)."""
+    shape = lm_shape(name)
+    if not 1 <= seq_len <= shape.max_seq_len:
+        raise ConfigError(f"seq_len must be in [1, {shape.max_seq_len}] for model {name!r}, got {seq_len}")
+    return shape
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a learned gain, computed in float32 for stability."""
 

@@ -28,7 +28,7 @@ from wansync.workloads.lm.dataset import (
     split_documents,
     window_batch,
 )
-from wansync.workloads.lm.model import TransformerLM, lm_shape
+from wansync.workloads.lm.model import TransformerLM, check_seq_len
 from wansync.workloads.lm.tokenizer import (
     BPETokenizer,
     Tokenizer,
@@ -137,9 +137,7 @@ def build_lm_workload(model: str = "tiny", data: str = "shakespeare", *, rank: i
     `leader_first(build)` runs `build` on one rank before the others (which then read the files it
     cached in `cache_dir`), so a BPE is trained once per run, not once per rank; without it every
     caller tokenizes for itself."""
-    shape = lm_shape(model)
-    if not 1 <= seq_len <= shape.max_seq_len:
-        raise ConfigError(f"seq_len must be in [1, {shape.max_seq_len}] for model {model!r}, got {seq_len}")
+    shape = check_seq_len(model, seq_len)
     if eval_batches < 1:
         raise ConfigError(f"eval_batches must be positive, got {eval_batches}")
     train_text, val_text = split_documents(load_documents(data), val_fraction,
