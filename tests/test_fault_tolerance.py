@@ -93,6 +93,96 @@ def test_a_worker_waiting_for_the_first_quorum_gives_up_in_one_line_after_three_
     assert "\n" not in message
 
 
+def wait_for_one_quorum_request(lighthouse, timeout=60.0):
+    """Until the lighthouse's status page says one worker asks for a quorum. (A quorum that all the
+    previous one's members ask for forms at once, without a worker that only heartbeats.)"""
+    import urllib.request
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{lighthouse}/status", timeout=5) as page:
+            if "only have 1 participants" in page.read().decode():
+                return
+        time.sleep(0.05)
+    raise TimeoutError("no worker asked the lighthouse for a quorum")
+
+
+def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
+    """Worker 0 trains alone to its final quorum; worker 1 starts only then (from other parameters),
+    heals there, and the two finish together. What each holds at the end."""
+    import torch.distributed as dist
+
+    import wansync as ws
+    from torchft.coordination import LighthouseServer
+    from wansync.comm.ft import Quorum
+    from wansync.comm.replicas import Replicas
+
+    lighthouse = None
+    if rank == 0:           # waits for every heartbeating worker: worker 1 is in the quorum it starts in
+        lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=60_000,
+                                      heartbeat_timeout_ms=5000)
+    address = [f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}" if lighthouse else None]
+    dist.broadcast_object_list(address)
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))     # two blocks: two fragments
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sync = ws.strategy(strategy, model, optimizer, replicas=Replicas(1, rank, 2, 0), **options)
+
+    def load(state):
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        sync.load_heal_state(state["strategy"])
+
+    def make_quorum():
+        quorum = Quorum(rank, address[0], 10, hostname="127.0.0.1")
+        quorum.serve(lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                              "strategy": sync.heal_state()}, load)
+        sync.exchange.ft = quorum
+        return quorum
+
+    quorum, trained_bytes = None, 0
+    try:
+        if rank == 0:
+            quorum = make_quorum()
+            sync.join(1)
+            while sync.t < steps:
+                model(torch.randn(16, 8)).square().mean().backward()
+                sync.step()
+                sync.zero_grad()
+            trained_bytes = sync.comm.bytes
+            dist.barrier()                       # worker 1 may start
+            wait_for_one_quorum_request(address[0])      # worker 1's: the lighthouse waits for worker 0 in it
+            sync.meet_final_quorum()
+        else:
+            dist.barrier()
+            quorum = make_quorum()
+            sync.join(1)
+        sync.finish()
+        dist.barrier()
+        return {"t": sync.t, "heals": quorum.heals, "final_bytes": sync.comm.bytes - trained_bytes,
+                "state": {k: v.clone() for k, v in model.state_dict().items()}}
+    finally:
+        if quorum is not None:
+            quorum.shutdown()
+        if lighthouse is not None:
+            lighthouse.shutdown()
+
+
+@pytest.mark.parametrize("strategy,steps,options,finish_exchanges", [
+    ("diloco", 4, {"sync_every": 2}, False),                     # the last step exchanged: finish has nothing to do
+    ("streaming", 5, {"sync_every": 4, "fragments": 2, "overlap": 1}, True),   # finish syncs the fragments
+])
+def test_a_worker_healed_in_the_final_quorum_makes_no_exchange_again_and_finishes_with_the_others(
+        strategy, steps, options, finish_exchanges):
+    """A worker that arrives as the others meet for the final synchronization heals to their state
+    after the last step's exchanges: it must not make them again (the CI failure of a run whose
+    stopped worker came back just then: it exchanged alone and ended with other parameters)."""
+    first, late = run_ranks(_heal_in_the_final_quorum, 2, strategy, steps, options, timeout=120)
+    assert (first["heals"], late["heals"]) == (0, 1) and late["t"] == first["t"] == steps
+    assert all(torch.equal(first["state"][k], late["state"][k]) for k in first["state"])
+    assert late["final_bytes"] == first["final_bytes"]          # only the final synchronization's exchanges
+    assert (first["final_bytes"] > 0) == finish_exchanges
+
+
 class DoneWork:
     """A quorum all-reduce that has already finished (the link model is what is under test)."""
 

@@ -293,8 +293,7 @@ class Trainer:
         self.phase.now = "the final synchronization"
         self._waited = 0.0
         self.comm_timer.begin("finish", self.sync.comm.bytes)
-        if self.quorum is not None:
-            self.sync.meet_quorum()
+        self.sync.meet_final_quorum()
         self.sync.finish()
         self.profiler.lap("sync_math")
         self.profiler.move("sync_math", "exposed_comm", self._waited)

@@ -6,11 +6,15 @@ HOST:PORT) decides who takes part in each quorum; a worker that died or stopped 
 left out of the next one. The protocol:
 
 - **A quorum at every synchronization slot** (`quorum(t)`, called by the strategy before it
-  computes anything it will exchange at step t). The Manager's step is the strategy's step, so a
-  worker behind the others (a restarted one, at step 0) *heals*: torchft's checkpoint transport
+  computes anything it will exchange at step t), **and one for the final synchronization**
+  (`quorum(t, finishing=True)`: after the last step's exchanges, before `finish`'s). The Manager's
+  step orders them (`manager_step`: 2t, then 2t + 1), so a worker behind the others (a restarted
+  one, at step 0; one stopped past the heartbeat timeout) *heals*: torchft's checkpoint transport
   fetches a live peer's state over HTTP (model, inner optimizer, strategy: anchors, outer
-  optimizer, schedule, exchanges in flight) and `load` applies it before the slot's exchanges.
-  Every participant then decides the same exchanges from the same state.
+  optimizer, schedule, exchanges in flight) and `load` applies it. After the heal, `t` and
+  `finishing` are the peers': a worker healed into their final quorum holds their state after
+  the last step's exchanges and must not make them again. Every participant then decides the same
+  exchanges from the same state.
 - **The mean** (`mean`): a SUM all-reduce of the values and one weight over the quorum, divided by
   the sum of the weights (the contributors). A worker's weight is 0 when its values must not count
   (non-finite under "skip"). An all-reduce that fails (a peer died inside it) is retried under a
@@ -56,6 +60,12 @@ COLLECTIVE_TIMEOUT_SHARE = 0.5
 EXCHANGES_PER_SLOT = 1024               # jitter draws: seq = step x this + the exchange's index in the slot
 
 
+def manager_step(t: int, finishing: bool) -> int:
+    """torchft's step for the quorum of step t: the slot's (before its exchanges), then the final
+    synchronization's (after them). A worker at a lower one heals from a peer at the highest."""
+    return 2 * t + int(finishing)
+
+
 def require_torchft() -> None:
     """One line, not a traceback, when the optional dependency is missing."""
     try:
@@ -97,7 +107,8 @@ class Quorum:
             connect_timeout=timeout, init_sync=False, checkpoint_transport=HealTransport(timeout=timeout, num_chunks=0))
         self.participants: int | None = None      # of the last exchange
         self.heals = 0
-        self._t = 0                               # the step of the last quorum
+        self._t = 0                               # the step of the last quorum (the peers' after a heal)
+        self.finishing = False                    # was it the final synchronization's (the peers' after a heal)
         self._exchanges_in_slot = 0
         self._load: Callable[[dict[str, Any]], None] | None = None
         self.on_quorum: Callable[[dict[str, Any]], None] | None = None
@@ -116,14 +127,16 @@ class Quorum:
         assert self._load is not None
         self._load(state)
 
-    def quorum(self, t: int, shrink_only: bool = False, left_out_is_fatal: bool = False) -> None:
-        """Agree on who takes part from step t on; heal from a peer when this worker is behind.
-        `left_out_is_fatal` (training, not the start-up join): a worker the others went on without
-        (quorums formed while it was stopped or cut off) must heal in this quorum; with no live peer
-        to heal from (the others ended), a PeerError rather than train on alone."""
-        self._t, self._exchanges_in_slot = t, 0
+    def quorum(self, t: int, shrink_only: bool = False, left_out_is_fatal: bool = False,
+               finishing: bool = False) -> None:
+        """Agree on who takes part from step t on (`finishing`: in the final synchronization);
+        heal from a peer when this worker is behind. `left_out_is_fatal` (training, not the
+        start-up join): a worker the others went on without (quorums formed while it was stopped or
+        cut off) must heal in this quorum; with no live peer to heal from (the others ended), a
+        PeerError rather than train on alone."""
+        self._t, self.finishing, self._exchanges_in_slot = t, finishing, 0
         heals, t0, last_id = self.heals, time.perf_counter(), self._pg.quorum_id
-        self.manager.load_state_dict({"step": t, "batches_committed": 0})
+        self.manager.load_state_dict({"step": manager_step(t, finishing), "batches_committed": 0})
         try:
             self.manager.start_quorum(shrink_only=shrink_only)
         except Exception as exc:  # noqa: BLE001 - torchft's quorum timeout or lost lighthouse, in one line
@@ -131,12 +144,15 @@ class Quorum:
         if self.manager.errored():
             raise PeerError(f"the fault-tolerant quorum failed: {self.manager.errored().original_exception}")
         self.participants = self.manager.num_participants()
+        if self.heals > heals:                    # now where the peers are: a retry asks for their quorum
+            self._t, finished = divmod(self.manager.current_step(), 2)
+            self.finishing = bool(finished)
         left_out = last_id is not None and (self._pg.quorum_id or 0) > last_id + 1
         if left_out_is_fatal and left_out and self.heals == heals:
             raise PeerError("this worker was left out (stopped or cut off past the heartbeat timeout) and, back, found "
                             "no live peer to heal from: it stops rather than train on alone")
         if self.on_quorum is not None:
-            self.on_quorum({"step": self.manager.current_step(), "participants": self.participants,
+            self.on_quorum({"step": self._t, "participants": self.participants,
                             "healed": self.heals > heals,
                             "seconds": round(time.perf_counter() - t0, 4)})
 
@@ -154,7 +170,7 @@ class Quorum:
                 contributors = int(round(float(wire[-1])))
                 return wire[:-1].view_as(values).div_(max(1, contributors)), contributors
             if attempt < RETRIES:
-                self.quorum(self._t, shrink_only=True)
+                self.quorum(self._t, shrink_only=True, finishing=self.finishing)
         raise PeerError(f"an exchange failed {RETRIES + 1} times in a row under the fault-tolerant quorum")
 
     def _wait(self, work: Any, wire: torch.Tensor) -> bool:

@@ -106,15 +106,28 @@ class Strategy:
         self.t += 1
         if self.exchange.ft is not None and self.exchanges_at(self.t):
             self.meet_quorum()                        # may heal this worker from a peer (comm.ft)
-        self.after_inner_step()
+        if not self.healed_into_final_quorum():
+            self.after_inner_step()
         self._left_step_at = time.perf_counter()
 
-    def meet_quorum(self) -> None:
-        """Fault-tolerant runs: the quorum of this step's slot; the time spent in it (waiting for the
-        others, healing) is booked as a wait on the ledger under `quorum` (exposed communication)."""
+    def meet_quorum(self, finishing: bool = False) -> None:
+        """Fault-tolerant runs: the quorum of this step's slot (`finishing`: of the final
+        synchronization); the time spent in it (waiting for the others, healing) is booked as a
+        wait on the ledger under `quorum` (exposed communication)."""
         t0 = time.perf_counter()
-        self.exchange.ft.quorum(self.t, left_out_is_fatal=True)
+        self.exchange.ft.quorum(self.t, left_out_is_fatal=True, finishing=finishing)
         self.exchange.ledger.waited(QUORUM, time.perf_counter() - t0)
+
+    def meet_final_quorum(self) -> None:
+        """Fault-tolerant runs, before `finish`: the quorum its exchanges run in, where a worker
+        still behind heals; none for a worker that healed into it (it met it already)."""
+        if self.exchange.ft is not None and not self.exchange.ft.finishing:
+            self.meet_quorum(finishing=True)
+
+    def healed_into_final_quorum(self) -> bool:
+        """Did this worker heal from peers in their final quorum? It then holds their state after
+        the last step's exchanges: it makes none of them again, and goes on to `finish` with them."""
+        return self.exchange.ft is not None and self.exchange.ft.finishing
 
     def join(self, expected: int = 1) -> None:
         """Fault-tolerant runs, before the first step: meet the others at their next quorum
@@ -139,7 +152,8 @@ class Strategy:
                                 f"{JOIN_TIMEOUTS} x --peer-timeout ({JOIN_TIMEOUTS * ft.timeout_s:g} s)")
             time.sleep(JOIN_POLL_S)           # the others are not heartbeating yet: no busy loop
         if self.t != t:
-            self.after_inner_step()
+            if not self.healed_into_final_quorum():
+                self.after_inner_step()
             self._left_step_at = time.perf_counter()
 
     def exchanges_at(self, t: int) -> bool:
