@@ -92,7 +92,21 @@ def run(out: Path, strategy: str, scenario: str, workers: int, steps: int) -> di
             "participants": " ".join(f"{p}×{n}" for p, n in runs),
             "stall_s": max((q["seconds"] for q in quorums(out, 0)[1:]), default=0.0),
             "back_at": ",".join(str(h["step"]) for h in heals) or "-",
-            "steps_lost": summary.get("steps_lost"), "loss": summary.get("final_val_loss"), "wall_s": wall}
+            "steps_lost": summary.get("steps_lost"), "loss": summary.get("final_val_loss"), "wall_s": wall,
+            "same": same_parameters(out)}
+
+
+def same_parameters(out: Path) -> str:
+    """Whether the workers that saved the final checkpoint hold bitwise the same parameters: "yes (N)"
+    for N workers, "NO", or "-" without a checkpoint."""
+    import torch
+    final = sorted((out / "checkpoints").glob("step*"))
+    files = sorted(final[-1].glob("rank*.pt")) if final else []
+    if not files:
+        return "-"
+    models = [torch.load(f, weights_only=False)["model"] for f in files]
+    same = all(torch.equal(models[0][k], m[k]) for m in models[1:] for k in models[0])
+    return f"yes ({len(models)})" if same else "NO"
 
 
 def main() -> None:
@@ -105,11 +119,11 @@ def main() -> None:
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     load = os.getloadavg()[0]
     print(f"command: PYTHONPATH=src python benchmarks/ft_scenarios.py --workers {args.workers} --steps {args.steps} "
-          f"--strategies {args.strategies}")
+          f"--strategies {args.strategies} --scenarios '{args.scenarios}'")
     print(f"date: {started}; machine: {platform.machine()}, {os.cpu_count()} cores; load average at start {load:.1f}\n")
     print("| strategy | scenario | exit | participants per exchange | longest quorum s | healed at | steps lost "
-          "| final val loss | vs fault-free | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| same parameters at the end | final val loss | vs fault-free | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in args.strategies.split(","):
             clean = None
@@ -120,7 +134,7 @@ def main() -> None:
                 delta = f"{r['loss'] - clean:+.4f}" if r["loss"] is not None and clean is not None else "-"
                 loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
                 print(f"| {strategy} | {scenario} | {r['rc']}{' ' + r['error'] if r['error'] else ''} | "
-                      f"{r['participants']} | {r['stall_s']:.2f} | {r['back_at']} | {r['steps_lost']} | {loss} | "
+                      f"{r['participants']} | {r['stall_s']:.2f} | {r['back_at']} | {r['steps_lost']} | {r['same']} | {loss} | "
                       f"{delta} | {r['wall_s']:.0f} |", flush=True)
 
 

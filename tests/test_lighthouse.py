@@ -1,5 +1,6 @@
 """A fault-tolerant run's lighthouse serves from a child of the launcher, so the launcher stays
-single-threaded and forks its workers; the child ends with the launcher, whatever ends it."""
+single-threaded and forks its workers (a restarted one from its zygote); the child ends with the
+launcher, whatever ends it."""
 from __future__ import annotations
 
 import signal
@@ -116,8 +117,8 @@ def _record_starts() -> None:
     """In the CLI's process: note how each worker started, in the run's logs/started.txt."""
     real = workerproc.start
 
-    def start(env, *, fork, close=()):
-        worker = real(env, fork=fork, close=close)
+    def start(env, **how):
+        worker = real(env, **how)
         with open(Path(env["WANSYNC_RUN_DIR"], "logs", "started.txt"), "a") as f:
             f.write(f"{env['RANK']} {'forked' if isinstance(worker, ForkedWorker) else 'fresh'}\n")
         return worker
@@ -131,4 +132,16 @@ def test_a_fault_tolerant_run_forks_its_first_workers_and_leaves_no_process(tmp_
                 "--out", str(out), *TINY, timeout=240, setup=_record_starts)
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted((out / "logs" / "started.txt").read_text().splitlines()) == ["0 forked", "1 forked"]
+    assert no_process_left(out)
+
+
+def test_a_restarted_worker_is_forked_by_the_launchers_zygote(tmp_path):
+    """Once the store's threads run the launcher may not fork; the restart comes from its zygote."""
+    out = tmp_path / "run"
+    r = wansync("train", "--strategy", "diloco", "--sync-every", "2", "--workers", "2", "--steps", "8",
+                "--eval-every", "1000", "--fault-tolerant", "--peer-timeout", "60", "--max-restarts", "1", "--quiet",
+                "--out", str(out), *TINY, timeout=240, setup=_record_starts,
+                env={"WANSYNC_FAULT": "rank=1,step=3,action=kill"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted((out / "logs" / "started.txt").read_text().splitlines()) == ["0 forked", "1 forked", "1 forked"]
     assert no_process_left(out)

@@ -1,7 +1,8 @@
 """How the launcher starts workers (workerproc): forked from a single-threaded launcher, a fresh
 interpreter otherwise. The specification:
 - a forked worker answers poll/wait/terminate/kill with subprocess.Popen's conventions;
-- forked and fresh workers train the same bits, and the launcher records every worker's pid.
+- forked and fresh workers train the same bits, and the launcher records every worker's pid;
+- a zygote forks workers later (a fault-tolerant run's restarts) that are the launcher's children.
 """
 from __future__ import annotations
 
@@ -106,3 +107,34 @@ def test_a_launcher_forks_only_without_other_threads_and_before_an_openmp_team()
     finally:
         waiting.set()
         thread.join()
+
+
+def _from_a_zygote(out: str) -> None:
+    """In a clean process: two workers from a Zygote, given a config that cannot be read; what
+    this process (the launcher) sees of them, into `out` (their stderr is this process's)."""
+    from wansync.interrupts import LAUNCHER_PID_ENV
+    from wansync.workerproc import Zygote
+    err = os.open(out + ".err", os.O_WRONLY | os.O_CREAT)
+    os.dup2(err, 2)
+    zygote = Zygote()
+    env = {LAUNCHER_PID_ENV: str(os.getpid()), "WANSYNC_RUN_DIR": os.path.dirname(out), "WANSYNC_CONFIG": "["}
+    codes = [zygote.start(env).wait(timeout=60) for _ in range(2)]       # waitpid: they are this process's children
+    zygote.close()
+    ended = not os.path.exists(f"/proc/{zygote.pid}")                  # reaped by close()
+    with open(out, "w") as f:
+        json.dump({"codes": codes, "zygote_ended": ended}, f)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote hands workers over as a subreaper (Linux)")
+def test_a_zygote_forks_workers_that_are_the_launchers_children_and_ends_when_closed(tmp_path):
+    from wansync.localgroup import rank_context
+    out = str(tmp_path / "seen.json")
+    probe = rank_context().Process(target=_from_a_zygote, args=(out,))
+    probe.start()
+    probe.join(120)
+    assert probe.exitcode == 0
+    seen = json.loads(open(out).read())
+    err = open(out + ".err").read()
+    assert seen == {"codes": [1, 1], "zygote_ended": True}
+    # each ran the worker's code with its own environment, past the check that its parent is the launcher
+    assert err.count("TOMLDecodeError") == 2

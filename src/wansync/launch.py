@@ -146,7 +146,7 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
         error_file(run_dir, r).unlink(missing_ok=True)
     # A fault-tolerant run's lighthouse serves from a child process (lighthouse.py), so this one
     # stays single-threaded and may fork its workers (workerproc); the store's threads start after
-    # them, and a worker restarted later starts fresh.
+    # them, and a worker restarted later comes from a zygote forked before them.
     lighthouse, ft_env = start_lighthouse(cfg) if cfg.fault_tolerant else (None, {})
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -156,6 +156,7 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
     store = None if fork else _serve_store(sock, cfg.peer_timeout)
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // world)
     procs: list[workerproc.Worker] = []
+    zygote: workerproc.Zygote | None = None
 
     def start(rank: int, restarted: bool = False) -> workerproc.Worker:
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
@@ -169,7 +170,7 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
             env.update(WANSYNC_RESUME="0", WANSYNC_RESTARTED="1")
         forked = fork and store is None         # not once the store's threads run
         with sigint_blocked():                  # the worker starts with SIGINT blocked, then ignores it
-            proc = workerproc.start(env, fork=forked, close=[sock.fileno()] if forked else [])
+            proc = workerproc.start(env, fork=forked, close=[sock.fileno()] if forked else [], zygote=zygote)
         workerproc.record_pid(run_dir / ERR_DIR, rank, proc)
         return proc
 
@@ -178,6 +179,8 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
             procs.append(start(rank))
             check_signals()
         if store is None:
+            if cfg.fault_tolerant and cfg.max_restarts > 0 and workerproc.Zygote.available():
+                zygote = workerproc.Zygote(close=[sock.fileno()])
             store = _serve_store(sock, cfg.peer_timeout)
         if not cfg.fault_tolerant:
             code, message = _watch(procs, run_dir, check_signals)
@@ -191,6 +194,8 @@ def _spawn(cfg: Config, run_dir: Path, config: str, resume: bool, check_signals:
         return code, message
     finally:                                    # also on KeyboardInterrupt and Terminated
         _terminate(procs)
+        if zygote is not None:
+            zygote.close()
         if store is None:
             sock.close()
         store = None                            # the store stops serving
@@ -297,7 +302,8 @@ def record_failures(run_dir: Path, failures: dict[int, int], restarts: int, work
     heals_file = run_dir / ERR_DIR / HEALS_FILE
     heals = len(heals_file.read_text().splitlines()) if heals_file.is_file() else 0
     quorums = read_quorums(run_dir / ERR_DIR, workers)
-    lost = steps_lost({w: [r["step"] for r in rs] for w, rs in quorums.items()}, end=steps)
+    lost = steps_lost({w: [r["step"] for r in rs] for w, rs in quorums.items()}, end=steps,
+                      healed={w: [r["step"] for r in rs if r.get("healed")] for w, rs in quorums.items()})
     summary = json.loads(path.read_text())
     summary.update(worker_failures=sum(failures.values()), rejoins=restarts, heals=heals,
                    steps_lost=[lost[w] for w in range(workers)], short_exchanges=short_exchanges(quorums[0], workers))

@@ -115,21 +115,22 @@ class Trainer:
         quorum.serve(self.heal_state, self.heal)
         quorum.on_quorum = self.log_quorum
         self.sync.exchange.ft = quorum
-        self._last_participants: int | None = None
+        self._last_quorum: tuple[Any, Any] = (None, None)       # (quorum id, participants) last logged
         self._last_quorum_step: int | None = None
         return quorum
 
     def log_quorum(self, record: dict[str, Any]) -> None:
         """logs/quorum_rank<r>.jsonl: every quorum this worker took part in; where the membership
-        changed (or this worker healed), the digest of its anchors and outer optimizer state, so
+        changed (the lighthouse's quorum id: a restarted worker replacing a dead one changes it, not
+        the count) or this worker healed, the digest of its anchors and outer optimizer state, so
         that peers can be compared bitwise (comm.ft.digest)."""
-        changed = record["participants"] != self._last_participants
+        changed = (record.get("quorum_id"), record["participants"]) != self._last_quorum
         if not (record["healed"] or changed or record["step"] != self._last_quorum_step):
             return                     # the same quorum again (waiting for the others at the start)
         if record["healed"] or changed:
             state = self.sync.state_dict()
             record["anchor_digest"] = digest({k: state[k] for k in ("anchor", "anchors") if k in state})
-        self._last_participants, self._last_quorum_step = record["participants"], record["step"]
+        self._last_quorum, self._last_quorum_step = (record.get("quorum_id"), record["participants"]), record["step"]
         with open(self.run_dir / "logs" / f"quorum_rank{self.rank}.jsonl", "a") as f:
             f.write(json.dumps({"time": time.time(), **record}) + "\n")
 

@@ -6,9 +6,11 @@ launcher imports torch._dynamo once and forks its workers: each starts in millis
 module imported. A launcher with other threads (a parallel sweep's, the rendezvous store's once it
 serves, OpenMP's after a torch op on several threads: `can_fork`) starts a fresh
 `python -m wansync.worker` instead, as does one on a platform without fork: forking while another
-thread holds a lock can deadlock the child. So a worker restarted in a fault-tolerant run starts
-fresh; the run's lighthouse serves from a process of its own (`lighthouse`) so that its first
-workers need not.
+thread holds a lock can deadlock the child. The run's lighthouse serves from a process of its own
+(`lighthouse`) so that its first workers need not start fresh. A worker restarted in a
+fault-tolerant run, once the launcher's threads run, comes from a `Zygote`: a child the launcher
+forked while it could, which forks it in milliseconds (a fresh interpreter takes seconds, during
+which the others train on without it) and hands it over to the launcher as its child.
 
 Nothing else changes for the worker. It gets the same environment, starts with the launcher's
 signal mask (SIGINT blocked) and the default SIGTERM, and its parent is the launcher, which its
@@ -18,6 +20,7 @@ pid in logs/rank{R}.pid (`record_pid`), whichever way it started.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -82,18 +85,32 @@ def can_fork() -> bool:
         return False
 
 
-def start(env: dict[str, str], *, fork: bool, close: Sequence[int] = ()) -> Worker:
-    """Start one worker with environment `env`: forked (closing the fds `close` in the child) or
-    as a fresh interpreter."""
+def start(env: dict[str, str], *, fork: bool, close: Sequence[int] = (), zygote: "Zygote | None" = None) -> Worker:
+    """Start one worker with environment `env`: forked (closing the fds `close` in the child), from
+    `zygote` when one is given and the launcher may not fork itself, or as a fresh interpreter."""
     if not fork:
+        if zygote is not None:
+            try:
+                return zygote.start(env)
+            except OSError:                      # it died (killed from outside): start fresh
+                pass
         return subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env)
-    import torch._dynamo  # noqa: F401 - every worker's first optimizer imports it (~2 s): once, here
-    sys.stdout.flush()                           # or the child would write the launcher's buffer again
-    sys.stderr.flush()
+    _before_fork()
     pid = os.fork()
     if pid:
         return ForkedWorker(pid)
-    try:                                         # the child: never returns into the launcher's code
+    _become_worker(env, close)
+
+
+def _before_fork() -> None:
+    import torch._dynamo  # noqa: F401 - every worker's first optimizer imports it (~2 s): once, here
+    sys.stdout.flush()                           # or the child would write the launcher's buffer again
+    sys.stderr.flush()
+
+
+def _become_worker(env: dict[str, str], close: Sequence[int] = ()) -> None:
+    """In a forked child: run the worker with environment `env`; never returns."""
+    try:
         for fd in close:
             os.close(fd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)      # the launcher's handler is not the worker's
@@ -105,6 +122,128 @@ def start(env: dict[str, str], *, fork: bool, close: Sequence[int] = ()) -> Work
         traceback.print_exc()
     finally:
         os._exit(1)
+
+
+PR_SET_CHILD_SUBREAPER = 36             # from <linux/prctl.h>
+HANDOVER_S = 10.0                       # how long a zygote's worker waits to become the launcher's child
+
+
+class Zygote:
+    """A single-threaded child of the launcher that forks workers on request, later, when the
+    launcher itself may not fork any more (its rendezvous store's threads run): a fault-tolerant
+    run's restarted workers start in milliseconds, every module imported, instead of a fresh
+    interpreter's seconds of imports while the others train on without them.
+
+    The worker must be the launcher's child (the launcher waits for it, signals it, and the worker
+    dies with the launcher: `interrupts.die_with`), so the zygote forks it through a short-lived
+    middle process: the launcher is a child subreaper (Linux), and when the middle process exits the
+    orphaned worker is re-parented to it. The worker waits for that before it starts; the zygote
+    reports its pid once the middle process is reaped. The zygote dies with the launcher and ends
+    when the launcher closes its request pipe (`close`). Linux only (`available`)."""
+
+    def __init__(self, close: Sequence[int] = ()):
+        _before_fork()
+        requests_r, requests_w = os.pipe()
+        replies_r, replies_w = os.pipe()
+        launcher = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for fd in (*close, requests_w, replies_r):
+                    os.close(fd)
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})   # its workers start with it blocked
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                from .interrupts import die_with
+                die_with(launcher)
+                _serve(requests_r, replies_w, launcher)
+            except BaseException:  # noqa: BLE001 - the child must end here whatever happens
+                traceback.print_exc()
+            finally:
+                os._exit(0)
+        os.close(requests_r)
+        os.close(replies_w)
+        self.pid, self._requests, self._replies = pid, requests_w, replies_r
+        _set_child_subreaper(True)
+
+    @staticmethod
+    def available() -> bool:
+        return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+    def start(self, env: dict[str, str]) -> ForkedWorker:
+        _send(self._requests, json.dumps(env).encode())
+        reply = _receive(self._replies)
+        if not reply:
+            raise OSError("the zygote that starts restarted workers has died")
+        return ForkedWorker(int(reply))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the zygote (EOF on its requests; SIGKILL if it has not ended within `timeout`)."""
+        for fd in (self._requests, self._replies):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        worker = ForkedWorker(self.pid)
+        try:
+            worker.wait(timeout)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        _set_child_subreaper(False)
+
+
+def _serve(requests: int, replies: int, launcher: int) -> None:
+    """The zygote's loop: one worker per request (its environment), its pid as the reply."""
+    while True:
+        message = _receive(requests)
+        if message is None:                      # the launcher closed the pipe, or died
+            return
+        env = json.loads(message)
+        pid_r, pid_w = os.pipe()
+        middle = os.fork()
+        if middle == 0:                          # the middle process: fork the worker, tell its pid, exit
+            worker = os.fork()
+            if worker == 0:
+                os.close(pid_r)
+                os.close(pid_w)
+                deadline = time.monotonic() + HANDOVER_S
+                while os.getppid() != launcher:  # re-parented to the launcher once the middle one exits
+                    if time.monotonic() > deadline:
+                        os._exit(1)
+                    time.sleep(0.001)
+                _become_worker(env, (requests, replies))
+            os.write(pid_w, str(worker).encode())
+            os._exit(0)
+        os.close(pid_w)
+        with os.fdopen(pid_r, "rb") as f:
+            worker = f.read()
+        os.waitpid(middle, 0)                    # the worker is the launcher's child from here on
+        _send(replies, worker)
+
+
+def _send(fd: int, data: bytes) -> None:
+    os.write(fd, len(data).to_bytes(8, "little") + data)
+
+
+def _receive(fd: int) -> bytes | None:
+    """One length-prefixed message from a pipe; None at EOF."""
+    head = _read_exactly(fd, 8)
+    return None if head is None else _read_exactly(fd, int.from_bytes(head, "little"))
+
+
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _set_child_subreaper(on: bool) -> None:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
 def record_pid(logs: Path, rank: int, worker: Worker) -> None:

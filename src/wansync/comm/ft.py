@@ -27,7 +27,7 @@ left out of the next one. The protocol:
   slot's step so every participant draws the same), FIFO on the emulator's link, completed at
   max(real end, modelled end) and recorded, so the exchange waits and books what the link says.
 - **Participants** of the last exchange are kept for the sync events; `on_quorum` hears of every
-  quorum (step, participants, whether this worker healed in it) and `before_exchange` of every
+  quorum (step, participants, the lighthouse's quorum id, whether this worker healed in it) and `before_exchange` of every
   exchange (fault injection: a worker killed inside an exchange).
 
 Only fp32 exchanges: a lossy codec's all-gather has no quorum form here (refused in config).
@@ -152,7 +152,7 @@ class Quorum:
             raise PeerError("this worker was left out (stopped or cut off past the heartbeat timeout) and, back, found "
                             "no live peer to heal from: it stops rather than train on alone")
         if self.on_quorum is not None:
-            self.on_quorum({"step": self._t, "participants": self.participants,
+            self.on_quorum({"step": self._t, "participants": self.participants, "quorum_id": self._pg.quorum_id,
                             "healed": self.heals > heals,
                             "seconds": round(time.perf_counter() - t0, 4)})
 

@@ -25,9 +25,13 @@ def read_quorums(log_dir: Path, workers: int) -> dict[int, list[dict[str, Any]]]
     return out
 
 
-def steps_lost(present: dict[int, Iterable[int]], end: int) -> dict[int, int]:
-    """Per worker, the steps lost (module docstring), given the slots (steps) each one took part in."""
+def steps_lost(present: dict[int, Iterable[int]], end: int,
+               healed: dict[int, Iterable[int]] | None = None) -> dict[int, int]:
+    """Per worker, the steps lost (module docstring), given the slots (steps) each one took part in
+    and those it healed at (a worker restarted in time for the next slot misses no exchange, yet
+    its steps since the last one it took part in were discarded)."""
     seen = {w: set(steps) for w, steps in present.items()}
+    heals = {w: set((healed or {}).get(w, ())) for w in seen}
     slots = sorted(set().union(*seen.values())) if seen else []
     lost = {}
     for w, mine in seen.items():
@@ -36,7 +40,7 @@ def steps_lost(present: dict[int, Iterable[int]], end: int) -> dict[int, int]:
             if s not in mine:
                 absent = True
             else:
-                total += s - last if absent else 0
+                total += s - last if absent or s in heals[w] else 0
                 last, absent = s, False
         lost[w] = total + (end - last if absent else 0)
     return lost
