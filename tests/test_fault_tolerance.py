@@ -137,9 +137,16 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
         quorum.serve(lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                               "strategy": sync.heal_state()}, load)
         sync.exchange.ft = quorum
+        real_mean = quorum.mean
+
+        def mean(values, valid):              # how many workers each exchange counted
+            averaged, contributors = real_mean(values, valid)
+            counted.append(contributors)
+            return averaged, contributors
+        quorum.mean = mean
         return quorum
 
-    quorum, trained_bytes = None, 0
+    quorum, trained_bytes, counted = None, 0, []
     try:
         if rank == 0:
             quorum = make_quorum()
@@ -149,6 +156,7 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
                 sync.step()
                 sync.zero_grad()
             trained_bytes = sync.comm.bytes
+            counted.clear()                      # its exchanges alone
             dist.barrier()                       # worker 1 may start
             wait_for_one_quorum_request(address[0])      # worker 1's: the lighthouse waits for worker 0 in it
             sync.meet_final_quorum()
@@ -158,7 +166,7 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
             sync.join(1)
         sync.finish()
         dist.barrier()
-        return {"t": sync.t, "heals": quorum.heals, "final_bytes": sync.comm.bytes - trained_bytes,
+        return {"t": sync.t, "heals": quorum.heals, "final_bytes": sync.comm.bytes - trained_bytes, "counted": counted,
                 "state": {k: v.clone() for k, v in model.state_dict().items()}}
     finally:
         if quorum is not None:
@@ -181,6 +189,9 @@ def test_a_worker_healed_in_the_final_quorum_makes_no_exchange_again_and_finishe
     assert all(torch.equal(first["state"][k], late["state"][k]) for k in first["state"])
     assert late["final_bytes"] == first["final_bytes"]          # only the final synchronization's exchanges
     assert (first["final_bytes"] > 0) == finish_exchanges
+    # worker 1 holds a copy of worker 0's state: its values would count worker 0's work twice
+    assert first["counted"] == late["counted"] == ([1] * len(first["counted"]))
+    assert bool(first["counted"]) == finish_exchanges
 
 
 class DoneWork:

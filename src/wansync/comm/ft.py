@@ -16,8 +16,9 @@ left out of the next one. The protocol:
   the last step's exchanges and must not make them again. Every participant then decides the same
   exchanges from the same state.
 - **The mean** (`mean`): a SUM all-reduce of the values and one weight over the quorum, divided by
-  the sum of the weights (the contributors). A worker's weight is 0 when its values must not count
-  (non-finite under "skip"). An all-reduce that fails (a peer died inside it) is retried under a
+  the sum of the weights (the contributors). A worker's weight is 0 when its values must not count:
+  non-finite under "skip", or a copy of a peer's (it healed in this slot's quorum, after the steps
+  whose work the exchange averages: its values are its source's, which would count twice). An all-reduce that fails (a peer died inside it) is retried under a
   shrink-only quorum (no joiner mid-exchange) from an untouched copy of the input. The survivors
   blocked in it (not next to the dead peer) give up after half of the quorum's timeout, so they
   all reach that retry quorum before it gives up on them.
@@ -109,6 +110,7 @@ class Quorum:
         self.heals = 0
         self._t = 0                               # the step of the last quorum (the peers' after a heal)
         self.finishing = False                    # was it the final synchronization's (the peers' after a heal)
+        self.copied = False                       # healed in the last quorum: a peer's values, weight 0
         self._exchanges_in_slot = 0
         self._load: Callable[[dict[str, Any]], None] | None = None
         self.on_quorum: Callable[[dict[str, Any]], None] | None = None
@@ -147,6 +149,8 @@ class Quorum:
         if self.heals > heals:                    # now where the peers are: a retry asks for their quorum
             self._t, finished = divmod(self.manager.current_step(), 2)
             self.finishing = bool(finished)
+        if not shrink_only:                       # a retry's quorum admits no joiner, so heals no one
+            self.copied = self.heals > heals
         left_out = last_id is not None and (self._pg.quorum_id or 0) > last_id + 1
         if left_out_is_fatal and left_out and self.heals == heals:
             raise PeerError("this worker was left out (stopped or cut off past the heartbeat timeout) and, back, found "
@@ -162,6 +166,7 @@ class Quorum:
         flat = values.detach().reshape(-1)
         if self.before_exchange is not None:
             self.before_exchange(self._t)
+        valid = valid and not self.copied
         for attempt in range(RETRIES + 1):
             wire = torch.cat([flat if valid else torch.zeros_like(flat), flat.new_full((1,), float(valid))])
             ok = self._wait(self.manager.allreduce(wire, reduce_op=ReduceOp.SUM), wire)
