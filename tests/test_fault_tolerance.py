@@ -371,6 +371,16 @@ def test_a_healed_worker_holds_its_peers_anchors_and_outer_state_bit_for_bit(kil
     assert summary["heals"] == 1 and summary["steps_lost"] == [0, 0, step - 10, 0]
 
 
+def test_a_healed_worker_reads_its_shard_on_from_where_it_would_have_been(killed_for_good, killed_and_healed):
+    _, clean, _, _ = killed_for_good
+    _, out = killed_and_healed
+
+    def data_position(run):
+        final = sorted((run / "checkpoints").glob("step*"))[-1]
+        return torch.load(final / "rank2.pt", weights_only=False)["workload"]
+    assert data_position(out) == data_position(clean)          # the fault-free run's, not 25 - heal step batches in
+
+
 def test_after_healing_every_rank_ends_with_identical_parameters(killed_and_healed):
     _, out = killed_and_healed
     assert all_equal(final_models(out, range(4)))

@@ -202,6 +202,22 @@ def test_epochs_reshuffle_and_visit_every_window_once():
     assert sampler.epoch_progress() == 2.0
 
 
+def test_skipping_to_a_step_serves_what_a_run_trained_that_far_would(small_corpus):
+    def build():
+        return build_lm_workload(data=small_corpus, rank=1, world_size=2, seed=3, batch_size=8, seq_len=32)
+
+    straight = build()
+    per_epoch = straight.describe()["batches_per_epoch"]
+    expected = [straight.next_batch() for _ in range(2 * per_epoch + 2)]
+    for steps in (0, 1, per_epoch, 2 * per_epoch - 1):
+        healed = build()
+        healed.next_batch()                                   # a position of its own, before the heal
+        healed.skip_to(steps)
+        assert healed.epoch_progress() == pytest.approx(steps / per_epoch)
+        for (x, y), (xe, ye) in zip((healed.next_batch() for _ in range(3)), expected[steps:]):
+            assert np.array_equal(np.asarray(x), np.asarray(xe)) and np.array_equal(np.asarray(y), np.asarray(ye))
+
+
 def test_resume_continues_with_the_exact_next_batch(small_corpus):
     def build():
         return build_lm_workload(data=small_corpus, rank=1, world_size=2, seed=3, batch_size=8, seq_len=32)

@@ -228,10 +228,13 @@ def test_run_files_name_the_emulated_link(runs, name, spec):
 
 
 def test_slow_link_ddp_is_exposed_local_sgd_much_less(runs):
-    ddp = runs["ddp_slow"]["profile"]["derived"]["exposed_comm_pct"]
-    lsgd = runs["lsgd_slow"]["profile"]["derived"]["exposed_comm_pct"]
-    assert ddp > 50.0, ddp
-    assert lsgd < 0.5 * ddp, (lsgd, ddp)
+    ddp, lsgd = runs["ddp_slow"]["profile"], runs["lsgd_slow"]["profile"]
+    assert ddp["derived"]["exposed_comm_pct"] > 50.0, ddp["derived"]
+    assert lsgd["derived"]["exposed_comm_pct"] < ddp["derived"]["exposed_comm_pct"]
+    # per step, local_sgd's 2 exchanges in 32 steps against DDP's one a step (its share of the wall
+    # clock depends on how fast the micro LM's steps run on the machine at hand: 37 % of 74 % seen)
+    per_step = [p["categories_s"]["exposed_comm"] / p["derived"]["steps"] for p in (ddp, lsgd)]
+    assert per_step[1] < 0.25 * per_step[0], per_step
     # DDP's exposure comes from inside backward: without the hook it would all read as compute
     cats = runs["ddp_slow"]["profile"]["categories_s"]
     assert cats["exposed_comm"] > cats["compute"]

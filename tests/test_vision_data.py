@@ -247,6 +247,19 @@ def test_resume_continues_at_the_exact_batch():
         assert torch.equal(x, xe) and torch.equal(y, ye)              # same images, same augmentation
 
 
+def test_skipping_to_a_step_serves_what_a_run_trained_that_far_would():
+    ref = tiny_workload(rank=1, world_size=2, batch_size=15, seed=3)   # batches straddle epochs
+    expected = [ref.next_batch() for _ in range(12)]
+    for steps in (0, 3, 7, 10):
+        healed = tiny_workload(rank=1, world_size=2, batch_size=15, seed=3)
+        healed.next_batch()                                  # a position of its own, before the heal
+        healed.skip_to(steps)
+        assert healed.epoch_progress() == pytest.approx(steps * 15 / 50)
+        for xe, ye in expected[steps:]:
+            x, y = healed.next_batch()
+            assert torch.equal(x, xe) and torch.equal(y, ye)          # same images, same augmentation
+
+
 def test_resume_refuses_another_rank():
     wl = tiny_workload(rank=0, world_size=2)
     with pytest.raises(DataError, match="rank"):

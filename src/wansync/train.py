@@ -139,10 +139,12 @@ class Trainer:
                 "strategy": self.sync.heal_state()}
 
     def heal(self, state: dict[str, Any]) -> None:
-        """Take a live peer's state (its data position stays this worker's own: each reads its shard)."""
+        """Take a live peer's state; in its own shard, go where a worker that trained to the peer's
+        step would be (each worker reads its own shard)."""
         self.workload.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.sync.load_heal_state(state["strategy"])
+        self.workload.skip_to(self.sync.t)
         with open(self.run_dir / "logs" / "heals.jsonl", "a") as f:
             f.write(json.dumps({"rank": self.rank, "step": self.sync.t}) + "\n")
 

@@ -37,6 +37,10 @@ class Workload(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def skip_to(self, steps: int) -> None:
+        """Serve next the batch a run that trained `steps` steps from the start would (a worker
+        healed from a peer at that step goes on in its own shard where it would have been)."""
+
     def describe(self) -> dict[str, Any]:
         """Facts for the run's log: parameter count, dataset sizes, shapes."""
 

@@ -75,6 +75,10 @@ class ShardSampler:
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position}
 
+    def skip_to(self, batches: int) -> None:
+        """Where a sampler that served `batches` batches from the start would be."""
+        self.epoch, self.position = divmod(batches, self.batches_per_epoch)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
             epoch, position = int(state["epoch"]), int(state["position"])

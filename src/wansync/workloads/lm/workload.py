@@ -105,6 +105,9 @@ class LMWorkload:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._sampler.load_state_dict(state)
 
+    def skip_to(self, steps: int) -> None:
+        self._sampler.skip_to(steps)
+
     def describe(self) -> dict[str, Any]:
         return {
             "workload": "lm",

@@ -78,6 +78,11 @@ class ShardSampler:
                 "rank": self.rank, "world_size": self.world_size, "batch_size": self.batch_size,
                 "shard_size": len(self)}
 
+    def skip_to(self, batches: int) -> None:
+        """Where a sampler that served `batches` batches from the start would be."""
+        self.epoch, self.offset = divmod(batches * self.batch_size, len(self))
+        self.batches = batches
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mine = self.state_dict()
         for key in ("seed", "rank", "world_size", "shard_size"):

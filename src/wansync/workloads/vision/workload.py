@@ -93,6 +93,9 @@ class VisionWorkload:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
 
+    def skip_to(self, steps: int) -> None:
+        self.sampler.skip_to(steps)
+
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": self.model_name,
                 "params": sum(p.numel() for p in self.model.parameters()),
