@@ -212,11 +212,11 @@ def _serve(requests: int, replies: int, launcher: int) -> None:
                         os._exit(1)
                     time.sleep(0.001)
                 _become_worker(env, (requests, replies))
-            os.write(pid_w, str(worker).encode())
+            _send(pid_w, str(worker).encode())
             os._exit(0)
         os.close(pid_w)
-        with os.fdopen(pid_r, "rb") as f:
-            worker = f.read()
+        worker = _receive(pid_r) or b""          # not at EOF: the worker holds the pipe until it starts
+        os.close(pid_r)
         os.waitpid(middle, 0)                    # the worker is the launcher's child from here on
         _send(replies, worker)
 
