@@ -20,6 +20,7 @@ import pytest
 WORLD = 2
 D = 0.100  # modelled duration of one small all-reduce in the timing session (s)
 SLACK = 0.060  # how much later than modelled a completion may be
+LATE = 0.150  # how much later one rank issues in the straggler scenario
 
 
 # -- harness --------------------------------------------------------------------------------------
@@ -114,6 +115,24 @@ def test_compute_overlapping_a_collective_hides_it(timing):
         for case in out["overlap"]:
             exposed = max(0.0, case["modelled"] - case["compute"])
             assert case["waited"] == pytest.approx(exposed, abs=0.03), case
+
+
+@pytest.mark.timeout(120)
+def test_a_transfer_starts_when_its_last_member_issues_it_so_an_early_rank_waits_for_both(timing):
+    early, late = (out["straggler"] for out in timing)
+    (e1, e2), (l1, l2) = early["records"], late["records"]
+    assert l1["issue"] > e1["issue"] + LATE / 2       # the scenario: rank 1 came late
+    # one clock for both processes (one kernel): the early rank's transfer started at the late one's start
+    assert e1["ready"] == l1["ready"] == l1["start"] == e1["start"]
+    assert e1["modelled_end"] == l1["modelled_end"] == pytest.approx(l1["start"] + D, abs=1e-3)
+    assert e2["start"] == l2["start"] == e1["modelled_end"]   # the second queues behind it on both
+    assert e2["modelled_end"] == l2["modelled_end"]
+    for rank in (early, late):                                  # both finish when the model says, together
+        last = rank["records"][-1]
+        assert last["modelled_end"] <= last["end"] < last["modelled_end"] + SLACK
+    # the early rank was blocked for the straggler's lateness plus both transfers, not the larger of them
+    assert early["elapsed"] >= (l1["start"] - e1["issue"]) + 2 * D - 1e-3
+    assert late["elapsed"] < 2 * D + SLACK
 
 
 @pytest.mark.timeout(120)
@@ -242,6 +261,14 @@ def _timing(rank: int, world: int, port: int) -> dict:
         w.wait()
         (rec,) = emulator.records()
         out["overlap"].append({"compute": compute, "modelled": rec.modelled_s, "waited": rec.waited})
+
+    fresh()  # rank 1 issues two back-to-back collectives LATE after rank 0 does
+    if rank == 1:
+        time.sleep(LATE)
+    t0 = time.perf_counter()
+    dist.all_reduce(torch.ones(4), async_op=True)
+    dist.all_reduce(torch.ones(4), async_op=True).wait()
+    out["straggler"] = {"elapsed": time.perf_counter() - t0, "records": [r.as_dict() for r in emulator.records()]}
 
     jittery = net.Topology(sites=1, intra_link=net.Link(rtt_s=D, bandwidth_bps=1e9, jitter_s=0.03))
     sub = dist.new_group(pg_options=net.Emulator(jittery, seed=123))  # a group with its own emulator

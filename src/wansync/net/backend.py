@@ -8,7 +8,9 @@ whole process group, so it implements every collective its callers use; each one
 2. computes the modelled duration d (:mod:`wansync.net.cost`, jitter shared by all ranks),
 3. reserves its :class:`~wansync.net.Emulator`'s link, which is FIFO: start = max(issue, end of
    the previous transfer),
-4. returns a Work whose Future the emulator's completer thread completes at
+4. issues beside it a MAX all-reduce of that start (8 bytes on the real backend), so that the
+   transfer starts when the last member is ready: the straggler's lateness delays everyone's end,
+5. returns a Work whose Future the emulator's completer thread completes at
    max(real completion, start + d), in issue order.
 
 A group gets its emulator as ``pg_options``; a group created without one (``new_group()``, called
@@ -22,10 +24,12 @@ DDP needs ``broadcast`` (initial state), ``allgather`` (constructor checks) and 
 
 from __future__ import annotations
 
+import socket
 import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,7 +38,7 @@ from torch.futures import Future
 
 from wansync.errors import ConfigError
 from wansync.net.cost import collective_duration, jitter_draw
-from wansync.net.emulator import Emulator
+from wansync.net.emulator import Arrival, Emulator
 from wansync.net.link import Topology
 from wansync.net.records import CollectiveRecord
 
@@ -42,6 +46,8 @@ __all__ = ["BACKEND_NAME", "EmulatedProcessGroup", "EmulatedWork", "SharedUplink
            "shared_uplink"]
 
 BACKEND_NAME = "wansync_emu"
+_MAX = dist.AllreduceOptions()
+_MAX.reduceOp = dist.ReduceOp.MAX
 
 
 class EmulatedWork(dist.Work):
@@ -86,6 +92,16 @@ class EmulatedWork(dist.Work):
         return self._rec
 
 
+def _clock_identity() -> int:
+    """The same number in every process that reads the same monotonic clock: the kernel's boot id
+    (Linux) or, elsewhere, the host's name."""
+    try:
+        ident = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        ident = socket.gethostname()
+    return zlib.crc32(ident.encode())
+
+
 def _nbytes(tensors: Any) -> int:
     if isinstance(tensors, torch.Tensor):
         return tensors.numel() * tensors.element_size()
@@ -124,11 +140,24 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         timeout = opts.timeout
         store = dist.PrefixStore("gloo/", opts.store)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._clock_offset = self._shared_clock_offset()
         self._nccl = None
         if torch.cuda.is_available() and dist.is_nccl_available():
             nccl_opts = dist.ProcessGroupNCCL.Options()
             nccl_opts._timeout = timeout
             self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", opts.store), rank, size, nccl_opts)
+
+    def _shared_clock_offset(self) -> float:
+        """What to add to perf_counter for a time every member reads alike: 0 when all of them run
+        under one kernel (perf_counter is its monotonic clock, exact across processes), else the
+        offset to the wall clock (hosts agree to NTP's accuracy: a skew of s delays collectives by up
+        to s). Asked once, with one small all-reduce, when the group is made."""
+        if self._size == 1:
+            return 0.0
+        ident = _clock_identity()
+        seen = torch.tensor([ident, -ident], dtype=torch.int64)
+        self._gloo.allreduce([seen], _MAX).wait()
+        return 0.0 if seen.tolist() == [ident, -ident] else self.emulator.clock_offset
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -177,8 +206,12 @@ class EmulatedProcessGroup(dist.ProcessGroup):
             op=op, nbytes=nbytes, group=self._name, seq=seq, issue=issue, start=start,
             modelled_s=d, modelled_end=start + d,
         )
+        arrival = None
+        if peers is None and self._size > 1:  # every member issues it: its start is the latest member's
+            clock = torch.tensor([start + self._clock_offset], dtype=torch.float64)
+            arrival = Arrival(self._gloo.allreduce([clock], _MAX), clock, self._clock_offset)
         fut = Future(devices=[t.device]) if cuda else Future()
-        self.emulator.schedule(works, rec, fut, value, cuda)
+        self.emulator.schedule(works, rec, fut, value, cuda, arrival)
         return EmulatedWork(fut, rec, value)
 
     # -- collectives ------------------------------------------------------------------------------

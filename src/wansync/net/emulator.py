@@ -5,7 +5,9 @@ group's options, ``dist.init_process_group(net.install(), pg_options=Emulator(to
 and every group created with it (or with ``net.shared_uplink(copies)``, which carries it) shares
 its link, so a rank has one network path whatever the group. The link carries one transfer at a time: a collective issued while another is in flight
 starts when that one's modelled transfer ends, and one completer thread finishes the Futures in
-issue order.
+issue order. A collective also starts no earlier than its last member issued it: no data can cross
+before every rank has put its share on the wire, so a rank that arrives early waits for the
+straggler *and* the transfer, and every member completes at the same modelled time, as on a real link.
 """
 
 from __future__ import annotations
@@ -36,16 +38,37 @@ class _Link:
             self._free_at = start + duration
             return start
 
+    def hold_until(self, end: float) -> None:
+        """A transfer ends later than reserved (it waited for its last member): later ones queue behind."""
+        with self._lock:
+            self._free_at = max(self._free_at, end)
+
+
+class Arrival:
+    """When the last member of a collective was ready to send: a MAX all-reduce of each member's
+    start on its link (on a clock all ranks share), issued beside the collective on the real
+    backend, so it costs one small message and no extra wait."""
+
+    def __init__(self, work: Any, clock: Any, offset: float):
+        self.work, self.clock, self.offset = work, clock, offset
+
+    def start(self) -> float:
+        """The latest member's start, on this process's perf_counter clock."""
+        self.work.wait()
+        return float(self.clock[0]) - self.offset
+
 
 class _Job:
     """Wait for the real collective, then until the modelled end; complete the caller's Future."""
 
     def __init__(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool,
-                 timeout: float | None):
+                 timeout: float | None, link: _Link, arrival: Arrival | None):
         self.works, self.rec, self.fut, self.value, self.cuda = works, rec, fut, value, cuda
-        self.timeout = timeout
+        self.timeout, self.link, self.arrival = timeout, link, arrival
 
-    def run(self) -> None:
+    def run(self, link_end: float) -> float:
+        """Complete the Future; `link_end` is when the transfer before it really ended on this
+        rank's link (later than reserved if that one waited for a member). Returns this one's end."""
         rec = self.rec
         try:
             for w in self.works:
@@ -57,6 +80,13 @@ class _Job:
                 else:
                     w.wait()
             rec.real_end = time.perf_counter()
+            start = max(rec.start, link_end)
+            if self.arrival is not None:
+                rec.ready = self.arrival.start()
+                start = max(start, rec.ready)
+            if start > rec.start:
+                rec.start, rec.modelled_end = start, start + rec.modelled_s
+                self.link.hold_until(rec.modelled_end)
             delay = rec.modelled_end - rec.real_end
             if self.timeout is not None and delay > self.timeout:
                 raise TimeoutError(f"the emulated link would hold this {rec.op} for {delay:.3g} s more, beyond "
@@ -67,9 +97,10 @@ class _Job:
             rec.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             rec.end = time.perf_counter()
             self.fut.set_exception(exc)
-            return
+            return rec.modelled_end
         rec.end = time.perf_counter()
         self.fut.set_result(self.value)
+        return rec.modelled_end
 
 
 class _Completer:
@@ -88,8 +119,9 @@ class _Completer:
         self._q.put(job)
 
     def _run(self) -> None:
+        link_end = 0.0
         while True:
-            self._q.get().run()
+            link_end = self._q.get().run(link_end)
 
 
 class Emulator:
@@ -112,6 +144,8 @@ class Emulator:
         self._link = _Link()
         self._completer = _Completer()
         self._log = RecordLog()
+        # perf_counter + this is the wall clock: the clock ranks on different hosts share (to NTP's accuracy)
+        self.clock_offset = time.time() - time.perf_counter()
 
     def __repr__(self) -> str:
         return f"Emulator({self.topology.describe()}, seed={self.seed})"
@@ -121,10 +155,12 @@ class Emulator:
         """When a transfer issued at ``issue`` starts on the link (after the one before it)."""
         return self._link.reserve(issue, duration)
 
-    def schedule(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool) -> None:
-        """Record a collective and complete ``fut`` with ``value`` at max(real end, modelled end)."""
+    def schedule(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool,
+                 arrival: Arrival | None = None) -> None:
+        """Record a collective and complete ``fut`` with ``value`` at max(real end, modelled end),
+        the modelled transfer starting once ``arrival`` (when given) says every member was ready."""
         self._log.add(rec)
-        self._completer.submit(_Job(works, rec, fut, value, cuda, self.timeout))
+        self._completer.submit(_Job(works, rec, fut, value, cuda, self.timeout, self._link, arrival))
 
     # ---- records ----------------------------------------------------------------------------
     def records(self) -> list[CollectiveRecord]:

@@ -23,13 +23,14 @@ class CollectiveRecord:
     group: str  # the process group's name ("0" is the default group)
     seq: int  # the collective's sequence number within its group (same on every rank)
     issue: float  # when the caller issued it
-    start: float  # when it started on this rank's link (FIFO: after the previous transfer)
+    start: float  # when it started on the link: after the previous transfer, once every member issued it
     modelled_s: float  # modelled duration, jitter included
     modelled_end: float  # start + modelled_s
     real_end: float | None = None  # when the wrapped backend finished
     end: float | None = None  # when the returned Work completed: max(real_end, modelled_end)
     waited: float | None = None  # seconds the caller blocked in Work.wait(); None if never called
     error: str | None = None
+    ready: float | None = None  # when the last member had issued it and its link was free (None: not known)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
