@@ -9,21 +9,15 @@ the step time, the planner is given the run's own measured compute per step (the
 percentage points. The modelled communication seconds of the emulator's records and of the planner's
 schedule are printed side by side (they differ only if the planner's schedule or bytes do).
 
-Two predictions per row: the link model alone (what the planner says for a real deployment), and
-the same with the emulator's other term, the real backend's own transfer time, modelled as
-bytes / the rate this run's gloo collectives reached (on a loaded CPU a 4 MB gloo all-reduce can take
-longer than the emulated link, and the emulator then follows the machine). The last column is not a
-prediction but a split of the measured exposed share: the points that were this host's (collectives
-the emulator completed later than their model, by as much as they were late and exposed). A row
-where the host added 1 point or more tests the host, not the link model; the summary counts the
-rows within tolerance among the others separately, and all rows against the measured share less
-the host's points (the link model's own error).
-
-Most of the host's points are not a slow transfer but waiting for a peer: two ranks sharing 2 cores
-take turns arriving late at an exchange, and the early one's blocked time includes the wait. The
-last two columns take that out with a measurement that uses no model: rank 0's peer wait
-(`derived.peer_wait_pct` of profile.json, `wansync.telemetry.peerwait`: per step, its blocked time
-beyond the least any rank was blocked). The planner predicts identical workers arriving together.
+Two predictions per row. "identical": the planner's default, every worker taking the run's mean
+compute per step and arriving at each exchange together. "replayed": every rank's own step times
+from the run (`logs/profile_rank<R>.json`, `steps_s`; `wansync plan --step-times RUN`), so that the
+workers arrive apart as they did, and an early one waits for the straggler and then for the transfer,
+as on the emulator, which starts a collective when its last member is ready. On this 2-core host the
+ranks take turns arriving late, so "identical" misses by the time rank 0 waited for its peer; the last
+two columns show that wait, measured without any model (`derived.peer_wait_pct` of profile.json,
+`wansync.telemetry.peerwait`: per step, rank 0's blocked time beyond the least any rank was blocked),
+and the identical prediction's error against the measured share less it.
 
 Default subset (about 4 min on 2 idle cores, 30 shared with other jobs): tiny LM, 2 workers, every preset, ddp / diloco /
 streaming / cocodc; plus 4 workers under cross-region for every other strategy. ``--full`` runs
@@ -48,6 +42,7 @@ from pathlib import Path
 
 from wansync.net.link import PRESETS, parse_wan
 from wansync.planner import of_name, predict, setting
+from wansync.planner.measure import run_step_times
 from wansync.planner.predict import run_trace
 from wansync.planner.simulate import transfer_seconds
 from wansync.strategies import STRATEGIES
@@ -62,7 +57,6 @@ KNOBS = {
     "cocodc": {"sync_every": 10, "fragments": 2, "overlap": 2},
 }
 FOUR = ("ddp", "diloco", "streaming", "cocodc")
-HOST_BOUND_PP = 1.0     # a row whose host added this much exposed time or more tests the host, not the link model
 
 
 def grid(full: bool, models: str | None = None, workers: str | None = None, presets: str | None = None,
@@ -96,31 +90,13 @@ def run_one(model: str, workers: int, preset: str, strategy: str, out: Path) -> 
            "modelled_s": prof["derived"]["comm_modelled_s"],
            "pred_modelled_s": sum(map(transfer_seconds(s.topology, workers),
                                       run_trace(s, STEPS, finish=True).transfers())),
-           "host_MBps": host_rate(prof) / 1e6, "host_pp": 100 * host_exposed_s(prof) / prof["wall_clock_s"],
            "wait_pp": prof["derived"].get("peer_wait_pct", 0.0)}
-    for key, setting_ in (("link", s), ("host", dataclasses.replace(s, host_bytes_per_s=host_rate(prof)))):
+    replayed = dataclasses.replace(s, step_times=run_step_times(run_dir))
+    for key, setting_ in (("link", s), ("replay", replayed)):
         tl = predict(setting_, steps=STEPS, finish=True).timeline
         out[f"{key}_wall_s"] = tl.wall_s + once
         out[f"{key}_exposed_pct"] = 100 * tl.exposed_s / (tl.wall_s + once)
     return out
-
-
-def host_rate(prof: dict) -> float:
-    """Bytes per second the real backend reached on this run's collectives of 1 MB or more that took
-    at least 1.5 times their modelled time (the emulator's completion is max(real, modelled), so
-    only those show the real part); infinite when none did."""
-    big = [c for e in prof["events"] for c in e["per_collective"]
-           if c["bytes"] >= 1e6 and c["measured_s"] and c["measured_s"] >= 1.5 * c["modelled_s"]]
-    return sum(c["bytes"] for c in big) / sum(c["measured_s"] for c in big) if big else float("inf")
-
-
-def host_exposed_s(prof: dict) -> float:
-    """Exposed seconds that are this host's, not the link's: a collective the emulator completed later
-    than its model (completion = max(real, modelled), so only a real backend slower than the modelled
-    link does that) adds its lateness, up to the time it was exposed. Not a prediction: it splits the
-    measured exposed time into the link model's part, which the planner predicts, and the host's."""
-    return sum(min(max(0.0, c["measured_s"] - c["modelled_s"]), c["exposed_s"])
-               for e in prof["events"] for c in e["per_collective"] if c["measured_s"] is not None)
 
 
 def main() -> None:
@@ -135,41 +111,33 @@ def main() -> None:
     out = Path(args.out)
     t0 = time.monotonic()
     print(f"load average at start: {os.getloadavg()[0]:.1f} (1 min), {os.cpu_count()} CPUs; steps {STEPS}")
-    print("| model | workers | link | strategy | wall s | predicted: link / +host | error % | exposed % "
-          "| predicted: link / +host | diff pp | within (link / +host) | modelled comm s: emulator / planner "
-          "| host MB/s | host's exposed pp | diff pp without the host's part | peer wait pp | diff pp without the peer wait |")
-    print("|" + "---|" * 17)
-    ok = ok_host = total = link_bound = ok_link_bound = ok_split = ok_wait = 0
+    print("| model | workers | link | strategy | wall s | predicted: identical / replayed | error % | exposed % "
+          "| predicted: identical / replayed | diff pp | within (identical / replayed) "
+          "| modelled comm s: emulator / planner | peer wait pp | diff pp without the peer wait |")
+    print("|" + "---|" * 12)
+    ok = ok_replay = total = ok_wait = 0
     for model, workers, preset, strategy in grid(args.full, args.models, args.workers, args.presets, args.strategies):
         r = run_one(model, workers, preset, strategy, out)
         head = f"| {model} | {workers} | {preset} | {strategy} "
         if "error" in r:
             print(head + f"| failed: {r['error']} |", flush=True)
             continue
-        err = {k: 100 * (r[f"{k}_wall_s"] - r["wall_s"]) / r["wall_s"] for k in ("link", "host")}
-        diff = {k: r[f"{k}_exposed_pct"] - r["exposed_pct"] for k in ("link", "host")}
-        good = {k: abs(err[k]) <= 10 and abs(diff[k]) <= 2 for k in ("link", "host")}
-        ok, ok_host, total = ok + good["link"], ok_host + good["host"], total + 1
-        split = diff["link"] + r["host_pp"]          # the planner against the measured share less the host's points
-        ok_split += abs(err["link"]) <= 10 and abs(split) <= 2
-        unwaited = diff["link"] + r["wait_pp"]      # ... less rank 0's waits for later-arriving peers
+        err = {k: 100 * (r[f"{k}_wall_s"] - r["wall_s"]) / r["wall_s"] for k in ("link", "replay")}
+        diff = {k: r[f"{k}_exposed_pct"] - r["exposed_pct"] for k in ("link", "replay")}
+        good = {k: abs(err[k]) <= 10 and abs(diff[k]) <= 2 for k in ("link", "replay")}
+        ok, ok_replay, total = ok + good["link"], ok_replay + good["replay"], total + 1
+        unwaited = diff["link"] + r["wait_pp"]      # identical workers against the measured share less rank 0's peer wait
         ok_wait += abs(err["link"]) <= 10 and abs(unwaited) <= 2
-        if r["host_pp"] < HOST_BOUND_PP:
-            link_bound, ok_link_bound = link_bound + 1, ok_link_bound + good["link"]
-        print(head + f"| {r['wall_s']:.1f} | {r['link_wall_s']:.1f} / {r['host_wall_s']:.1f} | "
-              f"{err['link']:+.1f} / {err['host']:+.1f} | {r['exposed_pct']:.1f} | {r['link_exposed_pct']:.1f} / "
-              f"{r['host_exposed_pct']:.1f} | {diff['link']:+.1f} / {diff['host']:+.1f} | "
-              f"{'yes' if good['link'] else 'NO'} / {'yes' if good['host'] else 'NO'} | "
-              f"{r['modelled_s']:.3f} / {r['pred_modelled_s']:.3f} | {r['host_MBps']:.0f} | {r['host_pp']:.1f} | {split:+.1f} | "
-              f"{r['wait_pp']:.1f} | {unwaited:+.1f} |",
+        print(head + f"| {r['wall_s']:.1f} | {r['link_wall_s']:.1f} / {r['replay_wall_s']:.1f} | "
+              f"{err['link']:+.1f} / {err['replay']:+.1f} | {r['exposed_pct']:.1f} | {r['link_exposed_pct']:.1f} / "
+              f"{r['replay_exposed_pct']:.1f} | {diff['link']:+.1f} / {diff['replay']:+.1f} | "
+              f"{'yes' if good['link'] else 'NO'} / {'yes' if good['replay'] else 'NO'} | "
+              f"{r['modelled_s']:.3f} / {r['pred_modelled_s']:.3f} | {r['wait_pp']:.1f} | {unwaited:+.1f} |",
               flush=True)
-    print(f"\nwithin tolerance (wall 10 %, exposed 2 pp): {ok} of {total} rows with the link model alone, "
-          f"{ok_host} of {total} with the host's measured rate as the real part; with the link model alone "
-          f"{ok_link_bound} of the {link_bound} rows where this host added under {HOST_BOUND_PP} pp of exposed time, "
-          f"{ok_split} of {total} against the measured share less the host's points, and {ok_wait} of {total} "
-          f"against the measured share less rank 0's peer wait; "
-          f"{time.monotonic() - t0:.0f} s; load average at end: {os.getloadavg()[0]:.1f}")
-
+    print(f"\nwithin tolerance (wall 10 %, exposed 2 pp): {ok_replay} of {total} rows with every rank's step times "
+          f"replayed; {ok} of {total} with identical workers, {ok_wait} of {total} of those against the measured "
+          f"share less rank 0's peer wait; {time.monotonic() - t0:.0f} s; "
+          f"load average at end: {os.getloadavg()[0]:.1f}")
 
 if __name__ == "__main__":
     main()

@@ -3,6 +3,8 @@ plans (which step, which purpose, which fragment, how many bytes, when waited fo
 strategy makes on a real 2-rank gloo group. No timing is asserted."""
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import Counter
 from typing import Any
 
@@ -193,3 +195,50 @@ def test_the_planned_ddp_buckets_are_ddps_own_in_every_step():
     planned = [[a.transfer.payload for a in acts if a.kind == "issue" and a.transfer.purpose == "grads"]
                for acts in tr.steps]
     assert planned == seen and len(seen[0]) == 1 and len(seen[1]) == 2
+
+
+# -- replayed step times: workers that arrive apart ----------------------------------------------------
+
+
+def test_replaying_identical_workers_predicts_what_identical_workers_do():
+    base = dict(size=of_params(1e8), workers=4, topology=PRESETS["two-site"], step_s=0.2, other_s=0.01)
+    for name in ("ddp", "local_sgd", "diloco", "streaming", "cocodc"):
+        plain = predict(setting(name, {}, **base), steps=60, finish=True).timeline
+        same = ((0.2, 0.01),) * 60
+        replayed = predict(setting(name, {}, **base, step_times=(same,) * 4), steps=60, finish=True).timeline
+        assert replayed.wall_s == pytest.approx(plain.wall_s, rel=1e-12), name
+        assert replayed.exposed_s == pytest.approx(plain.exposed_s, rel=1e-12, abs=1e-12), name
+        assert replayed.payload_bytes == plain.payload_bytes
+
+
+def test_an_early_worker_waits_for_the_straggler_and_then_for_the_transfer():
+    """As on the emulator: a transfer starts when its last member has issued it. Worker 1 computes
+    0.05 s longer per step, so at each of diloco's exchanges (H = 5) worker 0 is blocked for 5 x 0.05 s
+    plus the transfer itself."""
+    from wansync.planner.predict import run_trace, seconds_of
+    s = setting("diloco", {"sync_every": 5}, of_params(1e7), 2, PRESETS["cross-region"], 0.1)
+    transfer = sum(map(seconds_of(s), run_trace(s, 20).transfers())) / 4
+    fast, slow = ((0.1, 0.0),) * 20, ((0.15, 0.0),) * 20
+    tl = predict(dataclasses.replace(s, step_times=(fast, slow)), steps=20).timeline
+    assert tl.exposed_s == pytest.approx(4 * (5 * 0.05 + transfer))
+    assert tl.wall_s == pytest.approx(20 * 0.15 + 4 * transfer)            # the straggler sets the pace
+    late = predict(dataclasses.replace(s, step_times=(slow, fast)), steps=20).timeline
+    assert late.exposed_s == pytest.approx(4 * transfer)                   # the last to arrive waits for no one
+
+
+def test_plan_replays_a_runs_step_times_and_rejects_a_directory_without_them(tmp_path, capsys):
+    from wansync.cli import main
+    logs = tmp_path / "run" / "logs"
+    logs.mkdir(parents=True)
+    for rank, step in enumerate((0.1, 0.12)):
+        (logs / f"profile_rank{rank}.json").write_text(json.dumps(
+            {"steps_s": {"compute": [step] * 10, "other": [0.001] * 10}}))
+    flags = ["plan", "--model", "tiny", "--workers", "2", "--wan", "two-site", "--strategy", "diloco", "--sync-every", "5"]
+    with pytest.raises(SystemExit) as done:
+        main([*flags, "--step-times", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "2 rank(s), 10 steps each" in out
+    with pytest.raises(SystemExit) as done:
+        main([*flags, "--step-times", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert done.value.code != 0 and "no profile_rank0.json under" in err and "Traceback" not in err

@@ -1,10 +1,13 @@
-"""benchmarks/planner_validation.py's split of a run's exposed time into the host's part and the link's."""
+"""benchmarks/planner_validation.py's grid: what the validation runs."""
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
 import pytest
+
+from wansync.net.link import PRESETS
+from wansync.strategies import STRATEGIES
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "planner_validation.py"
 
@@ -17,20 +20,15 @@ def validation():
     return module
 
 
-def coll(measured, modelled, exposed):
-    return {"measured_s": measured, "modelled_s": modelled, "exposed_s": exposed, "bytes": 4_000_000}
+def test_the_default_subset_covers_every_preset_and_every_strategy(validation):
+    rows = validation.grid(False)
+    assert {p for _, _, p, _ in rows} == set(PRESETS)
+    assert {s for _, _, _, s in rows} == set(STRATEGIES)
+    assert set(validation.KNOBS) == set(STRATEGIES)
 
 
-def test_the_host_owns_a_collectives_lateness_up_to_the_time_it_was_exposed(validation):
-    prof = {"events": [{"per_collective": [coll(0.5, 0.2, 0.4),      # 0.3 late, 0.4 exposed: 0.3
-                                           coll(0.5, 0.2, 0.1)]},    # 0.3 late, 0.1 exposed: 0.1
-                       {"per_collective": [coll(0.2, 0.2, 0.2),      # on time (the link model's): 0
-                                           coll(0.1, 0.3, 0.0),      # hidden, earlier than modelled: 0
-                                           coll(None, 0.2, 0.2)]}]}  # not completed in the step: 0
-    assert validation.host_exposed_s(prof) == pytest.approx(0.4)
-
-
-def test_a_run_that_followed_its_link_model_has_no_host_part(validation):
-    prof = {"events": [{"per_collective": [coll(0.3, 0.3, 0.3), coll(0.8, 0.8, 0.1)]}]}
-    assert validation.host_exposed_s(prof) == 0.0
-    assert validation.host_rate(prof) == float("inf")
+def test_the_full_grid_is_tiny_and_small_by_two_four_eight_workers_by_every_preset_and_strategy(validation):
+    rows = validation.grid(True)
+    assert len(rows) == 2 * 3 * len(PRESETS) * len(STRATEGIES) == len(set(rows))
+    assert validation.grid(False, models="small", workers="8", presets="lan", strategies="ddp,diloco") == [
+        ("small", 8, "lan", "ddp"), ("small", 8, "lan", "diloco")]

@@ -163,7 +163,9 @@ def runs(tmp_path_factory):
                 r = run.result(timeout=200)
                 assert r.returncode == 0, f"{name}: {r.stderr}"
                 out[name] = {"profile": json.loads((root / name / "profile.json").read_text()),
-                             "summary": json.loads((root / name / "summary.json").read_text())}
+                             "summary": json.loads((root / name / "summary.json").read_text()),
+                             "per_rank": [json.loads((root / name / "logs" / f"profile_rank{r}.json").read_text())
+                                          for r in range(2)]}
         finally:
             for run in running.values():
                 run.kill()
@@ -215,6 +217,17 @@ def test_every_ranks_time_and_its_wait_for_later_peers_are_in_the_profile(runs, 
     assert prof["derived"]["peer_wait_s"] == ranks[0]["peer_wait_s"]
     for r in ranks:
         assert 0 <= r["peer_wait_s"] <= r["exposed_comm_s"] + slack and r["compute_s"] > 0
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_rank_keeps_its_step_times_for_the_planner_to_replay(runs, name):
+    """Per step, compute (the profile's compute category, step by step) and the rest but communication."""
+    steps = runs[name]["summary"]["steps"]
+    for p in runs[name]["per_rank"]:
+        compute, other = p["steps_s"]["compute"], p["steps_s"]["other"]
+        assert len(compute) == len(other) == steps and min(compute) > 0 and min(other) >= 0
+        assert sum(compute) == pytest.approx(p["categories_s"]["compute"], rel=0.02, abs=1e-3)
+        assert sum(other) <= p["categories_s"]["data"] + p["categories_s"]["sync_math"] + 1e-3
 
 
 @pytest.mark.parametrize("name, spec", [("ddp_two_site", "two-site"), ("lsgd_slow", SLOW), ("ddp_plain", None)])

@@ -122,6 +122,8 @@ def _add_plan_parser(sub: Any) -> None:
                    "instead of a named --model")
     g.add_argument("--step-time", type=float, default=None, metavar="S", help="compute seconds per step")
     g.add_argument("--measure", action="store_true", help="measure the step time: a few steps of --model here")
+    g.add_argument("--step-times", default=None, metavar="RUN", help="replay the per-step times of every rank of "
+                   "a finished `wansync train` run (worker w takes rank w mod its ranks), stragglers included")
     g.add_argument("--tokens-per-step", type=float, default=None, metavar="T", help="FLOPs rule: tokens per "
                    "worker step (default batch_size x seq_len)")
     g.add_argument("--throughput", type=float, default=400e12, metavar="FLOPS", help="FLOPs rule: effective "
@@ -208,7 +210,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     cfg = config_from_args(args)
     print(planner.plan_command(cfg, params=args.params, ranks_per_worker=cfg.ranks_per_worker,
-                               step_s=args.step_time, measure=args.measure, target_pct=args.target_exposed,
+                               step_s=args.step_time, measure=args.measure, step_times=args.step_times,
+                               target_pct=args.target_exposed,
                                tokens_per_step=args.tokens_per_step, flops=args.throughput))
     return 0
 

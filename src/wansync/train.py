@@ -90,6 +90,7 @@ class Trainer:
         self.profiler = Profiler()
         self._waited = 0.0
         self.exposed_inside_s = 0.0                       # the part of exposed_comm spent inside the worker
+        self.step_times: list[tuple[float, float]] = []   # per step: (compute, the rest but communication)
         self.comm_timer = CommTimer(emulator_of())        # per-sync-event timing; DDP's hidden waits
         for ddp in ddp_modules(self.sync):
             self.comm_timer.instrument(ddp)
@@ -163,7 +164,7 @@ class Trainer:
         lr = lr_at(cfg, step, self.world)
         set_lr(self.optimizer, lr)
         batch = self.workload.next_batch()
-        prof.lap("data")
+        data_s = prof.lap("data")
         self.comm_timer.begin(step + 1, sync.comm.bytes)
         loss = self.workload.loss(sync.model, batch)
         loss.backward()
@@ -184,6 +185,8 @@ class Trainer:
         prof.move("sync_math", "compute", sync.last_inner_s)
         prof.move("sync_math", "exposed_comm", self._waited)
         self.comm_timer.end(sync.comm.bytes, self._waited)
+        self.step_times.append((compute - ddp_exposed + sync.last_inner_s,
+                                data_s + max(0.0, step_s - sync.last_inner_s - self._waited)))
         items = self.workload.batch_size_items(batch) * self.world
         rec = {"type": "step", "step": sync.t, "loss": loss_value, "lr": lr,
                "items_per_s": items / max(1e-9, compute + step_s), "time": prof.wall()}
@@ -370,8 +373,11 @@ class Trainer:
         if self.rank == 0:
             (self.run_dir / "summary.json").write_text(jsonout.dumps(summary, indent=2))
             (self.run_dir / "profile.json").write_text(jsonout.dumps(profile, indent=2))
-        # every rank's, for the launcher's comparison of ranks (telemetry.peerwait)
+        # every rank's, for the launcher's comparison of ranks (telemetry.peerwait) and for replaying
+        # its step times in the planner (`wansync plan --step-times RUN`)
         (self.run_dir / "logs").mkdir(exist_ok=True)
+        compute, rest = zip(*self.step_times) if self.step_times else ((), ())
+        profile["steps_s"] = {"compute": [round(c, 6) for c in compute], "other": [round(o, 6) for o in rest]}
         (self.run_dir / "logs" / PROFILE.format(self.rank)).write_text(jsonout.dumps(profile, indent=2))
         self.writer.close()
         if self.quorum is not None:

@@ -13,10 +13,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..errors import ConfigError
 from ..net.link import Topology
 from ..strategies import resolve_options
 from .schedule import Trace, Transfer, bare_strategy, gradient_phase, trace
-from .simulate import DDP_OVERLAP, Timeline, simulate, transfer_seconds
+from .simulate import DDP_OVERLAP, StepTimes, Timeline, simulate, transfer_seconds
 from .sizes import ModelSize
 
 STEPS = 1000
@@ -36,6 +37,7 @@ class Setting:
     ranks_per_worker: int = 1
     overlap: float = DDP_OVERLAP       # share of the compute DDP's bucket all-reduces overlap
     host_bytes_per_s: float | None = None   # the real backend's rate here (see `transfer_seconds`)
+    step_times: StepTimes | None = None     # per worker, per step (compute, other): replayed (`simulate`)
 
 
 def setting(strategy: str, options: dict[str, Any], size: ModelSize, workers: int, topology: Topology,
@@ -96,9 +98,19 @@ def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Predi
     first = warmup_steps(s) if steps is None else 0
     n = steps if steps is not None else first + 2 * h
     tr = run_trace(s, n, finish)
-    tl = simulate(tr, seconds_of(s), s.step_s, s.other_s, s.overlap, include_finish=finish)
+    tl = simulate(tr, seconds_of(s), s.step_s, s.other_s, s.overlap, include_finish=finish,
+                  step_times=workers_times(s))
     return Prediction(s, tl, tr.syncs_per_period if "fragments" in s.options else None,
                       extra_memory_bytes(s, tl.peak_in_flight_bytes), first)
+
+
+def workers_times(s: Setting) -> StepTimes | None:
+    """The replayed step times, one series per worker: worker w replays series w mod their number."""
+    if s.step_times is None:
+        return None
+    if s.ranks_per_worker != 1:
+        raise ConfigError("replayed step times (--step-times) need one rank per worker")
+    return tuple(s.step_times[w % len(s.step_times)] for w in range(s.workers))
 
 
 def extra_memory_bytes(s: Setting, peak_in_flight: int) -> int:

@@ -23,6 +23,8 @@ from ..net.link import Link, Topology
 from .schedule import Action, Trace, Transfer
 
 DDP_OVERLAP = 2 / 3
+#: Per worker, per step: (compute seconds, other seconds); see `simulate`.
+StepTimes = tuple[tuple[tuple[float, float], ...], ...]
 #: The link between the ranks of one worker (R > 1): an NVLink-class interconnect inside a node
 #: (10 µs round trip, 400 GB/s per rank), not the emulator's in-site LAN.
 WORKER_LINK = Link(rtt_s=10e-6, bandwidth_bps=3.2e12)
@@ -89,31 +91,40 @@ class Timeline:
 
 
 def simulate(trace: Trace, seconds: Callable[[Transfer], float], compute_s: float, other_s: float = 0.0,
-             overlap: float = DDP_OVERLAP, include_finish: bool = False) -> Timeline:
-    now, link_free, exposed = 0.0, 0.0, 0.0
+             overlap: float = DDP_OVERLAP, include_finish: bool = False,
+             step_times: StepTimes | None = None) -> Timeline:
+    """Worker 0's time line. Identical workers (every step `compute_s`, then `other_s`) arrive at
+    every exchange together; with `step_times` (per worker, per step: (compute, other), e.g. a
+    measured run's, replayed cyclically), each worker runs its own time line and a transfer starts
+    on the link when the last worker has issued it and its link is free, as on the emulator: an
+    early worker waits for the straggler and then for the transfer."""
+    times = step_times if step_times else (((compute_s, other_s),),)
+    workers = len(times)
+    now, link_free, exposed = [0.0] * workers, [0.0] * workers, [0.0] * workers
     ends: dict[int, float] = {}
     in_flight: dict[int, int] = {}
     peak, payload, events = 0, 0, 0
 
-    def issue(x: Transfer, at: float) -> None:
-        nonlocal link_free, payload, events, peak
-        start = max(at, link_free)
-        link_free = start + seconds(x)
-        ends[id(x)] = link_free
+    def issue(x: Transfer, at: list[float]) -> None:
+        nonlocal payload, events, peak
+        start = max(max(a, f) for a, f in zip(at, link_free))
+        end = start + seconds(x)
+        link_free[:] = [end] * workers
+        ends[id(x)] = end
         payload += x.payload
         events += 1
         if x.purpose == "pseudo_grads":
             in_flight[id(x)] = x.nbytes
             peak = max(peak, sum(in_flight.values()))
 
-    def wait(x: Transfer, at: float) -> float:
-        nonlocal exposed
+    def wait(x: Transfer, at: list[float]) -> list[float]:
         end = ends[id(x)]
         in_flight.pop(id(x), None)
-        exposed += max(0.0, end - at)
-        return max(at, end)
+        for w in range(workers):
+            exposed[w] += max(0.0, end - at[w])
+        return [max(a, end) for a in at]
 
-    def run(actions: list[Action], start: float, busy_s: float) -> float:
+    def run(actions: list[Action], start: list[float], busy: list[float]) -> list[float]:
         nonlocal payload
         backward = [a for a in actions if a.in_backward]
         issued = [a.transfer for a in backward if a.kind == "issue"]
@@ -121,8 +132,8 @@ def simulate(trace: Trace, seconds: Callable[[Transfer], float], compute_s: floa
         done = 0
         for x in issued:
             done += x.nbytes
-            issue(x, start + busy_s * (1 - overlap) + busy_s * overlap * done / total)
-        t = start + busy_s
+            issue(x, [s0 + b * (1 - overlap) + b * overlap * done / total for s0, b in zip(start, busy)])
+        t = [s0 + b for s0, b in zip(start, busy)]
         for a in backward:
             if a.kind == "wait":
                 t = wait(a.transfer, t)
@@ -137,10 +148,12 @@ def simulate(trace: Trace, seconds: Callable[[Transfer], float], compute_s: floa
                 t = wait(a.transfer, t)
         return t
 
-    marks = []
-    for acts in trace.steps:
-        now = run(acts, now, compute_s) + other_s
-        marks.append((now, exposed, payload))
+    marks, computed = [], 0.0
+    for i, acts in enumerate(trace.steps):
+        step = [w[i % len(w)] for w in times]
+        now = [t + o for t, (_, o) in zip(run(acts, now, [c for c, _ in step]), step)]
+        computed += step[0][0]
+        marks.append((now[0], exposed[0], payload))
     if include_finish:
-        now = run(trace.finish, now, 0.0)
-    return Timeline(now, exposed, compute_s * len(trace.steps), len(trace.steps), payload, peak, events, marks)
+        now = run(trace.finish, now, [0.0] * workers)
+    return Timeline(now[0], exposed[0], computed, len(trace.steps), payload, peak, events, marks)

@@ -7,7 +7,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..strategies import resolve_options
 from ..net.link import PRESETS, parse_wan
-from .measure import measure_step_s
+from .measure import measure_step_s, run_step_times
 from .predict import Prediction, predict, recommend_h, setting
 from .sizes import (ACCELERATORS_PER_WORKER, FLOPS_PER_ACCELERATOR, TOKENS_PER_WORKER_STEP, ModelSize,
                     flops_step_s, human_bytes, human_seconds, of_name, of_params)
@@ -47,7 +47,7 @@ def describe(p: Prediction, step_source: str, target_pct: float | None) -> str:
 
 def plan_command(cfg: Any, *, params: float | None, ranks_per_worker: int, step_s: float | None,
                  measure: bool, target_pct: float | None, tokens_per_step: float | None,
-                 flops: float) -> str:
+                 flops: float, step_times: str | None = None) -> str:
     """The one-screen answer for a Config (strategy, options, model, workers, wan) and the plan flags."""
     if not cfg.wan:
         raise ConfigError("plan needs a link: --wan PRESET or a spec (" + ", ".join(PRESETS) + ")")
@@ -55,7 +55,18 @@ def plan_command(cfg: Any, *, params: float | None, ranks_per_worker: int, step_
         raise ConfigError(f"--ranks-per-worker must be >= 1, got {ranks_per_worker}")
     vocab = cfg.bpe_vocab if cfg.tokenizer == "bpe" else 256
     size: ModelSize = of_params(params) if params is not None else of_name(cfg.model, vocab)
-    if step_s is not None:
+    replay, other_s = None, 0.0
+    if step_times is not None:
+        if step_s is not None or measure:
+            raise ConfigError("give one of --step-time, --measure and --step-times")
+        if ranks_per_worker != 1:
+            raise ConfigError("--step-times replays one rank per worker; it cannot take --ranks-per-worker")
+        replay = run_step_times(step_times)
+        step_s = sum(c for c, _ in replay[0]) / len(replay[0])
+        other_s = sum(o for _, o in replay[0]) / len(replay[0])
+        source = (f"mean of rank 0's; replayed step by step from {step_times}: {len(replay)} rank(s), "
+                  f"{len(replay[0])} steps each, worker w taking rank w mod {len(replay)}")
+    elif step_s is not None:
         if not step_s > 0:
             raise ConfigError(f"--step-time must be > 0 seconds, got {step_s}")
         source = "given"
@@ -70,7 +81,7 @@ def plan_command(cfg: Any, *, params: float | None, ranks_per_worker: int, step_
                   f"{ranks_per_worker} accelerator(s) at {flops / 1e12:g} TFLOP/s")
     options = resolve_options(cfg.strategy, vars(cfg))
     s = setting(cfg.strategy, options, size, cfg.workers, parse_wan(cfg.wan), step_s,
-                ranks_per_worker=ranks_per_worker)
+                ranks_per_worker=ranks_per_worker, other_s=other_s, step_times=replay)
     return describe(predict(s), source, target_pct)
 
 
