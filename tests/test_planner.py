@@ -164,6 +164,7 @@ def test_plan_prints_one_screen_with_the_recommended_period(capsys):
     assert done.value.code == 0
     assert "wall clock per 1000 steps" in out and "exposed communication" in out
     assert "smallest H (sync_every) with exposed communication <= 10 %" in out
+    assert "stragglers: none (identical workers" in out
 
 
 def _ddp_buckets_by_step(rank: int, world: int) -> list[list[int]]:
@@ -237,7 +238,7 @@ def test_plan_replays_a_runs_step_times_and_rejects_a_directory_without_them(tmp
     with pytest.raises(SystemExit) as done:
         main([*flags, "--step-times", str(tmp_path / "run")])
     out = capsys.readouterr().out
-    assert done.value.code == 0 and "2 rank(s), 10 steps each" in out
+    assert done.value.code == 0 and "2 rank(s), 10 steps each" in out and "stragglers: the run's, replayed" in out
     with pytest.raises(SystemExit) as done:
         main([*flags, "--step-times", str(tmp_path)])
     err = capsys.readouterr().err

@@ -26,6 +26,10 @@ def describe(p: Prediction, step_source: str, target_pct: float | None) -> str:
         f"model: {s.size.name}, {s.size.params:,} parameters ({human_bytes(4 * s.size.sync_numel)} fp32 exchanged)",
         f"workers: {s.workers} x {s.ranks_per_worker} rank(s); link: {s.topology.describe()}",
         f"compute per step: {s.step_s:.4g} s ({step_source})",
+        "stragglers: " + ("the run's, replayed: a worker that arrives early at an exchange waits for the last"
+                          if s.step_times is not None else
+                          "none (identical workers arrive at every exchange together; --step-times RUN "
+                          "replays a run's ranks, stragglers included)"),
         f"wall clock per 1000 steps: {human_seconds(p.wall_per_1000_s)} "
         f"(compute alone {human_seconds(1000 * (s.step_s + s.other_s))})",
         f"exposed communication: {p.exposed_pct:.1f} % of the wall clock",
