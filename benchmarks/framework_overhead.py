@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 
 LM_BATCH, LM_SEQ, CNN_BATCH = 8, 64, 64
 
@@ -69,8 +69,8 @@ def _config(model: str, out: str) -> Any:
 def _loops(model_name: str, out: str) -> dict[str, Callable[[int], float]]:
     """Three loops over the same model, data and optimizer; each runs n steps and returns seconds."""
     import wansync as ws
-    from wansync.optim import build_optimizer
-    from wansync.train import Trainer
+    from wansync.trainer.optim import build_optimizer
+    from wansync.trainer.loop import Trainer
     from wansync.workloads import build_workload
     cfg = _config(model_name, out)
     trainer = Trainer(cfg, Path(out), 0, 1)

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wansync.workerproc import live_workers
+from wansync.runner.workerproc import live_workers
 
 TINY = ["--model", "tiny", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "4", "--threads", "1"]
 FRAGMENTS = ["--sync-every", "8", "--fragments", "2", "--overlap", "2"]

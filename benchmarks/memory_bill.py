@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 from wansync.strategies.periodic import DRIFT_SIDE_BAND
 
 STRATEGIES: dict[str, dict[str, Any]] = {          # options that reach every state within STEPS steps

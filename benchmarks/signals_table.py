@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wansync.workerproc import live_workers
+from wansync.runner.workerproc import live_workers
 
 TINY = ["--model", "tiny", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "2", "--threads", "1"]
 CASES = ("SIGINT to the process group", "SIGTERM to the launcher", "SIGKILL to the launcher", "SIGKILL to a worker")

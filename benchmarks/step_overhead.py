@@ -20,7 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 
 
 def _tiny_lm() -> torch.nn.Module:

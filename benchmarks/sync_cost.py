@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 
 BATCH, SEQ, VOCAB, LR = 4, 64, 256, 1e-3
 

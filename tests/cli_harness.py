@@ -1,7 +1,7 @@
 """Run the `wansync` CLI as a user would and get what the user sees: exit status, stdout, stderr.
 
 By default the CLI runs in a process forked from the forkserver the local ranks start from
-(`wansync.localgroup.rank_context`: torch and torch._dynamo imported, no thread running), with its
+(`wansync.runner.localgroup.rank_context`: torch and torch._dynamo imported, no thread running), with its
 file descriptors 1 and 2 on files, the given environment and working directory. What comes out is
 what `python -m wansync` gives (SystemExit is the exit status, as in the interpreter; the launcher
 forks its workers as it would in its own process), but a call costs no interpreter start-up and no
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from wansync.workerproc import live_workers
+from wansync.runner.workerproc import live_workers
 
 # the smallest run of the real pipeline: the micro LM (0.2M parameters), a few tokens per step
 TINY = ["--model", "micro", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "2", "--threads", "1"]
@@ -40,7 +40,7 @@ class Running:
     `timeout`) and returns what `wansync()` returns."""
 
     def __init__(self, args: list[str], env: dict[str, str], cwd: str, setup: Callable[[], None] | None):
-        from wansync.localgroup import rank_context
+        from wansync.runner.localgroup import rank_context
         self.args, self._dir = args, tempfile.TemporaryDirectory()
         self._out, self._err = Path(self._dir.name, "stdout"), Path(self._dir.name, "stderr")
         self.proc = rank_context().Process(target=_cli, args=(args, env, cwd, str(self._out), str(self._err), setup))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cli_harness import TINY, no_process_left, wansync
-from wansync import checkpoint
+from wansync.rundir import checkpoint
 from wansync.errors import DataError
 
 pytestmark = pytest.mark.timeout(180)

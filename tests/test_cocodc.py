@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from wansync.errors import ConfigError, PeerError
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 from wansync.strategies import make_options
 from wansync.strategies.compensation import alpha_merge, damped_compensate, delay_compensate
 from wansync.strategies.fragments import slot_index

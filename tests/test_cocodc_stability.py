@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer_harness import lay_out, run_legs
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 
 pytestmark = pytest.mark.timeout(300)
 

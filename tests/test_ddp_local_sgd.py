@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 from strategy_harness import run_strategy
 
 pytestmark = pytest.mark.timeout(120)

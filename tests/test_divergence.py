@@ -7,8 +7,8 @@ import json
 import math
 from pathlib import Path
 
-from wansync import report as R
-from wansync.divergence import chance_level, diverged, warning
+from wansync.analysis import report as R
+from wansync.rundir.divergence import chance_level, diverged, warning
 from test_report import fake_run
 
 BYTES = math.log(256)          # byte-level chance, 5.545 nats

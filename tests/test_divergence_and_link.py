@@ -28,7 +28,7 @@ def test_an_outer_step_that_overflows_ends_the_run_non_zero_under_abort(tmp_path
 
 
 def test_json_files_hold_null_where_a_value_is_not_finite():
-    from wansync import jsonout
+    from wansync.rundir import jsonout
     text = jsonout.dumps({"loss": math.nan, "nested": [math.inf, {"x": -math.inf}], "ok": 1.5})
     assert json.loads(text, parse_constant=lambda c: pytest.fail(c)) == {"loss": None, "nested": [None, {"x": None}],
                                                                           "ok": 1.5}

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

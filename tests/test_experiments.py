@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cli_harness import TINY, wansync
-from wansync import experiments as X
+from wansync.runner import experiments as X
 from wansync.cli import main
 from wansync.config import build_config
 from wansync.errors import ConfigError
@@ -191,7 +191,7 @@ def test_a_preset_strategy_missing_from_the_registry_is_one_line(tmp_path, capsy
 def test_parallel_runs_split_the_threads(tmp_path, monkeypatch):
     """--parallel N: N runs at once, threads per worker split between them (train faked: no processes)."""
     import threading
-    from wansync import run
+    from wansync.runner import run
 
     seen, active, peak = [], [0], [0]
     lock = threading.Lock()

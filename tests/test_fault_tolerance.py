@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from cli_harness import TINY, no_process_left, start, wansync, worker_pids
-from wansync.comm.ft import INSTALL, require_torchft
+from wansync.ft.quorum import INSTALL, require_torchft
 from wansync.config import build_config
 from wansync.errors import ConfigError, PeerError
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 
 pytest.importorskip("torchft")
 
@@ -60,7 +60,7 @@ def _wait_for_a_peer_that_never_comes(rank, world_size, peer_timeout):
 
     import wansync as ws
     from torchft.coordination import LighthouseServer
-    from wansync.comm.ft import Quorum
+    from wansync.ft.quorum import Quorum
     from wansync.comm.replicas import Replicas
 
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=2000)
@@ -113,7 +113,7 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
 
     import wansync as ws
     from torchft.coordination import LighthouseServer
-    from wansync.comm.ft import Quorum
+    from wansync.ft.quorum import Quorum
     from wansync.comm.replicas import Replicas
 
     lighthouse = None
@@ -202,7 +202,7 @@ class DoneWork:
 
 
 def test_a_quorum_all_reduce_under_the_emulator_takes_the_modelled_time_of_its_participants():
-    from wansync.comm.ft import on_link
+    from wansync.ft.quorum import on_link
     from wansync.net import Emulator, collective_duration, parse_wan
 
     topology = parse_wan("rtt=40ms,bw=100mbit,sites=2")
@@ -470,7 +470,7 @@ def test_a_stopped_worker_continued_after_the_others_ended_exits_in_one_line_ins
 
 
 def test_steps_lost_run_from_the_last_slot_taken_part_in_to_the_heal_or_the_end():
-    from wansync.telemetry.quorums import short_exchanges, steps_lost
+    from wansync.ft.quorums import short_exchanges, steps_lost
     slots = [5, 10, 15, 20, 25, 30]
     lost = steps_lost({0: slots, 1: [5, 10, 20, 25, 30], 2: [5, 10], 3: []}, end=30)
     assert lost == {0: 0, 1: 10, 2: 20, 3: 30}

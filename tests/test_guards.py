@@ -1,10 +1,10 @@
 """Regime guards: each fires on its bad setting, and none fires on a preset or the demo."""
 import pytest
 
-from wansync import demo, experiments
+from wansync.runner import demo, experiments
 from wansync.cli import DEMO_STEPS
 from wansync.config import build_config
-from wansync.guards import outer_step_interval, regime_warnings
+from wansync.strategies.guards import outer_step_interval, regime_warnings
 from wansync.presets import PRESETS, layered_config
 from wansync.strategies import resolve_options
 

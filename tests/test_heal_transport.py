@@ -14,7 +14,7 @@ pytest.importorskip("torchft")
 
 from torchft.checkpointing.http_transport import HTTPTransport  # noqa: E402
 
-from wansync.comm.heal_transport import HealTransport  # noqa: E402
+from wansync.ft.transport import HealTransport  # noqa: E402
 
 TIMEOUT = timedelta(seconds=20)
 STATE = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "step": 80}

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from cli_harness import TINY, no_process_left, wansync
-from wansync import lighthouse, workerproc
-from wansync.localgroup import rank_context
-from wansync.workerproc import ForkedWorker
+from wansync.ft import lighthouse
+from wansync.runner import workerproc
+from wansync.runner.localgroup import rank_context
+from wansync.runner.workerproc import ForkedWorker
 
 pytest.importorskip("torchft")
 
@@ -103,7 +104,7 @@ def test_a_launcher_with_another_thread_hosts_it_itself():
 def test_the_child_dies_with_a_launcher_killed_by_sigkill(tmp_path):
     script = textwrap.dedent("""
         import os, signal, sys
-        from wansync import lighthouse
+        from wansync.ft import lighthouse
         served = lighthouse.start(join_timeout_ms=1000, heartbeat_timeout_ms=2000)
         print(served.process.pid, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -9,7 +9,7 @@ from wansync.errors import ConfigError, DataError
 from wansync.workloads.lm import (
     ByteTokenizer, build_lm_workload, build_tokenizer, load_corpus, shakespeare_plays, strip_markdown,
 )
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 from wansync.workloads import leader_first
 from wansync.workloads.lm.dataset import ShardSampler, shard_windows, split_documents, window_batch
 from wansync.workloads.lm.tokenizer import BPETokenizer

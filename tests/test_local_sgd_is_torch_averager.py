@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

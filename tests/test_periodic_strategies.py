@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from periodic_harness import run_scenarios, scalar_target
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -14,7 +14,7 @@ from torch import nn
 
 import wansync as ws
 from wansync.errors import ConfigError
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 from wansync.net.link import PRESETS
 from wansync.planner import of_params, predict, setting
 from wansync.planner.schedule import trace

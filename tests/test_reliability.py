@@ -20,8 +20,8 @@ import torch
 
 from cli_harness import TINY, no_process_left, start, wansync, worker_pids
 from trainer_harness import lay_out, run_legs
-from wansync import checkpoint
-from wansync.localgroup import run_ranks
+from wansync.rundir import checkpoint
+from wansync.runner.localgroup import run_ranks
 from wansync.strategies import STRATEGIES, option_names
 
 pytestmark = pytest.mark.timeout(240)
@@ -162,7 +162,7 @@ def test_nan_gradient_abort_stops_with_a_clear_message(tmp_path):
 
 @pytest.mark.parametrize("order", ["the crash exited first", "the peer exited first"])
 def test_the_launcher_reports_a_crash_not_the_lost_contact_it_caused(tmp_path, order):
-    from wansync.launch import error_file, first_cause
+    from wansync.runner.launch import error_file, first_cause
     error_file(tmp_path, 0).parent.mkdir()
     error_file(tmp_path, 0).write_text("rank 0 lost contact with a peer during step 4 (synchronization): "
                                        "RuntimeError: Connection closed by peer\n")

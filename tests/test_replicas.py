@@ -19,8 +19,8 @@ from wansync import strategies
 from wansync.comm.replicas import place, replica_groups
 from wansync.config import Config
 from wansync.errors import ConfigError
-from wansync.localgroup import run_ranks
-from wansync.optim import build_optimizer
+from wansync.runner.localgroup import run_ranks
+from wansync.trainer.optim import build_optimizer
 from wansync.workloads import build_workload
 from wansync.workloads.lm.corpus import shakespeare_text
 

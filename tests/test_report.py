@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from wansync import report as R
+from wansync.analysis import report as R
 from wansync.cli import main
-from wansync.plots import pareto_front, use_log_scale
+from wansync.analysis.plots import pareto_front, use_log_scale
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -9,8 +9,8 @@ import pytest
 
 from wansync import results
 from wansync.cli import main
-from wansync.rundir import Run, Setting
-from wansync.stats import NO_DIFFERENCE
+from wansync.analysis.runs import Run, Setting
+from wansync.analysis.stats import NO_DIFFERENCE
 
 
 def dry(capsys, out: Path, *extra: str) -> str:

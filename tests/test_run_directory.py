@@ -102,7 +102,7 @@ def test_a_second_command_on_a_running_directory_is_refused_with_the_holders_pid
 
 
 def test_workers_take_their_config_from_the_launcher_not_the_file(tmp_path, capsys):
-    from wansync import launch
+    from wansync.runner import launch
     seen = {}
 
     def spawn(cfg, run_dir, config, resume=False):

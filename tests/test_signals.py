@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli_harness import TINY, no_process_left, wansync, worker_pids
-from wansync.interrupts import signals_deferred
+from wansync.runner.interrupts import signals_deferred
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from wansync.stats import NO_DIFFERENCE, Interval, compare, interval, t_975, verdict
+from wansync.analysis.stats import NO_DIFFERENCE, Interval, compare, interval, t_975, verdict
 
 
 def test_the_t_quantile_is_the_tables_for_few_seeds_and_approaches_the_normal():

@@ -15,7 +15,7 @@ from torch import nn
 import wansync as ws
 from wansync.comm.codecs import get_codec
 from wansync.errors import ConfigError
-from wansync.localgroup import run_ranks
+from wansync.runner.localgroup import run_ranks
 from wansync.strategies import STRATEGIES, make_options
 from wansync.strategies.base import sync_tensors
 from wansync.strategies.fragments import offsets

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from wansync.target import Target, first_reached, given_target, read_evals, target_record
+from wansync.rundir.target import Target, first_reached, given_target, read_evals, target_record
 
 
 @pytest.fixture

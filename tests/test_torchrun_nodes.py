@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cli_harness import TINY, wansync
-from wansync import checkpoint
+from wansync.rundir import checkpoint
 from wansync.workloads.lm.corpus import shakespeare_text
 
 pytestmark = pytest.mark.timeout(300)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wansync.rundir import LM, Run, Setting
-from wansync.verdict import decision_rows, decision_table, equal_time, value_at, verdict
+from wansync.analysis.runs import LM, Run, Setting
+from wansync.analysis.verdict import decision_rows, decision_table, equal_time, value_at, verdict
 
 
 def run(strategy: str, curve: list[tuple[float, float]], wall: float) -> Setting:

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from cli_harness import wansync
-from wansync import experiments as X
+from wansync.runner import experiments as X
 from wansync.cli import main
 from wansync.config import build_config, replace
 from wansync.errors import ConfigError
-from wansync.optim import lr_at, peak_lr
+from wansync.trainer.optim import lr_at, peak_lr
 from wansync.presets import PRESETS
 
 pytestmark = pytest.mark.timeout(200)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from cli_harness import TINY, no_process_left, start
-from wansync.workerproc import ForkedWorker
+from wansync.runner.workerproc import ForkedWorker
 
 
 def forked(then_exit: int | None = None) -> ForkedWorker:
@@ -84,7 +84,7 @@ def test_forked_and_fresh_workers_train_the_same_bits(tmp_path):
 
 CAN_FORK = """
 import threading, torch
-from wansync.workerproc import can_fork
+from wansync.runner.workerproc import can_fork
 seen = [can_fork()]
 torch.set_num_threads(2)
 x = torch.randn(1000, 1000)
@@ -98,7 +98,7 @@ def test_a_launcher_forks_only_without_other_threads_and_before_an_openmp_team()
     r = subprocess.run([sys.executable, "-c", CAN_FORK], capture_output=True, text=True, timeout=120)
     assert r.stdout.split() == ["[True,", "False]"], r.stderr
     import threading
-    from wansync.workerproc import can_fork
+    from wansync.runner.workerproc import can_fork
     waiting = threading.Event()
     thread = threading.Thread(target=waiting.wait, daemon=True)
     thread.start()
@@ -112,8 +112,8 @@ def test_a_launcher_forks_only_without_other_threads_and_before_an_openmp_team()
 def _from_a_zygote(out: str) -> None:
     """In a clean process: two workers from a Zygote, given a config that cannot be read; what
     this process (the launcher) sees of them, into `out` (their stderr is this process's)."""
-    from wansync.interrupts import LAUNCHER_PID_ENV
-    from wansync.workerproc import Zygote
+    from wansync.runner.interrupts import LAUNCHER_PID_ENV
+    from wansync.runner.workerproc import Zygote
     err = os.open(out + ".err", os.O_WRONLY | os.O_CREAT)
     os.dup2(err, 2)
     zygote = Zygote()
@@ -127,7 +127,7 @@ def _from_a_zygote(out: str) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote hands workers over as a subreaper (Linux)")
 def test_a_zygote_forks_workers_that_are_the_launchers_children_and_ends_when_closed(tmp_path):
-    from wansync.localgroup import rank_context
+    from wansync.runner.localgroup import rank_context
     out = str(tmp_path / "seen.json")
     probe = rank_context().Process(target=_from_a_zygote, args=(out,))
     probe.start()

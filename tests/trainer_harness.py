@@ -2,12 +2,12 @@
 
 A command-line run spends most of its time starting processes; the training loop itself is
 what the resume and non-finite tests are about. `run_legs` runs a list of legs, one after the
-other, in the group `wansync.localgroup.run_ranks` spawned: each leg is one `train_worker` call
-(the same call a worker process makes) on a run directory that `wansync.run.prepare` laid out,
+other, in the group `wansync.runner.localgroup.run_ranks` spawned: each leg is one `train_worker` call
+(the same call a worker process makes) on a run directory that `wansync.runner.run.prepare` laid out,
 the way the command line lays it out.
 
 A leg may stop its run the way a crash would: every rank raises the injected `exit` fault of
-`wansync.faults` right after the backward pass of a given step (before that step's
+`wansync.trainer.faults` right after the backward pass of a given step (before that step's
 synchronization, so the group stays consistent and the next leg can use it). Whatever the
 stopped run left on disk is all a later resume leg sees; run resume legs in a fresh group so
 that nothing of the stopped run survives in memory either.
@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from wansync.run import prepare, resume_config
-from wansync.train import train_worker
+from wansync.runner.run import prepare, resume_config
+from wansync.trainer.loop import train_worker
 
 
 def lay_out(overrides: dict[str, Any]) -> str:

@@ -27,11 +27,11 @@ def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
         from . import net
         topology = net.parse_wan(wan) if isinstance(wan, str) else wan
         backend, emulator = net.install(), net.Emulator(topology, seed=seed)
-    from .launch import torchrun_env
+    from .runner.launch import torchrun_env
     if torchrun_env() is not None:              # a partial or malformed one is refused in one line
         dist.init_process_group(backend, init_method="env://", pg_options=emulator)
         return
-    from .localgroup import LoopbackStore
+    from .runner.localgroup import LoopbackStore
     # the group holds the store, and with it the loopback server, for as long as the group lives
     dist.init_process_group(backend, store=LoopbackStore().store, rank=0, world_size=1, pg_options=emulator)
 

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 from . import __version__
 from .config import Config, base_type, build_config, check_combinations
 from .errors import ConfigError, WansyncError
-from .interrupts import Terminated, exit_now, exit_status, sigterm_raises
-from .divergence import warning as divergence_warning
+from .runner.interrupts import Terminated, exit_now, exit_status, sigterm_raises
+from .rundir.divergence import warning as divergence_warning
 from .presets import PRESETS, get, layered_config
 
 
@@ -136,8 +136,8 @@ def _add_plan_parser(sub: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .launch import torchrun_env
-    from .run import resume_config, train
+    from .runner.launch import torchrun_env
+    from .runner.run import resume_config, train
     if args.resume:
         given = [flag for flag, value in (("--preset", args.preset), ("--config", args.config),
                                           ("--force", args.force)) if value]
@@ -167,7 +167,7 @@ def _finished(summary: dict[str, Any] | None) -> int:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from . import experiments
+    from .runner import experiments
     preset = get(args.preset) if args.preset else None
     specs, out = experiments.plan_command(args.command, preset, args.config, config_flags(args), args.grid,
                                           args.strategies, args.seeds, args.parallel)
@@ -178,7 +178,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import report
+    from .analysis.report import report
     rep = report(args.run_dir, target_loss=args.target_loss, target_acc=args.target_acc, plots=not args.no_plots)
     print(rep.table)
     print()
@@ -189,7 +189,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .runner.demo import run_demo
     return run_demo(args.out, args.steps, args.force)
 
 

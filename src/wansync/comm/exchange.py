@@ -45,7 +45,7 @@ plug in here and nowhere else:
   whatever R is, every rank carrying 1/R of it; the all-gather is booked as `inside/<purpose>`.
   A buffer with fewer values than R is not split (every local rank averages all of it).
 
-- **Fault tolerance** (`ft`, see `comm.ft`): when set, an fp32 mean runs over torchft's quorum
+- **Fault tolerance** (`ft`, see `ft.quorum`): when set, an fp32 mean runs over torchft's quorum
   instead of `group` (the workers alive now, divided by the number of contributors), blocking.
 
 Without an initialized process group the "group" is this one rank, and the mean of a lossy codec
@@ -174,7 +174,7 @@ class Exchange:
         self.nonfinite = nonfinite
         self.replicas = replicas if replicas is not None else Replicas()
         self.ledger = CommLedger()
-        self.ft: Any = None               # a comm.ft.Quorum in fault-tolerant runs
+        self.ft: Any = None               # a ft.quorum.Quorum in fault-tolerant runs
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         if self.replicas.sharded:
             if group is not None:
@@ -249,7 +249,7 @@ class Exchange:
         group is not emulated): an all-reduce for fp32, an all-gather of every worker's payload
         for a lossy codec; sharded, R of them at once over each site's uplink, then the worker's
         all-gather. Fault-tolerant: the quorum all-reduce of the values and their weight over every
-        worker (comm.ft)."""
+        worker (ft.quorum)."""
         emulator = emulator_of(self.broadcast_group) if self.ft is None else self.ft.emulator
         if emulator is None:
             return None

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..optim import build_optimizer
+from ..trainer.optim import build_optimizer
 from ..telemetry.peerwait import PROFILE
 from ..workloads import build_workload
 from .simulate import StepTimes

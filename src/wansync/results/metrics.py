@@ -7,10 +7,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from ..report import ReportError, exposed_pct, find_runs, group
-from ..rundir import Run, Setting, number
-from ..stats import Interval, interval
-from ..target import Target, first_reached
+from ..analysis.report import ReportError, exposed_pct, find_runs, group
+from ..analysis.runs import Run, Setting, number
+from ..analysis.stats import Interval, interval
+from ..rundir.target import Target, first_reached
 from .tables import TARGET_TABLE
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Sequence
 
-from .. import experiments, presets
-from ..rundir import Run, Setting, number
-from ..stats import Interval, interval, verdict
-from ..target import Target
+from ..runner import experiments
+from .. import presets
+from ..analysis.runs import Run, Setting, number
+from ..analysis.stats import Interval, interval, verdict
+from ..rundir.target import Target
 from .metrics import METRICS, cell_interval, lm_target, load, longest_repeat, sync_events
 from .runs import command, equivalent_compare, plan_all, run_cost
 from .tables import CPDP_EPOCH, CPDP_EPOCH_1024, LM_H, LM_STEPS, SEEDS, Question, Table, label

@@ -9,9 +9,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Sequence
 
-from .. import experiments, presets
+from ..runner import experiments
+from .. import presets
 from ..config import fingerprint
-from ..report import report
+from ..analysis.report import report
 from ..strategies import resolve_options
 from .metrics import lm_target
 from .tables import SEEDS, Table, label

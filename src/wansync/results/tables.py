@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from .. import experiments, presets
+from ..runner import experiments
+from .. import presets
 from ..errors import ConfigError
 
 SEEDS = 3

@@ -105,7 +105,7 @@ class Strategy:
             self.inside_sync.book()
         self.t += 1
         if self.exchange.ft is not None and self.exchanges_at(self.t):
-            self.meet_quorum()                        # may heal this worker from a peer (comm.ft)
+            self.meet_quorum()                        # may heal this worker from a peer (ft.quorum)
         if not self.healed_into_final_quorum():
             self.after_inner_step()
         self._left_step_at = time.perf_counter()

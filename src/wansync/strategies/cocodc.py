@@ -72,7 +72,7 @@ class CoCoDC(Streaming):
 
     def _modelled_t_s(self) -> None:
         """T_s from the emulated link's model, when there is one (else it is measured); asked again
-        before the first step, when a fault-tolerant exchange has its quorum (comm.ft)."""
+        before the first step, when a fault-tolerant exchange has its quorum (ft.quorum)."""
         if not self.n_decided and self.t_s_source in ("", "model"):
             numel = round(sum(f.numel for f in self.fragments) / self.P)
             modelled = self.exchange.modelled_seconds(numel, self.codec)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import jsonout
+from ..rundir import jsonout
 
 
 class MetricsWriter:

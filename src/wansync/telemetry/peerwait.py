@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .. import jsonout
+from ..rundir import jsonout
 
 PROFILE = "profile_rank{}.json"          # every rank's profile.json, in the run's logs/
 

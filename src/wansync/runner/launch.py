@@ -32,12 +32,12 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from .config import Config
-from .errors import PEER_LOST, ConfigError
+from ..config import Config
+from ..errors import PEER_LOST, ConfigError
 from . import workerproc
 from .interrupts import LAUNCHER_PID_ENV, signals_deferred, sigint_blocked
-from .telemetry import peerwait
-from .telemetry.quorums import read_quorums, short_exchanges, steps_lost
+from ..telemetry import peerwait
+from ..ft.quorums import read_quorums, short_exchanges, steps_lost
 
 ERR_DIR = "logs"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -221,11 +221,11 @@ def start_lighthouse(cfg: Config) -> tuple[object | None, dict[str, str]]:
     """torchft's lighthouse on 127.0.0.1 (None when --lighthouse names one) and the workers' env.
     A quorum waits up to --peer-timeout for a live (heartbeating) worker that is late, so slow
     workers stay in lockstep; a dead one stops heartbeating and is left out after 2 s."""
-    from .comm.ft import require_torchft
+    from ..ft.quorum import require_torchft
     require_torchft()
     if cfg.lighthouse:
         return None, {LIGHTHOUSE_ENV: f"http://{cfg.lighthouse}"}
-    from . import lighthouse
+    from ..ft import lighthouse
     server = lighthouse.start(join_timeout_ms=int(cfg.peer_timeout * 1000), heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
     port = server.address().rsplit(":", 1)[1]
     return server, {LIGHTHOUSE_ENV: f"http://127.0.0.1:{port}"}
@@ -237,7 +237,7 @@ def _watch_tolerant(procs: list[workerproc.Worker], run_dir: Path, max_restarts:
     when every worker still in it ends well. Returns (status, first failure, failures per rank).
 
     Once a worker has finished the run, the ones still alive were left out of its end: a running one
-    exits by itself within its start-up deadline (3 peer timeouts, `comm.ft`), so it gets
+    exits by itself within its start-up deadline (3 peer timeouts, `ft.quorum`), so it gets
     LINGER_TIMEOUTS of them; a stopped one (SIGSTOP, a hung host) cannot, so it gets one. Past that the
     launcher ends it and says so in one line, instead of waiting for it forever."""
     failures: dict[int, int] = {}

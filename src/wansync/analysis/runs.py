@@ -1,27 +1,21 @@
-"""What a run directory and an experiment directory hold, shared by the runner, the report and the plots.
-
-    OUT/experiment.json              PLAN_FILE: the plan (labels, settings, seeds, report targets)
-    OUT/<label>/seed<k>/             one run: config.toml, metrics.jsonl, profile.json, summary.json
-    OUT/<label>/seed<k>/failed.json  FAILED_FILE: a run that failed, with its one-line message
+"""Finished runs as the report reads them back (the directory's layout: `rundir.layout`).
 
 A :class:`Run` is one run directory as read back; a :class:`Setting` is the runs of one label (all
 seeds); a :class:`Quality` says which metric judges them (validation loss or test accuracy).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .divergence import diverged
-from .telemetry.profiler import CATEGORIES
+from ..rundir.divergence import diverged
+from ..rundir.jsonout import number
+from ..telemetry.profiler import CATEGORIES
 
-__all__ = ["CATEGORIES", "FAILED_FILE", "LM", "PLAN_FILE", "Quality", "Run", "Setting", "VISION", "human_bytes",
+__all__ = ["CATEGORIES", "LM", "Quality", "Run", "Setting", "VISION", "human_bytes",
            "number"]
 
-PLAN_FILE = "experiment.json"
-FAILED_FILE = "failed.json"
 
 
 @dataclass
@@ -89,15 +83,6 @@ class Quality:
 
 LM = Quality("lm", "val_loss", "final_val_loss", "best_val_loss", False, "validation loss", "nats/token")
 VISION = Quality("vision", "test_acc", "final_test_acc", "peak_test_acc", True, "test accuracy", "%")
-
-
-def number(v: Any) -> float | None:
-    """A finite float from a JSON value, else None (a missing key, a string, NaN)."""
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def human_bytes(n: float | None) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import ConfigError, DataError, StorageError
+from ..errors import ConfigError, DataError, StorageError
 
 KEEP = 2
 TMP = ".tmp"

@@ -26,16 +26,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 import tomli_w
 
-from . import jsonout, run
-from . import strategies as registry
-from .config import Config, check_combinations, coerce, key_names, replace, to_sections
-from .errors import ConfigError, WansyncError
-from .guards import regime_warnings
+from ..rundir import jsonout
+from . import run
+from .. import strategies as registry
+from ..config import Config, check_combinations, coerce, key_names, replace, to_sections
+from ..errors import ConfigError, WansyncError
+from ..strategies.guards import regime_warnings
 from .launch import torchrun_env
-from .optim import peak_lr
-from .presets import Preset, check_available, layered_config, preset_cells
-from .report import report
-from .rundir import FAILED_FILE, PLAN_FILE
+from ..trainer.optim import peak_lr
+from ..presets import Preset, check_available, layered_config, preset_cells
+from ..analysis.report import report
+from ..rundir.layout import FAILED_FILE, PLAN_FILE
 # Keys that change how a run is shown or where it lives, not what it computes.
 PRESENTATION_KEYS = ("out", "quiet", "log_every", "threads", "target_loss", "target_acc")
 # Keys a grid may not vary (they name the place or the repetition, handled separately).

@@ -46,7 +46,7 @@ from typing import Any, Callable
 import torch
 from torch.futures import Future
 
-from ..checkpoint import map_tensors
+from ..rundir.checkpoint import map_tensors
 from ..errors import ConfigError, PeerError
 from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, jitter_draw
 
@@ -94,7 +94,7 @@ class Quorum:
         from torch.distributed import TCPStore
         from torchft import Manager
 
-        from .heal_transport import HealTransport
+        from .transport import HealTransport
         timeout = timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.emulator, self.workers = emulator, workers

@@ -5,7 +5,7 @@ imports) before it does anything. The launcher has imported torch already, so a 
 launcher imports torch._dynamo once and forks its workers: each starts in milliseconds with every
 module imported. A launcher with other threads (a parallel sweep's, the rendezvous store's once it
 serves, OpenMP's after a torch op on several threads: `can_fork`) starts a fresh
-`python -m wansync.worker` instead, as does one on a platform without fork: forking while another
+`python -m wansync.runner.worker` instead, as does one on a platform without fork: forking while another
 thread holds a lock can deadlock the child. The run's lighthouse serves from a process of its own
 (`lighthouse`) so that its first workers need not start fresh. A worker restarted in a
 fault-tolerant run, once the launcher's threads run, comes from a `Zygote`: a child the launcher
@@ -94,7 +94,7 @@ def start(env: dict[str, str], *, fork: bool, close: Sequence[int] = (), zygote:
                 return zygote.start(env)
             except OSError:                      # it died (killed from outside): start fresh
                 pass
-        return subprocess.Popen([sys.executable, "-m", "wansync.worker"], env=env)
+        return subprocess.Popen([sys.executable, "-m", "wansync.runner.worker"], env=env)
     _before_fork()
     pid = os.fork()
     if pid:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .rundir import Quality, Setting, human_bytes, number
-from .target import Target, first_reached
+from .runs import Quality, Setting, human_bytes, number
+from ..rundir.target import Target, first_reached
 
 
 def value_at(evals: Sequence[dict[str, Any]], metric: str, seconds: float) -> float | None:

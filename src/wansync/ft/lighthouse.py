@@ -17,8 +17,8 @@ import sys
 import time
 import traceback
 
-from . import workerproc
-from .interrupts import die_with, sigint_blocked
+from ..runner import workerproc
+from ..runner.interrupts import die_with, sigint_blocked
 
 START_TIMEOUT_S = 60.0               # for the child's torchft import and the server's bind
 

@@ -20,13 +20,14 @@ from typing import Any
 
 import tomli_w
 
-from . import checkpoint, launch, worker
-from .config import RUN_CONTROL_KEYS, Config, fingerprint, from_sections, replace, to_sections
-from .errors import ConfigError, DataError, StorageError, WansyncError
-from .guards import regime_warnings
-from .rundir import FAILED_FILE
-from .runlock import LOCK_FILE, RunLock, check_unlocked
-from .strategies import resolve_options
+from ..rundir import checkpoint
+from . import launch, worker
+from ..config import RUN_CONTROL_KEYS, Config, fingerprint, from_sections, replace, to_sections
+from ..errors import ConfigError, DataError, StorageError, WansyncError
+from ..strategies.guards import regime_warnings
+from ..rundir.layout import FAILED_FILE
+from ..rundir.lock import LOCK_FILE, RunLock, check_unlocked
+from ..strategies import resolve_options
 
 # What a run writes into its directory: replaced by --force, nothing else is touched.
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "profile.json", "checkpoints", "logs", FAILED_FILE)
@@ -38,7 +39,7 @@ TEXT_SUFFIXES = (".txt", ".md")
 
 def check_data_path(cfg: Config) -> None:
     """Fail fast on a dataset that does not fit the model kind, or a local data path that does not exist."""
-    from .workloads import check_data_kind
+    from ..workloads import check_data_kind
     check_data_kind(cfg.model, cfg.data)
     data = cfg.data
     path = None
@@ -76,7 +77,7 @@ def check_text(path: Path) -> None:
 def validate(cfg: Config) -> dict[str, Any]:
     """Everything about `cfg` a user can get wrong, checked without writing anything (used by every
     run and by `--dry-run`); returns the strategy's resolved options."""
-    from .workloads import VISION_MODELS, lm_model_names
+    from ..workloads import VISION_MODELS, lm_model_names
     options = resolve_options(cfg.strategy, vars(cfg))
     if cfg.model not in VISION_MODELS and cfg.model not in lm_model_names():
         raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
@@ -90,7 +91,7 @@ def validate(cfg: Config) -> dict[str, Any]:
         if not torch.cuda.is_available():
             raise ConfigError("--backend nccl needs CUDA GPUs, and torch sees none here (use --backend gloo)")
     if cfg.model in lm_model_names():         # the model's rotary tables: refused here, not on every rank
-        from .workloads.lm import check_seq_len
+        from ..workloads.lm import check_seq_len
         check_seq_len(cfg.model, cfg.seq_len)
     if "fragments" in options:
         check_fragments(cfg.model, options["fragments"], options.get("partition", "strided"))
@@ -104,8 +105,8 @@ def check_fragments(model: str, fragments: int, mode: str) -> None:
     """A fragment count the model cannot be cut into fails here, in one line, before any worker
     starts: the partition is the strategy's own (`fragments.partition`), of the model built on the
     meta device (no memory; its stages do not depend on the data, the vocabulary or `--width`)."""
-    from .strategies.fragments import partition
-    from .workloads import meta_model
+    from ..strategies.fragments import partition
+    from ..workloads import meta_model
     partition(meta_model(model), fragments, mode)
 
 

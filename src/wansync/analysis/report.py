@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import jsonout
-from .errors import WansyncError
-from .rundir import FAILED_FILE, LM, PLAN_FILE, VISION, Quality, Run, Setting, human_bytes, number
-from .target import Target, first_reached, read_evals, target_record
+from ..rundir import jsonout
+from ..errors import WansyncError
+from ..rundir.layout import FAILED_FILE, PLAN_FILE
+from .runs import LM, VISION, Quality, Run, Setting, human_bytes, number
+from ..rundir.target import Target, first_reached, read_evals, target_record
 from .verdict import decision_rows, decision_table, equal_time, verdict
 
 

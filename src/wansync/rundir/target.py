@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .rundir import number
+from .jsonout import number
 
 
 @dataclass(frozen=True)

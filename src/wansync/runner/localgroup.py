@@ -47,7 +47,7 @@ def join_group(port: int, rank: int, world_size: int, backend: str = "gloo", tim
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "wansync.localgroup")   # _dynamo: the first optimizer imports it
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "wansync.runner.localgroup")   # _dynamo: the first optimizer imports it
 
 
 def rank_context() -> mp.context.BaseContext:

@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .rundir import CATEGORIES, Quality, Setting, human_bytes, number  # noqa: E402
+from .runs import CATEGORIES, Quality, Setting, human_bytes, number  # noqa: E402
 
 CATEGORY_COLORS = MappingProxyType({"compute": "#4c72b0", "exposed_comm": "#c44e52", "sync_math": "#dd8452",
                                     "data": "#8172b3", "eval": "#55a868", "checkpoint": "#937860", "other": "#bbbbbb"})

@@ -19,24 +19,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, jsonout, strategies
-from .comm.ft import Quorum, digest
-from .comm.ledger import INSIDE
-from .comm.replicas import Replicas, replica_groups
-from .config import Config, fingerprint
-from .divergence import chance_level, diverged
-from .errors import ConfigError, NonFiniteError, PeerError
+from ..rundir import checkpoint, jsonout
+from .. import strategies
+from ..ft.quorum import Quorum, digest
+from ..comm.ledger import INSIDE
+from ..comm.replicas import Replicas, replica_groups
+from ..config import Config, fingerprint
+from ..rundir.divergence import chance_level, diverged
+from ..errors import ConfigError, NonFiniteError, PeerError
 from .faults import Faults
-from .net import collective_duration, emulator_of
+from ..net import collective_duration, emulator_of
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
-from .strategies.base import sync_tensors
-from .target import given_target, target_record
-from .telemetry.metrics import MetricsWriter
-from .telemetry.commtime import CommTimer, ddp_modules
-from .telemetry.peerwait import PROFILE
-from .telemetry.profiler import Profiler, build_profile
-from .telemetry.progress import Progress
-from .workloads import build_workload
+from ..strategies.base import sync_tensors
+from ..rundir.target import given_target, target_record
+from ..telemetry.metrics import MetricsWriter
+from ..telemetry.commtime import CommTimer, ddp_modules
+from ..telemetry.peerwait import PROFILE
+from ..telemetry.profiler import Profiler, build_profile
+from ..telemetry.progress import Progress
+from ..workloads import build_workload
 
 
 def all_mean(values: dict[str, float]) -> dict[str, float]:
@@ -106,7 +107,7 @@ class Trainer:
         if resumed is not None:
             self.restore_run_state(resumed)
 
-    # ---- fault tolerance (comm.ft) -------------------------------------------------------------
+    # ---- fault tolerance (ft.quorum) -------------------------------------------------------------
     def join_quorum(self) -> Any:
         """This worker's torchft Manager; what it serves a healing peer, and how it heals itself."""
         local = not self.cfg.lighthouse
@@ -124,7 +125,7 @@ class Trainer:
         """logs/quorum_rank<r>.jsonl: every quorum this worker took part in; where the membership
         changed (the lighthouse's quorum id: a restarted worker replacing a dead one changes it, not
         the count) or this worker healed, the digest of its anchors and outer optimizer state, so
-        that peers can be compared bitwise (comm.ft.digest)."""
+        that peers can be compared bitwise (ft.quorum.digest)."""
         changed = (record.get("quorum_id"), record["participants"]) != self._last_quorum
         if not (record["healed"] or changed or record["step"] != self._last_quorum_step):
             return                     # the same quorum again (waiting for the others at the start)

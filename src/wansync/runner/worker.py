@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import net
-from .config import Config, from_sections
-from .errors import PEER_LOST, ConfigError, WansyncError
+from .. import net
+from ..config import Config, from_sections
+from ..errors import PEER_LOST, ConfigError, WansyncError
 from .interrupts import Terminated, become_launched_worker, exit_status
-from .train import Phase, train_worker
+from ..trainer.loop import Phase, train_worker
 
 
 def init_distributed(cfg: Config) -> None:
@@ -28,8 +28,8 @@ def init_distributed(cfg: Config) -> None:
     `--backend nccl` means NCCL for CUDA tensors and gloo for the few CPU ones (metrics, the
     schedule's agreement), one rank per GPU (LOCAL_RANK picks it). A fault-tolerant worker is a
     process group of its own: its exchanges run over torchft's quorum, its metrics are its own; under
-    --wan its group carries the emulator, which the quorum's all-reduces run under (comm.ft)."""
-    if cfg.fault_tolerant:      # no world group: a dead worker must not be on any collective's path (comm.ft)
+    --wan its group carries the emulator, which the quorum's all-reduces run under (ft.quorum)."""
+    if cfg.fault_tolerant:      # no world group: a dead worker must not be on any collective's path (ft.quorum)
         emulator = None if cfg.topology is None else net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
         dist.init_process_group(backend="gloo" if emulator is None else net.install(), store=dist.HashStore(),
                                 rank=0, world_size=1, pg_options=emulator)

@@ -12,8 +12,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from . import experiments
-from .config import Config, build_config
-from .errors import ConfigError
+from ..config import Config, build_config
+from ..errors import ConfigError
 
 WAN = "cross-region"
 WORKERS = 2

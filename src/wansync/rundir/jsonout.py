@@ -23,3 +23,12 @@ def finite(value: Any) -> Any:
 
 def dumps(value: Any, **kw: Any) -> str:
     return json.dumps(finite(value), allow_nan=False, **kw)
+
+
+def number(v: Any) -> float | None:
+    """A finite float from a JSON value, else None (a missing key, a string, NaN)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from .errors import ConfigError, StorageError
+from ..errors import ConfigError, StorageError
 
 LOCK_FILE = ".lock"
 
