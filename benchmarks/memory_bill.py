@@ -134,7 +134,7 @@ def bill_rank(rank: int, world: int, model_name: str) -> dict[str, Any]:
                 sync.finish()
             gc.collect()
             held = _held(base, _owned(model, opt))
-            flying = [x.fragment for x in getattr(sync, "in_flight", [])] if t < STEPS else []
+            flying = [x.fragment for x in getattr(sync.timetable, "in_flight", [])] if t < STEPS else []
             if held > worst[0]:
                 worst = (held, flying)
         buckets = _ddp_bucket_bytes(sync)

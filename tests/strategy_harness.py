@@ -19,6 +19,15 @@ def tiny_model(seed: int = 0) -> nn.Module:
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
+def deep_model(seed: int = 0) -> nn.Module:
+    """Six linear layers: an input end, four blocks and an output end, enough for 4 fragments."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [nn.Linear(6, 16), nn.Tanh()]
+    for _ in range(4):
+        layers += [nn.Linear(16, 16), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(16, 3))
+
+
 def rank_batch(rank: int, step: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * seed + 97 * rank + step)
     x = torch.randn(8, 6, generator=g) + rank

@@ -123,7 +123,7 @@ CASES: list[tuple[str, Setup, str]] = [
     ("--data /no/such.txt", flags("--data", "/no/such.txt"), "data path not found: /no/such.txt"),
     ("--model gpt5", flags("--model", "gpt5"), "unknown model 'gpt5'"),
     ("--lr -1", flags("--lr", "-1"), "lr must be > 0, got -1.0"),
-    ("--lr nan", flags("--lr", "nan"), "lr must be > 0, got nan"),
+    ("--lr nan", flags("--lr", "nan"), "lr must be a finite number, got nan"),
     ("--batch-size 0", flags("--batch-size", "0"), "batch_size must be >= 1, got 0"),
     ("--seq-len 1", flags("--seq-len", "1"), "seq_len must be >= 2, got 1"),
     ("--seq-len beyond the model's", flags("--model", "micro", "--seq-len", "512"),

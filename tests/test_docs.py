@@ -76,3 +76,46 @@ def test_no_page_or_benchmark_cites_files_outside_the_repository():
 def test_no_docstring_cites_files_outside_the_repository():
     hits = outside_references(sorted((ROOT / "src").rglob("*.py")))
     assert not hits, "\n".join(hits)
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PACKAGE = ROOT / "src" / "wansync"
+
+
+def named_modules(text: str) -> set[str]:
+    """The modules and packages a page names in backticks: `runner/launch.py`, `ft/`,
+    `wansync.comm.exchange`; a bare `base.py` on a line that names a package first (`strategies/`, a
+    table row) is that package's."""
+    names = set()
+    for line in text.splitlines():
+        package = ""
+        for token in re.findall(r"`([^`\s]+)`", line):
+            token = token.rstrip(",.;:")
+            if token.startswith("wansync."):
+                names.add(token.removeprefix("wansync.").replace(".", "/") + ".py")
+            elif re.fullmatch(r"[a-z_]+/", token):
+                names.add(package + token)
+                package = package or token
+            elif re.fullmatch(r"[a-z_]+(/[a-z_]+)*\.py", token) and not token.startswith(("docs/", "tests/", "benchmarks/")):
+                names.add(token if "/" in token else package + token)
+    return names
+
+
+def test_every_module_the_architecture_page_names_exists():
+    missing = [n for n in sorted(named_modules(ARCHITECTURE.read_text(encoding="utf-8")))
+               if not ((PACKAGE / n).exists() or (PACKAGE / n.removesuffix(".py")).is_dir()
+                       or (PACKAGE / n.removesuffix(".py") / "__init__.py").exists())]
+    assert not missing, missing
+
+
+def test_the_architecture_page_names_every_package():
+    named = {n.split("/")[0].removesuffix(".py") for n in named_modules(ARCHITECTURE.read_text(encoding="utf-8"))}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages - named == set()
+
+
+def test_the_page_check_finds_a_module_that_does_not_exist():
+    assert named_modules("see `runner/nowhere.py` and `wansync.comm.exchange`, not `docs/x.md`") == {
+        "runner/nowhere.py", "comm/exchange.py"}
+    assert named_modules("| `ft/` | the quorum (`quorum.py`), `trainer/loop.py` |") == {"ft/", "ft/quorum.py",
+                                                                                           "trainer/loop.py"}

@@ -79,11 +79,11 @@ def test_a_changed_config_is_not_finished(compare_dir):
     out, _ = compare_dir
     base = build_config(overrides={"workers": 2, "steps": 4, "eval_every": 2, "sync_every": 2, "model": "micro",
                                    "batch_size": 4, "seq_len": 32, "eval_batches": 2, "threads": 1})
-    same = X.plan(base, ["local_sgd"], 2, None, out)
+    same = X.grid_runs(base, ["local_sgd"], 2, None, out)
     assert all(X.is_finished(s) for s in same)
     # threads/quiet/log_every only change presentation
-    assert all(X.is_finished(s) for s in X.plan(base, ["local_sgd"], 2, None, out, threads=2))
-    changed = X.plan(build_config(overrides={**vars(base), "steps": 5}), ["local_sgd"], 2, None, out)
+    assert all(X.is_finished(s) for s in X.grid_runs(base, ["local_sgd"], 2, None, out, threads=2))
+    changed = X.grid_runs(build_config(overrides={**vars(base), "steps": 5}), ["local_sgd"], 2, None, out)
     assert not any(X.is_finished(s) for s in changed)
 
 
@@ -148,7 +148,7 @@ def test_grid_values_take_the_key_type():
                       "slowmo_beta=none,0.3"])
     assert g == {"sync_every": [1, 2], "lr": [0.001, 0.003], "grad_phase": [True, False],
                  "wan": ["two-site", "rtt=10ms,bw=1gbit"], "slowmo_beta": [None, 0.3]}
-    specs = X.plan(build_config(overrides={"out": "o"}), ["local_sgd"], 2, X.parse_grid(["sync_every=2,4"]))
+    specs = X.grid_runs(build_config(overrides={"out": "o"}), ["local_sgd"], 2, X.parse_grid(["sync_every=2,4"]))
     assert [str(s.run_dir) for s in specs] == ["o/local_sgd__sync_every=2/seed0", "o/local_sgd__sync_every=2/seed1",
                                               "o/local_sgd__sync_every=4/seed0", "o/local_sgd__sync_every=4/seed1"]
     assert [s.cfg.sync_every for s in specs] == [2, 2, 4, 4] and [s.cfg.seed for s in specs] == [0, 1, 0, 1]
@@ -196,7 +196,7 @@ def test_parallel_runs_split_the_threads(tmp_path, monkeypatch):
     seen, active, peak = [], [0], [0]
     lock = threading.Lock()
 
-    def fake_train(cfg, force=False):
+    def fake_train(cfg, force=False, torchrun=None):
         import time
         with lock:
             active[0] += 1
@@ -213,7 +213,7 @@ def test_parallel_runs_split_the_threads(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "train", fake_train)
     base = build_config(overrides={"workers": 2})
     threads = X.default_threads(2, 2)
-    specs = X.plan(base, ["ddp", "local_sgd"], 2, None, tmp_path / "p", threads=threads)
+    specs = X.grid_runs(base, ["ddp", "local_sgd"], 2, None, tmp_path / "p", threads=threads)
     outcomes = X.execute(specs, parallel=2, log=lambda s: None)
     assert [(o.spec.strategy, o.spec.seed, o.status) for o in outcomes] == [
         ("ddp", 0, "ok"), ("ddp", 1, "failed"), ("local_sgd", 0, "ok"), ("local_sgd", 1, "failed")]

@@ -60,19 +60,20 @@ def _wait_for_a_peer_that_never_comes(rank, world_size, peer_timeout):
 
     import wansync as ws
     from torchft.coordination import LighthouseServer
+    from wansync.ft.member import join_quorum
     from wansync.ft.quorum import Quorum
     from wansync.comm.replicas import Replicas
 
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=2000)
     quorum = Quorum(0, f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}", peer_timeout, hostname="127.0.0.1")
     model = torch.nn.Linear(3, 2)
-    sync = ws.strategy("diloco", model, torch.optim.SGD(model.parameters(), lr=0.1), replicas=Replicas(1, 0, 2, 0))
-    sync.exchange.ft = quorum
+    sync = ws.strategy("diloco", model, torch.optim.SGD(model.parameters(), lr=0.1), replicas=Replicas(1, 0, 2, 0),
+                       quorum=quorum)
     outcome = []
 
     def join():
         try:
-            sync.join(expected=2)
+            join_quorum(sync, quorum, expected=2)
             outcome.append("joined")
         except BaseException as exc:  # noqa: BLE001 - the test inspects whatever ended the wait
             outcome.append(exc)
@@ -113,6 +114,7 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
 
     import wansync as ws
     from torchft.coordination import LighthouseServer
+    from wansync.ft.member import join_quorum, meet_final_quorum
     from wansync.ft.quorum import Quorum
     from wansync.comm.replicas import Replicas
 
@@ -122,21 +124,14 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
                                       heartbeat_timeout_ms=5000)
     address = [f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}" if lighthouse else None]
     dist.broadcast_object_list(address)
+    own = [dist.new_group([r]) for r in range(2)][rank]     # each worker a group of its own, as in a run
     torch.manual_seed(rank)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))     # two blocks: two fragments
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    sync = ws.strategy(strategy, model, optimizer, replicas=Replicas(1, rank, 2, 0), **options)
 
-    def load(state):
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        sync.load_heal_state(state["strategy"])
-
-    def make_quorum():
+    def build():
+        """This worker's quorum and the strategy it is handed to (worker 1's are built late)."""
         quorum = Quorum(rank, address[0], 10, hostname="127.0.0.1")
-        quorum.serve(lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                              "strategy": sync.heal_state()}, load)
-        sync.exchange.ft = quorum
         real_mean = quorum.mean
 
         def mean(values, valid):              # how many workers each exchange counted
@@ -144,13 +139,22 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
             counted.append(contributors)
             return averaged, contributors
         quorum.mean = mean
-        return quorum
+        sync = ws.strategy(strategy, model, optimizer, group=own, replicas=Replicas(1, rank, 2, 0), quorum=quorum,
+                           **options)
+
+        def load(state):
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            sync.load_heal_state(state["strategy"])
+        quorum.serve(lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                              "strategy": sync.heal_state()}, load)
+        return sync, quorum
 
     quorum, trained_bytes, counted = None, 0, []
     try:
         if rank == 0:
-            quorum = make_quorum()
-            sync.join(1)
+            sync, quorum = build()
+            join_quorum(sync, quorum, 1)
             while sync.t < steps:
                 model(torch.randn(16, 8)).square().mean().backward()
                 sync.step()
@@ -159,11 +163,11 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
             counted.clear()                      # its exchanges alone
             dist.barrier()                       # worker 1 may start
             wait_for_one_quorum_request(address[0])      # worker 1's: the lighthouse waits for worker 0 in it
-            sync.meet_final_quorum()
+            meet_final_quorum(sync)
         else:
             dist.barrier()
-            quorum = make_quorum()
-            sync.join(1)
+            sync, quorum = build()
+            join_quorum(sync, quorum, 1)
         sync.finish()
         dist.barrier()
         return {"t": sync.t, "heals": quorum.heals, "final_bytes": sync.comm.bytes - trained_bytes, "counted": counted,

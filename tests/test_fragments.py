@@ -218,8 +218,8 @@ def test_bad_syncs_per_period():
 @pytest.mark.parametrize("strategy, model, p, blocks", [("streaming", "tiny", 99, 4), ("cocodc", "cnn", 5, 2)])
 def test_a_fragment_count_the_model_cannot_take_is_refused_before_any_worker_starts(strategy, model, p, blocks):
     from wansync.config import build_config
-    from wansync.runner.run import validate
+    from wansync.runner.run import check_run
     cfg = build_config(None, {"strategy": strategy, "model": model, "fragments": p, "sync_every": 100})
     with pytest.raises(ConfigError, match=rf"^fragments must be between 1 and the model's {blocks} blocks"):
-        validate(cfg)                      # the check the launcher and --dry-run make: nothing is spawned
-    validate(build_config(None, {"strategy": strategy, "model": model, "fragments": blocks, "sync_every": 100}))
+        check_run(cfg)                      # the check the launcher and --dry-run make: nothing is spawned
+    check_run(build_config(None, {"strategy": strategy, "model": model, "fragments": blocks, "sync_every": 100}))

@@ -132,6 +132,10 @@ def test_a_workload_never_imports_a_strategy_or_the_exchange():
     assert edges(("wansync.workloads",), ("wansync.strategies", "wansync.comm", "wansync.net")) == []
 
 
+def test_strategies_and_the_exchange_take_a_quorum_without_importing_fault_tolerance():
+    assert edges(("wansync.strategies", "wansync.comm"), ("wansync.ft",)) == []
+
+
 def test_net_knows_nothing_about_training():
     outside = [e for e in edges(("wansync.net",), (PACKAGE,))
                if not _in(e.split(" -> ")[1], "wansync.net", "wansync.errors")]
@@ -155,19 +159,21 @@ STACK = (
     ("wansync.runner",),
     ("wansync.runner.run",),
     ("wansync.runner.launch",),
-    ("wansync.ft.lighthouse",),
+    ("wansync.ft.supervisor", "wansync.ft.lighthouse"),   # the launcher's side of a fault-tolerant run
     ("wansync.runner.workerproc",),
     ("wansync.runner.worker",),
     ("wansync.runner.interrupts",),
     ("wansync.trainer.*",),
+    ("wansync.ft.member",),                         # the worker's side of a fault-tolerant run
     ("wansync.config",),
     ("wansync.strategies.*", "wansync.workloads.*"),  # side by side: neither imports the other
-    ("wansync.ft", "wansync.ft.quorum", "wansync.ft.transport", "wansync.ft.quorums"),
+    ("wansync.ft", "wansync.ft.quorum", "wansync.ft.transport", "wansync.ft.quorums", "wansync.ft.support"),
     ("wansync.comm.*",),
     ("wansync.telemetry.*",),
     ("wansync.rundir.*",),
     ("wansync.net.*",),
-    ("wansync.runner.localgroup",),
+    ("wansync.runner.torchrun", "wansync.runner.localgroup"),   # process groups on this machine or torchrun's
+    ("wansync.rules", "wansync.units"),
     ("wansync.errors",),
 )
 

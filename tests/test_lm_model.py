@@ -90,7 +90,7 @@ def test_sequence_longer_than_max_seq_len_is_refused():
 @pytest.mark.parametrize("model, longest", [("micro", 256), ("tiny", 512)])
 def test_a_seq_len_beyond_the_models_tables_is_refused_before_any_worker_starts(model, longest):
     from wansync.config import build_config
-    from wansync.runner.run import validate
+    from wansync.runner.run import check_run
     with pytest.raises(ConfigError, match=rf"^seq_len must be in \[1, {longest}\] for model '{model}', got {longest + 1}$"):
-        validate(build_config(None, {"model": model, "seq_len": longest + 1}))   # the launcher's and --dry-run's check
-    validate(build_config(None, {"model": model, "seq_len": longest}))
+        check_run(build_config(None, {"model": model, "seq_len": longest + 1}))   # the launcher's and --dry-run's check
+    check_run(build_config(None, {"model": model, "seq_len": longest}))

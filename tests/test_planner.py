@@ -21,6 +21,8 @@ from wansync.planner.schedule import trace
 from wansync.planner.sizes import ddp_buckets, flops_step_s, of_module
 from wansync.strategies import STRATEGIES
 
+from strategy_harness import deep_model as model
+
 pytestmark = pytest.mark.timeout(300)
 
 STEPS = 13
@@ -35,14 +37,6 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 3, "syncs_per_period": 4}),
     ("cocodc", {"sync_every": 6, "fragments": 2, "overlap": 1, "syncs_per_period": 4, "schedule": "round_robin"}),
 ]
-
-
-def model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = [nn.Linear(6, 16), nn.Tanh()]
-    for _ in range(4):
-        layers += [nn.Linear(16, 16), nn.Tanh()]
-    return nn.Sequential(*layers, nn.Linear(16, 3))
 
 
 def _ledger(sync: Any) -> Counter:
@@ -151,7 +145,7 @@ def test_plan_rejects_a_missing_link():
     from wansync.config import build_config
     from wansync.planner import plan_command
     with pytest.raises(ConfigError, match="--wan"):
-        plan_command(build_config(None, {}), params=1e6, ranks_per_worker=1, step_s=0.1, measure=False,
+        plan_command(build_config(None, {}), params=1e6, step_s=0.1, measure=False,
                      target_pct=None, tokens_per_step=None, flops=4e14)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from wansync import results
 from wansync.cli import main
-from wansync.analysis.runs import Run, Setting
+from wansync.analysis.runs import Run, SettingRuns
 from wansync.analysis.stats import NO_DIFFERENCE
 
 
@@ -50,14 +50,14 @@ def test_every_question_names_cells_of_its_own_table():
 
 
 def test_the_cocodc_tables_measure_the_papers_taylor_merge_not_the_default():
-    for t, specs, _ in results.plan_all(results.TABLES, Path("runs/results"), 1, None):
+    for t, specs, _ in results.table_runs(results.TABLES, Path("runs/results"), 1, None):
         for spec in specs:
             if spec.cfg.strategy == "cocodc":
                 assert spec.cfg.compensation in ("taylor", "alpha"), (t.name, spec.label)
 
 
 def test_a_cell_two_tables_share_is_trained_once():
-    planned = results.plan_all(results.TABLES, Path("runs/results"), 3, None)
+    planned = results.table_runs(results.TABLES, Path("runs/results"), 3, None)
     shared = {t.name: sum(s) for t, _, s in planned}
     assert shared["cpdp-k-sweep"] == 0 and shared["cpdp-beta"] == 3      # beta 0.3 at K = 4 is the sweep's K = 4
     assert shared["cocodc-matched"] == 3                                   # CoCoDC at N = 8 is cocodc-main's
@@ -75,9 +75,9 @@ def test_only_one_table_also_lists_the_table_it_reads(capsys, tmp_path):
     assert "== cpdp-k-sweep:" in out and "== cpdp-profile:" in out and "== cocodc-main:" not in out
 
 
-def _setting(label: str, values: list[float], strategy: str = "cpdp") -> Setting:
+def _setting(label: str, values: list[float], strategy: str = "cpdp") -> SettingRuns:
     runs = [Run(Path(f"/x/{label}/seed{i}"), label, strategy, i, {}, "ok", {"peak_test_acc": v}) for i, v in enumerate(values)]
-    return Setting(label, strategy, {}, runs)
+    return SettingRuns(label, strategy, {}, runs)
 
 
 def test_overlapping_intervals_answer_no_difference_at_this_scale():

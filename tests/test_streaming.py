@@ -308,7 +308,7 @@ def test_each_fragments_tensors_move_into_one_flat_buffer_keeping_values_and_ide
     (dict(codec="fp8"), "unknown codec 'fp8'; valid codecs: bf16, fp32, fp4, int8"),
     (dict(fragments=0), "fragments must be >= 1, got 0"),
     (dict(alpha=1.5), "alpha must be in [0, 1], got 1.5"),
-    (dict(partition="zigzag"), "partition must be one of strided, sequential, got 'zigzag'"),
+    (dict(partition="zigzag"), "partition must be strided or sequential, got 'zigzag'"),
     (dict(sync_every=10, fragments=4, syncs_per_period=3),
      "syncs_per_period must be 0 (automatic) or between fragments (4) and sync_every (10), got 3"),
 ])

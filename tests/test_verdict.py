@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wansync.analysis.runs import LM, Run, Setting
+from wansync.analysis.runs import LM, Run, SettingRuns
 from wansync.analysis.verdict import decision_rows, decision_table, equal_time, value_at, verdict
 
 
-def run(strategy: str, curve: list[tuple[float, float]], wall: float) -> Setting:
+def run(strategy: str, curve: list[tuple[float, float]], wall: float) -> SettingRuns:
     evals = [{"type": "eval", "step": 10 * (i + 1), "time": t, "val_loss": v} for i, (t, v) in enumerate(curve)]
     summary = {"wall_clock_s": wall, "exposed_comm_pct": 50.0 if strategy == "ddp" else 5.0, "bytes_sent": 1e6}
-    return Setting(strategy, strategy, {}, [Run(Path(strategy), strategy, strategy, 0, {}, "ok", summary, {}, evals)])
+    return SettingRuns(strategy, strategy, {}, [Run(Path(strategy), strategy, strategy, 0, {}, "ok", summary, {}, evals)])
 
 
 DDP = run("ddp", [(10, 3.0), (20, 2.5), (40, 2.0)], 41)

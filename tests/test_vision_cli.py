@@ -122,7 +122,7 @@ def test_cpdp_presets_expand_to_their_grid(tmp_path, capsys, name):
         assert "model cnn, data fashion-mnist, 4 workers, wan two-site" in out
     assert not (tmp_path / "p").exists()
     cfg = build_config(overrides=preset.values)
-    specs = X.plan(cfg, [], 1, None, tmp_path / "p", cells=preset.runs)
+    specs = X.grid_runs(cfg, [], 1, None, tmp_path / "p", cells=preset.runs)
     assert [s.label for s in specs] == EXPECTED[name]
     by = {s.label: s.cfg for s in specs}
     if name == "cpdp-k-sweep":

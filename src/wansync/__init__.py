@@ -27,7 +27,7 @@ def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
         from . import net
         topology = net.parse_wan(wan) if isinstance(wan, str) else wan
         backend, emulator = net.install(), net.Emulator(topology, seed=seed)
-    from .runner.launch import torchrun_env
+    from .runner.torchrun import torchrun_env
     if torchrun_env() is not None:              # a partial or malformed one is refused in one line
         dist.init_process_group(backend, init_method="env://", pg_options=emulator)
         return

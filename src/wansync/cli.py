@@ -136,7 +136,7 @@ def _add_plan_parser(sub: Any) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .runner.launch import torchrun_env
+    from .runner.torchrun import torchrun_env
     from .runner.run import resume_config, train
     if args.resume:
         given = [flag for flag, value in (("--preset", args.preset), ("--config", args.config),
@@ -145,8 +145,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"{given[0]} cannot be used with --resume: a resumed run keeps the config it "
                               f"was started with (only run-control flags may change)")
         cfg = resume_config(args.resume, config_flags(args))
-        torchrun_env(cfg.workers, cfg.ranks_per_worker)
-        summary = train(cfg, resume=True)
+        summary = train(cfg, resume=True, torchrun=torchrun_env(cfg.workers, cfg.ranks_per_worker))
         return _finished(summary)
     if args.preset:
         preset = get(args.preset)
@@ -154,8 +153,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = config_from_args(args)
     check_combinations(cfg, config_flags(args))
-    torchrun_env(cfg.workers if args.workers is not None else None, cfg.ranks_per_worker)   # refuses a stale or contradicting one
-    summary = train(cfg, force=args.force)
+    # read once: a stale or contradicting environment is refused here, a consistent one adopted by train
+    env = torchrun_env(cfg.workers if args.workers is not None else None, cfg.ranks_per_worker)
+    summary = train(cfg, force=args.force, torchrun=env)
     return _finished(summary)
 
 
@@ -169,12 +169,13 @@ def _finished(summary: dict[str, Any] | None) -> int:
 def cmd_experiment(args: argparse.Namespace) -> int:
     from .runner import experiments
     preset = get(args.preset) if args.preset else None
-    specs, out = experiments.plan_command(args.command, preset, args.config, config_flags(args), args.grid,
-                                          args.strategies, args.seeds, args.parallel)
+    specs, out, env = experiments.command_runs(args.command, preset, args.config, config_flags(args), args.grid,
+                                               args.strategies, args.seeds, args.parallel)
     if args.dry_run:
-        return experiments.dry_run(specs, preset)
+        return experiments.check_and_list(specs, preset)
     first = specs[0].cfg                      # --target-loss/--target-acc are config keys (flag, file or preset)
-    return experiments.run_and_report(specs, out, args.force, args.parallel, first.target_loss, first.target_acc)
+    return experiments.run_and_report(specs, out, args.force, args.parallel, first.target_loss, first.target_acc,
+                                      torchrun=env)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -209,9 +210,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(planner.large_table(args.target_exposed if args.target_exposed is not None else planner.TARGET_PCT))
         return 0
     cfg = config_from_args(args)
-    print(planner.plan_command(cfg, params=args.params, ranks_per_worker=cfg.ranks_per_worker,
-                               step_s=args.step_time, measure=args.measure, step_times=args.step_times,
-                               target_pct=args.target_exposed,
+    print(planner.plan_command(cfg, params=args.params, step_s=args.step_time, measure=args.measure,
+                               step_times=args.step_times, target_pct=args.target_exposed,
                                tokens_per_step=args.tokens_per_step, flops=args.throughput))
     return 0
 

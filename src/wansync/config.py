@@ -19,14 +19,17 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, get_type_hints
 
 from .errors import ConfigError, check
+from .ft import support as ft_support
+from .rules import Rule, at_least, in_range, not_blank, one_of, positive
 from .strategies import OPTIONS
 
 if TYPE_CHECKING:
     from .net.link import Topology
 
 
-def _f(default: Any, section: str, help: str, **kw: Any) -> Any:
-    return field(default=default, metadata={"section": section, "help": help, **kw})
+def _f(default: Any, section: str, help: str, *rules: Rule) -> Any:
+    """A config key: its default, its TOML section, one line of help, and the rules its value obeys."""
+    return field(default=default, metadata={"section": section, "help": help, "rules": rules})
 
 
 @dataclass
@@ -34,28 +37,31 @@ class GeneralKeys:
     """The keys of every run, whatever the strategy; `Config` adds the strategies' options."""
     # [run]
     strategy: str = _f("ddp", "run", "synchronization strategy")
-    workers: int = _f(2, "run", "workers (model replicas; each averages with the others by the strategy)")
+    workers: int = _f(2, "run", "workers (model replicas; each averages with the others by the strategy)", at_least(1))
     ranks_per_worker: int = _f(1, "run", "processes per worker (one per GPU): DDP inside a worker every step, "
-                               "the strategy between workers; the world size is workers x this")
-    steps: int = _f(300, "run", "training steps (the total budget, also when resuming)")
-    seed: int = _f(0, "run", "seed for model init, data order and jitter")
-    out: str = _f("runs/latest", "run", "run directory")
-    threads: int = _f(0, "run", "torch threads per worker; 0 = cores // workers")
-    eval_every: int = _f(50, "run", "evaluate every N steps (and at the end)")
-    log_every: int = _f(10, "run", "print a log line every N steps")
+                               "the strategy between workers; the world size is workers x this", at_least(1))
+    steps: int = _f(300, "run", "training steps (the total budget, also when resuming)", at_least(1))
+    seed: int = _f(0, "run", "seed for model init, data order and jitter", at_least(0))
+    out: str = _f("runs/latest", "run", "run directory", not_blank("a run directory"))
+    threads: int = _f(0, "run", "torch threads per worker; 0 = cores // workers", at_least(0))
+    eval_every: int = _f(50, "run", "evaluate every N steps (and at the end)", at_least(1))
+    log_every: int = _f(10, "run", "print a log line every N steps", at_least(1))
     quiet: bool = _f(False, "run", "plain log lines, no progress bar")
     wan: str = _f("", "run", "emulated link: a preset (lan, two-site, cross-region, cross-continent) or a spec "
                   "like rtt=16.6ms,bw=1gbit,sites=2; empty = no emulation")
-    checkpoint_every: int = _f(0, "run", "write a checkpoint every N steps (0 = only at the end)")
-    on_nonfinite: str = _f("abort", "run", "what to do with a NaN/Inf loss, gradient or pseudo-gradient: abort|skip")
-    peer_timeout: float = _f(60.0, "run", "seconds before a silent peer is declared dead")
+    checkpoint_every: int = _f(0, "run", "write a checkpoint every N steps (0 = only at the end)", at_least(0))
+    on_nonfinite: str = _f("abort", "run", "what to do with a NaN/Inf loss, gradient or pseudo-gradient: abort|skip",
+                           one_of(("abort", "skip")))
+    peer_timeout: float = _f(60.0, "run", "seconds before a silent peer is declared dead", positive)
     fault_tolerant: bool = _f(False, "run", "keep training when a worker fails: quorum exchanges through torchft, "
-                              "a restarted worker heals from a live peer (local_sgd, slowmo, diloco, streaming, "
-                              "cocodc; needs wansync[ft]; see docs/fault_tolerance.md)")
+                              f"a restarted worker heals from a live peer ({', '.join(ft_support.STRATEGIES)}; "
+                              "needs wansync[ft]; see docs/fault_tolerance.md)")
     lighthouse: str = _f("", "run", "fault-tolerant runs: torchft lighthouse HOST:PORT; empty = the launcher "
                          "starts one on 127.0.0.1")
-    max_restarts: int = _f(0, "run", "fault-tolerant runs: the launcher restarts a dead worker up to N times")
-    backend: str = _f("gloo", "run", "torch.distributed backend under the strategy: gloo|nccl")
+    max_restarts: int = _f(0, "run", "fault-tolerant runs: the launcher restarts a dead worker up to N times",
+                           at_least(0))
+    backend: str = _f("gloo", "run", "torch.distributed backend under the strategy: gloo|nccl",
+                      one_of(("gloo", "nccl")))
     target_loss: float | None = _f(None, "run", "validation loss target: summary.json and the report give the "
                                    "step and second each run first reached it (default in compare/sweep: "
                                    "DDP's final x 1.01; a single run without it: none)")
@@ -63,30 +69,31 @@ class GeneralKeys:
                                   "(default in compare/sweep: DDP's final x 0.99)")
     # [model]
     model: str = _f("tiny", "model", "model name: micro|tiny|small|150m (LM) or cnn|resnet18|resnet50|vit_s (vision)")
-    width: float = _f(1.0, "model", "channel-width multiplier for ResNets")
+    width: float = _f(1.0, "model", "channel-width multiplier for ResNets", positive)
     # [data]
     data: str = _f("shakespeare", "data", "LM: shakespeare | PATH | hf:NAME; vision: fashion-mnist | "
                    "cifar100:PATH | imagefolder:PATH (default: shakespeare for LM models, fashion-mnist "
-                   "for vision models)")
+                   "for vision models)", not_blank("a dataset (shakespeare, a path, hf:NAME, ...)"))
     batch_size: int = _f(16, "data", "per-rank batch size (sequences or images; vision default 64); a worker of "
-                         "R ranks trains on R x this")
-    seq_len: int = _f(128, "data", "LM context length in tokens")
-    tokenizer: str = _f("byte", "data", "LM tokenizer: byte|bpe")
-    bpe_vocab: int = _f(2048, "data", "vocabulary size of the locally trained BPE")
-    val_fraction: float = _f(0.05, "data", "held-out fraction of the LM corpus")
-    eval_batches: int = _f(8, "data", "validation batches per evaluation")
+                         "R ranks trains on R x this", at_least(1))
+    seq_len: int = _f(128, "data", "LM context length in tokens", at_least(2))
+    tokenizer: str = _f("byte", "data", "LM tokenizer: byte|bpe", one_of(("byte", "bpe")))
+    bpe_vocab: int = _f(2048, "data", "vocabulary size of the locally trained BPE", at_least(257))
+    val_fraction: float = _f(0.05, "data", "held-out fraction of the LM corpus", in_range(0, 1, low_included=False))
+    eval_batches: int = _f(8, "data", "validation batches per evaluation", at_least(1))
     augment: bool = _f(True, "data", "training augmentation for images")
     # [optim]
-    optimizer: str = _f("adamw", "optim", "inner optimizer: adamw|sgd (vision default sgd)")
+    optimizer: str = _f("adamw", "optim", "inner optimizer: adamw|sgd (vision default sgd)", one_of(("adamw", "sgd")))
     lr: float = _f(3e-3, "optim", "inner learning rate (peak; vision+sgd default 0.1); under --lr-scaling "
-                   "linear the base lr at global batch 256")
+                   "linear the base lr at global batch 256", positive)
     lr_scaling: str = _f("none", "optim", "LR rule: none (lr as given, fixed) | linear (peak lr = lr x "
-                         "workers x batch_size / 256)")
-    lr_schedule: str = _f("cosine", "optim", "constant|cosine (with linear warmup)")
-    warmup_steps: int = _f(20, "optim", "linear warmup steps (vision default 0)")
-    weight_decay: float = _f(0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay (vision+sgd default 5e-4)")
-    momentum: float = _f(0.9, "optim", "SGD momentum")
-    grad_clip: float = _f(1.0, "optim", "clip the local gradient norm (0 = off)")
+                         "workers x batch_size / 256)", one_of(("none", "linear")))
+    lr_schedule: str = _f("cosine", "optim", "constant|cosine (with linear warmup)", one_of(("constant", "cosine")))
+    warmup_steps: int = _f(20, "optim", "linear warmup steps (vision default 0)", at_least(0))
+    weight_decay: float = _f(0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay (vision+sgd default 5e-4)",
+                             at_least(0))
+    momentum: float = _f(0.9, "optim", "SGD momentum", in_range(0, 1))
+    grad_clip: float = _f(1.0, "optim", "clip the local gradient norm (0 = off)", at_least(0))
 
     @functools.cached_property
     def topology(self) -> Topology | None:
@@ -217,65 +224,29 @@ def build_config(file: str | Path | None = None, overrides: dict[str, Any] | Non
 
 
 def validate(cfg: Config) -> None:
-    """Checks that do not depend on the strategy (strategies validate their own options)."""
-    check(cfg.workers >= 1, f"workers must be >= 1, got {cfg.workers}")
-    check(cfg.ranks_per_worker >= 1, f"ranks_per_worker must be >= 1, got {cfg.ranks_per_worker}")
-    check(cfg.steps >= 1, f"steps must be >= 1, got {cfg.steps}")
-    check(cfg.seed >= 0, f"seed must be >= 0, got {cfg.seed}")
-    check(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")
-    check(cfg.eval_every >= 1, f"eval_every must be >= 1, got {cfg.eval_every}")
-    check(cfg.log_every >= 1, f"log_every must be >= 1, got {cfg.log_every}")
-    check(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
-    check(cfg.on_nonfinite in ("abort", "skip"), f"on_nonfinite must be abort or skip, got {cfg.on_nonfinite!r}")
-    check(cfg.peer_timeout > 0, f"peer_timeout must be > 0, got {cfg.peer_timeout}")
-    check(cfg.max_restarts >= 0, f"max_restarts must be >= 0, got {cfg.max_restarts}")
-    if cfg.fault_tolerant:
-        check_fault_tolerant(cfg)
-    check(cfg.backend in ("gloo", "nccl"), f"backend must be gloo or nccl, got {cfg.backend!r}")
-    check(bool(cfg.out), "out must name a run directory")
-    check(cfg.width > 0, f"width must be > 0, got {cfg.width}")
-    check(cfg.batch_size >= 1, f"batch_size must be >= 1, got {cfg.batch_size}")
-    check(cfg.seq_len >= 2, f"seq_len must be >= 2, got {cfg.seq_len}")
-    check(cfg.tokenizer in ("byte", "bpe"), f"tokenizer must be byte or bpe, got {cfg.tokenizer!r}")
-    check(cfg.bpe_vocab >= 257, f"bpe_vocab must be >= 257, got {cfg.bpe_vocab}")
-    check(0 < cfg.val_fraction < 1, f"val_fraction must be in (0, 1), got {cfg.val_fraction}")
-    check(cfg.eval_batches >= 1, f"eval_batches must be >= 1, got {cfg.eval_batches}")
-    check(cfg.optimizer in ("adamw", "sgd"), f"optimizer must be adamw or sgd, got {cfg.optimizer!r}")
-    check(math.isfinite(cfg.lr) and cfg.lr > 0, f"lr must be > 0, got {cfg.lr}")
-    check(cfg.lr_scaling in ("none", "linear"), f"lr_scaling must be none or linear, got {cfg.lr_scaling!r}")
-    check(cfg.lr_schedule in ("constant", "cosine"), f"lr_schedule must be constant or cosine, got {cfg.lr_schedule!r}")
-    check(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
-    check(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
-    check(0 <= cfg.momentum < 1, f"momentum must be in [0, 1), got {cfg.momentum}")
-    check(cfg.grad_clip >= 0, f"grad_clip must be >= 0, got {cfg.grad_clip}")
-    check(bool(cfg.data.strip()), "data must name a dataset (shakespeare, a path, hf:NAME, ...), got an empty value")
+    """Every key's declared rules (a strategy's options are checked by the strategy itself), the
+    bounds of any number, then the rules that relate keys: all of them here, each one line."""
     for f in fields(Config):
-        value, t = getattr(cfg, f.name), base_type(f.name)
+        value = getattr(cfg, f.name)
         if value is None:
             continue
-        if t is float:
-            check(math.isfinite(value), f"{f.name} must be a finite number, got {value}")
-        elif t is int:
-            limit = INT64_MAX if f.name == "seed" or f.metadata["section"] == "strategy" else INT32_MAX
-            check(-limit <= value <= limit, f"{f.name} is too large: {value} (at most {limit})")
+        check_bounds(f, value)
+        for rule in f.metadata["rules"]:
+            rule(f.name, value)
     check(cfg.workers * cfg.ranks_per_worker <= MAX_PROCESSES, f"workers x ranks_per_worker is too large: "
           f"{cfg.workers} x {cfg.ranks_per_worker} processes (at most {MAX_PROCESSES})")
+    if cfg.fault_tolerant:
+        ft_support.check_fault_tolerant(cfg)
 
 
-FAULT_TOLERANT = ("local_sgd", "slowmo", "diloco", "streaming", "cocodc")
-
-
-def check_fault_tolerant(cfg: Config) -> None:
-    """What --fault-tolerant supports, each refusal in one line with its reason."""
-    check(cfg.strategy in FAULT_TOLERANT,
-          f"--fault-tolerant does not support {cfg.strategy}: it all-reduces gradients every step, so no step can "
-          f"go on without every worker (use one of {', '.join(FAULT_TOLERANT)})")
-    check(cfg.ranks_per_worker == 1, "--fault-tolerant supports workers of one rank only (--ranks-per-worker 1)")
-    check(getattr(cfg, "codec", None) in (None, "fp32"),
-          f"--fault-tolerant exchanges fp32 only (torchft's quorum all-reduce sums on the wire), not codec {cfg.codec}")
-    host, _, port = cfg.lighthouse.rpartition(":")
-    check(not cfg.lighthouse or (bool(host) and port.isdigit()),
-          f"lighthouse must be HOST:PORT, got {cfg.lighthouse!r}")
+def check_bounds(f: dataclasses.Field, value: Any) -> None:
+    """What any number must be: a float finite, an integer within what C++ (torch, gloo) takes."""
+    t = base_type(f.name)
+    if t is float:
+        check(math.isfinite(value), f"{f.name} must be a finite number, got {value}")
+    elif t is int:
+        limit = INT64_MAX if f.name == "seed" or f.metadata["section"] == "strategy" else INT32_MAX
+        check(-limit <= value <= limit, f"{f.name} is too large: {value} (at most {limit})")
 
 
 # Integers go to C++ (torch, gloo): counts and sizes as 32-bit, seeds and strategy counters as 64-bit.

@@ -12,7 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .runs import CATEGORIES, Quality, Setting, human_bytes, number  # noqa: E402
+from .runs import CATEGORIES, Quality, SettingRuns, number  # noqa: E402
+from ..units import human_bytes  # noqa: E402
 
 CATEGORY_COLORS = MappingProxyType({"compute": "#4c72b0", "exposed_comm": "#c44e52", "sync_math": "#dd8452",
                                     "data": "#8172b3", "eval": "#55a868", "checkpoint": "#937860", "other": "#bbbbbb"})
@@ -22,7 +23,7 @@ CATEGORY_NAMES = MappingProxyType({"compute": "compute", "exposed_comm": "expose
                                    "checkpoint": "checkpoints", "other": "other"})
 
 
-def _colors(settings: Sequence[Setting]) -> dict[str, Any]:
+def _colors(settings: Sequence[SettingRuns]) -> dict[str, Any]:
     cmap = plt.get_cmap("tab10" if len(settings) <= 10 else "tab20")
     return {s.label: cmap(i % cmap.N) for i, s in enumerate(settings)}
 
@@ -31,7 +32,7 @@ def _ylabel(q: Quality) -> str:
     return f"{q.name} ({q.unit})"
 
 
-def _curves(s: Setting, q: Quality) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
+def _curves(s: SettingRuns, q: Quality) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
     """Per evaluation index: step, mean time, mean/min/max quality over the setting's finished seeds."""
     series = [[e for e in r.evals if number(e.get(q.eval_key)) is not None] for r in s.ok_runs]
     series = [x for x in series if x]
@@ -67,7 +68,7 @@ def _target_line(ax: Any, q: Quality, target: float | None) -> None:
         ax.axhline(target, color="black", linestyle=":", linewidth=1, label=f"target {target:.4g} {q.unit}")
 
 
-def quality_vs(settings: Sequence[Setting], q: Quality, target: float | None, path: Path, x: str) -> Path:
+def quality_vs(settings: Sequence[SettingRuns], q: Quality, target: float | None, path: Path, x: str) -> Path:
     """x = 'step' or 'time': mean curve per setting, band = min..max over seeds; vs step, ticks on the
     x axis mark a fault-tolerant run's exchanges that had a worker missing (summary `short_exchanges`)."""
     colors = _colors(settings)
@@ -117,7 +118,7 @@ def pareto_front(points: Sequence[tuple[float, float]], higher_is_better: bool) 
     return sorted(front, key=lambda i: points[i][0])
 
 
-def pareto(settings: Sequence[Setting], q: Quality, path: Path) -> Path:
+def pareto(settings: Sequence[SettingRuns], q: Quality, path: Path) -> Path:
     """Final quality vs wall clock: a point per run (faint), the mean per setting, the front highlighted."""
     colors = _colors(settings)
     use_ppl = q.kind == "lm"
@@ -158,7 +159,7 @@ def _xticks(ax: Any, labels: Sequence[str]) -> None:
     ax.set_xticklabels(labels, rotation=rot, ha="right" if rot else "center", fontsize=8)
 
 
-def time_breakdown(settings: Sequence[Setting], path: Path) -> Path:
+def time_breakdown(settings: Sequence[SettingRuns], path: Path) -> Path:
     """Stacked bars: mean seconds per profiler category, per setting."""
     shown = [s for s in settings if any(r.profile for r in s.ok_runs)]
     fig, ax = plt.subplots(figsize=(max(9, 1.1 * len(shown) + 6), 5.5))
@@ -191,7 +192,7 @@ def use_log_scale(values: Sequence[float], spread: float = 100.0) -> bool:
     return bool(values) and all(v > 0 for v in values) and max(values) / min(values) > spread
 
 
-def bytes_per_setting(settings: Sequence[Setting], path: Path) -> Path:
+def bytes_per_setting(settings: Sequence[SettingRuns], path: Path) -> Path:
     """Mean bytes sent per worker; log scale when the values span more than 100x."""
     colors = _colors(settings)
     shown, vals = [], []
@@ -221,7 +222,7 @@ def bytes_per_setting(settings: Sequence[Setting], path: Path) -> Path:
     return _finish(fig, ax, path, "setting")
 
 
-def all_plots(root: Path, settings: Sequence[Setting], q: Quality, target: float | None) -> list[Path]:
+def all_plots(root: Path, settings: Sequence[SettingRuns], q: Quality, target: float | None) -> list[Path]:
     root = Path(root)
     name = "loss" if q.kind == "lm" else "accuracy"
     return [quality_vs(settings, q, target, root / f"{name}_vs_step.png", "step"),

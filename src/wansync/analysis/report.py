@@ -13,7 +13,7 @@ and one choice of grid values, all seeds) and aggregates mean ± std over seeds:
 - exposed communication % (profile.json: categories_s.exposed_comm / wall_clock_s), bytes sent and
   sync events (summary.json).
 
-Settings come from the experiment plan (`experiment.json`) when there is one, else from the
+Settings come from the experiment's grid (`experiment.json`) when there is one, else from the
 directory layout (`<label>/seed<k>/`). A failed run is a row whose status says why.
 """
 from __future__ import annotations
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..rundir import jsonout
 from ..errors import WansyncError
-from ..rundir.layout import FAILED_FILE, PLAN_FILE
-from .runs import LM, VISION, Quality, Run, Setting, human_bytes, number
+from ..rundir.layout import EXPERIMENT_FILE, FAILED_FILE, add_to_summary
+from .runs import LM, VISION, Quality, Run, SettingRuns, number
+from ..units import human_bytes
 from ..rundir.target import Target, first_reached, read_evals, target_record
 from .verdict import decision_rows, decision_table, equal_time, verdict
 
@@ -61,7 +61,7 @@ def _is_run_dir(d: Path) -> bool:
 
 
 def find_runs(root: str | Path) -> list[Run]:
-    """Every run directory under root (root itself may be one), in plan order, then path order."""
+    """Every run directory under root (root itself may be one), in the experiment's order, then path order."""
     root = Path(root)
     if not root.exists():
         raise ReportError(f"report: directory not found: {root}")
@@ -75,16 +75,16 @@ def find_runs(root: str | Path) -> list[Run]:
     if not dirs:
         raise ReportError(f"report: no runs found under {root} (expected run directories holding summary.json, "
                           f"as written by wansync train/compare/sweep)")
-    plan = {}
+    listed = {}
     try:
-        for r in _read_json(root / PLAN_FILE).get("runs", []):
-            plan[(root / r["dir"]).resolve()] = r
+        for r in _read_json(root / EXPERIMENT_FILE).get("runs", []):
+            listed[(root / r["dir"]).resolve()] = r
     except (OSError, ValueError, AttributeError, KeyError, TypeError):
-        plan = {}
-    order = {d: i for i, d in enumerate(plan)}
+        listed = {}
+    order = {d: i for i, d in enumerate(listed)}
     on_disk = {d.resolve() for d in dirs}
-    plan = {d: r for d, r in plan.items() if d in on_disk}
-    runs = [_load_run(d, plan.get(d.resolve())) for d in dirs]
+    listed = {d: r for d, r in listed.items() if d in on_disk}
+    runs = [_load_run(d, listed.get(d.resolve())) for d in dirs]
     runs.sort(key=lambda r: (order.get(r.dir.resolve(), len(order)), str(r.dir)))
     return runs
 
@@ -167,10 +167,10 @@ def mean_std(values: Sequence[float | None]) -> tuple[float | None, float | None
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None), len(vals)
 
 
-def group(runs: Sequence[Run]) -> list[Setting]:
-    out: dict[str, Setting] = {}
+def group(runs: Sequence[Run]) -> list[SettingRuns]:
+    out: dict[str, SettingRuns] = {}
     for r in runs:
-        s = out.setdefault(r.label, Setting(r.label, r.strategy, r.setting, []))
+        s = out.setdefault(r.label, SettingRuns(r.label, r.strategy, r.setting, []))
         s.runs.append(r)
     return list(out.values())
 
@@ -181,7 +181,7 @@ METRICS = ("final", "best", "final_ppl", "final_bpb", "steps_to_target", "time_t
 INSIDE_COLUMNS = ("bytes inside workers", "exposed inside workers (s)")
 
 
-def common_target(settings: Sequence[Setting], q: Quality) -> tuple[float | None, str]:
+def common_target(settings: Sequence[SettingRuns], q: Quality) -> tuple[float | None, str]:
     """The quality every setting reached: the worst mean final value among the settings that did
     not diverge (so time to target ranks them all, not only those that match the best)."""
     finals = [(s, v) for s in settings if s.ok_runs and not any(r.diverged for r in s.ok_runs)
@@ -195,11 +195,11 @@ def common_target(settings: Sequence[Setting], q: Quality) -> tuple[float | None
 TARGET_RULES = ("ddp", "common")
 
 
-def default_target(settings: Sequence[Setting], q: Quality, rule: str = "ddp") -> tuple[float | None, str]:
+def default_target(settings: Sequence[SettingRuns], q: Quality, rule: str = "ddp") -> tuple[float | None, str]:
     """The experiment's target when none is given: rule "ddp" (below) or "common" (`common_target`)."""
     if rule == "common":
         return common_target(settings, q)
-    def final_mean(s: Setting) -> float | None:
+    def final_mean(s: SettingRuns) -> float | None:
         return mean_std([number(r.summary.get(q.final_key)) for r in s.ok_runs])[0]
 
     slack = 0.99 if q.higher_is_better else 1.01
@@ -213,7 +213,7 @@ def default_target(settings: Sequence[Setting], q: Quality, rule: str = "ddp") -
     return v * slack, f"{who}'s final {q.name} ({s.label}: {v:.4g}) {how}"
 
 
-def aggregate(settings: Sequence[Setting], q: Quality, target: float | None) -> list[dict[str, Any]]:
+def aggregate(settings: Sequence[SettingRuns], q: Quality, target: float | None) -> list[dict[str, Any]]:
     rows = []
     for s in settings:
         ok = s.ok_runs
@@ -367,19 +367,19 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
     root = Path(root)
     runs = find_runs(root)
     q = quality_of(runs)
-    plan: dict[str, Any] = {}
+    experiment: dict[str, Any] = {}
     try:
-        plan = _read_json(root / PLAN_FILE)
+        experiment = _read_json(root / EXPERIMENT_FILE)
     except (OSError, ValueError):
         pass
-    if target_loss is None and target_acc is None and isinstance(plan, dict):
-        target_loss, target_acc = plan.get("target_loss"), plan.get("target_acc")
+    if target_loss is None and target_acc is None and isinstance(experiment, dict):
+        target_loss, target_acc = experiment.get("target_loss"), experiment.get("target_acc")
     settings = group(runs)
     given = target_acc if q.higher_is_better else target_loss
     if given is not None:
         target, source = float(given), f"given (--target-{'acc' if q.higher_is_better else 'loss'})"
     else:
-        target, source = default_target(settings, q, str(plan.get("target_rule", target_rule)))
+        target, source = default_target(settings, q, str(experiment.get("target_rule", target_rule)))
     rows = aggregate(settings, q, target)
     table = markdown_table(rows, q)
     try:
@@ -408,9 +408,8 @@ def record_target(runs: Sequence[Run], target: Target) -> None:
     already says so is left untouched)."""
     for r in runs:
         record = target_record(r.evals, target)
-        if r.ok and r.summary and r.summary.get("target") != record:
+        if r.ok and r.summary and r.summary.get("target") != record and add_to_summary(r.dir, {"target": record}):
             r.summary["target"] = record
-            (r.dir / "summary.json").write_text(jsonout.dumps(r.summary, indent=2))
 
 
 def _markdown(rep: Report, runs: Sequence[Run]) -> str:

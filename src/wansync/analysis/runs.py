@@ -1,6 +1,6 @@
 """Finished runs as the report reads them back (the directory's layout: `rundir.layout`).
 
-A :class:`Run` is one run directory as read back; a :class:`Setting` is the runs of one label (all
+A :class:`Run` is one run directory as read back; a :class:`SettingRuns` is the runs of one label (all
 seeds); a :class:`Quality` says which metric judges them (validation loss or test accuracy).
 """
 from __future__ import annotations
@@ -13,8 +13,7 @@ from ..rundir.divergence import diverged
 from ..rundir.jsonout import number
 from ..telemetry.profiler import CATEGORIES
 
-__all__ = ["CATEGORIES", "LM", "Quality", "Run", "Setting", "VISION", "human_bytes",
-           "number"]
+__all__ = ["CATEGORIES", "LM", "Quality", "Run", "SettingRuns", "VISION", "number"]
 
 
 
@@ -46,7 +45,7 @@ class Run:
 
 
 @dataclass
-class Setting:
+class SettingRuns:
     label: str
     strategy: str
     setting: dict[str, Any]
@@ -83,12 +82,3 @@ class Quality:
 
 LM = Quality("lm", "val_loss", "final_val_loss", "best_val_loss", False, "validation loss", "nats/token")
 VISION = Quality("vision", "test_acc", "final_test_acc", "peak_test_acc", True, "test accuracy", "%")
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "–"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"

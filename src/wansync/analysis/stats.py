@@ -1,4 +1,4 @@
-"""Mean ± 95% interval over seeds, and the verdict two intervals support.
+"""Mean ± 95% interval over seeds, and the phrase two intervals support.
 
 With three seeds a standard deviation says little; the interval that accounts for so few samples is
 the t-distribution's: mean ± t(0.975, n−1)·s/√n. Two settings differ *at this scale* only when their
@@ -76,7 +76,7 @@ def compare(a: Interval, b: Interval, higher_is_better: bool) -> int:
     return 1 if better else -1
 
 
-def verdict(name_a: str, a: Interval, name_b: str, b: Interval, higher_is_better: bool) -> str:
+def compare_in_words(name_a: str, a: Interval, name_b: str, b: Interval, higher_is_better: bool) -> str:
     """The phrase two intervals support: who is better, or NO_DIFFERENCE."""
     c = compare(a, b, higher_is_better)
     if c == 0:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .runs import Quality, Setting, human_bytes, number
+from .runs import Quality, SettingRuns, number
+from ..units import human_bytes
 from ..rundir.target import Target, first_reached
 
 
@@ -27,7 +28,7 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def equal_time(settings: Sequence[Setting]) -> float | None:
+def equal_time(settings: Sequence[SettingRuns]) -> float | None:
     """The comparison's common clock: when the fastest setting's last evaluation happened (its
     mean over seeds), so every setting has been evaluated up to then."""
     ends = [_mean([number(r.evals[-1].get("time")) for r in s.ok_runs if r.evals]) for s in settings]
@@ -35,7 +36,7 @@ def equal_time(settings: Sequence[Setting]) -> float | None:
     return min(ends) if ends else None
 
 
-def decision_rows(settings: Sequence[Setting], q: Quality, target: float | None) -> list[dict[str, Any]]:
+def decision_rows(settings: Sequence[SettingRuns], q: Quality, target: float | None) -> list[dict[str, Any]]:
     """Per setting: quality at equal wall clock, wall clock to the target, exposed comm %, bytes."""
     at = equal_time(settings)
     goal = Target(q.eval_key, target, q.higher_is_better, "") if target is not None else None

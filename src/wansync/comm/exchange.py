@@ -45,29 +45,44 @@ plug in here and nowhere else:
   whatever R is, every rank carrying 1/R of it; the all-gather is booked as `inside/<purpose>`.
   A buffer with fewer values than R is not split (every local rank averages all of it).
 
-- **Fault tolerance** (`ft`, see `ft.quorum`): when set, an fp32 mean runs over torchft's quorum
-  instead of `group` (the workers alive now, divided by the number of contributors), blocking.
+- **Fault tolerance** (`quorum`, see `ft.quorum`): given at construction, an fp32 mean runs over
+  torchft's quorum instead of `group` (the workers alive now, divided by the number of
+  contributors), blocking: its wait is booked from the moment the mean was asked for. Who takes
+  part changes, so a strategy asks the exchange to `meet` before the exchanges of a step (a no-op
+  for a fixed group): the workers agree on the members, a worker behind the others heals from a
+  peer there, and the time is booked as `quorum`. `already_synced`: this worker healed into its
+  peers' final synchronization and holds the result of the step's exchanges; `participants`: the
+  size of the last exchange's quorum (None for a fixed group: every worker).
+
+`mean` is a pipeline: prepare the payload (the values, the side band, the guard's verdict) → send
+it (an fp32 all-reduce, a lossy all-gather, or the quorum's mean; sharded across replica groups)
+→ book its bytes → a handle whose finish puts the mean together and checks it.
 
 Without an initialized process group the "group" is this one rank, and the mean of a lossy codec
 is `decode(encode(x))`, the same quantization a multi-rank run applies.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, NonFiniteError
-from ..net import collective_duration, emulator_of
+from ..net import emulator_of
 from .codecs import Codec, Encoded, get_codec
 from .ledger import INSIDE, CommLedger
+from .mean_cost import mean_seconds
 from .replicas import Replicas
 
 GUARDED = ("params", "pseudo_grads", "optim_state")
 POLICIES = ("abort", "skip")
+QUORUM = "quorum"          # ledger purpose: the time a worker waits to agree on who takes part (`meet`)
+SENT_NONFINITE = " (a worker sent NaN/Inf; --on-nonfinite abort or skip stops it before the exchange)"
 
 
 def all_finite(x: torch.Tensor) -> bool:
@@ -122,12 +137,43 @@ def finite_norm(x: torch.Tensor) -> float | None:
     return norm if math.isfinite(norm) or bool(torch.isfinite(x).all()) else None
 
 
+@dataclass
+class Payload:
+    """What this rank puts into one `mean`: the buffer (values, then `extra` side-band scalars), where
+    the mean lands, and the non-finite guard's verdict on the values."""
+    buf: torch.Tensor
+    purpose: str
+    codec: Codec
+    extra: int
+    dest: torch.Tensor | None       # `buf` itself with `inplace`, else None (a new tensor)
+    valid: bool                     # the values may count (finite, or not checked)
+    weighted: bool                  # a weight (fp32) or flag (lossy) rides along: "skip" may drop it
+
+    @property
+    def values_bytes(self) -> int:
+        return (self.buf.numel() - self.extra) * self.buf.element_size()
+
+
+@dataclass
+class Sent:
+    """A payload on its way: what to wait for, how its mean is finished once it has arrived, and
+    the bytes this rank put on the wire (values, side band, guard)."""
+    work: Any                                  # the collective's Work; None: nothing to wait for
+    finish: Callable[[], torch.Tensor]         # the mean of what was sent (this rank's shard, sharded)
+    wire_bytes: int
+    side_bytes: int
+    guard_bytes: int
+    blocked: bool = False                      # sending waited for the mean already (the quorum's)
+    participants: int | None = None            # the workers in the quorum that averaged it
+
+
 class MeanHandle:
     """An average in flight. `wait()` blocks until the collective is done, books that time on the
-    ledger, finishes the mean and returns it; later calls return the same tensor."""
+    ledger, finishes the mean and returns it; later calls return the same tensor. `blocked`: the
+    exchange waited while sending (a quorum mean), so the wait is booked from `started_at`."""
 
     def __init__(self, ledger: CommLedger, purpose: str, work: Any, finish: Callable[[], torch.Tensor],
-                 wire_bytes: int, payload_bytes: int, started_at: float):
+                 wire_bytes: int, payload_bytes: int, started_at: float, blocked: bool = False):
         self.wire_bytes = wire_bytes          # this rank's payload on the wire
         self.payload_bytes = payload_bytes    # the buffer's own size
         self.started_at = started_at          # perf_counter() when the exchange was asked for
@@ -137,6 +183,7 @@ class MeanHandle:
                                               # purposes, without `mean_sq`)
         self.mean_sq: float | None = None     # ‖mean‖₂² of the values in float64 (asked for with `mean_sq`)
         self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
+        self._blocked = blocked
         self._result: torch.Tensor | None = None
 
     @classmethod
@@ -148,7 +195,7 @@ class MeanHandle:
 
     def wait(self) -> torch.Tensor:
         if self._finish is not None:
-            t0 = time.perf_counter()
+            t0 = self.started_at if self._blocked else time.perf_counter()
             if self._work is not None:
                 self._work.wait()
             self.waited_s = time.perf_counter() - t0
@@ -165,16 +212,19 @@ class Exchange:
         nonfinite: None, "abort" or "skip": what to do with a NaN/Inf in this worker's model state.
         replicas: this rank's replica group (None: every rank is a worker of its own); with R > 1,
             averages run between workers, `group` must be the default group.
+        quorum: this worker's membership in a fault-tolerant run (an `ft.quorum.Quorum`; None: the
+            group is fixed); fp32 means then run over the workers alive now.
     """
 
-    def __init__(self, group: Any = None, nonfinite: str | None = None, replicas: Replicas | None = None):
+    def __init__(self, group: Any = None, nonfinite: str | None = None, replicas: Replicas | None = None,
+                 quorum: Any = None):
         if nonfinite is not None and nonfinite not in POLICIES:
             raise ConfigError(f"on_nonfinite must be abort or skip, got {nonfinite!r}")
         self.group = self.broadcast_group = group
         self.nonfinite = nonfinite
         self.replicas = replicas if replicas is not None else Replicas()
         self.ledger = CommLedger()
-        self.ft: Any = None               # a ft.quorum.Quorum in fault-tolerant runs
+        self.quorum = quorum
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         if self.replicas.sharded:
             if group is not None:
@@ -193,48 +243,80 @@ class Exchange:
         bytes and a dropped contribution are not counted again. `extra`: how many trailing elements
         of the 1-D `buf` are side-band scalars (see the module docstring)."""
         started_at = time.perf_counter()
-        codec, extra_whole = get_codec(codec), extra
+        payload = self._prepare(buf, purpose, get_codec(codec), extra, inplace)
+        sent = self._send(payload)
+        if not replay:
+            self._book(payload, sent)
+        handle = MeanHandle(self.ledger, purpose, sent.work, lambda: self._finish(payload, sent, handle, mean_sq),
+                            sent.wire_bytes, payload.values_bytes, started_at, blocked=sent.blocked)
+        handle.participants = sent.participants
+        if not async_op or sent.blocked:
+            handle.wait()
+        return handle
+
+    def _prepare(self, buf: torch.Tensor, purpose: str, codec: Codec, extra: int, inplace: bool) -> Payload:
+        """The payload, with the guard's verdict on its values: NonFiniteError before a NaN/Inf
+        leaves this worker under "abort", a zero weight under "skip"."""
         if extra and (buf.dim() != 1 or not 0 < extra <= buf.numel()):
             raise ValueError(f"extra={extra} needs a 1-D buffer of at least that many elements")
-        dest_whole = dest = buf if inplace else None
         values = buf[:buf.numel() - extra] if extra else buf
         guarded = self.nonfinite is not None and purpose in GUARDED
         valid = not guarded or all_finite(values)
         if not valid and self.nonfinite == "abort":
             raise NonFiniteError(f"non-finite values in this worker's {purpose} before the exchange "
                                  f"(--on-nonfinite abort)")
-        weighted = guarded and self.nonfinite == "skip"
-        if self.ft is not None:
-            return self._ft_mean(buf, purpose, codec, dest, replay, extra, valid, started_at, mean_sq)
-        whole = buf
-        sharded = self.replicas.sharded and values.numel() >= self.replicas.ranks_per_worker
-        if sharded:
-            buf, extra, dest = self._shard(whole, extra), extra if self._last_shard else 0, None
-        if codec.name == "fp32":
-            work, finish, wire_bytes, guard_bytes = self._all_reduce(buf, purpose, weighted, valid, dest)
-        else:
-            work, finish, wire_bytes, guard_bytes = self._all_gather(buf, codec, purpose, weighted, valid, dest,
-                                                                     extra)
-        extra_bytes = extra * (buf.element_size() if codec.name == "fp32" else 4)
-        if not replay:
-            self.ledger.count(purpose, wire_bytes - extra_bytes)
-            if extra:
-                self.ledger.count("telemetry", extra_bytes, calls=0)
-            if weighted:
-                self.ledger.count("nonfinite_guard", guard_bytes)
-            if not valid:
-                self.ledger.dropped += 1
+        return Payload(buf, purpose, codec, extra, buf if inplace else None, valid,
+                       guarded and self.nonfinite == "skip")
 
-        def checked() -> torch.Tensor:
-            result = self._reassemble(finish(), whole, extra_whole, purpose, dest_whole) if sharded else finish()
-            self._measure(handle, result, whole, extra_whole, purpose, mean_sq,
-                          " (a worker sent NaN/Inf; --on-nonfinite abort or skip stops it before the exchange)")
-            return result
-        handle = MeanHandle(self.ledger, purpose, work, checked, wire_bytes - extra_bytes,
-                            values.numel() * whole.element_size(), started_at)
-        if not async_op:
-            handle.wait()
-        return handle
+    def _send(self, payload: Payload) -> Sent:
+        """Through the quorum when there is one; else this rank's part (its shard between replica
+        groups) through the codec's collective over the group."""
+        if self.quorum is not None:
+            return self._quorum_mean(payload)
+        part = self._shard(payload) if self._sharded(payload) else payload
+        return self._all_reduce(part) if part.codec.name == "fp32" else self._all_gather(part)
+
+    def _book(self, payload: Payload, sent: Sent) -> None:
+        """The ledger's bytes by purpose: the values, the side band as telemetry (no call of its
+        own), the guard's weight or flag, and a contribution the guard dropped."""
+        self.ledger.count(payload.purpose, sent.wire_bytes)
+        if sent.side_bytes:
+            self.ledger.count("telemetry", sent.side_bytes, calls=0)
+        if sent.guard_bytes:
+            self.ledger.count("nonfinite_guard", sent.guard_bytes)
+        if not payload.valid:
+            self.ledger.dropped += 1
+
+    def _finish(self, payload: Payload, sent: Sent, handle: MeanHandle, mean_sq: bool) -> torch.Tensor:
+        """The mean once it has arrived: the worker's shards put back together, then checked."""
+        result = sent.finish()
+        if self._sharded(payload):
+            result = self._reassemble(result, payload)
+        self._measure(handle, result, payload.buf, payload.extra, payload.purpose, mean_sq,
+                      "" if self.quorum is not None else SENT_NONFINITE)
+        return result
+
+    def meet(self, t: int, final: bool = False) -> None:
+        """Before the exchanges of step t (`final`: of the final synchronization), agree on who takes
+        part. Nothing to agree on for a fixed group; under a quorum, the workers alive now, and a
+        worker behind them heals from a peer here (it may come back at another step, even past its
+        exchanges: `already_synced`). The time is a wait on the ledger (`quorum`): exposed communication."""
+        if self.quorum is None:
+            return
+        t0 = time.perf_counter()
+        self.quorum.quorum(t, left_out_is_fatal=True, finishing=final)
+        self.ledger.waited(QUORUM, time.perf_counter() - t0)
+
+    @property
+    def already_synced(self) -> bool:
+        """Does this worker already hold the result of the current step's exchanges? Only when it
+        healed from peers in their final synchronization: it must not make those exchanges again."""
+        return self.quorum is not None and self.quorum.finishing
+
+    @property
+    def participants(self) -> int | None:
+        """The workers in the last exchange's quorum (None for a fixed group: every worker)."""
+        return None if self.quorum is None else self.quorum.participants
 
     def broadcast(self, buf: torch.Tensor, purpose: str = "init") -> None:
         """Overwrite `buf` in place with the group's first rank's values (blocking; with replica
@@ -245,29 +327,15 @@ class Exchange:
         dist.broadcast(buf, src=src, group=group)
 
     def modelled_seconds(self, numel: int, codec: str | Codec = "fp32") -> float | None:
-        """The emulated link's duration of one `mean` of `numel` float32 values (None when the
-        group is not emulated): an all-reduce for fp32, an all-gather of every worker's payload
-        for a lossy codec; sharded, R of them at once over each site's uplink, then the worker's
-        all-gather. Fault-tolerant: the quorum all-reduce of the values and their weight over every
-        worker (ft.quorum)."""
-        emulator = emulator_of(self.broadcast_group) if self.ft is None else self.ft.emulator
+        """The emulated link's duration of one `mean` of `numel` float32 values between this group's
+        workers (`comm.mean_cost`; None when the group is not emulated). Under a quorum, its own
+        mean's (`ft.quorum`)."""
+        if self.quorum is not None:
+            return self.quorum.modelled_seconds(numel)
+        emulator = emulator_of(self.broadcast_group)
         if emulator is None:
             return None
-        if self.ft is not None:
-            return float(collective_duration("allreduce", 4 * (numel + 1), self.ft.workers, emulator.topology))
-        codec, world, r = get_codec(codec), dist.get_world_size(), self.replicas.ranks_per_worker
-        sharded = self.replicas.sharded and numel >= r
-        n = -(-numel // r) if sharded else numel
-        ranks = dist.get_process_group_ranks(self.group) if self.group is not None else None
-        if codec.name == "fp32":
-            seconds = collective_duration("allreduce", 4 * n, world, emulator.topology, ranks, parallel=r)
-        else:
-            seconds = collective_duration("allgather", self.world_size * codec.wire_bytes(n), world,
-                                          emulator.topology, ranks, parallel=r)
-        if sharded:
-            inside = dist.get_process_group_ranks(self.replicas.inside)
-            seconds += collective_duration("allgather", r * 4 * n, world, emulator.topology, inside)
-        return float(seconds)
+        return mean_seconds(numel, codec, emulator.topology, self.world_size, self.replicas.ranks_per_worker)
 
     @staticmethod
     def _measure(handle: MeanHandle, result: torch.Tensor, whole: torch.Tensor, extra: int, purpose: str,
@@ -285,50 +353,33 @@ class Exchange:
             if handle.norm is None:
                 raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite{why}")
 
-    def _ft_mean(self, buf: torch.Tensor, purpose: str, codec: Codec, dest: torch.Tensor | None, replay: bool,
-                 extra: int, valid: bool, started_at: float, mean_sq: bool) -> MeanHandle:
-        """The mean over torchft's quorum (blocking; the handle is already complete)."""
-        if codec.name != "fp32":
-            raise ConfigError(f"--fault-tolerant exchanges fp32 only, not codec {codec.name}")
-        mean, _ = self.ft.mean(buf, valid)
-        if dest is not None:
-            mean = dest.copy_(mean)
-        item = buf.element_size()
-        if not replay:
-            self.ledger.count(purpose, (buf.numel() - extra) * item)
-            if extra:
-                self.ledger.count("telemetry", extra * item, calls=0)
-            if not valid:
-                self.ledger.dropped += 1
-        waited = time.perf_counter() - started_at
-        self.ledger.waited(purpose, waited)
-        handle = MeanHandle.complete(self.ledger, purpose, mean)
-        handle.wire_bytes = handle.payload_bytes = (buf.numel() - extra) * item
-        handle.started_at, handle.waited_s, handle.participants = started_at, waited, self.ft.participants
-        self._measure(handle, mean, buf, extra, purpose, mean_sq)
-        return handle
-
     # ---- replica groups: a shard across workers, the whole inside the worker ---------------------
     @property
     def _last_shard(self) -> bool:
         return self.replicas.local_rank == self.replicas.ranks_per_worker - 1
+
+    def _sharded(self, payload: Payload) -> bool:
+        """Is this mean split between a worker's ranks? (Not a buffer with fewer values than R.)"""
+        return self.replicas.sharded and payload.buf.numel() - payload.extra >= self.replicas.ranks_per_worker
 
     def _bounds(self, n_values: int) -> list[int]:
         """Where the R shards of `n_values` values start (and the last ends): near-equal, none empty."""
         q, rem = divmod(n_values, self.replicas.ranks_per_worker)
         return [i * q + min(i, rem) for i in range(self.replicas.ranks_per_worker + 1)]
 
-    def _shard(self, buf: torch.Tensor, extra: int) -> torch.Tensor:
-        """This local rank's contiguous shard of the values (the last one also holds the side-band)."""
-        flat = buf.detach().reshape(-1)
-        bounds = self._bounds(flat.numel() - extra)
+    def _shard(self, payload: Payload) -> Payload:
+        """This local rank's contiguous shard of the values (the last one also holds the side-band),
+        averaged into a new tensor: `_reassemble` writes the destination."""
+        flat = payload.buf.detach().reshape(-1)
+        bounds = self._bounds(flat.numel() - payload.extra)
         r = self.replicas.local_rank
-        return flat[bounds[r]:] if self._last_shard else flat[bounds[r]:bounds[r + 1]]
+        shard = flat[bounds[r]:] if self._last_shard else flat[bounds[r]:bounds[r + 1]]
+        return dataclasses.replace(payload, buf=shard, extra=payload.extra if self._last_shard else 0, dest=None)
 
-    def _reassemble(self, shard_mean: torch.Tensor, whole: torch.Tensor, extra: int, purpose: str,
-                    dest: torch.Tensor | None) -> torch.Tensor:
+    def _reassemble(self, shard_mean: torch.Tensor, payload: Payload) -> torch.Tensor:
         """All-gather every local rank's averaged shard inside the worker (blocking, booked as
-        `inside/<purpose>`) and put the buffer back together; into `dest` when given."""
+        `inside/<purpose>`) and put the buffer back together; into the destination when given."""
+        whole, extra, dest = payload.buf, payload.extra, payload.dest
         bounds = self._bounds(whole.numel() - extra)
         lengths = [b - a for a, b in zip(bounds, bounds[1:])]
         lengths[-1] += extra
@@ -337,15 +388,27 @@ class Exchange:
         pieces = [torch.empty_like(piece) for _ in lengths]
         t0 = time.perf_counter()
         dist.all_gather(pieces, piece, group=self.replicas.inside)
-        self.ledger.count(INSIDE + purpose, piece.numel() * piece.element_size())
-        self.ledger.waited(INSIDE + purpose, time.perf_counter() - t0)
+        self.ledger.count(INSIDE + payload.purpose, piece.numel() * piece.element_size())
+        self.ledger.waited(INSIDE + payload.purpose, time.perf_counter() - t0)
         mean = torch.cat([p[:k] for p, k in zip(pieces, lengths)])
         return dest.copy_(mean.view_as(whole)) if dest is not None else mean.view_as(whole)
 
-    # ---- the two collectives -------------------------------------------------------------------
-    def _all_reduce(self, buf: torch.Tensor, purpose: str, weighted: bool, valid: bool, dest: torch.Tensor | None):
-        """fp32: SUM all-reduce of the values divided by the world size, into `dest` (or a new
-        tensor); weighted, of the values and the weight, divided by the weights' sum after."""
+    # ---- the three ways a payload travels --------------------------------------------------------
+    def _quorum_mean(self, payload: Payload) -> Sent:
+        """The weighted mean over the workers in the quorum (`ft.quorum`), done when it returns."""
+        if payload.codec.name != "fp32":
+            raise ConfigError(f"--fault-tolerant exchanges fp32 only, not codec {payload.codec.name}")
+        mean, _ = self.quorum.mean(payload.buf, payload.valid)
+        if payload.dest is not None:
+            mean = payload.dest.copy_(mean)
+        item = payload.buf.element_size()
+        return Sent(None, lambda: mean, payload.values_bytes, payload.extra * item, 0, blocked=True,
+                    participants=self.quorum.participants)
+
+    def _all_reduce(self, payload: Payload) -> Sent:
+        """fp32: SUM all-reduce of the values divided by the world size, into the destination (or a
+        new tensor); weighted, of the values and the weight, divided by the weights' sum after."""
+        buf, purpose, weighted, valid, dest = payload.buf, payload.purpose, payload.weighted, payload.valid, payload.dest
         if weighted:
             values = buf.detach().reshape(-1) if valid else buf.new_zeros(buf.numel())
             wire = torch.cat([values, values.new_ones(1) if valid else values.new_zeros(1)])
@@ -362,27 +425,28 @@ class Exchange:
             total = wire[:-1].view_as(buf)
             return (dest.copy_(total) if dest is not None else total).div_(self._contributors(float(wire[-1]), purpose))
         item = buf.element_size()
-        return work, finish, buf.numel() * item, item if weighted else 0
+        return Sent(work, finish, (buf.numel() - payload.extra) * item, payload.extra * item, item if weighted else 0)
 
-    def _all_gather(self, buf: torch.Tensor, codec: Codec, purpose: str, weighted: bool, valid: bool,
-                    dest: torch.Tensor | None, extra: int):
+    def _all_gather(self, payload: Payload) -> Sent:
         """Lossy codecs: all-gather every rank's encoded payload (then the side-band scalars as raw
         float32; weighted: then a validity flag); decode and accumulate the valid ones in FP32, in
         rank order; divide by their number."""
+        buf, codec, purpose, extra, dest = payload.buf, payload.codec, payload.purpose, payload.extra, payload.dest
+        weighted, valid = payload.weighted, payload.valid
         flat = buf.detach().reshape(-1)
         if not valid:
             flat = torch.zeros_like(flat)
         numel = flat.numel() - extra
-        payload = codec.encode(flat[:numel]).data
+        wire = codec.encode(flat[:numel]).data
         if extra:
-            payload = torch.cat([payload, flat[numel:].float().view(torch.uint8)])
+            wire = torch.cat([wire, flat[numel:].float().view(torch.uint8)])
         if weighted:
-            payload = torch.cat([payload, payload.new_full((1,), int(valid))])
+            wire = torch.cat([wire, wire.new_full((1,), int(valid))])
         if dist.is_initialized():
-            gathered = [torch.empty_like(payload) for _ in range(self.world_size)]
-            work = dist.all_gather(gathered, payload, group=self.group, async_op=True)
+            gathered = [torch.empty_like(wire) for _ in range(self.world_size)]
+            work = dist.all_gather(gathered, wire, group=self.group, async_op=True)
         else:
-            gathered, work = [payload], None
+            gathered, work = [wire], None
 
         def finish() -> torch.Tensor:
             acc = torch.zeros(numel + extra, dtype=torch.float32, device=flat.device)
@@ -399,7 +463,7 @@ class Exchange:
                 contributors += 1
             mean = acc.div_(self._contributors(contributors, purpose))
             return dest.copy_(mean.view_as(buf)) if dest is not None else mean
-        return work, finish, codec.wire_bytes(numel) + 4 * extra, 1 if weighted else 0
+        return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0)
 
     @staticmethod
     def _contributors(n: float, purpose: str) -> float:

@@ -3,10 +3,12 @@
 Each worker is one torchft replica with its own `Manager` over a reconfigurable gloo group
 (torchft's `ProcessGroupGloo`). The lighthouse (torchft's, started by the launcher or given as
 HOST:PORT) decides who takes part in each quorum; a worker that died or stopped answering is
-left out of the next one. The protocol:
+left out of the next one. A `Quorum` is handed to the strategy at construction, whose exchange
+(`comm.exchange`) routes its means through it; the worker's side of the run around it (healing,
+logs, the start-up join) is `ft.member`. The protocol:
 
-- **A quorum at every synchronization slot** (`quorum(t)`, called by the strategy before it
-  computes anything it will exchange at step t), **and one for the final synchronization**
+- **A quorum at every synchronization slot** (`quorum(t)`, through the exchange's `meet` before the
+  strategy computes anything it will exchange at step t), **and one for the final synchronization**
   (`quorum(t, finishing=True)`: after the last step's exchanges, before `finish`'s). The Manager's
   step orders them (`manager_step`: 2t, then 2t + 1), so a worker behind the others (a restarted
   one, at step 0; one stopped past the heartbeat timeout) *heals*: torchft's checkpoint transport
@@ -31,7 +33,7 @@ left out of the next one. The protocol:
   quorum (step, participants, the lighthouse's quorum id, whether this worker healed in it) and `before_exchange` of every
   exchange (fault injection: a worker killed inside an exchange).
 
-Only fp32 exchanges: a lossy codec's all-gather has no quorum form here (refused in config).
+Only fp32 exchanges: a lossy codec's all-gather has no quorum form here (refused in `ft.support`).
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ from torch.futures import Future
 
 from ..rundir.checkpoint import map_tensors
 from ..errors import ConfigError, PeerError
-from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, jitter_draw
+from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, exchange_seconds, jitter_draw
 
 INSTALL = "fault tolerance needs torchft: pip install wansync[ft]"
 RETRIES = 3
@@ -177,6 +179,14 @@ class Quorum:
             if attempt < RETRIES:
                 self.quorum(self._t, shrink_only=True, finishing=self.finishing)
         raise PeerError(f"an exchange failed {RETRIES + 1} times in a row under the fault-tolerant quorum")
+
+    def modelled_seconds(self, numel: int) -> float | None:
+        """The emulated link's duration of one `mean` of `numel` float32 values and their weight over
+        every worker (None when the link is not emulated)."""
+        if self.emulator is None:
+            return None
+        topology = self.emulator.topology
+        return float(exchange_seconds("allreduce", 4 * (numel + 1), topology, self.workers, inside=topology.intra_link))
 
     def _wait(self, work: Any, wire: torch.Tensor) -> bool:
         """Wait for a quorum all-reduce; under the emulator, until the link says it is done."""

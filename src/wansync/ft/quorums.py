@@ -1,5 +1,7 @@
-"""What a fault-tolerant run's quorum logs say (logs/quorum_rank<r>.jsonl, one line per quorum a
-worker took part in): the steps each worker lost and the exchanges a worker was missing from.
+"""What a fault-tolerant run's logs say: logs/quorum_rank<r>.jsonl (one line per quorum a worker
+took part in) gives the steps each worker lost and the exchanges a worker was missing from;
+logs/heals.jsonl (one line per heal) the heals. The workers write them (`ft.member`), the launcher
+reads them into summary.json (`ft.supervisor`).
 
 A worker *loses* the steps whose work never reached an exchange: from the last slot it took part
 in before an absence to the slot it is back at (healed from a peer, its own steps discarded), or
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 QUORUM_LOG = "quorum_rank{rank}.jsonl"
+HEALS_LOG = "heals.jsonl"
 
 
 def read_quorums(log_dir: Path, workers: int) -> dict[int, list[dict[str, Any]]]:
@@ -23,6 +26,12 @@ def read_quorums(log_dir: Path, workers: int) -> dict[int, list[dict[str, Any]]]
         lines = path.read_text().splitlines() if path.is_file() else []
         out[rank] = [json.loads(line) for line in lines if line.strip()]
     return out
+
+
+def heals(log_dir: Path) -> int:
+    """How many times a worker healed from a peer."""
+    path = log_dir / HEALS_LOG
+    return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
 def steps_lost(present: dict[int, Iterable[int]], end: int,

@@ -22,7 +22,7 @@ from wansync.net.backend import (
     install,
     shared_uplink,
 )
-from wansync.net.cost import collective_duration, jitter_draw
+from wansync.net.cost import collective_duration, exchange_seconds, in_worker_seconds, jitter_draw
 from wansync.net.emulator import Emulator
 from wansync.net.link import PRESETS, Link, Topology, parse_wan
 from wansync.net.records import CollectiveRecord
@@ -39,6 +39,8 @@ __all__ = [
     "Topology",
     "collective_duration",
     "emulator_of",
+    "exchange_seconds",
+    "in_worker_seconds",
     "install",
     "jitter_draw",
     "parse_wan",

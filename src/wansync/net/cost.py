@@ -43,6 +43,9 @@ B = 10 MB model take 100 ms + 2·(1/2)·2·5e6/1.25e8 s = 100 ms + 80 ms = 180 m
 all-reducing the 10 MB across would; the all-reduce of 10 MB over all 4 ranks takes
 4.1 ms + 180 ms + 4.1 ms = 188.2 ms (RS(2, 1e7, lan) = 0.1 ms + 4 ms).
 
+One exchange between workers of R ranks, its shards across the workers and then the all-gather inside
+each worker, is ``exchange_seconds``: the one cost of it, with the formula in its docstring.
+
 Jitter: each collective adds |z|·j seconds, z ~ N(0, 1), j the jitter of the slowest link it uses
 (inter when s > 1, else intra); z comes from a generator seeded with (shared seed, group key,
 collective sequence number), so every rank of the group draws the same value.
@@ -60,7 +63,7 @@ import numpy as np
 from wansync.errors import ConfigError
 from wansync.net.link import Link, Topology
 
-__all__ = ["collective_duration", "jitter_draw", "site_counts", "OPS"]
+__all__ = ["collective_duration", "exchange_seconds", "in_worker_seconds", "jitter_draw", "site_counts", "OPS"]
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "barrier", "send", "recv")
 _ALIASES = MappingProxyType({
@@ -142,6 +145,45 @@ def collective_duration(
         link = one_up if s > 1 else intra
         return link.latency_s + nbytes / link.bytes_per_s
     raise ConfigError(f"unknown collective {op!r}; known: {', '.join(OPS)}")
+
+
+def in_worker_seconds(op: str, nbytes: float, ranks_per_worker: int, inside: Link) -> float:
+    """Modelled seconds for ``op`` over ``nbytes`` among the R ranks of one worker, a ring on ``inside``."""
+    return collective_duration(op, nbytes, ranks_per_worker, Topology(sites=1, intra_link=inside, inter_link=inside))
+
+
+def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, ranks_per_worker: int = 1, *,
+                     inside: Link, assembled_bytes: float | None = None, reduce_inside: bool = False) -> float:
+    r"""Modelled seconds of one exchange between ``workers`` workers of R = ``ranks_per_worker`` ranks:
+    the one cost of it, which the exchange (CoCoDC's T_s), the trainer's link line and the planner use.
+
+    ``op`` is the collective between workers and B = ``nbytes`` its full buffer: ``allreduce`` for an
+    fp32 mean (B: the values), ``allgather`` for a lossy codec's mean (B: every worker's encoded
+    payload), ``broadcast``. ``topology`` is placed with whole workers in its sites::
+
+        R = 1:  T = op(B) over the M workers
+        R > 1:  T = RS_R(B, inside)          with ``reduce_inside`` only: the ranks hold different values
+                                             (DDP's gradients: a hierarchical all-reduce over every rank)
+                  + op(B/R) between workers  local rank r of every worker carries shard r; the R groups
+                                             run at once, sharing each site's uplink (``parallel`` = R)
+                  + AG_R(A, inside)          the worker's ranks put the result together: A =
+                                             ``assembled_bytes`` (a lossy mean's decoded values), else B
+
+    RS_R and AG_R are rings over the worker's R ranks on the link ``inside`` (``in_worker_seconds``).
+    It is an argument because the callers model different machines: the emulator runs a worker's
+    ranks in one site of ``topology`` (the exchange and the trainer pass ``topology.intra_link``); the
+    planner models one node of accelerators (``planner.simulate.WORKER_LINK``, NVLink class).
+    """
+    r = ranks_per_worker
+    placed = replace(topology, ranks_per_worker=r)
+    if r == 1:
+        return collective_duration(op, nbytes, workers, placed)
+    world = workers * r
+    across = collective_duration(op, nbytes / r, world, placed, range(0, world, r), parallel=r)
+    gather = in_worker_seconds("allgather", nbytes if assembled_bytes is None else assembled_bytes, r, inside)
+    if not reduce_inside:
+        return across + gather
+    return in_worker_seconds("reduce_scatter", nbytes, r, inside) + across + gather
 
 
 def jitter_draw(

@@ -16,7 +16,8 @@ from typing import Any, Callable
 from ..errors import ConfigError
 from ..net.link import Topology
 from ..strategies import resolve_options
-from .schedule import Trace, Transfer, bare_strategy, gradient_phase, trace
+from ..strategies.fragment_timetable import FragmentTimetable
+from .schedule import Trace, Transfer, planned_timetable, trace
 from .simulate import DDP_OVERLAP, StepTimes, Timeline, simulate, transfer_seconds
 from .sizes import ModelSize
 
@@ -83,11 +84,10 @@ def run_trace(s: Setting, steps: int, finish: bool = False) -> Trace:
 def warmup_steps(s: Setting) -> int:
     """Steps before the steady state: post-local SGD's DDP phase, CoCoDC's period at N = P, DDP's
     first gradient step (its initial buckets)."""
-    o = s.options
-    if "gamma" in o and o["syncs_per_period"] == 0:
-        return o["sync_every"]
-    inst = bare_strategy(s.strategy, o)
-    first_grad = next((t for t in range(1, o.get("sync_every", 1) + 1) if gradient_phase(inst, t)), 0)
+    o, tt = s.options, planned_timetable(s.strategy, s.options)
+    if isinstance(tt, FragmentTimetable) and not tt.n_decided:
+        return tt.H                                  # N is decided at the first step >= H
+    first_grad = next((t for t in range(1, o.get("sync_every", 1) + 1) if tt.ddp_step(t)), 0)
     return max(o.get("switch_step", 0), first_grad)
 
 
@@ -126,8 +126,8 @@ def extra_memory_bytes(s: Setting, peak_in_flight: int) -> int:
     Everything in fp32 (4 bytes), the whole buffer per rank (R > 1 does not shard it)."""
     o, size = s.options, s.size
     full = 4 * size.sync_numel
-    inst = bare_strategy(s.strategy, o)
-    grads = 4 * size.params if any(gradient_phase(inst, t) for t in (1, o.get("sync_every", 1))) else 0
+    tt = planned_timetable(s.strategy, o)
+    grads = 4 * size.params if any(tt.ddp_step(t) for t in (1, o.get("sync_every", 1))) else 0
     if "fragments" in o:
         momentum = full if o["outer_momentum"] > 0 else 0
         theta = 2 if o.get("compensation", "alpha") != "alpha" else 1     # delta (+ θ(t_p)) per fragment

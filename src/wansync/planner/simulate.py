@@ -9,16 +9,16 @@ waited for at once, an overlapped fragment sync is issued at t_p and waited for 
 steps) adds no communication.
 
 The link is the emulator's: one transfer at a time per rank, in issue order (start = max(issue,
-end of the previous transfer)), each taking `collective_duration` of the cost model. Jitter is
+end of the previous transfer)), each taking `net.cost.exchange_seconds` of the cost model. Jitter is
 left out (the presets have none); so is the real backend's own time, which the emulator takes
 when it is slower than the model (on a loaded CPU, for the fast presets).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
-from ..net.cost import collective_duration
+from ..net.cost import exchange_seconds, in_worker_seconds
 from ..net.link import Link, Topology
 from .schedule import Action, Trace, Transfer
 
@@ -26,44 +26,28 @@ DDP_OVERLAP = 2 / 3
 #: Per worker, per step: (compute seconds, other seconds); see `simulate`.
 StepTimes = tuple[tuple[tuple[float, float], ...], ...]
 #: The link between the ranks of one worker (R > 1): an NVLink-class interconnect inside a node
-#: (10 µs round trip, 400 GB/s per rank), not the emulator's in-site LAN.
+#: (10 µs round trip, 400 GB/s per rank), not the emulator's in-site LAN (`net.cost.exchange_seconds`).
 WORKER_LINK = Link(rtt_s=10e-6, bandwidth_bps=3.2e12)
 
 
 def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1,
                      host_bytes_per_s: float | None = None) -> Callable[[Transfer], float]:
-    """Modelled seconds of a transfer. With R ranks per worker (R > 1), the ranks of a worker talk
-    over `WORKER_LINK`: an exchange between workers is local rank r of every worker carrying its
-    shard B/R across (whole workers on their sites, the R groups at once sharing each site's uplink:
-    the cost model's `parallel=R`), then an all-gather of B inside the worker; DDP's gradient
-    all-reduce is the hierarchical one (reduce-scatter inside the worker, all-reduce of the shards
-    between workers, all-gather inside); the DDP inside a worker (the other strategies) is an
-    all-reduce over its R ranks. With R = 1 every transfer is the emulator's collective over the M
-    workers.
+    """Modelled seconds of a transfer: `net.cost.exchange_seconds` with the ranks of a worker (R > 1)
+    on `WORKER_LINK`. DDP's gradient all-reduce (over every rank) is the hierarchical one; the DDP
+    inside a worker (the other strategies) is an all-reduce over its R ranks.
 
     `host_bytes_per_s`: the emulator completes a collective at max(real, modelled); given the rate at
     which the real backend moves a buffer on the machine at hand, the real part is modelled as
     B / rate (for validating against emulated runs on a loaded CPU; None: the link model alone)."""
-    in_site = Topology(sites=1, intra_link=WORKER_LINK, inter_link=WORKER_LINK)
-    placed = replace(topology, ranks_per_worker=ranks_per_worker)
-    world = workers * ranks_per_worker
-    local_rank_0 = range(0, world, ranks_per_worker)  # one of the R groups between workers
-
     def seconds(x: Transfer) -> float:
         modelled = link_seconds(x)
         return modelled if host_bytes_per_s is None else max(modelled, x.nbytes / host_bytes_per_s)
 
     def link_seconds(x: Transfer) -> float:
         if x.purpose == "grads_in_worker":
-            return collective_duration(x.op, x.nbytes, ranks_per_worker, in_site)
-        if ranks_per_worker == 1:
-            return collective_duration(x.op, x.nbytes, workers, placed)
-        across = collective_duration(x.op, x.nbytes / ranks_per_worker, world, placed, local_rank_0,
-                                     parallel=ranks_per_worker)
-        gather = collective_duration("allgather", x.nbytes, ranks_per_worker, in_site)
-        if x.between_workers:
-            return across + gather
-        return collective_duration("reduce_scatter", x.nbytes, ranks_per_worker, in_site) + across + gather
+            return in_worker_seconds(x.op, x.nbytes, ranks_per_worker, WORKER_LINK)
+        return exchange_seconds(x.op, x.nbytes, topology, workers, ranks_per_worker, inside=WORKER_LINK,
+                                reduce_inside=not x.between_workers)
     return seconds
 
 
@@ -90,6 +74,65 @@ class Timeline:
         return 100.0 * self.exposed_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
+class Simulation:
+    """The workers' shared link and what they have waited for: transfers are issued and waited for
+    through it, step by step (`run_step`)."""
+
+    def __init__(self, seconds: Callable[[Transfer], float], workers: int, overlap: float = DDP_OVERLAP):
+        self.seconds, self.workers, self.overlap = seconds, workers, overlap
+        self.link_free = [0.0] * workers            # when each worker's link is free again
+        self.exposed = [0.0] * workers              # seconds each worker has waited on the link
+        self.ends: dict[int, float] = {}            # id(transfer) -> when it is done
+        self.in_flight: dict[int, int] = {}         # id(fragment sync) -> its bytes, until waited for
+        self.peak = self.payload = self.events = 0
+
+    def issue(self, x: Transfer, at: list[float]) -> None:
+        """Worker w issues `x` at `at[w]`: it starts once the last has issued it and the link is free."""
+        start = max(max(a, f) for a, f in zip(at, self.link_free))
+        end = start + self.seconds(x)
+        self.link_free[:] = [end] * self.workers
+        self.ends[id(x)] = end
+        self.payload += x.payload
+        self.events += 1
+        if x.purpose == "pseudo_grads":
+            self.in_flight[id(x)] = x.nbytes
+            self.peak = max(self.peak, sum(self.in_flight.values()))
+
+    def wait(self, x: Transfer, at: list[float]) -> list[float]:
+        """Worker w waits for `x` from `at[w]`; returns when each is free again."""
+        end = self.ends[id(x)]
+        self.in_flight.pop(id(x), None)
+        for w in range(self.workers):
+            self.exposed[w] += max(0.0, end - at[w])
+        return [max(a, end) for a in at]
+
+    def run_step(self, actions: list[Action], start: list[float], busy: list[float]) -> list[float]:
+        """One step's actions from `start` with `busy` seconds of compute per worker: the backward's
+        bucket all-reduces (issued as their gradients are ready), then `step()`'s in order."""
+        backward = [a for a in actions if a.in_backward]
+        issued = [a.transfer for a in backward if a.kind == "issue"]
+        total = sum(x.nbytes for x in issued) or 1
+        done = 0
+        for x in issued:
+            done += x.nbytes
+            self.issue(x, [s0 + b * (1 - self.overlap) + b * self.overlap * done / total
+                           for s0, b in zip(start, busy)])
+        t = [s0 + b for s0, b in zip(start, busy)]
+        for a in backward:
+            if a.kind == "wait":
+                t = self.wait(a.transfer, t)
+        for a in actions:
+            if a.in_backward:
+                continue
+            if a.kind == "issue":
+                self.issue(a.transfer, t)
+            elif a.kind == "book":                 # carried by another collective: bytes only
+                self.payload += a.transfer.payload
+            else:
+                t = self.wait(a.transfer, t)
+        return t
+
+
 def simulate(trace: Trace, seconds: Callable[[Transfer], float], compute_s: float, other_s: float = 0.0,
              overlap: float = DDP_OVERLAP, include_finish: bool = False,
              step_times: StepTimes | None = None) -> Timeline:
@@ -99,61 +142,14 @@ def simulate(trace: Trace, seconds: Callable[[Transfer], float], compute_s: floa
     on the link when the last worker has issued it and its link is free, as on the emulator: an
     early worker waits for the straggler and then for the transfer."""
     times = step_times if step_times else (((compute_s, other_s),),)
-    workers = len(times)
-    now, link_free, exposed = [0.0] * workers, [0.0] * workers, [0.0] * workers
-    ends: dict[int, float] = {}
-    in_flight: dict[int, int] = {}
-    peak, payload, events = 0, 0, 0
-
-    def issue(x: Transfer, at: list[float]) -> None:
-        nonlocal payload, events, peak
-        start = max(max(a, f) for a, f in zip(at, link_free))
-        end = start + seconds(x)
-        link_free[:] = [end] * workers
-        ends[id(x)] = end
-        payload += x.payload
-        events += 1
-        if x.purpose == "pseudo_grads":
-            in_flight[id(x)] = x.nbytes
-            peak = max(peak, sum(in_flight.values()))
-
-    def wait(x: Transfer, at: list[float]) -> list[float]:
-        end = ends[id(x)]
-        in_flight.pop(id(x), None)
-        for w in range(workers):
-            exposed[w] += max(0.0, end - at[w])
-        return [max(a, end) for a in at]
-
-    def run(actions: list[Action], start: list[float], busy: list[float]) -> list[float]:
-        nonlocal payload
-        backward = [a for a in actions if a.in_backward]
-        issued = [a.transfer for a in backward if a.kind == "issue"]
-        total = sum(x.nbytes for x in issued) or 1
-        done = 0
-        for x in issued:
-            done += x.nbytes
-            issue(x, [s0 + b * (1 - overlap) + b * overlap * done / total for s0, b in zip(start, busy)])
-        t = [s0 + b for s0, b in zip(start, busy)]
-        for a in backward:
-            if a.kind == "wait":
-                t = wait(a.transfer, t)
-        for a in actions:
-            if a.in_backward:
-                continue
-            if a.kind == "issue":
-                issue(a.transfer, t)
-            elif a.kind == "book":                 # carried by another collective: bytes only
-                payload += a.transfer.payload
-            else:
-                t = wait(a.transfer, t)
-        return t
-
+    sim = Simulation(seconds, len(times), overlap)
+    now = [0.0] * sim.workers
     marks, computed = [], 0.0
     for i, acts in enumerate(trace.steps):
         step = [w[i % len(w)] for w in times]
-        now = [t + o for t, (_, o) in zip(run(acts, now, [c for c, _ in step]), step)]
+        now = [t + o for t, (_, o) in zip(sim.run_step(acts, now, [c for c, _ in step]), step)]
         computed += step[0][0]
-        marks.append((now[0], exposed[0], payload))
+        marks.append((now[0], sim.exposed[0], sim.payload))
     if include_finish:
-        now = run(trace.finish, now, [0.0] * workers)
-    return Timeline(now[0], exposed[0], computed, len(trace.steps), payload, peak, events, marks)
+        now = sim.run_step(trace.finish, now, [0.0] * sim.workers)
+    return Timeline(now[0], sim.exposed[0], computed, len(trace.steps), sim.payload, sim.peak, sim.events, marks)

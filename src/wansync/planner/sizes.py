@@ -18,7 +18,6 @@ tokens per accelerator).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -104,22 +103,3 @@ def of_name(name: str, vocab_size: int = 256) -> ModelSize:
         raise ConfigError(f"unknown model {name!r} (LM: {', '.join(lm_model_names())}; "
                           f"vision: {', '.join(VISION_MODELS)}); or give --params N")
     return of_module(name, meta_model(name, vocab_size))
-
-
-def human_bytes(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
-def human_seconds(s: float) -> str:
-    if not math.isfinite(s):
-        return "inf"
-    if s >= 86400:
-        return f"{s / 86400:.3g} d"
-    if s >= 3600:
-        return f"{s / 3600:.3g} h"
-    if s >= 60:
-        return f"{s / 60:.3g} min"
-    return f"{s:.3g} s"

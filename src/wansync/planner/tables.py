@@ -7,10 +7,11 @@ from typing import Any
 from ..errors import ConfigError
 from ..strategies import resolve_options
 from ..net.link import PRESETS, parse_wan
+from ..units import human_bytes, human_seconds
 from .measure import measure_step_s, run_step_times
 from .predict import Prediction, predict, recommend_h, setting
 from .sizes import (ACCELERATORS_PER_WORKER, FLOPS_PER_ACCELERATOR, TOKENS_PER_WORKER_STEP, ModelSize,
-                    flops_step_s, human_bytes, human_seconds, of_name, of_params)
+                    flops_step_s, of_name, of_params)
 
 TABLE_SIZES = (150e6, 1e9, 7e9, 70e9)
 TABLE_WORKERS = (8, 64, 512)
@@ -49,14 +50,13 @@ def describe(p: Prediction, step_source: str, target_pct: float | None) -> str:
     return "\n".join(lines)
 
 
-def plan_command(cfg: Any, *, params: float | None, ranks_per_worker: int, step_s: float | None,
+def plan_command(cfg: Any, *, params: float | None, step_s: float | None,
                  measure: bool, target_pct: float | None, tokens_per_step: float | None,
                  flops: float, step_times: str | None = None) -> str:
     """The one-screen answer for a Config (strategy, options, model, workers, wan) and the plan flags."""
     if not cfg.wan:
         raise ConfigError("plan needs a link: --wan PRESET or a spec (" + ", ".join(PRESETS) + ")")
-    if ranks_per_worker < 1:
-        raise ConfigError(f"--ranks-per-worker must be >= 1, got {ranks_per_worker}")
+    ranks_per_worker = cfg.ranks_per_worker             # >= 1: a config rule
     vocab = cfg.bpe_vocab if cfg.tokenizer == "bpe" else 256
     size: ModelSize = of_params(params) if params is not None else of_name(cfg.model, vocab)
     replay, other_s = None, 0.0

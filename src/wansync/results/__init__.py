@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ConfigError, WansyncError
-from .metrics import METRICS, longest_repeat, sync_events
+from .measures import METRICS, longest_repeat, sync_events
 from .page import BEGIN, END, answer, document, write_page
-from .runs import dry_run, plan_all, run_tables
-from .tables import SEEDS, TABLES, Question, Table, get, label
+from .runs import list_tables, table_runs, run_tables
+from .catalog import SEEDS, TABLES, Question, Table, get, label
 
 __all__ = ["BEGIN", "END", "METRICS", "SEEDS", "TABLES", "Question", "Table", "answer", "document", "get", "label",
-           "longest_repeat", "plan_all", "run_results", "sync_events", "write_page"]
+           "longest_repeat", "table_runs", "run_results", "sync_events", "write_page"]
 
 
 def run_results(names: Sequence[str], root: str, doc: str, seeds: int = SEEDS, steps: int | None = None,
@@ -34,7 +34,7 @@ def run_results(names: Sequence[str], root: str, doc: str, seeds: int = SEEDS, s
     if names:                      # a table that reads another needs that one run too
         tables = get([*names, *(t.reads for t in tables if t.reads)])
     if dry:
-        return dry_run(tables, out, seeds, steps)
+        return list_tables(tables, out, seeds, steps)
     outcomes = run_tables(tables, out, seeds, steps, force)
     write_page(Path(doc), document(TABLES, out, seeds, steps))
     failed = [o for o in outcomes if o.status == "failed"]

@@ -14,8 +14,8 @@ from .. import presets
 from ..config import fingerprint
 from ..analysis.report import report
 from ..strategies import resolve_options
-from .metrics import lm_target
-from .tables import SEEDS, Table, label
+from .measures import lm_target
+from .catalog import SEEDS, Table, label
 
 # Cost of one run on 2 idle cores, for sizing and the dry run's estimate: (fixed seconds: 4 worker
 # processes start, load the data, evaluate at the end; seconds per step). Measured 2026-11-30 as CPU
@@ -33,7 +33,7 @@ def table_specs(table: Table, root: Path, seeds: int = SEEDS, steps: int | None 
         values.update(steps=steps, eval_every=min(values.get("eval_every", steps), steps),
                       warmup_steps=min(values.get("warmup_steps", 0), steps // 5))
     base = presets.layered_config(values, None, {})
-    return experiments.plan(base, [], seeds, None, root / table.name, cells=table.cells)
+    return experiments.grid_runs(base, [], seeds, None, root / table.name, cells=table.cells)
 
 
 def run_cost(spec: experiments.RunSpec, kind: str) -> float:
@@ -49,7 +49,7 @@ def _key(spec: experiments.RunSpec) -> str:
                       default=str)
 
 
-def plan_all(tables: Sequence[Table], root: Path, seeds: int, steps: int | None
+def table_runs(tables: Sequence[Table], root: Path, seeds: int, steps: int | None
              ) -> list[tuple[Table, list[experiments.RunSpec], list[bool]]]:
     """Per table its runs and, per run, whether an earlier table already trains the same config."""
     seen: set[str] = set()
@@ -79,10 +79,10 @@ def equivalent_compare(t: Table, root: Path, seeds: int) -> str:
     return f"wansync compare --preset {t.preset}{strat} --seeds {seeds}{flags} --out {root / (t.reads or t.name)}"
 
 
-def dry_run(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: int | None = None) -> int:
+def list_tables(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: int | None = None) -> int:
     """List every table, cell and seed with its estimated time; validate every run; train nothing."""
     total, n_runs, n_shared = 0.0, 0, 0
-    for t, specs, shared in plan_all(tables, root, seeds, steps):
+    for t, specs, shared in table_runs(tables, root, seeds, steps):
         print(f"== {t.name}: {t.title}")
         print(f"   command: {command(t, root, seeds)}")
         if t.reads:
@@ -92,7 +92,7 @@ def dry_run(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: int 
                     print(f"   reads {root / t.reads / lab / ('seed' + str(t.values.get('seed', 0) + k))}")
             print(f"   no runs of its own (reads {t.reads}); estimated 0 min")
             continue
-        experiments.dry_run(specs, None)
+        experiments.check_and_list(specs, None)
         cost = sum(run_cost(s, t.kind) for s, dup in zip(specs, shared) if not dup)
         dups = sum(shared)
         print(f"   {len(specs)} runs ({len({s.label for s in specs})} cells x {seeds} seeds)"
@@ -116,11 +116,11 @@ def run_tables(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: i
     done: dict[str, experiments.RunSpec] = {}
     outcomes: list[experiments.Outcome] = []
     target = None
-    for t, specs, _ in plan_all(tables, root, seeds, steps):
+    for t, specs, _ in table_runs(tables, root, seeds, steps):
         if not specs:
             continue
         out = root / t.name
-        experiments.write_plan(out, specs)
+        experiments.write_experiment(out, specs)
         log(f"== {t.name}: {len(specs)} runs in {out}")
         for spec in specs:
             first = done.get(k := _key(spec))

@@ -52,5 +52,5 @@ def run_demo(out: str, steps: int, force: bool) -> int:
     base = demo_config(steps, out)
     print(f"demo: {', '.join(strategies)} on the tiny LM (Shakespeare), {WORKERS} workers, link {WAN} "
           f"(100 ms RTT, 1 Gbit/s), {steps} steps; runs in {out}")
-    specs = experiments.plan(base, strategies, 1, None, Path(out), cells=demo_cells(strategies))
+    specs = experiments.grid_runs(base, strategies, 1, None, Path(out), cells=demo_cells(strategies))
     return experiments.run_and_report(specs, Path(out), force, 1, None, None, target_rule="common")

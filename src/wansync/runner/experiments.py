@@ -1,6 +1,6 @@
 """A grid of runs -> one run directory per (strategy, setting, seed); resumable.
 
-    OUT/experiment.json                       the plan (labels, settings, seeds, report targets)
+    OUT/experiment.json                       the grid of runs (labels, settings, seeds, report targets)
     OUT/<strategy>[__key=value...]/seed<k>/   one run directory each (see run.py)
     OUT/summary.csv, runs.csv, report.md, *.png   written by report.py after the runs
 
@@ -32,11 +32,11 @@ from .. import strategies as registry
 from ..config import Config, check_combinations, coerce, key_names, replace, to_sections
 from ..errors import ConfigError, WansyncError
 from ..strategies.guards import regime_warnings
-from .launch import torchrun_env
+from .torchrun import TorchrunEnv, torchrun_env
 from ..trainer.optim import peak_lr
 from ..presets import Preset, check_available, layered_config, preset_cells
 from ..analysis.report import report
-from ..rundir.layout import FAILED_FILE, PLAN_FILE
+from ..rundir.layout import EXPERIMENT_FILE, FAILED_FILE, SUMMARY_FILE, has_summary, read_summary
 # Keys that change how a run is shown or where it lives, not what it computes.
 PRESENTATION_KEYS = ("out", "quiet", "log_every", "threads", "target_loss", "target_acc")
 # Keys a grid may not vary (they name the place or the repetition, handled separately).
@@ -135,12 +135,13 @@ def setting_label(strategy: str, setting: dict[str, Any]) -> str:
     return _SAFE.sub("-", "__".join(parts))
 
 
-# ---------------------------------------------------------------- the plan
+# ---------------------------------------------------------------- the grid of runs
 
-def plan_command(command: str, preset: Preset | None, config_file: str | None, flags: Mapping[str, Any],
+def command_runs(command: str, preset: Preset | None, config_file: str | None, flags: Mapping[str, Any],
                  grid_items: Sequence[str], strategies_text: str | None, seeds: int | None,
-                 parallel: int) -> tuple[list[RunSpec], Path]:
-    """The runs of `wansync compare|sweep` from its flags, and the experiment directory.
+                 parallel: int) -> tuple[list[RunSpec], Path, TorchrunEnv | None]:
+    """The runs of `wansync compare|sweep` from its flags, the experiment directory, and the torchrun
+    environment the runs adopt (read once, here: a stale or contradicting one is refused).
 
     Values: defaults < preset < --config file < flags; the runs: the preset's cells, else
     --strategies (or the preset's strategies) x --grid x seeds."""
@@ -149,7 +150,7 @@ def plan_command(command: str, preset: Preset | None, config_file: str | None, f
         lowest.update(preset.values)
     cfg = layered_config(lowest, config_file, flags)
     check_combinations(cfg, flags)
-    torchrun_env(cfg.workers if "workers" in flags else None, cfg.ranks_per_worker)   # refuses a stale or contradicting one
+    env = torchrun_env(cfg.workers if "workers" in flags else None, cfg.ranks_per_worker)
     grid = parse_grid(grid_items)
     wanted = split_values(strategies_text) if strategies_text else None
     cells = preset_cells(preset, grid, flags, wanted)
@@ -177,10 +178,10 @@ def plan_command(command: str, preset: Preset | None, config_file: str | None, f
     if parallel > 1:
         cfg = replace(cfg, quiet=True)
     out = Path(cfg.out)
-    return plan(cfg, names, seeds, grid, out, threads=threads, cells=cells), out
+    return grid_runs(cfg, names, seeds, grid, out, threads=threads, cells=cells), out, env
 
 
-def plan(base: Config, strategies: Sequence[str], seeds: int | Sequence[int] = 1,
+def grid_runs(base: Config, strategies: Sequence[str], seeds: int | Sequence[int] = 1,
          grid: dict[str, list[Any]] | None = None, out: str | Path | None = None,
          threads: int | None = None, cells: Sequence[dict[str, Any]] | None = None) -> list[RunSpec]:
     """Every (strategy, setting, seed) as a RunSpec; nothing is written.
@@ -255,9 +256,9 @@ def _comparable(sections: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_finished(spec: RunSpec) -> bool:
-    """summary.json present and config.toml equal to the config this plan would write."""
+    """summary.json present and config.toml equal to the config this grid would write."""
     d = spec.run_dir
-    if not (d / "summary.json").is_file() or not (d / "config.toml").is_file() or (d / FAILED_FILE).exists():
+    if not has_summary(d) or not (d / "config.toml").is_file() or (d / FAILED_FILE).exists():
         return False
     try:
         options = registry.resolve_options(spec.cfg.strategy, vars(spec.cfg))
@@ -270,35 +271,35 @@ def is_finished(spec: RunSpec) -> bool:
 
 # ---------------------------------------------------------------- running
 
-def write_plan(out: Path, specs: Sequence[RunSpec], extra: dict[str, Any] | None = None) -> None:
+def write_experiment(out: Path, specs: Sequence[RunSpec], extra: dict[str, Any] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    previous = read_plan(out)
+    previous = read_experiment(out)
     data = {"runs": [{**s.describe(), "dir": os.path.relpath(s.run_dir, out)} for s in specs], **(extra or {})}
-    # keep the entries of earlier plans whose directories are not in this one (their runs stay on disk)
+    # keep the entries of earlier grids whose directories are not in this one (their runs stay on disk)
     mine = {r["dir"] for r in data["runs"]}
     data["runs"] += [r for r in previous.get("runs", []) if r.get("dir") not in mine]
-    (out / PLAN_FILE).write_text(jsonout.dumps(data, indent=2))
+    (out / EXPERIMENT_FILE).write_text(jsonout.dumps(data, indent=2))
 
 
-def read_plan(out: Path) -> dict[str, Any]:
+def read_experiment(out: Path) -> dict[str, Any]:
     try:
-        return json.loads((Path(out) / PLAN_FILE).read_text())
+        return json.loads((Path(out) / EXPERIMENT_FILE).read_text())
     except (OSError, json.JSONDecodeError):
         return {}
 
 
-def run_one(spec: RunSpec, force: bool = False) -> Outcome:
+def run_one(spec: RunSpec, force: bool = False, torchrun: TorchrunEnv | None = None) -> Outcome:
     if not force and is_finished(spec):
-        summary = json.loads((spec.run_dir / "summary.json").read_text())
+        summary = read_summary(spec.run_dir)
         return Outcome(spec, "skipped", summary=summary)
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     (spec.run_dir / FAILED_FILE).unlink(missing_ok=True)
     t0 = time.monotonic()
     try:
-        summary = run.train(spec.cfg, force=True)     # the experiment decided to (re-)run it
+        summary = run.train(spec.cfg, force=True, torchrun=torchrun)     # the experiment decided to (re-)run it
     except WansyncError as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        (spec.run_dir / "summary.json").unlink(missing_ok=True)
+        (spec.run_dir / SUMMARY_FILE).unlink(missing_ok=True)
         (spec.run_dir / FAILED_FILE).write_text(jsonout.dumps(
             {**spec.describe(), "status": "failed", "message": message}, indent=2))
         return Outcome(spec, "failed", message, time.monotonic() - t0)
@@ -310,8 +311,9 @@ def default_threads(parallel: int, workers: int) -> int:
 
 
 def execute(specs: Sequence[RunSpec], *, force: bool = False, parallel: int = 1,
-            log: Callable[[str], None] = print) -> list[Outcome]:
-    """Run every spec (one at a time unless parallel > 1); never raises for a failed run."""
+            log: Callable[[str], None] = print, torchrun: TorchrunEnv | None = None) -> list[Outcome]:
+    """Run every spec (one at a time unless parallel > 1), on local workers or under `torchrun`'s
+    ranks; never raises for a failed run."""
     n = len(specs)
     if parallel < 1:
         raise ConfigError(f"parallel must be >= 1, got {parallel}")
@@ -321,7 +323,7 @@ def execute(specs: Sequence[RunSpec], *, force: bool = False, parallel: int = 1,
         tag = f"[{i + 1}/{n}] {spec.label} seed {spec.seed}:"
         if parallel == 1 and (force or not is_finished(spec)):
             log(f"{tag} training in {spec.run_dir}")
-        o = run_one(spec, force)
+        o = run_one(spec, force, torchrun)
         if o.status == "skipped":
             log(f"{tag} finished earlier, skipped (--force re-runs it)")
         elif o.status == "failed":
@@ -347,7 +349,7 @@ def _lr_rule(c: Config) -> str:
     return f"lr {c.lr:g} (fixed)"
 
 
-def dry_run(specs: Sequence[RunSpec], preset: Preset | None) -> int:
+def check_and_list(specs: Sequence[RunSpec], preset: Preset | None) -> int:
     """Print the resolved runs and validate each one; train nothing. Raises when one is invalid."""
     if preset:
         print(f"preset {preset.name}: {preset.source}")
@@ -359,7 +361,7 @@ def dry_run(specs: Sequence[RunSpec], preset: Preset | None) -> int:
     errors = []
     for s in specs:
         try:
-            options = run.validate(s.cfg)
+            options = run.check_run(s.cfg)
             status = ("ok  " + (", ".join(f"{k}={v}" for k, v in options.items()) or "(no options)")
                       + f"; {_lr_rule(s.cfg)}")
             warnings = regime_warnings(s.cfg.strategy, options)
@@ -376,13 +378,13 @@ def dry_run(specs: Sequence[RunSpec], preset: Preset | None) -> int:
 
 
 def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: int, target_loss: float | None,
-                   target_acc: float | None, target_rule: str = "ddp") -> int:
-    """Write the plan, run what is not finished, write the report and print its table.
+                   target_acc: float | None, target_rule: str = "ddp", torchrun: TorchrunEnv | None = None) -> int:
+    """Write the grid (experiment.json), run what is not finished, write the report and print its table.
     `target_rule`: the default target when none is given (report.default_target).
     Raises (after the report) when a run failed."""
-    write_plan(out, specs, {"target_loss": target_loss, "target_acc": target_acc, "target_rule": target_rule})
+    write_experiment(out, specs, {"target_loss": target_loss, "target_acc": target_acc, "target_rule": target_rule})
     t0 = time.monotonic()
-    outcomes = execute(specs, force=force, parallel=parallel)
+    outcomes = execute(specs, force=force, parallel=parallel, torchrun=torchrun)
     rep = report(out, target_loss=target_loss, target_acc=target_acc, record_targets=True, target_rule=target_rule)
     ran = sum(o.status == "ok" for o in outcomes)
     skipped = sum(o.status == "skipped" for o in outcomes)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import codecs
 import importlib.util
-import json
 import shutil
 import sys
 import tomllib
@@ -22,17 +21,16 @@ import tomli_w
 
 from ..rundir import checkpoint
 from . import launch, worker
+from .torchrun import TorchrunEnv
 from ..config import RUN_CONTROL_KEYS, Config, fingerprint, from_sections, replace, to_sections
 from ..errors import ConfigError, DataError, StorageError, WansyncError
 from ..strategies.guards import regime_warnings
-from ..rundir.layout import FAILED_FILE
+from ..rundir.layout import FAILED_FILE, LOGS_DIR, RUN_FILES, SUMMARY_FILE, has_summary, read_summary
 from ..rundir.lock import LOCK_FILE, RunLock, check_unlocked
 from ..strategies import resolve_options
 
-# What a run writes into its directory: replaced by --force, nothing else is touched.
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", "profile.json", "checkpoints", "logs", FAILED_FILE)
 # Entries that do not make a directory "non-empty" (a lock, a failure note, logs of a run that never wrote its config).
-_NOT_CONTENT = (LOCK_FILE, FAILED_FILE, "logs")
+_NOT_CONTENT = (LOCK_FILE, FAILED_FILE, LOGS_DIR)
 SNIFF_BYTES = 1 << 20
 TEXT_SUFFIXES = (".txt", ".md")
 
@@ -74,7 +72,7 @@ def check_text(path: Path) -> None:
               f"undecodable bytes are replaced", file=sys.stderr)
 
 
-def validate(cfg: Config) -> dict[str, Any]:
+def check_run(cfg: Config) -> dict[str, Any]:
     """Everything about `cfg` a user can get wrong, checked without writing anything (used by every
     run and by `--dry-run`); returns the strategy's resolved options."""
     from ..workloads import VISION_MODELS, lm_model_names
@@ -113,7 +111,7 @@ def check_fragments(model: str, fragments: int, mode: str) -> None:
 def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:
     """Validate the whole config and write the fully resolved config.toml (no checks on what the
     directory holds: `train` makes those)."""
-    options = validate(cfg)
+    options = check_run(cfg)
     run_dir = make_run_dir(Path(cfg.out))
     write_config(run_dir, config_text(cfg, options))
     return run_dir, options
@@ -206,26 +204,27 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
     if changed:
         raise ConfigError(f"cannot resume {run_dir}: its config.toml no longer matches the checkpoint of step {step} "
                           f"(changed: {', '.join(changed)}); restore those keys, or start a new run")
-    if cfg.steps == step and (run_dir / "summary.json").is_file():
+    if cfg.steps == step and has_summary(run_dir):
         raise ConfigError(f"nothing to resume: {run_dir} already finished all {step} steps "
                           f"(pass --steps above {step} to train further)")
     return cfg
 
 
-def train(cfg: Config, resume: bool = False, force: bool = False) -> dict[str, Any] | None:
-    """Train with cfg; returns rank 0's summary (None on a non-zero rank under torchrun).
+def train(cfg: Config, resume: bool = False, force: bool = False,
+          torchrun: TorchrunEnv | None = None) -> dict[str, Any] | None:
+    """Train with cfg; returns rank 0's summary ({} on a non-zero rank under torchrun).
     `resume` continues from the run directory's newest complete checkpoint; `force` replaces an
-    earlier run in the same directory."""
-    options = validate(cfg)
+    earlier run in the same directory; `torchrun` (the command read it, `runner.torchrun`): this
+    process is one of torchrun's ranks, else the launcher starts the workers here."""
+    options = check_run(cfg)
     run_dir = Path(cfg.out)
-    adopted = launch.torchrun_env(ranks_per_worker=cfg.ranks_per_worker)
-    if adopted is not None:
-        cfg, rank = replace(cfg, workers=adopted.world_size // cfg.ranks_per_worker), adopted.rank
+    if torchrun is not None:
+        cfg, rank = replace(cfg, workers=torchrun.world_size // cfg.ranks_per_worker), torchrun.rank
         if rank != 0:
             if worker.run(cfg, run_dir, resume=resume) != 0:
                 raise WansyncError((run_dir / "logs" / f"rank{rank}.err").read_text().strip())
             return {}
-        print(f"wansync: under torchrun: {adopted.describe()}")
+        print(f"wansync: under torchrun: {torchrun.describe()}")
     for line in regime_warnings(cfg.strategy, options):
         print(f"wansync: warning: {line}", file=sys.stderr)
     try:
@@ -240,8 +239,8 @@ def train(cfg: Config, resume: bool = False, force: bool = False) -> dict[str, A
             clear_run(run_dir)
         text = config_text(cfg, options)
         write_config(run_dir, text)
-        (run_dir / "summary.json").unlink(missing_ok=True)
-        if adopted is not None:
+        (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
+        if torchrun is not None:
             if worker.run(cfg, run_dir, resume=resume) != 0:
                 raise WansyncError((run_dir / "logs" / "rank0.err").read_text().strip())
             return read_summary(run_dir)
@@ -249,7 +248,3 @@ def train(cfg: Config, resume: bool = False, force: bool = False) -> dict[str, A
     if code != 0:
         raise WansyncError(message)
     return read_summary(run_dir)
-
-
-def read_summary(run_dir: Path) -> dict[str, Any]:
-    return json.loads((Path(run_dir) / "summary.json").read_text())

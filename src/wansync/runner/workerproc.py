@@ -17,6 +17,9 @@ signal mask (SIGINT blocked) and the default SIGTERM, and its parent is the laun
 death signal is armed against. One difference is visible from outside: /proc/PID/environ of a
 forked worker shows the launcher's initial environment, so the launcher records every worker's
 pid in logs/rank{R}.pid (`record_pid`), whichever way it started.
+
+How a worker ended, as the launcher tells it (`describe_exit`): its one line in logs/rank{R}.err,
+else the signal that killed it or its exit status; `is_stopped`: a worker that hangs.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Sequence, Union
+
+from ..rundir.layout import LOGS_DIR
 
 
 class ForkedWorker:
@@ -244,6 +249,36 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
 def _set_child_subreaper(on: bool) -> None:
     import ctypes
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+
+
+def error_file(run_dir: Path, rank: int) -> Path:
+    """Where rank `rank` writes its failure, in one line (`runner.worker`)."""
+    return run_dir / LOGS_DIR / f"rank{rank}.err"
+
+
+def describe_exit(run_dir: Path, rank: int, code: int) -> str:
+    """Rank `rank`'s end in one line: its own, the signal that killed it, or its exit status."""
+    f = error_file(run_dir, rank)
+    if f.is_file() and f.read_text().strip():
+        return f.read_text().strip().splitlines()[0]
+    if code < 0:
+        try:
+            return f"rank {rank} was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"rank {rank} was killed by signal {-code}"
+    log = run_dir / LOGS_DIR / f"rank{rank}.log"
+    if log.is_file() and log.stat().st_size > 0:
+        return f"rank {rank} exited with status {code} (see {log})"
+    return f"rank {rank} exited with status {code} and left no log (is {run_dir} writable, with space left?)"
+
+
+def is_stopped(pid: int) -> bool:
+    """A process stopped by a signal (state T in /proc): a hung peer."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] in ("T", "t")
 
 
 def record_pid(logs: Path, rank: int, worker: Worker) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 from ..errors import ConfigError
 from .base import Strategy
 from .options import Options, OptionSpec, collect
+from .timetable import Timetable
 
 
 def _subclasses(cls: type[Strategy]) -> Iterator[type[Strategy]]:
@@ -73,11 +74,18 @@ def resolve_options(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
     return dataclasses.asdict(make_options(name, **{k: v for k, v in values.items() if k in own}))
 
 
+def timetable(name: str, options: Mapping[str, Any]) -> Timetable:
+    """Strategy `name`'s timetable from its options alone (no model, no process group): the one its
+    strategy follows, for the planner to predict from (`timetable.py`)."""
+    return strategy_class(name).Timetable(make_options(name, **options))
+
+
 def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, group: Any = None,
-          on_nonfinite: str | None = None, replicas: Any = None, **options: Any) -> Strategy:
+          on_nonfinite: str | None = None, replicas: Any = None, quorum: Any = None, **options: Any) -> Strategy:
     """Build a strategy on an existing process group (the public `wansync.strategy`).
     `on_nonfinite` (None, "abort", "skip"): what its exchange does with NaN/Inf model state.
-    `replicas` (`comm.replicas.replica_groups(R)`): workers of R ranks each."""
+    `replicas` (`comm.replicas.replica_groups(R)`): workers of R ranks each.
+    `quorum` (`ft.quorum.Quorum`): fault tolerant, its exchanges average over the workers alive now."""
     cls = strategy_class(name)
     return cls(model, optimizer, make_options(name, **options), group=group, on_nonfinite=on_nonfinite,
-               replicas=replicas)
+               replicas=replicas, quorum=quorum)

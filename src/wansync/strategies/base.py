@@ -24,13 +24,10 @@ from ..comm.exchange import Exchange
 from ..comm.flat import FlatTensors
 from ..comm.ledger import INSIDE
 from ..comm.replicas import Replicas
-from ..errors import ConfigError, PeerError
+from ..errors import ConfigError
 from .grad_sync import GradientSync
 from .options import Options
-
-JOIN_TIMEOUTS = 3          # fault-tolerant start-up: the others get this many --peer-timeout to arrive
-QUORUM = "quorum"          # ledger purpose: the time fault-tolerant workers wait in a slot's quorum
-JOIN_POLL_S = 0.2          # between start-up quorums that came back short of workers
+from .timetable import Timetable
 
 
 def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
@@ -47,20 +44,24 @@ def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
 class Strategy:
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
+    Timetable: ClassVar[type[Timetable]] = Timetable     # when it communicates, from its options alone
     steps_inside_workers: ClassVar[bool] = True     # False: every step all-reduces over every rank (DDP)
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, *,
-                 group: Any = None, on_nonfinite: str | None = None, replicas: Replicas | None = None):
+                 group: Any = None, on_nonfinite: str | None = None, replicas: Replicas | None = None,
+                 quorum: Any = None):
         """`on_nonfinite`: None, "abort" or "skip", what the exchange does with a NaN/Inf in this
         worker's model state (see `comm.exchange`). `replicas`: this rank's place in a worker of
         several ranks (`comm.replicas`; None: every rank is a worker); its ranks train one model
-        with DDP over the worker's own group, and the exchange runs between workers."""
+        with DDP over the worker's own group, and the exchange runs between workers. `quorum`: the
+        exchange averages over the workers alive now instead of a fixed group (`ft.quorum`)."""
         if not dist.is_initialized():
             raise ConfigError("torch.distributed is not initialized: call wansync.init() or "
                               "torch.distributed.init_process_group() first")
         self.module = model
         self.optimizer = optimizer
         self.opts = options if options is not None else self.Options()
+        self.timetable = self.Timetable(self.opts)
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -69,7 +70,7 @@ class Strategy:
         self.since_last_step_s: float | None = None   # end of the previous step() to this one's start
         self._left_step_at: float | None = None
         self.replicas = replicas if replicas is not None else Replicas()
-        self.exchange = Exchange(group, on_nonfinite, self.replicas)
+        self.exchange = Exchange(group, on_nonfinite, self.replicas, quorum=quorum)
         self.comm = self.exchange.ledger
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self.inside_sync = None
@@ -86,7 +87,7 @@ class Strategy:
     def inside_step(self, t: int) -> bool:
         """Does step t (1-based) all-reduce gradients inside the worker only? (Not when the
         strategy all-reduces them over every rank then.)"""
-        return True
+        return self.timetable.inside_step(t)
 
     def step(self, skip_inner: bool = False) -> None:
         """Inner optimizer step, then whatever synchronization is due at the new step count.
@@ -104,62 +105,22 @@ class Strategy:
         if self.inside_sync is not None and self.inside_step(self.t + 1):
             self.inside_sync.book()
         self.t += 1
-        if self.exchange.ft is not None and self.exchanges_at(self.t):
-            self.meet_quorum()                        # may heal this worker from a peer (ft.quorum)
-        if not self.healed_into_final_quorum():
+        if self.exchanges_at(self.t):
+            self.exchange.meet(self.t)                # who takes part; a worker behind may heal here
+        self.sync_due()
+
+    def sync_due(self) -> None:
+        """The synchronization due at step `self.t`, after its inner step: none when this worker
+        already holds its result (it healed from peers who had made it, `Exchange.already_synced`).
+        Public for a worker that comes into a run at the others' step (`ft.member`)."""
+        if not self.exchange.already_synced:
             self.after_inner_step()
         self._left_step_at = time.perf_counter()
 
-    def meet_quorum(self, finishing: bool = False) -> None:
-        """Fault-tolerant runs: the quorum of this step's slot (`finishing`: of the final
-        synchronization); the time spent in it (waiting for the others, healing) is booked as a
-        wait on the ledger under `quorum` (exposed communication)."""
-        t0 = time.perf_counter()
-        self.exchange.ft.quorum(self.t, left_out_is_fatal=True, finishing=finishing)
-        self.exchange.ledger.waited(QUORUM, time.perf_counter() - t0)
-
-    def meet_final_quorum(self) -> None:
-        """Fault-tolerant runs, before `finish`: the quorum its exchanges run in, where a worker
-        still behind heals; none for a worker that healed into it (it met it already)."""
-        if self.exchange.ft is not None and not self.exchange.ft.finishing:
-            self.meet_quorum(finishing=True)
-
-    def healed_into_final_quorum(self) -> bool:
-        """Did this worker heal from peers in their final quorum? It then holds their state after
-        the last step's exchanges: it makes none of them again, and goes on to `finish` with them."""
-        return self.exchange.ft is not None and self.exchange.ft.finishing
-
-    def join(self, expected: int = 1) -> None:
-        """Fault-tolerant runs, before the first step: meet the others at their next quorum
-        (at the start of a run, until `expected` workers are in it); a worker that started late
-        (restarted) heals there to their step and takes part in that step's exchanges with them.
-        A worker gives up (PeerError, one line) when the others have not all arrived within
-        JOIN_TIMEOUTS x the quorum timeout (--peer-timeout); a quorum call that times out meanwhile
-        is retried (the others may still be starting on a loaded machine)."""
-        t, ft = self.t, self.exchange.ft
-        deadline = time.monotonic() + JOIN_TIMEOUTS * ft.timeout_s
-        while True:
-            try:
-                ft.quorum(t)
-                if self.t != t or ft.participants >= expected:
-                    break
-            except PeerError:
-                if time.monotonic() >= deadline:
-                    raise
-                continue
-            if time.monotonic() >= deadline:
-                raise PeerError(f"only {ft.participants} of {expected} workers joined the fault-tolerant run within "
-                                f"{JOIN_TIMEOUTS} x --peer-timeout ({JOIN_TIMEOUTS * ft.timeout_s:g} s)")
-            time.sleep(JOIN_POLL_S)           # the others are not heartbeating yet: no busy loop
-        if self.t != t:
-            if not self.healed_into_final_quorum():
-                self.after_inner_step()
-            self._left_step_at = time.perf_counter()
-
     def exchanges_at(self, t: int) -> bool:
-        """Does step t (after its inner step) exchange between workers? Fault-tolerant runs take a
-        quorum there."""
-        return True
+        """Does step t (after its inner step) exchange between workers? The exchange meets there
+        (`Exchange.meet`: under a quorum, the workers agree on who takes part)."""
+        return self.timetable.exchanges_at(t)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
@@ -188,8 +149,8 @@ class Strategy:
 
     def emit(self, record_type: str, /, **fields: Any) -> None:
         record = {"type": record_type, "step": self.t, "strategy": self.name, **fields}
-        if self.exchange.ft is not None and record_type == "sync":
-            record.setdefault("participants", self.exchange.ft.participants)
+        if record_type == "sync" and self.exchange.participants is not None:    # fewer than every worker?
+            record.setdefault("participants", self.exchange.participants)
         for fn in self._listeners:
             fn(record)
 

@@ -9,7 +9,8 @@ compensation and adaptive transmission.
   the paper's: handing every merge the full outer step, `taylor` ends 2.5–4 % behind DiLoCo on the
   tiny LM where `damped` does not (docs/strategies.md); the `cocodc-paper` preset pins `taylor`.
   Every merge's "sync" event records `lam_term_rel = ‖λ·g⊙g⊙D‖/‖g‖` (this rank's value).
-- Count (`syncs_per_period`): 0 (default) derives N once, at step H, by the rule stated in
+- Count (`syncs_per_period`): 0 (default) derives N once, at the first step ≥ H after that step's
+  fragment work (the timetable's rule, `fragment_timetable.py`), by the rule stated in
   `transmission.py` (the paper's `⌊γ·H·T_c/T_s⌋`, at least P, capped at `max_syncs_per_fragment`·P:
   without that cap a fast link makes every fragment take a full outer step every few steps, which
   diverges), from the measured inner-step time and the modelled or measured fragment sync time,
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from .compensation import damped_compensate, delay_compensate
+from .fragment_timetable import FragmentTimetable
 from .fragments import SCHEDULES
 from .inflight import InFlight
 from .options import at_least, one_of, option, positive
@@ -58,37 +60,34 @@ class CoCoDCOptions(StreamingOptions):
                                one_of(COMPENSATIONS))
 
 
+class CoCoDCTimetable(FragmentTimetable):
+    """Streaming DiLoCo's, with CoCoDC's choice and merge, and N decided once when it is automatic."""
+
+    def __init__(self, options: CoCoDCOptions) -> None:
+        super().__init__(options, choice=options.schedule, merge=options.compensation,
+                         automatic_n=options.syncs_per_period == 0)
+
+
 class CoCoDC(Streaming):
     name = "cocodc"
-    Options = CoCoDCOptions
+    Options, Timetable = CoCoDCOptions, CoCoDCTimetable
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
-        self.n_decided = self.opts.syncs_per_period > 0
         self.tc_sum, self.tc_count = 0.0, 0
         self.t_s: float | None = None
         self.t_s_source = ""
         self._modelled_t_s()
 
     def _modelled_t_s(self) -> None:
-        """T_s from the emulated link's model, when there is one (else it is measured); asked again
-        before the first step, when a fault-tolerant exchange has its quorum (ft.quorum)."""
-        if not self.n_decided and self.t_s_source in ("", "model"):
+        """T_s from the emulated link's model, when there is one (else it is measured)."""
+        if not self.timetable.n_decided:
             numel = round(sum(f.numel for f in self.fragments) / self.P)
             modelled = self.exchange.modelled_seconds(numel, self.codec)
             if modelled is not None:
                 self.t_s, self.t_s_source = modelled, "model"
 
     # ---- hooks ---------------------------------------------------------------------------------
-    def schedule_mode(self) -> str:
-        return self.opts.schedule
-
-    def keeps_theta_start(self) -> bool:
-        return self.opts.compensation != "alpha"
-
-    def takes_anchor(self) -> bool:
-        return self.opts.compensation == "alpha" and super().takes_anchor()
-
     def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
                      elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
         if self.opts.compensation == "alpha":
@@ -107,42 +106,36 @@ class CoCoDC(Streaming):
 
     # ---- T_c, T_s and N ------------------------------------------------------------------------
     def after_inner_step(self) -> None:
-        if self.t == 1 and self.exchange.ft is not None:
-            self._modelled_t_s()
-        if not self.n_decided and self.since_last_step_s is not None:     # T_c: the base class's timings
+        if not self.timetable.n_decided and self.since_last_step_s is not None:   # T_c: the base class's timings
             self.tc_sum += self.since_last_step_s + self.last_inner_s
             self.tc_count += 1
         super().after_inner_step()
 
     def after_launch(self, x: InFlight) -> None:
-        if not self.n_decided and self.t_s_source in ("", "measured"):   # time the first period's syncs
+        if not self.timetable.n_decided and self.t_s_source in ("", "measured"):   # time the first period's syncs
             x.handle.wait()
             took = time.perf_counter() - x.handle.started_at
             self.t_s = took if self.t_s is None else min(self.t_s, took)
             self.t_s_source = "measured"
 
-    def exchanges_at(self, t: int) -> bool:
-        return super().exchanges_at(t) or (not self.n_decided and t >= self.H)    # the schedule's agreement
-
-    def after_slot(self, t: int) -> None:
-        if self.n_decided or t < self.H:
-            return
+    def decide_n(self, t: int) -> int:
+        """N from the mean T_c and T_s of every rank (the timetable asks once, at the first step ≥ H)."""
         t_c = self.tc_sum / self.tc_count if self.tc_count else 0.0
         n, t_c, t_s = agree(t_c, self.t_s or 0.0, self.opts.gamma, self.H, self.P,
-                            self.opts.max_syncs_per_fragment, self.comm, self.group, self.exchange)
-        self.schedule.set_n(n)
-        self.n_decided = True
+                            self.opts.max_syncs_per_fragment, self.exchange)
         self.emit("schedule", syncs_per_period=n, t_c=t_c, t_s=t_s, t_s_source=self.t_s_source,
                   gamma=self.opts.gamma, max_syncs_per_fragment=self.opts.max_syncs_per_fragment)
+        return n
 
     # ---- resumable state -----------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         return {**super().extra_state(),
-                "transmission": {"n_decided": self.n_decided, "tc_sum": self.tc_sum, "tc_count": self.tc_count,
-                                 "t_s": self.t_s, "t_s_source": self.t_s_source}}
+                "transmission": {"n_decided": self.timetable.n_decided, "tc_sum": self.tc_sum,
+                                 "tc_count": self.tc_count, "t_s": self.t_s, "t_s_source": self.t_s_source}}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         super().load_extra_state(state)
         tr = state["transmission"]
-        self.n_decided, self.tc_sum, self.tc_count = bool(tr["n_decided"]), float(tr["tc_sum"]), int(tr["tc_count"])
+        self.timetable.n_decided = bool(tr["n_decided"])
+        self.tc_sum, self.tc_count = float(tr["tc_sum"]), int(tr["tc_count"])
         self.t_s, self.t_s_source = tr["t_s"], str(tr["t_s_source"])

@@ -57,3 +57,13 @@ def damped_compensate(theta_start: torch.Tensor, theta_now: torch.Tensor, anchor
     if alpha == 0:
         return new, rel
     return new + (theta_start - anchor) * alpha, rel
+
+
+def lands_on_anchor(merge: str, alpha: float, elapsed: int) -> bool:
+    """Does `merge` (alpha | taylor | damped), `elapsed` steps after its sync started, return θ̃_p's
+    exact bits? The α-merge iff α = 0 (whatever elapsed); the Taylor merge iff nothing elapsed (its
+    τ·g_corr is then 0: `delay_compensate` returns θ̃_p); the damped merge iff both (it adds
+    α·(θ(t_p) − θ̃_p)). Decided from these alone, so every rank decides alike."""
+    if merge == "alpha":
+        return alpha == 0
+    return elapsed == 0 and (merge == "taylor" or alpha == 0)

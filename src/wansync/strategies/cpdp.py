@@ -36,6 +36,7 @@ from typing import Any
 
 from .grad_sync import GradientSync
 from .options import option, sync_every
+from .periodic import PeriodicTimetable
 from .slowmo import SlowMo, SlowMoOptions
 
 
@@ -48,16 +49,23 @@ class CPDPOptions(SlowMoOptions):
                               "off: the LocalSGD+SlowMo ablation)")
 
 
+class CPDPTimetable(PeriodicTimetable):
+    """SlowMo's boundaries, each starting with phase 1, the gradient all-reduce (unless ablated)."""
+
+    def ddp_step(self, t: int) -> bool:
+        return bool(self.opts.grad_phase) and self.is_boundary(t)
+
+
 class CPDP(SlowMo):
     name = "cpdp"
-    Options = CPDPOptions
+    Options, Timetable = CPDPOptions, CPDPTimetable
     sync_kind = "cpdp"
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.grad_sync = GradientSync(model, self.group, self.comm, broadcast_buffers=False)
         self.grads_synced = False        # did the step just taken all-reduce its gradients?
-        self.grad_sync.arm(self.phase_one_at(self.t + 1))
+        self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
     @property
     def model(self):
@@ -67,18 +75,11 @@ class CPDP(SlowMo):
             return self.inside_sync.ddp
         return self.grad_sync.ddp
 
-    def inside_step(self, t: int) -> bool:
-        return not self.phase_one_at(t)
-
-    def phase_one_at(self, t: int) -> bool:
-        """Does step t start with the gradient all-reduce? At boundaries, unless ablated."""
-        return bool(self.opts.grad_phase) and self.is_boundary(t)
-
     def after_inner_step(self) -> None:
         # steps 1–2 have happened: DDP all-reduced g in backward (if armed), then the inner step
         self.grads_synced = self.grad_sync.book()
         super().after_inner_step()                       # steps 3–5 at a boundary (SlowMo's)
-        self.grad_sync.arm(self.phase_one_at(self.t + 1))
+        self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
     def boundary_fields(self) -> dict[str, Any]:
         return {**super().boundary_fields(), "grad_phase": self.grads_synced,
@@ -86,4 +87,4 @@ class CPDP(SlowMo):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         super().load_extra_state(state)
-        self.grad_sync.arm(self.phase_one_at(self.t + 1))
+        self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))

@@ -13,10 +13,19 @@ from torch import nn
 
 from .base import Strategy
 from .grad_sync import GradientSync
+from .timetable import Timetable
+
+
+class DDPTimetable(Timetable):
+    """Every step all-reduces the gradients over every rank."""
+
+    def ddp_step(self, t: int) -> bool:
+        return True
 
 
 class DDP(Strategy):
     name = "ddp"
+    Timetable = DDPTimetable
     steps_inside_workers = False
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, **kw: Any):

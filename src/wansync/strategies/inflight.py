@@ -18,14 +18,15 @@ from ..comm.exchange import MeanHandle
 
 @dataclass
 class InFlight:
-    """One fragment exchange between its start and its merge."""
+    """One fragment exchange between its start and its merge: when (the timetable's), and what
+    (the strategy's, filled in when it launches the exchange)."""
     fragment: int
     start: int
     merge_at: int
     interval: int                        # I_p: steps since the fragment's previous start
     reason: str
-    delta: torch.Tensor                  # this worker's pseudo-gradient, the exchange's input
-    theta_start: torch.Tensor | None     # θ_{m,p}(t_p), when the merge needs it
+    delta: torch.Tensor | None = None    # this worker's pseudo-gradient, the exchange's input
+    theta_start: torch.Tensor | None = None   # θ_{m,p}(t_p), when the merge needs it
     handle: MeanHandle | None = None     # None until (re)launched
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Strategy options, each knob declared once: its default, its help and the rules its value obeys.
 
 A strategy's `Options` is a dataclass deriving from `Options`, its fields made with
-`option(default, help, *rules)`. Everything else is derived from those declarations: the defaults,
+`option(default, help, *rules)` (the rules of `rules.py`). Everything else is derived from those declarations: the defaults,
 the `--flag` and the `[strategy]` config key with its help (the registry's `OPTIONS`, built by
 `collect`), and the validation (`Options.__post_init__`: each value's type, its rules, then the
 class's `cross_check()` for rules that relate fields). Algorithms that nest nest their options
@@ -15,48 +15,16 @@ Every rule fails with the same one-line ConfigError the user sees on the command
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, get_type_hints
+from typing import Any, Mapping, get_type_hints
 
 from ..errors import check
-
-Rule = Callable[[str, Any], None]     # (option name, value): raises a one-line ConfigError when broken
-
+from ..rules import Rule, at_least, in_range, one_of, positive  # noqa: F401 - the rules options declare
 
 def option(default: Any, help: str, *rules: Rule) -> Any:
     """A strategy option field: its default, one line of help, and the rules its value obeys."""
     return dataclasses.field(default=default, metadata={"help": help, "rules": rules})
-
-
-# ---- rules --------------------------------------------------------------------------------------
-def _finite(value: Any) -> bool:
-    return not isinstance(value, float) or math.isfinite(value)
-
-
-def at_least(low: int) -> Rule:
-    def rule(name: str, value: Any) -> None:
-        check(_finite(value) and value >= low, f"{name} must be >= {low}, got {value}")
-    return rule
-
-
-def positive(name: str, value: Any) -> None:
-    check(_finite(value) and value > 0, f"{name} must be > 0, got {value}")
-
-
-def in_range(low: int, high: int, *, high_included: bool = False) -> Rule:
-    """low <= value < high (or <= high)."""
-    def rule(name: str, value: Any) -> None:
-        ok = low <= value <= high if high_included else low <= value < high
-        check(ok, f"{name} must be in [{low}, {high}{']' if high_included else ')'}, got {value}")
-    return rule
-
-
-def one_of(choices: tuple[str, ...]) -> Rule:
-    def rule(name: str, value: Any) -> None:
-        check(value in choices, f"{name} must be one of {', '.join(choices)}, got {value!r}")
-    return rule
 
 
 # ---- the options base class ---------------------------------------------------------------------

@@ -29,6 +29,7 @@ from ..comm.exchange import exact_sq_norm
 from ..comm.flat import FlatTensors
 from .base import Strategy, sync_tensors
 from .options import Options, option, sync_every
+from .timetable import Timetable
 
 
 # the side band a boundary's exchange carries: (‖θ_m‖² − ‖θ̄_prev‖²) / P, per value so that it stays
@@ -44,9 +45,23 @@ class PeriodicOptions(Options):
     drift_telemetry: bool = option(True, "report worker drift at every boundary (one more element of the parameter exchange)")
 
 
+class PeriodicTimetable(Timetable):
+    """A boundary every H steps, the only steps that exchange; `finish()` averages once more after
+    a step that was not one."""
+
+    def is_boundary(self, t: int) -> bool:
+        return t % self.opts.sync_every == 0
+
+    def exchanges_at(self, t: int) -> bool:
+        return self.is_boundary(t)
+
+    def final_sync(self, t: int) -> bool:
+        return not self.is_boundary(t)
+
+
 class Periodic(Strategy):
-    """Local inner steps; `boundary()` every `opts.sync_every` steps."""
-    Options = PeriodicOptions
+    """Local inner steps; `boundary()` at the timetable's boundaries (every `opts.sync_every` steps)."""
+    Options, Timetable = PeriodicOptions, PeriodicTimetable
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
@@ -57,21 +72,15 @@ class Periodic(Strategy):
         self._home: torch.Tensor | None = None
         self._home_ptrs: list[int] = []       # where the model's tensors lie when they live in _home
 
-    def is_boundary(self, t: int) -> bool:
-        return t % self.opts.sync_every == 0
-
-    def exchanges_at(self, t: int) -> bool:
-        return self.is_boundary(t)
-
     def after_inner_step(self) -> None:
-        if self.is_boundary(self.t):
+        if self.timetable.is_boundary(self.t):
             self.boundary()
 
     def boundary(self) -> None:
         raise NotImplementedError
 
     def finish(self) -> None:
-        if not self.is_boundary(self.t):
+        if self.timetable.final_sync(self.t):
             self.boundary()
 
     def broadcast_initial_state(self) -> None:

@@ -21,7 +21,7 @@ from torch import nn
 from .grad_sync import GradientSync
 from .local_sgd import LocalSGD
 from .options import at_least, option
-from .periodic import PeriodicOptions
+from .periodic import PeriodicOptions, PeriodicTimetable
 
 
 @dataclass
@@ -30,38 +30,37 @@ class PostLocalSGDOptions(PeriodicOptions):
     switch_step: int = option(100, "DDP for steps 1 ... switch_step, LocalSGD after", at_least(0))
 
 
+class PostLocalSGDTimetable(PeriodicTimetable):
+    """DDP steps up to `switch_step`, then LocalSGD's boundaries counted from the switch."""
+
+    def ddp_step(self, t: int) -> bool:
+        return t <= self.opts.switch_step
+
+    def is_boundary(self, t: int) -> bool:
+        return not self.ddp_step(t) and (t - self.opts.switch_step) % self.opts.sync_every == 0
+
+    def final_sync(self, t: int) -> bool:
+        return not self.ddp_step(t) and super().final_sync(t)    # replicas are identical in the DDP phase
+
+
 class PostLocalSGD(LocalSGD):
     name = "post_local_sgd"
-    Options = PostLocalSGDOptions
+    Options, Timetable = PostLocalSGDOptions, PostLocalSGDTimetable
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.grad_sync = GradientSync(model, self.group, self.comm)
-        self.grad_sync.arm(self.in_ddp_phase(self.t + 1))
-
-    def in_ddp_phase(self, t: int) -> bool:
-        """Is step t (1-based) a DDP step?"""
-        return t <= self.opts.switch_step
+        self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
     @property
     def model(self) -> nn.Module:
-        return self.grad_sync.ddp if self.in_ddp_phase(self.t + 1) else super().model
-
-    def inside_step(self, t: int) -> bool:
-        return not self.in_ddp_phase(t)
-
-    def is_boundary(self, t: int) -> bool:
-        return not self.in_ddp_phase(t) and (t - self.opts.switch_step) % self.opts.sync_every == 0
+        return self.grad_sync.ddp if self.timetable.ddp_step(self.t + 1) else super().model
 
     def after_inner_step(self) -> None:
         if not self.grad_sync.book():                    # a DDP step: the reducer all-reduced in backward
             super().after_inner_step()                   # LocalSGD's boundary every H steps
-        self.grad_sync.arm(self.in_ddp_phase(self.t + 1))
+        self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
     def load_extra_state(self, state) -> None:
         super().load_extra_state(state)
-        self.grad_sync.arm(self.in_ddp_phase(self.t + 1))
-
-    def finish(self) -> None:
-        if not self.in_ddp_phase(self.t):                # replicas are identical in the DDP phase
-            super().finish()
+        self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))

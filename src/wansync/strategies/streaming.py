@@ -13,6 +13,7 @@ floats, accumulated in FP32): it books this rank's wire bytes as `pseudo_grads`,
 as exposed communication, and applies the non-finite policy. One "sync" event per merge carries
 the fragment, the start step, the bytes, the codec and the syncs per period.
 
+What happens when is the timetable's (`fragment_timetable.py`; the planner follows the same one).
 Several fragments may be in flight at once (τ may be anything below H); within one step, merges
 that are due happen first, then the slot's sync starts (and, with τ = 0, merges at once), so
 `fragments=1, overlap=0, alpha=0` is DiLoCo step for step. `syncs_per_period N` (0 = P) gives `N`
@@ -20,8 +21,8 @@ round-robin syncs per period instead of `P` (CoCoDC's matched-frequency ablation
 
 `finish()` first merges every exchange still in flight (early: with the steps actually elapsed),
 then brings every rank to identical parameters with one last blocking outer sync of each fragment
-(`Δ̄_p`, outer step, `θ_{m,p} ← θ̃_p`), exactly like DiLoCo's final boundary. A fragment that already
-equals its anchor at this step (merged now with α = 0) is skipped, so the DiLoCo identity holds through
+(`Δ̄_p`, outer step, `θ_{m,p} ← θ̃_p`), exactly like DiLoCo's final boundary. A fragment that a merge
+left exactly at its anchor at this step (α = 0) is skipped, so the DiLoCo identity holds through
 `finish()` too.
 
 Checkpoints may be taken at any step: `state_dict()` holds every anchor and outer-optimizer state,
@@ -41,8 +42,9 @@ from ..errors import check
 from .base import Strategy
 from .compensation import alpha_merge
 from .debug import check_same_choice, debug_enabled
-from .fragments import PARTITIONS, Schedule, partition
-from .inflight import InFlight, InFlightExchanges
+from .fragment_timetable import FragmentTimetable
+from .fragments import PARTITIONS, partition
+from .inflight import InFlight
 from .options import Options, at_least, in_range, one_of, option, outer_lr, outer_momentum, sync_every
 from .outer import Anchor
 
@@ -77,12 +79,12 @@ class StreamingOptions(Options):
 
 class Streaming(Strategy):
     name = "streaming"
-    Options = StreamingOptions
+    Options, Timetable = StreamingOptions, FragmentTimetable
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         o = self.opts
-        self.H, self.P, self.tau = o.sync_every, o.fragments, o.overlap
+        self.H, self.P = o.sync_every, o.fragments
         self.codec = get_codec(o.codec)
         self.fragments = partition(self.module, self.P, o.partition)   # before any collective
         self.broadcast_initial_state()
@@ -90,82 +92,51 @@ class Streaming(Strategy):
                         for f in self.fragments]
         for anchor in self.anchors:     # each fragment's tensors move into one flat buffer (values kept,
             anchor.flat.adopt(anchor.value.clone())   # as Periodic's home): Δ and a merge are one op each
-        self.schedule = Schedule(self.H, self.P, o.syncs_per_period or self.P, self.schedule_mode())
-        self.in_flight = InFlightExchanges()
-        self.exact_at = [0] * self.P     # step at which fragment p was last set to exactly θ̃_p
         self.debug = debug_enabled()
 
-    # ---- the algorithm -------------------------------------------------------------------------
+    # ---- the algorithm: what the timetable asks for, step by step ------------------------------
     def after_inner_step(self) -> None:
-        t = self.t
-        self.in_flight.relaunch_restored(self.relaunch)
-        self.merge_due(t)
-        if self.schedule.is_slot(t):
-            choice = self.schedule.choose(t, self.in_flight.fragments())
-            if self.debug:
-                check_same_choice(t, -1 if choice is None else choice[0], self.comm, self.group)
-            if choice is not None:
-                self.start_sync(*choice, t)
-            self.merge_due(t)             # τ = 0: merge at once
-        self.after_slot(t)
+        self.timetable.in_flight.relaunch_restored(self.relaunch)
+        self.timetable.step(self.t, self)        # merges due, the slot's sync start, τ = 0 merges
 
-    def exchanges_at(self, t: int) -> bool:
-        return self.schedule.is_slot(t)
+    def slot(self, t: int, choice: tuple[int, str] | None) -> None:
+        """`WANSYNC_DEBUG=1`: every rank must have chosen alike (a mismatch would deadlock)."""
+        if self.debug:
+            check_same_choice(t, -1 if choice is None else choice[0], self.comm, self.group)
 
-    def start_sync(self, p: int, reason: str, t: int) -> None:
+    def start(self, x: InFlight) -> None:
         """Sync start at t_p: Δ_{m,p} = θ̃_p − θ_{m,p}(t_p); launch the async mean of Δ_{m,p}."""
-        anchor, keep = self.anchors[p], self.keeps_theta_start()
-        local = anchor.local() if keep else None
-        delta = anchor.pseudo_gradient(local)
-        x = InFlight(fragment=p, start=t, merge_at=t + self.tau, interval=self.schedule.record_start(p, t),
-                     reason=reason, delta=delta, theta_start=local)
+        anchor = self.anchors[x.fragment]
+        x.theta_start = anchor.local() if self.timetable.merge != "alpha" else None   # θ(t_p): CoCoDC's merges
+        x.delta = anchor.pseudo_gradient(x.theta_start)
         x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True)
-        self.in_flight.add(x)
         self.after_launch(x)
 
-    def merge_due(self, t: int) -> None:
-        for x in self.in_flight.due(t):
-            self.merge(x, t)
-
-    def merge(self, x: InFlight, t: int) -> None:
+    def merge(self, x: InFlight, t: int, exact: bool) -> None:
         """τ steps later: Δ̄_p = wait(); θ̃_p ← OuterOpt(θ̃_p, Δ̄_p); then merge into θ_{m,p}."""
         mean = x.handle.wait()
-        self.in_flight.remove(x)
-        p, anchor = x.fragment, self.anchors[x.fragment]
-        before = anchor.value.clone() if self.schedule.uses_rates else None
-        takes_anchor = self.takes_anchor()                # θ_{m,p} ← θ̃_p: no local values needed,
+        p, anchor, schedule = x.fragment, self.anchors[x.fragment], self.timetable.schedule
+        before = anchor.value.clone() if schedule.uses_rates else None
+        takes_anchor = exact and self.timetable.merge == "alpha"   # θ_{m,p} ← θ̃_p: no local values needed,
         anchor.outer_step(mean, lr=self.outer_lr_for(x), load=takes_anchor)   # loaded in the step's pass
         if before is not None:
-            self.schedule.record_merge(p, float(torch.linalg.vector_norm(before.sub_(anchor.value))), x.interval)
+            schedule.record_merge(p, float(torch.linalg.vector_norm(before.sub_(anchor.value))), x.interval)
         if takes_anchor:
             info: dict[str, Any] = {"merge": "alpha", "alpha": 0.0}
-            self.exact_at[p] = t
         else:
             new, info = self.merge_values(x, anchor.local(), anchor.value, t - x.start)
             anchor.flat.scatter(new)
-            if torch.equal(new, anchor.value):
-                self.exact_at[p] = t
         if x.handle.participants is not None:    # fault-tolerant: this exchange's, not the last quorum's
             info["participants"] = x.handle.participants
         self.emit("sync", kind="fragment", fragment=p, started=x.start, overlap=t - x.start, reason=x.reason,
                   bytes=x.handle.wire_bytes, payload_bytes=x.handle.payload_bytes, codec=self.codec.name,
-                  syncs_per_period=self.schedule.n, waited_s=x.handle.waited_s, **info)
+                  syncs_per_period=schedule.n, waited_s=x.handle.waited_s, **info)
 
     def relaunch(self, x: InFlight) -> None:
         """Launch a restored exchange again (its bytes are already on the restored ledger)."""
         x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True, replay=True)
 
     # ---- hooks for CoCoDC ----------------------------------------------------------------------
-    def schedule_mode(self) -> str:
-        return "round_robin"
-
-    def keeps_theta_start(self) -> bool:
-        return False
-
-    def takes_anchor(self) -> bool:
-        """Whether a merge sets the local fragment to θ̃_p exactly (α = 0)."""
-        return self.opts.alpha == 0
-
     def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
                      elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
         """The new local fragment after the outer step, and telemetry fields."""
@@ -178,46 +149,38 @@ class Streaming(Strategy):
     def after_launch(self, x: InFlight) -> None:
         """Called right after a sync is launched (CoCoDC measures T_s here)."""
 
-    def after_slot(self, t: int) -> None:
-        """Called at the end of every step's schedule work (CoCoDC decides N here)."""
-
     # ---- the end -------------------------------------------------------------------------------
     def finish(self) -> None:
         """Merge what is in flight, then one blocking outer sync per fragment not already at θ̃_p."""
-        self.in_flight.relaunch_restored(self.relaunch)
-        t = self.t
-        for x in self.in_flight:
-            self.merge(x, t)
-        for p, anchor in enumerate(self.anchors):
-            if self.exact_at[p] == t:
-                continue
-            sent = self.exchange.mean(anchor.pseudo_gradient(), "pseudo_grads", self.codec)
-            anchor.outer_step(sent.wait(), load=True)
-            self.exact_at[p] = t
-            self.emit("sync", kind="final", fragment=p, started=t, overlap=0, bytes=sent.wire_bytes,
-                      payload_bytes=sent.payload_bytes, codec=self.codec.name, syncs_per_period=self.schedule.n)
+        self.timetable.in_flight.relaunch_restored(self.relaunch)
+        self.timetable.finish(self.t, self)
+
+    def final_sync(self, p: int, t: int) -> None:
+        """Δ̄_p = mean(θ̃_p − θ_{m,p}); θ̃_p ← OuterOpt(θ̃_p, Δ̄_p); θ_{m,p} ← θ̃_p (DiLoCo's boundary)."""
+        anchor = self.anchors[p]
+        sent = self.exchange.mean(anchor.pseudo_gradient(), "pseudo_grads", self.codec)
+        anchor.outer_step(sent.wait(), load=True)
+        self.emit("sync", kind="final", fragment=p, started=t, overlap=0, bytes=sent.wire_bytes,
+                  payload_bytes=sent.payload_bytes, codec=self.codec.name, syncs_per_period=self.timetable.schedule.n)
 
     # ---- resumable state -----------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"anchors": [a.state_dict() for a in self.anchors], "schedule": self.schedule.state_dict(),
-                "exact_at": list(self.exact_at), "in_flight": self.in_flight.state_dict()}
+        return {"anchors": [a.state_dict() for a in self.anchors], **self.timetable.state_dict()}
 
     def heal_state(self) -> dict[str, Any]:
         """Fault-tolerant exchanges are complete when issued, so the exchanges in flight travel with
         their means: the healed worker merges them with its peers instead of relaunching them."""
         state = self.state_dict()
-        for entry, x in zip(state["in_flight"], self.in_flight):
+        for entry, x in zip(state["in_flight"], self.timetable.in_flight):
             entry["mean"] = x.handle.wait().clone()
         return state
 
     def load_heal_state(self, state: dict[str, Any]) -> None:
         self.load_state_dict(state)
-        for entry, x in zip(state["in_flight"], self.in_flight):
+        for entry, x in zip(state["in_flight"], self.timetable.in_flight):
             x.handle = MeanHandle.complete(self.comm, "pseudo_grads", entry["mean"])
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         for a, s in zip(self.anchors, state["anchors"], strict=True):
             a.load_state_dict(s)
-        self.schedule.load_state_dict(state["schedule"])
-        self.exact_at = [int(v) for v in state["exact_at"]]
-        self.in_flight.load_state_dict(state["in_flight"])
+        self.timetable.load_state_dict(state)

@@ -20,19 +20,18 @@ Without it (c = 0) a fast link drives N to H and every fragment takes a full out
   on the fragment syncs of the first period (N = P of them): each is waited for at once instead of τ
   steps later (the arithmetic is unchanged, only their overlap is lost) and T_s is the fastest one
   (the first includes the connection warm-up).
-- Agreement: every rank contributes its (T_c, T_s) to one float64 all-reduce (mean), computes N, and
-  rank 0's N is broadcast, so all ranks use identical N even if their float arithmetic differed.
+- Agreement: every worker's (T_c, T_s) goes into one float64 mean through the exchange (purpose
+  `schedule`, booked as a wait: exposed communication), over the group or the quorum alike. The mean
+  has the same bits on every rank (one collective's result), so N, computed from it by the same
+  float64 arithmetic, is the same everywhere: nothing more is sent.
 """
 from __future__ import annotations
 
 import math
-import time
-from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from ..comm.ledger import CommLedger
+from ..comm.exchange import Exchange
 
 
 def max_syncs(sync_every: int, fragments: int, per_fragment: int) -> int:
@@ -51,22 +50,8 @@ def syncs_per_period(gamma: float, sync_every: int, fragments: int, t_c: float, 
 
 
 def agree(t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int, per_fragment: int,
-          ledger: CommLedger, group: Any = None, exchange: Any = None) -> tuple[int, float, float]:
-    """(N, mean T_c, mean T_s), identical on every rank of `group` (see module docstring). A
-    fault-tolerant `exchange` averages over its quorum instead: the same mean bits on every
-    participant give the same N, so no broadcast is needed."""
-    vals = torch.tensor([t_c, t_s], dtype=torch.float64)
-    if exchange is not None and exchange.ft is not None:
-        tc, ts = (float(v) for v in exchange.mean(vals, "schedule").wait())
-        return syncs_per_period(gamma, sync_every, fragments, tc, ts, per_fragment=per_fragment), tc, ts
-    ledger.count("schedule", vals.numel() * vals.element_size())
-    started = time.perf_counter()
-    dist.all_reduce(vals, op=dist.ReduceOp.SUM, group=group)
-    vals /= dist.get_world_size(group)
-    tc, ts = float(vals[0]), float(vals[1])
-    n = torch.tensor([syncs_per_period(gamma, sync_every, fragments, tc, ts, per_fragment=per_fragment)], dtype=torch.int64)
-    ledger.count("schedule", n.numel() * n.element_size())
-    src = dist.get_global_rank(group, 0) if group is not None else 0
-    dist.broadcast(n, src=src, group=group)
-    ledger.waited("schedule", time.perf_counter() - started)   # blocked on both: exposed communication
-    return int(n[0]), tc, ts
+          exchange: Exchange) -> tuple[int, float, float]:
+    """(N, mean T_c, mean T_s), identical on every rank (see the module docstring)."""
+    mean = exchange.mean(torch.tensor([t_c, t_s], dtype=torch.float64), "schedule").wait()
+    tc, ts = float(mean[0]), float(mean[1])
+    return syncs_per_period(gamma, sync_every, fragments, tc, ts, per_fragment=per_fragment), tc, ts

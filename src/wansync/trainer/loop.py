@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,16 +20,18 @@ import torch.distributed as dist
 
 from ..rundir import checkpoint, jsonout
 from .. import strategies
-from ..ft.quorum import Quorum, digest
+from ..ft.member import Member, quorum_for
 from ..comm.ledger import INSIDE
+from ..comm.mean_cost import mean_seconds
 from ..comm.replicas import Replicas, replica_groups
 from ..config import Config, fingerprint
 from ..rundir.divergence import chance_level, diverged
-from ..errors import ConfigError, NonFiniteError, PeerError
+from ..errors import ConfigError, NonFiniteError
 from .faults import Faults
-from ..net import collective_duration, emulator_of
+from ..net import emulator_of, exchange_seconds
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
 from ..strategies.base import sync_tensors
+from ..rundir.layout import write_summary
 from ..rundir.target import given_target, target_record
 from ..telemetry.metrics import MetricsWriter
 from ..telemetry.commtime import CommTimer, ddp_modules
@@ -78,12 +79,15 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.workload.model)
         self.options = strategies.resolve_options(cfg.strategy, vars(cfg))
         link = link_cost(cfg, self.workload.model, self.options, world_size)     # before the first collective
-        self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer,
-                                     on_nonfinite=cfg.on_nonfinite, replicas=self.replicas, **self.options)
+        quorum = quorum_for(cfg, rank, world_size) if cfg.fault_tolerant else None
+        self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer, on_nonfinite=cfg.on_nonfinite,
+                                     replicas=self.replicas, quorum=quorum, **self.options)
         self.skipped = 0
-        self.quorum = self.join_quorum() if cfg.fault_tolerant else None
+        self.fault = Faults.from_env()
+        self.member = None if quorum is None else Member(quorum, rank, world_size, self.run_dir / "logs",
+                                                         self.workload, self.optimizer, self.sync, self.fault)
         resumed = self.load_checkpoint() if resume else None
-        restarted = os.environ.get("WANSYNC_RESTARTED") == "1"
+        restarted = self.member is not None and self.member.restarted     # appends to the run it rejoins
         self.writer = MetricsWriter(self.run_dir / "metrics.jsonl" if rank == 0 else None, append=resume or restarted)
         self.sync.on_event(self.writer.write)
         self.sync_events = 0
@@ -99,56 +103,10 @@ class Trainer:
         self.progress = Progress(cfg.steps, every=cfg.log_every, quiet=cfg.quiet, enabled=rank == 0,
                                  prefix=f"[{cfg.strategy}] ")
         self.evals: list[dict[str, Any]] = []
-        self.fault = Faults.from_env()
-        if self.fault is not None and self.quorum is not None:
-            self.quorum.before_exchange = lambda t: self.fault.in_exchange(self.rank, t)
         if link is not None:
             self.progress.log(link)
         if resumed is not None:
             self.restore_run_state(resumed)
-
-    # ---- fault tolerance (ft.quorum) -------------------------------------------------------------
-    def join_quorum(self) -> Any:
-        """This worker's torchft Manager; what it serves a healing peer, and how it heals itself."""
-        local = not self.cfg.lighthouse
-        quorum = Quorum(self.rank, os.environ.get("WANSYNC_LIGHTHOUSE") or f"http://{self.cfg.lighthouse}",
-                        self.cfg.peer_timeout, hostname="127.0.0.1" if local else None, emulator=emulator_of(),
-                        workers=self.world)
-        quorum.serve(self.heal_state, self.heal)
-        quorum.on_quorum = self.log_quorum
-        self.sync.exchange.ft = quorum
-        self._last_quorum: tuple[Any, Any] = (None, None)       # (quorum id, participants) last logged
-        self._last_quorum_step: int | None = None
-        return quorum
-
-    def log_quorum(self, record: dict[str, Any]) -> None:
-        """logs/quorum_rank<r>.jsonl: every quorum this worker took part in; where the membership
-        changed (the lighthouse's quorum id: a restarted worker replacing a dead one changes it, not
-        the count) or this worker healed, the digest of its anchors and outer optimizer state, so
-        that peers can be compared bitwise (ft.quorum.digest)."""
-        changed = (record.get("quorum_id"), record["participants"]) != self._last_quorum
-        if not (record["healed"] or changed or record["step"] != self._last_quorum_step):
-            return                     # the same quorum again (waiting for the others at the start)
-        if record["healed"] or changed:
-            state = self.sync.state_dict()
-            record["anchor_digest"] = digest({k: state[k] for k in ("anchor", "anchors") if k in state})
-        self._last_quorum, self._last_quorum_step = (record.get("quorum_id"), record["participants"]), record["step"]
-        with open(self.run_dir / "logs" / f"quorum_rank{self.rank}.jsonl", "a") as f:
-            f.write(json.dumps({"time": time.time(), **record}) + "\n")
-
-    def heal_state(self) -> dict[str, Any]:
-        return {"model": self.workload.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "strategy": self.sync.heal_state()}
-
-    def heal(self, state: dict[str, Any]) -> None:
-        """Take a live peer's state; in its own shard, go where a worker that trained to the peer's
-        step would be (each worker reads its own shard)."""
-        self.workload.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.sync.load_heal_state(state["strategy"])
-        self.workload.skip_to(self.sync.t)
-        with open(self.run_dir / "logs" / "heals.jsonl", "a") as f:
-            f.write(json.dumps({"rank": self.rank, "step": self.sync.t}) + "\n")
 
     def _count_sync(self, record: dict[str, Any]) -> None:
         if record.get("type") == "sync":
@@ -229,7 +187,7 @@ class Trainer:
         dist.barrier()                                   # every rank's file is durable: the checkpoint is complete
         if self.fault is not None:
             self.fault.after_checkpoint(self.rank, step)
-        if self.rank == 0 and self.quorum is None:     # fault-tolerant: no barrier, so nothing is pruned
+        if self.rank == 0 and self.member is None:     # fault-tolerant: no barrier, so nothing is pruned
             checkpoint.prune(self.run_dir, step)
         self.profiler.lap("checkpoint")
 
@@ -278,12 +236,8 @@ class Trainer:
         self.progress.log(f"{cfg.strategy}: {self.replicas.workers} workers{ranks}, {describe(self.workload.describe())}")
         self.profiler.lap("other")
         unit = "tok/s" if self.workload.kind == "lm" else "img/s"
-        if self.quorum is not None:
-            restarted = os.environ.get("WANSYNC_RESTARTED") == "1"
-            self.sync.join(1 if restarted else self.world)     # a restarted worker heals here
-            if restarted and self.quorum.heals == 0:
-                raise PeerError("this restarted worker found no live peer to heal from: the others ended the "
-                                "run without it")
+        if self.member is not None:
+            self.member.join()                            # a restarted worker heals here
         while self.sync.t < cfg.steps:
             step = self.sync.t
             self.phase.now = f"step {step + 1}"
@@ -300,7 +254,8 @@ class Trainer:
         self.phase.now = "the final synchronization"
         self._waited = 0.0
         self.comm_timer.begin("finish", self.sync.comm.bytes)
-        self.sync.meet_final_quorum()
+        if self.member is not None:
+            self.member.before_finish()                   # a worker still behind heals here
         self.sync.finish()
         self.profiler.lap("sync_math")
         self.profiler.move("sync_math", "exposed_comm", self._waited)
@@ -311,7 +266,10 @@ class Trainer:
         self.save_checkpoint(cfg.steps)
         self.progress.close()
         self.progress.log(self.format_eval(final))
-        return self.summarize(final)
+        summary = self.summarize(final)
+        if self.member is not None:
+            self.member.shutdown()
+        return summary
 
     def format_eval(self, e: dict[str, Any]) -> str:
         if "val_loss" in e:
@@ -372,7 +330,7 @@ class Trainer:
         if target is not None:
             summary["target"] = target_record(self.evals, target)
         if self.rank == 0:
-            (self.run_dir / "summary.json").write_text(jsonout.dumps(summary, indent=2))
+            write_summary(self.run_dir, summary)
             (self.run_dir / "profile.json").write_text(jsonout.dumps(profile, indent=2))
         # every rank's, for the launcher's comparison of ranks (telemetry.peerwait) and for replaying
         # its step times in the planner (`wansync plan --step-times RUN`)
@@ -381,45 +339,35 @@ class Trainer:
         profile["steps_s"] = {"compute": [round(c, 6) for c in compute], "other": [round(o, 6) for o in rest]}
         (self.run_dir / "logs" / PROFILE.format(self.rank)).write_text(jsonout.dumps(profile, indent=2))
         self.writer.close()
-        if self.quorum is not None:
-            self.quorum.shutdown()
         return summary if self.rank == 0 else None
 
 
 def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], world: int) -> str | None:
     """What one step's exchange costs on the emulated link, as a line to print (None without
     --wan); a ConfigError when it would outlast --peer-timeout (a typo such as bw=1kbit for 1gbit
-    would otherwise stall the run)."""
+    would otherwise stall the run). The exchange is a mean in the strategy's codec (`comm.mean_cost`,
+    what CoCoDC's T_s is), or for DDP the gradients' all-reduce over every rank, hierarchical
+    between workers of several ranks (`net.cost.exchange_seconds`)."""
     if cfg.topology is None:
         return None
-    nbytes = exchange_bytes(model, options)
-    seconds = modelled_exchange_seconds(nbytes, world, cfg.ranks_per_worker, cfg.topology,
-                                        strategies.strategy_class(cfg.strategy).steps_inside_workers)
-    line = f"link {cfg.wan}: one exchange of {nbytes / 1e6:.3g} MB takes ~{seconds * 1e3:.3g} ms (modelled)"
+    numel, codec, r = exchange_numel(model, options), options.get("codec", "fp32"), cfg.ranks_per_worker
+    if strategies.strategy_class(cfg.strategy).steps_inside_workers:
+        seconds = mean_seconds(numel, codec, cfg.topology, world // r, r)
+    else:
+        seconds = exchange_seconds("allreduce", 4 * numel, cfg.topology, world // r, r,
+                                   inside=cfg.topology.intra_link, reduce_inside=True)
+    size = f"{4 * numel / 1e6:.3g} MB" + ("" if codec == "fp32" else f" in {codec}")
+    line = f"link {cfg.wan}: one exchange of {size} takes ~{seconds * 1e3:.3g} ms (modelled)"
     if seconds > cfg.peer_timeout:
         raise ConfigError(f"{line}, beyond --peer-timeout {cfg.peer_timeout:g} s: check the link's bandwidth "
                           f"unit (kbit, mbit, gbit) and rtt, or raise --peer-timeout")
     return line
 
 
-def modelled_exchange_seconds(nbytes: int, world: int, ranks_per_worker: int, topology: Any,
-                              between_workers: bool = True) -> float:
-    """The link's time for one average of `nbytes`: an all-reduce over every rank, or, between
-    workers of R > 1 ranks, R parallel all-reduces of a 1/R shard (one rank per worker each)
-    followed by the all-gather inside the worker (see `comm.exchange`)."""
-    r = ranks_per_worker
-    if r == 1 or not between_workers:
-        return collective_duration("allreduce", nbytes, world, topology)
-    shard = math.ceil(nbytes / r)
-    return (collective_duration("allreduce", shard, world, topology, range(0, world, r), parallel=r)
-            + collective_duration("allgather", shard * r, world, topology, range(r)))
-
-
-def exchange_bytes(model: torch.nn.Module, options: dict[str, Any]) -> int:
-    """Bytes of the biggest collective of one step: the whole model (parameters and float buffers),
-    or one fragment of it for the strategies that exchange fragments."""
-    total = sum(t.numel() * t.element_size() for t in sync_tensors(model))
-    return math.ceil(total / max(1, int(options.get("fragments") or 1)))
+def exchange_numel(model: torch.nn.Module, options: dict[str, Any]) -> int:
+    """Values of one exchange: the whole model (parameters and float buffers), or for the strategies
+    that exchange fragments a mean-sized fragment (as CoCoDC's T_s)."""
+    return round(sum(t.numel() for t in sync_tensors(model)) / max(1, int(options.get("fragments") or 1)))
 
 
 def truncate_metrics(path: Path, step: int) -> None:

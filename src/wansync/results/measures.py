@@ -8,10 +8,10 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 from ..analysis.report import ReportError, exposed_pct, find_runs, group
-from ..analysis.runs import Run, Setting, number
+from ..analysis.runs import Run, SettingRuns, number
 from ..analysis.stats import Interval, interval
 from ..rundir.target import Target, first_reached
-from .tables import TARGET_TABLE
+from .catalog import TARGET_TABLE
 
 
 def sync_events(run: Run) -> list[dict[str, Any]]:
@@ -76,7 +76,7 @@ METRICS: Mapping[str, Metric] = MappingProxyType({
 })
 
 
-def load(root: Path, name: str) -> list[Setting]:
+def load(root: Path, name: str) -> list[SettingRuns]:
     """The settings of one table's directory (empty when it holds no runs yet)."""
     try:
         return group(find_runs(root / name))
@@ -92,7 +92,7 @@ def lm_target(root: Path) -> float | None:
     return max(finals) if finals else None
 
 
-def cell_interval(setting: Setting, metric: str, target: Target | None) -> tuple[Interval | None, int, int]:
+def cell_interval(setting: SettingRuns, metric: str, target: Target | None) -> tuple[Interval | None, int, int]:
     """(interval over the seeds that have a value, seeds with a value, seeds run)."""
     m = METRICS[metric]
     vals = [v for r in setting.ok_runs if (v := m.value(r, target)) is not None]

@@ -1,0 +1,156 @@
+"""This worker's side of a fault-tolerant run (docs/fault_tolerance.md): its membership in the quorum
+and all that goes with it, so that the trainer only wires it in.
+
+The trainer builds the worker's quorum first (`quorum_for`) and hands it to the strategy, whose
+exchange averages through it (`comm.exchange`); then a `Member` around the two, which it calls
+three times: `join` before the first step, `before_finish` before the final synchronization,
+`shutdown` at the end. The member owns the rest:
+
+- **Heals.** A healing peer receives this worker's model, inner optimizer and strategy heal state
+  (`Strategy.heal_state`). Healed from a peer, this worker loads the three, reads on in its own
+  shard from where a worker that trained to the peer's step would be (`Workload.skip_to`), and adds
+  a line to logs/heals.jsonl.
+- **The quorum log** (logs/quorum_rank<r>.jsonl, read by `ft.quorums`): every quorum this worker
+  took part in; where the membership changed (the lighthouse's quorum id: a restarted worker in
+  place of a dead one changes it, not the count) or it healed, the digest of its anchors and outer
+  optimizer state, so that peers can be compared bit for bit (`ft.quorum.digest`).
+- **The start-up join** (`join_quorum`) and **the final synchronization's quorum**
+  (`meet_final_quorum`), the two quorums outside a step; a step's own is the exchange's `meet`.
+- **Fault injection** inside an exchange (`trainer.faults`: a worker killed inside one).
+
+The launcher (`ft.supervisor`) tells a worker where the lighthouse is (`LIGHTHOUSE_ENV`, unless
+--lighthouse names it) and that it is a restart (`RESTARTED_ENV`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import Config
+from ..errors import PeerError
+from ..net import emulator_of
+from ..strategies.base import Strategy
+from ..workloads.base import Workload
+from .quorum import Quorum, digest
+from .quorums import HEALS_LOG, QUORUM_LOG
+
+LIGHTHOUSE_ENV = "WANSYNC_LIGHTHOUSE"   # the address of the lighthouse the launcher started
+RESTARTED_ENV = "WANSYNC_RESTARTED"     # "1": the launcher restarted this worker; it heals from a peer
+JOIN_TIMEOUTS = 3                       # at start-up the others get this many --peer-timeout to arrive
+JOIN_POLL_S = 0.2                       # between start-up quorums that came back short of workers
+
+
+def quorum_for(cfg: Config, rank: int, workers: int) -> Quorum:
+    """Worker `rank`'s quorum: on the lighthouse the launcher started (or --lighthouse's), under the
+    emulated link of the worker's own group (`--wan`)."""
+    local = not cfg.lighthouse
+    return Quorum(rank, os.environ.get(LIGHTHOUSE_ENV) or f"http://{cfg.lighthouse}", cfg.peer_timeout,
+                  hostname="127.0.0.1" if local else None, emulator=emulator_of(), workers=workers)
+
+
+def join_quorum(sync: Strategy, quorum: Quorum, expected: int) -> None:
+    """Before the first step, meet the others at their next quorum (at the start of a run, until
+    `expected` workers are in it). A worker that started late (restarted) heals there to their step
+    and makes that step's synchronization with them (`Strategy.sync_due`). It gives up (PeerError,
+    one line) when the others have not all arrived within JOIN_TIMEOUTS x the quorum's timeout
+    (--peer-timeout); a quorum call that times out meanwhile is retried (the others may still be
+    starting on a loaded machine)."""
+    t = sync.t
+    deadline = time.monotonic() + JOIN_TIMEOUTS * quorum.timeout_s
+    while True:
+        try:
+            quorum.quorum(t)
+            if sync.t != t or quorum.participants >= expected:
+                break
+        except PeerError:
+            if time.monotonic() >= deadline:
+                raise
+            continue
+        if time.monotonic() >= deadline:
+            raise PeerError(f"only {quorum.participants} of {expected} workers joined the fault-tolerant run within "
+                            f"{JOIN_TIMEOUTS} x --peer-timeout ({JOIN_TIMEOUTS * quorum.timeout_s:g} s)")
+        time.sleep(JOIN_POLL_S)           # the others are not heartbeating yet: no busy loop
+    if sync.t != t:                       # healed: at the others' step now
+        sync.sync_due()
+
+
+def meet_final_quorum(sync: Strategy) -> None:
+    """Before `finish`: the quorum its exchanges run in, where a worker still behind heals; none for
+    a worker that healed into it (it met it already, and holds the last step's exchanges)."""
+    if not sync.exchange.already_synced:
+        sync.exchange.meet(sync.t, final=True)
+
+
+class Member:
+    """This worker in a fault-tolerant run (see the module docstring).
+
+    Args:
+        quorum: its membership, the one its strategy's exchange averages through.
+        rank: its index (a worker is one rank).
+        workers: the run's workers, all of which the start-up join waits for.
+        log_dir: the run's logs/.
+        workload, optimizer, sync: what a heal replaces (the model is the workload's).
+        faults: injected inside the exchanges (`trainer.faults.Faults`), or None.
+    A worker the launcher restarted (`RESTARTED_ENV`) joins wherever the others are and heals there.
+    """
+
+    def __init__(self, quorum: Quorum, rank: int, workers: int, log_dir: Path, workload: Workload,
+                 optimizer: torch.optim.Optimizer, sync: Strategy, faults: Any = None):
+        self.quorum, self.rank, self.workers, self.log_dir = quorum, rank, workers, log_dir
+        self.workload, self.optimizer, self.sync = workload, optimizer, sync
+        self.restarted = os.environ.get(RESTARTED_ENV) == "1"
+        self._last_logged: tuple[Any, Any, int | None] = (None, None, None)   # quorum id, participants, step
+        quorum.serve(self._state, self._heal)
+        quorum.on_quorum = self._log
+        if faults is not None:
+            quorum.before_exchange = lambda t: faults.in_exchange(rank, t)
+
+    def join(self) -> None:
+        """Before the first step (`join_quorum`): every worker at the start of a run; a restarted
+        one meets the others wherever they are and must heal from them (a PeerError, one line, when
+        none was left: they ended the run without it)."""
+        join_quorum(self.sync, self.quorum, 1 if self.restarted else self.workers)
+        if self.restarted and self.quorum.heals == 0:
+            raise PeerError("this restarted worker found no live peer to heal from: the others ended the "
+                            "run without it")
+
+    def before_finish(self) -> None:
+        meet_final_quorum(self.sync)
+
+    def shutdown(self) -> None:
+        self.quorum.shutdown()
+
+    def _state(self) -> dict[str, Any]:
+        return {"model": self.workload.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "strategy": self.sync.heal_state()}
+
+    def _heal(self, state: dict[str, Any]) -> None:
+        """Take a live peer's state; in its own shard, go where a worker that trained to the peer's
+        step would be (each worker reads its own shard)."""
+        self.workload.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sync.load_heal_state(state["strategy"])
+        self.workload.skip_to(self.sync.t)
+        self._append(HEALS_LOG, {"rank": self.rank, "step": self.sync.t})
+
+    def _log(self, record: dict[str, Any]) -> None:
+        """One line of the quorum log (module docstring); none for the same quorum again (waiting
+        for the others at the start)."""
+        quorum_id, participants, step = self._last_logged
+        changed = (record.get("quorum_id"), record["participants"]) != (quorum_id, participants)
+        if not (record["healed"] or changed or record["step"] != step):
+            return
+        if record["healed"] or changed:
+            state = self.sync.state_dict()
+            record["anchor_digest"] = digest({k: state[k] for k in ("anchor", "anchors") if k in state})
+        self._last_logged = (record.get("quorum_id"), record["participants"], record["step"])
+        self._append(QUORUM_LOG.format(rank=self.rank), {"time": time.time(), **record})
+
+    def _append(self, name: str, record: dict[str, Any]) -> None:
+        with open(self.log_dir / name, "a") as f:
+            f.write(json.dumps(record) + "\n")
