@@ -1,34 +1,46 @@
-"""The memory bill of each strategy: the bytes it holds beyond the model and the inner optimizer,
-measured, next to the formula of docs/performance.md.
+"""Every tensor a rank holds, by category, for workers of R = 1, 2, 4 ranks with DDP or FSDP inside,
+measured, next to the planner's formula (`planner.memory`).
 
-One rank (a 1-process gloo group), AdamW inside, one real forward/backward per step on a 1 x 16
-token batch (150m: plain SGD inside and 1 x 4 tokens, to keep it quick on a CPU; the bill excludes
-the inner optimizer either way). The model, its gradients, AdamW's state and every other tensor alive before the
-strategy exists are the baseline (kept alive, so no new tensor can reuse their memory); after each
-step of one period (and the strategy's `finish()`), every live tensor storage outside the baseline,
-the model's parameters and gradients and the optimizer's state is counted once (a storage they live
-in counts for the bytes they do not occupy: the buffer a periodic strategy moves the model into
-carries the drift's element after the values). The bill is the
-largest count over the period: what the strategy holds between steps, anchors, outer momentum,
-fragments in flight, θ(t_p) copies, codec buffers. DDP's gradient buckets live in C++ where no
-Python tensor points to them; their size comes from DDP's own logging data (`bucket_sizes`).
+2 workers x R ranks on gloo (`run_ranks`), the LM built as the trainer builds it (FSDP2 over the
+worker's ranks with `--inside fsdp`), AdamW inside, one real forward/backward per step on a 1 x 16
+token batch, the strategy from the registry with options that reach every state within STEPS
+steps. After each step's `sync.step()` (the gradients still held: `zero_grad` comes next) and
+after `finish()`, `telemetry.memory.memory_per_rank` counts what the rank holds by category; the
+bill is the step with the largest total. Two checks that nothing is missed:
 
-    .venv/bin/python benchmarks/memory_bill.py [--models tiny,small,150m]
+- **unaccounted**: every live tensor storage of the process (found through the garbage
+  collector) that is not in the baseline (what lived before the model was built) and not in the
+  bill; DDP's buckets live in C++, where no Python object points to them, and come from DDP's
+  logging data;
+- **transient**: the peak resident memory during `sync.step()` (the inner step and the exchange)
+  above what the rank holds before and after it (Linux's VmHWM, reset before each step through
+  /proc/self/clear_refs; glibc's mmap threshold lowered to 64 KiB so that freed buffers leave
+  the resident set): the buffers an exchange allocates and frees within the step.
+
+The planner's bill is for the same model, options, workers, R and inside; "planner - measured" is
+over the total held (the transient is compared on its own, being a resident-memory figure). Every
+row is also written to benchmarks/memory_bill.json, which tests/test_memory.py holds the planner's
+formula to (within 2 % in every row).
+
+    .venv/bin/python benchmarks/memory_bill.py [--models tiny,small] [--ranks 1,2,4] [--strategies ...]
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import gc
+import json
 import os
 import platform
+import re
 import warnings
 from typing import Any
 
 import torch
 
 from wansync.runner.localgroup import run_ranks
-from wansync.strategies.periodic import DRIFT_SIDE_BAND
+from wansync.telemetry.memory import CATEGORIES, memory_per_rank
 
 STRATEGIES: dict[str, dict[str, Any]] = {          # options that reach every state within STEPS steps
     "ddp": {},
@@ -38,131 +50,148 @@ STRATEGIES: dict[str, dict[str, Any]] = {          # options that reach every st
     "cpdp": {"sync_every": 2},
     "diloco": {"sync_every": 2},
     "streaming": {"sync_every": 4, "fragments": 2, "overlap": 1},
-    "cocodc": {"sync_every": 4, "fragments": 2, "overlap": 1, "compensation": "taylor"},
+    "cocodc": {"sync_every": 4, "fragments": 2, "overlap": 1, "compensation": "taylor", "syncs_per_period": 2,
+               "schedule": "round_robin"},
 }
-STEPS = 6
+STEPS = 8                  # two periods of streaming and cocodc: every fragment merged twice
+WARM = 6                   # the transient: steps WARM + 1 .. STEPS (every fragment merged once before)
+WORKERS = 2
+SHRINKS = ("parameters", "gradients", "inner_optimizer", "outer_state")    # what sharding divides by R
+M_MMAP_THRESHOLD = -3
 
 
-def _storages(tensors) -> dict[int, int]:
+def _resident() -> tuple[int, int]:
+    """(VmRSS, VmHWM) of this process in bytes."""
+    text = open("/proc/self/status").read()
+    return tuple(int(re.search(k + r":\s+(\d+)", text).group(1)) * 1024 for k in ("VmRSS", "VmHWM"))
+
+
+def _reset_peak() -> int:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _resident()[0]
+
+
+def _live_storages() -> dict[int, int]:
+    with warnings.catch_warnings():              # isinstance() on torch's deprecated module objects warns
+        warnings.simplefilter("ignore")
+        tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
     out = {}
     for t in tensors:
-        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+        t = getattr(t, "_local_tensor", t)
+        if t.device.type == "cpu" and not t.is_meta:
             st = t.untyped_storage()
             if st.nbytes():
                 out[st.data_ptr()] = st.nbytes()
     return out
 
 
-def _live_tensors() -> list[torch.Tensor]:
-    with warnings.catch_warnings():              # isinstance() on torch's deprecated module objects warns
-        warnings.simplefilter("ignore")
-        return [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
-
-
-def _owned(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[int, int]:
-    """The bytes the model, its gradients and the optimizer's state occupy, per storage they live in."""
-    ts = [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters() if p.grad is not None)]
-    ts += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    out: dict[int, int] = {}
-    for t in {id(t): t for t in ts if isinstance(t, torch.Tensor) and t.device.type == "cpu"}.values():
-        ptr = t.untyped_storage().data_ptr()
-        out[ptr] = out.get(ptr, 0) + t.numel() * t.element_size()
-    return out
-
-
-def _held(base: dict[int, int], owned: dict[int, int]) -> int:
-    """Bytes of live storages outside the baseline: whole, or, for a storage the model or the
-    optimizer lives in, the part they do not occupy (a strategy's buffer the model moved into: the
-    drift's element after the values)."""
-    return sum(n - owned.get(ptr, 0) for ptr, n in _storages(_live_tensors()).items() if ptr not in base)
-
-
-def _ddp_bucket_bytes(sync: Any) -> int:
-    from wansync.telemetry.commtime import ddp_modules
-    grad_sync = getattr(getattr(sync, "grad_sync", None), "ddp", None)    # post_local_sgd's, after the switch
-    total = 0
-    for ddp in {id(d): d for d in [*ddp_modules(sync), *([grad_sync] if grad_sync is not None else [])]}.values():
-        sizes = ddp._get_ddp_logging_data().get("bucket_sizes", "")
-        total += sum(int(s) for s in str(sizes).split(",") if s.strip())
-    return total
-
-
-def formula(name: str, opts: dict[str, Any], p_bytes: int, frag_bytes: list[int], in_flight: list[int]) -> int:
-    """docs/performance.md's bill for these options; `in_flight`: the fragments in flight at the
-    measured step (a fragment in flight holds Δ and the exchange's copy, plus θ(t_p) for taylor)."""
-    ddp = p_bytes                                            # DDP's gradient buckets hold one gradient copy
-    per_fragment = 3 if opts.get("compensation") == "taylor" else 2
-    band = 4 * DRIFT_SIDE_BAND                               # the drift's element after the model's values
-    return {"ddp": ddp, "local_sgd": band, "post_local_sgd": ddp + band,
-            "slowmo": 2 * p_bytes + band, "cpdp": 2 * p_bytes + ddp + band, "diloco": 2 * p_bytes + band,
-            "streaming": 2 * p_bytes + sum(per_fragment * frag_bytes[f] for f in in_flight),
-            "cocodc": 2 * p_bytes + sum(per_fragment * frag_bytes[f] for f in in_flight)}[name]
-
-
-def bill_rank(rank: int, world: int, model_name: str) -> dict[str, Any]:
-    import wansync as ws
-    from wansync.strategies.base import sync_tensors
+def bill_rank(rank: int, world: int, model_name: str, r: int, inside: str, names: list[str]) -> dict[str, Any]:
+    from wansync import strategies
+    from wansync.comm.replicas import replica_groups
+    from wansync.trainer.sharding import shard_worker
     from wansync.workloads.lm.model import TransformerLM, lm_shape
+    ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 1 << 16)
+    replicas = replica_groups(r, shard_inside=inside == "fsdp")
+    gc.collect()
+    gc.freeze()              # what lives now (torch, the groups) is left out of every collection and scan: faster
     out: dict[str, Any] = {}
-    for name, opts in STRATEGIES.items():
+    for name in names:
         gc.collect()
+        x = torch.randint(0, 256, (1, 17))
+        baseline = _live_storages()
+        keep = [t for t in gc.get_objects() if isinstance(t, torch.Tensor)]      # their memory cannot be reused
         torch.manual_seed(0)
         model = TransformerLM(lm_shape(model_name), 256)
-        big = model_name == "150m"
-        opt = torch.optim.SGD(model.parameters(), lr=1e-4) if big else torch.optim.AdamW(model.parameters(), lr=1e-4)
-        x = torch.randint(0, 256, (1, 5 if big else 17))
-
-        def step(fwd) -> None:
-            logits = fwd(x[:, :-1])
-            torch.nn.functional.cross_entropy(logits.reshape(-1, 256), x[:, 1:].reshape(-1)).backward()
-
-        step(model)
-        opt.step()                                           # AdamW's state exists: part of the baseline
-        gc.collect()
-        baseline = _live_tensors()                           # kept alive: their memory cannot be reused
-        base = _storages(baseline)
-        sync = ws.strategy(name, model, opt, **opts)
-        p_bytes = sum(t.numel() * t.element_size() for t in sync_tensors(model))
-        frag_bytes = [a.flat.nbytes for a in getattr(sync, "anchors", [])]
-        worst = (0, [])
+        if inside == "fsdp":
+            shard_worker(model, replicas.mesh, "fp32", hybrid=not strategies.strategy_class(name).steps_inside_workers)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        mark: list[int] = []       # resident bytes after the inner step: the exchange's transient starts there
+        opt.register_step_post_hook(lambda *_: mark.append(_reset_peak()))
+        sync = strategies.build(name, model, opt, replicas=replicas,
+                                **strategies.resolve_options(name, STRATEGIES[name]))
+        worst: dict[str, int] = {"total": -1}
+        transient = unaccounted = 0
         for t in range(STEPS + 1):
             if t < STEPS:
-                step(sync.model)
+                logits = sync.model(x[:, :-1])
+                torch.nn.functional.cross_entropy(logits.reshape(-1, 256), x[:, 1:].reshape(-1)).backward()
+                del logits
+                gc.collect()
+            mark[:] = [_reset_peak()]
+            if t < STEPS:
                 sync.step()
-                sync.zero_grad()
             else:
                 sync.finish()
             gc.collect()
-            held = _held(base, _owned(model, opt))
-            flying = [x.fragment for x in getattr(sync.timetable, "in_flight", [])] if t < STEPS else []
-            if held > worst[0]:
-                worst = (held, flying)
-        buckets = _ddp_bucket_bytes(sync)
-        out[name] = {"p_bytes": p_bytes, "held": worst[0] + buckets, "python_held": worst[0], "buckets": buckets,
-                     "formula": formula(name, opts, p_bytes, frag_bytes, worst[1]), "in_flight": len(worst[1])}
-        del sync, model, opt, baseline
+            after, peak = _resident()
+            if WARM <= t < STEPS:                        # steady state: first allocations behind
+                transient = max(transient, peak - max(mark[-1], after))
+            bill = memory_per_rank(model, opt, sync)
+            live = sum(n for ptr, n in _live_storages().items() if ptr not in baseline)
+            unaccounted = max(unaccounted, live - (bill["total"] - bill["ddp_buckets"]))
+            if bill["total"] > worst["total"]:
+                worst = bill
+            if t < STEPS:
+                sync.zero_grad()
+        out[name] = {**worst, "transient": transient, "unaccounted": unaccounted,
+                     "p_bytes": 4 * sum(p.numel() for p in model.parameters())}
+        if inside == "fsdp":          # the whole model's parameter bytes, not this rank's shard
+            out[name]["p_bytes"] = 4 * sum(p.full_tensor().numel() for p in model.parameters())
+        del sync, model, opt, keep
     return out
+
+
+def planned(model: str, name: str, r: int, inside: str) -> dict[str, int]:
+    from wansync.net.link import PRESETS
+    from wansync.planner import of_name, predict, setting
+    s = setting(name, STRATEGIES[name], of_name(model), WORKERS, PRESETS["lan"], 0.1, ranks_per_worker=r,
+                inside=inside)
+    return predict(s).memory
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="tiny,small,150m")
+    ap.add_argument("--models", default="tiny,small")
+    ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "memory_bill.json"),
+                    help="where the rows go (for tests/test_memory.py)")
     args = ap.parse_args()
+    rows = []
+    names = args.strategies.split(",")
     load0 = os.getloadavg()[0]
     print(f"# memory_bill  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
           f"torch {torch.__version__}; load average {load0:.1f} at the start")
-    print("| model | P (param bytes) | strategy | held MB | of which DDP buckets MB | formula MB | held − formula (bytes) "
-          "| held / P | fragments in flight | target |")
-    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    heads = ["model", "R", "inside", "strategy", *CATEGORIES, "total MB", "planner MB", "planner − measured",
+             "shrinking four / R=1's", "transient MB (planner)", "unaccounted B"]
+    print("| " + " | ".join(heads) + " |\n|" + "---|" * len(heads), flush=True)
     for model in args.models.split(","):
-        for name, r in run_ranks(bill_rank, 1, model, timeout=3600)[0].items():
-            p = r["p_bytes"]
-            target = "<= 2P + in flight" if name in ("streaming", "cocodc") else ("<= 2P" if name != "ddp" else "-")
-            print(f"| {model} | {p / 1e6:.1f} MB | {name} | {r['held'] / 1e6:.2f} | {r['buckets'] / 1e6:.2f} | "
-                  f"{r['formula'] / 1e6:.2f} | {r['held'] - r['formula']} | {r['held'] / p:.2f} | {r['in_flight']} | "
-                  f"{target} |", flush=True)
+        base: dict[str, int] = {}
+        for r in map(int, args.ranks.split(",")):
+            for inside in ("ddp", "fsdp") if r > 1 else ("ddp",):
+                ranks = run_ranks(bill_rank, WORKERS * r, model, r, inside, names, timeout=3600)
+                for name, m in ranks[0].items():
+                    p = planned(model, name, r, inside)
+                    four = sum(m[c] for c in SHRINKS)
+                    base.setdefault(name, four)
+                    rows.append({"model": model, "ranks_per_worker": r, "inside": inside, "strategy": name,
+                                 "workers": WORKERS, "options": STRATEGIES[name],
+                                 "measured": {k: m[k] for k in (*CATEGORIES, "total", "transient", "unaccounted")}})
+                    cells = [f"{m[c] / 1e6:.3f}" for c in CATEGORIES]
+                    print(f"| {model} | {r} | {inside} | {name} | " + " | ".join(cells) +
+                          f" | {m['total'] / 1e6:.3f} | {p['total'] / 1e6:.3f} | "
+                          f"{100 * (p['total'] - m['total']) / m['total']:+.2f} % | "
+                          f"{four / base[name]:.3f} (1/R = {1 / r:.3f}) | {m['transient'] / 1e6:.2f} "
+                          f"({p['transient'] / 1e6:.2f}) | {m['unaccounted']} |", flush=True)
+    command = f".venv/bin/python benchmarks/memory_bill.py --models {args.models} --ranks {args.ranks}" + \
+        ("" if args.strategies == ap.get_default("strategies") else f" --strategies {args.strategies}")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
-    print(f"reproduce: .venv/bin/python benchmarks/memory_bill.py --models {args.models}")
+    print(f"reproduce: {command}")
+    with open(args.json, "w") as f:
+        json.dump({"date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "machine": platform.machine(),
+                   "torch": torch.__version__, "command": command, "rows": rows}, f, indent=1)
+        f.write("\n")
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ CASES: list[tuple[str, Setup, str]] = [
     ("--lr-schedule step", flags("--lr-schedule", "step"), "lr_schedule must be constant or cosine"),
     ("--momentum 1.5", flags("--momentum", "1.5"), "momentum must be in [0, 1), got 1.5"),
     ("--on-nonfinite ignore", flags("--on-nonfinite", "ignore"), "on_nonfinite must be abort or skip"),
-    ("--peer-timeout 0", flags("--peer-timeout", "0"), "peer_timeout must be > 0"),
+    ("--peer-timeout 0", flags("--peer-timeout", "0"), "peer_timeout must be in [1, 86400], got 0.0"),
     ("--backend mpi", flags("--backend", "mpi"), "backend must be gloo or nccl"),
     *([("--backend nccl without a GPU", flags("--backend", "nccl"), "--backend nccl needs CUDA GPUs")]
       if not __import__("torch").cuda.is_available() else []),

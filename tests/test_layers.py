@@ -158,6 +158,7 @@ STACK = (
     ("wansync.presets",),
     ("wansync.runner",),
     ("wansync.runner.run",),
+    ("wansync.runner.agreement",),                  # torchrun's ranks agree on what they train
     ("wansync.runner.launch",),
     ("wansync.ft.supervisor", "wansync.ft.lighthouse"),   # the launcher's side of a fault-tolerant run
     ("wansync.runner.workerproc",),
@@ -167,12 +168,14 @@ STACK = (
     ("wansync.ft.member",),                         # the worker's side of a fault-tolerant run
     ("wansync.config",),
     ("wansync.strategies.*", "wansync.workloads.*"),  # side by side: neither imports the other
-    ("wansync.ft", "wansync.ft.quorum", "wansync.ft.transport", "wansync.ft.quorums", "wansync.ft.support"),
+    ("wansync.ft", "wansync.ft.quorum", "wansync.ft.transport", "wansync.ft.quorums", "wansync.ft.support",
+     "wansync.ft.nodes"),
     ("wansync.comm.*",),
     ("wansync.telemetry.*",),
     ("wansync.rundir.*",),
     ("wansync.net.*",),
-    ("wansync.runner.torchrun", "wansync.runner.localgroup"),   # process groups on this machine or torchrun's
+    ("wansync.runner.torchrun", "wansync.runner.localgroup",    # process groups on this machine or torchrun's,
+     "wansync.runner.rendezvous", "wansync.runner.route"),      # and the routes between hosts
     ("wansync.rules", "wansync.units"),
     ("wansync.errors",),
 )

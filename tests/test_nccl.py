@@ -39,3 +39,20 @@ def test_workers_of_two_gpus_each_train_on_nccl(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["ranks_per_worker"] == 2 and summary["bytes_inside_workers"] > 0
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_sharded_worker_trains_on_nccl(tmp_path, strategy, precision):
+    """--inside fsdp on the GPUs there are (one worker of all of them, or 2 of half): FSDP2 on NCCL,
+    bf16 through its mixed-precision policy, the outer state in pinned host memory."""
+    per_worker = max(1, GPUS // 2)
+    workers = 2 if GPUS >= 2 else 1
+    extra = ["--outer-state-device", "cpu"] if strategy != "ddp" else []
+    r = wansync("train", "--backend", "nccl", "--inside", "fsdp", "--precision", precision, "--strategy", strategy,
+                "--workers", str(workers), "--ranks-per-worker", str(per_worker), "--steps", "8",
+                *STRATEGIES[strategy], *extra, "--checkpoint-every", "4", "--quiet", *TINY,
+                "--out", str(tmp_path / "run"), timeout=280)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["inside"] == "fsdp" and summary["precision"] == precision and summary["final_val_loss"] < 6

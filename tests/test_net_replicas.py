@@ -1,10 +1,11 @@
 """Workers of several ranks under the emulator, on a real 4-rank gloo group over 127.0.0.1.
 
-Two workers of two ranks on ``cross-region`` (a_inter = 50 ms, b_inter = 1.25e8 B/s): worker 0 is
+Two workers of two ranks on ``cross-region`` (a_inter = 50 ms, b_inter = 1.25e8 B/s of line, of which
+a ring's TCP payload is 1448/1580: B1G): worker 0 is
 ranks 0, 1 on site 0, worker 1 is ranks 2, 3 on site 1. The sharded exchange between workers is two
 groups, {0, 2} and {1, 3}, made with ``net.shared_uplink(2)``, each all-reducing half of a
 B = 8 MB model at once; they share each site's uplink, so each takes what one rank all-reducing the
-whole model would: 2·50 ms + 2·(1/2)·2·4e6/1.25e8 s = 164 ms.
+whole model would: 2·50 ms + 2·(1/2)·2·4e6/B1G s = 169.8 ms.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ WORLD = 4
 MS = 1e-3
 MODEL_BYTES = 8_000_000
 HALF = MODEL_BYTES // 2
-SHARED = 100 * MS + 2 * 0.5 * 2 * HALF / 1.25e8  # 164 ms: {0, 2} and {1, 3} at once
-ALONE = 100 * MS + 2 * 0.5 * HALF / 1.25e8  # 132 ms: a group made without options
-RS_IN_SITE = 0.1 * MS + 0.5 * MODEL_BYTES / 1.25e9  # 3.3 ms
-ALL_RANKS = RS_IN_SITE + 100 * MS + MODEL_BYTES / 1.25e8 + RS_IN_SITE  # 170.6 ms: the site moves B once
+B1G, B10G = 1.25e8 * 1448 / 1580, 1.25e9 * 1448 / 1580     # a ring's payload bytes/s on a 1 and a 10 Gbit/s line
+SHARED = 100 * MS + 2 * 0.5 * 2 * HALF / B1G  # 169.8 ms: {0, 2} and {1, 3} at once
+ALONE = 100 * MS + 2 * 0.5 * HALF / B1G  # 134.9 ms: a group made without options
+RS_IN_SITE = 0.1 * MS + 0.5 * MODEL_BYTES / B10G  # 3.6 ms
+ALL_RANKS = RS_IN_SITE + 100 * MS + MODEL_BYTES / B1G + RS_IN_SITE  # 177.0 ms: the site moves B once
 
 
 def _free_port() -> int:

@@ -27,8 +27,10 @@ def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
         from . import net
         topology = net.parse_wan(wan) if isinstance(wan, str) else wan
         backend, emulator = net.install(), net.Emulator(topology, seed=seed)
-    from .runner.torchrun import torchrun_env
-    if torchrun_env() is not None:              # a partial or malformed one is refused in one line
+    from .runner.torchrun import join_network, torchrun_env
+    env = torchrun_env()                        # a partial or malformed one is refused in one line
+    if env is not None:
+        join_network(env)                       # gloo on the route to node 0, whatever this host's name says
         dist.init_process_group(backend, init_method="env://", pg_options=emulator)
         return
     from .runner.localgroup import LoopbackStore
@@ -37,7 +39,9 @@ def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
 
 
 def strategy(name: str, model: Any, optimizer: Any, *, group: Any = None, **options: Any) -> Any:
-    """Build strategy `name` around an existing model and inner optimizer on the current group."""
+    """Build strategy `name` around an existing model and inner optimizer on the current group. A
+    model sharded with FSDP2 (`fully_shard`) is exchanged shard by shard, its workers read from its
+    mesh (`mesh=`: the 2-D workers x ranks mesh when they cannot be; docs/multinode.md)."""
     from .strategies import build
     return build(name, model, optimizer, group=group, **options)
 

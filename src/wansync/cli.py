@@ -7,8 +7,9 @@ from dataclasses import fields
 from typing import Any, Sequence
 
 from . import __version__
-from .config import Config, base_type, build_config, check_combinations
-from .errors import ConfigError, WansyncError
+from .config import Config, base_type, build_config, check_combinations, check_key, check_options_apply, load_toml
+from .errors import ConfigError, WansyncError, one_line
+from .rules import not_blank
 from .runner.interrupts import Terminated, exit_now, exit_status, sigterm_raises
 from .rundir.divergence import warning as divergence_warning
 from .presets import PRESETS, get, layered_config
@@ -16,7 +17,7 @@ from .presets import PRESETS, get, layered_config
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not a usage wall
-        self.exit(2, f"wansync: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"wansync: error: {one_line(message)} (see '{self.prog} --help')\n")
 
 
 def add_config_flags(p: argparse.ArgumentParser) -> None:
@@ -42,6 +43,14 @@ def config_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     return build_config(getattr(args, "config", None), config_flags(args))
+
+
+def given_keys(args: argparse.Namespace) -> set[str]:
+    """The config keys the user gave: as flags, or in the --config file (a preset's are not given)."""
+    keys = set(config_flags(args))
+    if getattr(args, "config", None) is not None:
+        keys |= set(load_toml(args.config))
+    return keys
 
 
 def _add_experiment_flags(p: argparse.ArgumentParser, what: str) -> None:
@@ -89,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir", metavar="RUN_DIR", help="an experiment directory (or a single run directory)")
     _add_target_flags(r)
     r.add_argument("--no-plots", action="store_true", help="tables only")
+    r.add_argument("--force", action="store_true", help="replace report files wansync did not write (a report.md "
+                   "of your own, an edited CSV); they are kept otherwise")
     d = sub.add_parser("demo", help="every available strategy side by side on the tiny LM, 2 workers, "
                        "emulated cross-region link, each at settings inside its working regime")
     d.add_argument("--out", default="runs/demo", help="experiment directory (default runs/demo)")
@@ -104,7 +115,7 @@ def _add_results_parser(sub: Any) -> None:
                        "then rewrite that page")
     p.add_argument("--dry-run", action="store_true", help="list every table, cell and seed with its estimated "
                    "time; train nothing")
-    p.add_argument("--only", default="", metavar="T1,T2", help="only these tables (the page is still rewritten "
+    p.add_argument("--only", default=None, metavar="T1,T2", help="only these tables (the page is still rewritten "
                    "from every table's runs on disk)")
     p.add_argument("--out", default="runs/results", help="results root (default runs/results)")
     p.add_argument("--doc", default="docs/results.md", help="the page to rewrite (default docs/results.md)")
@@ -126,8 +137,10 @@ def _add_plan_parser(sub: Any) -> None:
                    "a finished `wansync train` run (worker w takes rank w mod its ranks), stragglers included")
     g.add_argument("--tokens-per-step", type=float, default=None, metavar="T", help="FLOPs rule: tokens per "
                    "worker step (default batch_size x seq_len)")
-    g.add_argument("--throughput", type=float, default=400e12, metavar="FLOPS", help="FLOPs rule: effective "
-                   "FLOP/s per accelerator (default 4e14)")
+    g.add_argument("--throughput", type=float, default=None, metavar="FLOPS", help="FLOPs rule: effective "
+                   "FLOP/s per accelerator (default by --precision: 4e14 bf16, 2.7e13 fp32)")
+    g.add_argument("--gpu-memory", default=None, metavar="SIZE", help="say whether rank 0's peak memory fits "
+                   "an accelerator of SIZE (e.g. 80GB, 141GB, 24GiB)")
     g.add_argument("--target-exposed", type=float, default=None, metavar="PCT", help="also give the smallest H "
                    "whose exposed communication stays below PCT %%")
     g.add_argument("--table", action="store_true", help="the large-scale table: 150M-70B x 8/64/512 workers x "
@@ -138,21 +151,23 @@ def _add_plan_parser(sub: Any) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from .runner.torchrun import torchrun_env
     from .runner.run import resume_config, train
-    if args.resume:
+    if args.resume is not None:
+        not_blank("a run directory")("--resume", args.resume)
         given = [flag for flag, value in (("--preset", args.preset), ("--config", args.config),
-                                          ("--force", args.force)) if value]
+                                          ("--force", args.force)) if value is not None and value is not False]
         if given:
             raise ConfigError(f"{given[0]} cannot be used with --resume: a resumed run keeps the config it "
                               f"was started with (only run-control flags may change)")
         cfg = resume_config(args.resume, config_flags(args))
         summary = train(cfg, resume=True, torchrun=torchrun_env(cfg.workers, cfg.ranks_per_worker))
         return _finished(summary)
-    if args.preset:
+    if args.preset is not None:
         preset = get(args.preset)
         cfg = layered_config({**preset.values, "strategy": preset.strategies[-1]}, args.config, config_flags(args))
     else:
         cfg = config_from_args(args)
     check_combinations(cfg, config_flags(args))
+    check_options_apply([cfg.strategy], given_keys(args))
     # read once: a stale or contradicting environment is refused here, a consistent one adopted by train
     env = torchrun_env(cfg.workers if args.workers is not None else None, cfg.ranks_per_worker)
     summary = train(cfg, force=args.force, torchrun=env)
@@ -168,11 +183,11 @@ def _finished(summary: dict[str, Any] | None) -> int:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     from .runner import experiments
-    preset = get(args.preset) if args.preset else None
+    preset = get(args.preset) if args.preset is not None else None
     specs, out, env = experiments.command_runs(args.command, preset, args.config, config_flags(args), args.grid,
-                                               args.strategies, args.seeds, args.parallel)
+                                               args.strategies, args.seeds, args.parallel, given_keys(args))
     if args.dry_run:
-        return experiments.check_and_list(specs, preset)
+        return experiments.check_and_list(specs, preset, out, args.force)
     first = specs[0].cfg                      # --target-loss/--target-acc are config keys (flag, file or preset)
     return experiments.run_and_report(specs, out, args.force, args.parallel, first.target_loss, first.target_acc,
                                       torchrun=env)
@@ -180,7 +195,12 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .analysis.report import report
-    rep = report(args.run_dir, target_loss=args.target_loss, target_acc=args.target_acc, plots=not args.no_plots)
+    not_blank("a directory of runs")("RUN_DIR", args.run_dir)
+    for key in ("target_loss", "target_acc"):
+        if getattr(args, key) is not None:
+            check_key(key, getattr(args, key))
+    rep = report(args.run_dir, target_loss=args.target_loss, target_acc=args.target_acc, plots=not args.no_plots,
+                 force=args.force, lock=True)
     print(rep.table)
     print()
     for p in rep.plots:
@@ -196,11 +216,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_results(args: argparse.Namespace) -> int:
     from .results import run_results
-    return run_results(split_names(args.only), args.out, args.doc, args.seeds, args.steps, args.force, args.dry_run)
-
-
-def split_names(text: str) -> list[str]:
-    return [n.strip() for n in text.split(",") if n.strip()]
+    from .runner.experiments import split_values
+    names = split_values(args.only, "--only") if args.only is not None else []
+    return run_results(names, args.out, args.doc, args.seeds, args.steps, args.force, args.dry_run)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -212,7 +230,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     print(planner.plan_command(cfg, params=args.params, step_s=args.step_time, measure=args.measure,
                                step_times=args.step_times, target_pct=args.target_exposed,
-                               tokens_per_step=args.tokens_per_step, flops=args.throughput))
+                               tokens_per_step=args.tokens_per_step, flops=args.throughput,
+                               gpu_memory=args.gpu_memory))
     return 0
 
 
@@ -223,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = {"train": cmd_train, "demo": cmd_demo, "compare": cmd_experiment, "sweep": cmd_experiment,
                     "report": cmd_report, "plan": cmd_plan, "results": cmd_results}[args.command](args)
     except WansyncError as e:
-        print(f"wansync: error: {e}", file=sys.stderr)
+        print(f"wansync: error: {one_line(str(e))}", file=sys.stderr)
         code = 1
     except (KeyboardInterrupt, Terminated) as e:      # the workers are ended and reaped by now
         print("wansync: interrupted" if isinstance(e, KeyboardInterrupt) else f"wansync: terminated ({e})",

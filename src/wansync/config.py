@@ -18,10 +18,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, get_type_hints
 
-from .errors import ConfigError, check
+from .errors import ConfigError, check, path_kind
 from .ft import support as ft_support
-from .rules import Rule, at_least, in_range, not_blank, one_of, positive
-from .strategies import OPTIONS
+from .rules import Rule, at_least, at_most_cores, host_port, in_range, not_blank, one_of, positive
+from .strategies import OPTIONS, STRATEGIES, option_names
 
 if TYPE_CHECKING:
     from .net.link import Topology
@@ -30,6 +30,13 @@ if TYPE_CHECKING:
 def _f(default: Any, section: str, help: str, *rules: Rule) -> Any:
     """A config key: its default, its TOML section, one line of help, and the rules its value obeys."""
     return field(default=default, metadata={"section": section, "help": help, "rules": rules})
+
+
+INSIDE = ("ddp", "fsdp")
+PRECISIONS = ("fp32", "bf16")
+
+
+MAX_RESTARTS = 1000          # a worker that fails at once every time must not be restarted for ever
 
 
 @dataclass
@@ -43,7 +50,7 @@ class GeneralKeys:
     steps: int = _f(300, "run", "training steps (the total budget, also when resuming)", at_least(1))
     seed: int = _f(0, "run", "seed for model init, data order and jitter", at_least(0))
     out: str = _f("runs/latest", "run", "run directory", not_blank("a run directory"))
-    threads: int = _f(0, "run", "torch threads per worker; 0 = cores // workers", at_least(0))
+    threads: int = _f(0, "run", "torch threads per worker; 0 = cores // workers", at_least(0), at_most_cores)
     eval_every: int = _f(50, "run", "evaluate every N steps (and at the end)", at_least(1))
     log_every: int = _f(10, "run", "print a log line every N steps", at_least(1))
     quiet: bool = _f(False, "run", "plain log lines, no progress bar")
@@ -52,21 +59,27 @@ class GeneralKeys:
     checkpoint_every: int = _f(0, "run", "write a checkpoint every N steps (0 = only at the end)", at_least(0))
     on_nonfinite: str = _f("abort", "run", "what to do with a NaN/Inf loss, gradient or pseudo-gradient: abort|skip",
                            one_of(("abort", "skip")))
-    peer_timeout: float = _f(60.0, "run", "seconds before a silent peer is declared dead", positive)
+    peer_timeout: float = _f(60.0, "run", "seconds before a silent peer is declared dead (1 to 86400)",
+                             in_range(1, 86400, high_included=True))
     fault_tolerant: bool = _f(False, "run", "keep training when a worker fails: quorum exchanges through torchft, "
                               f"a restarted worker heals from a live peer ({', '.join(ft_support.STRATEGIES)}; "
                               "needs wansync[ft]; see docs/fault_tolerance.md)")
     lighthouse: str = _f("", "run", "fault-tolerant runs: torchft lighthouse HOST:PORT; empty = the launcher "
-                         "starts one on 127.0.0.1")
+                         "starts one on 127.0.0.1", host_port)
     max_restarts: int = _f(0, "run", "fault-tolerant runs: the launcher restarts a dead worker up to N times",
-                           at_least(0))
+                           in_range(0, MAX_RESTARTS, high_included=True))
     backend: str = _f("gloo", "run", "torch.distributed backend under the strategy: gloo|nccl",
                       one_of(("gloo", "nccl")))
+    inside: str = _f("ddp", "run", "how a worker's ranks hold its model: ddp (each the whole model, DDP every "
+                     "step) | fsdp (sharded with FSDP2; the strategy exchanges each rank's shard)", one_of(INSIDE))
+    precision: str = _f("fp32", "run", "compute precision: fp32 | bf16 (bf16 compute, fp32 master parameters, "
+                        "gradient reduction and outer state)", one_of(PRECISIONS))
     target_loss: float | None = _f(None, "run", "validation loss target: summary.json and the report give the "
                                    "step and second each run first reached it (default in compare/sweep: "
-                                   "DDP's final x 1.01; a single run without it: none)")
+                                   "DDP's final x 1.01; a single run without it: none)", positive)
     target_acc: float | None = _f(None, "run", "test accuracy target in percent (vision), like target_loss "
-                                  "(default in compare/sweep: DDP's final x 0.99)")
+                                  "(default in compare/sweep: DDP's final x 0.99)",
+                                  in_range(0, 100, low_included=False, high_included=True))
     # [model]
     model: str = _f("tiny", "model", "model name: micro|tiny|small|150m (LM) or cnn|resnet18|resnet50|vit_s (vision)")
     width: float = _f(1.0, "model", "channel-width multiplier for ResNets", positive)
@@ -135,6 +148,8 @@ def coerce(name: str, value: Any, where: str = "") -> Any:
     t = base_type(name)
     if value is None:
         return None
+    if isinstance(value, str) and value.strip().lower() == "none" and getattr(Config, name, None) == "":
+        return ""                                   # a key unset by default (wan, lighthouse): "none" unsets it
     if isinstance(value, str) and t is not str:
         return parse_scalar(name, value, t)
     if t is float and isinstance(value, int) and not isinstance(value, bool):
@@ -169,14 +184,35 @@ def parse_scalar(name: str, text: str, t: type | None = None) -> Any:
         raise ConfigError(f"{name} must be {kind}, got {text!r}") from None
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def config_text(p: Path) -> str:
+    """A config file's text, or one line that names why it cannot be one: not there, not a
+    regular file (a directory, /dev/null, a FIFO), unreadable, too large, not UTF-8. A UTF-8
+    byte-order mark, which some editors write, is dropped."""
+    try:
+        if not p.exists():
+            raise ConfigError(f"config file not found: {p}")
+        check(p.is_file(), f"config file {p} is {path_kind(p)}, not a regular file")
+        check(p.stat().st_size <= MAX_CONFIG_BYTES, f"config file {p} is too large for a config file "
+              f"({p.stat().st_size} bytes; at most {MAX_CONFIG_BYTES})")
+        data = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a config file: keys at top level or inside [run]/[model]/[data]/[optim]/[strategy]."""
+    check(bool(str(path).strip()), "config must name a TOML file, got an empty value")   # Path("") is "."
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
     try:
-        raw = tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raw = tomllib.loads(config_text(p))
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
     flat: dict[str, Any] = {}
     sections = {f.name: f.metadata["section"] for f in fields(Config)}
@@ -213,7 +249,7 @@ def kind_defaults(values: dict[str, Any]) -> dict[str, Any]:
 def build_config(file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Defaults (the model kind's for vision), then the TOML file, then explicit overrides."""
     values: dict[str, Any] = {}
-    if file:
+    if file is not None:                            # --config '' is refused, not ignored
         values.update(load_toml(file))
     for k, v in (overrides or {}).items():
         values[k] = coerce(k, v)
@@ -230,13 +266,23 @@ def validate(cfg: Config) -> None:
         value = getattr(cfg, f.name)
         if value is None:
             continue
-        check_bounds(f, value)
-        for rule in f.metadata["rules"]:
-            rule(f.name, value)
+        check_key(f.name, value)
     check(cfg.workers * cfg.ranks_per_worker <= MAX_PROCESSES, f"workers x ranks_per_worker is too large: "
           f"{cfg.workers} x {cfg.ranks_per_worker} processes (at most {MAX_PROCESSES})")
     if cfg.fault_tolerant:
         ft_support.check_fault_tolerant(cfg)
+    ft_only = [f"--{k.replace('_', '-')}" for k in ("lighthouse", "max_restarts") if getattr(cfg, k)]
+    check(cfg.fault_tolerant or not ft_only, f"{' and '.join(ft_only)} apply to fault-tolerant runs only: add "
+          f"--fault-tolerant, or drop {'them' if len(ft_only) > 1 else 'it'}")
+
+
+def check_key(name: str, value: Any) -> None:
+    """One key's value against its bounds and declared rules (also for a flag that sets a key
+    outside a Config: `report --target-loss`)."""
+    f = next(f for f in fields(Config) if f.name == name)
+    check_bounds(f, value)
+    for rule in f.metadata["rules"]:
+        rule(name, value)
 
 
 def check_bounds(f: dataclasses.Field, value: Any) -> None:
@@ -267,6 +313,17 @@ def check_combinations(cfg: Config, given: Iterable[str]) -> None:
               f"the learning rate would never reach its peak")
 
 
+def check_options_apply(strategies: Iterable[str], given: Iterable[str]) -> None:
+    """Every strategy option the user gave (a flag, a config file's key) is one that a strategy of
+    the run (or of the grid) has: any other would be dropped without a word (`ddp --sync-every 4`)."""
+    names = list(dict.fromkeys(strategies))
+    for key in given:
+        if key in OPTIONS and not any(key in option_names(s) for s in names):
+            raise ConfigError(f"{' and '.join(names)} {'has' if len(names) == 1 else 'have'} no option {key} "
+                              f"(it would be ignored): drop --{key.replace('_', '-')}, or choose a strategy that "
+                              f"has it ({', '.join(s for s in STRATEGIES if key in option_names(s))})")
+
+
 def fingerprint(cfg: Config, strategy_options: dict[str, Any]) -> dict[str, Any]:
     """Every resolved key that changes what a run computes (all but RUN_CONTROL_KEYS and out), flat."""
     flat = {k: v for sec in to_sections(cfg, strategy_options).values() for k, v in sec.items()}
@@ -285,12 +342,13 @@ def to_sections(cfg: Config, strategy_options: dict[str, Any] | None = None) -> 
     return out
 
 
-def from_sections(data: dict[str, dict[str, Any]]) -> Config:
-    """Inverse of to_sections (used by resume and report)."""
+def from_sections(data: dict[str, dict[str, Any]], overrides: dict[str, Any] | None = None) -> Config:
+    """Inverse of to_sections (used by resume and report); `overrides` replace keys before the
+    values are checked (a resume's run-control flags: `--threads` on a machine of fewer cores)."""
     flat: dict[str, Any] = {}
     for sec in data.values():
         flat.update(sec)
-    return build_config(overrides=flat)
+    return build_config(overrides={**flat, **(overrides or {})})
 
 
 def replace(cfg: Config, **changes: Any) -> Config:

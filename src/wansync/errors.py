@@ -1,4 +1,8 @@
 """Errors a user can cause. The CLI prints them as one line and exits non-zero."""
+from __future__ import annotations
+
+import os
+import stat
 
 
 class WansyncError(Exception):
@@ -34,3 +38,30 @@ def check(ok: bool, message: str) -> None:
 # How a worker words a failure that is the consequence of another rank's, never its cause: the
 # launcher reports the cause instead when it has one.
 PEER_LOST = "lost contact with a peer"
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (its type's name when it has none), for a one-line error."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+MAX_LINE = 1000              # characters of an error line: it may echo a value a user gave, of any size
+
+
+def one_line(message: str) -> str:
+    """`message` as the one line a user sees: line breaks escaped (a value may hold them), and at
+    most MAX_LINE characters (a value may be 50 MB)."""
+    text = message.replace("\r", "\\r").replace("\n", "\\n")
+    return text if len(text) <= MAX_LINE else f"{text[:MAX_LINE]}... ({len(text)} characters)"
+
+
+def path_kind(path: object) -> str:
+    """What is at `path`, for a message that says why it cannot be used: "a directory", "a FIFO"..."""
+    try:
+        mode = os.stat(path).st_mode                  # type: ignore[arg-type]
+    except OSError:
+        return "missing or unreadable"
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")

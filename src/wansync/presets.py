@@ -179,7 +179,7 @@ def check_available(preset: Preset, strategies: list[str]) -> None:
 def layered_config(lowest: Mapping[str, Any], config_file: str | None, flags: Mapping[str, Any]) -> Config:
     """defaults < lowest (a default out, a preset) < the --config file < flags."""
     values = dict(lowest)
-    if config_file:
+    if config_file is not None:                 # --config '' is refused, not ignored
         values.update(load_toml(config_file))
     values.update(flags)
     return build_config(None, values)

@@ -4,6 +4,8 @@ fails with the same one-line ConfigError the user sees, e.g. `sync_every must be
 from __future__ import annotations
 
 import math
+import os
+import re
 from typing import Any, Callable
 
 from .errors import check
@@ -47,3 +49,21 @@ def not_blank(what: str) -> Rule:
     def rule(name: str, value: Any) -> None:
         check(bool(str(value).strip()), f"{name} must name {what}, got an empty value")
     return rule
+
+
+def at_most_cores(name: str, value: Any) -> None:
+    """No more than this machine's cores: more threads than cores only slow a worker down (and
+    thousands of them crash it)."""
+    cores = os.cpu_count() or 1
+    check(value <= cores, f"{name} must be at most this machine's {cores} cores, got {value}")
+
+
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)$")
+
+
+def host_port(name: str, value: Any) -> None:
+    """HOST:PORT, as a peer dials it: a host name, an IPv4 address or a bracketed IPv6 one, and a
+    port in [1, 65535]; empty means unset. (A URL, `http://h:1`, is the usual mistake.)"""
+    host, sep, port = str(value).rpartition(":")
+    ok = bool(sep) and bool(_HOST.match(host)) and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535
+    check(not value or ok, f"{name} must be HOST:PORT (a host name or address, a port in [1, 65535]), got {value!r}")

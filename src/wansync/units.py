@@ -1,7 +1,9 @@
-"""Sizes and durations as a person reads them, the same way in every table wansync prints."""
+"""Sizes and durations as a person reads and writes them, the same way in every table wansync prints."""
 from __future__ import annotations
 
 import math
+import re
+from types import MappingProxyType
 
 
 def human_bytes(n: float | None) -> str:
@@ -25,3 +27,25 @@ def human_seconds(s: float) -> str:
     if s >= 60:
         return f"{s / 60:.3g} min"
     return f"{s:.3g} s"
+
+
+BYTE_UNITS = MappingProxyType({"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+              "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40})
+
+
+def parse_bytes(text: str) -> float:
+    """Bytes from a size a person writes: a positive number and a unit, decimal (kB, MB, GB, TB)
+    or binary (KiB, MiB, GiB, TiB), any case, with or without a space: "80GB", "141 GB", "24GiB".
+    A ValueError that says what was wrong, in one line."""
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in BYTE_UNITS:
+        raise ValueError(f"{text!r} is not a size: give a number and a unit, e.g. 80GB or 24GiB "
+                         "(units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    try:
+        value = float(m.group(1)) * BYTE_UNITS[unit]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size: {m.group(1)!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{text!r} is not a size: it must be positive and finite")
+    return value

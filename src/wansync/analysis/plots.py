@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .runs import CATEGORIES, Quality, SettingRuns, number  # noqa: E402
+from ..rundir.layout import PLOTS, QUALITY_PLOTS  # noqa: E402
 from ..units import human_bytes  # noqa: E402
 
 CATEGORY_COLORS = MappingProxyType({"compute": "#4c72b0", "exposed_comm": "#c44e52", "sync_math": "#dd8452",
@@ -223,10 +224,9 @@ def bytes_per_setting(settings: Sequence[SettingRuns], path: Path) -> Path:
 
 
 def all_plots(root: Path, settings: Sequence[SettingRuns], q: Quality, target: float | None) -> list[Path]:
+    """Every plot, under the names the run directory's layout gives them (`rundir.layout`)."""
     root = Path(root)
-    name = "loss" if q.kind == "lm" else "accuracy"
-    return [quality_vs(settings, q, target, root / f"{name}_vs_step.png", "step"),
-            quality_vs(settings, q, target, root / f"{name}_vs_wallclock.png", "time"),
-            pareto(settings, q, root / "pareto.png"),
-            time_breakdown(settings, root / "time_breakdown.png"),
-            bytes_per_setting(settings, root / "bytes.png")]
+    by_step, by_time = (root / p.format(quality="loss" if q.kind == "lm" else "accuracy") for p in QUALITY_PLOTS)
+    front, breakdown, volume = (root / p for p in PLOTS)
+    return [quality_vs(settings, q, target, by_step, "step"), quality_vs(settings, q, target, by_time, "time"),
+            pareto(settings, q, front), time_breakdown(settings, breakdown), bytes_per_setting(settings, volume)]

@@ -1,7 +1,7 @@
 """Tables and plots from run directories: summary.csv, runs.csv, report.md and PNG plots.
 
-`report(root)` reads every run directory under `root` (a directory holding `summary.json`, or
-`failed.json` for a run that failed), groups the runs into settings (one setting = one strategy
+`report(root)` reads every run directory under `root` (one wansync wrote: its config.toml, summary.json
+or failed.json is wansync's; `rundir.layout`), groups the runs into settings (one setting = one strategy
 and one choice of grid values, all seeds) and aggregates mean ± std over seeds:
 
 - quality: final and best validation loss, final validation perplexity and bits per byte (LM; the
@@ -14,11 +14,17 @@ and one choice of grid values, all seeds) and aggregates mean ± std over seeds:
   sync events (summary.json).
 
 Settings come from the experiment's grid (`experiment.json`) when there is one, else from the
-directory layout (`<label>/seed<k>/`). A failed run is a row whose status says why.
+directory layout (`<label>/seed<k>/`). A failed run is a row whose status says why, and so is a
+damaged one (a summary.json that is not the trainer's, a metrics.jsonl cut short): never `ok`.
+
+The report's files are replaced only where wansync wrote them (`rundir.owned`; `force` replaces any),
+which is checked before anything is written; `lock` holds the directory (`rundir.lock`) while writing.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import json
 import re
 import statistics
@@ -28,7 +34,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import WansyncError
-from ..rundir.layout import EXPERIMENT_FILE, FAILED_FILE, add_to_summary
+from ..rundir.layout import (CONFIG_FILE, EXPERIMENT_FILE, FAILED_FILE, METRICS_FILE, REPORT_FILE, REPORT_FILES,
+                             RUNS_CSV, SUMMARY_CSV, SUMMARY_FILE, add_to_summary, is_failure, is_run_dir, is_summary,
+                             read_summary, regular_text)
+from ..rundir.lock import RunLock
+from ..rundir.owned import check_replaceable, record_written
 from .runs import LM, VISION, Quality, Run, SettingRuns, number
 from ..units import human_bytes
 from ..rundir.target import Target, first_reached, read_evals, target_record
@@ -42,12 +52,12 @@ class ReportError(WansyncError):
 # ---------------------------------------------------------------- reading runs
 
 def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
+    return json.loads(regular_text(path))
 
 
 def _config_value(run_dir: Path, section: str, key: str) -> Any:
     try:
-        return tomllib.loads((run_dir / "config.toml").read_text()).get(section, {}).get(key)
+        return tomllib.loads(regular_text(run_dir / CONFIG_FILE)).get(section, {}).get(key)
     except (OSError, ValueError, AttributeError):     # unreadable, not UTF-8, not TOML, not a table
         return None
 
@@ -56,8 +66,10 @@ _SEED_DIR = re.compile(r"^seed(\d+)$")
 
 
 def _is_run_dir(d: Path) -> bool:
-    return (d / "summary.json").is_file() or (d / FAILED_FILE).is_file() or (
-        (d / "config.toml").is_file() and (d / "metrics.jsonl").is_file())
+    """A run wansync wrote, finished or not (a config.toml beside a metrics.jsonl counts too: a run
+    whose config was damaged); a directory that merely holds a summary.json of another program does not."""
+    return (is_run_dir(d) or is_summary(read_summary(d)) or is_failure(d)
+            or ((d / CONFIG_FILE).is_file() and (d / METRICS_FILE).is_file()))
 
 
 def find_runs(root: str | Path) -> list[Run]:
@@ -68,7 +80,7 @@ def find_runs(root: str | Path) -> list[Run]:
     if not root.is_dir():
         raise ReportError(f"report: {root} is not a directory")
     try:
-        dirs = sorted({p.parent for pat in ("summary.json", FAILED_FILE, "metrics.jsonl") for p in root.rglob(pat)
+        dirs = sorted({p.parent for pat in (SUMMARY_FILE, FAILED_FILE, METRICS_FILE, CONFIG_FILE) for p in root.rglob(pat)
                        if _is_run_dir(p.parent) and "logs" not in p.parent.relative_to(root).parts})
     except OSError as e:                          # pseudo file systems, unreadable folders
         raise ReportError(f"report: cannot read {root}: {e.strerror or e} ({e.filename})") from None
@@ -97,23 +109,7 @@ def _load_run(d: Path, entry: dict[str, Any] | None) -> Run:
         label = d.parent.name if d.parent != d else d.name
     else:
         label = d.name
-    summary: dict[str, Any] = {}
-    status = "ok"
-    failed = d / FAILED_FILE
-    if failed.is_file():
-        try:
-            status = "failed: " + str(_read_json(failed).get("message", "unknown error"))
-        except (OSError, ValueError, AttributeError):
-            status = "failed: (unreadable failed.json)"
-    elif (d / "summary.json").is_file():
-        try:
-            summary = _read_json(d / "summary.json")
-        except (OSError, ValueError) as e:
-            status = f"failed: unreadable summary.json ({type(e).__name__})"
-        if not isinstance(summary, dict):
-            summary, status = {}, "failed: summary.json is not a wansync summary"
-    else:
-        status = "failed: incomplete (no summary.json: interrupted or still running)"
+    summary, status = _status(d)
     profile: dict[str, Any] = {}
     if status == "ok":
         try:
@@ -131,6 +127,46 @@ def _load_run(d: Path, entry: dict[str, Any] | None) -> Run:
         seed = int(m.group(1))
     return Run(d, label, str(strategy), seed, dict((entry or {}).get("setting", {})), status, summary, profile,
                read_evals(d / "metrics.jsonl") if status == "ok" else [])
+
+
+def _status(d: Path) -> tuple[dict[str, Any], str]:
+    """(the run's summary, "ok" or why not): failed (failed.json), incomplete (no summary), or
+    damaged (a summary.json that is not the trainer's, a metrics.jsonl that does not reach its end)."""
+    if is_failure(d):
+        return {}, "failed: " + str(_read_json(d / FAILED_FILE)["message"])
+    if not (d / SUMMARY_FILE).is_file():
+        return {}, "failed: incomplete (no summary.json: interrupted or still running)"
+    summary = read_summary(d)
+    if not is_summary(summary):
+        return {}, "damaged: summary.json is not a wansync summary (unreadable, or without strategy and steps)"
+    why = metrics_damage(d / METRICS_FILE, summary["steps"])
+    return (summary, "ok") if why is None else ({}, f"damaged: {why}")
+
+
+def metrics_damage(path: Path, steps: int) -> str | None:
+    """Why a finished run's metrics.jsonl cannot be trusted, or None: missing, a line that is not a
+    JSON record (torn when the file was cut), or records that stop before the last step's evaluation
+    (a run evaluates at its end)."""
+    last = None
+    try:
+        if not path.is_file():
+            raise FileNotFoundError(errno.ENOENT, "missing, or not a regular file")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    rec = json.loads(line) if line.strip() else {}
+                except json.JSONDecodeError:
+                    rec = None
+                if not isinstance(rec, dict):
+                    return f"{METRICS_FILE} line {n} is not a JSON record (a torn or truncated file)"
+                if rec.get("type") == "eval":
+                    last = number(rec.get("step"))
+    except OSError as e:
+        return f"{METRICS_FILE} cannot be read ({e.strerror or e})"
+    if last != steps:
+        seen = "none" if last is None else f"at step {last:g}"
+        return f"{METRICS_FILE} stops short: the run has {steps} steps, its last evaluation is {seen} (cut short?)"
+    return None
 
 
 # ---------------------------------------------------------------- metrics
@@ -356,16 +392,20 @@ class Report:
 
     @property
     def path(self) -> Path:
-        return self.root / "report.md"
+        return self.root / REPORT_FILE
 
 
 def report(root: str | Path, target_loss: float | None = None, target_acc: float | None = None,
-           plots: bool = True, record_targets: bool = False, target_rule: str = "ddp") -> Report:
+           plots: bool = True, record_targets: bool = False, target_rule: str = "ddp", force: bool = False,
+           lock: bool = False) -> Report:
     """Write summary.csv, runs.csv, report.md and the plots into root; returns what it wrote.
     With `record_targets` (the runner, once its runs are done) each finished run's summary.json also
-    gets the experiment's target and when that run reached it."""
+    gets the experiment's target and when that run reached it. Files of those names that wansync did
+    not write are refused before anything is written, unless `force`; `lock` holds root meanwhile
+    (the runner holds it already)."""
     root = Path(root)
     runs = find_runs(root)
+    check_replaceable(root, REPORT_FILES, force)
     q = quality_of(runs)
     experiment: dict[str, Any] = {}
     try:
@@ -382,24 +422,46 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
         target, source = default_target(settings, q, str(experiment.get("target_rule", target_rule)))
     rows = aggregate(settings, q, target)
     table = markdown_table(rows, q)
+    written: list[Path] = []
     try:
-        write_csv(root / "summary.csv", rows)
-        write_csv(root / "runs.csv", run_rows(runs, q, target))
-        made: list[Path] = []
-        if plots and any(r.ok for r in runs):
-            from . import plots as P
-            made = P.all_plots(root, settings, q, target)
-        if record_targets and target is not None:
-            record_target(runs, Target(q.eval_key, target, q.higher_is_better, source))
-        failed = [r for r in runs if not r.ok]
-        at = equal_time(settings)
-        decisions = decision_rows(settings, q, target)
-        link = next((str((r.summary.get("wan") or {}).get("spec") or "") for r in runs if r.ok), "")
-        rep = Report(root, q, target, source, rows, table, made, failed, decision_table(decisions, q, at),
-                     verdict(decisions, q, target, source, link, at))
-        rep.path.write_text(_markdown(rep, runs))
+        with RunLock(root, "write a report into") if lock else contextlib.nullcontext(), _recorded(root, written):
+            return _write(root, runs, settings, q, rows, table, target, source, plots, record_targets, written)
     except OSError as e:                          # a read-only directory, a full disk
         raise ReportError(f"report: cannot write into {root}: {e.strerror or e}") from None
+
+
+@contextlib.contextmanager
+def _recorded(root: Path, written: list[Path]) -> Any:
+    """Record what was written as wansync's, also when a later write fails."""
+    try:
+        yield
+    finally:
+        if written:
+            record_written(root, written)
+
+
+def _write(root: Path, runs: list[Run], settings: list[SettingRuns], q: Quality, rows: list[dict[str, Any]],
+           table: str, target: float | None, source: str, plots: bool, record_targets: bool,
+           written: list[Path]) -> Report:
+    """The report's files, each added to `written` once it is on disk."""
+    for path, data in ((root / SUMMARY_CSV, rows), (root / RUNS_CSV, run_rows(runs, q, target))):
+        write_csv(path, data)
+        written.append(path)
+    made: list[Path] = []
+    if plots and any(r.ok for r in runs):
+        from . import plots as P
+        made = P.all_plots(root, settings, q, target)
+        written += made
+    if record_targets and target is not None:
+        record_target(runs, Target(q.eval_key, target, q.higher_is_better, source))
+    failed = [r for r in runs if not r.ok]
+    at = equal_time(settings)
+    decisions = decision_rows(settings, q, target)
+    link = next((str((r.summary.get("wan") or {}).get("spec") or "") for r in runs if r.ok), "")
+    rep = Report(root, q, target, source, rows, table, made, failed, decision_table(decisions, q, at),
+                 verdict(decisions, q, target, source, link, at))
+    rep.path.write_text(_markdown(rep, runs))
+    written.append(rep.path)
     return rep
 
 

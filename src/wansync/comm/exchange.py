@@ -44,6 +44,13 @@ plug in here and nowhere else:
   `inside`. Each worker thus puts one model's worth of bytes on the wide-area link per exchange,
   whatever R is, every rank carrying 1/R of it; the all-gather is booked as `inside/<purpose>`.
   A buffer with fewer values than R is not split (every local rank averages all of it).
+  With the model sharded inside a worker (FSDP, `Replicas.shards`), each rank already holds only
+  its own shard, the same one as the same local rank of every other worker: a mean runs on this
+  rank's local values over `across` and nothing is split or gathered; the initial broadcast runs
+  over `across` from the first worker. Values every rank must agree on whatever it holds (the
+  schedule's, `REPLICATED`) are averaged over every rank instead, scalars that describe the
+  worker's whole model (norms, the drift) are summed over its shards (`worker_sum`), and under
+  "skip" a worker's contribution counts only when every one of its shards is finite.
 
 - **Fault tolerance** (`quorum`, see `ft.quorum`): given at construction, an fp32 mean runs over
   torchft's quorum instead of `group` (the workers alive now, divided by the number of
@@ -81,8 +88,23 @@ from .replicas import Replicas
 
 GUARDED = ("params", "pseudo_grads", "optim_state")
 POLICIES = ("abort", "skip")
+LOSSY_COLLECTIVES = ("auto", "allgather", "reduce_scatter")
+REPLICATED = ("schedule",)  # purposes whose values every rank must end with, whatever shard it holds
 QUORUM = "quorum"          # ledger purpose: the time a worker waits to agree on who takes part (`meet`)
 SENT_NONFINITE = " (a worker sent NaN/Inf; --on-nonfinite abort or skip stops it before the exchange)"
+
+
+def lossy_path(codec: str | Codec, choice: str, workers: int) -> str:
+    """How a lossy codec's mean travels: `allgather` (every worker's encoded payload to every
+    worker: (M−1) payloads received per rank, one quantization) or `reduce_scatter` (encoded chunks
+    all-to-all, each chunk's sum in fp32 re-encoded and all-gathered: about 2(M−1)/M of a payload
+    per rank whatever M is, two quantizations). `auto`: the all-gather up to 2 workers (the same
+    bytes, one collective and one rounding fewer), the reduce-scatter from 3 on."""
+    if choice not in LOSSY_COLLECTIVES:
+        raise ConfigError(f"codec_collective must be one of {', '.join(LOSSY_COLLECTIVES)}, got {choice!r}")
+    if get_codec(codec).name == "fp32" or choice != "auto":
+        return choice
+    return "allgather" if workers <= 2 else "reduce_scatter"
 
 
 def all_finite(x: torch.Tensor) -> bool:
@@ -148,6 +170,8 @@ class Payload:
     dest: torch.Tensor | None       # `buf` itself with `inplace`, else None (a new tensor)
     valid: bool                     # the values may count (finite, or not checked)
     weighted: bool                  # a weight (fp32) or flag (lossy) rides along: "skip" may drop it
+    collective: str = "auto"        # a lossy mean's: allgather | reduce_scatter | auto (LOSSY_COLLECTIVES)
+    residual: torch.Tensor | None = None   # error feedback: what the codec dropped of this worker's values
 
     @property
     def values_bytes(self) -> int:
@@ -165,6 +189,7 @@ class Sent:
     guard_bytes: int
     blocked: bool = False                      # sending waited for the mean already (the quorum's)
     participants: int | None = None            # the workers in the quorum that averaged it
+    sent: int | None = None                    # what this rank transmits in all (None: the payload)
 
 
 class MeanHandle:
@@ -226,13 +251,16 @@ class Exchange:
         self.ledger = CommLedger()
         self.quorum = quorum
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
-        if self.replicas.sharded:
+        if self.replicas.between_workers:
             if group is not None:
                 raise ConfigError("an exchange between replica groups runs on the default group")
             self.group, self.world_size = self.replicas.across, self.replicas.workers
+        if self.replicas.shards:                       # each rank's shard comes from the first worker's
+            self.broadcast_group = self.replicas.across
 
     def mean(self, buf: torch.Tensor, purpose: str, codec: str | Codec = "fp32", async_op: bool = False,
-             inplace: bool = False, *, replay: bool = False, extra: int = 0, mean_sq: bool = False) -> MeanHandle:
+             inplace: bool = False, *, replay: bool = False, extra: int = 0, mean_sq: bool = False,
+             collective: str = "auto", residual: torch.Tensor | None = None) -> MeanHandle:
         """Start averaging `buf` over the group; all ranks call it with the same purpose, codec
         and `buf.numel()`.
 
@@ -241,9 +269,20 @@ class Exchange:
         `mean_sq`: the handle's `mean_sq` is ‖mean‖₂² of the values, in float64 (`exact_sq_norm`).
         `replay`: the ledger already holds this exchange (one relaunched after a resume), so its
         bytes and a dropped contribution are not counted again. `extra`: how many trailing elements
-        of the 1-D `buf` are side-band scalars (see the module docstring)."""
+        of the 1-D `buf` are side-band scalars (see the module docstring). `collective`: how a lossy
+        codec's mean travels (`lossy_collective`). `residual` (error feedback, a lossy codec): this
+        worker's values plus `residual` are sent, and `residual` becomes what the codec dropped of
+        them, so that what a worker sent over time plus its residual is what it had to send."""
         started_at = time.perf_counter()
-        payload = self._prepare(buf, purpose, get_codec(codec), extra, inplace)
+        codec = get_codec(codec)
+        if residual is not None and codec.name != "fp32":
+            sending = buf.detach().clone()
+            sending[:buf.numel() - extra].add_(residual.view(-1))
+            payload = self._prepare(sending, purpose, codec, extra, False)
+            payload.dest, payload.residual = buf if inplace else None, residual
+        else:
+            payload = self._prepare(buf, purpose, codec, extra, inplace)
+        payload.collective = self.lossy_collective(payload.codec, collective)
         sent = self._send(payload)
         if not replay:
             self._book(payload, sent)
@@ -254,6 +293,10 @@ class Exchange:
             handle.wait()
         return handle
 
+    def lossy_collective(self, codec: Codec, choice: str = "auto") -> str:
+        """How a lossy codec's mean travels over this exchange's workers (`lossy_path`)."""
+        return lossy_path(codec, choice, self.world_size)
+
     def _prepare(self, buf: torch.Tensor, purpose: str, codec: Codec, extra: int, inplace: bool) -> Payload:
         """The payload, with the guard's verdict on its values: NonFiniteError before a NaN/Inf
         leaves this worker under "abort", a zero weight under "skip"."""
@@ -262,6 +305,8 @@ class Exchange:
         values = buf[:buf.numel() - extra] if extra else buf
         guarded = self.nonfinite is not None and purpose in GUARDED
         valid = not guarded or all_finite(values)
+        if guarded and self.nonfinite == "skip" and self.replicas.shards:   # the worker's shards alike
+            valid = self.worker_sum([0.0 if valid else 1.0], "nonfinite_guard")[0] == 0.0
         if not valid and self.nonfinite == "abort":
             raise NonFiniteError(f"non-finite values in this worker's {purpose} before the exchange "
                                  f"(--on-nonfinite abort)")
@@ -273,13 +318,17 @@ class Exchange:
         groups) through the codec's collective over the group."""
         if self.quorum is not None:
             return self._quorum_mean(payload)
+        if self.replicas.shards and payload.purpose in REPLICATED:      # every rank's own values
+            return self._all_reduce(payload, None, dist.get_world_size())
         part = self._shard(payload) if self._sharded(payload) else payload
-        return self._all_reduce(part) if part.codec.name == "fp32" else self._all_gather(part)
+        if part.codec.name == "fp32":
+            return self._all_reduce(part)
+        return self._all_gather(part) if part.collective == "allgather" else self._reduce_scatter_lossy(part)
 
     def _book(self, payload: Payload, sent: Sent) -> None:
         """The ledger's bytes by purpose: the values, the side band as telemetry (no call of its
         own), the guard's weight or flag, and a contribution the guard dropped."""
-        self.ledger.count(payload.purpose, sent.wire_bytes)
+        self.ledger.count(payload.purpose, sent.wire_bytes, sent=sent.sent)
         if sent.side_bytes:
             self.ledger.count("telemetry", sent.side_bytes, calls=0)
         if sent.guard_bytes:
@@ -326,7 +375,7 @@ class Exchange:
         src = dist.get_global_rank(group, 0) if group is not None else 0
         dist.broadcast(buf, src=src, group=group)
 
-    def modelled_seconds(self, numel: int, codec: str | Codec = "fp32") -> float | None:
+    def modelled_seconds(self, numel: int, codec: str | Codec = "fp32", collective: str = "auto") -> float | None:
         """The emulated link's duration of one `mean` of `numel` float32 values between this group's
         workers (`comm.mean_cost`; None when the group is not emulated). Under a quorum, its own
         mean's (`ft.quorum`)."""
@@ -335,7 +384,8 @@ class Exchange:
         emulator = emulator_of(self.broadcast_group)
         if emulator is None:
             return None
-        return mean_seconds(numel, codec, emulator.topology, self.world_size, self.replicas.ranks_per_worker)
+        return mean_seconds(numel, codec, emulator.topology, self.world_size, self.replicas.ranks_per_worker,
+                            shards=self.replicas.shards, collective=self.lossy_collective(get_codec(codec), collective))
 
     @staticmethod
     def _measure(handle: MeanHandle, result: torch.Tensor, whole: torch.Tensor, extra: int, purpose: str,
@@ -358,9 +408,26 @@ class Exchange:
     def _last_shard(self) -> bool:
         return self.replicas.local_rank == self.replicas.ranks_per_worker - 1
 
+    def worker_sum(self, values: list[float], purpose: str = "telemetry") -> list[float]:
+        """Per-shard scalars summed over the worker's ranks (float64): with the model sharded inside
+        a worker each rank measures only its shard (a norm², a drift term); otherwise every rank
+        holds the whole and the values are returned as they are."""
+        if not self.replicas.shards or self.replicas.ranks_per_worker == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64)
+        t0 = time.perf_counter()
+        dist.all_reduce(t, group=self.replicas.inside)
+        self.ledger.count(INSIDE + purpose, t.numel() * t.element_size())
+        self.ledger.waited(INSIDE + purpose, time.perf_counter() - t0)
+        return t.tolist()
+
+    def worker_norm(self, norm: float) -> float:
+        """The L2 norm of a worker's whole tensor from this rank's shard's (`worker_sum`)."""
+        return self.worker_sum([norm * norm])[0] ** 0.5 if self.replicas.shards else norm
+
     def _sharded(self, payload: Payload) -> bool:
         """Is this mean split between a worker's ranks? (Not a buffer with fewer values than R.)"""
-        return self.replicas.sharded and payload.buf.numel() - payload.extra >= self.replicas.ranks_per_worker
+        return self.replicas.ddp_inside and payload.buf.numel() - payload.extra >= self.replicas.ranks_per_worker
 
     def _bounds(self, n_values: int) -> list[int]:
         """Where the R shards of `n_values` values start (and the last ends): near-equal, none empty."""
@@ -374,7 +441,9 @@ class Exchange:
         bounds = self._bounds(flat.numel() - payload.extra)
         r = self.replicas.local_rank
         shard = flat[bounds[r]:] if self._last_shard else flat[bounds[r]:bounds[r + 1]]
-        return dataclasses.replace(payload, buf=shard, extra=payload.extra if self._last_shard else 0, dest=None)
+        residual = None if payload.residual is None else payload.residual.view(-1)[bounds[r]:bounds[r + 1]]
+        return dataclasses.replace(payload, buf=shard, extra=payload.extra if self._last_shard else 0, dest=None,
+                                   residual=residual)
 
     def _reassemble(self, shard_mean: torch.Tensor, payload: Payload) -> torch.Tensor:
         """All-gather every local rank's averaged shard inside the worker (blocking, booked as
@@ -405,18 +474,20 @@ class Exchange:
         return Sent(None, lambda: mean, payload.values_bytes, payload.extra * item, 0, blocked=True,
                     participants=self.quorum.participants)
 
-    def _all_reduce(self, payload: Payload) -> Sent:
+    def _all_reduce(self, payload: Payload, group: Any = ..., size: int | None = None) -> Sent:
         """fp32: SUM all-reduce of the values divided by the world size, into the destination (or a
-        new tensor); weighted, of the values and the weight, divided by the weights' sum after."""
+        new tensor); weighted, of the values and the weight, divided by the weights' sum after.
+        Over the exchange's group, or `group` of `size` ranks (None: every rank)."""
         buf, purpose, weighted, valid, dest = payload.buf, payload.purpose, payload.weighted, payload.valid, payload.dest
+        group, size = (self.group, self.world_size) if group is ... else (group, size)
         if weighted:
             values = buf.detach().reshape(-1) if valid else buf.new_zeros(buf.numel())
             wire = torch.cat([values, values.new_ones(1) if valid else values.new_zeros(1)])
         else:
             wire = dest if dest is not None else torch.empty_like(buf)
-            if wire is not buf or self.world_size != 1:
-                torch.div(buf.detach(), self.world_size, out=wire)
-        work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=self.group, async_op=True) \
+            if wire is not buf or size != 1:
+                torch.div(buf.detach(), size, out=wire)
+        work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group, async_op=True) \
             if dist.is_initialized() else None
 
         def finish() -> torch.Tensor:
@@ -425,7 +496,8 @@ class Exchange:
             total = wire[:-1].view_as(buf)
             return (dest.copy_(total) if dest is not None else total).div_(self._contributors(float(wire[-1]), purpose))
         item = buf.element_size()
-        return Sent(work, finish, (buf.numel() - payload.extra) * item, payload.extra * item, item if weighted else 0)
+        return Sent(work, finish, (buf.numel() - payload.extra) * item, payload.extra * item, item if weighted else 0,
+                    sent=round(2 * (size - 1) / size * wire.numel() * item) if size > 1 else 0)
 
     def _all_gather(self, payload: Payload) -> Sent:
         """Lossy codecs: all-gather every rank's encoded payload (then the side-band scalars as raw
@@ -438,6 +510,8 @@ class Exchange:
             flat = torch.zeros_like(flat)
         numel = flat.numel() - extra
         wire = codec.encode(flat[:numel]).data
+        if payload.residual is not None and valid:
+            payload.residual.view(-1).copy_(flat[:numel] - codec.decode(Encoded(codec.name, numel, wire)))
         if extra:
             wire = torch.cat([wire, flat[numel:].float().view(torch.uint8)])
         if weighted:
@@ -463,7 +537,69 @@ class Exchange:
                 contributors += 1
             mean = acc.div_(self._contributors(contributors, purpose))
             return dest.copy_(mean.view_as(buf)) if dest is not None else mean
-        return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0)
+        return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0,
+                    sent=(self.world_size - 1) * wire.numel())
+
+    def _reduce_scatter_lossy(self, payload: Payload) -> Sent:
+        """Lossy codecs over many workers: the values cut into M chunks (the last zero-padded), each
+        encoded on its own; an all-to-all sends chunk j of every rank to rank j (with the side band as
+        raw float32 and, weighted, a validity flag); rank j decodes and sums them in fp32 in rank order
+        and divides by the valid contributors, re-encodes that mean chunk, and the mean chunks are
+        all-gathered and decoded. Every rank decodes the same bytes: the same bits everywhere. The
+        all-gather runs when the mean is waited for; its time is booked as waiting too."""
+        buf, codec, purpose, extra, dest = payload.buf, payload.codec, payload.purpose, payload.extra, payload.dest
+        weighted, valid, m = payload.weighted, payload.valid, self.world_size
+        flat = buf.detach().reshape(-1)
+        if not valid:
+            flat = torch.zeros_like(flat)
+        numel = flat.numel() - extra
+        q = -(-numel // m)                                           # chunk length
+        padded = flat.new_zeros(m * q, dtype=torch.float32)
+        padded[:numel] = flat[:numel]
+        side = flat[numel:].float().view(torch.uint8)
+        flag = side.new_full((1,), int(valid)) if weighted else side.new_zeros(0)
+        chunks = [codec.encode(padded[j * q:(j + 1) * q]).data for j in range(m)]
+        if payload.residual is not None and valid:
+            own = torch.cat([codec.decode(Encoded(codec.name, q, c)) for c in chunks])[:numel]
+            payload.residual.view(-1).copy_(flat[:numel] - own)
+        send = torch.cat([torch.cat([c, side, flag]) for c in chunks])
+        recv = torch.empty_like(send)
+        piece = send.numel() // m
+        if dist.is_initialized():
+            work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
+        else:
+            recv.copy_(send)
+            work = None
+
+        def finish() -> torch.Tensor:
+            acc, side_sum, contributors = torch.zeros(q, dtype=torch.float32, device=flat.device), None, 0
+            for i in range(m):                                       # rank order: the same sum everywhere
+                data = recv[i * piece:(i + 1) * piece].clone()            # its own storage: 4-byte aligned
+                if weighted:
+                    if not int(data[-1]):
+                        continue
+                    data = data[:-1]
+                if extra:
+                    data, raw = data[:-4 * extra], data[-4 * extra:].clone().view(torch.float32)
+                    side_sum = raw if side_sum is None else side_sum + raw
+                acc += codec.decode(Encoded(codec.name, q, data))
+                contributors += 1
+            n = self._contributors(contributors, purpose)
+            mine = codec.encode(acc.div_(n)).data
+            gathered = [torch.empty_like(mine) for _ in range(m)]
+            t0 = time.perf_counter()
+            if dist.is_initialized():
+                dist.all_gather(gathered, mine, group=self.group)
+            else:
+                gathered = [mine]
+            self.ledger.waited(purpose, time.perf_counter() - t0)
+            mean = torch.cat([codec.decode(Encoded(codec.name, q, g)) for g in gathered])[:numel]
+            if extra:
+                mean = torch.cat([mean, side_sum.div_(n)])
+            return dest.copy_(mean.view_as(buf)) if dest is not None else mean
+        encoded_chunk = codec.wire_bytes(q)
+        return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0,
+                    sent=(m - 1) * (piece + encoded_chunk))
 
     @staticmethod
     def _contributors(n: float, purpose: str) -> float:

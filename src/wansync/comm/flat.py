@@ -52,7 +52,8 @@ class FlatTensors:
         return first.as_strided((self.numel,), (1,), first.storage_offset())
 
     def scatter(self, flat: torch.Tensor) -> None:
-        """Copy `flat` back into the tensors in place."""
+        """Copy `flat` back into the tensors in place (from wherever it lies: host memory too)."""
+        flat = flat.to(self.device)
         with torch.no_grad():
             packed = self.packed()
             if packed is not None:

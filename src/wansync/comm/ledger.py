@@ -19,8 +19,9 @@ INSIDE = "inside/"      # purpose prefix of the traffic inside a worker (it neve
 @dataclass
 class CommTotals:
     calls: int = 0
-    bytes: int = 0
+    bytes: int = 0          # the payload: what one rank contributes (the buffer, encoded)
     waited_s: float = 0.0
+    sent: int = 0           # what this rank put on the wire to move it: by the collective's algorithm
 
 
 @dataclass
@@ -31,11 +32,14 @@ class CommLedger:
     on_wait: list[Callable[[str, float], None]] = field(default_factory=list)
     dropped: int = 0                     # exchanges this worker sat out (non-finite, policy skip)
 
-    def count(self, purpose: str, nbytes: int, calls: int = 1) -> None:
-        """Book one exchange's bytes; `calls=0` for bytes riding on another purpose's exchange."""
+    def count(self, purpose: str, nbytes: int, calls: int = 1, sent: int | None = None) -> None:
+        """Book one exchange's bytes: its payload `nbytes`, and what this rank transmitted to move it
+        (`sent`: a ring all-reduce sends about 2(M−1)/M of its buffer, an all-gather (M−1) payloads;
+        default the payload). `calls=0` for bytes riding on another purpose's exchange."""
         t = self.totals[purpose]
         t.calls += calls
         t.bytes += nbytes
+        t.sent += nbytes if sent is None else sent
 
     def waited(self, purpose: str, seconds: float) -> None:
         self.totals[purpose].waited_s += seconds
@@ -49,14 +53,21 @@ class CommLedger:
         return sum(t.bytes for k, t in self.totals.items() if k != "init" and not k.startswith(INSIDE))
 
     @property
+    def sent_bytes(self) -> int:
+        """What this rank transmitted between workers to move `bytes` (the collectives' own traffic)."""
+        return sum(t.sent for k, t in self.totals.items() if k != "init" and not k.startswith(INSIDE))
+
+    @property
     def inside_bytes(self) -> int:
         """Bytes this rank sent to the other ranks of its worker."""
         return sum(t.bytes for k, t in self.totals.items() if k.startswith(INSIDE))
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {k: {"calls": v.calls, "bytes": v.bytes, "waited_s": v.waited_s} for k, v in self.totals.items()}
+        return {k: {"calls": v.calls, "bytes": v.bytes, "waited_s": v.waited_s, "sent": v.sent}
+                for k, v in self.totals.items()}
 
     def restore(self, snapshot: dict[str, dict[str, Any]]) -> None:
         """Continue counting from a checkpoint's snapshot."""
         for k, v in snapshot.items():
-            self.totals[k] = CommTotals(int(v["calls"]), int(v["bytes"]), float(v["waited_s"]))
+            self.totals[k] = CommTotals(int(v["calls"]), int(v["bytes"]), float(v["waited_s"]),
+                                        int(v.get("sent", v["bytes"])))

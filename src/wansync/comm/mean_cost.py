@@ -13,11 +13,23 @@ from ..net import Topology, exchange_seconds
 from .codecs import Codec, get_codec
 
 
-def mean_seconds(numel: int, codec: str | Codec, topology: Topology, workers: int, ranks_per_worker: int = 1) -> float:
-    """Modelled seconds of one mean of `numel` float32 values between `workers` workers of R ranks."""
+def mean_seconds(numel: int, codec: str | Codec, topology: Topology, workers: int, ranks_per_worker: int = 1,
+                 shards: bool = False, collective: str = "allgather") -> float:
+    """Modelled seconds of one mean of `numel` float32 values between `workers` workers of R ranks;
+    `shards` (FSDP inside): `numel` is this rank's own shard, every local rank averages its own
+    across at once and nothing is gathered inside the worker. `collective`: a lossy codec's path
+    (`Exchange.lossy_collective`): the all-gather of every payload, or the all-to-all of encoded
+    chunks then the all-gather of the encoded mean chunks."""
     codec, r = get_codec(codec), ranks_per_worker
-    shard = -(-numel // r)
+    shard = numel if shards else -(-numel // r)
+    cost = dict(inside=topology.intra_link, assemble=not shards)
     if codec.name == "fp32":
-        return float(exchange_seconds("allreduce", r * 4 * shard, topology, workers, r, inside=topology.intra_link))
-    return float(exchange_seconds("allgather", workers * r * codec.wire_bytes(shard), topology, workers, r,
-                                  inside=topology.intra_link, assembled_bytes=r * 4 * shard))
+        return float(exchange_seconds("allreduce", r * 4 * shard, topology, workers, r, **cost))
+    if collective != "reduce_scatter":
+        return float(exchange_seconds("allgather", workers * r * codec.wire_bytes(shard), topology, workers, r,
+                                      assembled_bytes=r * 4 * shard, **cost))
+    chunk = codec.wire_bytes(-(-shard // workers))
+    return float(exchange_seconds("alltoall", workers * r * chunk, topology, workers, r, assemble=False,
+                                  inside=topology.intra_link)
+                 + exchange_seconds("allgather", workers * r * chunk, topology, workers, r,
+                                    assembled_bytes=r * 4 * shard, **cost))

@@ -42,9 +42,10 @@ class ServedLighthouse:
             self.process.wait()
 
 
-def start(join_timeout_ms: int, heartbeat_timeout_ms: int):
-    """A lighthouse on 127.0.0.1 with these timeouts (any port); `.address()` and `.shutdown()`."""
-    kwargs = dict(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=join_timeout_ms,
+def start(join_timeout_ms: int, heartbeat_timeout_ms: int, bind: str = "127.0.0.1:0"):
+    """A lighthouse on `bind` (127.0.0.1, any port; 0.0.0.0 for workers on other hosts) with these
+    timeouts; `.address()` and `.shutdown()`."""
+    kwargs = dict(bind=bind, min_replicas=1, join_timeout_ms=join_timeout_ms,
                   heartbeat_timeout_ms=heartbeat_timeout_ms)
     if not workerproc.can_fork():
         from torchft.coordination import LighthouseServer

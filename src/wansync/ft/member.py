@@ -16,7 +16,9 @@ three times: `join` before the first step, `before_finish` before the final sync
   optimizer state, so that peers can be compared bit for bit (`ft.quorum.digest`).
 - **The start-up join** (`join_quorum`) and **the final synchronization's quorum**
   (`meet_final_quorum`), the two quorums outside a step; a step's own is the exchange's `meet`.
-- **Fault injection** inside an exchange (`trainer.faults`: a worker killed inside one).
+- **Fault injection** inside an exchange (`trainer.faults`: a worker killed inside one), and at
+  start-up, before the join (step=0: a worker stopped before it joins).
+- **torchft's own log lines** go to the rank's log, not the terminal (`library_logs_to`).
 
 The launcher (`ft.supervisor`) tells a worker where the lighthouse is (`LIGHTHOUSE_ENV`, unless
 --lighthouse names it) and that it is a restart (`RESTARTED_ENV`).
@@ -25,8 +27,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 import torch
@@ -34,6 +38,7 @@ import torch
 from ..config import Config
 from ..errors import PeerError
 from ..net import emulator_of
+from ..runner.route import route_to
 from ..strategies.base import Strategy
 from ..workloads.base import Workload
 from .quorum import Quorum, digest
@@ -47,10 +52,19 @@ JOIN_POLL_S = 0.2                       # between start-up quorums that came bac
 
 def quorum_for(cfg: Config, rank: int, workers: int) -> Quorum:
     """Worker `rank`'s quorum: on the lighthouse the launcher started (or --lighthouse's), under the
-    emulated link of the worker's own group (`--wan`)."""
-    local = not cfg.lighthouse
-    return Quorum(rank, os.environ.get(LIGHTHOUSE_ENV) or f"http://{cfg.lighthouse}", cfg.peer_timeout,
-                  hostname="127.0.0.1" if local else None, emulator=emulator_of(), workers=workers)
+    emulated link of the worker's own group (`--wan`). Its peers reach it at its route's address to
+    the lighthouse (127.0.0.1 for a local run), whatever this host's name resolves to."""
+    lighthouse = os.environ.get(LIGHTHOUSE_ENV) or f"http://{cfg.lighthouse}"
+    return Quorum(rank, lighthouse, cfg.peer_timeout, hostname=reached_at(lighthouse), emulator=emulator_of(),
+                  workers=workers)
+
+
+def reached_at(lighthouse: str) -> str | None:
+    """This host's address on the route to the lighthouse (None when it has none: its name then)."""
+    try:
+        return route_to(urlsplit(lighthouse).hostname or "").address
+    except (OSError, ValueError):
+        return None
 
 
 def join_quorum(sync: Strategy, quorum: Quorum, expected: int) -> None:
@@ -58,25 +72,38 @@ def join_quorum(sync: Strategy, quorum: Quorum, expected: int) -> None:
     `expected` workers are in it). A worker that started late (restarted) heals there to their step
     and makes that step's synchronization with them (`Strategy.sync_due`). It gives up (PeerError,
     one line) when the others have not all arrived within JOIN_TIMEOUTS x the quorum's timeout
-    (--peer-timeout); a quorum call that times out meanwhile is retried (the others may still be
-    starting on a loaded machine)."""
+    (--peer-timeout): each quorum waits at most what is left of that, and one that fails meanwhile
+    is retried (the others may still be starting on a loaded machine)."""
     t = sync.t
     deadline = time.monotonic() + JOIN_TIMEOUTS * quorum.timeout_s
+    within = f"within {JOIN_TIMEOUTS} x --peer-timeout ({JOIN_TIMEOUTS * quorum.timeout_s:g} s)"
     while True:
+        left = deadline - time.monotonic()
         try:
-            quorum.quorum(t)
+            quorum.quorum(t, timeout_s=min(quorum.timeout_s, max(left, JOIN_POLL_S)))
             if sync.t != t or quorum.participants >= expected:
                 break
-        except PeerError:
-            if time.monotonic() >= deadline:
-                raise
-            continue
+            why = f"only {quorum.participants} of {expected} workers joined the fault-tolerant run {within}"
+        except PeerError as e:
+            why = (f"the lighthouse at {quorum.lighthouse} formed no quorum {within} (is it there, answering, and "
+                   f"waiting for no more workers than this run has?): {e}")
         if time.monotonic() >= deadline:
-            raise PeerError(f"only {quorum.participants} of {expected} workers joined the fault-tolerant run within "
-                            f"{JOIN_TIMEOUTS} x --peer-timeout ({JOIN_TIMEOUTS * quorum.timeout_s:g} s)")
-        time.sleep(JOIN_POLL_S)           # the others are not heartbeating yet: no busy loop
+            raise PeerError(why)
+        time.sleep(JOIN_POLL_S)           # the others are not heartbeating yet, or the lighthouse not answering
     if sync.t != t:                       # healed: at the others' step now
         sync.sync_due()
+
+
+def library_logs_to(path: Path) -> None:
+    """In a worker the launcher started, torchft's own lines (its Rust warnings, its Python logging
+    warnings) go to the rank's log, appended, not to the terminal, where the launcher prints the one
+    line that matters. Under torchrun a rank's stderr is the command's own and stays."""
+    if os.environ.get("WANSYNC_LAUNCHED") != "1":
+        return
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def meet_final_quorum(sync: Strategy) -> None:
@@ -104,16 +131,20 @@ class Member:
         self.quorum, self.rank, self.workers, self.log_dir = quorum, rank, workers, log_dir
         self.workload, self.optimizer, self.sync = workload, optimizer, sync
         self.restarted = os.environ.get(RESTARTED_ENV) == "1"
+        self.faults = faults
         self._last_logged: tuple[Any, Any, int | None] = (None, None, None)   # quorum id, participants, step
         quorum.serve(self._state, self._heal)
         quorum.on_quorum = self._log
         if faults is not None:
             quorum.before_exchange = lambda t: faults.in_exchange(rank, t)
+        library_logs_to(log_dir / f"rank{rank}.log")
 
     def join(self) -> None:
         """Before the first step (`join_quorum`): every worker at the start of a run; a restarted
         one meets the others wherever they are and must heal from them (a PeerError, one line, when
         none was left: they ended the run without it)."""
+        if self.faults is not None:
+            self.faults.at_start(self.rank)
         join_quorum(self.sync, self.quorum, 1 if self.restarted else self.workers)
         if self.restarted and self.quorum.heals == 0:
             raise PeerError("this restarted worker found no live peer to heal from: the others ended the "

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import socket
 import time
 import zlib
@@ -70,7 +71,10 @@ def manager_step(t: int, finishing: bool) -> int:
 
 
 def require_torchft() -> None:
-    """One line, not a traceback, when the optional dependency is missing."""
+    """One line, not a traceback, when the optional dependency is missing. Before torchft first
+    loads, its Rust logs are set to warnings (RUST_LOG, unless set): they are read once, then, and
+    its INFO lines, several per quorum, would fill the terminal and every log without bound."""
+    os.environ.setdefault("RUST_LOG", "warn")
     try:
         import torchft  # noqa: F401
     except ImportError as exc:
@@ -85,7 +89,9 @@ class Quorum:
         lighthouse: the lighthouse's address, http://HOST:PORT.
         timeout_s: how long a quorum waits for a silent peer (--peer-timeout); a collective waits
             COLLECTIVE_TIMEOUT_SHARE of it.
-        hostname: the name peers reach this worker's Manager and checkpoint server by.
+        hostname: the address peers reach this worker at (its Manager, its store, the checkpoint
+            server a healing peer fetches from): its route's to the lighthouse (`ft.member`), never a
+            name that may resolve to loopback.
         emulator: the emulated link (`--wan`) the all-reduces run under; None: not emulated.
         workers: the run's workers (their global ranks place them on the link's sites).
     """
@@ -99,15 +105,23 @@ class Quorum:
         from .transport import HealTransport
         timeout = timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
+        self.lighthouse = lighthouse
         self.emulator, self.workers = emulator, workers
         self._pg = members_recording_gloo(timedelta(seconds=timeout_s * COLLECTIVE_TIMEOUT_SHARE))
-        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)   # this worker's own
-        self.manager = Manager(
-            pg=self._pg, load_state_dict=None, state_dict=None, min_replica_size=1,
-            use_async_quorum=False, replica_id=f"worker_{worker}", store_addr="127.0.0.1",
-            store_port=self._store.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
-            hostname=hostname or socket.gethostname(), timeout=timeout, quorum_timeout=timeout,
-            connect_timeout=timeout, init_sync=False, checkpoint_transport=HealTransport(timeout=timeout, num_chunks=0))
+        hostname = hostname or socket.gethostname()
+        # this worker's own store, serving on every interface; the quorum's process group meets on the
+        # store of one of its members, at the address that member advertised
+        self._store = TCPStore(hostname, 0, is_master=True, wait_for_workers=False)
+        try:
+            self.manager = Manager(
+                pg=self._pg, load_state_dict=None, state_dict=None, min_replica_size=1,
+                use_async_quorum=False, replica_id=f"worker_{worker}", store_addr=hostname,
+                store_port=self._store.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
+                hostname=hostname, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, init_sync=False,
+                checkpoint_transport=HealTransport(timeout=timeout, num_chunks=0, host=hostname))
+        except RuntimeError as exc:               # torchft's connect timeout: the cause is the address
+            raise PeerError(f"cannot reach the lighthouse at {lighthouse} within --peer-timeout ({timeout_s:g} s): "
+                            f"{first_line(exc)}") from exc
         self.participants: int | None = None      # of the last exchange
         self.heals = 0
         self._t = 0                               # the step of the last quorum (the peers' after a heal)
@@ -132,18 +146,23 @@ class Quorum:
         self._load(state)
 
     def quorum(self, t: int, shrink_only: bool = False, left_out_is_fatal: bool = False,
-               finishing: bool = False) -> None:
+               finishing: bool = False, timeout_s: float | None = None) -> None:
         """Agree on who takes part from step t on (`finishing`: in the final synchronization);
         heal from a peer when this worker is behind. `left_out_is_fatal` (training, not the
         start-up join): a worker the others went on without (quorums formed while it was stopped or
         cut off) must heal in this quorum; with no live peer to heal from (the others ended), a
-        PeerError rather than train on alone."""
+        PeerError rather than train on alone. `timeout_s`: this quorum's wait, if shorter than the
+        quorum's timeout (what is left of the start-up join's)."""
         self._t, self.finishing, self._exchanges_in_slot = t, finishing, 0
         heals, t0, last_id = self.heals, time.perf_counter(), self._pg.quorum_id
         self.manager.load_state_dict({"step": manager_step(t, finishing), "batches_committed": 0})
         try:
-            self.manager.start_quorum(shrink_only=shrink_only)
+            self.manager.start_quorum(shrink_only=shrink_only,
+                                      timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
         except Exception as exc:  # noqa: BLE001 - torchft's quorum timeout or lost lighthouse, in one line
+            # torchft re-raises a failed quorum (the same exception, its traceback one retry longer each
+            # time) at every later start: forget it, so that a retry asks the lighthouse again
+            self.manager._quorum_future = None
             raise PeerError(f"the fault-tolerant quorum failed: {first_line(exc)}") from exc
         if self.manager.errored():
             raise PeerError(f"the fault-tolerant quorum failed: {self.manager.errored().original_exception}")

@@ -28,10 +28,11 @@ def read_quorums(log_dir: Path, workers: int) -> dict[int, list[dict[str, Any]]]
     return out
 
 
-def heals(log_dir: Path) -> int:
-    """How many times a worker healed from a peer."""
+def heals(log_dir: Path, rank: int | None = None) -> int:
+    """How many times a worker (`rank`; default: any) healed from a peer."""
     path = log_dir / HEALS_LOG
-    return len(path.read_text().splitlines()) if path.is_file() else 0
+    lines = [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return len(lines) if rank is None else sum(1 for line in lines if json.loads(line).get("rank") == rank)
 
 
 def steps_lost(present: dict[int, Iterable[int]], end: int,

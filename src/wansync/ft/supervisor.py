@@ -9,23 +9,31 @@ The local launcher (`runner.launch`) hands its workers to a `Supervisor`, which
 - adds to summary.json what the run went through: worker_failures, rejoins, heals, steps_lost and
   short_exchanges (`ft.quorums`).
 
+Under torchrun a supervisor watches one rank (its own process's, `runner.launch`), and the ranks
+meet through torchrun's store (`ft.nodes`): rank 0 starts the lighthouse for all of them, and adds
+up every rank's report into summary.json.
+
 The run ends well when every worker still in it ends well. Once a worker has finished the run, the
 ones still alive were left out of its end: a running one exits by itself within its start-up
 deadline (3 peer timeouts, `ft.member`), so it gets LINGER_TIMEOUTS of them; a stopped one (SIGSTOP,
 a hung host) cannot, so it gets one. Past that the supervisor ends it and says so in one line,
-instead of waiting for it forever.
+instead of waiting for it forever. Before any worker has finished, once a worker has failed for
+good and every one left is stopped, nothing can go on: it ends them at once (`end_stopped`).
 """
 from __future__ import annotations
 
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..config import Config
+from ..errors import PeerError, first_line
 from ..rundir.layout import LOGS_DIR, add_to_summary, has_summary
 from ..runner.workerproc import Worker, describe_exit, error_file, is_stopped
+from ..runner.torchrun import TorchrunEnv
 from .member import LIGHTHOUSE_ENV, RESTARTED_ENV
+from .nodes import Nodes
 from .quorum import require_torchft
 from .quorums import heals, read_quorums, short_exchanges, steps_lost
 
@@ -38,10 +46,11 @@ class Supervisor:
     """The fault-tolerant side of one local launch (see the module docstring); `close` ends the
     lighthouse it started."""
 
-    def __init__(self, cfg: Config, run_dir: Path):
+    def __init__(self, cfg: Config, run_dir: Path, torchrun: TorchrunEnv | None = None):
         require_torchft()
         self.cfg, self.run_dir = cfg, run_dir
-        self.lighthouse, self.address = start_lighthouse(cfg)
+        self.nodes = None if torchrun is None else Nodes(torchrun, cfg.peer_timeout)
+        self.lighthouse, self.address = start_lighthouse(cfg, self.nodes)
 
     @property
     def restarts_workers(self) -> bool:
@@ -58,9 +67,11 @@ class Supervisor:
         return env
 
     def watch(self, procs: list[Worker], restart: Callable[[int], Worker],
-              check_signals: Callable[[], None]) -> tuple[int, str]:
+              check_signals: Callable[[], None], ranks: list[int] | None = None) -> tuple[int, str]:
         """Until every worker still in the run has ended: (exit status, the first failure). A failed
-        worker is restarted in place (`restart(rank)`); the failures go into summary.json."""
+        worker is restarted in place (`restart(rank)`); the failures go into summary.json. `ranks`:
+        the global ranks of `procs` (default: 0, 1, ...)."""
+        ranks = list(range(len(procs))) if ranks is None else ranks
         failures: dict[int, int] = {}
         left_behind: set[int] = set()           # ended by the supervisor after the run's end
         first = ""
@@ -68,18 +79,23 @@ class Supervisor:
         max_restarts = self.cfg.max_restarts
         while True:
             check_signals()                     # a signal becomes an exception here, between polls
-            for rank, p in enumerate(procs):
+            for i, (rank, p) in enumerate(zip(ranks, procs)):
                 code = p.poll()
                 if code in (None, 0) or failures.get(rank, 0) > max_restarts or rank in left_behind:
                     continue
                 first = first or describe_exit(self.run_dir, rank, code)
                 failures[rank] = failures.get(rank, 0) + 1
+                if failures[rank] <= max_restarts and self.nodes is not None and self.nodes.ended():
+                    failures[rank] = max_restarts + 1          # the run ended without it: nothing to rejoin
                 if failures[rank] <= max_restarts:
                     error_file(self.run_dir, rank).unlink(missing_ok=True)
-                    procs[rank] = restart(rank)
-            ended = [p.poll() for r, p in enumerate(procs) if failures.get(r, 0) <= max_restarts and r not in left_behind]
+                    procs[i] = restart(rank)
+            ended = [p.poll() for r, p in zip(ranks, procs)
+                     if failures.get(r, 0) <= max_restarts and r not in left_behind]
             if all(c is not None for c in ended):
                 ok = bool(ended) and all(c == 0 for c in ended)
+                if self.nodes is not None:
+                    return self.end_across_nodes(failures, ok, first)
                 record_failures(self.run_dir, failures, restarts=sum(min(n, max_restarts) for n in failures.values()),
                                 workers=len(procs), steps=self.cfg.steps)
                 return (0 if ok else 1), ("" if ok else first)
@@ -87,33 +103,84 @@ class Supervisor:
                 finished_at = time.monotonic()
             if finished_at is not None:
                 for rank in end_left_behind(procs, self.run_dir, time.monotonic() - finished_at,
-                                            self.cfg.peer_timeout):
+                                            self.cfg.peer_timeout, ranks):
                     left_behind.add(rank)
                     failures[rank] = failures.get(rank, 0) + 1
+            elif first:
+                gone = {r for r in ranks if failures.get(r, 0) > max_restarts} | left_behind
+                for rank in end_stopped(procs, ranks, gone):
+                    left_behind.add(rank)
+                    failures[rank] = failures.get(rank, 0) + 1
+                    first += f" (rank {rank} is stopped: it hung, and the launcher ended it)"
             time.sleep(POLL_S)
+
+    def end_across_nodes(self, failures: dict[int, int], ok: bool, first: str) -> tuple[int, str]:
+        """Under torchrun, once this rank's worker has ended: say so, report, and (rank 0) add every
+        rank's report to summary.json. A rank whose worker left the run for good waits until another
+        finished it (so that its torchrun agent ends with theirs; rank 0's lighthouse serves them on)
+        and ends well: the run went on without it, as under the local launcher."""
+        nodes, cfg = self.nodes, self.cfg
+        assert nodes is not None
+        rank, logs = nodes.rank, self.run_dir / LOGS_DIR
+        if ok:
+            nodes.end()
+        nodes.report(rank_report(logs, rank, cfg.workers, failures.get(rank, 0), cfg.max_restarts))
+        if not ok:
+            if not nodes.wait_for_end(cfg.workers):
+                return 1, first
+            print(f"wansync: warning: {first}; the run went on without rank {rank}", file=sys.stderr)
+        if rank == 0:
+            reports = nodes.reports(cfg.workers, cfg.peer_timeout)     # the others end with rank 0's worker
+            record(self.run_dir, {r: rep or gone_report() for r, rep in reports.items()}, cfg.steps)
+        return 0, ""
 
     def close(self) -> None:
         if self.lighthouse is not None:
             self.lighthouse.shutdown()
 
 
-def start_lighthouse(cfg: Config) -> tuple[object | None, str]:
+def start_lighthouse(cfg: Config, nodes: Nodes | None = None) -> tuple[object | None, str]:
     """torchft's lighthouse on 127.0.0.1 (None when --lighthouse names one) and its address for the
-    workers. A quorum waits up to --peer-timeout for a live (heartbeating) worker that is late, so
-    slow workers stay in lockstep; a dead one stops heartbeating and is left out after 2 s."""
+    workers; under torchrun (`nodes`) rank 0's, on every interface, and the others learn its address.
+    A quorum waits up to --peer-timeout for a live (heartbeating) worker that is late, so slow workers
+    stay in lockstep; a dead one stops heartbeating and is left out after 2 s."""
     if cfg.lighthouse:
         return None, f"http://{cfg.lighthouse}"
+    if nodes is not None and nodes.rank != 0:
+        try:
+            return None, nodes.lighthouse()
+        except RuntimeError as e:
+            raise PeerError(f"rank 0 did not start the fault-tolerant run's lighthouse within --peer-timeout "
+                            f"{cfg.peer_timeout:g} s: {first_line(e)[:200]}") from None
     from . import lighthouse
-    server = lighthouse.start(join_timeout_ms=int(cfg.peer_timeout * 1000), heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
-    port = server.address().rsplit(":", 1)[1]
-    return server, f"http://127.0.0.1:{port}"
+    server = lighthouse.start(join_timeout_ms=int(cfg.peer_timeout * 1000), heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+                              bind="127.0.0.1:0" if nodes is None else "0.0.0.0:0")
+    port = int(server.address().rsplit(":", 1)[1])
+    if nodes is None:
+        return server, f"http://127.0.0.1:{port}"
+    nodes.publish_lighthouse(nodes.lighthouse_url(port))
+    return server, nodes.lighthouse_url(port)
 
 
-def end_left_behind(procs: list[Worker], run_dir: Path, since_end: float, peer_timeout: float) -> list[int]:
+def end_stopped(procs: list[Worker], ranks: list[int], gone: set[int]) -> list[int]:
+    """After a failure, before any worker finished: when every worker still in the run (not in
+    `gone`) is stopped (SIGSTOP, a hung host), none can go on or end by itself, and nothing is left
+    to wait for. Kill them and return their ranks; [] while any one of them runs."""
+    alive = [(r, p) for r, p in zip(ranks, procs) if r not in gone and p.poll() is None]
+    if not alive or not all(is_stopped(p.pid) for _, p in alive):
+        return []
+    for _, p in alive:
+        p.kill()
+        p.wait()
+    return [r for r, _ in alive]
+
+
+def end_left_behind(procs: list[Worker], run_dir: Path, since_end: float, peer_timeout: float,
+                    ranks: list[int] | None = None) -> list[int]:
     """Kill the workers still alive too long after the run's end (module docstring), each with one
     line in its error file and on stderr; returns their ranks (a failure each, never restarted)."""
     ended = []
-    for rank, p in enumerate(procs):
+    for rank, p in zip(range(len(procs)) if ranks is None else ranks, procs):
         if p.poll() is not None:
             continue
         stopped = is_stopped(p.pid)
@@ -133,11 +200,35 @@ def end_left_behind(procs: list[Worker], run_dir: Path, since_end: float, peer_t
 def record_failures(run_dir: Path, failures: dict[int, int], restarts: int, workers: int, steps: int) -> None:
     """Add the run's failures, rejoins, heals, the steps each worker lost and the exchanges short of
     a worker (`ft.quorums`) to summary.json (written by rank 0's worker; nothing without it)."""
+    reports = {w: rank_report(run_dir / LOGS_DIR, w, workers, failures.get(w, 0), 0) for w in range(workers)}
+    record(run_dir, reports, steps, restarts=restarts)
+
+
+def rank_report(log_dir: Path, rank: int, workers: int, failures: int, max_restarts: int) -> dict[str, Any]:
+    """What worker `rank` went through, from its host's logs: failures, restarts, heals, the slots
+    it took part in and those it healed at."""
+    mine = read_quorums(log_dir, workers)[rank]
+    return {"failures": failures, "restarts": min(failures, max_restarts), "heals": heals(log_dir, rank),
+            "present": [r["step"] for r in mine], "healed": [r["step"] for r in mine if r.get("healed")],
+            "participants": {str(r["step"]): r["participants"] for r in mine}}
+
+
+def gone_report() -> dict[str, Any]:
+    """The report of a rank whose node never gave one: gone, one failure, no slot."""
+    return {"failures": 1, "restarts": 0, "heals": 0, "present": [], "healed": [], "participants": {}}
+
+
+def record(run_dir: Path, reports: dict[int, dict[str, Any]], steps: int, restarts: int | None = None) -> None:
+    """Add up every worker's report into summary.json (nothing when rank 0's worker wrote none):
+    worker_failures, rejoins, heals, steps_lost, and short_exchanges as rank 0's worker saw them."""
     if not has_summary(run_dir):
         return
-    quorums = read_quorums(run_dir / LOGS_DIR, workers)
-    lost = steps_lost({w: [r["step"] for r in rs] for w, rs in quorums.items()}, end=steps,
-                      healed={w: [r["step"] for r in rs if r.get("healed")] for w, rs in quorums.items()})
-    add_to_summary(run_dir, {"worker_failures": sum(failures.values()), "rejoins": restarts,
-                             "heals": heals(run_dir / LOGS_DIR), "steps_lost": [lost[w] for w in range(workers)],
-                             "short_exchanges": short_exchanges(quorums[0], workers)})
+    workers = len(reports)
+    lost = steps_lost({w: r["present"] for w, r in reports.items()}, end=steps,
+                      healed={w: r["healed"] for w, r in reports.items()})
+    quorums0 = [{"step": int(s), "participants": n} for s, n in reports[0]["participants"].items()]
+    add_to_summary(run_dir, {"worker_failures": sum(r["failures"] for r in reports.values()),
+                             "rejoins": sum(r["restarts"] for r in reports.values()) if restarts is None else restarts,
+                             "heals": sum(r["heals"] for r in reports.values()),
+                             "steps_lost": [lost[w] for w in range(workers)],
+                             "short_exchanges": short_exchanges(quorums0, workers)})

@@ -16,8 +16,7 @@ def check_fault_tolerant(cfg: Any) -> None:
           f"--fault-tolerant does not support {cfg.strategy}: it all-reduces gradients every step, so no step can "
           f"go on without every worker (use one of {', '.join(STRATEGIES)})")
     check(cfg.ranks_per_worker == 1, "--fault-tolerant supports workers of one rank only (--ranks-per-worker 1)")
+    check(getattr(cfg, "inside", "ddp") == "ddp", "--fault-tolerant does not heal workers sharded inside yet "
+          "(--inside fsdp): a restarted worker would need each rank's shard from the same rank of a live worker")
     check(getattr(cfg, "codec", None) in (None, "fp32"),
           f"--fault-tolerant exchanges fp32 only (torchft's quorum all-reduce sums on the wire), not codec {cfg.codec}")
-    host, _, port = cfg.lighthouse.rpartition(":")
-    check(not cfg.lighthouse or (bool(host) and port.isdigit()),
-          f"lighthouse must be HOST:PORT, got {cfg.lighthouse!r}")

@@ -21,7 +21,19 @@ RETRY_EVERY_S = 0.05
 
 
 class HealTransport(HTTPTransport):
-    """`HTTPTransport` whose `recv_checkpoint` waits for the source to serve the step asked for."""
+    """`HTTPTransport` whose `recv_checkpoint` waits for the source to serve the step asked for, and
+    whose address names `host` (the address a peer reaches this worker at), not this host's name
+    (which may resolve to loopback, on the peer's side too)."""
+
+    def __init__(self, timeout: timedelta, num_chunks: int, host: str | None = None):
+        self._host = host                       # before the server starts: its start logs the address
+        super().__init__(timeout=timeout, num_chunks=num_chunks)
+
+    def address(self) -> str:
+        if self._host is None:
+            return super().address()
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self._server.socket.getsockname()[1]}/checkpoint/"
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
         deadline = time.monotonic() + timeout.total_seconds()

@@ -20,6 +20,7 @@ from wansync.net.backend import (
     SharedUplink,
     emulator_of,
     install,
+    machine_identity,
     shared_uplink,
 )
 from wansync.net.cost import collective_duration, exchange_seconds, in_worker_seconds, jitter_draw
@@ -43,6 +44,7 @@ __all__ = [
     "in_worker_seconds",
     "install",
     "jitter_draw",
+    "machine_identity",
     "parse_wan",
     "shared_uplink",
 ]

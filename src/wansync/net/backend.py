@@ -9,7 +9,8 @@ whole process group, so it implements every collective its callers use; each one
 3. reserves its :class:`~wansync.net.Emulator`'s link, which is FIFO: start = max(issue, end of
    the previous transfer),
 4. issues beside it a MAX all-reduce of that start (8 bytes on the real backend), so that the
-   transfer starts when the last member is ready: the straggler's lateness delays everyone's end,
+   transfer starts when the last member is ready: the straggler's lateness delays everyone's end
+   (for a transfer modelled at `emulator.SHORT_S` or more; a shorter one starts at the rank's issue),
 5. returns a Work whose Future the emulator's completer thread completes at
    max(real completion, start + d), in issue order.
 
@@ -38,12 +39,12 @@ from torch.futures import Future
 
 from wansync.errors import ConfigError
 from wansync.net.cost import collective_duration, jitter_draw
-from wansync.net.emulator import Arrival, Emulator
+from wansync.net.emulator import SHORT_S, Arrival, Emulator
 from wansync.net.link import Topology
 from wansync.net.records import CollectiveRecord
 
 __all__ = ["BACKEND_NAME", "EmulatedProcessGroup", "EmulatedWork", "SharedUplink", "emulator_of", "install",
-           "shared_uplink"]
+           "machine_identity", "shared_uplink"]
 
 BACKEND_NAME = "wansync_emu"
 _MAX = dist.AllreduceOptions()
@@ -92,9 +93,9 @@ class EmulatedWork(dist.Work):
         return self._rec
 
 
-def _clock_identity() -> int:
-    """The same number in every process that reads the same monotonic clock: the kernel's boot id
-    (Linux) or, elsewhere, the host's name."""
+def machine_identity() -> int:
+    """The same number in every process that runs under the same kernel, so reads the same monotonic
+    clock and shares the same cores: the kernel's boot id (Linux) or, elsewhere, the host's name."""
     try:
         ident = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -137,6 +138,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         self.emulator = _emulator_for(pg_options)
         self.parallel = pg_options.copies if isinstance(pg_options, SharedUplink) else 1
         self._seq = 0
+        self._durations: dict[tuple[str, int], float] = {}    # the model's, per (op, bytes): a group repeats them
         timeout = opts.timeout
         store = dist.PrefixStore("gloo/", opts.store)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
@@ -154,12 +156,19 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         to s). Asked once, with one small all-reduce, when the group is made."""
         if self._size == 1:
             return 0.0
-        ident = _clock_identity()
+        ident = machine_identity()
         seen = torch.tensor([ident, -ident], dtype=torch.int64)
         self._gloo.allreduce([seen], _MAX).wait()
         return 0.0 if seen.tolist() == [ident, -ident] else self.emulator.clock_offset
 
     # -- plumbing ---------------------------------------------------------------------------------
+
+    @property
+    def group_name(self) -> str:
+        """torch keeps a group's name on its backends, and a Python group has none of its own: the
+        name it was registered under (`opts.group_id`), which a DeviceMesh built on the group
+        (FSDP2's) looks up."""
+        return self._name
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -196,7 +205,12 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         if peers is None:  # a collective: every member issues it, in the same order
             seq = self._seq
             self._seq += 1
-            d = collective_duration(op, nbytes, self._world, self.topology, self._ranks, self.parallel)
+            d = self._durations.get((op, nbytes))
+            if d is None:
+                if len(self._durations) >= 1024:      # sizes that never repeat: keep it small
+                    self._durations.clear()
+                d = self._durations[(op, nbytes)] = collective_duration(op, nbytes, self._world, self.topology,
+                                                                          self._ranks, self.parallel)
             d += jitter_draw(self.topology, self._world, self.emulator.seed, self._group_key, seq, self._ranks)
         else:  # point-to-point: only two ranks see it, so no shared sequence number and no jitter
             seq = -1
@@ -207,7 +221,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
             modelled_s=d, modelled_end=start + d,
         )
         arrival = None
-        if peers is None and self._size > 1:  # every member issues it: its start is the latest member's
+        if peers is None and self._size > 1 and d >= SHORT_S:  # its start is the latest member's (SHORT_S)
             clock = torch.tensor([start + self._clock_offset], dtype=torch.float64)
             arrival = Arrival(self._gloo.allreduce([clock], _MAX), clock, self._clock_offset)
         fut = Future(devices=[t.device]) if cuda else Future()
@@ -284,6 +298,27 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """Every rank's chunk j to rank j (a lossy mean's reduce-scatter, `comm.exchange`)."""
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        return self._issue("alltoall", _nbytes(input), input,
+                           lambda b: b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts),
+                           [output])
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        """To one rank (torch.distributed.checkpoint's plans): costed as the all-gather of what arrives."""
+        opts = opts if opts is not None else dist.GatherOptions()
+        nbytes = _nbytes(input_tensors) * self._size
+        return self._issue("allgather", nbytes, input_tensors,
+                           lambda b: b.gather(output_tensors, input_tensors, opts), output_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """From one rank: costed as the all-gather of what leaves it."""
+        opts = opts if opts is not None else dist.ScatterOptions()
+        nbytes = _nbytes(output_tensors) * self._size
+        return self._issue("allgather", nbytes, output_tensors,
+                           lambda b: b.scatter(output_tensors, input_tensors, opts), output_tensors)
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()

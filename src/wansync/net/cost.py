@@ -1,6 +1,10 @@
 r"""How long a collective takes on a :class:`~wansync.net.link.Topology`: the emulator's cost model.
 
-Notation. A link L has a latency step a_L = rtt_L / 2 and a byte rate b_L = bandwidth_L / 8.
+Notation. A link L has a latency step a_L = rtt_L / 2 and a byte rate b_L = bandwidth_L / 8 · the
+payload share of its packets (the bandwidth is the line rate): in a ring's phases, where each line
+also carries the acknowledgements of the flow the other way, (mtu - 52) / (mtu + 14 + 66)
+(``Link.ring_bytes_per_s``, 0.916 at MTU 1500); one way (a broadcast's tree, send/recv),
+(mtu - 52) / (mtu + 14) (``Link.bytes_per_s``, 0.956).
 B is the size in bytes of the *full* buffer: the tensor of an all-reduce or broadcast, the gathered
 output of an all-gather, the (unscattered) input of a reduce-scatter. The group's members fall into
 s non-empty sites with at most m members in one site (the largest site sets the pace).
@@ -36,12 +40,12 @@ R parallel groups across workers (one rank per site each) each carrying B/R cost
 2(s-1)·a_inter + 2(s-1)/s·B/b_inter: the bandwidth term of one rank sending the whole model.
 
 With one site this is the plain ring (all_reduce = AR(n, B, intra)). Examples: 2 ranks on
-``two-site`` (16.6 ms, 10 Gbit/s), B = 1 MB: AR(2, 1e6, inter) = 2·8.3 ms + 1e6 / 1.25e9 s =
-16.6 ms + 0.8 ms = 17.4 ms. ``cross-region`` (a_inter = 50 ms, b_inter = 1.25e8 B/s), 2 sites,
+``two-site`` (16.6 ms, 10 Gbit/s), B = 1 MB: AR(2, 1e6, inter) = 2·8.3 ms + 1e6 / (1.25e9 · 0.916) s =
+16.6 ms + 0.87 ms = 17.47 ms. ``cross-region`` (a_inter = 50 ms, b_inter = 1.25e8 · 0.916 B/s), 2 sites,
 2 ranks per worker, 4 ranks: the groups {0, 2} and {1, 3} (p = 2) each all-reducing 5 MB of a
-B = 10 MB model take 100 ms + 2·(1/2)·2·5e6/1.25e8 s = 100 ms + 80 ms = 180 ms, as one rank
+B = 10 MB model take 100 ms + 2·(1/2)·2·5e6/b_inter s = 100 ms + 87.3 ms = 187.3 ms, as one rank
 all-reducing the 10 MB across would; the all-reduce of 10 MB over all 4 ranks takes
-4.1 ms + 180 ms + 4.1 ms = 188.2 ms (RS(2, 1e7, lan) = 0.1 ms + 4 ms).
+4.5 ms + 187.3 ms + 4.5 ms = 196.2 ms (RS(2, 1e7, lan) = 0.1 ms + 4.4 ms).
 
 One exchange between workers of R ranks, its shards across the workers and then the all-gather inside
 each worker, is ``exchange_seconds``: the one cost of it, with the formula in its docstring.
@@ -70,13 +74,16 @@ _ALIASES = MappingProxyType({
     "all_reduce": "allreduce", "allreduce_coalesced": "allreduce", "all_gather": "allgather",
     "all_gather_single": "allgather", "all_gather_into_tensor": "allgather",
     "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    # an all-to-all of a B-byte buffer moves what a reduce-scatter of it moves (each rank keeps 1/k,
+    # sends the rest in k-1 steps): the same ring phase, its approximation on a hierarchical group
+    "alltoall": "reduce_scatter", "all_to_all": "reduce_scatter", "alltoall_base": "reduce_scatter",
 })
 
 
 def _ring_phase(k: int, nbytes: float, link: Link) -> float:
     if k <= 1:
         return 0.0
-    return (k - 1) * link.latency_s + (k - 1) / k * nbytes / link.bytes_per_s
+    return (k - 1) * link.latency_s + (k - 1) / k * nbytes / link.ring_bytes_per_s
 
 
 def _tree(k: int, nbytes: float, link: Link) -> float:
@@ -153,7 +160,8 @@ def in_worker_seconds(op: str, nbytes: float, ranks_per_worker: int, inside: Lin
 
 
 def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, ranks_per_worker: int = 1, *,
-                     inside: Link, assembled_bytes: float | None = None, reduce_inside: bool = False) -> float:
+                     inside: Link, assembled_bytes: float | None = None, reduce_inside: bool = False,
+                     assemble: bool = True) -> float:
     r"""Modelled seconds of one exchange between ``workers`` workers of R = ``ranks_per_worker`` ranks:
     the one cost of it, which the exchange (CoCoDC's T_s), the trainer's link line and the planner use.
 
@@ -167,7 +175,9 @@ def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, r
                   + op(B/R) between workers  local rank r of every worker carries shard r; the R groups
                                              run at once, sharing each site's uplink (``parallel`` = R)
                   + AG_R(A, inside)          the worker's ranks put the result together: A =
-                                             ``assembled_bytes`` (a lossy mean's decoded values), else B
+                                             ``assembled_bytes`` (a lossy mean's decoded values), else B;
+                                             none without ``assemble`` (FSDP inside: each rank keeps
+                                             its shard, local rank r of every worker the same one)
 
     RS_R and AG_R are rings over the worker's R ranks on the link ``inside`` (``in_worker_seconds``).
     It is an argument because the callers model different machines: the emulator runs a worker's
@@ -180,6 +190,8 @@ def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, r
         return collective_duration(op, nbytes, workers, placed)
     world = workers * r
     across = collective_duration(op, nbytes / r, world, placed, range(0, world, r), parallel=r)
+    if not assemble:
+        return across
     gather = in_worker_seconds("allgather", nbytes if assembled_bytes is None else assembled_bytes, r, inside)
     if not reduce_inside:
         return across + gather
@@ -190,6 +202,8 @@ def jitter_draw(
     topology: Topology, world_size: int, seed: int, group_key: int, seq: int, ranks: Sequence[int] | None = None
 ) -> float:
     """Extra seconds for collective ``seq`` of a group; identical on every rank that asks."""
+    if not (topology.inter_link.jitter_s or topology.intra_link.jitter_s):
+        return 0.0                              # no jitter: no placement to look up (every collective asks)
     s, _ = _shape(world_size, topology, ranks)
     j = (topology.inter_link if s > 1 else topology.intra_link).jitter_s
     if j == 0:

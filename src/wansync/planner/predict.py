@@ -1,6 +1,6 @@
 """One prediction: a strategy with its knobs, a model size, M workers (R ranks each), a link and a
-step time -> wall clock per 1000 steps, exposed communication, bytes per worker per step and peak
-extra memory; and the smallest H whose exposed communication stays below a target.
+step time -> wall clock per 1000 steps, exposed communication, bytes per worker per step and the
+memory a rank holds (`memory.py`); and the smallest H whose exposed communication stays below a target.
 
 The numbers come from simulating the strategy's own schedule (`schedule.py`) step by step on the
 emulator's cost model (`simulate.py`): a warm-up (CoCoDC's first period, which runs at N = P until
@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..net.link import Topology
 from ..strategies import resolve_options
 from ..strategies.fragment_timetable import FragmentTimetable
+from .memory import memory_bill
 from .schedule import Trace, Transfer, planned_timetable, trace
 from .simulate import DDP_OVERLAP, StepTimes, Timeline, simulate, transfer_seconds
 from .sizes import ModelSize
@@ -39,6 +40,9 @@ class Setting:
     overlap: float = DDP_OVERLAP       # share of the compute DDP's bucket all-reduces overlap
     host_bytes_per_s: float | None = None   # the real backend's rate here (see `transfer_seconds`)
     step_times: StepTimes | None = None     # per worker, per step (compute, other): replayed (`simulate`)
+    inside: str = "ddp"                # how a worker's ranks hold the model: ddp (whole) | fsdp (sharded)
+    optimizer: str = "adamw"           # the inner optimizer (its state is part of the memory bill)
+    momentum: float = 0.0              # SGD's momentum (a buffer when > 0)
 
 
 def setting(strategy: str, options: dict[str, Any], size: ModelSize, workers: int, topology: Topology,
@@ -52,7 +56,7 @@ class Prediction:
     setting: Setting
     timeline: Timeline
     syncs_per_period: int | None
-    peak_extra_memory_bytes: int
+    memory: dict[str, int]             # rank 0's bytes by category, total, transient, host, per_gpu (`memory.py`)
     first: int = 0                     # steps before the measured window (warm-up)
 
     @property
@@ -101,7 +105,7 @@ def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Predi
     tl = simulate(tr, seconds_of(s), s.step_s, s.other_s, s.overlap, include_finish=finish,
                   step_times=workers_times(s))
     return Prediction(s, tl, tr.syncs_per_period if "fragments" in s.options else None,
-                      extra_memory_bytes(s, tl.peak_in_flight_bytes), first)
+                      memory_bill(s, tl.held_in_flight), first)
 
 
 def workers_times(s: Setting) -> StepTimes | None:
@@ -111,34 +115,6 @@ def workers_times(s: Setting) -> StepTimes | None:
     if s.ranks_per_worker != 1:
         raise ConfigError("replayed step times (--step-times) need one rank per worker")
     return tuple(s.step_times[w % len(s.step_times)] for w in range(s.workers))
-
-
-def extra_memory_bytes(s: Setting, peak_in_flight: int) -> int:
-    """Bytes a strategy holds beyond the model, its gradients and the inner optimizer, per rank:
-
-    - DDP's gradient buckets (ddp, cpdp, post_local_sgd): one fp32 copy of the gradients;
-    - periodic averaging: nothing (the all-reduce runs in the model's own buffer, drift telemetry
-      included: one more element);
-    - an anchor θ̃ (slowmo, cpdp, diloco, streaming, cocodc) and its momentum buffer when momentum > 0;
-    - averaged optimizer state: a flat copy of AdamW's two moments;
-    - fragment syncs: per fragment in flight its pseudo-gradient and the collective's buffer (the
-      simulated peak), and θ(t_p) for CoCoDC's Taylor merge.
-    Everything in fp32 (4 bytes), the whole buffer per rank (R > 1 does not shard it)."""
-    o, size = s.options, s.size
-    full = 4 * size.sync_numel
-    tt = planned_timetable(s.strategy, o)
-    grads = 4 * size.params if any(tt.ddp_step(t) for t in (1, o.get("sync_every", 1))) else 0
-    if "fragments" in o:
-        momentum = full if o["outer_momentum"] > 0 else 0
-        theta = 2 if o.get("compensation", "alpha") != "alpha" else 1     # delta (+ θ(t_p)) per fragment
-        return full + momentum + grads + theta * peak_in_flight
-    extra = grads
-    if "outer_lr" in o or "slowmo_beta" in o:
-        beta = o.get("outer_momentum", o.get("slowmo_beta", 0.0))
-        extra += full + (full if beta > 0 else 0)
-    if o.get("sync_optimizer_state"):
-        extra += 2 * 4 * size.params
-    return extra
 
 
 def recommend_h(s: Setting, target_pct: float) -> int | None:

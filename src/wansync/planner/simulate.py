@@ -53,13 +53,15 @@ def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1
 
 @dataclass
 class Timeline:
-    """What a trace costs: wall clock, exposed communication, bytes, and the most bytes in flight."""
+    """What a trace costs: wall clock, exposed communication, bytes, and the fragment syncs held in
+    flight between steps (the end of the step with the most bytes in flight: their buffers are
+    what a rank holds for them, `planner.memory`)."""
     wall_s: float
     exposed_s: float
     compute_s: float
     steps: int
     payload_bytes: int
-    peak_in_flight_bytes: int
+    held_in_flight: tuple[Transfer, ...]
     events: int
     marks: list[tuple[float, float, int]]     # after each step: (time, exposed so far, payload so far)
 
@@ -83,8 +85,9 @@ class Simulation:
         self.link_free = [0.0] * workers            # when each worker's link is free again
         self.exposed = [0.0] * workers              # seconds each worker has waited on the link
         self.ends: dict[int, float] = {}            # id(transfer) -> when it is done
-        self.in_flight: dict[int, int] = {}         # id(fragment sync) -> its bytes, until waited for
-        self.peak = self.payload = self.events = 0
+        self.in_flight: dict[int, Transfer] = {}    # id(fragment sync) -> it, until waited for
+        self.held: tuple[Transfer, ...] = ()         # in flight at the end of the step with the most bytes so
+        self.payload = self.events = 0
 
     def issue(self, x: Transfer, at: list[float]) -> None:
         """Worker w issues `x` at `at[w]`: it starts once the last has issued it and the link is free."""
@@ -95,8 +98,7 @@ class Simulation:
         self.payload += x.payload
         self.events += 1
         if x.purpose == "pseudo_grads":
-            self.in_flight[id(x)] = x.nbytes
-            self.peak = max(self.peak, sum(self.in_flight.values()))
+            self.in_flight[id(x)] = x
 
     def wait(self, x: Transfer, at: list[float]) -> list[float]:
         """Worker w waits for `x` from `at[w]`; returns when each is free again."""
@@ -105,6 +107,12 @@ class Simulation:
         for w in range(self.workers):
             self.exposed[w] += max(0.0, end - at[w])
         return [max(a, end) for a in at]
+
+    def end_step(self) -> None:
+        """Note what is in flight between this step and the next."""
+        now = tuple(self.in_flight.values())
+        if sum(x.nbytes for x in now) > sum(x.nbytes for x in self.held):
+            self.held = now
 
     def run_step(self, actions: list[Action], start: list[float], busy: list[float]) -> list[float]:
         """One step's actions from `start` with `busy` seconds of compute per worker: the backward's
@@ -148,8 +156,9 @@ def simulate(trace: Trace, seconds: Callable[[Transfer], float], compute_s: floa
     for i, acts in enumerate(trace.steps):
         step = [w[i % len(w)] for w in times]
         now = [t + o for t, (_, o) in zip(sim.run_step(acts, now, [c for c, _ in step]), step)]
+        sim.end_step()
         computed += step[0][0]
         marks.append((now[0], sim.exposed[0], sim.payload))
     if include_finish:
         now = sim.run_step(trace.finish, now, [0.0] * sim.workers)
-    return Timeline(now[0], sim.exposed[0], computed, len(trace.steps), sim.payload, sim.peak, sim.events, marks)
+    return Timeline(now[0], sim.exposed[0], computed, len(trace.steps), sim.payload, sim.held, sim.events, marks)

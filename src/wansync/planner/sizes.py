@@ -3,8 +3,12 @@ buckets, and the step time the FLOPs rule gives it.
 
 A named model (`tiny`, `small`, `150m`, the vision models) is built on the meta device, so its exact
 tensors are known without allocating them; the fragments are then `strategies.fragments.partition`'s
-own. A bare size (`--params 7e9`) is a stand-in: tensors of 2^20 elements and fragments of equal
-size (a real model's embeddings make its first and last fragments larger).
+own. A bare size (`--params 7e9`) is a stand-in: 1-D tensors of 2^20 elements, no buffers, and
+fragments of equal size (a real model's embeddings make its first and last fragments larger).
+
+A worker sharded with FSDP2 (`--inside fsdp`) splits every parameter along its first dimension
+into R chunks of ⌈rows/R⌉ rows (the last ones shorter or empty); the planner's figures are rank
+0's, which holds a full chunk of each (`ModelSize.local_params`).
 
 The FLOPs rule for sizes nothing here can run: one training step of a worker costs
 `6 · N · tokens` floating-point operations (forward 2N, backward 4N per token; attention's own
@@ -12,14 +16,18 @@ FLOPs left out), spread over the worker's accelerators at an effective throughpu
 
     step_s = 6 · N · tokens_per_worker_step / (accelerators_per_worker · flops_per_accelerator)
 
-Defaults: 400 TFLOP/s effective per accelerator (about 40% of an H100's dense bf16 peak), 8
-accelerators per worker (one node), 524,288 tokens per worker per step (32 sequences of 2,048
-tokens per accelerator).
+The throughput follows the precision the run computes in (`--precision`): 400 TFLOP/s effective
+per accelerator in bf16 (about 40% of an H100's dense bf16 peak, 989 TFLOP/s), 27 TFLOP/s in fp32
+(about 40% of its fp32 peak, 67 TFLOP/s: the trainer leaves TF32 off, PyTorch's default). Other
+defaults: 8 accelerators per worker (one node), 524,288 tokens per worker per step (32 sequences
+of 2,048 tokens per accelerator).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
+from types import MappingProxyType
 
 from torch import nn
 
@@ -27,7 +35,7 @@ from ..errors import ConfigError
 from ..strategies.base import sync_tensors
 from ..strategies.fragments import partition
 
-FLOPS_PER_ACCELERATOR = 400e12
+FLOPS_PER_ACCELERATOR = MappingProxyType({"bf16": 400e12, "fp32": 27e12})    # effective, by --precision
 ACCELERATORS_PER_WORKER = 8
 TOKENS_PER_WORKER_STEP = 2 ** 19
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024            # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -36,7 +44,7 @@ _STAND_IN_TENSOR = 2 ** 20
 
 
 def flops_step_s(params: float, tokens: float = TOKENS_PER_WORKER_STEP,
-                 accelerators: int = ACCELERATORS_PER_WORKER, flops: float = FLOPS_PER_ACCELERATOR) -> float:
+                 accelerators: int = ACCELERATORS_PER_WORKER, flops: float = FLOPS_PER_ACCELERATOR["bf16"]) -> float:
     """Seconds per step by the FLOPs rule: 6·N·tokens / (accelerators · throughput)."""
     return 6.0 * params * tokens / (accelerators * flops)
 
@@ -63,10 +71,24 @@ class ModelSize:
     grad_numels: tuple[int, ...]
     sync_numel: int                       # parameters + float persistent buffers
     model: nn.Module | None = None        # the meta-device model (None for a bare size)
+    rows: tuple[int, ...] = ()            # each trainable tensor's first dimension (empty: 1-D, as numels)
+    buffer_bytes: int = 0                 # every buffer, persistent or not: each rank holds them whole
 
     @property
     def params(self) -> int:
         return sum(self.grad_numels)
+
+    def local_params(self, ranks: int = 1) -> int:
+        """Elements of the trainable tensors rank 0 holds when FSDP2 shards them over `ranks`."""
+        return sum(shard_numel(n, rows, ranks) for n, rows in zip(self.grad_numels, self.rows or self.grad_numels))
+
+    def local_fragments(self, count: int, mode: str = "strided", ranks: int = 1) -> list[int]:
+        """Elements of each fragment rank 0 holds when FSDP2 shards the parameters over `ranks`
+        (buffers whole)."""
+        if self.model is None:
+            return [math.ceil(n / ranks) for n in self.fragments(count, mode)]
+        return [sum(shard_numel(t.numel(), t.shape[0] if t.dim() else 1, ranks) if isinstance(t, nn.Parameter)
+                    else t.numel() for t in f.tensors) for f in partition(self.model, count, mode)]
 
     def fragments(self, count: int, mode: str = "strided") -> list[int]:
         """Elements of each of `count` fragments: the strategy's own partition, or equal shares."""
@@ -81,9 +103,17 @@ class ModelSize:
         return tuple(ddp_buckets(list(self.grad_numels)))
 
 
+def shard_numel(numel: int, rows: int, ranks: int) -> int:
+    """Elements of rank 0's chunk of a tensor of `numel` elements in `rows` rows split over `ranks`
+    along its first dimension (FSDP2's `Shard(0)`: ⌈rows/ranks⌉ rows)."""
+    return math.ceil(rows / ranks) * (numel // rows) if rows else 0
+
+
 def of_module(name: str, model: nn.Module) -> ModelSize:
-    grads = tuple(p.numel() for p in model.parameters() if p.requires_grad)
-    return ModelSize(name, grads, sum(t.numel() for t in sync_tensors(model)), model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return ModelSize(name, tuple(p.numel() for p in trainable), sum(t.numel() for t in sync_tensors(model)), model,
+                     rows=tuple(p.shape[0] if p.dim() else 1 for p in trainable),
+                     buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()))
 
 
 def of_params(params: float) -> ModelSize:

@@ -1,6 +1,7 @@
 """What `wansync plan` prints: one setting on one screen, or the large-scale table."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -8,7 +9,9 @@ from ..errors import ConfigError
 from ..strategies import resolve_options
 from ..net.link import PRESETS, parse_wan
 from ..units import human_bytes, human_seconds
+from ..telemetry.memory import CATEGORIES
 from .measure import measure_step_s, run_step_times
+from .memory import memory_bill, parse_capacity, smallest_fitting_ranks
 from .predict import Prediction, predict, recommend_h, setting
 from .sizes import (ACCELERATORS_PER_WORKER, FLOPS_PER_ACCELERATOR, TOKENS_PER_WORKER_STEP, ModelSize,
                     flops_step_s, of_name, of_params)
@@ -17,9 +20,11 @@ TABLE_SIZES = (150e6, 1e9, 7e9, 70e9)
 TABLE_WORKERS = (8, 64, 512)
 TABLE_STRATEGIES = ("ddp", "diloco", "streaming", "cocodc")
 TARGET_PCT = 10.0
+TABLE_PRECISION = "bf16"             # what people train these sizes in
+TABLE_GPU_MEMORY = 80e9              # the table's capacity check: an 80 GB accelerator
 
 
-def describe(p: Prediction, step_source: str, target_pct: float | None) -> str:
+def describe(p: Prediction, step_source: str, target_pct: float | None, capacity: float | None = None) -> str:
     s = p.setting
     knobs = ", ".join(f"{k}={v}" for k, v in s.options.items()) or "no options"
     lines = [
@@ -36,7 +41,7 @@ def describe(p: Prediction, step_source: str, target_pct: float | None) -> str:
         f"exposed communication: {p.exposed_pct:.1f} % of the wall clock",
         f"bytes per worker per step: {human_bytes(p.bytes_per_step)} (payload; a ring all-reduce sends about "
         f"2(M-1)/M times it, an all-gather (M-1) times it)",
-        f"peak extra memory per rank: {human_bytes(p.peak_extra_memory_bytes)}",
+        *memory_lines(p, capacity),
     ]
     if p.syncs_per_period is not None:
         lines.append(f"fragment syncs per period N: {p.syncs_per_period}")
@@ -50,10 +55,42 @@ def describe(p: Prediction, step_source: str, target_pct: float | None) -> str:
     return "\n".join(lines)
 
 
+def memory_lines(p: Prediction, capacity: float | None) -> list[str]:
+    """Rank 0's memory: held by category, the transient at an exchange, the peak; with `capacity`
+    (`--gpu-memory`) one line that says whether it fits, and what would."""
+    s, m = p.setting, p.memory
+    r = s.ranks_per_worker
+    how = (f"FSDP inside: sharded over {r} ranks" if s.inside == "fsdp" else
+           f"DDP inside: each of {r} ranks holds the whole model" if r > 1 else "one rank per worker")
+    host = f"; in host memory (outer_state_device=cpu): {human_bytes(m['host'])}" if m["host"] else ""
+    held = m["total"] - m["host"]
+    lines = [f"memory per GPU (rank 0, {how}): {human_bytes(held)} held + {human_bytes(m['per_gpu'] - held)} "
+             f"transient at an exchange = {human_bytes(m['per_gpu'])} at the peak (activations not included)",
+             "  held: " + ", ".join(f"{c.replace('_', ' ')} {human_bytes(m[c])}" for c in CATEGORIES) + host]
+    if capacity is not None:
+        if m["per_gpu"] <= capacity:
+            lines.append(f"fits on {human_bytes(capacity)}: {human_bytes(m['per_gpu'])} per GPU at the peak "
+                         f"({100 * m['per_gpu'] / capacity:.0f} %)")
+        else:
+            flying = p.timeline.held_in_flight
+            r_fit = smallest_fitting_ranks(s, flying, capacity)
+            hint = (f"; --inside fsdp fits from --ranks-per-worker {r_fit}" if r_fit else
+                    "; no --ranks-per-worker up to 1024 fits it with --inside fsdp")
+            if s.options.get("outer_state_device") == "model":
+                on_host = dataclasses.replace(s, options={**s.options, "outer_state_device": "cpu"})
+                r_host = smallest_fitting_ranks(on_host, flying, capacity)
+                hint += f" ({r_host} with --outer-state-device cpu)" if r_host and r_host != r_fit else ""
+            lines.append(f"does not fit on {human_bytes(capacity)}: {human_bytes(m['per_gpu'])} per GPU at the "
+                         f"peak{hint}")
+    return lines
+
+
 def plan_command(cfg: Any, *, params: float | None, step_s: float | None,
                  measure: bool, target_pct: float | None, tokens_per_step: float | None,
-                 flops: float, step_times: str | None = None) -> str:
-    """The one-screen answer for a Config (strategy, options, model, workers, wan) and the plan flags."""
+                 flops: float | None = None, step_times: str | None = None, gpu_memory: str | None = None) -> str:
+    """The one-screen answer for a Config (strategy, options, model, workers, wan) and the plan flags
+    (`flops` None: the throughput of the config's precision; `gpu_memory`: '80GB', the capacity check)."""
+    capacity = parse_capacity(gpu_memory)
     if not cfg.wan:
         raise ConfigError("plan needs a link: --wan PRESET or a spec (" + ", ".join(PRESETS) + ")")
     ranks_per_worker = cfg.ranks_per_worker             # >= 1: a config rule
@@ -80,36 +117,45 @@ def plan_command(cfg: Any, *, params: float | None, step_s: float | None,
         step_s, source = measure_step_s(cfg), "measured on this machine, one process"
     else:
         tokens = tokens_per_step if tokens_per_step is not None else cfg.batch_size * cfg.seq_len
+        given = flops is not None
+        flops = flops if given else FLOPS_PER_ACCELERATOR[cfg.precision]
         step_s = flops_step_s(size.params, tokens, ranks_per_worker, flops)
         source = (f"FLOPs rule 6*N*tokens/throughput: {tokens:,.0f} tokens per worker step, "
-                  f"{ranks_per_worker} accelerator(s) at {flops / 1e12:g} TFLOP/s")
+                  f"{ranks_per_worker} accelerator(s) at {flops / 1e12:g} TFLOP/s"
+                  + ("" if given else f" ({cfg.precision}; --throughput to change it)"))
     options = resolve_options(cfg.strategy, vars(cfg))
     s = setting(cfg.strategy, options, size, cfg.workers, parse_wan(cfg.wan), step_s,
-                ranks_per_worker=ranks_per_worker, other_s=other_s, step_times=replay)
-    return describe(predict(s), source, target_pct)
+                ranks_per_worker=ranks_per_worker, other_s=other_s, step_times=replay, inside=cfg.inside,
+                optimizer=cfg.optimizer, momentum=cfg.momentum)
+    return describe(predict(s), source, target_pct, capacity)
 
 
 def large_table(target_pct: float = TARGET_PCT) -> str:
     """150M-70B parameters x 8/64/512 workers x the four presets x ddp/diloco/streaming/cocodc, every
-    strategy at its defaults, step time from the FLOPs rule (sizes.py)."""
+    strategy at its defaults, step time from the FLOPs rule (sizes.py) in bf16; memory per GPU with
+    DDP and with FSDP inside, and which fits on an 80 GB accelerator."""
+    gb = f"{TABLE_GPU_MEMORY / 1e9:g} GB"
     head = ("| params | workers | link | strategy | step (s) | wall / 1000 steps | exposed % | bytes/worker/step "
-            f"| peak extra mem | smallest H for <= {target_pct:g}% |")
-    out = [head, "|" + "---|" * 10]
+            f"| mem/GPU DDP inside | mem/GPU FSDP inside | fits on {gb} | smallest H for <= {target_pct:g}% |")
+    out = [head, "|" + "---|" * 12]
     for n, m, link, name in itertools.product(TABLE_SIZES, TABLE_WORKERS, PRESETS, TABLE_STRATEGIES):
         size = of_params(n)
-        step = flops_step_s(n)
+        step = flops_step_s(n, flops=FLOPS_PER_ACCELERATOR[TABLE_PRECISION])
         s = setting(name, {}, size, m, PRESETS[link], step, ranks_per_worker=ACCELERATORS_PER_WORKER)
         p = predict(s)
+        sharded = memory_bill(dataclasses.replace(s, inside="fsdp"), p.timeline.held_in_flight)["per_gpu"]
+        fits = [way for way, need in (("ddp", p.memory["per_gpu"]), ("fsdp", sharded)) if need <= TABLE_GPU_MEMORY]
         h = recommend_h(s, target_pct) if name != "ddp" else None
         out.append(f"| {size.name} | {m} | {link} | {name} | {step:.3g} | {human_seconds(p.wall_per_1000_s)} "
-                   f"| {p.exposed_pct:.1f} | {human_bytes(p.bytes_per_step)} | "
-                   f"{human_bytes(p.peak_extra_memory_bytes)} | {'-' if name == 'ddp' else (h or '> 5000')} |")
+                   f"| {p.exposed_pct:.1f} | {human_bytes(p.bytes_per_step)} | {human_bytes(p.memory['per_gpu'])} "
+                   f"| {human_bytes(sharded)} | {', '.join(fits) or 'no'} | {'-' if name == 'ddp' else (h or '> 5000')} |")
     return "\n".join(out)
 
 
 def table_preamble() -> str:
     return (f"step time = 6*N*{TOKENS_PER_WORKER_STEP:,} tokens per worker step / ({ACCELERATORS_PER_WORKER} "
-            f"accelerators x {FLOPS_PER_ACCELERATOR / 1e12:g} TFLOP/s); {ACCELERATORS_PER_WORKER} ranks per worker; "
-            "strategies at their defaults; steady state (see docs/planner.md)")
+            f"accelerators x {FLOPS_PER_ACCELERATOR[TABLE_PRECISION] / 1e12:g} TFLOP/s, {TABLE_PRECISION}); "
+            f"{ACCELERATORS_PER_WORKER} ranks per worker; strategies at their defaults; steady state; memory per GPU "
+            "at the peak, rank 0's, AdamW inside, fp32 masters (see docs/planner.md)")
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import ConfigError, WansyncError
+from ..errors import WansyncError
+from ..rules import at_least, in_range, not_blank
+from ..runner.experiments import MAX_SEEDS
 from .measures import METRICS, longest_repeat, sync_events
-from .page import BEGIN, END, answer, document, write_page
+from .page import BEGIN, END, answer, check_page, document, write_page
 from .runs import list_tables, table_runs, run_tables
 from .catalog import SEEDS, TABLES, Question, Table, get, label
 
@@ -25,16 +27,18 @@ __all__ = ["BEGIN", "END", "METRICS", "SEEDS", "TABLES", "Question", "Table", "a
 
 def run_results(names: Sequence[str], root: str, doc: str, seeds: int = SEEDS, steps: int | None = None,
                 force: bool = False, dry: bool = False) -> int:
-    """`wansync results`: run the tables (or list them with `dry`), then rewrite the page."""
-    if seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
-    if steps is not None and steps < 1:
-        raise ConfigError(f"--steps must be >= 1, got {steps}")
+    """`wansync results`: run the tables (or list them with `dry`), then rewrite the page. The page and
+    every table's directory are checked before the first run (`check_page`, `run_tables`)."""
+    in_range(1, MAX_SEEDS, high_included=True)("--seeds", seeds)
+    if steps is not None:
+        at_least(1)("--steps", steps)
     tables, out = get(names), Path(root)
     if names:                      # a table that reads another needs that one run too
         tables = get([*names, *(t.reads for t in tables if t.reads)])
     if dry:
         return list_tables(tables, out, seeds, steps)
+    not_blank("the page to rewrite")("--doc", doc)            # Path("") is "."
+    check_page(Path(doc))
     outcomes = run_tables(tables, out, seeds, steps, force)
     write_page(Path(doc), document(TABLES, out, seeds, steps))
     failed = [o for o in outcomes if o.status == "failed"]

@@ -9,7 +9,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Sequence
 
-from ..runner import experiments
+from ..runner import experiments, run
+from ..rundir.lock import RunLock
 from .. import presets
 from ..config import fingerprint
 from ..analysis.report import report
@@ -112,25 +113,37 @@ def _copy_run(src: Path, dst: Path) -> None:
 
 def run_tables(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: int | None = None,
                force: bool = False, log: Callable[[str], None] = print) -> list[experiments.Outcome]:
-    """Train what is not finished (a config shared with an earlier table: copied), report each table."""
+    """Train what is not finished (a config shared with an earlier table: copied), report each table.
+    Every table's directory is checked before the first run (`experiments.check_experiment`), and
+    held (its lock) while it is written."""
+    planned = [(t, specs) for t, specs, _ in table_runs(tables, root, seeds, steps) if specs]
+    for t, specs in planned:
+        experiments.check_experiment(specs, root / t.name, force)
     done: dict[str, experiments.RunSpec] = {}
     outcomes: list[experiments.Outcome] = []
     target = None
-    for t, specs, _ in table_runs(tables, root, seeds, steps):
-        if not specs:
-            continue
+    for t, specs in planned:
         out = root / t.name
-        experiments.write_experiment(out, specs)
-        log(f"== {t.name}: {len(specs)} runs in {out}")
-        for spec in specs:
-            first = done.get(k := _key(spec))
-            if first is not None and experiments.is_finished(first) and (force or not experiments.is_finished(spec)):
-                _copy_run(first.run_dir, spec.run_dir)
-                log(f"{spec.label} seed {spec.seed}: the same run as {first.run_dir}, copied")
-                continue
-            outcomes += experiments.execute([spec], force=force, log=log)
-            done.setdefault(k, spec)
-        if t.kind == "lm":
-            target = target if target is not None else lm_target(root)
-        report(out, target_loss=target if t.kind == "lm" else None, record_targets=True)
+        with RunLock(run.make_run_dir(out, "experiment directory"), "run results in"):
+            experiments.write_experiment(out, specs)
+            log(f"== {t.name}: {len(specs)} runs in {out}")
+            outcomes += _train_table(specs, done, force, log)
+            if t.kind == "lm":
+                target = target if target is not None else lm_target(root)
+            report(out, target_loss=target if t.kind == "lm" else None, record_targets=True, force=force)
+    return outcomes
+
+
+def _train_table(specs: Sequence[experiments.RunSpec], done: dict[str, experiments.RunSpec], force: bool,
+                 log: Callable[[str], None]) -> list[experiments.Outcome]:
+    """One table's runs: trained, or copied from an earlier table's run of the same config (`done`)."""
+    outcomes: list[experiments.Outcome] = []
+    for spec in specs:
+        first = done.get(k := _key(spec))
+        if first is not None and experiments.is_finished(first) and (force or not experiments.is_finished(spec)):
+            _copy_run(first.run_dir, spec.run_dir)
+            log(f"{spec.label} seed {spec.seed}: the same run as {first.run_dir}, copied")
+            continue
+        outcomes += experiments.execute([spec], force=force, log=log)
+        done.setdefault(k, spec)
     return outcomes

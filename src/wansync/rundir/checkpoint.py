@@ -7,8 +7,11 @@ fsyncs it, renames it into place, does the same for its .json and fsyncs the dir
 before the barrier that ends the save: once any rank goes on, every rank's file is on disk. A
 checkpoint is complete when every rank's pair is in place; resume takes the newest complete one
 and checks each file against its checksum, so a crash of any rank at any moment costs at most
-the checkpoint being written. After the barrier rank 0 prunes: the two newest complete steps
-are kept; older ones, incomplete leftovers and temporary files of writers that died go. Files
+the checkpoint being written. After the barrier one rank per host (each host's own copy of the
+directory: no shared file system needed) marks the step complete (DONE) and prunes: the two newest
+complete steps are kept; older ones, incomplete leftovers and temporary files of writers that died
+go. A host holds only its own ranks' files, so it judges a step by its mark, never by files it
+cannot see. Files
 hold only tensors, numbers, strings, lists and dicts and load with
 `torch.load(weights_only=True)`: nothing is unpickled.
 """
@@ -28,6 +31,7 @@ from ..errors import ConfigError, DataError, StorageError
 
 KEEP = 2
 TMP = ".tmp"
+DONE = "DONE"                           # in a step directory: every rank's file was durable (the barrier passed)
 
 
 def ckpt_root(run_dir: Path) -> Path:
@@ -138,7 +142,10 @@ def step_dirs(run_dir: Path) -> list[Path]:
 
 
 def is_complete(d: Path) -> bool:
-    """Every rank's file and checksum are in place (their contents are checked on load)."""
+    """The step was marked complete after the barrier (its ranks' files may be on other hosts), or
+    every rank's file and checksum are in place (their contents are checked on load)."""
+    if (d / DONE).is_file():
+        return True
     try:
         world = int(json.loads((d / "rank0.json").read_text())["world_size"])
         metas = [json.loads((d / f"rank{r}.json").read_text()) for r in range(world)]
@@ -149,8 +156,16 @@ def is_complete(d: Path) -> bool:
 
 
 def prune(run_dir: Path, step: int) -> None:
-    """Rank 0, once every rank saved `step`: keep the KEEP newest complete checkpoints up to `step`;
-    remove older steps, later ones (left by the run a resume abandoned) and temporary files."""
+    """One rank per host, once every rank saved `step` (the barrier passed): mark `step` complete;
+    keep the KEEP newest complete checkpoints up to `step`; remove older steps, later ones (left by
+    the run a resume abandoned) and temporary files. The mark is written in place, not renamed: on a
+    shared file system the hosts mark and prune the same directory at once."""
+    d = ckpt_root(run_dir) / f"step{step:08d}"
+    try:
+        (d / DONE).touch()
+        fsync_dir(d)
+    except OSError as e:
+        raise StorageError(f"cannot mark checkpoint {d} complete: {e.strerror or e}") from None
     dirs = step_dirs(run_dir)
     kept = [d for d in dirs if int(d.name[4:]) <= step and is_complete(d)][-KEEP:]
     for d in dirs:
@@ -179,10 +194,12 @@ def latest_step_dir(run_dir: Path) -> Path:
 
 
 def recorded_config(step_dir: Path) -> dict[str, Any]:
-    """The configuration the checkpoint in `step_dir` was written under (rank 0's record)."""
+    """The configuration the checkpoint in `step_dir` was written under (the record of the lowest
+    rank whose file is on this host: every rank records the same)."""
+    metas = sorted(Path(step_dir).glob("rank*.json"), key=lambda p: (len(p.name), p.name))
     try:
-        config = json.loads((Path(step_dir) / "rank0.json").read_text()).get("config")
-    except (OSError, ValueError, AttributeError):
+        config = json.loads(metas[0].read_text()).get("config")
+    except (IndexError, OSError, ValueError, AttributeError):
         config = None
     if not isinstance(config, dict):
         raise DataError(f"cannot resume: {step_dir} does not record the configuration it was written under")
@@ -217,3 +234,39 @@ def load_rank(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:
 
 def checkpoint_step(run_dir: Path) -> int:
     return int(latest_step_dir(run_dir).name[4:])
+
+
+# ---- a worker sharded inside (FSDP): its model and optimizer through torch.distributed.checkpoint
+SHARDED_DIR = "worker{worker}"          # in a step directory: one DCP checkpoint per worker
+
+
+def save_sharded(run_dir: Path, step: int, worker: int, model: Any, optimizer: Any, group: Any) -> None:
+    """The model and inner optimizer of a worker sharded with FSDP2, written by its ranks together
+    with torch.distributed.checkpoint (each rank its own shards; sharded state dicts) into the step
+    directory, before the ranks' own files: a rank's file on disk means its worker's shards are.
+    Workers write apart because their models differ between synchronizations."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    d = ckpt_root(run_dir) / f"step{step:08d}" / SHARDED_DIR.format(worker=worker)
+    try:
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(d), process_group=group)
+    except OSError as e:
+        raise StorageError(f"cannot write checkpoint {d}: {e.strerror or e}") from None
+
+
+def load_sharded(run_dir: Path, worker: int, model: Any, optimizer: Any, group: Any) -> None:
+    """Restore what `save_sharded` wrote for this worker in the newest complete checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    d = latest_step_dir(run_dir) / SHARDED_DIR.format(worker=worker)
+    if not (d / ".metadata").is_file():
+        raise DataError(f"cannot resume: {d} holds no sharded checkpoint (was the run started with --inside fsdp?)")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    try:
+        dcp.load(state, checkpoint_id=str(d), process_group=group)
+    except Exception as e:  # noqa: BLE001 - an unreadable checkpoint is one user-facing problem
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"cannot resume: sharded checkpoint {d} is unreadable ({first[:200]})") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

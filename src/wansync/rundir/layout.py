@@ -2,6 +2,8 @@
 written and read back.
 
     OUT/experiment.json              EXPERIMENT_FILE: the grid of runs (labels, settings, seeds, report targets)
+    OUT/report.md, *.csv, *.png      REPORT_FILES: the report (`analysis.report`), replaced only where
+                                     wansync wrote them (`rundir.owned`)
     OUT/<label>/seed<k>/             one run (RUN_FILES):
         config.toml                  the fully resolved configuration (`runner.run`)
         metrics.jsonl                one record per step, evaluation and sync event (`telemetry.metrics`)
@@ -22,11 +24,15 @@ summary.json has three writers, each with its own keys, and all of them go throu
   steps_lost, short_exchanges;
 - the report (`add_to_summary`): `target` and when the run reached it, for the target it used.
 
-A reader (`read_summary`) gets {} for a file that is missing, unreadable or not an object.
+A reader (`read_summary`) gets {} for a file that is missing, unreadable or not an object; what
+wansync wrote, and may read back or replace, it recognises by its content (`is_run_dir`,
+`is_summary`, `is_failure`, `is_experiment_dir`): a file of the same name written by anyone else is not
+taken for a run.
 """
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +48,14 @@ FAILED_FILE = "failed.json"
 EXPERIMENT_FILE = "experiment.json"
 # What a run writes into its directory: `train --force` replaces these and touches nothing else.
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, PROFILE_FILE, CHECKPOINTS_DIR, LOGS_DIR, FAILED_FILE)
+REPORT_FILE = "report.md"
+SUMMARY_CSV = "summary.csv"
+RUNS_CSV = "runs.csv"
+QUALITY_PLOTS = ("{quality}_vs_step.png", "{quality}_vs_wallclock.png")     # quality: loss or accuracy
+PLOTS = ("pareto.png", "time_breakdown.png", "bytes.png")
+# What a report writes beside the runs, in a directory that may hold files of others.
+REPORT_FILES = (REPORT_FILE, SUMMARY_CSV, RUNS_CSV,
+                *(p.format(quality=q) for q in ("loss", "accuracy") for p in QUALITY_PLOTS), *PLOTS)
 
 
 def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
@@ -62,13 +76,52 @@ def add_to_summary(run_dir: str | Path, fields: dict[str, Any]) -> bool:
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
     """A run's summary; {} when it has none (or one that is damaged)."""
+    return json_object(Path(run_dir) / SUMMARY_FILE)
+
+
+def regular_text(path: Path) -> str:
+    """A run directory's file, read only if it is a regular file: a FIFO of that name would block
+    the reader for ever (OSError otherwise)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is not a regular file")
+    return path.read_text()
+
+
+def json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; {} for a file that is missing, unreadable or holds no object."""
     try:
-        summary = json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
+        data = json.loads(regular_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
-    return summary if isinstance(summary, dict) else {}
+    return data if isinstance(data, dict) else {}
 
 
 def has_summary(run_dir: str | Path) -> bool:
     """Did the run finish (its trainer wrote the summary)?"""
     return (Path(run_dir) / SUMMARY_FILE).is_file()
+
+
+def is_run_dir(d: str | Path) -> bool:
+    """`d` holds a wansync run: a config.toml with a [run] table naming a strategy."""
+    try:
+        data = tomllib.loads(regular_text(Path(d) / CONFIG_FILE))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(data.get("run"), dict) and "strategy" in data["run"]
+
+
+def is_summary(summary: dict[str, Any]) -> bool:
+    """A summary the trainer wrote: it names the strategy and the number of steps (a summary.json of
+    {}, or of another program, is not one)."""
+    steps = summary.get("steps")
+    return isinstance(summary.get("strategy"), str) and isinstance(steps, int) and not isinstance(steps, bool)
+
+
+def is_failure(run_dir: str | Path) -> bool:
+    """Did an experiment record this run as failed (a failed.json of its own)?"""
+    return isinstance(json_object(Path(run_dir) / FAILED_FILE).get("message"), str)
+
+
+def is_experiment_dir(d: str | Path) -> bool:
+    """`d` holds a wansync experiment: an experiment.json with its list of runs."""
+    return isinstance(json_object(Path(d) / EXPERIMENT_FILE).get("runs"), list)

@@ -16,6 +16,10 @@ from ..errors import ConfigError, StorageError
 LOCK_FILE = ".lock"
 
 
+class RunBusy(ConfigError):
+    """Another live process holds the directory: nothing in it may be touched."""
+
+
 def _holder_pid(fd: int) -> str:
     try:
         return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
@@ -36,14 +40,14 @@ class RunLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:                    # read-only and pseudo file systems, a missing permission
-            raise StorageError(f"cannot write into run directory {self.path.parent}: {e.strerror or e}") from None
+            raise StorageError(f"cannot write into {self.path.parent}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = _holder_pid(fd)
             os.close(fd)
-            raise ConfigError(f"cannot {self.what} {self.path.parent}: another wansync process (PID {pid}) "
-                              f"is running in it") from None
+            raise RunBusy(f"cannot {self.what} {self.path.parent}: another wansync process (PID {pid}) "
+                          f"is running in it") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
@@ -65,7 +69,7 @@ def check_unlocked(run_dir: Path, what: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise ConfigError(f"cannot {what} {path.parent}: another wansync process (PID {_holder_pid(fd)}) "
-                          f"is running in it") from None
+        raise RunBusy(f"cannot {what} {path.parent}: another wansync process (PID {_holder_pid(fd)}) "
+                      f"is running in it") from None
     finally:
         os.close(fd)

@@ -52,6 +52,8 @@ def target_record(evals: Sequence[dict[str, Any]], target: Target) -> dict[str, 
 def read_evals(path: str | Path) -> list[dict[str, Any]]:
     """The evaluation records of a metrics.jsonl; torn or damaged lines (a killed run) are skipped."""
     out: list[dict[str, Any]] = []
+    if not Path(path).is_file():                      # missing, or a FIFO that would block the reader
+        return out
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:

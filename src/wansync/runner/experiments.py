@@ -11,10 +11,17 @@ A run is *finished* when its `summary.json` exists and its `config.toml` equals 
 would write now (ignoring keys that only change presentation: out, quiet, log_every, threads);
 finished runs are skipped unless `force`. A run that fails (a WansyncError from `run.train`) leaves
 `failed.json` with the one-line message in its directory and the experiment carries on.
+
+Every input is used or refused: a grid key no strategy of the grid has, a flag the grid also sweeps,
+an empty value in a list, --seeds beside --grid seed=... A strategy the grid crosses with an option
+it does not have runs once, not once per value. Before the first run, everything the experiment
+needs is checked (`check_experiment`: every run's config, data and model; the directory and every run
+directory in it are new, empty or wansync's; the report's files there are wansync's, unless `force`),
+and the experiment holds its directory's lock to the end (`rundir.lock`).
 """
 from __future__ import annotations
 
-import json
+import math
 import os
 import re
 import time
@@ -22,25 +29,31 @@ import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import tomli_w
 
 from ..rundir import jsonout
 from . import run
 from .. import strategies as registry
-from ..config import Config, check_combinations, coerce, key_names, replace, to_sections
-from ..errors import ConfigError, WansyncError
+from ..config import Config, check_combinations, check_options_apply, coerce, key_names, replace, to_sections
+from ..errors import ConfigError, StorageError, WansyncError
 from ..strategies.guards import regime_warnings
 from .torchrun import TorchrunEnv, torchrun_env
 from ..trainer.optim import peak_lr
 from ..presets import Preset, check_available, layered_config, preset_cells
-from ..analysis.report import report
-from ..rundir.layout import EXPERIMENT_FILE, FAILED_FILE, SUMMARY_FILE, has_summary, read_summary
+from ..analysis.report import Report, report
+from ..rundir.layout import (CONFIG_FILE, EXPERIMENT_FILE, FAILED_FILE, REPORT_FILES, SUMMARY_FILE, has_summary,
+                             is_experiment_dir, json_object, read_summary, regular_text)
+from ..rundir.lock import LOCK_FILE, RunBusy, RunLock
+from ..rundir.owned import WRITTEN_FILE, check_replaceable
+from ..rules import in_range
 # Keys that change how a run is shown or where it lives, not what it computes.
 PRESENTATION_KEYS = ("out", "quiet", "log_every", "threads", "target_loss", "target_acc")
 # Keys a grid may not vary (they name the place or the repetition, handled separately).
 _NOT_GRIDDABLE = ("out",)
+MAX_SEEDS = 1000
+MAX_RUNS = 10_000             # runs of one grid: more is a typo, and would take memory before any work
 
 
 @dataclass
@@ -86,10 +99,17 @@ def check_strategies(names: Sequence[str], context: str = "") -> list[str]:
     return names
 
 
-def split_values(text: str) -> list[str]:
-    """'a,b,c' -> [a, b, c]; when a value itself holds commas (a --wan spec) separate with ';'."""
+def split_values(text: str, what: str) -> list[str]:
+    """'a,b,c' -> [a, b, c]; when a value itself holds commas (a --wan spec) separate with ';'. An
+    empty value (`1,,2`, `wan=;lan`, a trailing comma) is refused, not dropped."""
     sep = ";" if ";" in text else ","
-    return [v.strip() for v in text.split(sep) if v.strip()]
+    values = [v.strip() for v in text.split(sep)]
+    if not any(values):
+        raise ConfigError(f"{what}: no values given")
+    if "" in values:
+        raise ConfigError(f"{what}: an empty value in {text!r} (values are separated by {sep!r}; write none for "
+                          f"a key's unset value)")
+    return values
 
 
 def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
@@ -109,10 +129,7 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
             raise ConfigError(f"--grid: '{key}' cannot be swept (use --out for the experiment directory)")
         if key in grid:
             raise ConfigError(f"--grid: key '{key}' given twice")
-        texts = split_values(values)
-        if not texts:
-            raise ConfigError(f"--grid {item!r}: no values")
-        parsed = [coerce(key, t) for t in texts]
+        parsed = [coerce(key, t) for t in split_values(values, f"--grid {key}")]
         if len(set(map(repr, parsed))) != len(parsed):
             raise ConfigError(f"--grid {key}: a value is listed twice")
         grid[key] = parsed
@@ -123,6 +140,8 @@ _SAFE = re.compile(r"[^A-Za-z0-9._+\-=]")
 
 
 def _fmt(v: Any) -> str:
+    if v == "":                                     # a key's unset value (wan=none)
+        return "none"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
@@ -139,12 +158,13 @@ def setting_label(strategy: str, setting: dict[str, Any]) -> str:
 
 def command_runs(command: str, preset: Preset | None, config_file: str | None, flags: Mapping[str, Any],
                  grid_items: Sequence[str], strategies_text: str | None, seeds: int | None,
-                 parallel: int) -> tuple[list[RunSpec], Path, TorchrunEnv | None]:
+                 parallel: int, given: Iterable[str] = ()) -> tuple[list[RunSpec], Path, TorchrunEnv | None]:
     """The runs of `wansync compare|sweep` from its flags, the experiment directory, and the torchrun
     environment the runs adopt (read once, here: a stale or contradicting one is refused).
 
     Values: defaults < preset < --config file < flags; the runs: the preset's cells, else
-    --strategies (or the preset's strategies) x --grid x seeds."""
+    --strategies (or the preset's strategies) x --grid x seeds. `given`: the keys the user gave
+    (flags, the config file's), each of which some run must use."""
     lowest: dict[str, Any] = {"out": f"runs/{preset.name if preset else command}"}
     if preset:
         lowest.update(preset.values)
@@ -152,7 +172,8 @@ def command_runs(command: str, preset: Preset | None, config_file: str | None, f
     check_combinations(cfg, flags)
     env = torchrun_env(cfg.workers if "workers" in flags else None, cfg.ranks_per_worker)
     grid = parse_grid(grid_items)
-    wanted = split_values(strategies_text) if strategies_text else None
+    check_inputs_used(grid, flags, strategies_text, seeds)
+    wanted = split_values(strategies_text, "--strategies") if strategies_text is not None else None
     cells = preset_cells(preset, grid, flags, wanted)
     if cells is not None:
         names = list(dict.fromkeys(c["strategy"] for c in cells))
@@ -178,7 +199,23 @@ def command_runs(command: str, preset: Preset | None, config_file: str | None, f
     if parallel > 1:
         cfg = replace(cfg, quiet=True)
     out = Path(cfg.out)
-    return grid_runs(cfg, names, seeds, grid, out, threads=threads, cells=cells), out, env
+    specs = grid_runs(cfg, names, seeds, grid, out, threads=threads, cells=cells)
+    check_options_apply([s.strategy for s in specs], [*given, *grid])
+    return specs, out, env
+
+
+def check_inputs_used(grid: Mapping[str, Any], flags: Mapping[str, Any], strategies_text: str | None,
+                      seeds: int | None) -> None:
+    """Two inputs one of which would be dropped without a word: refused in one line."""
+    if strategies_text is not None and ("strategy" in grid or "strategy" in flags):
+        raise ConfigError("--strategies and --" + ("grid strategy=..." if "strategy" in grid else "strategy") +
+                          " both name the strategies: give one of them")
+    if seeds is not None and "seed" in grid:
+        raise ConfigError("--seeds and --grid seed=... both set the seeds: give one of them")
+    clash = [k for k in grid if k in flags]
+    if clash:
+        raise ConfigError(f"--{clash[0].replace('_', '-')} is also swept by --grid {clash[0]}=...: give its values "
+                          f"in the grid only")
 
 
 def grid_runs(base: Config, strategies: Sequence[str], seeds: int | Sequence[int] = 1,
@@ -201,18 +238,20 @@ def grid_runs(base: Config, strategies: Sequence[str], seeds: int | Sequence[int
     if "seed" in grid:
         seed_list = [int(s) for s in grid.pop("seed")]
     elif isinstance(seeds, int):
-        if seeds < 1:
-            raise ConfigError(f"seeds must be >= 1, got {seeds}")
+        in_range(1, MAX_SEEDS, high_included=True)("seeds", seeds)
         seed_list = [base.seed + k for k in range(seeds)]
     else:
         seed_list = list(seeds)
+    n_runs = len(combos) * math.prod(len(v) for v in grid.values()) * len(seed_list)
+    if n_runs > MAX_RUNS:
+        raise ConfigError(f"the grid has {n_runs} runs, more than {MAX_RUNS}: sweep fewer values at once")
     settings: list[dict[str, Any]] = [{}]
     for key, values in grid.items():
         settings = [{**s, key: v} for s in settings for v in values]
     specs: list[RunSpec] = []
     seen: dict[Path, str] = {}
     for strategy, fixed in combos:
-        for setting in [{**fixed, **s} for s in settings]:
+        for setting in [{**fixed, **s} for s in own_settings(strategy, settings)]:
             label = setting_label(strategy, setting)
             for seed in seed_list:
                 run_dir = out / label / f"seed{seed}"
@@ -228,6 +267,18 @@ def grid_runs(base: Config, strategies: Sequence[str], seeds: int | Sequence[int
                     raise ConfigError(f"{label} seed {seed}: {e}") from None
                 specs.append(RunSpec(strategy, setting, seed, cfg, label, run_dir))
     return specs
+
+
+def own_settings(strategy: str, settings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The grid's settings as `strategy` runs them: values of other strategies' options dropped, the
+    settings that become the same merged (ddp in a grid over sync_every runs once)."""
+    own = set(registry.option_names(strategy))
+    out: list[dict[str, Any]] = []
+    for s in settings:
+        kept = {k: v for k, v in s.items() if k not in registry.OPTIONS or k in own}
+        if kept not in out:
+            out.append(kept)
+    return out
 
 
 def expand_cells(cells: Sequence[dict[str, Any]], grid: dict[str, list[Any]] | None = None
@@ -263,7 +314,7 @@ def is_finished(spec: RunSpec) -> bool:
     try:
         options = registry.resolve_options(spec.cfg.strategy, vars(spec.cfg))
         expected = tomllib.loads(tomli_w.dumps(to_sections(spec.cfg, options)))
-        found = tomllib.loads((d / "config.toml").read_text())
+        found = tomllib.loads(regular_text(d / CONFIG_FILE))
     except (WansyncError, tomllib.TOMLDecodeError, OSError):
         return False
     return _comparable(expected) == _comparable(found)
@@ -282,10 +333,7 @@ def write_experiment(out: Path, specs: Sequence[RunSpec], extra: dict[str, Any] 
 
 
 def read_experiment(out: Path) -> dict[str, Any]:
-    try:
-        return json.loads((Path(out) / EXPERIMENT_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
+    return json_object(Path(out) / EXPERIMENT_FILE)
 
 
 def run_one(spec: RunSpec, force: bool = False, torchrun: TorchrunEnv | None = None) -> Outcome:
@@ -297,6 +345,8 @@ def run_one(spec: RunSpec, force: bool = False, torchrun: TorchrunEnv | None = N
     t0 = time.monotonic()
     try:
         summary = run.train(spec.cfg, force=True, torchrun=torchrun)     # the experiment decided to (re-)run it
+    except RunBusy as e:                      # another process's run: nothing of it is touched
+        return Outcome(spec, "failed", str(e), time.monotonic() - t0)
     except WansyncError as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         (spec.run_dir / SUMMARY_FILE).unlink(missing_ok=True)
@@ -349,8 +399,50 @@ def _lr_rule(c: Config) -> str:
     return f"lr {c.lr:g} (fixed)"
 
 
-def check_and_list(specs: Sequence[RunSpec], preset: Preset | None) -> int:
-    """Print the resolved runs and validate each one; train nothing. Raises when one is invalid."""
+def check_experiment(specs: Sequence[RunSpec], out: Path, force: bool, local: bool = True) -> None:
+    """Before any work, without writing anything: every run can start (`run.check_run`; `local`: on
+    this machine's processes), the experiment directory is new, empty or wansync's, every run
+    directory in it too, and the report's files there are wansync's (unless `force`). One line on the
+    first problem."""
+    check_runs(specs, local)
+    try:
+        check_experiment_dir(out, specs, force)
+    except OSError as e:                          # a name too long, a path through a file
+        raise StorageError(f"cannot create experiment directory {out}: {e.strerror or e}") from None
+
+
+def check_runs(specs: Sequence[RunSpec], local: bool = True) -> None:
+    """Every run can start (`run.check_run`; `local`: on this machine's processes), or one line
+    naming the first that cannot."""
+    for s in specs:
+        try:
+            run.check_run(s.cfg)
+            if local:
+                run.check_local_launch(s.cfg)
+        except WansyncError as e:
+            raise ConfigError(f"{s.label} seed {s.seed}: {e}") from None
+
+
+def check_experiment_dir(out: Path, specs: Sequence[RunSpec], force: bool) -> None:
+    """`out` is new, empty or a wansync experiment; each run directory in it is new, empty or a
+    wansync run; the report's files there are wansync's (unless `force`)."""
+    if os.path.lexists(out) and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and not is_experiment_dir(out):
+        entries = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_FILE, WRITTEN_FILE))
+        if entries:
+            raise ConfigError(f"refusing to run an experiment in {out}: it is not empty and not a wansync experiment "
+                              f"directory (it holds {entries[0]!r}); choose another --out")
+    for s in specs:
+        run.check_target(s.run_dir, force=True)
+    if out.is_dir():
+        check_replaceable(out, REPORT_FILES, force)
+
+
+def check_and_list(specs: Sequence[RunSpec], preset: Preset | None, out: Path | None = None,
+                   force: bool = False) -> int:
+    """Print the resolved runs and validate each one; train nothing. Raises when one is invalid, or
+    (given `out`) when the experiment could not start there (`check_experiment`)."""
     if preset:
         print(f"preset {preset.name}: {preset.source}")
         for note in preset.notes:
@@ -373,6 +465,8 @@ def check_and_list(specs: Sequence[RunSpec], preset: Preset | None) -> int:
             print(f"    warning: {line}")
     if errors:
         raise WansyncError(f"{len(errors)} of {len(specs)} runs are invalid; first: {errors[0]}")
+    if out is not None:
+        check_experiment(specs, out, force)
     print(f"all {len(specs)} runs are valid (dry run: nothing trained)")
     return 0
 
@@ -381,19 +475,34 @@ def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: i
                    target_acc: float | None, target_rule: str = "ddp", torchrun: TorchrunEnv | None = None) -> int:
     """Write the grid (experiment.json), run what is not finished, write the report and print its table.
     `target_rule`: the default target when none is given (report.default_target).
-    Raises (after the report) when a run failed."""
-    write_experiment(out, specs, {"target_loss": target_loss, "target_acc": target_acc, "target_rule": target_rule})
-    t0 = time.monotonic()
-    outcomes = execute(specs, force=force, parallel=parallel, torchrun=torchrun)
-    rep = report(out, target_loss=target_loss, target_acc=target_acc, record_targets=True, target_rule=target_rule)
+    Raises (after the report) when a run failed. Under torchrun the ranks train every run together and
+    rank 0 alone holds the directory and writes the experiment's files, as it does a run's."""
+    if torchrun is not None and torchrun.rank != 0:        # rank 0 checks the directory it writes
+        check_runs(specs, local=False)
+        failed = [o for o in execute(specs, force=force, parallel=parallel, torchrun=torchrun) if o.status == "failed"]
+        if failed:
+            raise WansyncError(f"{failed[0].spec.label} seed {failed[0].spec.seed}: {failed[0].message}")
+        return 0
+    check_experiment(specs, out, force, local=torchrun is None)
+    with RunLock(run.make_run_dir(out, "experiment directory"), "run an experiment in"):
+        write_experiment(out, specs, {"target_loss": target_loss, "target_acc": target_acc, "target_rule": target_rule})
+        t0 = time.monotonic()
+        outcomes = execute(specs, force=force, parallel=parallel, torchrun=torchrun)
+        rep = report(out, target_loss=target_loss, target_acc=target_acc, record_targets=True, target_rule=target_rule,
+                     force=force)
+    print_outcome(rep, outcomes, time.monotonic() - t0)
+    return 0
+
+
+def print_outcome(rep: Report, outcomes: Sequence[Outcome], seconds: float) -> None:
+    """The report's table, what ran, warnings, the decision and the verdict; raises when a run failed."""
     ran = sum(o.status == "ok" for o in outcomes)
     skipped = sum(o.status == "skipped" for o in outcomes)
     failed = [o for o in outcomes if o.status == "failed"]
     print()
     print(rep.table)
     print()
-    print(f"{ran} runs trained, {skipped} skipped (finished earlier), {len(failed)} failed, "
-          f"in {time.monotonic() - t0:.0f} s")
+    print(f"{ran} runs trained, {skipped} skipped (finished earlier), {len(failed)} failed, in {seconds:.0f} s")
     for row in rep.rows:
         if row["diverged"]:
             print(f"warning: {row['setting']} diverged in {row['diverged']}/{row['seeds_ok']} seeds (final "
@@ -407,4 +516,3 @@ def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: i
     if failed:
         raise WansyncError(f"{len(failed)} of {len(outcomes)} runs failed (marked in {rep.path}); "
                            f"first: {failed[0].spec.label} seed {failed[0].spec.seed}: {failed[0].message}")
-    return 0

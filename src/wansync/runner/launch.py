@@ -11,7 +11,9 @@ same way; workers die by themselves if the launcher dies (interrupts).
 With `--fault-tolerant` (docs/fault_tolerance.md) a failure does not end the run: the launcher
 hands its workers to the run's `ft.supervisor.Supervisor`, which starts torchft's lighthouse,
 restarts a dead worker (it heals from a live peer), lets the others go on without it, and adds
-what the run went through to summary.json.
+what the run went through to summary.json. Under torchrun a fault-tolerant rank is launched the
+same way, alone (`spawn(..., torchrun=env)`): the process torchrun started supervises its worker and
+restarts it, so torchrun's agents never re-rendezvous (which would restart every node's workers).
 
 A launch is a short pipeline (`Launch`): prepare the log directory, open the rendezvous, start
 every worker, watch them, tear everything down.
@@ -34,6 +36,7 @@ from ..ft.supervisor import Supervisor
 from ..rundir.layout import LOGS_DIR
 from . import workerproc
 from .interrupts import LAUNCHER_PID_ENV, signals_deferred, sigint_blocked
+from .torchrun import GLOO_IFNAME, TorchrunEnv
 from .workerproc import describe_exit, error_file, is_stopped
 from ..telemetry import peerwait
 
@@ -51,13 +54,14 @@ def _terminate(procs: list[workerproc.Worker], grace: float = 3.0) -> None:
             p.wait()
 
 
-def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False) -> tuple[int, str]:
-    """Run cfg.workers × cfg.ranks_per_worker processes (ranks w·R … w·R+R−1 are worker w);
-    returns (exit status, message of the first failure).
+def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False,
+          torchrun: TorchrunEnv | None = None) -> tuple[int, str]:
+    """Run cfg.workers × cfg.ranks_per_worker processes (ranks w·R … w·R+R−1 are worker w), or
+    under torchrun (fault tolerant) its rank alone; returns (exit status, message of the first failure).
     `config` (the resolved config as TOML) reaches the workers in their environment.
     KeyboardInterrupt and Terminated pass through, after every worker is ended and reaped."""
     with signals_deferred() as check_signals:
-        launch = Launch(cfg, Path(run_dir), config, resume)
+        launch = Launch(cfg, Path(run_dir), config, resume, torchrun)
         try:
             launch.prepare_logs()
             launch.open_rendezvous()
@@ -71,9 +75,11 @@ class Launch:
     """One local launch, step by step (`spawn`): the run's workers, the rendezvous they meet at (a
     socket bound to 127.0.0.1, then the store serving on it), and, fault tolerant, their supervisor."""
 
-    def __init__(self, cfg: Config, run_dir: Path, config: str, resume: bool):
+    def __init__(self, cfg: Config, run_dir: Path, config: str, resume: bool, torchrun: TorchrunEnv | None = None):
         self.cfg, self.run_dir, self.config, self.resume = cfg, run_dir, config, resume
         self.world = cfg.workers * cfg.ranks_per_worker
+        self.torchrun = torchrun
+        self.ranks = range(self.world) if torchrun is None else [torchrun.rank]     # the ones started here
         self.threads = cfg.threads or max(1, (os.cpu_count() or 1) // self.world)     # torch's, per worker
         self.procs: list[workerproc.Worker] = []
         self.supervisor: Supervisor | None = None
@@ -86,7 +92,7 @@ class Launch:
     def prepare_logs(self) -> None:
         """logs/, without the error files of an earlier attempt: a failure reported is this run's."""
         (self.run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
-        for r in range(self.world):
+        for r in self.ranks:
             error_file(self.run_dir, r).unlink(missing_ok=True)
 
     def open_rendezvous(self) -> None:
@@ -95,7 +101,7 @@ class Launch:
         Then the socket the store serves on; the store's threads start once the workers are forked
         (at once when this process cannot fork them anyway)."""
         if self.cfg.fault_tolerant:
-            self.supervisor = Supervisor(self.cfg, self.run_dir)
+            self.supervisor = Supervisor(self.cfg, self.run_dir, self.torchrun)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(512)                   # workers may connect before the store serves: the kernel queues them
@@ -105,11 +111,15 @@ class Launch:
             self.store = _serve_store(self.sock, self.cfg.peer_timeout)
 
     def worker_env(self, rank: int, restarted: bool = False) -> dict[str, str]:
-        """Rank `rank`'s environment: torchrun's variables, the run's own, and the supervisor's."""
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world),
-                   LOCAL_WORLD_SIZE=str(self.world), MASTER_ADDR="127.0.0.1",
+        """Rank `rank`'s environment: torchrun's variables, the run's own, and the supervisor's. Under
+        torchrun the rank keeps its place on its node and gloo the interface torchrun's route chose."""
+        local, local_world = (rank, self.world) if self.torchrun is None else \
+            (self.torchrun.local_rank, self.torchrun.local_world_size)
+        gloo = _loopback_ifname() if self.torchrun is None else os.environ.get(GLOO_IFNAME, _loopback_ifname())
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(self.world),
+                   LOCAL_WORLD_SIZE=str(local_world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(self.port), TORCHELASTIC_USE_AGENT_STORE="True",
-                   GLOO_SOCKET_IFNAME=_loopback_ifname(), OMP_NUM_THREADS=str(self.threads),
+                   GLOO_SOCKET_IFNAME=gloo, OMP_NUM_THREADS=str(self.threads),
                    WANSYNC_RUN_DIR=str(self.run_dir), WANSYNC_LAUNCHED="1",
                    WANSYNC_RESUME="1" if self.resume else "0", WANSYNC_CONFIG=self.config,
                    **{LAUNCHER_PID_ENV: str(os.getpid())})
@@ -126,7 +136,7 @@ class Launch:
 
     def start_all(self, check_signals: Callable[[], None]) -> None:
         """Every rank; after the forked ones, the zygote that forks a restarted worker later, and the store."""
-        for rank in range(self.world):
+        for rank in self.ranks:
             self.procs.append(self.start(rank))
             check_signals()
         if self.store is None:
@@ -141,8 +151,8 @@ class Launch:
             code, message = _watch(self.procs, self.run_dir, check_signals)
         else:
             code, message = self.supervisor.watch(self.procs, lambda rank: self.start(rank, restarted=True),
-                                                  check_signals)
-        if code == 0:
+                                                  check_signals, ranks=list(self.ranks))
+        if code == 0 and self.torchrun is None:     # every rank's profile is on this host
             peerwait.record(self.run_dir, self.run_dir / LOGS_DIR, self.world)
         return code, message
 

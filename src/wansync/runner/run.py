@@ -10,7 +10,9 @@ get their configuration from the launcher, never from a file another process may
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import importlib.util
+import os
 import shutil
 import sys
 import tomllib
@@ -21,18 +23,23 @@ import tomli_w
 
 from ..rundir import checkpoint
 from . import launch, worker
-from .torchrun import TorchrunEnv
-from ..config import RUN_CONTROL_KEYS, Config, fingerprint, from_sections, replace, to_sections
-from ..errors import ConfigError, DataError, StorageError, WansyncError
+from .agreement import agree
+from .torchrun import TorchrunEnv, join_network
+from ..config import RUN_CONTROL_KEYS, Config, coerce, fingerprint, from_sections, replace, to_sections
+from ..errors import ConfigError, DataError, StorageError, WansyncError, path_kind
+from ..workloads.lm.corpus import corpus_files
 from ..strategies.guards import regime_warnings
-from ..rundir.layout import FAILED_FILE, LOGS_DIR, RUN_FILES, SUMMARY_FILE, has_summary, read_summary
+from ..trainer.sharding import check_precision
+from ..rundir.layout import (CONFIG_FILE, FAILED_FILE, LOGS_DIR, RUN_FILES, SUMMARY_FILE, has_summary, is_run_dir,
+                             read_summary)
 from ..rundir.lock import LOCK_FILE, RunLock, check_unlocked
 from ..strategies import resolve_options
 
 # Entries that do not make a directory "non-empty" (a lock, a failure note, logs of a run that never wrote its config).
 _NOT_CONTENT = (LOCK_FILE, FAILED_FILE, LOGS_DIR)
 SNIFF_BYTES = 1 << 20
-TEXT_SUFFIXES = (".txt", ".md")
+LOCAL_PROCESSES_PER_CORE = 8
+MIN_LOCAL_PROCESSES = 64
 
 
 def check_data_path(cfg: Config) -> None:
@@ -46,13 +53,23 @@ def check_data_path(cfg: Config) -> None:
             path = data[len(prefix):]
     if path is None and data not in ("shakespeare", "fashion-mnist") and not data.startswith("hf:"):
         path = data
-    if path is not None and not Path(path).exists():
-        raise DataError(f"data path not found: {path}")
+    if path is not None:
+        check_data_kind_of(Path(path), images=path != cfg.data)
     if path is not None and path == cfg.data:                    # an LM corpus: a text file or a folder of them
         corpus = Path(path)
-        files = [corpus] if corpus.is_file() else sorted(p for p in corpus.rglob("*") if p.suffix in TEXT_SUFFIXES)
-        for f in files[:64]:
+        for f in ([corpus] if corpus.is_file() else corpus_files(corpus))[:64]:
             check_text(f)
+
+
+def check_data_kind_of(path: Path, images: bool) -> None:
+    """What is at a data path can be read as data: a directory of images, or a text file or a
+    directory of them; never a FIFO or a device, which would block or never end."""
+    if not path.exists():
+        raise DataError(f"data path not found: {path}")
+    if images and not path.is_dir():
+        raise DataError(f"data path {path} is {path_kind(path)}, not a directory of images")
+    if not (path.is_file() or path.is_dir()):
+        raise DataError(f"data path {path} is {path_kind(path)}, not a text file or a directory of them")
 
 
 def check_text(path: Path) -> None:
@@ -88,6 +105,7 @@ def check_run(cfg: Config) -> dict[str, Any]:
         import torch
         if not torch.cuda.is_available():
             raise ConfigError("--backend nccl needs CUDA GPUs, and torch sees none here (use --backend gloo)")
+    check_precision(cfg.precision, "cuda" if cfg.backend == "nccl" else "cpu")
     if cfg.model in lm_model_names():         # the model's rotary tables: refused here, not on every rank
         from ..workloads.lm import check_seq_len
         check_seq_len(cfg.model, cfg.seq_len)
@@ -97,6 +115,17 @@ def check_run(cfg: Config) -> dict[str, Any]:
     if cfg.data.startswith("hf:") and importlib.util.find_spec("datasets") is None:
         raise ConfigError(f"{cfg.data!r} needs the datasets package: install wansync[hf]")
     return options
+
+
+def check_local_launch(cfg: Config) -> None:
+    """The processes a local launch starts fit this machine: at most LOCAL_PROCESSES_PER_CORE per
+    core (at least MIN_LOCAL_PROCESSES); each holds torch and the model, and thousands of them
+    exhaust memory before the first step. More belong under torchrun across hosts."""
+    limit = max(MIN_LOCAL_PROCESSES, LOCAL_PROCESSES_PER_CORE * (os.cpu_count() or 1))
+    world = cfg.workers * cfg.ranks_per_worker
+    if world > limit:
+        raise ConfigError(f"--workers {cfg.workers} x --ranks-per-worker {cfg.ranks_per_worker} would start {world} "
+                          f"processes on this machine (at most {limit} here); start more under torchrun across hosts")
 
 
 def check_fragments(model: str, fragments: int, mode: str) -> None:
@@ -121,14 +150,15 @@ def config_text(cfg: Config, options: dict[str, Any]) -> str:
     return tomli_w.dumps(to_sections(cfg, options))
 
 
-def make_run_dir(run_dir: Path) -> Path:
-    """Create the run directory, turning what the operating system refuses into one line."""
+def make_run_dir(run_dir: Path, what: str = "run directory") -> Path:
+    """Create the run directory (or an experiment's: `what`), turning what the operating system
+    refuses into one line."""
     if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run directory {run_dir} exists and is not a directory")
+        raise ConfigError(f"{what} {run_dir} exists and is not a directory")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise StorageError(f"cannot create run directory {run_dir}: {e.strerror or e}") from None
+        raise StorageError(f"cannot create {what} {run_dir}: {e.strerror or e}") from None
     return run_dir
 
 
@@ -137,15 +167,6 @@ def write_config(run_dir: Path, text: str) -> None:
         (run_dir / "config.toml").write_text(text)
     except OSError as e:
         raise StorageError(f"cannot write {run_dir / 'config.toml'}: {e.strerror or e}") from None
-
-
-def is_run_dir(d: Path) -> bool:
-    """`d` holds a wansync run: a config.toml with a [run] table naming a strategy."""
-    try:
-        data = tomllib.loads((d / "config.toml").read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return False
-    return isinstance(data.get("run"), dict) and "strategy" in data["run"]
 
 
 def check_target(run_dir: Path, force: bool) -> bool:
@@ -185,12 +206,16 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
     check_unlocked(run_dir, "resume")
     step_dir = checkpoint.latest_step_dir(run_dir)        # one-line errors for a wrong directory
     try:
-        saved = from_sections(tomllib.loads((run_dir / "config.toml").read_text()))
+        control = {k: v for k, v in overrides.items() if k in RUN_CONTROL_KEYS}
+        saved = from_sections(tomllib.loads((run_dir / "config.toml").read_text()), control)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot resume: {run_dir / 'config.toml'} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot resume: cannot read {run_dir / 'config.toml'}: {e.strerror or e}") from None
     if "out" in overrides and Path(overrides["out"]).resolve() != run_dir.resolve():
         raise ConfigError(f"--out cannot be given with --resume: the run stays in {run_dir}")
-    changes = {k: v for k, v in overrides.items() if k != "out"}
+    # a flag repeated with the run's own value (a multi-node resume repeats the launch flags) is no change
+    changes = {k: coerce(k, v) for k, v in overrides.items() if k != "out"}
     forbidden = [k for k, v in changes.items() if k not in RUN_CONTROL_KEYS and v != getattr(saved, k)]
     if forbidden:
         raise ConfigError(f"cannot change {forbidden[0]} when resuming (only {', '.join(RUN_CONTROL_KEYS)})")
@@ -218,11 +243,14 @@ def train(cfg: Config, resume: bool = False, force: bool = False,
     process is one of torchrun's ranks, else the launcher starts the workers here."""
     options = check_run(cfg)
     run_dir = Path(cfg.out)
+    if torchrun is None:
+        check_local_launch(cfg)
     if torchrun is not None:
         cfg, rank = replace(cfg, workers=torchrun.world_size // cfg.ranks_per_worker), torchrun.rank
+        refused = refusal(run_dir, resume, force) if rank == 0 else None
+        ours, torchrun = adopt(torchrun, cfg, options, run_dir, resume, refused)
         if rank != 0:
-            if worker.run(cfg, run_dir, resume=resume) != 0:
-                raise WansyncError((run_dir / "logs" / f"rank{rank}.err").read_text().strip())
+            run_rank(ours, run_dir, resume, torchrun, config_text(ours, options))
             return {}
         print(f"wansync: under torchrun: {torchrun.describe()}")
     for line in regime_warnings(cfg.strategy, options):
@@ -241,10 +269,63 @@ def train(cfg: Config, resume: bool = False, force: bool = False,
         write_config(run_dir, text)
         (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
         if torchrun is not None:
-            if worker.run(cfg, run_dir, resume=resume) != 0:
-                raise WansyncError((run_dir / "logs" / "rank0.err").read_text().strip())
+            run_rank(ours, run_dir, resume, torchrun, config_text(ours, options))
             return read_summary(run_dir)
         code, message = launch.spawn(cfg, run_dir, text, resume=resume)
     if code != 0:
         raise WansyncError(message)
     return read_summary(run_dir)
+
+
+def refusal(run_dir: Path, resume: bool, force: bool) -> WansyncError | None:
+    """Rank 0's objection to its run directory under torchrun (locked, or another run there), found
+    before the agreement so that it reaches every rank: none is left waiting for rank 0."""
+    try:
+        check_unlocked(run_dir, "train into")
+        if not resume:
+            check_target(run_dir, force)
+    except WansyncError as e:
+        return e
+    return None
+
+
+def adopt(torchrun: TorchrunEnv, cfg: Config, options: dict[str, Any], run_dir: Path,
+          resume: bool, refused: WansyncError | None = None) -> tuple[Config, TorchrunEnv]:
+    """This process is one of torchrun's ranks: reachable where torchrun told it to meet the others
+    (`join_network`), in agreement with every other rank on what they train (`agree`), and, with
+    --threads 0, on its share of the machine's cores. The first rank of a node other than rank 0's
+    keeps the node's own copy of config.toml: its resume needs no shared file system. Returns the
+    configuration its worker runs (threads resolved) and the environment with this run's round of
+    torchrun's store. Rank 0's `refused` is told to every rank, then raised."""
+    join_network(torchrun)
+    start = checkpoint.checkpoint_step(run_dir) if resume else 0
+    agreed = agree(torchrun, fingerprint(cfg, options), start, cfg.peer_timeout,
+                   None if refused is None else str(refused))
+    if refused is not None:
+        raise refused
+    if torchrun.local_rank == 0 and torchrun.rank != 0:
+        keep_config(run_dir, config_text(cfg, options))
+    ours = cfg if cfg.threads else replace(cfg, threads=agreed.threads)
+    return ours, dataclasses.replace(torchrun, round=agreed.round)
+
+
+def keep_config(run_dir: Path, text: str) -> None:
+    """config.toml on a node that does not write the run directory: written when missing or
+    different, atomically (on a shared file system rank 0 writes the same text at the same time)."""
+    path = make_run_dir(run_dir) / CONFIG_FILE
+    try:
+        if not path.is_file() or path.read_text() != text:
+            checkpoint.atomic_write_bytes(path, text.encode())
+    except OSError as e:
+        raise StorageError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def run_rank(cfg: Config, run_dir: Path, resume: bool, torchrun: TorchrunEnv, text: str) -> None:
+    """One of torchrun's ranks: its worker, in this process; under --fault-tolerant, this process
+    supervises it (`launch.spawn` of this rank alone), restarting it as the local launcher would."""
+    if cfg.fault_tolerant:
+        code, message = launch.spawn(cfg, run_dir, text, resume=resume, torchrun=torchrun)
+        if code != 0:
+            raise WansyncError(message)
+    elif worker.run(cfg, run_dir, resume=resume) != 0:
+        raise WansyncError((run_dir / LOGS_DIR / f"rank{torchrun.rank}.err").read_text().strip())

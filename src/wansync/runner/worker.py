@@ -1,7 +1,7 @@
 """Entry point of one worker process (spawned by the launcher or by torchrun).
 
 A worker turns any failure into one line: into logs/rank{R}.err for the launcher to print,
-or onto stderr under torchrun. The full traceback goes to logs/rank{R}.log.
+or, under torchrun, raised for the CLI to print (once). The traceback, bounded, goes to logs/rank{R}.log.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from .. import net
 from ..config import Config, from_sections
 from ..errors import PEER_LOST, ConfigError, WansyncError
 from .interrupts import Terminated, become_launched_worker, exit_status
+from .torchrun import interface_hint
 from ..trainer.loop import Phase, train_worker
 
 
@@ -65,6 +66,17 @@ def one_line(exc: BaseException, rank: int, phase: Phase) -> str:
     return f"rank {rank} failed during {phase.now}: {type(exc).__name__}: {text}"[:500]
 
 
+TRACEBACK_FRAMES = 64          # per exception of a chain: an exception re-raised on every retry gathers frames
+MAX_TRACEBACK = 256 * 1024     # characters; the end, where the cause is, is kept
+
+
+def bounded_traceback(exc: BaseException) -> str:
+    """`exc`'s traceback for the rank's log, bounded in frames and size (a log must not grow without
+    bound: a quorum retried for minutes once left a 300 MB traceback)."""
+    text = "".join(traceback.format_exception(exc, limit=-TRACEBACK_FRAMES))
+    return text if len(text) <= MAX_TRACEBACK else "...\n" + text[-MAX_TRACEBACK:]
+
+
 def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     rank = int(os.environ.get("RANK", 0))
     launched = os.environ.get("WANSYNC_LAUNCHED") == "1"
@@ -83,13 +95,18 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
                 raise                           # under torchrun the CLI says it in one line
             return exit_status(exc)
         msg = one_line(exc, rank, phase)
+        if not launched and phase.now == "start-up" and PEER_LOST in msg:     # torchrun's nodes never met
+            msg += interface_hint()
         told_launcher = False
         try:                                    # the one line first: on a full disk the traceback may not fit
             (log_dir / f"rank{rank}.err").write_text(msg + "\n")
             told_launcher = launched
-            (log_dir / f"rank{rank}.log").write_text(traceback.format_exc())
+            with open(log_dir / f"rank{rank}.log", "a") as log:     # after the libraries' lines (ft.member)
+                log.write(bounded_traceback(exc))
         except OSError:
             pass
+        if not launched:                        # under torchrun the CLI says it, once
+            raise WansyncError(msg) from None
         if not told_launcher:
             print(f"wansync: error: {msg}", file=sys.stderr)
         return 1

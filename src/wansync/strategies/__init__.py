@@ -81,11 +81,13 @@ def timetable(name: str, options: Mapping[str, Any]) -> Timetable:
 
 
 def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, group: Any = None,
-          on_nonfinite: str | None = None, replicas: Any = None, quorum: Any = None, **options: Any) -> Strategy:
+          on_nonfinite: str | None = None, replicas: Any = None, quorum: Any = None, mesh: Any = None,
+          **options: Any) -> Strategy:
     """Build a strategy on an existing process group (the public `wansync.strategy`).
     `on_nonfinite` (None, "abort", "skip"): what its exchange does with NaN/Inf model state.
-    `replicas` (`comm.replicas.replica_groups(R)`): workers of R ranks each.
+    `replicas` (`comm.replicas.replica_groups(R)`): workers of R ranks each; for a model sharded
+    with FSDP2 (`fully_shard`) found from its mesh, or from `mesh` (a 2-D workers x ranks mesh).
     `quorum` (`ft.quorum.Quorum`): fault tolerant, its exchanges average over the workers alive now."""
     cls = strategy_class(name)
     return cls(model, optimizer, make_options(name, **options), group=group, on_nonfinite=on_nonfinite,
-               replicas=replicas, quorum=quorum)
+               replicas=replicas, quorum=quorum, mesh=mesh)

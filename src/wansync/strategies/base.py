@@ -19,26 +19,37 @@ from typing import Any, Callable, ClassVar
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..comm.exchange import Exchange
 from ..comm.flat import FlatTensors
 from ..comm.ledger import INSIDE
-from ..comm.replicas import Replicas
+from ..comm.replicas import Replicas, replicas_of
 from ..errors import ConfigError
-from .grad_sync import GradientSync
+from .grad_sync import GradientSync, hybrid_sharded
 from .options import Options
 from .timetable import Timetable
 
 
 def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
     """What parameter averaging exchanges: parameters plus floating-point persistent buffers
-    (BatchNorm statistics), so that averaged replicas are really identical."""
-    tensors: list[torch.Tensor] = [p for p in module.parameters()]
+    (BatchNorm statistics), so that averaged replicas are really identical. A parameter sharded
+    inside the worker (FSDP2's DTensor) is its local shard: the tensor this rank holds, updates and
+    exchanges with the same local rank of the other workers."""
+    return [local_shard(p) for p in module.parameters()] + model_buffers(module)
+
+
+def model_buffers(module: nn.Module) -> list[torch.Tensor]:
+    """The floating-point persistent buffers (never sharded): averaged, but no optimizer steps them."""
     persistent = set(module.state_dict(keep_vars=True).keys())
-    for name, b in module.named_buffers():
-        if name in persistent and b.is_floating_point():
-            tensors.append(b)
-    return tensors
+    return [b for name, b in module.named_buffers() if name in persistent and b.is_floating_point()]
+
+
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """The part of `t` this rank holds: a DTensor's local tensor (the very tensor FSDP2 keeps, so
+    writing into it writes the parameter), any other tensor itself. The same object every time
+    (`to_local()` returns a new alias per call), so tensors can be told apart by identity."""
+    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 class Strategy:
@@ -49,12 +60,14 @@ class Strategy:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, *,
                  group: Any = None, on_nonfinite: str | None = None, replicas: Replicas | None = None,
-                 quorum: Any = None):
+                 quorum: Any = None, mesh: Any = None):
         """`on_nonfinite`: None, "abort" or "skip", what the exchange does with a NaN/Inf in this
         worker's model state (see `comm.exchange`). `replicas`: this rank's place in a worker of
         several ranks (`comm.replicas`; None: every rank is a worker); its ranks train one model
-        with DDP over the worker's own group, and the exchange runs between workers. `quorum`: the
-        exchange averages over the workers alive now instead of a fixed group (`ft.quorum`)."""
+        with DDP over the worker's own group, and the exchange runs between workers; for a model the
+        user sharded with FSDP2 it is found from the model's mesh (`mesh`: the 2-D one when it cannot
+        be, `comm.replicas.replicas_of`). `quorum`: the exchange averages over the workers alive now
+        instead of a fixed group (`ft.quorum`)."""
         if not dist.is_initialized():
             raise ConfigError("torch.distributed is not initialized: call wansync.init() or "
                               "torch.distributed.init_process_group() first")
@@ -69,13 +82,17 @@ class Strategy:
         self.last_inner_s = 0.0          # time of the last inner optimizer step (profiler: compute)
         self.since_last_step_s: float | None = None   # end of the previous step() to this one's start
         self._left_step_at: float | None = None
-        self.replicas = replicas if replicas is not None else Replicas()
+        self.replicas = replicas if replicas is not None else replicas_of(model, mesh) or Replicas()
         self.exchange = Exchange(group, on_nonfinite, self.replicas, quorum=quorum)
         self.comm = self.exchange.ledger
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self.inside_sync = None
-        if self.replicas.sharded and self.steps_inside_workers:
+        if self.replicas.ddp_inside and self.steps_inside_workers:
             self.inside_sync = GradientSync(model, self.replicas.inside, self.comm, purpose=INSIDE + "grads")
+        if self.replicas.shards and self.steps_inside_workers and hybrid_sharded(model):
+            raise ConfigError(f"{self.name} takes local steps, but the model is sharded on a 2-D mesh (hybrid "
+                              f"sharding), which all-reduces gradients across workers at every step: shard it "
+                              f"on the worker's ranks only (fully_shard(..., mesh=mesh[<its second dimension>]))")
 
     # ---- the user's view -------------------------------------------------------------
     @property
@@ -135,6 +152,13 @@ class Strategy:
     @property
     def inner_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def tensors_movable(self) -> bool:
+        """May the model's tensors be re-pointed into a flat buffer of ours (`FlatTensors.adopt`,
+        as torch's averager does)? Not when FSDP holds them sharded inside the worker: it
+        all-gathers from the storage it allocated, so values are copied in instead."""
+        return not self.replicas.shards
 
     def broadcast_initial_state(self) -> None:
         """Start every replica from rank 0's parameters and buffers (one flat broadcast)."""

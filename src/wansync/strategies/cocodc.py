@@ -83,7 +83,7 @@ class CoCoDC(Streaming):
         """T_s from the emulated link's model, when there is one (else it is measured)."""
         if not self.timetable.n_decided:
             numel = round(sum(f.numel for f in self.fragments) / self.P)
-            modelled = self.exchange.modelled_seconds(numel, self.codec)
+            modelled = self.exchange.modelled_seconds(numel, self.codec, self.opts.codec_collective)
             if modelled is not None:
                 self.t_s, self.t_s_source = modelled, "model"
 

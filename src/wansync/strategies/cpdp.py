@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .grad_sync import GradientSync
+from .grad_sync import gradient_phase
 from .options import option, sync_every
 from .periodic import PeriodicTimetable
 from .slowmo import SlowMo, SlowMoOptions
@@ -63,7 +63,7 @@ class CPDP(SlowMo):
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
-        self.grad_sync = GradientSync(model, self.group, self.comm, broadcast_buffers=False)
+        self.grad_sync = gradient_phase(model, self.group, self.comm, self.replicas, broadcast_buffers=False)
         self.grads_synced = False        # did the step just taken all-reduce its gradients?
         self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
@@ -73,7 +73,7 @@ class CPDP(SlowMo):
         several ranks, local steps go through the worker's own DDP instead."""
         if self.inside_sync is not None and self.inside_step(self.t + 1):
             return self.inside_sync.ddp
-        return self.grad_sync.ddp
+        return self.grad_sync.module
 
     def after_inner_step(self) -> None:
         # steps 1–2 have happened: DDP all-reduced g in backward (if armed), then the inner step

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .base import Strategy
-from .grad_sync import GradientSync
+from .grad_sync import gradient_phase
 from .timetable import Timetable
 
 
@@ -30,11 +30,11 @@ class DDP(Strategy):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, **kw: Any):
         super().__init__(model, optimizer, options, **kw)
-        self.grad_sync = GradientSync(model, self.group, self.comm)
+        self.grad_sync = gradient_phase(model, self.group, self.comm, self.replicas)
 
     @property
     def model(self) -> nn.Module:
-        return self.grad_sync.ddp           # over every rank, also in workers of several ranks
+        return self.grad_sync.module        # over every rank (hybrid sharding in a sharded worker)
 
     def after_inner_step(self) -> None:
         self.grad_sync.book()      # DDP's reducer all-reduced every gradient bucket during backward

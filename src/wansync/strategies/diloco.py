@@ -24,9 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 
-from .base import sync_tensors
-from .options import outer_lr, outer_momentum, sync_every
+
+from .base import model_buffers, sync_tensors
+from .options import anchor_device, outer_lr, outer_momentum, outer_state_device, sync_every
 from .outer import Anchor
 from .periodic import Periodic, PeriodicOptions
 
@@ -37,6 +39,7 @@ class DiLoCoOptions(PeriodicOptions):
     sync_every: int = sync_every(100)
     outer_lr: float = outer_lr()
     outer_momentum: float = outer_momentum()
+    outer_state_device: str = outer_state_device()
 
 
 class DiLoCo(Periodic):
@@ -46,8 +49,16 @@ class DiLoCo(Periodic):
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.broadcast_initial_state()
-        self.anchor = Anchor(sync_tensors(self.module), lr=self.opts.outer_lr,
-                             momentum=self.opts.outer_momentum, nesterov=True)
+        self.anchor = Anchor(sync_tensors(self.module), lr=self.opts.outer_lr, momentum=self.opts.outer_momentum,
+                             nesterov=True, buffers=model_buffers(self.module),
+                             device=anchor_device(self.opts.outer_state_device))
+
+    def reference(self) -> torch.Tensor:
+        """θ̃: every worker loads it at each boundary, so a lossy exchange sends θ_m − θ̃ = −Δ_m."""
+        return self.anchor.value
+
+    def keep_reference(self) -> None:
+        """Nothing to keep: the anchor is the reference."""
 
     def boundary(self) -> None:
         avg, info = self.average_params()                 # θ̄ = mean(θ_m)

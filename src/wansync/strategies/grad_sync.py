@@ -10,16 +10,25 @@ The bytes are booked on the ledger as `grads` after the step whose backward all-
 A worker of several ranks (`comm.replicas`) trains its one model with a second wrapper over its
 own ranks (`inside/grads`), every step the strategy does not all-reduce over all ranks. Two
 wrappers can share a module: a backward only all-reduces in the wrapper its forward went through.
+
+A worker sharded with FSDP2 on the (across, inside) mesh has no DDP: FSDP reduce-scatters the
+gradients inside the worker every step, and the gradient phase is hybrid sharding's own
+all-reduce of each rank's gradient shard across the workers (`ShardedGradientSync`), switched per
+step with `set_requires_all_reduce`, FSDP's counterpart of `no_sync()`. `gradient_phase` picks.
 """
 from __future__ import annotations
 
 import warnings
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..comm.ledger import CommLedger
+from ..comm.replicas import Replicas
+from ..errors import ConfigError
 
 
 def wrap_ddp(model: nn.Module, group: Any, broadcast_buffers: bool = True) -> DistributedDataParallel:
@@ -42,6 +51,15 @@ def wrap_ddp(model: nn.Module, group: Any, broadcast_buffers: bool = True) -> Di
     return DistributedDataParallel(model, process_group=group)
 
 
+def gradient_phase(model: nn.Module, group: Any, ledger: CommLedger, replicas: Replicas, *,
+                   broadcast_buffers: bool = True) -> "GradientSync | ShardedGradientSync":
+    """The all-rank gradient phase of a strategy: DDP over `group`, or hybrid sharding's all-reduce
+    across workers when the worker is sharded inside (`replicas.shards`)."""
+    if replicas.shards:
+        return ShardedGradientSync(model, replicas, ledger)
+    return GradientSync(model, group, ledger, broadcast_buffers=broadcast_buffers)
+
+
 class GradientSync:
     """The DDP wrapper of `model`, its gradient bytes, and the switch for the next backward."""
 
@@ -50,6 +68,11 @@ class GradientSync:
         self.ddp = wrap_ddp(model, group, broadcast_buffers)
         self.bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self._ledger, self._purpose = ledger, purpose
+
+    @property
+    def module(self) -> nn.Module:
+        """What the strategy's user calls forward on for a step in this phase."""
+        return self.ddp
 
     def arm(self, on: bool) -> None:
         """Gradient all-reduce on or off for the next backward."""
@@ -62,3 +85,50 @@ class GradientSync:
             return False
         self._ledger.count(self._purpose, self.bytes)
         return True
+
+
+def hybrid_sharded(model: nn.Module) -> bool:
+    """Is `model` sharded with FSDP2 on a 2-D mesh (hybrid sharding: its gradients all-reduced
+    across the mesh's first dimension by FSDP2 itself, at every step)?"""
+    mesh = getattr(next(model.parameters(), None), "device_mesh", None)
+    return mesh is not None and mesh.ndim == 2
+
+
+class ShardedGradientSync:
+    """The gradient phase of a worker sharded with FSDP2: the gradient shards its backward
+    reduce-scattered inside the worker, all-reduced across the workers (mean) in the same backward,
+    before anything reads them (clipping, the inner step), as DDP's are. A model sharded on the
+    worker's ranks only gets it through FSDP2's all-reduce hook, switched per step by `arm`; one
+    sharded on a 2-D (workers x ranks) mesh is hybrid sharding, whose all-reduce FSDP2 makes at
+    every step (DDP's phase, never switched off). Its bytes are this rank's gradient shards'."""
+
+    def __init__(self, model: nn.Module, replicas: Replicas, ledger: CommLedger, purpose: str = "grads"):
+        from torch.distributed.fsdp import FSDPModule
+        self.module = model
+        self.native = hybrid_sharded(model)
+        self.bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        self._across, self._workers = replicas.across, replicas.workers
+        self._ledger, self._purpose, self._on = ledger, purpose, True
+        if not self.native:
+            for m in model.modules():
+                if isinstance(m, FSDPModule):
+                    m.set_all_reduce_hook(self._all_reduce)
+
+    def _all_reduce(self, grads: torch.Tensor) -> None:
+        """FSDP2's hook, on each unit's reduce-scattered gradients: their mean across workers, in place."""
+        if self._on and self._workers > 1:
+            dist.all_reduce(grads, group=self._across)
+            grads.div_(self._workers)
+
+    def arm(self, on: bool) -> None:
+        """Gradient all-reduce across workers on or off for the next backward."""
+        if self.native and not on:
+            raise ConfigError("a model sharded with hybrid sharding all-reduces gradients across workers at every "
+                              "step: shard it on the worker's ranks only for a strategy with local steps")
+        self._on = on
+
+    def book(self) -> bool:
+        """After a step: whether its backward all-reduced the gradient shards across workers."""
+        if self._on:
+            self._ledger.count(self._purpose, self.bytes)
+        return self._on

@@ -131,3 +131,46 @@ def outer_lr(default: float = 0.7) -> Any:
 def outer_momentum(default: float = 0.9) -> Any:
     return option(default, "outer SGD momentum (Nesterov when > 0)", in_range(0, 1))
 
+
+def codec(what: str = "exchanged model state") -> Any:
+    from ..comm.codecs import CODECS
+    return option("fp32", f"codec for {what}: {'|'.join(CODECS)} (lossy ones exchange the change since the last "
+                  "synchronization)", _known_codec)
+
+
+def _known_codec(name: str, value: str) -> None:
+    """An option rule: the codec registry's own one-line error for an unknown codec."""
+    from ..comm.codecs import get_codec
+    get_codec(value)
+
+
+def codec_collective() -> Any:
+    from ..comm.exchange import LOSSY_COLLECTIVES
+    return option("auto", "how a lossy codec's mean travels: allgather (every payload to every worker) | "
+                  "reduce_scatter (about two payloads per rank whatever the workers) | auto (allgather up to 2 "
+                  "workers)", one_of(LOSSY_COLLECTIVES))
+
+
+def error_feedback() -> Any:
+    return option(False, "keep what the lossy codec dropped of this worker's contribution and add it to the next "
+                  "(error feedback)")
+
+
+def check_codec_options(opts: Any) -> None:
+    """The cross-field rule of the codec knobs: error feedback has nothing to feed back without loss."""
+    check(not (opts.error_feedback and opts.codec == "fp32"),
+          "error_feedback needs a lossy codec (bf16, int8 or fp4): fp32 loses nothing to feed back")
+
+
+OUTER_STATE_DEVICES = ("model", "cpu")
+
+
+def outer_state_device() -> Any:
+    return option("model", "where the anchors and outer momentum live and the outer step runs: model (beside "
+                  "the model) | cpu (host memory, pinned beside an accelerator)", one_of(OUTER_STATE_DEVICES))
+
+
+def anchor_device(value: str) -> str | None:
+    """The `Anchor`'s device for an `outer_state_device` option (None: the model's)."""
+    return None if value == "model" else value
+

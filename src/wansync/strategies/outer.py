@@ -35,30 +35,49 @@ def block_for(t: torch.Tensor) -> int:
 
 
 class Anchor:
-    def __init__(self, tensors: Sequence[torch.Tensor], *, lr: float, momentum: float, nesterov: bool = False):
+    """θ̃ of `tensors` and its outer optimizer.
+
+    Args:
+        tensors: the model's tensors it anchors (local shards when the worker is sharded).
+        lr, momentum, nesterov: the outer SGD's.
+        buffers: which of `tensors` are buffers, not optimized (default: those that are not Parameters).
+        device: where θ̃ and the outer momentum live and the outer step runs (None: with the model;
+            "cpu": host memory, pinned when the model is on an accelerator, as INTELLECT-1 and
+            torchft keep the outer state off the GPU).
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], *, lr: float, momentum: float, nesterov: bool = False,
+                 buffers: Sequence[torch.Tensor] | None = None, device: str | torch.device | None = None):
         self.flat = FlatTensors(tensors)
-        self.value = self.flat.gather()                    # θ̃, identical on every rank
+        self.device = torch.device(device) if device is not None else self.flat.device
+        self.value = self.flat.gather().to(self.device)    # θ̃, identical on every rank
+        if self.device != self.flat.device and self.device.type == "cpu" and self.flat.device.type != "cpu":
+            self.value = self.value.pin_memory()
         # Buffers (BatchNorm statistics) are not optimized: the outer step gives them the plain
         # average θ̃ − Δ̄ = θ̄. Momentum or SlowMo's 1/η scaling on a running variance would
         # overshoot it below zero when the learning rate changes.
+        is_buffer = (lambda t: not isinstance(t, torch.nn.Parameter)) if buffers is None else \
+            (lambda t, ids={id(b) for b in buffers}: id(t) in ids)
         self.plain: list[tuple[int, int]] = []
         offset = 0
         for t in self.flat.tensors:
-            if not isinstance(t, torch.nn.Parameter):
+            if is_buffer(t):
                 self.plain.append((offset, offset + t.numel()))
             offset += t.numel()
         self.optimizer = torch.optim.SGD([self.value], lr=lr, momentum=momentum,
                                          nesterov=nesterov and momentum > 0)
 
     def local(self) -> torch.Tensor:
-        """θ_m of these tensors, as a new flat buffer."""
-        return self.flat.gather()
+        """θ_m of these tensors, as a new flat buffer beside θ̃."""
+        return self.flat.gather().to(self.device)
 
     def pseudo_gradient(self, local: torch.Tensor | None = None) -> torch.Tensor:
         """Δ_m = θ̃ − θ_m (a new flat buffer), in one pass over the model's tensors where they lie
         (no gathered copy of θ_m first), or from `local`, θ_m already gathered."""
         if local is not None:
             return self.value - local
+        if self.device != self.flat.device:
+            return self.value - self.local()
         packed = self.flat.packed()
         if packed is not None:
             return torch.sub(self.value, packed.detach())
@@ -85,8 +104,9 @@ class Anchor:
         θ̃ checked finite."""
         if lr is not None:
             self.optimizer.param_groups[0]["lr"] = lr
+        source = source.to(self.device)                    # a mean that arrived where the model is
         plain = [(a, b, source[a:b].clone() if average else self.value[a:b] - source[a:b]) for a, b in self.plain]
-        model = self.flat.packed() if load else None
+        model = self.flat.packed() if load and self.device == self.flat.device else None
         try:
             with torch.no_grad():
                 finite = self._sgd(source, average, divide, model)

@@ -26,9 +26,10 @@ from typing import Any
 import torch
 
 from ..comm.exchange import exact_sq_norm
+from ..comm.codecs import get_codec
 from ..comm.flat import FlatTensors
-from .base import Strategy, sync_tensors
-from .options import Options, option, sync_every
+from .base import Strategy, local_shard, sync_tensors
+from .options import Options, check_codec_options, codec, codec_collective, error_feedback, option, sync_every
 from .timetable import Timetable
 
 
@@ -43,6 +44,13 @@ class PeriodicOptions(Options):
     sync_every: int = sync_every(8)
     sync_optimizer_state: bool = option(False, "average the inner optimizer's state at every boundary")
     drift_telemetry: bool = option(True, "report worker drift at every boundary (one more element of the parameter exchange)")
+    codec: str = codec()
+    codec_collective: str = codec_collective()
+    error_feedback: bool = error_feedback()
+
+    def cross_check(self) -> None:
+        super().cross_check()
+        check_codec_options(self)
 
 
 class PeriodicTimetable(Timetable):
@@ -71,6 +79,9 @@ class Periodic(Strategy):
         self._ref_sq: float | None = None
         self._home: torch.Tensor | None = None
         self._home_ptrs: list[int] = []       # where the model's tensors lie when they live in _home
+        self.codec = get_codec(self.opts.codec)
+        self._last_mean: torch.Tensor | None = None   # lossy codec without an anchor: θ̄ of the last average
+        self._residual: torch.Tensor | None = None    # error feedback: what the codec dropped last time
 
     def after_inner_step(self) -> None:
         if self.timetable.is_boundary(self.t):
@@ -87,14 +98,30 @@ class Periodic(Strategy):
         super().broadcast_initial_state()
         if self.drift_on:                   # the first boundary's reference: every worker holds rank 0's
             self._ref_sq = exact_sq_norm(self.flat.gather())
+        if self.codec.name != "fp32":
+            self.keep_reference()
+
+    def keep_reference(self) -> None:
+        """The lossy codec's reference θ_ref, identical on every worker: the model as it is now."""
+        self._last_mean = self.flat.gather()
+
+    def reference(self) -> torch.Tensor:
+        """What a lossy exchange measures the workers' change from: the parameters every worker held
+        after the last synchronization (the anchor θ̃ where the strategy keeps one)."""
+        assert self._last_mean is not None
+        return self._last_mean
 
     # ---- resumable state: the drift's reference rides along (telemetry only) ------------------
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "drift_ref": self._ref_sq}
+        return {**super().state_dict(), "drift_ref": self._ref_sq, "last_mean": self._last_mean,
+                "residual": self._residual}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._ref_sq = state.get("drift_ref")     # a checkpoint from before: the next reference is 0
+        for name in ("last_mean", "residual"):
+            value = state.get(name)
+            setattr(self, f"_{name}", None if value is None else value.clone())
 
     # ---- shared pieces ---------------------------------------------------------------------
     def home(self) -> torch.Tensor | None:
@@ -104,7 +131,7 @@ class Periodic(Strategy):
         tensor cannot move (a non-contiguous one keeps its layout, `FlatTensors.adopt`)."""
         if self._home is not None and all(t.data_ptr() == p for t, p in zip(self.flat.tensors, self._home_ptrs)):
             return self._home
-        if not all(t.is_contiguous() for t in self.flat.tensors):
+        if not self.tensors_movable or not all(t.is_contiguous() for t in self.flat.tensors):
             return None
         home = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
         torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=home[:self.flat.numel])
@@ -120,6 +147,8 @@ class Periodic(Strategy):
         With drift telemetry the buffer carries this worker's ‖θ_m‖² (less the reference) as one
         more element, averaged with the values (the sum is elementwise: it changes none of their
         bits), and the event reports the boundary's `drift` (see the module docstring)."""
+        if self.codec.name != "fp32":
+            return self.average_changes()
         extra, n = self.wire_numel - self.flat.numel, self.flat.numel
         home = self.home()
         if home is not None:
@@ -134,13 +163,45 @@ class Periodic(Strategy):
         info: dict[str, Any] = {"bytes": self.flat.nbytes}
         if extra:
             avg_sq = sent.mean_sq
-            info["drift"] = self.relative_drift(float(wire[n]) * max(n, 1) + ref, avg_sq)
+            mean_sq, whole_avg_sq = self.exchange.worker_sum([float(wire[n]) * max(n, 1) + ref, avg_sq])
+            info["drift"] = self.relative_drift(mean_sq, whole_avg_sq)       # of the worker's whole model
             self._ref_sq = avg_sq if math.isfinite(avg_sq) else None
         if home is None:
             self.flat.scatter(wire[:n])               # the model holds θ̄, as with a home
         if getattr(self.opts, "sync_optimizer_state", False):
             self.average_optimizer_state()
         return wire[:n], info
+
+    def average_changes(self) -> tuple[torch.Tensor, dict[str, Any]]:
+        """`average_params` with a lossy codec: the workers exchange their change since the last
+        synchronization, θ_m − θ_ref (θ_ref identical everywhere: `reference`), which quantizes far
+        better than the parameters themselves (their deltas are small; the pseudo-gradients DiLoCo's
+        compressed variants send), and θ̄ = θ_ref + mean(θ_m − θ_ref). With error feedback each worker
+        adds what the codec dropped of its previous change. The drift is the same identity on the
+        changes: mean_m ‖d_m − d̄‖² = mean_m ‖d_m‖² − ‖d̄‖², relative to ‖θ̄‖."""
+        extra, n = self.wire_numel - self.flat.numel, self.flat.numel
+        ref = self.reference().to(self.flat.device)
+        wire = torch.empty(self.wire_numel, dtype=torch.float32, device=self.flat.device)
+        torch.sub(self.flat.gather(), ref, out=wire[:n])
+        if extra:
+            wire[n] = exact_sq_norm(wire[:n]) / max(n, 1)
+        if self.opts.error_feedback and self._residual is None:
+            self._residual = torch.zeros(n, dtype=torch.float32, device=self.flat.device)
+        sent = self.exchange.mean(wire, "params", self.codec, inplace=True, extra=extra, mean_sq=bool(extra),
+                                  collective=self.opts.codec_collective,
+                                  residual=self._residual if self.opts.error_feedback else None)
+        avg = wire[:n].add_(ref)                        # θ̄ = θ_ref + d̄
+        info: dict[str, Any] = {"bytes": self.codec.wire_bytes(n), "codec": self.codec.name}
+        if extra:
+            mean_sq, change_sq, avg_sq = self.exchange.worker_sum(
+                [float(wire[n]) * max(n, 1), sent.mean_sq, exact_sq_norm(avg)])
+            info["drift"] = math.sqrt(max(mean_sq - change_sq, 0.0) / avg_sq) if avg_sq > 0 else math.inf
+        self.flat.scatter(avg)                          # the model holds θ̄
+        if self._last_mean is not None:
+            self._last_mean.copy_(avg)
+        if getattr(self.opts, "sync_optimizer_state", False):
+            self.average_optimizer_state()
+        return avg, info
 
     @property
     def drift_on(self) -> bool:
@@ -161,8 +222,9 @@ class Periodic(Strategy):
 
     def average_optimizer_state(self) -> None:
         """Average every floating-point tensor of the inner optimizer's state (momentum, Adam
-        moments) in one flat exchange. Step counters stay as they are (they agree anyway)."""
-        tensors = [v for st in self.optimizer.state.values() for v in st.values()
+        moments) in one flat exchange (each rank its shards' when sharded inside the worker). Step
+        counters stay as they are (they agree anyway)."""
+        tensors = [local_shard(v) for st in self.optimizer.state.values() for v in st.values()
                    if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
         if not tensors:
             return

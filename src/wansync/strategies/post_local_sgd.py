@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .grad_sync import GradientSync
+from .grad_sync import gradient_phase
 from .local_sgd import LocalSGD
 from .options import at_least, option
 from .periodic import PeriodicOptions, PeriodicTimetable
@@ -49,16 +49,18 @@ class PostLocalSGD(LocalSGD):
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
-        self.grad_sync = GradientSync(model, self.group, self.comm)
+        self.grad_sync = gradient_phase(model, self.group, self.comm, self.replicas)
         self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
     @property
     def model(self) -> nn.Module:
-        return self.grad_sync.ddp if self.timetable.ddp_step(self.t + 1) else super().model
+        return self.grad_sync.module if self.timetable.ddp_step(self.t + 1) else super().model
 
     def after_inner_step(self) -> None:
         if not self.grad_sync.book():                    # a DDP step: the reducer all-reduced in backward
             super().after_inner_step()                   # LocalSGD's boundary every H steps
+        elif self.codec.name != "fp32" and not self.timetable.ddp_step(self.t + 1):
+            self.keep_reference()                        # the switch: a lossy exchange measures change from here
         self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
     def load_extra_state(self, state) -> None:

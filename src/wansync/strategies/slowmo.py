@@ -19,10 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 
 from ..errors import check
-from .base import sync_tensors
-from .options import in_range, option, positive
+from .base import model_buffers, sync_tensors
+from .options import anchor_device, in_range, option, outer_state_device, positive
 from .outer import Anchor
 from .periodic import Periodic, PeriodicOptions
 
@@ -32,6 +34,7 @@ class SlowMoOptions(PeriodicOptions):
     """LocalSGD's (H is τ in the SlowMo paper), plus the slow momentum β and slow learning rate α."""
     slowmo_beta: float = option(0.5, "slow momentum beta", in_range(0, 1))
     slowmo_lr: float = option(1.0, "slow learning rate alpha", positive)
+    outer_state_device: str = outer_state_device()
 
 
 class SlowMo(Periodic):
@@ -43,7 +46,15 @@ class SlowMo(Periodic):
         super().__init__(model, optimizer, options, **kw)
         self.broadcast_initial_state()
         # θ̃ and u (the SGD momentum buffer, created at the first boundary: u starts at zero)
-        self.anchor = Anchor(sync_tensors(self.module), lr=self.opts.slowmo_lr, momentum=self.opts.slowmo_beta)
+        self.anchor = Anchor(sync_tensors(self.module), lr=self.opts.slowmo_lr, momentum=self.opts.slowmo_beta,
+                             buffers=model_buffers(self.module), device=anchor_device(self.opts.outer_state_device))
+
+    def reference(self) -> torch.Tensor:
+        """θ̃: every worker loads it at each boundary, so a lossy exchange sends θ_m − θ̃ = −Δ_m."""
+        return self.anchor.value
+
+    def keep_reference(self) -> None:
+        """Nothing to keep: the anchor is the reference."""
 
     def boundary(self) -> None:
         avg, info = self.average_params()                             # θ̄ = mean(θ_m)

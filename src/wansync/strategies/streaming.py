@@ -36,22 +36,19 @@ from typing import Any
 
 import torch
 
-from ..comm.codecs import CODECS, get_codec
+from ..comm.codecs import get_codec
 from ..comm.exchange import MeanHandle
 from ..errors import check
-from .base import Strategy
+from .base import Strategy, model_buffers
 from .compensation import alpha_merge
 from .debug import check_same_choice, debug_enabled
 from .fragment_timetable import FragmentTimetable
 from .fragments import PARTITIONS, partition
 from .inflight import InFlight
-from .options import Options, at_least, in_range, one_of, option, outer_lr, outer_momentum, sync_every
+from .options import (Options, anchor_device, at_least, check_codec_options, codec, codec_collective,
+                      error_feedback, in_range, one_of, option, outer_lr, outer_momentum, outer_state_device,
+                      sync_every)
 from .outer import Anchor
-
-
-def known_codec(name: str, value: str) -> None:
-    """An option rule: the codec registry's own one-line error for an unknown codec."""
-    get_codec(value)
 
 
 @dataclass
@@ -63,7 +60,10 @@ class StreamingOptions(Options):
     alpha: float = option(0.5, "weight of the local fragment in the merge", in_range(0, 1, high_included=True))
     outer_lr: float = outer_lr()
     outer_momentum: float = outer_momentum()
-    codec: str = option("fp32", f"codec for exchanged pseudo-gradients: {'|'.join(CODECS)}", known_codec)
+    outer_state_device: str = outer_state_device()
+    codec: str = codec("exchanged pseudo-gradients")
+    codec_collective: str = codec_collective()
+    error_feedback: bool = error_feedback()
     partition: str = option("strided", f"fragment partition: {'|'.join(PARTITIONS)}", one_of(PARTITIONS))
     syncs_per_period: int = option(0, "fragment syncs per period N (0: one per fragment, N = P)")
 
@@ -71,6 +71,7 @@ class StreamingOptions(Options):
         super().cross_check()
         h, p = self.sync_every, self.fragments
         check(p <= h, f"fragments ({p}) must be <= sync_every ({h})")
+        check_codec_options(self)
         check(0 <= self.overlap < h, f"overlap (tau) must be in [0, sync_every) = [0, {h}), got {self.overlap}")
         check(self.syncs_per_period == 0 or p <= self.syncs_per_period <= h,
               f"syncs_per_period must be 0 (automatic) or between fragments ({p}) and sync_every "
@@ -88,11 +89,13 @@ class Streaming(Strategy):
         self.codec = get_codec(o.codec)
         self.fragments = partition(self.module, self.P, o.partition)   # before any collective
         self.broadcast_initial_state()
-        self.anchors = [Anchor(f.tensors, lr=o.outer_lr, momentum=o.outer_momentum, nesterov=True)
-                        for f in self.fragments]
-        for anchor in self.anchors:     # each fragment's tensors move into one flat buffer (values kept,
-            anchor.flat.adopt(anchor.value.clone())   # as Periodic's home): Δ and a merge are one op each
+        buffers = model_buffers(self.module)
+        self.anchors = [Anchor(f.tensors, lr=o.outer_lr, momentum=o.outer_momentum, nesterov=True, buffers=buffers,
+                               device=anchor_device(o.outer_state_device)) for f in self.fragments]
+        for anchor in self.anchors if self.tensors_movable else ():   # each fragment's tensors move into one
+            anchor.flat.adopt(anchor.value.clone())   # flat buffer (as Periodic's home): Δ and a merge are one op each
         self.debug = debug_enabled()
+        self.residuals: list[torch.Tensor | None] = [None] * self.P    # error feedback, per fragment
 
     # ---- the algorithm: what the timetable asks for, step by step ------------------------------
     def after_inner_step(self) -> None:
@@ -108,9 +111,22 @@ class Streaming(Strategy):
         """Sync start at t_p: Δ_{m,p} = θ̃_p − θ_{m,p}(t_p); launch the async mean of Δ_{m,p}."""
         anchor = self.anchors[x.fragment]
         x.theta_start = anchor.local() if self.timetable.merge != "alpha" else None   # θ(t_p): CoCoDC's merges
-        x.delta = anchor.pseudo_gradient(x.theta_start)
-        x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True)
+        x.delta, dropped = self.with_feedback(x.fragment, anchor.pseudo_gradient(x.theta_start))
+        x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True,
+                                      collective=self.opts.codec_collective, residual=dropped)
         self.after_launch(x)
+
+    def with_feedback(self, p: int, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Error feedback (`error_feedback`): Δ_{m,p} plus what the codec dropped of fragment p's last
+        contribution, and the tensor the exchange writes what it drops now into (the exchange then
+        sends exactly `delta`, which an exchange relaunched after a resume sends again)."""
+        if not self.opts.error_feedback:
+            return delta, None
+        residual = self.residuals[p]
+        if residual is None:
+            residual = self.residuals[p] = torch.zeros_like(delta)
+        delta.add_(residual)
+        return delta, residual.zero_()
 
     def merge(self, x: InFlight, t: int, exact: bool) -> None:
         """τ steps later: Δ̄_p = wait(); θ̃_p ← OuterOpt(θ̃_p, Δ̄_p); then merge into θ_{m,p}."""
@@ -120,7 +136,8 @@ class Streaming(Strategy):
         takes_anchor = exact and self.timetable.merge == "alpha"   # θ_{m,p} ← θ̃_p: no local values needed,
         anchor.outer_step(mean, lr=self.outer_lr_for(x), load=takes_anchor)   # loaded in the step's pass
         if before is not None:
-            schedule.record_merge(p, float(torch.linalg.vector_norm(before.sub_(anchor.value))), x.interval)
+            change = self.exchange.worker_norm(float(torch.linalg.vector_norm(before.sub_(anchor.value))))
+            schedule.record_merge(p, change, x.interval)      # R_p of the whole fragment, alike on every rank
         if takes_anchor:
             info: dict[str, Any] = {"merge": "alpha", "alpha": 0.0}
         else:
@@ -134,7 +151,8 @@ class Streaming(Strategy):
 
     def relaunch(self, x: InFlight) -> None:
         """Launch a restored exchange again (its bytes are already on the restored ledger)."""
-        x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True, replay=True)
+        x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True, replay=True,
+                                      collective=self.opts.codec_collective)
 
     # ---- hooks for CoCoDC ----------------------------------------------------------------------
     def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
@@ -158,14 +176,17 @@ class Streaming(Strategy):
     def final_sync(self, p: int, t: int) -> None:
         """Δ̄_p = mean(θ̃_p − θ_{m,p}); θ̃_p ← OuterOpt(θ̃_p, Δ̄_p); θ_{m,p} ← θ̃_p (DiLoCo's boundary)."""
         anchor = self.anchors[p]
-        sent = self.exchange.mean(anchor.pseudo_gradient(), "pseudo_grads", self.codec)
+        delta, dropped = self.with_feedback(p, anchor.pseudo_gradient())
+        sent = self.exchange.mean(delta, "pseudo_grads", self.codec, collective=self.opts.codec_collective,
+                                  residual=dropped)
         anchor.outer_step(sent.wait(), load=True)
         self.emit("sync", kind="final", fragment=p, started=t, overlap=0, bytes=sent.wire_bytes,
                   payload_bytes=sent.payload_bytes, codec=self.codec.name, syncs_per_period=self.timetable.schedule.n)
 
     # ---- resumable state -----------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"anchors": [a.state_dict() for a in self.anchors], **self.timetable.state_dict()}
+        return {"anchors": [a.state_dict() for a in self.anchors], **self.timetable.state_dict(),
+                "residuals": [None if r is None else r.clone() for r in self.residuals]}
 
     def heal_state(self) -> dict[str, Any]:
         """Fault-tolerant exchanges are complete when issued, so the exchanges in flight travel with
@@ -184,3 +205,4 @@ class Streaming(Strategy):
         for a, s in zip(self.anchors, state["anchors"], strict=True):
             a.load_state_dict(s)
         self.timetable.load_state_dict(state)
+        self.residuals = [None if r is None else r.clone() for r in state.get("residuals", [None] * self.P)]

@@ -209,6 +209,16 @@ class CommTimer:
             exposed += hi - c
         return exposed
 
+    def waited_on(self, groups: set[str]) -> tuple[float, int]:
+        """(seconds waited, bytes) of this step's collectives so far on `groups`: FSDP's all-gathers
+        and reduce-scatters inside a sharded worker, which it waits for inside forward and backward
+        (emulated runs only: elsewhere nothing records them, and (0, 0))."""
+        s = self._cur
+        if s is None or not self.emulated:
+            return 0.0, 0
+        recs = [r for r in self.emulator.records_since(self._cursor) if r.group in groups and r.issue >= s.start]
+        return sum(r.waited or 0.0 for r in recs), sum(r.nbytes for r in recs)
+
     def end(self, ledger_bytes: int, ledger_waited: float) -> None:
         s = self._cur
         if s is None:

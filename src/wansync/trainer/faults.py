@@ -2,7 +2,8 @@
 
 Actions after the backward of that step: `exit` (raise an error), `kill` (SIGKILL itself),
 `stop` (SIGSTOP itself: a hung peer), `nan` (put a NaN into its gradient), `pause` (sleep
-`seconds`: a straggler, alive but late). Inside the first
+`seconds`: a straggler, alive but late). With step=0, `exit`, `kill`, `stop` and `pause` strike at
+start-up instead, before a fault-tolerant worker joins the others (`at_start`). Inside the first
 exchange at or after that step, before its values go on the wire (fault-tolerant runs):
 `kill_in_exchange` (SIGKILL itself while its peers are in the exchange). After the checkpoint
 of that step is saved (the barrier passed) and before rank 0 prunes: `delay` (sleep `seconds`,
@@ -37,10 +38,18 @@ class Fault:
             raise ValueError(f"WANSYNC_FAULT action must be one of {ACTIONS}, got {fault.action!r}")
         return fault
 
+    def at_start(self, rank: int) -> None:
+        """Called once a fault-tolerant worker is set up, before it joins the others (step=0)."""
+        if rank == self.rank and self.step == 0 and self.action in ("exit", "kill", "stop", "pause"):
+            self._strike(0)
+
     def after_backward(self, rank: int, step: int, model: nn.Module) -> None:
         """Called after backward of 1-based `step`."""
         if rank != self.rank or step != self.step:
             return
+        self._strike(step, model)
+
+    def _strike(self, step: int, model: nn.Module | None = None) -> None:
         if self.action == "exit":
             raise RuntimeError(f"injected failure at step {step}")
         if self.action == "kill":
@@ -49,7 +58,7 @@ class Fault:
             os.kill(os.getpid(), signal.SIGSTOP)
         if self.action == "pause":
             time.sleep(self.seconds)
-        if self.action == "nan":
+        if self.action == "nan" and model is not None:
             p = next(p for p in model.parameters() if p.grad is not None)
             with torch.no_grad():
                 p.grad.view(-1)[0] = float("nan")
@@ -83,6 +92,10 @@ class Faults:
     def after_checkpoint(self, rank: int, step: int) -> None:
         for fault in self.faults:
             fault.after_checkpoint(rank, step)
+
+    def at_start(self, rank: int) -> None:
+        for fault in self.faults:
+            fault.at_start(rank)
 
     def in_exchange(self, rank: int, step: int) -> None:
         for fault in self.faults:

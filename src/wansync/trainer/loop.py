@@ -22,6 +22,7 @@ from ..rundir import checkpoint, jsonout
 from .. import strategies
 from ..ft.member import Member, quorum_for
 from ..comm.ledger import INSIDE
+from ..comm.exchange import lossy_path
 from ..comm.mean_cost import mean_seconds
 from ..comm.replicas import Replicas, replica_groups
 from ..config import Config, fingerprint
@@ -30,9 +31,11 @@ from ..errors import ConfigError, NonFiniteError
 from .faults import Faults
 from ..net import emulator_of, exchange_seconds
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
+from .sharding import autocast, shard_worker
 from ..strategies.base import sync_tensors
 from ..rundir.layout import write_summary
 from ..rundir.target import given_target, target_record
+from ..telemetry.memory import memory_per_rank
 from ..telemetry.metrics import MetricsWriter
 from ..telemetry.commtime import CommTimer, ddp_modules
 from ..telemetry.peerwait import PROFILE
@@ -70,12 +73,18 @@ class Trainer:
                  phase: Phase | None = None):
         self.cfg, self.run_dir, self.rank, self.world = cfg, Path(run_dir), rank, world_size
         self.phase = phase if phase is not None else Phase()
-        self.replicas = Replicas(1, rank, world_size, 0) if cfg.fault_tolerant else replica_groups(cfg.ranks_per_worker)
+        self.device_type = "cuda" if cfg.backend == "nccl" else "cpu"
+        sharded = cfg.inside == "fsdp"
+        self.replicas = Replicas(1, rank, world_size, 0) if cfg.fault_tolerant else \
+            replica_groups(cfg.ranks_per_worker, shard_inside=sharded, device_type=self.device_type)
         torch.manual_seed(cfg.seed)                     # same init on every rank
         self.workload = build_workload(cfg, self.replicas.worker, self.replicas.workers,
                                        self.replicas.local_rank, self.replicas.ranks_per_worker)
         if cfg.backend == "nccl":                       # one rank per GPU (worker.init_distributed chose it)
             self.workload.model.to(torch.device("cuda", torch.cuda.current_device()))
+        if sharded:                                     # FSDP2 over the worker's ranks (trainer.sharding)
+            shard_worker(self.workload.model, self.replicas.mesh, cfg.precision,
+                         hybrid=not strategies.strategy_class(cfg.strategy).steps_inside_workers)
         self.optimizer = build_optimizer(cfg, self.workload.model)
         self.options = strategies.resolve_options(cfg.strategy, vars(cfg))
         link = link_cost(cfg, self.workload.model, self.options, world_size)     # before the first collective
@@ -125,9 +134,16 @@ class Trainer:
         batch = self.workload.next_batch()
         data_s = prof.lap("data")
         self.comm_timer.begin(step + 1, sync.comm.bytes)
-        loss = self.workload.loss(sync.model, batch)
+        with autocast(cfg.precision, self.replicas.shards, self.device_type):
+            loss = self.workload.loss(sync.model, batch)
         loss.backward()
         ddp_exposed = self.comm_timer.after_backward()   # DDP's waits inside forward/backward
+        if self.replicas.shards:                         # FSDP's inside the worker (emulated runs)
+            fsdp_s, fsdp_bytes = self.comm_timer.waited_on({self.replicas.inside.group_name})
+            if fsdp_bytes:
+                sync.comm.count(INSIDE + "fsdp", fsdp_bytes)
+            self.exposed_inside_s += fsdp_s
+            ddp_exposed += fsdp_s
         if self.fault is not None:
             self.fault.after_backward(self.rank, step + 1, self.workload.model)
         loss_value = float(loss.detach())
@@ -177,8 +193,13 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
         self.phase.now = f"checkpoint at step {step}"
-        state = {"step": step, "world_size": self.world, "rank": self.rank,
-                 "model": self.workload.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        sharded = self.replicas.shards                   # model and optimizer: the worker's DCP checkpoint
+        if sharded:
+            checkpoint.save_sharded(self.run_dir, step, self.replicas.worker, self.workload.model, self.optimizer,
+                                    self.replicas.inside)
+        state = {"step": step, "world_size": self.world, "rank": self.rank, "inside": self.cfg.inside,
+                 "model": None if sharded else self.workload.model.state_dict(),
+                 "optimizer": None if sharded else self.optimizer.state_dict(),
                  "strategy": self.sync.state_dict(), "workload": self.workload.state_dict(),
                  "rng": torch.get_rng_state(), "evals": self.evals, "sync_events": self.sync_events,
                  "skipped": self.skipped, "comm": self.sync.comm.snapshot(),
@@ -187,14 +208,19 @@ class Trainer:
         dist.barrier()                                   # every rank's file is durable: the checkpoint is complete
         if self.fault is not None:
             self.fault.after_checkpoint(self.rank, step)
-        if self.rank == 0 and self.member is None:     # fault-tolerant: no barrier, so nothing is pruned
+        first_on_host = os.environ.get("LOCAL_RANK", str(self.rank)) == "0"     # each host prunes its own files
+        if first_on_host and self.member is None:      # fault-tolerant: no barrier, so nothing is pruned
             checkpoint.prune(self.run_dir, step)
         self.profiler.lap("checkpoint")
 
     def load_checkpoint(self) -> dict[str, Any]:
         state = checkpoint.load_rank(self.run_dir, self.rank, self.world)
-        self.workload.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.replicas.shards:
+            checkpoint.load_sharded(self.run_dir, self.replicas.worker, self.workload.model, self.optimizer,
+                                    self.replicas.inside)
+        else:
+            self.workload.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.sync.load_state_dict(state["strategy"])
         self.workload.load_state_dict(state["workload"])
         torch.set_rng_state(state["rng"])
@@ -216,7 +242,8 @@ class Trainer:
         return max((int(e.get("epoch", 0)) for e in self.evals), default=0)
 
     def evaluate(self, step: int) -> dict[str, Any]:
-        metrics = all_mean(self.workload.evaluate(self.workload.model))
+        with autocast(self.cfg.precision, self.replicas.shards, self.device_type):
+            metrics = all_mean(self.workload.evaluate(self.workload.model))
         record = {"type": "eval", "step": step, "time": self.profiler.wall(), **metrics,
                   "epoch": self.workload.epoch_progress()}
         self.evals.append(record)
@@ -232,7 +259,7 @@ class Trainer:
     def run(self) -> dict[str, Any] | None:
         cfg = self.cfg
         r = self.replicas.ranks_per_worker
-        ranks = f" of {r} ranks each (DDP inside a worker)" if r > 1 else ""
+        ranks = f" of {r} ranks each ({cfg.inside.upper()} inside a worker)" if r > 1 or self.replicas.shards else ""
         self.progress.log(f"{cfg.strategy}: {self.replicas.workers} workers{ranks}, {describe(self.workload.describe())}")
         self.profiler.lap("other")
         unit = "tok/s" if self.workload.kind == "lm" else "img/s"
@@ -300,7 +327,7 @@ class Trainer:
         inside_s = min(exposed, self.exposed_inside_s)
         summary: dict[str, Any] = {
             "strategy": self.cfg.strategy, "workers": self.replicas.workers, "ranks_per_worker": r,
-            "steps": self.cfg.steps,
+            "inside": self.cfg.inside, "precision": self.cfg.precision, "steps": self.cfg.steps,
             "wall_clock_s": profile["wall_clock_s"], "model": self.cfg.model, "data": self.cfg.data,
             "seed": self.cfg.seed, "options": self.options,
             "lr_scaling": self.cfg.lr_scaling, "peak_lr": peak_lr(self.cfg, self.world),
@@ -312,6 +339,8 @@ class Trainer:
             "wan": profile["wan"], "time_s": profile["categories_s"],
             "exposed_comm_pct": profile["derived"]["exposed_comm_pct"],
             "exposed_comm_inside_s": inside_s, "exposed_comm_between_s": exposed - inside_s,
+            # this rank's bytes by category at the end (telemetry.memory; rank 0's is the one written)
+            "memory_per_rank": memory_per_rank(self.workload.model, self.optimizer, self.sync),
         }
         if "val_loss" in final:
             losses = [e["val_loss"] for e in self.evals]
@@ -352,7 +381,8 @@ def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], worl
         return None
     numel, codec, r = exchange_numel(model, options), options.get("codec", "fp32"), cfg.ranks_per_worker
     if strategies.strategy_class(cfg.strategy).steps_inside_workers:
-        seconds = mean_seconds(numel, codec, cfg.topology, world // r, r)
+        path = lossy_path(codec, options.get("codec_collective", "auto"), world // r)
+        seconds = mean_seconds(numel, codec, cfg.topology, world // r, r, shards=cfg.inside == "fsdp", collective=path)
     else:
         seconds = exchange_seconds("allreduce", 4 * numel, cfg.topology, world // r, r,
                                    inside=cfg.topology.intra_link, reduce_inside=True)

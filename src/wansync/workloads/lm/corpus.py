@@ -81,14 +81,20 @@ def shakespeare_text() -> str:
     return "\n".join(shakespeare_documents())
 
 
+def corpus_files(directory: Path) -> list[Path]:
+    """The text files of a corpus directory, recursively, sorted: regular *.txt and *.md files only
+    (a FIFO or a device of that name would block or never end); DataError when there are none."""
+    files = sorted(p for p in directory.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+    if not files:
+        raise DataError(f"no .txt or .md files under corpus directory {directory}")
+    return files
+
+
 def _local_documents(path: Path) -> list[str]:
     if path.is_file():
         return [path.read_text(encoding="utf-8", errors="replace")]
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
-        if not files:
-            raise DataError(f"no .txt or .md files under corpus directory {path}")
-        return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+        return [p.read_text(encoding="utf-8", errors="replace") for p in corpus_files(path)]
     raise DataError(f"corpus path not found: {path} (expected '{BUNDLED}', 'hf:NAME[:SPLIT]', a file or a directory)")
 
 

@@ -1,0 +1,216 @@
+"""The emulator against real TCP: the same collectives and trainings on the namespace test bed
+(two hosts with their own TCP stacks, a veth pair shaped with `tbf` to the line rate) and under
+`--wan` on one host, at the same line rate.
+
+- Collectives: a 4-byte and a 7.28 MB (the tiny LM's float32) all-reduce between the two ranks; the
+  median of many per repetition. Real: gloo across the bed. Emulated: gloo over 127.0.0.1 under
+  `--wan rtt=<the bed's RTT>,bw=<rate>`, the RTT measured in the bed (a TCP ping-pong).
+- Trainings: ddp and diloco (2 workers, the tiny LM, `--threads 1`): the exposed communication of a
+  synchronization (profile.json's per-event `exposed_s`; the median over a run's events, so that a
+  step where a rank was descheduled by another process does not count as link time). Real:
+  `torchrun --nnodes 2` in the bed as docs/multinode.md says; emulated: `wansync train --workers 2
+  --wan ...`.
+
+Needs root (network namespaces). Prints a markdown table (mean and spread over the repetitions);
+the recorded figures are in benchmarks/README.md.
+
+    sudo python benchmarks/hosts_fidelity.py [--rates 1gbit,100mbit] [--reps 3] [--only collectives|training]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+import netns  # noqa: E402 - the test suite's bed, not a second copy
+
+PORT = 29555
+SIZES = {"4 B": 4, "7.28 MB": 7_280_000}
+OPS = {"4 B": 300, "7.28 MB": 9}                 # all-reduces per repetition (the median is kept)
+TRAIN = ["--model", "tiny", "--batch-size", "4", "--seq-len", "64", "--eval-batches", "2", "--eval-every", "1000",
+         "--threads", "1", "--quiet", "--seed", "0"]
+STRATEGIES = {"ddp": ["--steps", "12"], "diloco": ["--steps", "20", "--sync-every", "2"]}
+CLEAN = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_")
+
+
+def probe(rank: int, addr: str, wan: str | None) -> None:
+    """One rank of the collectives' probe: prints {size: median seconds} as JSON on rank 0."""
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    kwargs = dict(init_method=f"tcp://{addr}:{PORT}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+    if wan is None:
+        dist.init_process_group("gloo", **kwargs)
+    else:
+        from wansync import net
+        dist.init_process_group(net.install(), pg_options=net.Emulator(net.parse_wan(wan)), **kwargs)
+    plain = dist.new_group(backend="gloo")
+    out = {}
+    for label, nbytes in SIZES.items():
+        t = torch.ones(max(1, nbytes // 4))
+        for _ in range(3):
+            dist.all_reduce(t)
+        times = []
+        for _ in range(OPS[label]):
+            dist.barrier(group=plain)
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            times.append(time.perf_counter() - t0)
+        out[label] = statistics.median(times)
+    if rank == 0:
+        print(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def echo(rank: int, addr: str) -> None:
+    """A TCP ping-pong of 1 byte between the two hosts, rank 1 serving at `addr`: prints the median
+    round trip (rank 0)."""
+    if rank == 1:
+        with socket.create_server(("", PORT + 1)) as srv:
+            conn, _ = srv.accept()
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                while data := conn.recv(1):
+                    conn.sendall(data)
+        return
+    for _ in range(100):
+        try:
+            conn = socket.create_connection((addr, PORT + 1))
+            break
+        except OSError:
+            time.sleep(0.05)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    rtts = []
+    for _ in range(300):
+        t0 = time.perf_counter()
+        conn.sendall(b"x")
+        conn.recv(1)
+        rtts.append(time.perf_counter() - t0)
+    conn.close()
+    print(json.dumps(statistics.median(rtts[20:])))
+
+
+def env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(CLEAN)}
+
+
+def in_bed(bed: netns.Bed, mode: str, timeout: float = 600) -> str:
+    """Run this script's `mode` (probe or echo) as rank 0 on host A and rank 1 on host B; rank 0's output."""
+    a, b = bed.hosts
+    meet = b.address if mode == "echo" else a.address
+    procs = [bed.start(h, [sys.executable, __file__, f"--{mode}", str(r), meet],
+                       env=dict(env(), GLOO_SOCKET_IFNAME=h.ifname), stdout=subprocess.PIPE, text=True)
+             for r, h in enumerate((a, b))]
+    out = procs[0].communicate(timeout=timeout)[0]
+    procs[1].wait(timeout=60)
+    return out.strip().splitlines()[-1]
+
+
+def emulated_probe(wan: str) -> dict[str, float]:
+    procs = [subprocess.Popen([sys.executable, __file__, "--probe", str(r), "127.0.0.1", "--wan", wan],
+                              env=dict(env(), GLOO_SOCKET_IFNAME="lo"), stdout=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    out = procs[0].communicate(timeout=600)[0]
+    procs[1].wait(timeout=60)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def exposed(run: Path) -> float:
+    """The median exposed communication of a run's synchronizations (rank 0's profile)."""
+    return statistics.median(e["exposed_s"] for e in json.loads((run / "profile.json").read_text())["events"])
+
+
+def exposed_real(bed: netns.Bed, strategy: str, corpus: Path, work: Path) -> float:
+    a, b = bed.hosts
+    torchrun = Path(sys.executable).parent / "torchrun"
+    args = ["train", "--strategy", strategy, *STRATEGIES[strategy], *TRAIN, "--data", str(corpus)]
+    procs = {h: bed.start(h, [str(torchrun), *netns.documented_torchrun(a.address), "-m", "wansync", *args,
+                              "--out", str(work / h.name)], env=env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+             for h in (a, b)}
+    for h, p in procs.items():
+        out = p.communicate(timeout=900)[0]
+        if p.returncode != 0:
+            raise RuntimeError(f"{strategy} in the bed failed on {h.name}: {out[-2000:]}")
+    return exposed(work / a.name)
+
+
+def exposed_emulated(strategy: str, wan: str, corpus: Path, work: Path) -> float:
+    out = work / "emulated"
+    r = subprocess.run([sys.executable, "-m", "wansync", "train", "--strategy", strategy, *STRATEGIES[strategy],
+                        *TRAIN, "--data", str(corpus), "--workers", "2", "--wan", wan, "--out", str(out)],
+                       env=env(), capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"{strategy} under --wan {wan} failed: {r.stderr[-2000:]}")
+    return exposed(out)
+
+
+def spread(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
+    mean = statistics.fmean(values) * scale
+    return f"{mean:.{digits}g} (±{(max(values) - min(values)) * scale / 2:.2g})"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", default="1gbit,100mbit")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--only", choices=("collectives", "training"))
+    p.add_argument("--probe", type=int, metavar="RANK")
+    p.add_argument("--echo", type=int, metavar="RANK")
+    p.add_argument("addr", nargs="?")
+    p.add_argument("--wan")
+    args = p.parse_args()
+    if args.probe is not None:
+        return probe(args.probe, args.addr, args.wan)
+    if args.echo is not None:
+        return echo(args.echo, args.addr)
+    why = netns.unavailable()
+    if why:
+        sys.exit(f"hosts_fidelity: {why}")
+    from wansync.workloads.lm.corpus import shakespeare_text
+    print(f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print("\n| line rate | what | real (bed) | emulated | emulated/real | emulated - real |")
+    print("|---|---|---|---|---|---|", flush=True)
+
+    def row(*cells: str) -> None:
+        print("| " + " | ".join(cells) + " |", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "plays.txt"
+        corpus.write_text(shakespeare_text()[:400_000])
+        for rate in args.rates.split(","):
+            with netns.Bed(2, rate=rate) as bed:
+                rtt = json.loads(in_bed(bed, "echo"))
+                wan = f"rtt={rtt * 1e6:.0f}us,bw={rate}"
+                if args.only in (None, "collectives"):
+                    real = [json.loads(in_bed(bed, "probe")) for _ in range(args.reps)]
+                    emu = [emulated_probe(wan) for _ in range(args.reps)]
+                    for label in SIZES:
+                        r, e = [x[label] for x in real], [x[label] for x in emu]
+                        ratio = f"{statistics.fmean(e) / statistics.fmean(r):.3f}"
+                        row(rate, f"all-reduce {label} (ms)", spread(r, 1e3), spread(e, 1e3), ratio,
+                            f"{(statistics.fmean(e) - statistics.fmean(r)) * 1e3:+.2f} ms")
+                if args.only in (None, "training"):
+                    for strategy in STRATEGIES:
+                        real, emu = [], []
+                        for k in range(args.reps):
+                            work = Path(tmp) / f"{rate}-{strategy}-{k}"
+                            real.append(exposed_real(bed, strategy, corpus, work))
+                            emu.append(exposed_emulated(strategy, wan, corpus, work))
+                        ratio = f"{statistics.fmean(emu) / statistics.fmean(real):.3f}"
+                        row(rate, f"{strategy}: exposed comm per sync (ms)", spread(real, 1e3), spread(emu, 1e3), ratio,
+                            f"{(statistics.fmean(emu) - statistics.fmean(real)) * 1e3:+.1f} ms")
+                print(f"({rate}: bed RTT {rtt * 1e3:.3f} ms, emulated as --wan {wan})", flush=True)
+
+if __name__ == "__main__":
+    main()

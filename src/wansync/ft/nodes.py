@@ -1,0 +1,103 @@
+"""A fault-tolerant run across torchrun's nodes: what its ranks tell each other through torchrun's store.
+
+Under torchrun each fault-tolerant rank is supervised by the process torchrun started
+(`runner.launch`, `ft.supervisor`); the ranks share no process group (a dead one must not be on any
+collective's path), so they meet in the store torchrun's agents serve (`TorchrunEnv.store`):
+
+- rank 0 starts the lighthouse, on every interface, and publishes its address (node 0's address,
+  the one torchrun gave every rank to meet at); the others read it there;
+- a rank whose worker finished the run says so (`end`): a rank whose worker left the run for good
+  waits for that before it exits, so its torchrun agent reaches torchrun's exit barrier with the
+  others' (one that exits first leaves the others' agents waiting there 300 s), and no worker is
+  restarted once the run has ended;
+- at the end every rank reports what it went through (failures, restarts, heals, the slots its
+  worker took part in, read from its own host's logs), and rank 0 adds them up into summary.json as
+  the local launcher does (`ft.supervisor.record`).
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ..errors import ConfigError
+from ..runner.torchrun import TorchrunEnv
+
+LIGHTHOUSE_KEY = "ft/lighthouse"
+ENDED_KEY = "ft/ended"
+REPORT_KEY = "ft/report/rank{rank}"
+POLL_S = 0.5
+
+
+class Nodes:
+    """This rank's view of the others (module docstring); `timeout_s`: how long a read waits."""
+
+    def __init__(self, torchrun: TorchrunEnv, timeout_s: float):
+        if not torchrun.agent_store:
+            raise ConfigError("--fault-tolerant with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set by hand needs "
+                              "torchrun (its agents' store is where the ranks meet): start it with torchrun, or "
+                              "unset them to launch local workers")
+        self.env, self.timeout_s = torchrun, timeout_s
+        self._store = torchrun.store(timeout_s)
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    def lighthouse_url(self, port: int) -> str:
+        """The address the others reach rank 0's lighthouse at: node 0's, where torchrun met them."""
+        host = self.env.master_addr
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    def publish_lighthouse(self, address: str) -> None:
+        self._store.set(LIGHTHOUSE_KEY, address)
+
+    def lighthouse(self) -> str:
+        """Rank 0's lighthouse (waits up to the timeout for rank 0 to start it)."""
+        return self._store.get(LIGHTHOUSE_KEY).decode()
+
+    def end(self) -> None:
+        """This rank's worker finished the run."""
+        self._store.set(ENDED_KEY, "1")
+
+    def ended(self) -> bool:
+        """Has a worker finished the run? (False when the store cannot be asked any more.)"""
+        try:
+            return self._store.check([ENDED_KEY])
+        except RuntimeError:
+            return False
+
+    def wait_for_end(self, workers: int) -> bool:
+        """Until a worker has finished the run: True. False when none will: every rank reported and
+        none finished (all failed), or the store is gone (node 0 with it)."""
+        reports = [REPORT_KEY.format(rank=r) for r in range(workers)]
+        while True:
+            try:
+                if self._store.check([ENDED_KEY]):
+                    return True
+                if self._store.check(reports) and not self._store.check([ENDED_KEY]):
+                    return False
+            except RuntimeError:
+                return False
+            time.sleep(POLL_S)
+
+    def report(self, report: dict[str, Any]) -> None:
+        self._store.set(REPORT_KEY.format(rank=self.rank), json.dumps(report))
+
+    def reports(self, workers: int, within_s: float) -> dict[int, dict[str, Any] | None]:
+        """Every rank's report, waiting up to `within_s` in all; None for a rank that gave none (its
+        node is gone)."""
+        deadline, out = time.monotonic() + within_s, {}
+        for rank in range(workers):
+            key = REPORT_KEY.format(rank=rank)
+            while rank not in out:
+                try:
+                    if self._store.check([key]):
+                        out[rank] = json.loads(self._store.get(key))
+                    elif time.monotonic() >= deadline:
+                        out[rank] = None
+                    else:
+                        time.sleep(POLL_S / 5)
+                except RuntimeError:
+                    out[rank] = None
+        return out

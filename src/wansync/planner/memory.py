@@ -1,0 +1,182 @@
+"""What one rank holds, by category, predicted: the planner's memory column, in the categories
+`telemetry.memory` measures (summary.json's `memory_per_rank`, benchmarks/memory_bill.py), sharded
+(FSDP inside) and not; what an exchange allocates and frees within a step (`transient`); and
+whether the whole fits an accelerator (`--gpu-memory`).
+
+Bytes per rank, every tensor fp32 (the masters stay fp32 under `--precision bf16`). p: the
+parameters this rank holds (4N with DDP inside; rank 0's FSDP2 chunks, about 4N/R, sharded:
+`ModelSize.local_params`); s: p plus the floating-point persistent buffers, what the strategy
+exchanges; b: every buffer (held whole by every rank); T: the parameter tensors; per fragment in
+flight between steps, f: its bytes on this rank and w_f: its share of the exchange (⌈f/R⌉ with
+DDP inside, which splits every exchange over the worker's ranks, else f)::
+
+    parameters       p + b
+    gradients        p                  (held from the backward to zero_grad)
+    inner_optimizer  AdamW: 2p + 4T (two moments, a step count per tensor); SGD with momentum: p
+    outer_state      anchor θ̃ s + outer momentum s (slowmo, cpdp, diloco, streaming, cocodc)
+                     + Σ_f Δ f, + θ(t_p) f when the merge is not the α-merge
+    ddp_buckets      4N per DDP wrapper: the gradient phase (ddp, cpdp, post_local_sgd) and the DDP
+                     inside a worker of R > 1 ranks; none with FSDP inside
+    exchange         a periodic strategy's averaged buffer beyond the model: the drift's element,
+                     4 (none with FSDP inside: the model cannot move into it); Σ_f the exchange's
+                     buffer in flight: fp32 w_f, a lossy codec its payload and the M it gathers,
+                     (M + 1)·wire(w_f)
+
+and, allocated and freed within a step (`transient`, B the exchanged bytes: s for a periodic
+strategy, the largest fragment f for the others):
+
+    periodic         R = 1: 0 (the mean lands in the model's own buffer); FSDP inside: B (the
+                     shards gathered into one buffer); DDP inside: 2B + 2B/R (its shard's mean and
+                     the piece it sends, B/R each; the R pieces gathered and the backend's flat
+                     copy of them, or the whole put back together, B each); averaging the
+                     inner optimizer's state (`sync_optimizer_state`) gathers its moments, m, into
+                     one buffer: m, + 2m + 2m/R with DDP inside, when larger
+    fragments        the merge's temporaries alive at once: α-merge 2f (θ_m's copy and (1−α)·θ̃);
+                     Taylor and damped 7f (θ_m's copy, g, D, g⊙g⊙D, g_corr, τ·g_corr, the new value);
+                     + f when the schedule reads R_p (θ̃ kept from before the outer step); with DDP
+                     inside the mean put back together, f, is held through the merge while the
+                     shard's, f/R, is freed (+ f − f/R), or the gathering itself, 2f + f/R
+                     (the piece sent, the R pieces and the backend's flat copy), when larger
+
+The backend's own working buffers are left out (gloo's all-reduce took 0.7–1.9 MB here, whatever
+the size; NCCL's are allocated once per communicator), and so are activations and FSDP2's all-gathered
+unit in forward and backward: they depend on the batch and the model's blocks, not the strategy.
+With `outer_state_device=cpu` the outer state and the exchange's buffers in flight are in host
+memory (`host`), and so are a fragment's merge temporaries: none of them count against the
+accelerator (`per_gpu`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import MappingProxyType
+from typing import Any, Sequence
+
+from ..comm.codecs import get_codec
+from ..errors import ConfigError
+from ..strategies import strategy_class
+from ..strategies.periodic import DRIFT_SIDE_BAND
+from ..telemetry.memory import CATEGORIES
+from ..units import parse_bytes
+from .schedule import Transfer, planned_timetable
+
+VALUE = 4                                     # bytes of an fp32 value
+#: fragment-sized buffers alive at once in a merge
+MERGE_TEMPORARIES = MappingProxyType({"alpha": 2, "taylor": 7, "damped": 7})
+ADAMW_MOMENTS = 2
+
+
+def memory_bill(s: Any, held_in_flight: Sequence[Transfer] = ()) -> dict[str, int]:
+    """Bytes rank 0 of setting `s` (`predict.Setting`) holds by category (`CATEGORIES`), their
+    `total`, the `transient` an exchange adds within a step, the `host` part of the total and
+    `per_gpu`: what the accelerator holds at the peak (total − host + transient on it)."""
+    bill = held_bytes(s, held_in_flight)
+    total, transient = sum(bill.values()), transient_bytes(s)
+    fragments = "fragments" in s.options
+    on_host = s.options.get("outer_state_device") == "cpu"    # a fragment's Δ, exchange and merge run there too
+    host = bill["outer_state"] + (bill["exchange"] if fragments else 0) if on_host else 0
+    on_gpu = 0 if on_host and fragments else transient
+    return {**bill, "total": total, "transient": transient, "host": host, "per_gpu": total - host + on_gpu}
+
+
+def held_bytes(s: Any, held_in_flight: Sequence[Transfer]) -> dict[str, int]:
+    """What a rank holds between steps, by category (the module docstring's table)."""
+    o, size, r = s.options, s.size, s.ranks_per_worker
+    sharded = s.inside == "fsdp"
+    p, synced = _local_bytes(s)
+    tt = planned_timetable(s.strategy, o)
+    momentum = o.get("outer_momentum", o.get("slowmo_beta", 0.0))
+    anchored = "fragments" in o or "outer_lr" in o or "slowmo_beta" in o
+    wrappers = 0 if sharded else (any(tt.ddp_step(t) for t in (1, o.get("sync_every", 1)))
+                                  + (r > 1 and strategy_class(s.strategy).steps_inside_workers))
+    bill = dict.fromkeys(CATEGORIES, 0)
+    bill.update(parameters=p + size.buffer_bytes, gradients=p,
+                inner_optimizer=inner_optimizer_bytes(s.optimizer, s.momentum, p, len(size.grad_numels)),
+                outer_state=(synced + (synced if momentum > 0 else 0)) if anchored else 0,
+                ddp_buckets=wrappers * VALUE * size.params)
+    if "fragments" in o:
+        copies = 1 if tt.merge == "alpha" else 2            # Δ, and θ(t_p) for the other merges
+        flying = _fragments_in_flight(s, held_in_flight)
+        bill["outer_state"] += sum(copies * f for f, _ in flying)
+        bill["exchange"] = sum(w for _, w in flying)
+    elif o.get("drift_telemetry") and not sharded:          # the model moved into the averaged buffer
+        bill["exchange"] = VALUE * DRIFT_SIDE_BAND
+    return bill
+
+
+def transient_bytes(s: Any) -> int:
+    """The most an exchange allocates and frees within a step (the module docstring's formulas)."""
+    o, r = s.options, s.ranks_per_worker
+    sharded = s.inside == "fsdp"
+    ddp_inside = r > 1 and not sharded
+    if "fragments" in o:
+        f = VALUE * max(s.size.local_fragments(o["fragments"], o["partition"], r if sharded else 1))
+        reads_rates = o.get("schedule", "round_robin") != "round_robin"
+        merge = (MERGE_TEMPORARIES[planned_timetable(s.strategy, o).merge] + reads_rates) * f
+        if not ddp_inside:
+            return merge
+        share = math.ceil(f / r)        # the shard's mean, held until the whole is put back together
+        return max(2 * f + share, f + merge - share)
+    if "sync_every" not in o:                               # ddp: its buckets are held, nothing more
+        return 0
+    p, synced = _local_bytes(s)
+    b = synced + (VALUE * DRIFT_SIDE_BAND if o.get("drift_telemetry") else 0)
+    params = b if sharded else _reassembly(b, r) if ddp_inside else 0
+    if not o.get("sync_optimizer_state"):
+        return params
+    moments = inner_optimizer_bytes(s.optimizer, s.momentum, p, 0)     # gathered into one buffer, averaged
+    return max(params, moments + (_reassembly(moments, r) if ddp_inside else 0))
+
+
+def _reassembly(b: int, r: int) -> int:
+    """DDP inside: a mean of b bytes split over the worker's R ranks and put back together."""
+    return 2 * b + 2 * math.ceil(b / r)
+
+
+def _local_bytes(s: Any) -> tuple[int, int]:
+    """(p, s): the parameter bytes rank 0 holds, and with the float persistent buffers what it exchanges."""
+    p = VALUE * s.size.local_params(s.ranks_per_worker if s.inside == "fsdp" else 1)
+    return p, p + VALUE * (s.size.sync_numel - s.size.params)
+
+
+def inner_optimizer_bytes(optimizer: str, momentum: float, params_bytes: int, tensors: int) -> int:
+    """AdamW: its two moments and a 4-byte step count per tensor; SGD: its momentum buffer, if any."""
+    if optimizer == "adamw":
+        return ADAMW_MOMENTS * params_bytes + VALUE * tensors
+    return params_bytes if momentum > 0 else 0
+
+
+def _fragments_in_flight(s: Any, held: Sequence[Transfer]) -> list[tuple[int, int]]:
+    """Per fragment in flight between steps: (its bytes on this rank, the exchange's buffer for it)."""
+    o, r, sharded = s.options, s.ranks_per_worker, s.inside == "fsdp"
+    local = s.size.local_fragments(o["fragments"], o["partition"], r if sharded else 1)
+    codec = get_codec(o["codec"])
+    out = []
+    for x in held:
+        n = local[x.fragment]
+        share = math.ceil(n / r) if r > 1 and not sharded else n
+        wire = VALUE * share if codec.name == "fp32" else (s.workers + 1) * codec.wire_bytes(share)
+        out.append((VALUE * n, wire))
+    return out
+
+
+def parse_capacity(text: str | None) -> float | None:
+    """`--gpu-memory`: bytes from '80GB', '141 GB', '24GiB' (`units.parse_bytes`); None when not given."""
+    if text is None:
+        return None
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise ConfigError(f"--gpu-memory: {e}") from None
+
+
+def smallest_fitting_ranks(s: Any, held_in_flight: Sequence[Transfer], capacity: float,
+                           most: int = 1024) -> int | None:
+    """The fewest ranks per worker (a power of 2, up to `most`) whose FSDP-sharded peak per GPU fits
+    `capacity`; None when none does (buffers and transients do not shrink with R)."""
+    r = 1
+    while r <= most:
+        if memory_bill(dataclasses.replace(s, inside="fsdp", ranks_per_worker=r), held_in_flight)["per_gpu"] <= capacity:
+            return r
+        r *= 2
+    return None

@@ -1,0 +1,90 @@
+"""The nodes of a torchrun launch agree on what they train before any of them trains.
+
+Each node is started by hand, with its own flags. Two started with another strategy, learning rate,
+sync period or model would train different things (some combinations exit 0 with different
+models) or abort inside gloo with a misleading "lost contact". So at start-up every rank publishes,
+through torchrun's store, the fingerprint of its resolved configuration (`config.fingerprint`: every
+key that changes what a run computes), where it starts (afresh, or the step of the checkpoint it
+resumes) and the machine it runs on, and reads every other rank's. A difference is refused by every
+rank in one line naming the keys, within --peer-timeout.
+
+The machines give each rank its share of the cores: nodes started on one machine (a workstation, the
+test bed's namespaces) would otherwise each take all of them, and ran 12 times slower.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import ConfigError, PeerError, first_line
+from ..net import machine_identity
+from .torchrun import TorchrunEnv
+
+SHOWN_KEYS = 4                          # keys named in the one line
+SHOWN_CHARS = 40                        # of each value
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What the ranks agreed on besides the configuration."""
+
+    ranks_here: int                     # ranks of the launch on this machine, co-located nodes included
+    round: int = 0                      # this run's number in the launch (a grid trains several)
+
+    @property
+    def threads(self) -> int:
+        """This rank's share of the machine's cores (--threads 0)."""
+        return max(1, len(os.sched_getaffinity(0)) // self.ranks_here)
+
+
+def agree(env: TorchrunEnv, config: dict[str, Any], start: int, timeout_s: float,
+          refused: str | None = None) -> Agreement:
+    """Publish this rank's `config` (a fingerprint) and `start` (0, or the checkpoint step it resumes
+    from), read every rank's, and refuse a difference in one line (module docstring). `refused`: rank
+    0 will not start (its run directory), and every other rank stops with its reason. Without
+    torchrun's agents (the variables set by hand: rank 0's process group will host the store) there
+    is no store to meet in before the process group: nothing is compared. A grid (compare, sweep)
+    trains its runs in the same order on every rank: each meets the others in its round's keys."""
+    if not env.agent_store:
+        return Agreement(env.local_world_size)
+    round_ = env.store(timeout_s).add(f"rounds/rank{env.rank}", 1)
+    store = replace(env, round=round_).store(timeout_s)
+    mine = {"config": config, "start": start, "machine": machine_identity(), "refused": refused}
+    store.set(f"agree/rank{env.rank}", json.dumps(mine, sort_keys=True, default=str))
+    records = []
+    for rank in range(env.world_size):
+        try:
+            records.append(json.loads(store.get(f"agree/rank{rank}")))
+        except (RuntimeError, ValueError) as e:       # DistStoreError is a RuntimeError: the wait timed out
+            raise PeerError(f"rank {rank} did not say what it trains within --peer-timeout {timeout_s:g} s (is its "
+                            f"node started, with the same --nnodes?): {first_line(e)[:200]}") from None
+    first = records[0]
+    if first.get("refused") and env.rank != 0:
+        raise ConfigError(f"rank 0 will not start: {first['refused']}")
+    for rank, record in enumerate(records[1:], 1):
+        check_same(first, record, rank)
+    return Agreement(sum(1 for r in records if r["machine"] == mine["machine"]), round_)
+
+
+def check_same(first: dict[str, Any], other: dict[str, Any], rank: int) -> None:
+    """Rank `rank`'s record against rank 0's: the same configuration, the same start."""
+    keys = sorted(k for k in set(first["config"]) | set(other["config"])
+                  if first["config"].get(k) != other["config"].get(k))
+    if keys:
+        shown = keys[:SHOWN_KEYS] + (["..."] if len(keys) > SHOWN_KEYS else [])
+        raise ConfigError(f"the nodes were started with different training flags ({', '.join(keys)}): rank {rank} has "
+                          f"{_values(other['config'], shown)} where rank 0 has {_values(first['config'], shown)}; "
+                          f"start every node with the same flags")
+    if first["start"] != other["start"]:
+        raise ConfigError(f"rank {rank} {_start(other['start'])} but rank 0 {_start(first['start'])}: resume on every "
+                          f"node (--resume) from the same checkpoint, or on none")
+
+
+def _values(config: dict[str, Any], keys: list[str]) -> str:
+    return ", ".join(k if k == "..." else f"{k}={str(config.get(k, '(unset)'))[:SHOWN_CHARS]}" for k in keys)
+
+
+def _start(step: int) -> str:
+    return f"resumes from the checkpoint of step {step}" if step else "starts afresh"

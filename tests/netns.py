@@ -1,0 +1,207 @@
+"""A test bed of hosts: Linux network namespaces joined by veth pairs, each a host with its own TCP
+stack, address, host name and name resolution, optionally shaped with `tbf` (never netem: CI
+kernels may lack it).
+
+    with Bed(2, rate="100mbit", names=("loopback", "address")) as bed:
+        a, b = bed.hosts
+        proc = bed.start(a, ["torchrun", ...])        # in A's namespace, under A's host name
+
+Host i lives in namespace `<prefix>h<i>` at 10.77.0.<i+1>/24. Two hosts are one veth pair; three or
+more meet on a bridge in a namespace of its own. Each host's /etc/hosts (`ip netns exec` mounts
+/etc/netns/<ns>/hosts over it) names localhost and every host; its own name resolves to 127.0.0.1
+(`names` "loopback": the default of many Linux images, where torchrun's and gloo's guesses fail) or
+to its address ("address"). A process started in a host runs under `unshare --uts` with that host's
+name, in a session of its own. `close` (also on failure) kills every process in the bed's
+namespaces and deletes them; a bed whose owner (the pid in its name) died is cleaned up by the next.
+Needs root; `unavailable()` says why a bed cannot be made here, for a skip. `documented_torchrun`
+gives the torchrun options of docs/multinode.md's command, which the bed's hosts run.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "wsbed"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+NETNS_ETC = Path("/etc/netns")
+SUBNET = "10.77.0"
+_count = itertools.count()
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def unavailable() -> str | None:
+    """Why no bed can be made here (None: it can)."""
+    if os.geteuid() != 0:
+        return "the multi-host bed needs root (network namespaces)"
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            return f"the multi-host bed needs `{tool}`"
+    probe = f"{PREFIX}{os.getpid()}probe{next(_count)}"
+    made = ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"network namespaces are unavailable: {made.stderr.strip()}"
+    try:
+        inside = subprocess.run(["ip", "netns", "exec", probe, "unshare", "--uts", "true"], capture_output=True,
+                                text=True)
+    finally:
+        ip("netns", "del", probe, check=False)
+    if inside.returncode != 0:
+        return f"cannot run a process in a namespace of its own: {inside.stderr.strip()}"
+    return None
+
+
+@dataclass(frozen=True)
+class Host:
+    ns: str                 # its network namespace
+    name: str               # its host name
+    address: str            # its address on the bed's network
+    ifname: str             # its interface there
+
+
+class Bed:
+    """`n` hosts (module docstring). `rate` (tc's syntax, e.g. "1gbit"): each host's egress line
+    rate; `names`: per host, "loopback" or "address" (what its own name resolves to)."""
+
+    def __init__(self, n: int = 2, rate: str | None = None, names: tuple[str, ...] = ()):
+        clean_stale()
+        self.token = f"{os.getpid()}x{next(_count)}"
+        self.hosts = [Host(f"{PREFIX}{self.token}h{i}", f"host{chr(97 + i)}", f"{SUBNET}.{i + 1}",
+                           f"ws{self.token}{i}"[-15:]) for i in range(n)]
+        self.switch = f"{PREFIX}{self.token}sw" if n > 2 else None
+        self.names = names or ("address",) * n
+        self.procs: list[subprocess.Popen] = []
+        try:
+            self._build(rate)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, rate: str | None) -> None:
+        for h in self.hosts:
+            ip("netns", "add", h.ns)
+            ip("-n", h.ns, "link", "set", "lo", "up")
+        if self.switch is None:
+            a, b = self.hosts
+            ip("link", "add", a.ifname, "netns", a.ns, "type", "veth", "peer", "name", b.ifname, "netns", b.ns)
+        else:
+            ip("netns", "add", self.switch)
+            ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            ip("-n", self.switch, "link", "set", "br0", "up")
+            for i, h in enumerate(self.hosts):
+                port = f"p{i}"
+                ip("link", "add", h.ifname, "netns", h.ns, "type", "veth", "peer", "name", port, "netns", self.switch)
+                ip("-n", self.switch, "link", "set", port, "master", "br0")
+                ip("-n", self.switch, "link", "set", port, "up")
+        for h in self.hosts:
+            ip("-n", h.ns, "addr", "add", f"{h.address}/24", "dev", h.ifname)
+            ip("-n", h.ns, "link", "set", h.ifname, "up")
+            if rate is not None:
+                self.shape(h, rate)
+            self._write_hosts(h)
+
+    def shape(self, host: Host, rate: str) -> None:
+        """Limit `host`'s egress to `rate` with a token bucket (replacing any earlier limit)."""
+        burst = max(32 * 1024, int(_bits(rate) / 8 / 1000))          # a millisecond at line rate
+        subprocess.run(["ip", "netns", "exec", host.ns, "tc", "qdisc", "replace", "dev", host.ifname, "root",
+                        "tbf", "rate", rate, "burst", str(burst), "latency", "100ms"],
+                       check=True, capture_output=True, text=True)
+
+    def _write_hosts(self, host: Host) -> None:
+        d = NETNS_ETC / host.ns
+        d.mkdir(parents=True, exist_ok=True)
+        own = "127.0.0.1" if self.names[self.hosts.index(host)] == "loopback" else host.address
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost", f"{own} {host.name}"]
+        lines += [f"{h.address} {h.name}" for h in self.hosts if h is not host]
+        (d / "hosts").write_text("\n".join(lines) + "\n")
+
+    def command(self, host: Host, args: list[str]) -> list[str]:
+        """`args` as run in `host`: its namespace, its /etc/hosts, its host name."""
+        return ["ip", "netns", "exec", host.ns, "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"',
+                host.name, *args]
+
+    def start(self, host: Host, args: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+        """Start `args` in `host`, in a session of its own; `close` ends it."""
+        proc = subprocess.Popen(self.command(host, args), env=env, start_new_session=True, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def run(self, host: Host, args: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(host, args), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+    def close(self) -> None:
+        """End every process in the bed, delete its namespaces and their /etc/netns files."""
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for ns in [h.ns for h in self.hosts] + ([self.switch] if self.switch else []):
+            delete_namespace(ns)
+
+    def __enter__(self) -> "Bed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def delete_namespace(ns: str) -> None:
+    """Kill what runs in `ns`, delete it and its /etc/netns files."""
+    for _ in range(50):
+        pids = ip("netns", "pids", ns, check=False).stdout.split()
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        time.sleep(0.1)
+    ip("netns", "del", ns, check=False)
+    shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+
+
+def clean_stale() -> None:
+    """Delete the namespaces of beds whose owning process is gone (a test run that was killed)."""
+    for line in ip("netns", "list", check=False).stdout.splitlines():
+        ns = line.split()[0] if line.split() else ""
+        if not ns.startswith(PREFIX):
+            continue
+        owner = ns[len(PREFIX):].split("x", 1)[0].split("probe", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            delete_namespace(ns)
+
+
+def _bits(rate: str) -> float:
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale
+    raise ValueError(f"rate {rate!r}: expected a number with kbit, mbit or gbit")
+
+
+def documented_torchrun(endpoint: str) -> list[str]:
+    """The torchrun options of docs/multinode.md's multi-host command, with `endpoint`'s address in
+    place of the page's: what the bed's hosts run."""
+    text = (DOCS / "multinode.md").read_text().replace("\\\n", " ")
+    found = re.search(r"^torchrun (--nnodes 2 .*?)-m wansync train", text, re.M | re.S)
+    if found is None:
+        raise AssertionError("docs/multinode.md lost its torchrun command")
+    return [o.replace("10.0.0.1", endpoint) for o in shlex.split(found.group(1))]

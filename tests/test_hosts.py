@@ -1,0 +1,187 @@
+"""Real hosts: two network namespaces (`netns.Bed`: separate TCP stacks joined by a veth pair), host
+A's name resolving to 127.0.0.1 (the default of many Linux images) and host B's to its own address,
+each running a torchrun agent with the command docs/multinode.md gives (read from the page). Each
+host writes its own run directory: no shared file system. Skipped, with the reason, where namespaces
+cannot be made (not root); CI runs as root and runs them."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import netns
+from cli_harness import TINY, wansync
+from wansync.rundir import checkpoint
+from wansync.workloads.lm.corpus import shakespeare_text
+
+WHY = netns.unavailable()
+pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(WHY is not None, reason=WHY or "")]
+
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+# torchrun's own variables and ours must come from the bed, not from the test's environment
+NOT_INHERITED = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_")
+
+
+def train_flags(corpus: Path, strategy: str, *extra: str) -> list[str]:
+    every = [] if strategy == "ddp" else ["--sync-every", "3"]
+    return ["--strategy", strategy, *every, "--steps", "8", "--quiet", "--data", str(corpus), "--eval-every", "100",
+            *TINY, *extra]
+
+
+def on_hosts(bed: netns.Bed, endpoint: netns.Host, args: dict[netns.Host, list[str]],
+             env: dict[netns.Host, dict[str, str]] | None = None,
+             timeout: float = 150) -> dict[netns.Host, tuple[int, str]]:
+    """Run the documented torchrun command on every host of `args` (its `wansync` arguments), the
+    rendezvous endpoint at `endpoint`; (exit status, output) per host."""
+    options = netns.documented_torchrun(endpoint.address)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
+    procs = {h: bed.start(h, [str(TORCHRUN), *options, "-m", "wansync", *a], env=dict(base, **(env or {}).get(h, {})),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for h, a in args.items()}
+    deadline = time.monotonic() + timeout
+    out = {}
+    for h, p in procs.items():
+        try:
+            text, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            bed.close()
+            raise
+        out[h] = (p.returncode, text)
+    return out
+
+
+def final_params(run: Path, rank: int, world: int = 2) -> torch.Tensor:
+    state = checkpoint.load_rank(run, rank, world)
+    return torch.cat([v.reshape(-1).float() for v in state["model"].values()])
+
+
+def wansync_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("wansync: error")]
+
+
+@pytest.fixture(scope="module")
+def bed():
+    with netns.Bed(2, names=("loopback", "address")) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("hosts") / "plays.txt"
+    path.write_text(shakespeare_text()[:200_000])
+    return path
+
+
+def one_host(corpus: Path, out: Path, strategy: str) -> Path:
+    """The same training on one host: the local launcher's `--workers 2`."""
+    r = wansync("train", *train_flags(corpus, strategy), "--workers", "2", "--out", str(out), timeout=120)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_the_bed_gives_each_host_its_own_name_and_resolution(bed):
+    a, b = bed.hosts
+    r = bed.run(a, ["sh", "-c", "hostname; getent hosts hosta hostb"])
+    assert r.stdout.split()[:5] == ["hosta", "127.0.0.1", "hosta", "10.77.0.2", "hostb"], r.stdout
+    r = bed.run(b, ["sh", "-c", "hostname; getent hosts hostb"])
+    assert r.stdout.split() == ["hostb", "10.77.0.2", "hostb"], r.stdout
+
+
+def test_three_hosts_meet_on_a_bridge_and_a_shaped_line_holds_its_rate():
+    listen = ("import socket, sys; s = socket.create_server(('', 7001)); c = s.accept()[0]; n = 0\n"
+              "while (b := c.recv(1 << 16)): n += len(b)\nprint(n)")
+    send = ("import socket, time; time.sleep(0.3); c = socket.create_connection(('{addr}', 7001)); "
+            "c.sendall(bytes(2_000_000)); c.close()")
+    with netns.Bed(3, rate="100mbit") as three:
+        a, _, c = three.hosts
+        server = three.start(c, [sys.executable, "-c", listen], stdout=subprocess.PIPE, text=True)
+        t0 = time.monotonic()
+        r = three.run(a, [sys.executable, "-c", send.format(addr=c.address)])
+        assert r.returncode == 0, r.stderr
+        assert server.communicate(timeout=30)[0].strip() == "2000000"
+        assert time.monotonic() - t0 >= 0.3 + 2e6 * 8 / 100e6 * 0.8      # 160 ms of payload at 100 Mbit/s
+
+
+def test_ddp_across_two_hosts_trains_what_one_host_trains_bit_for_bit(bed, corpus, tmp_path):
+    """The endpoint's host is the one whose name resolves to 127.0.0.1: plain c10d hosts no store
+    there and advertises `localhost`, gloo binds loopback; here it just works."""
+    a, b = bed.hosts
+    runs = {h: tmp_path / h.name for h in bed.hosts}
+    results = on_hosts(bed, a, {h: ["train", *train_flags(corpus, "ddp"), "--out", str(runs[h])] for h in bed.hosts})
+    for code, output in results.values():
+        assert code == 0, output[-3000:]
+    assert f"rendezvous {a.address}:" in results[a][1]
+    ref = one_host(corpus, tmp_path / "one", "ddp")
+    assert torch.equal(final_params(runs[a], 0), final_params(ref, 0))
+    assert torch.equal(final_params(runs[b], 1), final_params(ref, 1))
+
+
+def test_diloco_stopped_on_both_hosts_resumes_on_each_without_a_shared_directory_bit_for_bit(bed, corpus, tmp_path):
+    """Rank 1 (host B, the endpoint, named by its address) dies after the checkpoint of step 4; rank 0
+    loses it and both torchrun agents end. Each host resumes from its own directory: its own ranks'
+    files and config.toml; rank 0 deleted nothing it could not see. The result is the one-host run's."""
+    a, b = bed.hosts
+    runs = {h: tmp_path / h.name for h in bed.hosts}
+    flags = {h: ["train", *train_flags(corpus, "diloco", "--checkpoint-every", "2"), "--out", str(runs[h])]
+             for h in bed.hosts}
+    killed = on_hosts(bed, b, flags, env={b: {"WANSYNC_FAULT": "rank=1,step=5,action=kill"}})
+    assert all(code != 0 for code, _ in killed.values()), killed
+    assert (runs[a] / "checkpoints" / "step00000004" / "rank0.pt").is_file()
+    assert not (runs[a] / "checkpoints" / "step00000004" / "rank1.pt").exists()
+    assert (runs[b] / "config.toml").is_file() and not (runs[b] / "summary.json").exists()
+    resumed = on_hosts(bed, b, {h: ["train", "--resume", str(runs[h])] for h in bed.hosts})
+    for code, output in resumed.values():
+        assert code == 0, output[-3000:]
+    ref = one_host(corpus, tmp_path / "one", "diloco")
+    assert torch.equal(final_params(runs[a], 0), final_params(ref, 0))
+    assert torch.equal(final_params(runs[b], 1), final_params(ref, 1))
+
+
+def test_nodes_started_with_different_flags_refuse_in_one_line_naming_the_keys(bed, corpus, tmp_path):
+    a, b = bed.hosts
+    t0 = time.monotonic()
+    results = on_hosts(bed, a, {
+        a: ["train", *train_flags(corpus, "diloco"), "--out", str(tmp_path / "a")],
+        b: ["train", *train_flags(corpus, "local_sgd", "--model", "tiny", "--lr", "0.002"), "--sync-every", "4",
+            "--out", str(tmp_path / "b")]})
+    for code, output in results.values():
+        assert code != 0
+        lines = wansync_lines(output)
+        assert len(lines) == 1 and "different training flags" in lines[0], output[-3000:]
+        assert all(key in lines[0] for key in ("lr", "model", "strategy", "sync_every")), lines[0]
+    assert time.monotonic() - t0 < 60                       # at start-up, not after a timeout
+    assert not (tmp_path / "a" / "checkpoints").exists()
+
+
+def test_a_fault_tolerant_run_across_two_hosts_heals_a_killed_worker(bed, corpus, tmp_path):
+    """Host B's worker is killed at step 6; host A trains on (it straggles at step 10, so the restart
+    arrives before the end); the process torchrun started on B restarts it and it heals from A over
+    the veth; rank 0 counts it all in summary.json, and both agents end."""
+    pytest.importorskip("torchft")
+    a, b = bed.hosts
+    runs = {h: tmp_path / h.name for h in bed.hosts}
+    flags = ["train", "--strategy", "diloco", "--sync-every", "4", "--steps", "16", "--fault-tolerant",
+             "--max-restarts", "1", "--quiet", "--data", str(corpus), "--eval-every", "100", *TINY]
+    results = on_hosts(bed, a, {h: [*flags, "--out", str(runs[h])] for h in bed.hosts},
+                       env={a: {"WANSYNC_FAULT": "rank=0,step=10,action=pause,seconds=8"},
+                            b: {"WANSYNC_FAULT": "rank=1,step=6,action=kill"}})
+    for code, output in results.values():
+        assert code == 0, output[-3000:]
+    summary = json.loads((runs[a] / "summary.json").read_text())
+    assert (summary["worker_failures"], summary["rejoins"], summary["heals"]) == (1, 1, 1), summary
+    assert summary["steps_lost"][0] == 0 and summary["steps_lost"][1] > 0
+    heals = [json.loads(line) for line in (runs[b] / "logs" / "heals.jsonl").read_text().splitlines()]
+    assert [h["rank"] for h in heals] == [1]
+    assert torch.equal(newest_params(runs[a], 0), newest_params(runs[b], 1))
+
+
+def newest_params(run: Path, rank: int) -> torch.Tensor:
+    """A fault-tolerant rank's newest checkpoint (written without a barrier, so never marked complete)."""
+    state = torch.load(checkpoint.step_dirs(run)[-1] / f"rank{rank}.pt", weights_only=True)
+    return torch.cat([v.reshape(-1).float() for v in state["model"].values()])
