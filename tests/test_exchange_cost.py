@@ -86,8 +86,9 @@ def planner_seconds(wan: str, workers: int, ranks_per_worker: int, options: dict
     from wansync.planner.sizes import of_module
     numels = of_module("test", model()).fragments(options["fragments"])
     mean = round(sum(numels) / options["fragments"])
-    x = fragment_transfer(0, 0, mean, options.get("codec", "fp32"), workers)
-    return transfer_seconds(PRESETS[wan], workers, ranks_per_worker)(x)
+    from wansync.strategies import make_options
+    xs = fragment_transfer(0, 0, mean, make_options("cocodc", **options), workers)
+    return sum(transfer_seconds(PRESETS[wan], workers, ranks_per_worker)(x) for x in xs)
 
 
 @pytest.mark.parametrize("codec", ["fp32", "int8"])

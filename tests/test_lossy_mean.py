@@ -140,3 +140,26 @@ def feedback_on_the_reduce_scatter(rank: int, world: int) -> dict[str, Any]:
 def test_error_feedback_on_the_reduce_scatter_keeps_what_its_chunks_dropped():
     for o in run_ranks(feedback_on_the_reduce_scatter, 4, timeout=120):
         assert torch.equal(o["residual"], o["expected"])
+
+
+def test_diloco_trains_compressed_and_the_planner_books_what_the_ledger_does(tmp_path):
+    """`diloco --codec int8`: a quarter of fp32's bytes on the ledger, and `wansync plan`'s payload and
+    wire bytes per step agree with the ledger's within 2 %."""
+    import json
+    from cli_harness import TINY, wansync
+    from wansync.net.link import PRESETS
+    from wansync.planner import of_name, predict, setting
+    from wansync.strategies import resolve_options
+    ledgers = {}
+    for codec in ("fp32", "int8"):
+        r = wansync("train", "--strategy", "diloco", "--sync-every", "4", "--codec", codec, "--workers", "4",
+                    "--steps", "12", *TINY, "--out", str(tmp_path / codec), timeout=300)
+        assert r.returncode == 0, r.stderr
+        ledgers[codec] = json.loads((tmp_path / codec / "summary.json").read_text())["comm"]
+    assert ledgers["int8"]["params"]["bytes"] < 0.26 * ledgers["fp32"]["params"]["bytes"]
+    options = resolve_options("diloco", {"sync_every": 4, "codec": "int8"})
+    p = predict(setting("diloco", options, of_name("micro"), 4, PRESETS["lan"], 0.1))
+    booked = {k: sum(v[k] for purpose, v in ledgers["int8"].items() if purpose in ("params", "telemetry"))
+              for k in ("bytes", "sent")}
+    assert p.bytes_per_step == pytest.approx(booked["bytes"] / 12, rel=0.02)
+    assert p.sent_per_step == pytest.approx(booked["sent"] / 12, rel=0.02)

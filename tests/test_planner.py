@@ -238,3 +238,45 @@ def test_plan_replays_a_runs_step_times_and_rejects_a_directory_without_them(tmp
         main([*flags, "--step-times", str(tmp_path)])
     err = capsys.readouterr().err
     assert done.value.code != 0 and "no profile_rank0.json under" in err and "Traceback" not in err
+
+
+def _fake_run(tmp_path, model: str, compute: list[float]) -> str:
+    """A run directory as `wansync plan --step-times` reads it: its config and rank 0's step times."""
+    import json
+    run = tmp_path / f"run-{model}"
+    (run / "logs").mkdir(parents=True)
+    (run / "config.toml").write_text(f'[model]\nmodel = "{model}"\n')
+    (run / "logs" / "profile_rank0.json").write_text(json.dumps({"steps_s": {"compute": compute,
+                                                                             "other": [0.0] * len(compute)}}))
+    return str(run)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--params", "0"], "--params must be in [1, 1e+15], got 0.0"),
+    (["--params", "-3"], "--params must be in [1, 1e+15], got -3.0"),
+    (["--params", "nan"], "--params must be a finite number, got nan"),
+    (["--params", "1e30"], "--params must be in [1, 1e+15], got 1e+30"),
+    (["--throughput", "0"], "--throughput must be > 0, got 0.0"),
+    (["--throughput=-4e14"], "--throughput must be > 0, got -400000000000000.0"),
+    (["--target-exposed", "0"], "--target-exposed must be in (0, 100], got 0.0"),
+    (["--target-exposed", "101"], "--target-exposed must be in (0, 100], got 101.0"),
+    (["--step-time", "inf"], "--step-time must be a finite number, got inf"),
+])
+def test_plan_refuses_numbers_out_of_range_in_one_line(flags, message, capsys):
+    from wansync.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--strategy", "diloco", "--wan", "cross-region", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and err == [f"wansync: error: {message}"]
+
+
+def test_plan_refuses_replayed_times_it_cannot_trust_in_one_line(tmp_path, capsys):
+    from wansync.cli import main
+    cases = [(_fake_run(tmp_path, "micro", [0.1, -0.2]), ["--model", "micro"], "holds a step time of -0.2 s at step 2"),
+             (_fake_run(tmp_path, "small", [0.1, 0.1]), ["--model", "micro"],
+              "is a run of model 'small', this plan is for 'micro'")]
+    for run, flags, message in cases:
+        with pytest.raises(SystemExit) as e:
+            main(["plan", "--strategy", "diloco", "--wan", "cross-region", "--step-times", run, *flags])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 1 and len(err) == 1 and message in err[0], err

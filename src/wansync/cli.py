@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import fields
 from typing import Any, Sequence
 
 from . import __version__
 from .config import Config, base_type, build_config, check_combinations, check_key, check_options_apply, load_toml
-from .errors import ConfigError, WansyncError, one_line
-from .rules import not_blank
+from .errors import ConfigError, WansyncError, check, one_line
+from .rules import in_range, not_blank, positive
 from .runner.interrupts import Terminated, exit_now, exit_status, sigterm_raises
 from .rundir.divergence import warning as divergence_warning
 from .presets import PRESETS, get, layered_config
@@ -221,8 +222,26 @@ def cmd_results(args: argparse.Namespace) -> int:
     return run_results(names, args.out, args.doc, args.seeds, args.steps, args.force, args.dry_run)
 
 
+# What `wansync plan`'s own numbers must be (a config key's rules live with the key): one line each.
+MAX_PARAMS = 1e15             # a thousand times the largest models trained: beyond it, a typo
+PLAN_RULES = {"params": (in_range(1, MAX_PARAMS, high_included=True),), "step_time": (positive,),
+              "throughput": (positive,), "tokens_per_step": (positive,),
+              "target_exposed": (in_range(0, 100, low_included=False, high_included=True),)}
+
+
+def check_plan_flags(args: argparse.Namespace) -> None:
+    for key, rules in PLAN_RULES.items():
+        value = getattr(args, key)
+        if value is None:
+            continue
+        check(math.isfinite(value), f"--{key.replace('_', '-')} must be a finite number, got {value}")
+        for rule in rules:
+            rule(f"--{key.replace('_', '-')}", value)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from . import planner
+    check_plan_flags(args)
     if args.table:
         print(planner.table_preamble())
         print(planner.large_table(args.target_exposed if args.target_exposed is not None else planner.TARGET_PCT))

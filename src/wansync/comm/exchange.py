@@ -83,7 +83,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..net import emulator_of
 from .codecs import Codec, Encoded, get_codec
 from .ledger import INSIDE, CommLedger
-from .mean_cost import mean_seconds
+from .mean_cost import mean_collectives, mean_seconds
 from .replicas import Replicas
 
 GUARDED = ("params", "pseudo_grads", "optim_state")
@@ -496,8 +496,9 @@ class Exchange:
             total = wire[:-1].view_as(buf)
             return (dest.copy_(total) if dest is not None else total).div_(self._contributors(float(wire[-1]), purpose))
         item = buf.element_size()
+        sent = mean_collectives(buf.numel() - payload.extra, "fp32", "", size, payload.extra, weighted, item)[0].sent
         return Sent(work, finish, (buf.numel() - payload.extra) * item, payload.extra * item, item if weighted else 0,
-                    sent=round(2 * (size - 1) / size * wire.numel() * item) if size > 1 else 0)
+                    sent=sent)
 
     def _all_gather(self, payload: Payload) -> Sent:
         """Lossy codecs: all-gather every rank's encoded payload (then the side-band scalars as raw
@@ -538,7 +539,8 @@ class Exchange:
             mean = acc.div_(self._contributors(contributors, purpose))
             return dest.copy_(mean.view_as(buf)) if dest is not None else mean
         return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0,
-                    sent=(self.world_size - 1) * wire.numel())
+                    sent=sum(c.sent for c in mean_collectives(numel, codec, "allgather", self.world_size, extra,
+                                                              weighted)))
 
     def _reduce_scatter_lossy(self, payload: Payload) -> Sent:
         """Lossy codecs over many workers: the values cut into M chunks (the last zero-padded), each
@@ -597,9 +599,8 @@ class Exchange:
             if extra:
                 mean = torch.cat([mean, side_sum.div_(n)])
             return dest.copy_(mean.view_as(buf)) if dest is not None else mean
-        encoded_chunk = codec.wire_bytes(q)
         return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0,
-                    sent=(m - 1) * (piece + encoded_chunk))
+                    sent=sum(c.sent for c in mean_collectives(numel, codec, "reduce_scatter", m, extra, weighted)))
 
     @staticmethod
     def _contributors(n: float, purpose: str) -> float:

@@ -1,35 +1,65 @@
-"""What one `Exchange.mean` costs on an emulated link: the collective and the bytes its codec and
-its shards put there (`comm.exchange`), timed by the one exchange cost, `net.cost.exchange_seconds`.
+"""What one `Exchange.mean` puts on the wire and how long that takes on an emulated link: the one
+description of a mean's collectives (`mean_collectives`), which the exchange books (`sent`), the
+planner replays and `mean_seconds` times with the one exchange cost, `net.cost.exchange_seconds`.
 
-An fp32 mean is an all-reduce of the values; a lossy codec's is an all-gather of every worker's
-encoded payload. Between workers of R > 1 ranks, local rank r carries shard r (the largest of the
-near-equal shards, ⌈numel/R⌉ values, sets the pace) and the worker's ranks then all-gather the
+Over M workers, for a buffer of n values (w: the codec's encoded payload of them)::
+
+    fp32                     all-reduce of 4n bytes           sends 2(M−1)/M · 4n per rank (a ring)
+    lossy, allgather         all-gather of every payload      sends (M−1) · w
+    lossy, reduce_scatter    all-to-all of M encoded chunks   sends (M−1)/M · w
+                             + all-gather of the mean chunks  sends (M−1)/M · w     2(M−1)/M · w in all
+
+(side-band scalars ride raw as float32, a "skip" weight or flag as one more element or byte, in
+every payload). Between workers of R > 1 ranks, local rank r carries shard r (the largest of the
+near-equal shards, ⌈n/R⌉ values, sets the pace) and the worker's ranks then all-gather the
 averaged fp32 shards over the site's own link: the emulator runs a worker's ranks in one site.
 (A buffer of fewer than R values, which the exchange does not split, is costed as if it were.)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..net import Topology, exchange_seconds
 from .codecs import Codec, get_codec
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a mean: its op, its full buffer (the cost model's B) and what this rank sends."""
+    op: str                  # allreduce | allgather | alltoall
+    nbytes: int
+    sent: int
+
+
+def mean_collectives(numel: int, codec: str | Codec, collective: str, workers: int, extra: int = 0,
+                     weighted: bool = False, item: int = 4) -> list[Collective]:
+    """The collectives one mean of `numel` values (plus `extra` side-band scalars, and a weight or
+    flag when `weighted`) runs over `workers`, in order (module docstring); `collective`: the lossy
+    path (`comm.exchange.lossy_path`); `item`: an fp32 mean's element size (a float64 buffer's: 8)."""
+    codec, m = get_codec(codec), workers
+    if codec.name == "fp32":
+        wire = item * (numel + extra + int(weighted))
+        return [Collective("allreduce", wire, round(2 * (m - 1) / m * wire) if m > 1 else 0)]
+    side = 4 * extra + int(weighted)
+    if collective != "reduce_scatter":
+        payload = codec.wire_bytes(numel) + side
+        return [Collective("allgather", m * payload, (m - 1) * payload)]
+    chunk = codec.wire_bytes(-(-numel // m))
+    piece = chunk + side
+    return [Collective("alltoall", m * piece, (m - 1) * piece), Collective("allgather", m * chunk, (m - 1) * chunk)]
 
 
 def mean_seconds(numel: int, codec: str | Codec, topology: Topology, workers: int, ranks_per_worker: int = 1,
                  shards: bool = False, collective: str = "allgather") -> float:
     """Modelled seconds of one mean of `numel` float32 values between `workers` workers of R ranks;
     `shards` (FSDP inside): `numel` is this rank's own shard, every local rank averages its own
-    across at once and nothing is gathered inside the worker. `collective`: a lossy codec's path
-    (`Exchange.lossy_collective`): the all-gather of every payload, or the all-to-all of encoded
-    chunks then the all-gather of the encoded mean chunks."""
-    codec, r = get_codec(codec), ranks_per_worker
+    across at once and nothing is gathered inside the worker. `collective`: a lossy codec's path."""
+    r = ranks_per_worker
     shard = numel if shards else -(-numel // r)
-    cost = dict(inside=topology.intra_link, assemble=not shards)
-    if codec.name == "fp32":
-        return float(exchange_seconds("allreduce", r * 4 * shard, topology, workers, r, **cost))
-    if collective != "reduce_scatter":
-        return float(exchange_seconds("allgather", workers * r * codec.wire_bytes(shard), topology, workers, r,
-                                      assembled_bytes=r * 4 * shard, **cost))
-    chunk = codec.wire_bytes(-(-shard // workers))
-    return float(exchange_seconds("alltoall", workers * r * chunk, topology, workers, r, assemble=False,
-                                  inside=topology.intra_link)
-                 + exchange_seconds("allgather", workers * r * chunk, topology, workers, r,
-                                    assembled_bytes=r * 4 * shard, **cost))
+    steps = mean_collectives(shard, codec, collective, workers)
+    seconds = 0.0
+    for i, c in enumerate(steps):
+        last = i == len(steps) - 1             # the worker's ranks assemble the fp32 mean after the last
+        seconds += exchange_seconds(c.op, r * c.nbytes, topology, workers, r, inside=topology.intra_link,
+                                    assembled_bytes=r * 4 * shard, assemble=last and not shards)
+    return float(seconds)

@@ -3,6 +3,7 @@ step of every rank of a finished run, to replay with its stragglers."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,10 @@ def run_step_times(run_dir: str | Path) -> StepTimes:
                               "it needs a run of `wansync train` from this version") from None
         if not series:
             raise ConfigError(f"--step-times: {path} has no training steps")
+        bad = next(((i, v) for i, pair in enumerate(series, 1) for v in pair if not (math.isfinite(v) and v >= 0)), None)
+        if bad is not None:
+            raise ConfigError(f"--step-times: {path} holds a step time of {bad[1]} s at step {bad[0]} (a time is "
+                              "finite and >= 0): the file is damaged")
         out.append(series)
     if not out:
         raise ConfigError(f"--step-times: no {PROFILE.format(0)} under {logs}; give the directory of a "

@@ -70,7 +70,15 @@ class Prediction:
 
     @property
     def bytes_per_step(self) -> float:
+        """The payload a worker contributes per step (what its ledger books as `bytes`)."""
         return self.timeline.window(self.first)[2] / (self.timeline.steps - self.first)
+
+    @property
+    def sent_per_step(self) -> float:
+        """What a worker puts on the wire per step to move it (its ledger's `sent`): a ring all-reduce
+        about 2(M−1)/M of its payload, an all-gather (M−1) payloads, a lossy reduce-scatter 2(M−1)/M."""
+        marks, first = self.timeline.sent_marks, self.first
+        return (marks[-1] - (marks[first - 1] if first > 0 else 0)) / (self.timeline.steps - first)
 
 
 def seconds_of(s: Setting) -> Callable[[Transfer], float]:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..comm.codecs import get_codec
+from ..comm.exchange import lossy_path
+from ..comm.mean_cost import mean_collectives
 from ..strategies import timetable
 from ..strategies.fragment_timetable import FragmentTimetable
 from ..strategies.inflight import InFlight
@@ -33,15 +35,16 @@ REBUILD_BYTES = (108, 8)     # DDP's broadcast of rank 0's rebuilt bucket order 
 
 @dataclass
 class Transfer:
-    """One collective: its purpose, op and full-buffer bytes (the cost model's B), and the bytes this
-    rank books on its ledger (its payload)."""
+    """One collective: its purpose, op and full-buffer bytes (the cost model's B), the bytes this
+    rank books on its ledger (its payload), and what a worker puts on the wire for it (`sent`)."""
     step: int
     purpose: str               # grads | params | pseudo_grads | optim_state | telemetry | schedule
-    op: str                    # allreduce | allgather | broadcast
+    op: str                    # allreduce | allgather | alltoall | broadcast
     nbytes: int
     payload: int
     fragment: int | None = None
     between_workers: bool = True   # False: DDP's gradient all-reduce (over every rank)
+    sent: int = 0
 
 
 @dataclass
@@ -62,17 +65,28 @@ class Trace:
         return [a.transfer for acts in [*self.steps, self.finish] for a in acts if a.kind == "issue"]
 
 
-def fragment_transfer(step: int, p: int, numel: int, codec_name: str, workers: int) -> Transfer:
-    """An exchange of a fragment through `Exchange.mean`: fp32 all-reduce, or all-gather of payloads."""
-    codec = get_codec(codec_name)
-    wire = codec.wire_bytes(numel)
-    if codec.name == "fp32":
-        return Transfer(step, "pseudo_grads", "allreduce", 4 * numel, wire, p)
-    return Transfer(step, "pseudo_grads", "allgather", workers * wire, wire, p)
+def mean_transfers(step: int, purpose: str, numel: int, opts: Any, workers: int, *, extra: int = 0,
+                   fragment: int | None = None) -> list[Transfer]:
+    """The collectives of one `Exchange.mean` of `numel` values in the strategy's codec, in order
+    (`comm.mean_cost.mean_collectives`: an fp32 all-reduce, a lossy all-gather, or a lossy
+    all-to-all then all-gather); the first carries the payload the ledger books."""
+    codec = get_codec(getattr(opts, "codec", "fp32"))
+    path = lossy_path(codec, getattr(opts, "codec_collective", "auto"), workers)
+    steps = mean_collectives(numel, codec, path, workers, extra)
+    payload = 4 * numel if codec.name == "fp32" else codec.wire_bytes(numel)
+    return [Transfer(step, purpose, c.op, c.nbytes, payload if i == 0 else 0, fragment, sent=c.sent)
+            for i, c in enumerate(steps)]
 
 
-def blocking(t: Transfer) -> list[Action]:
-    return [Action("issue", t), Action("wait", t)]
+def fragment_transfer(step: int, p: int, numel: int, opts: Any, workers: int) -> list[Transfer]:
+    """The collectives of a fragment's sync (its pseudo-gradients' mean)."""
+    return mean_transfers(step, "pseudo_grads", numel, opts, workers, fragment=p)
+
+
+def blocking(transfers: Transfer | list[Transfer]) -> list[Action]:
+    """Issue each collective and wait for it, in order."""
+    ts = [transfers] if isinstance(transfers, Transfer) else transfers
+    return [a for t in ts for a in (Action("issue", t), Action("wait", t))]
 
 
 def planned_timetable(name: str, options: dict[str, Any]) -> Timetable:
@@ -90,10 +104,16 @@ def trace(name: str, options: dict[str, Any], size: ModelSize, workers: int, ste
     tt = planned_timetable(name, options)
     if isinstance(tt, FragmentTimetable):
         return _fragment_trace(tt, size, workers, steps, step_s, fragment_sync_s, finish)
-    return _periodic_trace(tt, size, steps, ranks_per_worker, finish)
+    return _periodic_trace(tt, size, workers, steps, ranks_per_worker, finish)
 
 
-def _grad_actions(tt: Timetable, size: ModelSize, t: int, ranks_per_worker: int, first: bool) -> list[Action]:
+def ring_sent(nbytes: int, ranks: int) -> int:
+    """What a rank sends in a ring all-reduce of `nbytes` over `ranks` (`comm.mean_cost`)."""
+    return mean_collectives(nbytes // 4, "fp32", "", ranks)[0].sent
+
+
+def _grad_actions(tt: Timetable, size: ModelSize, t: int, ranks_per_worker: int, first: bool,
+                  world: int) -> list[Action]:
     """DDP's bucket all-reduces in step t's backward. The first gradient step uses DDP's initial
     bucket (without `find_unused_parameters`, torch puts every gradient in one bucket until it has
     seen the order backward produces them) and ends with the broadcast of the rebuilt bucket order
@@ -101,7 +121,8 @@ def _grad_actions(tt: Timetable, size: ModelSize, t: int, ranks_per_worker: int,
     rebuild: list[Action] = []
     if tt.ddp_step(t):
         sizes = [4 * size.params] if first else size.buckets
-        buckets = [Transfer(t, "grads", "allreduce", b, b, between_workers=False) for b in sizes]
+        buckets = [Transfer(t, "grads", "allreduce", b, b, between_workers=False, sent=ring_sent(b, world))
+                   for b in sizes]
         if first:
             rebuild = [a for n in REBUILD_BYTES for a in blocking(Transfer(t, "ddp_rebuild", "broadcast", n, 0,
                                                                           between_workers=False))]
@@ -113,31 +134,33 @@ def _grad_actions(tt: Timetable, size: ModelSize, t: int, ranks_per_worker: int,
             + [Action("wait", b, in_backward=True) for b in buckets] + rebuild)
 
 
-def _boundary_actions(opts: Any, size: ModelSize, t: int, optim_state_numel: int) -> list[Action]:
-    """`Periodic.average_params`: the blocking params mean (with drift telemetry, one more element that
-    carries this worker's ‖θ_m‖², booked as `telemetry`), the optimizer state's mean when asked."""
-    params = Transfer(t, "params", "allreduce", 4 * size.sync_numel + (DRIFT_BYTES if opts.drift_telemetry else 0),
-                      4 * size.sync_numel)
-    acts = blocking(params)
-    if opts.drift_telemetry:
+def _boundary_actions(opts: Any, size: ModelSize, t: int, optim_state_numel: int, workers: int) -> list[Action]:
+    """`Periodic.average_params`: the blocking params mean in the strategy's codec (with drift
+    telemetry, one more element that carries this worker's ‖θ_m‖², booked as `telemetry`), the
+    optimizer state's mean (fp32) when asked."""
+    drift = int(opts.drift_telemetry)
+    acts = blocking(mean_transfers(t, "params", size.sync_numel, opts, workers, extra=drift))
+    if drift:
         acts.append(Action("book", Transfer(t, "telemetry", "allreduce", 0, DRIFT_BYTES)))
     if opts.sync_optimizer_state:
-        acts += blocking(Transfer(t, "optim_state", "allreduce", 4 * optim_state_numel, 4 * optim_state_numel))
+        state = mean_collectives(optim_state_numel, "fp32", "", workers)[0]
+        acts += blocking(Transfer(t, "optim_state", "allreduce", state.nbytes, state.nbytes, sent=state.sent))
     return acts
 
 
-def _periodic_trace(tt: Timetable, size: ModelSize, steps: int, ranks_per_worker: int, finish: bool) -> Trace:
+def _periodic_trace(tt: Timetable, size: ModelSize, workers: int, steps: int, ranks_per_worker: int,
+                    finish: bool) -> Trace:
     out = Trace()
     optim_numel = 2 * size.params                 # AdamW's two moments (the trainer's default optimizer)
     first = True
     for t in range(1, steps + 1):
-        acts = _grad_actions(tt, size, t, ranks_per_worker, first)
+        acts = _grad_actions(tt, size, t, ranks_per_worker, first, workers * ranks_per_worker)
         first = first and not tt.ddp_step(t)
         if tt.is_boundary(t):
-            acts += _boundary_actions(tt.opts, size, t, optim_numel)
+            acts += _boundary_actions(tt.opts, size, t, optim_numel, workers)
         out.steps.append(acts)
     if finish and tt.final_sync(steps):
-        out.finish = _boundary_actions(tt.opts, size, steps, optim_numel)
+        out.finish = _boundary_actions(tt.opts, size, steps, optim_numel, workers)
     return out
 
 
@@ -151,27 +174,30 @@ class FragmentPlan:
         self.tt, self.numels, self.workers = tt, numels, workers
         self.step_s, self.fragment_sync_s = step_s, fragment_sync_s
         self.acts: list[Action] = []                 # the actions of the step (or finish) being planned
-        self.flying: dict[int, Transfer] = {}        # fragment -> its sync in flight
+        self.flying: dict[int, list[Transfer]] = {}  # fragment -> its sync's collectives, in flight
 
-    def transfer(self, t: int, p: int, numel: int) -> Transfer:
-        return fragment_transfer(t, p, numel, self.tt.opts.codec, self.workers)
+    def transfer(self, t: int, p: int, numel: int) -> list[Transfer]:
+        return fragment_transfer(t, p, numel, self.tt.opts, self.workers)
 
     def slot(self, t: int, choice: tuple[int, str] | None) -> None:
         """Every rank makes the same choice: nothing to plan."""
 
     def start(self, sync: InFlight) -> None:
-        x = self.flying[sync.fragment] = self.transfer(sync.start, sync.fragment, self.numels[sync.fragment])
-        self.acts.append(Action("issue", x))
+        """The sync's first collective is issued now; a lossy reduce-scatter's all-gather follows when
+        it is waited for (`comm.exchange`)."""
+        xs = self.flying[sync.fragment] = self.transfer(sync.start, sync.fragment, self.numels[sync.fragment])
+        self.acts.append(Action("issue", xs[0]))
 
     def merge(self, sync: InFlight, t: int, exact: bool) -> None:
-        self.acts.append(Action("wait", self.flying.pop(sync.fragment)))
+        first, *rest = self.flying.pop(sync.fragment)
+        self.acts += [Action("wait", first), *blocking(rest)]
 
     def final_sync(self, fragment: int, t: int) -> None:
         self.acts += blocking(self.transfer(t, fragment, self.numels[fragment]))
 
     def decide_n(self, t: int) -> int:
         o, mean = self.tt.opts, round(sum(self.numels) / self.tt.P)
-        t_s = self.fragment_sync_s(self.transfer(t, 0, mean)) if self.fragment_sync_s else 0.0
+        t_s = sum(self.fragment_sync_s(x) for x in self.transfer(t, 0, mean)) if self.fragment_sync_s else 0.0
         self.acts += blocking(Transfer(t, "schedule", "allreduce", AGREE_BYTES, AGREE_BYTES))
         return syncs_per_period(o.gamma, self.tt.H, self.tt.P, self.step_s, t_s, per_fragment=o.max_syncs_per_fragment)
 

@@ -64,6 +64,7 @@ class Timeline:
     held_in_flight: tuple[Transfer, ...]
     events: int
     marks: list[tuple[float, float, int]]     # after each step: (time, exposed so far, payload so far)
+    sent_marks: list[int]                     # after each step: bytes a worker sent so far (`Transfer.sent`)
 
     def window(self, first: int) -> tuple[float, float, int]:
         """(seconds, exposed seconds, payload bytes) of steps first+1 .. the last."""
@@ -87,7 +88,7 @@ class Simulation:
         self.ends: dict[int, float] = {}            # id(transfer) -> when it is done
         self.in_flight: dict[int, Transfer] = {}    # id(fragment sync) -> it, until waited for
         self.held: tuple[Transfer, ...] = ()         # in flight at the end of the step with the most bytes so
-        self.payload = self.events = 0
+        self.payload = self.events = self.sent = 0
 
     def issue(self, x: Transfer, at: list[float]) -> None:
         """Worker w issues `x` at `at[w]`: it starts once the last has issued it and the link is free."""
@@ -96,6 +97,7 @@ class Simulation:
         self.link_free[:] = [end] * self.workers
         self.ends[id(x)] = end
         self.payload += x.payload
+        self.sent += x.sent
         self.events += 1
         if x.purpose == "pseudo_grads":
             self.in_flight[id(x)] = x
@@ -136,6 +138,7 @@ class Simulation:
                 self.issue(a.transfer, t)
             elif a.kind == "book":                 # carried by another collective: bytes only
                 self.payload += a.transfer.payload
+                self.sent += a.transfer.sent
             else:
                 t = self.wait(a.transfer, t)
         return t
@@ -152,13 +155,15 @@ def simulate(trace: Trace, seconds: Callable[[Transfer], float], compute_s: floa
     times = step_times if step_times else (((compute_s, other_s),),)
     sim = Simulation(seconds, len(times), overlap)
     now = [0.0] * sim.workers
-    marks, computed = [], 0.0
+    marks, sent_marks, computed = [], [], 0.0
     for i, acts in enumerate(trace.steps):
         step = [w[i % len(w)] for w in times]
         now = [t + o for t, (_, o) in zip(sim.run_step(acts, now, [c for c, _ in step]), step)]
         sim.end_step()
         computed += step[0][0]
         marks.append((now[0], sim.exposed[0], sim.payload))
+        sent_marks.append(sim.sent)
     if include_finish:
         now = sim.run_step(trace.finish, now, [0.0] * sim.workers)
-    return Timeline(now[0], sim.exposed[0], computed, len(trace.steps), sim.payload, sim.held, sim.events, marks)
+    return Timeline(now[0], sim.exposed[0], computed, len(trace.steps), sim.payload, sim.held, sim.events, marks,
+                    sent_marks)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import tomllib
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -39,8 +41,8 @@ def describe(p: Prediction, step_source: str, target_pct: float | None, capacity
         f"wall clock per 1000 steps: {human_seconds(p.wall_per_1000_s)} "
         f"(compute alone {human_seconds(1000 * (s.step_s + s.other_s))})",
         f"exposed communication: {p.exposed_pct:.1f} % of the wall clock",
-        f"bytes per worker per step: {human_bytes(p.bytes_per_step)} (payload; a ring all-reduce sends about "
-        f"2(M-1)/M times it, an all-gather (M-1) times it)",
+        f"bytes per worker per step: {human_bytes(p.bytes_per_step)} payload, {human_bytes(p.sent_per_step)} put on "
+        f"the wire (a ring all-reduce sends about 2(M-1)/M of its payload, an all-gather M-1 payloads)",
         *memory_lines(p, capacity),
     ]
     if p.syncs_per_period is not None:
@@ -85,6 +87,19 @@ def memory_lines(p: Prediction, capacity: float | None) -> list[str]:
     return lines
 
 
+def check_same_model(run_dir: str, model: str, params: float | None) -> None:
+    """A run's step times describe its own model: replaying them for another is refused in one line."""
+    if params is not None:
+        raise ConfigError("--step-times replays the run's own model; drop --params (or give --step-time)")
+    try:
+        ran = tomllib.loads((Path(run_dir) / "config.toml").read_text()).get("model", {}).get("model")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return                                    # run_step_times says what is wrong with the directory
+    if ran is not None and ran != model:
+        raise ConfigError(f"--step-times {run_dir} is a run of model {ran!r}, this plan is for {model!r}: pass "
+                          f"--model {ran}, or replay a run of {model}")
+
+
 def plan_command(cfg: Any, *, params: float | None, step_s: float | None,
                  measure: bool, target_pct: float | None, tokens_per_step: float | None,
                  flops: float | None = None, step_times: str | None = None, gpu_memory: str | None = None) -> str:
@@ -102,6 +117,7 @@ def plan_command(cfg: Any, *, params: float | None, step_s: float | None,
             raise ConfigError("give one of --step-time, --measure and --step-times")
         if ranks_per_worker != 1:
             raise ConfigError("--step-times replays one rank per worker; it cannot take --ranks-per-worker")
+        check_same_model(step_times, cfg.model, params)
         replay = run_step_times(step_times)
         step_s = sum(c for c, _ in replay[0]) / len(replay[0])
         other_s = sum(o for _, o in replay[0]) / len(replay[0])
