@@ -163,3 +163,17 @@ def test_diloco_trains_compressed_and_the_planner_books_what_the_ledger_does(tmp
               for k in ("bytes", "sent")}
     assert p.bytes_per_step == pytest.approx(booked["bytes"] / 12, rel=0.02)
     assert p.sent_per_step == pytest.approx(booked["sent"] / 12, rel=0.02)
+
+
+def advanced_or_not(rank: int, world: int) -> dict[str, Any]:
+    x = torch.randn(4000, generator=torch.Generator().manual_seed(rank))
+    ex = Exchange()
+    early = ex.mean(x.clone(), "pseudo_grads", "int8", async_op=True, collective="reduce_scatter")
+    early.advance()                                   # the all-gather starts now, in the background
+    late = ex.mean(x.clone(), "pseudo_grads", "int8", async_op=True, collective="reduce_scatter")
+    return {"early": early.wait(), "late": late.wait()}
+
+
+def test_starting_the_second_phase_early_changes_no_bit():
+    out = run_ranks(advanced_or_not, 4, timeout=120)
+    assert all(torch.equal(o["early"], o["late"]) and torch.equal(o["early"], out[0]["early"]) for o in out)

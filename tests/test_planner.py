@@ -280,3 +280,15 @@ def test_plan_refuses_replayed_times_it_cannot_trust_in_one_line(tmp_path, capsy
             main(["plan", "--strategy", "diloco", "--wan", "cross-region", "--step-times", run, *flags])
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 1 and len(err) == 1 and message in err[0], err
+
+
+def test_the_planner_replays_intellect_1s_reported_utilization_within_a_point():
+    """Links calibrated to INTELLECT-1's reported all-reduce times (arXiv:2412.01152); DiLoCo H = 100
+    with int8 on them gives its reported compute utilization, and an overlapped configuration more."""
+    from wansync.planner.published import CONFIGS, REGIONS, calibrated, predicted, utilization_pct
+    label, strategy, options = CONFIGS[0]
+    for region in REGIONS:
+        topology = calibrated(region)
+        assert utilization_pct(predicted(topology, strategy, options)) == pytest.approx(region.utilization_pct, abs=1)
+    best = dict((c[0], c) for c in CONFIGS)["Streaming DiLoCo H=100, P=4, τ=10, int8"]
+    assert utilization_pct(predicted(calibrated(REGIONS[-1]), best[1], best[2])) >= 95

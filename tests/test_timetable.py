@@ -60,6 +60,7 @@ class Recorder:
 
     def __init__(self, n: int = 4) -> None:
         self.log: list[tuple[Any, ...]] = []
+        self.halfways: list[tuple[int, int]] = []       # (step, fragment): kept apart from the order tested
         self.n = n
 
     def slot(self, t: int, choice: tuple[int, str] | None) -> None:
@@ -67,6 +68,9 @@ class Recorder:
 
     def start(self, sync: InFlight) -> None:
         self.log.append((sync.start, "start", sync.fragment, sync.merge_at))
+
+    def halfway(self, sync: InFlight, t: int) -> None:
+        self.halfways.append((t, sync.fragment))
 
     def merge(self, sync: InFlight, t: int, exact: bool) -> None:
         self.log.append((t, "merge", sync.fragment, exact))
@@ -212,3 +216,14 @@ def test_a_strategy_exchanges_where_the_timetable_built_from_its_options_says(ex
     else:
         assert [t for t, p in enumerate(got["steps"], 1) if "params" in p] == steps_where(tt.is_boundary)
         assert ("params" in got["finish"]) == tt.final_sync(STEPS)
+
+
+def test_a_sync_of_two_phases_starts_its_second_halfway_through_the_overlap():
+    """Start at t, τ = 5: halfway at t + 2 (⌊τ/2⌋), the merge at t + 5; τ = 1 has no halfway."""
+    from wansync.strategies import timetable
+    for tau, expected in ((5, [(27, 0), (52, 1)]), (1, [])):
+        tt = timetable("streaming", {"sync_every": 50, "fragments": 2, "overlap": tau})
+        work = Recorder()
+        for t in range(1, 60):
+            tt.step(t, work)
+        assert work.halfways == expected

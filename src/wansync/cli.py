@@ -144,6 +144,9 @@ def _add_plan_parser(sub: Any) -> None:
                    "an accelerator of SIZE (e.g. 80GB, 141GB, 24GiB)")
     g.add_argument("--target-exposed", type=float, default=None, metavar="PCT", help="also give the smallest H "
                    "whose exposed communication stays below PCT %%")
+    g.add_argument("--intellect-1", action="store_true", help="replay INTELLECT-1's published run (arXiv:2412.01152) "
+                   "on links calibrated to its reported all-reduce times, and what other strategies and codecs "
+                   "predict there (docs/planner.md)")
     g.add_argument("--table", action="store_true", help="the large-scale table: 150M-70B x 8/64/512 workers x "
                    "the presets x ddp/diloco/streaming/cocodc")
     add_config_flags(p)
@@ -224,24 +227,27 @@ def cmd_results(args: argparse.Namespace) -> int:
 
 # What `wansync plan`'s own numbers must be (a config key's rules live with the key): one line each.
 MAX_PARAMS = 1e15             # a thousand times the largest models trained: beyond it, a typo
-PLAN_RULES = {"params": (in_range(1, MAX_PARAMS, high_included=True),), "step_time": (positive,),
-              "throughput": (positive,), "tokens_per_step": (positive,),
-              "target_exposed": (in_range(0, 100, low_included=False, high_included=True),)}
+PLAN_RULES = (("params", in_range(1, MAX_PARAMS, high_included=True)), ("step_time", positive),
+              ("throughput", positive), ("tokens_per_step", positive),
+              ("target_exposed", in_range(0, 100, low_included=False, high_included=True)))
 
 
 def check_plan_flags(args: argparse.Namespace) -> None:
-    for key, rules in PLAN_RULES.items():
+    for key, rule in PLAN_RULES:
         value = getattr(args, key)
         if value is None:
             continue
         check(math.isfinite(value), f"--{key.replace('_', '-')} must be a finite number, got {value}")
-        for rule in rules:
-            rule(f"--{key.replace('_', '-')}", value)
+        rule(f"--{key.replace('_', '-')}", value)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from . import planner
     check_plan_flags(args)
+    if args.intellect_1:
+        from .planner.published import table
+        print(table())
+        return 0
     if args.table:
         print(planner.table_preamble())
         print(planner.large_table(args.target_exposed if args.target_exposed is not None else planner.TARGET_PCT))

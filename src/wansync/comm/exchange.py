@@ -190,6 +190,7 @@ class Sent:
     blocked: bool = False                      # sending waited for the mean already (the quorum's)
     participants: int | None = None            # the workers in the quorum that averaged it
     sent: int | None = None                    # what this rank transmits in all (None: the payload)
+    advance: Callable[[], None] | None = None  # a two-phase mean: finish the first, start the second
 
 
 class MeanHandle:
@@ -209,6 +210,7 @@ class MeanHandle:
         self.mean_sq: float | None = None     # ‖mean‖₂² of the values in float64 (asked for with `mean_sq`)
         self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
         self._blocked = blocked
+        self._advance: Callable[[], None] | None = None
         self._result: torch.Tensor | None = None
 
     @classmethod
@@ -220,13 +222,27 @@ class MeanHandle:
 
     def wait(self) -> torch.Tensor:
         if self._finish is not None:
-            t0 = self.started_at if self._blocked else time.perf_counter()
-            if self._work is not None:
-                self._work.wait()
-            self.waited_s = time.perf_counter() - t0
-            self._ledger.waited(self._purpose, self.waited_s)
-            self._result, self._finish, self._work = self._finish(), None, None
+            self._wait_first()
+            self._result, self._finish, self._advance = self._finish(), None, None
         return self._result
+
+    def advance(self) -> None:
+        """A mean of two phases (a lossy reduce-scatter): wait for the first now and start the second
+        in the background (every rank calls it at the same step); nothing for any other mean."""
+        if self._finish is not None and self._advance is not None:
+            self._wait_first()
+            self._advance()
+            self._advance = None
+
+    def _wait_first(self) -> None:
+        """Wait for the collective issued first, and book the time blocked on it."""
+        t0 = self.started_at if self._blocked else time.perf_counter()
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        waited = time.perf_counter() - t0
+        self.waited_s += waited
+        self._ledger.waited(self._purpose, waited)
 
 
 class Exchange:
@@ -288,7 +304,7 @@ class Exchange:
             self._book(payload, sent)
         handle = MeanHandle(self.ledger, purpose, sent.work, lambda: self._finish(payload, sent, handle, mean_sq),
                             sent.wire_bytes, payload.values_bytes, started_at, blocked=sent.blocked)
-        handle.participants = sent.participants
+        handle.participants, handle._advance = sent.participants, sent.advance
         if not async_op or sent.blocked:
             handle.wait()
         return handle
@@ -548,7 +564,8 @@ class Exchange:
         raw float32 and, weighted, a validity flag); rank j decodes and sums them in fp32 in rank order
         and divides by the valid contributors, re-encodes that mean chunk, and the mean chunks are
         all-gathered and decoded. Every rank decodes the same bytes: the same bits everywhere. The
-        all-gather runs when the mean is waited for; its time is booked as waiting too."""
+        all-gather starts at `MeanHandle.advance` (an overlapped sync: halfway through its overlap),
+        else when the mean is waited for; the time blocked on either phase is booked as waiting."""
         buf, codec, purpose, extra, dest = payload.buf, payload.codec, payload.purpose, payload.extra, payload.dest
         weighted, valid, m = payload.weighted, payload.valid, self.world_size
         flat = buf.detach().reshape(-1)
@@ -573,7 +590,11 @@ class Exchange:
             recv.copy_(send)
             work = None
 
-        def finish() -> torch.Tensor:
+        second: dict[str, Any] = {}                      # the all-gather of the mean chunks, once started
+
+        def advance() -> None:
+            if second:
+                return
             acc, side_sum, contributors = torch.zeros(q, dtype=torch.float32, device=flat.device), None, 0
             for i in range(m):                                       # rank order: the same sum everywhere
                 data = recv[i * piece:(i + 1) * piece].clone()            # its own storage: 4-byte aligned
@@ -589,18 +610,22 @@ class Exchange:
             n = self._contributors(contributors, purpose)
             mine = codec.encode(acc.div_(n)).data
             gathered = [torch.empty_like(mine) for _ in range(m)]
+            work2 = dist.all_gather(gathered, mine, group=self.group, async_op=True) if dist.is_initialized() else None
+            second.update(gathered=gathered if work2 is not None else [mine], work=work2, n=n, side=side_sum)
+
+        def finish() -> torch.Tensor:
+            advance()
             t0 = time.perf_counter()
-            if dist.is_initialized():
-                dist.all_gather(gathered, mine, group=self.group)
-            else:
-                gathered = [mine]
+            if second["work"] is not None:
+                second["work"].wait()
             self.ledger.waited(purpose, time.perf_counter() - t0)
-            mean = torch.cat([codec.decode(Encoded(codec.name, q, g)) for g in gathered])[:numel]
+            mean = torch.cat([codec.decode(Encoded(codec.name, q, g)) for g in second["gathered"]])[:numel]
             if extra:
-                mean = torch.cat([mean, side_sum.div_(n)])
+                mean = torch.cat([mean, second["side"].div_(second["n"])])
             return dest.copy_(mean.view_as(buf)) if dest is not None else mean
         return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0,
-                    sent=sum(c.sent for c in mean_collectives(numel, codec, "reduce_scatter", m, extra, weighted)))
+                    sent=sum(c.sent for c in mean_collectives(numel, codec, "reduce_scatter", m, extra, weighted)),
+                    advance=advance)
 
     @staticmethod
     def _contributors(n: float, purpose: str) -> float:

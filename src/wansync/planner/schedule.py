@@ -107,6 +107,15 @@ def trace(name: str, options: dict[str, Any], size: ModelSize, workers: int, ste
     return _periodic_trace(tt, size, workers, steps, ranks_per_worker, finish)
 
 
+IN_WORKER_CHUNKS = 8
+
+
+def _parts(total: int, n: int) -> list[int]:
+    """`total` bytes in `n` near-equal parts."""
+    q, rem = divmod(total, max(1, n))
+    return [q + (1 if i < rem else 0) for i in range(max(1, n))]
+
+
 def ring_sent(nbytes: int, ranks: int) -> int:
     """What a rank sends in a ring all-reduce of `nbytes` over `ranks` (`comm.mean_cost`)."""
     return mean_collectives(nbytes // 4, "fp32", "", ranks)[0].sent
@@ -126,8 +135,10 @@ def _grad_actions(tt: Timetable, size: ModelSize, t: int, ranks_per_worker: int,
         if first:
             rebuild = [a for n in REBUILD_BYTES for a in blocking(Transfer(t, "ddp_rebuild", "broadcast", n, 0,
                                                                           between_workers=False))]
-    elif ranks_per_worker > 1:           # the DDP inside each worker: one transfer (its link's latency is µs)
-        buckets = [Transfer(t, "grads_in_worker", "allreduce", 4 * size.params, 0, between_workers=False)]
+    elif ranks_per_worker > 1:           # the DDP (or FSDP) inside each worker, issued as backward makes its
+        total = 4 * size.params          # gradients: IN_WORKER_CHUNKS equal parts carry the overlap (the time
+        buckets = [Transfer(t, "grads_in_worker", "allreduce", part, 0, between_workers=False)   # line needs
+                   for part in _parts(total, min(IN_WORKER_CHUNKS, len(size.buckets)))]       # their spread)
     else:
         return []
     return ([Action("issue", b, in_backward=True) for b in buckets]
@@ -174,7 +185,8 @@ class FragmentPlan:
         self.tt, self.numels, self.workers = tt, numels, workers
         self.step_s, self.fragment_sync_s = step_s, fragment_sync_s
         self.acts: list[Action] = []                 # the actions of the step (or finish) being planned
-        self.flying: dict[int, list[Transfer]] = {}  # fragment -> its sync's collectives, in flight
+        self.flying: dict[int, list[Transfer | None]] = {}  # fragment -> its sync's collectives in flight
+                                                            # (None: one already waited for)
 
     def transfer(self, t: int, p: int, numel: int) -> list[Transfer]:
         return fragment_transfer(t, p, numel, self.tt.opts, self.workers)
@@ -188,9 +200,19 @@ class FragmentPlan:
         xs = self.flying[sync.fragment] = self.transfer(sync.start, sync.fragment, self.numels[sync.fragment])
         self.acts.append(Action("issue", xs[0]))
 
+    def halfway(self, sync: InFlight, t: int) -> None:
+        """A lossy reduce-scatter's all-gather, issued halfway through the overlap (`MeanHandle.advance`)."""
+        first, *rest = self.flying[sync.fragment]
+        if rest:
+            self.acts += [Action("wait", first), *(Action("issue", x) for x in rest)]
+            self.flying[sync.fragment] = [None, *rest]     # the first done
+
     def merge(self, sync: InFlight, t: int, exact: bool) -> None:
         first, *rest = self.flying.pop(sync.fragment)
-        self.acts += [Action("wait", first), *blocking(rest)]
+        if first is None:                                   # the rest issued halfway: wait for them
+            self.acts += [Action("wait", x) for x in rest]
+        else:
+            self.acts += [Action("wait", first), *blocking(rest)]
 
     def final_sync(self, fragment: int, t: int) -> None:
         self.acts += blocking(self.transfer(t, fragment, self.numels[fragment]))

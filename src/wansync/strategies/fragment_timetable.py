@@ -37,6 +37,10 @@ class FragmentWork(Protocol):
     def start(self, sync: InFlight) -> None:
         """Start the sync of `sync.fragment` (the exchange's fields are the caller's to fill in)."""
 
+    def halfway(self, sync: InFlight, t: int) -> None:
+        """Halfway through the overlap (step start + ⌊τ/2⌋, τ ≥ 2): a mean of two phases (a lossy
+        reduce-scatter) starts its second here, in the background, at the same step on every rank."""
+
     def merge(self, sync: InFlight, t: int, exact: bool) -> None:
         """Wait for the sync's mean and merge it at step t; `exact`: the merge lands on θ̃_p."""
 
@@ -69,6 +73,9 @@ class FragmentTimetable(Timetable):
 
     def step(self, t: int, work: FragmentWork) -> None:
         """Step t's work, in order (see the module docstring)."""
+        for sync in self.in_flight:
+            if self.tau >= 2 and t == sync.start + self.tau // 2:
+                work.halfway(sync, t)
         self._merge_due(t, work)
         if self.schedule.is_slot(t):
             choice = self.schedule.choose(t, self.in_flight.fragments())

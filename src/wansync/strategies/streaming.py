@@ -128,6 +128,10 @@ class Streaming(Strategy):
         delta.add_(residual)
         return delta, residual.zero_()
 
+    def halfway(self, x: InFlight, t: int) -> None:
+        """A two-phase mean's second phase, started now (`MeanHandle.advance`)."""
+        x.handle.advance()
+
     def merge(self, x: InFlight, t: int, exact: bool) -> None:
         """τ steps later: Δ̄_p = wait(); θ̃_p ← OuterOpt(θ̃_p, Δ̄_p); then merge into θ_{m,p}."""
         mean = x.handle.wait()
