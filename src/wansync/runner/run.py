@@ -245,9 +245,10 @@ def train(cfg: Config, resume: bool = False, force: bool = False,
     run_dir = Path(cfg.out)
     if torchrun is None:
         check_local_launch(cfg)
+    earlier = False                                       # an earlier run's files to replace
     if torchrun is not None:
         cfg, rank = replace(cfg, workers=torchrun.world_size // cfg.ranks_per_worker), torchrun.rank
-        refused = refusal(run_dir, resume, force) if rank == 0 else None
+        refused, earlier = refusal(run_dir, resume, force) if rank == 0 else (None, False)
         ours, torchrun = adopt(torchrun, cfg, options, run_dir, resume, refused)
         if rank != 0:
             run_rank(ours, run_dir, resume, torchrun, config_text(ours, options))
@@ -257,13 +258,15 @@ def train(cfg: Config, resume: bool = False, force: bool = False,
         print(f"wansync: warning: {line}", file=sys.stderr)
     try:
         check_unlocked(run_dir, "train into")
-        if not resume:
+        if not resume and torchrun is None:
             check_target(run_dir, force)                  # before anything is written
         make_run_dir(run_dir)
     except OSError as e:                                  # a name too long, a path through a file
         raise StorageError(f"cannot use run directory {run_dir}: {e.strerror or e}") from None
     with RunLock(run_dir):
-        if not resume and check_target(run_dir, force):
+        # under torchrun the directory was judged before the agreement: since then another node's
+        # first rank may have kept its config.toml in it (a shared --out), which is no earlier run
+        if not resume and (earlier if torchrun is not None else check_target(run_dir, force)):
             clear_run(run_dir)
         text = config_text(cfg, options)
         write_config(run_dir, text)
@@ -277,16 +280,15 @@ def train(cfg: Config, resume: bool = False, force: bool = False,
     return read_summary(run_dir)
 
 
-def refusal(run_dir: Path, resume: bool, force: bool) -> WansyncError | None:
+def refusal(run_dir: Path, resume: bool, force: bool) -> tuple[WansyncError | None, bool]:
     """Rank 0's objection to its run directory under torchrun (locked, or another run there), found
-    before the agreement so that it reaches every rank: none is left waiting for rank 0."""
+    before the agreement so that it reaches every rank: none is left waiting for rank 0. Also whether
+    an earlier run's files are to be replaced (--force), judged now, before any rank writes."""
     try:
         check_unlocked(run_dir, "train into")
-        if not resume:
-            check_target(run_dir, force)
+        return None, (not resume and check_target(run_dir, force))
     except WansyncError as e:
-        return e
-    return None
+        return e, False
 
 
 def adopt(torchrun: TorchrunEnv, cfg: Config, options: dict[str, Any], run_dir: Path,
