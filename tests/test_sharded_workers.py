@@ -26,13 +26,14 @@ from wansync.workloads import build_workload
 from wansync.workloads.lm.corpus import shakespeare_text
 from test_replicas import CASES as STRATEGY_CASES, PER_RANK_BATCH
 
-# every strategy (three sync periods each, as in test_replicas), and the options that touch the exchange
+# every strategy (two sync periods each: the options of test_replicas, two thirds of its steps), and the
+# options that touch the exchange
 CASES: dict[str, tuple[str, dict[str, Any], int]] = {
-    **{name: (name, options, steps) for name, (options, steps) in STRATEGY_CASES.items()},
-    "local_sgd+optimizer_state": ("local_sgd", {"sync_every": 2, "sync_optimizer_state": True}, 6),
+    **{name: (name, options, steps * 2 // 3) for name, (options, steps) in STRATEGY_CASES.items()},
+    "local_sgd+optimizer_state": ("local_sgd", {"sync_every": 2, "sync_optimizer_state": True}, 4),
     # bf16 rounds each value on its own: the same whatever the split (int8's chunks of 1024 values are cut
     # elsewhere by DDP's shards than by FSDP's, so its quantization differs at the cuts)
-    "streaming+bf16": ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1, "codec": "bf16"}, 12),
+    "streaming+bf16": ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1, "codec": "bf16"}, 8),
 }
 
 
@@ -139,13 +140,18 @@ def test_outer_state_in_host_memory_is_the_same_outer_step():
 
 
 # ---- a user's own sharded model -------------------------------------------------------------------
-def user_loop(rank: int, world: int, name: str, options: dict[str, Any], hybrid: bool) -> Any:
+def user_loops(rank: int, world: int, cases: list[tuple[str, dict[str, Any], bool]]) -> list[Any]:
+    """`user_loop` for each (strategy, options, hybrid), one after the other in one group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    return [user_loop(rank, world, mesh, *case) for case in cases]
+
+
+def user_loop(rank: int, world: int, mesh: Any, name: str, options: dict[str, Any], hybrid: bool) -> Any:
     """The README's loop on a model the user sharded: fully_shard on the rows of a 2 x 2 mesh."""
     import wansync as ws
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from wansync.errors import ConfigError
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(5)])
     for layer in model:
@@ -175,18 +181,27 @@ def _initial(model: torch.nn.Module) -> torch.Tensor:
         *[torch.nn.Linear(8, 8) for _ in range(5)]).parameters()])
 
 
-@pytest.mark.parametrize("name, options", [("diloco", {"sync_every": 4}),
-                                           ("streaming", {"sync_every": 6, "fragments": 2, "overlap": 1}),
-                                           ("cocodc", {"sync_every": 6, "fragments": 2, "overlap": 1})])
-def test_a_model_the_user_sharded_trains_and_every_rank_ends_alike(name, options):
-    out = run_ranks(user_loop, 4, name, options, False, timeout=180)
+USER_CASES = [("diloco", {"sync_every": 4}, False),
+              ("streaming", {"sync_every": 6, "fragments": 2, "overlap": 1}, False),
+              ("cocodc", {"sync_every": 6, "fragments": 2, "overlap": 1}, False),
+              ("diloco", {"sync_every": 4}, True),          # hybrid sharding: refused for local steps
+              ("ddp", {}, True)]                             # ... and taken by ddp
+
+
+@pytest.fixture(scope="module")
+def user_runs() -> list[list[Any]]:
+    return run_ranks(user_loops, 4, USER_CASES, timeout=240)
+
+
+@pytest.mark.parametrize("case", range(3), ids=[c[0] for c in USER_CASES[:3]])
+def test_a_model_the_user_sharded_trains_and_every_rank_ends_alike(user_runs, case):
+    out = [rank[case] for rank in user_runs]
     assert all(o["alike"] and o["moved"] and o["workers"] == 2 for o in out), out
 
 
-def test_hybrid_sharding_is_refused_for_a_strategy_with_local_steps_and_taken_by_ddp():
-    refused = run_ranks(user_loop, 4, "diloco", {"sync_every": 4}, True, timeout=180)
+def test_hybrid_sharding_is_refused_for_a_strategy_with_local_steps_and_taken_by_ddp(user_runs):
+    refused, ddp = ([rank[i] for rank in user_runs] for i in (3, 4))
     assert all("takes local steps, but the model is sharded on a 2-D mesh" in o for o in refused)
-    ddp = run_ranks(user_loop, 4, "ddp", {}, True, timeout=180)
     assert all(o["alike"] and o["moved"] for o in ddp)
 
 
@@ -212,8 +227,8 @@ def _flat_tensors(x: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     return {}
 
 
-@pytest.mark.parametrize("name, options", [("diloco", {"sync_every": 3}),
-                                           ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1})])
+# streaming: its checkpoint holds an exchange in flight, the hardest state to resume (diloco's is a subset)
+@pytest.mark.parametrize("name, options", [("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1})])
 def test_a_sharded_run_stopped_with_an_exchange_in_flight_resumes_bit_for_bit(tmp_path, name, options):
     import json
     from trainer_harness import lay_out, run_legs
@@ -221,13 +236,14 @@ def test_a_sharded_run_stopped_with_an_exchange_in_flight_resumes_bit_for_bit(tm
     common = {"strategy": name, **options, "workers": 2, "ranks_per_worker": 2, "inside": "fsdp", "steps": 8,
               "checkpoint_every": 4, "eval_every": 2, "quiet": True, **TINY_KEYS}
     whole, broken = (lay_out({**common, "out": str(tmp_path / leg)}) for leg in ("whole", "broken"))
-    run_ranks(run_legs, 4, [{"run_dir": whole}, {"run_dir": broken, "stop_at": 6}], timeout=300)
+    legs = run_ranks(run_legs, 4, [{"run_dir": whole}, {"run_dir": broken, "stop_at": 6},
+                                   {"run_dir": broken, "resume": True}], timeout=300)
+    assert all("stopped" in rank[1] for rank in legs)
     ranks = [torch.load(tmp_path / "broken" / "checkpoints" / "step00000004" / f"rank{r}.pt", weights_only=True)
-             for r in range(4)]
+             for r in range(4)]                            # the checkpoint the resume started from
     if name == "streaming":
         assert all(r["strategy"]["in_flight"] for r in ranks)        # the checkpoint holds an exchange in flight
     assert all(r["model"] is None and r["inside"] == "fsdp" for r in ranks)   # the model: the DCP checkpoint
-    run_ranks(run_legs, 4, [{"run_dir": broken, "resume": True}], timeout=300)
     for worker in range(2):
         a, b = (_flat_tensors(sharded_state(d, 8, worker)) for d in (whole, broken))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"worker {worker} differs"
@@ -292,13 +308,13 @@ def test_a_run_resumes_only_with_the_inside_it_was_started_with(tmp_path):
     assert "cannot change inside when resuming" in r.stderr
 
 
-@pytest.mark.parametrize("inside", ["ddp", "fsdp"])
-def test_a_bf16_run_learns(tmp_path, inside):
-    """bf16 compute (autocast with DDP inside; FSDP2's mixed-precision policy sharded), fp32 masters:
-    the loss falls and summary.json says how the run computed."""
+@pytest.mark.parametrize("inside, ranks", [("ddp", 1), ("fsdp", 2)])
+def test_a_bf16_run_learns(tmp_path, inside, ranks):
+    """bf16 compute (autocast with DDP inside, whatever its ranks; FSDP2's mixed-precision policy
+    sharded), fp32 masters: the loss falls and summary.json says how the run computed."""
     import json
     from cli_harness import TINY, wansync
-    r = wansync("train", "--strategy", "diloco", "--sync-every", "5", "--workers", "2", "--ranks-per-worker", "2",
+    r = wansync("train", "--strategy", "diloco", "--sync-every", "5", "--workers", "2", "--ranks-per-worker", str(ranks),
                 "--inside", inside, "--precision", "bf16", "--steps", "15", "--eval-every", "5", *TINY,
                 "--out", str(tmp_path / "run"), timeout=300)
     assert r.returncode == 0, r.stderr
