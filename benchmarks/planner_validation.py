@@ -22,7 +22,8 @@ and the identical prediction's error against the measured share less it.
 Default subset (about 4 min on 2 idle cores, 30 shared with other jobs): tiny LM, 2 workers, every preset, ddp / diloco /
 streaming / cocodc; plus 4 workers under cross-region for every other strategy. ``--full`` runs
 tiny and small, 2/4/8 workers, every preset, every strategy; ``--models``, ``--workers``, ``--presets``
-and ``--strategies`` (comma-separated) run that part of the full grid. Each run's checkpoints are
+and ``--strategies`` (comma-separated) run that part of the full grid; ``--codec int8`` (bf16, fp4) has
+every strategy but ddp exchange compressed (the planner is told the same). Each run's checkpoints are
 deleted once its profile is read (the rest of its directory stays under ``--out``).
 
     python benchmarks/planner_validation.py [--full | --models small --workers 2,8 ...] [--out runs/bench_planner]
@@ -72,9 +73,10 @@ def grid(full: bool, models: str | None = None, workers: str | None = None, pres
     return rows + [("tiny", 4, "cross-region", s) for s in STRATEGIES if s not in FOUR]
 
 
-def run_one(model: str, workers: int, preset: str, strategy: str, out: Path) -> dict:
-    run_dir = out / f"{model}-{workers}-{preset}-{strategy}"
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in KNOBS[strategy].items()]
+def run_one(model: str, workers: int, preset: str, strategy: str, out: Path, codec: str = "fp32") -> dict:
+    knobs = {**KNOBS[strategy], **({"codec": codec} if codec != "fp32" and strategy != "ddp" else {})}
+    run_dir = out / (f"{model}-{workers}-{preset}-{strategy}" + ("" if codec == "fp32" else f"-{codec}"))
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in knobs.items()]
     cmd = [sys.executable, "-m", "wansync", "train", "--strategy", strategy, "--model", model, "--wan", preset,
            "--workers", str(workers), "--steps", str(STEPS), "--out", str(run_dir), *COMMON, *flags]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
@@ -83,7 +85,7 @@ def run_one(model: str, workers: int, preset: str, strategy: str, out: Path) -> 
     prof = json.loads((run_dir / "profile.json").read_text())
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)     # 8 small-LM workers: ~2 GB a run
     cats = prof["categories_s"]
-    s = setting(strategy, KNOBS[strategy], of_name(model), workers, parse_wan(preset), cats["compute"] / STEPS,
+    s = setting(strategy, knobs, of_name(model), workers, parse_wan(preset), cats["compute"] / STEPS,
                 other_s=(cats["data"] + cats["sync_math"]) / STEPS)
     once = cats["eval"] + cats["checkpoint"] + cats["other"]
     out = {"wall_s": prof["wall_clock_s"], "exposed_pct": prof["derived"]["exposed_comm_pct"],
@@ -106,6 +108,7 @@ def main() -> None:
     ap.add_argument("--workers", help="... of these worker counts (e.g. 2,8)")
     ap.add_argument("--presets", help="... under these link presets")
     ap.add_argument("--strategies", help="... of these strategies")
+    ap.add_argument("--codec", default="fp32", help="every strategy but ddp exchanges with this codec (int8, bf16, fp4)")
     ap.add_argument("--out", default="runs/bench_planner")
     args = ap.parse_args()
     out = Path(args.out)
@@ -117,8 +120,8 @@ def main() -> None:
     print("|" + "---|" * 12)
     ok = ok_replay = total = ok_wait = 0
     for model, workers, preset, strategy in grid(args.full, args.models, args.workers, args.presets, args.strategies):
-        r = run_one(model, workers, preset, strategy, out)
-        head = f"| {model} | {workers} | {preset} | {strategy} "
+        r = run_one(model, workers, preset, strategy, out, args.codec)
+        head = f"| {model} | {workers} | {preset} | {strategy}{'' if args.codec == 'fp32' else '+' + args.codec} "
         if "error" in r:
             print(head + f"| failed: {r['error']} |", flush=True)
             continue
