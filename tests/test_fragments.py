@@ -61,12 +61,17 @@ def test_vision_stages_and_buffers_and_children_fallback():
     assert [f.stages for f in partition(seq, 2)] == [["0"], ["2"]]     # < 3 stages: all are blocks
 
 
-@pytest.mark.parametrize("model, p, blocks", [(lambda: tiny_lm(4), 5, 4), (lambda: tiny_lm(2), 99, 2),
-                                              (lambda: nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), 3, 2)])
-def test_more_fragments_than_blocks_is_one_line(model, p, blocks):
+NO_BLOCKS = (": it defines no stages() and has no repeated blocks (a ModuleList or nn.Sequential of modules of "
+             "one type); define model.stages() (docs/strategies.md) or use at most 2 fragments")
+
+
+@pytest.mark.parametrize("model, p, blocks, hint", [(lambda: tiny_lm(4), 5, 4, ""), (lambda: tiny_lm(2), 99, 2, ""),
+                                                    (lambda: nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), 3, 2,
+                                                     NO_BLOCKS)])
+def test_more_fragments_than_blocks_is_one_line(model, p, blocks, hint):
     with pytest.raises(ConfigError) as e:
         partition(model(), p)
-    assert str(e.value) == f"fragments must be between 1 and the model's {blocks} blocks (stages), got {p}"
+    assert str(e.value) == f"fragments must be between 1 and the model's {blocks} blocks (stages), got {p}{hint}"
     with pytest.raises(ConfigError, match="partition must be one of strided, sequential"):
         partition(model(), 1, "zigzag")
 

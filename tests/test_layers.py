@@ -170,6 +170,7 @@ STACK = (
     ("wansync.strategies.*", "wansync.workloads.*"),  # side by side: neither imports the other
     ("wansync.ft", "wansync.ft.quorum", "wansync.ft.transport", "wansync.ft.quorums", "wansync.ft.support",
      "wansync.ft.nodes"),
+    ("wansync.telemetry.run",),                     # one loop's run (ws.Run): times a strategy and its exchange
     ("wansync.comm.*",),
     ("wansync.telemetry.*",),
     ("wansync.rundir.*",),

@@ -7,6 +7,9 @@
         loss_fn(sync.model(batch)).backward()
         sync.step()
         sync.zero_grad()
+
+`ws.Run(sync, out=DIR)` around the loop gives it the profiler, run directory and TensorBoard of
+`wansync train` (docs/your_model.md).
 """
 from __future__ import annotations
 
@@ -41,9 +44,25 @@ def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
 def strategy(name: str, model: Any, optimizer: Any, *, group: Any = None, **options: Any) -> Any:
     """Build strategy `name` around an existing model and inner optimizer on the current group. A
     model sharded with FSDP2 (`fully_shard`) is exchanged shard by shard, its workers read from its
-    mesh (`mesh=`: the 2-D workers x ranks mesh when they cannot be; docs/multinode.md)."""
+    mesh (`mesh=`: the 2-D workers x ranks mesh when they cannot be; docs/multinode.md). Settings
+    known to go wrong (docs/guards.md) give a `RegimeWarning` on rank 0, as `wansync train` warns."""
+    import dataclasses
+    import warnings
+
     from .strategies import build
-    return build(name, model, optimizer, group=group, **options)
+    from .strategies.guards import RegimeWarning, regime_warnings
+    sync = build(name, model, optimizer, group=group, **options)
+    if sync.rank == 0:
+        for line in regime_warnings(name, dataclasses.asdict(sync.opts)):
+            warnings.warn(line, RegimeWarning, stacklevel=2)
+    return sync
 
 
-__all__ = ["init", "strategy", "__version__"]
+def __getattr__(name: str) -> Any:
+    if name == "Run":                   # ws.Run: the profiler, run directory, TensorBoard for your own loop
+        from .telemetry.run import Run
+        return Run
+    raise AttributeError(f"module 'wansync' has no attribute {name!r}")
+
+
+__all__ = ["init", "strategy", "Run", "__version__"]

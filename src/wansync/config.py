@@ -54,6 +54,8 @@ class GeneralKeys:
     eval_every: int = _f(50, "run", "evaluate every N steps (and at the end)", at_least(1))
     log_every: int = _f(10, "run", "print a log line every N steps", at_least(1))
     quiet: bool = _f(False, "run", "plain log lines, no progress bar")
+    tensorboard: bool = _f(False, "run", "TensorBoard scalars in the run directory's tensorboard/ (loss, evaluation, "
+                           "exposed communication, bytes, drift, sync events; needs wansync[tensorboard])")
     wan: str = _f("", "run", "emulated link: a preset (lan, two-site, cross-region, cross-continent) or a spec "
                   "like rtt=16.6ms,bw=1gbit,sites=2; empty = no emulation")
     checkpoint_every: int = _f(0, "run", "write a checkpoint every N steps (0 = only at the end)", at_least(0))
@@ -81,12 +83,15 @@ class GeneralKeys:
                                   "(default in compare/sweep: DDP's final x 0.99)",
                                   in_range(0, 100, low_included=False, high_included=True))
     # [model]
-    model: str = _f("tiny", "model", "model name: micro|tiny|small|150m (LM) or cnn|resnet18|resnet50|vit_s (vision)")
+    model: str = _f("tiny", "model", "model: micro|tiny|small|150m (LM), cnn|resnet18|resnet50|vit_s (vision), "
+                    "pkg.module:factory or file.py:factory (yours), hf:PATH (a Hugging Face causal LM; "
+                    "docs/your_model.md)", not_blank("a model (tiny, pkg.module:factory, hf:PATH, ...)"))
     width: float = _f(1.0, "model", "channel-width multiplier for ResNets", positive)
     # [data]
     data: str = _f("shakespeare", "data", "LM: shakespeare | PATH | hf:NAME; vision: fashion-mnist | "
-                   "cifar100:PATH | imagefolder:PATH (default: shakespeare for LM models, fashion-mnist "
-                   "for vision models)", not_blank("a dataset (shakespeare, a path, hf:NAME, ...)"))
+                   "cifar100:PATH | imagefolder:PATH; your whole workload: pkg.module:factory (default: "
+                   "shakespeare for LM models, fashion-mnist for vision models)",
+                   not_blank("a dataset (shakespeare, a path, hf:NAME, ...)"))
     batch_size: int = _f(16, "data", "per-rank batch size (sequences or images; vision default 64); a worker of "
                          "R ranks trains on R x this", at_least(1))
     seq_len: int = _f(128, "data", "LM context length in tokens", at_least(2))
@@ -238,7 +243,7 @@ VISION_SGD_DEFAULTS = MappingProxyType({"lr": 0.1, "weight_decay": 5e-4})
 def kind_defaults(values: dict[str, Any]) -> dict[str, Any]:
     """The model-kind defaults for the keys `values` lacks (empty for LM models)."""
     from .workloads import model_kind
-    if model_kind(values.get("model", Config.model)) != "vision":
+    if model_kind(values.get("model", Config.model), values.get("data", "")) != "vision":
         return {}
     out = {k: v for k, v in VISION_DEFAULTS.items() if k not in values}
     if values.get("optimizer", out.get("optimizer")) == "sgd":
@@ -301,7 +306,8 @@ INT64_MAX = 2**63 - 1
 MAX_PROCESSES = 4096          # workers x ranks_per_worker: the processes of one run
 # Keys that control how a run is carried out, not what it computes: --resume may change them, and
 # they are left out of the configuration a checkpoint records.
-RUN_CONTROL_KEYS = ("steps", "checkpoint_every", "eval_every", "log_every", "quiet", "peer_timeout", "threads",
+RUN_CONTROL_KEYS = ("steps", "checkpoint_every", "eval_every", "log_every", "quiet", "tensorboard", "peer_timeout",
+                    "threads",
                     "lighthouse", "max_restarts",
                     "target_loss", "target_acc")
 
@@ -356,7 +362,7 @@ def replace(cfg: Config, **changes: Any) -> Config:
     old kind's default dataset, the data follows to the new kind's default."""
     if "model" in changes and "data" not in changes:
         from .workloads import DEFAULT_DATA, model_kind
-        old, new_kind = model_kind(cfg.model), model_kind(str(changes["model"]))
+        old, new_kind = model_kind(cfg.model, cfg.data), model_kind(str(changes["model"]), cfg.data)
         if old != new_kind and cfg.data == DEFAULT_DATA[old]:
             changes = {**changes, "data": DEFAULT_DATA[new_kind]}
     new = dataclasses.replace(cfg, **{k: coerce(k, v) for k, v in changes.items()})

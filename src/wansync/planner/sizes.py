@@ -127,9 +127,9 @@ def of_params(params: float) -> ModelSize:
 
 
 def of_name(name: str, vocab_size: int = 256) -> ModelSize:
-    """A named model built on the meta device (`workloads.meta_model`)."""
-    from ..workloads import VISION_MODELS, lm_model_names, meta_model
-    if name not in lm_model_names() and name not in VISION_MODELS:
+    """A named model (or an hf:PATH one) built on the meta device (`workloads.meta_model`)."""
+    from ..workloads import HF_PREFIX, VISION_MODELS, lm_model_names, meta_model
+    if name not in lm_model_names() and name not in VISION_MODELS and not name.startswith(HF_PREFIX):
         raise ConfigError(f"unknown model {name!r} (LM: {', '.join(lm_model_names())}; "
-                          f"vision: {', '.join(VISION_MODELS)}); or give --params N")
+                          f"vision: {', '.join(VISION_MODELS)}; hf:PATH); or give --params N")
     return of_module(name, meta_model(name, vocab_size))

@@ -11,6 +11,7 @@ written and read back.
         summary.json                 SUMMARY_FILE, written once and then added to (below)
         checkpoints/                 one file per rank per step (`rundir.checkpoint`)
         logs/                        per rank: its one-line error, traceback, profile, quorum log
+        tensorboard/                 TENSORBOARD_DIR: TensorBoard's event files (`telemetry.tensorboard`), when asked
         failed.json                  FAILED_FILE: a run that failed, with its one-line message
 
 summary.json has three writers, each with its own keys, and all of them go through this module:
@@ -45,9 +46,11 @@ SUMMARY_FILE = "summary.json"
 CHECKPOINTS_DIR = "checkpoints"
 LOGS_DIR = "logs"
 FAILED_FILE = "failed.json"
+TENSORBOARD_DIR = "tensorboard"
 EXPERIMENT_FILE = "experiment.json"
 # What a run writes into its directory: `train --force` replaces these and touches nothing else.
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, PROFILE_FILE, CHECKPOINTS_DIR, LOGS_DIR, FAILED_FILE)
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, PROFILE_FILE, CHECKPOINTS_DIR, LOGS_DIR, FAILED_FILE,
+             TENSORBOARD_DIR)
 REPORT_FILE = "report.md"
 SUMMARY_CSV = "summary.csv"
 RUNS_CSV = "runs.csv"

@@ -8,7 +8,7 @@ Nothing here knows any particular strategy: the list of valid names is the regis
 (`wansync.strategies.STRATEGIES`), and each strategy validates its own options.
 
 A run is *finished* when its `summary.json` exists and its `config.toml` equals the config we
-would write now (ignoring keys that only change presentation: out, quiet, log_every, threads);
+would write now (ignoring keys that only change presentation: out, quiet, log_every, tensorboard, threads);
 finished runs are skipped unless `force`. A run that fails (a WansyncError from `run.train`) leaves
 `failed.json` with the one-line message in its directory and the experiment carries on.
 
@@ -49,7 +49,7 @@ from ..rundir.lock import LOCK_FILE, RunBusy, RunLock
 from ..rundir.owned import WRITTEN_FILE, check_replaceable
 from ..rules import in_range
 # Keys that change how a run is shown or where it lives, not what it computes.
-PRESENTATION_KEYS = ("out", "quiet", "log_every", "threads", "target_loss", "target_acc")
+PRESENTATION_KEYS = ("out", "quiet", "log_every", "tensorboard", "threads", "target_loss", "target_acc")
 # Keys a grid may not vary (they name the place or the repetition, handled separately).
 _NOT_GRIDDABLE = ("out",)
 MAX_SEEDS = 1000

@@ -27,9 +27,11 @@ from .agreement import agree
 from .torchrun import TorchrunEnv, join_network
 from ..config import RUN_CONTROL_KEYS, Config, coerce, fingerprint, from_sections, replace, to_sections
 from ..errors import ConfigError, DataError, StorageError, WansyncError, path_kind
+from ..workloads.factory import is_factory
 from ..workloads.lm.corpus import corpus_files
 from ..strategies.guards import regime_warnings
 from ..trainer.sharding import check_precision
+from ..telemetry import tensorboard
 from ..rundir.layout import (CONFIG_FILE, FAILED_FILE, LOGS_DIR, RUN_FILES, SUMMARY_FILE, has_summary, is_run_dir,
                              read_summary)
 from ..rundir.lock import LOCK_FILE, RunLock, check_unlocked
@@ -46,6 +48,8 @@ def check_data_path(cfg: Config) -> None:
     """Fail fast on a dataset that does not fit the model kind, or a local data path that does not exist."""
     from ..workloads import check_data_kind
     check_data_kind(cfg.model, cfg.data)
+    if is_factory(cfg.data):                                     # a workload of the user's: its own data
+        return
     data = cfg.data
     path = None
     for prefix in ("cifar100:", "cifar10:", "imagefolder:", "fashion-mnist:"):
@@ -92,11 +96,9 @@ def check_text(path: Path) -> None:
 def check_run(cfg: Config) -> dict[str, Any]:
     """Everything about `cfg` a user can get wrong, checked without writing anything (used by every
     run and by `--dry-run`); returns the strategy's resolved options."""
-    from ..workloads import VISION_MODELS, lm_model_names
+    from ..workloads import check_model
     options = resolve_options(cfg.strategy, vars(cfg))
-    if cfg.model not in VISION_MODELS and cfg.model not in lm_model_names():
-        raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
-                          f"vision: {', '.join(VISION_MODELS)})")
+    check_model(cfg)                          # the model's form, its factory's import, an hf: directory
     topology = cfg.topology                   # parses --wan: a bad spec fails here, not in the workers
     if topology is not None and topology.sites > cfg.workers:
         raise ConfigError(f"--wan {cfg.wan} has {topology.sites} sites but the run has {cfg.workers} workers "
@@ -106,14 +108,13 @@ def check_run(cfg: Config) -> dict[str, Any]:
         if not torch.cuda.is_available():
             raise ConfigError("--backend nccl needs CUDA GPUs, and torch sees none here (use --backend gloo)")
     check_precision(cfg.precision, "cuda" if cfg.backend == "nccl" else "cpu")
-    if cfg.model in lm_model_names():         # the model's rotary tables: refused here, not on every rank
-        from ..workloads.lm import check_seq_len
-        check_seq_len(cfg.model, cfg.seq_len)
-    if "fragments" in options:
+    if "fragments" in options and not is_factory(cfg.data):       # a workload of the user's: its own model
         check_fragments(cfg.model, options["fragments"], options.get("partition", "strided"))
     check_data_path(cfg)
     if cfg.data.startswith("hf:") and importlib.util.find_spec("datasets") is None:
         raise ConfigError(f"{cfg.data!r} needs the datasets package: install wansync[hf]")
+    if cfg.tensorboard:
+        tensorboard.check_available()
     return options
 
 
@@ -131,10 +132,13 @@ def check_local_launch(cfg: Config) -> None:
 def check_fragments(model: str, fragments: int, mode: str) -> None:
     """A fragment count the model cannot be cut into fails here, in one line, before any worker
     starts: the partition is the strategy's own (`fragments.partition`), of the model built on the
-    meta device (no memory; its stages do not depend on the data, the vocabulary or `--width`)."""
+    meta device (no memory; its stages do not depend on the data, the vocabulary or `--width`). A
+    model of the user's is built by its factory only in the workers, where the strategy checks it."""
     from ..strategies.fragments import partition
     from ..workloads import meta_model
-    partition(meta_model(model), fragments, mode)
+    on_meta = meta_model(model)
+    if on_meta is not None:
+        partition(on_meta, fragments, mode)
 
 
 def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:

@@ -9,33 +9,46 @@ differs: what it exchanges after the inner step (`after_inner_step`), which modu
 The user loop is always::
 
     loss = loss_fn(sync.model(batch)); loss.backward(); sync.step(); sync.zero_grad()
+
+with gradient accumulation inside `with sync.no_sync():` (every micro-batch but the last), and a
+resume through `state_dict()` / `load_state_dict()`, before or after the model's and optimizer's
+own (`broadcast_initial_state`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..comm.exchange import Exchange
+from ..comm.exchange import Exchange, exact_sq_norm
 from ..comm.flat import FlatTensors
 from ..comm.ledger import INSIDE
 from ..comm.replicas import Replicas, replicas_of
 from ..errors import ConfigError
-from .grad_sync import GradientSync, hybrid_sharded
+from .grad_sync import GradientSync, ShardedGradientSync, fsdp_gradient_sync_paused, hybrid_sharded
 from .options import Options
 from .timetable import Timetable
 
 
 def sync_tensors(module: nn.Module) -> list[torch.Tensor]:
-    """What parameter averaging exchanges: parameters plus floating-point persistent buffers
-    (BatchNorm statistics), so that averaged replicas are really identical. A parameter sharded
-    inside the worker (FSDP2's DTensor) is its local shard: the tensor this rank holds, updates and
-    exchanges with the same local rank of the other workers."""
+    """What every exchange of model state carries: the trainable parameters plus floating-point
+    persistent buffers (BatchNorm statistics), so that averaged replicas are really identical.
+    Frozen parameters (`requires_grad` False, read when the strategy is built) are left out: no
+    optimizer moves them, and the initial broadcast (`model_tensors`) made them identical. A
+    parameter sharded inside the worker (FSDP2's DTensor) is its local shard: the tensor this rank
+    holds, updates and exchanges with the same local rank of the other workers."""
+    return [local_shard(p) for p in module.parameters() if p.requires_grad] + model_buffers(module)
+
+
+def model_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """Every parameter, frozen ones included, plus the floating-point persistent buffers: what the
+    initial broadcast makes identical (as DDP's constructor does)."""
     return [local_shard(p) for p in module.parameters()] + model_buffers(module)
 
 
@@ -43,6 +56,12 @@ def model_buffers(module: nn.Module) -> list[torch.Tensor]:
     """The floating-point persistent buffers (never sharded): averaged, but no optimizer steps them."""
     persistent = set(module.state_dict(keep_vars=True).keys())
     return [b for name, b in module.named_buffers() if name in persistent and b.is_floating_point()]
+
+
+def value_fingerprint(flat: torch.Tensor) -> tuple[float, float]:
+    """The sum and the squared norm of a flat buffer in float64: equal for the same values, and in
+    practice for no others (a loaded checkpoint)."""
+    return float(torch.sum(flat, dtype=torch.float64)), exact_sq_norm(flat)
 
 
 def local_shard(t: torch.Tensor) -> torch.Tensor:
@@ -86,6 +105,8 @@ class Strategy:
         self.exchange = Exchange(group, on_nonfinite, self.replicas, quorum=quorum)
         self.comm = self.exchange.ledger
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        # what the initial broadcast replaced on this rank, until the first step (`broadcast_initial_state`)
+        self._replaced: list[tuple[FlatTensors, torch.Tensor, tuple[float, float]]] = []
         self.inside_sync = None
         if self.replicas.ddp_inside and self.steps_inside_workers:
             self.inside_sync = GradientSync(model, self.replicas.inside, self.comm, purpose=INSIDE + "grads")
@@ -114,6 +135,7 @@ class Strategy:
         collectives. Records the time spent outside `step()` since the previous one (forward,
         backward, data: `since_last_step_s`, None on the first) and in the inner step."""
         entered = time.perf_counter()
+        self._replaced = []                           # training has begun: the initial broadcast stands
         if self._left_step_at is not None:
             self.since_last_step_s = entered - self._left_step_at
         if not skip_inner:
@@ -142,6 +164,31 @@ class Strategy:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation: the forward and backward of every micro-batch but the last run
+        inside, without communication; the last one's, outside, all-reduces the accumulated
+        gradients when the strategy's next step does, then `step()`::
+
+            with sync.no_sync():
+                for mb in micro_batches[:-1]:
+                    loss_fn(sync.model(mb)).backward()
+            loss_fn(sync.model(micro_batches[-1])).backward()
+            sync.step()
+
+        Whatever `sync.model` is: DDP's `no_sync()` on every DDP wrapper the strategy holds (its
+        gradient phase, a worker's own DDP), FSDP2's `set_requires_gradient_sync(False)` on a
+        sharded model (restored to True, FSDP's default, on leaving), nothing on a plain module (a
+        periodic strategy's local step communicates nothing). Without it every micro-batch's
+        backward all-reduces, which the ledger counts (`GradientSync.book`)."""
+        phases = [p for p in (self.inside_sync, getattr(self, "grad_sync", None)) if p is not None]
+        with contextlib.ExitStack() as paused:
+            for phase in phases:
+                paused.enter_context(phase.paused())
+            if self.replicas.shards and not any(isinstance(p, ShardedGradientSync) for p in phases):
+                paused.enter_context(fsdp_gradient_sync_paused(self.module))   # FSDP's reduce-scatter inside
+            yield
+
     def finish(self) -> None:
         """Bring every rank to the same final parameters (a last sync if one is due)."""
 
@@ -161,11 +208,35 @@ class Strategy:
         return not self.replicas.shards
 
     def broadcast_initial_state(self) -> None:
-        """Start every replica from rank 0's parameters and buffers (one flat broadcast)."""
-        flat = FlatTensors(sync_tensors(self.module))
-        buf = flat.gather()
-        self.exchange.broadcast(buf)
-        flat.scatter(buf)
+        """Start every replica from rank 0's parameters and buffers (one flat broadcast per dtype;
+        frozen parameters too).
+
+        The broadcast is for an identical start; it must not overwrite a restored run. A rank whose
+        values it changed keeps them, with a fingerprint of what it wrote, until its first `step()`:
+        `load_state_dict` before then (a resume) puts them back if the model still holds what the
+        broadcast wrote (the user restored model and optimizer *before* building the strategy; had
+        they loaded the model after, it no longer does). So restoring before or after `ws.strategy()`
+        gives the same run; a fresh run's first step drops them. Nothing is kept where the broadcast
+        changed nothing (every rank seeded alike, or a restore at a synchronization)."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in model_tensors(self.module):
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for tensors in by_dtype.values():
+            flat = FlatTensors(tensors)
+            buf = flat.gather()
+            mine = buf.clone()
+            self.exchange.broadcast(buf)
+            if not torch.equal(mine, buf):
+                self._replaced.append((flat, mine, value_fingerprint(buf)))
+            flat.scatter(buf)
+
+    def _restore_replaced(self) -> None:
+        """This rank's own values back where the initial broadcast replaced them and nothing wrote
+        since (see `broadcast_initial_state`)."""
+        for flat, mine, written in self._replaced:
+            if value_fingerprint(flat.gather()) == written:
+                flat.scatter(mine)
+        self._replaced = []
 
     # ---- events --------------------------------------------------------------------------
     def on_event(self, fn: Callable[[dict[str, Any]], None]) -> None:
@@ -180,15 +251,25 @@ class Strategy:
 
     # ---- resumable state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"t": self.t, "options": dataclasses.asdict(self.opts), **self.extra_state()}
+        """The strategy's resumable state, with this rank's communication counters (`comm`): a loop
+        that saves it beside the model's and optimizer's resumes with nothing else to restore."""
+        return {"t": self.t, "options": dataclasses.asdict(self.opts), **self.extra_state(),
+                "comm": self.comm.snapshot()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from `state_dict()`, before or after loading the model and optimizer (see
+        `broadcast_initial_state`); the counters continue from the state's (a state without them,
+        a peer's heal state, leaves them as they are)."""
+        self._restore_replaced()
         self.t = int(state["t"])
         self.load_extra_state(state)
+        if "comm" in state:
+            self.comm.restore(state["comm"])
 
     def heal_state(self) -> dict[str, Any]:
-        """What a worker healing from this one receives (fault-tolerant runs): the resumable state."""
-        return self.state_dict()
+        """What a worker healing from this one receives (fault-tolerant runs): the resumable state,
+        without the counters (the healed worker keeps its own)."""
+        return {k: v for k, v in self.state_dict().items() if k != "comm"}
 
     def load_heal_state(self, state: dict[str, Any]) -> None:
         self.load_state_dict(state)

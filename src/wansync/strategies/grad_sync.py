@@ -5,7 +5,10 @@ The wrapper is PyTorch's real `DistributedDataParallel` (bucketed all-reduce ove
 backward): a baseline users actually run. DDP decides at forward time whether the coming backward
 all-reduces gradients, from `require_backward_grad_sync`, the flag `no_sync()` toggles; so a
 strategy arms the phase for its *next* step (at construction, after every step, after a resume).
-The bytes are booked on the ledger as `grads` after the step whose backward all-reduced them.
+The bytes are booked on the ledger as `grads` after the step whose backward all-reduced them, once
+per backward that did: a forward through the armed wrapper with autograd on is a backward that will
+all-reduce, so gradient accumulation without `no_sync()` (every micro-batch all-reduces) is counted
+as the link carries it. `paused()` is the strategy's `no_sync()` for this phase.
 
 A worker of several ranks (`comm.replicas`) trains its one model with a second wrapper over its
 own ranks (`inside/grads`), every step the strategy does not all-reduce over all ranks. Two
@@ -18,8 +21,9 @@ step with `set_requires_all_reduce`, FSDP's counterpart of `no_sync()`. `gradien
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -68,6 +72,19 @@ class GradientSync:
         self.ddp = wrap_ddp(model, group, broadcast_buffers)
         self.bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self._ledger, self._purpose = ledger, purpose
+        self._synced = 0                # forwards since the last `book` whose backward all-reduces
+        self.ddp.register_forward_pre_hook(self._count_forward)
+
+    def _count_forward(self, module: nn.Module, args: Any) -> None:
+        """DDP decides at forward time whether the coming backward all-reduces (as here)."""
+        if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
+            self._synced += 1
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No gradient all-reduce for the backwards of forwards made inside (DDP's `no_sync()`)."""
+        with self.ddp.no_sync():
+            yield
 
     @property
     def module(self) -> nn.Module:
@@ -79,12 +96,28 @@ class GradientSync:
         self.ddp.require_backward_grad_sync = on
 
     def book(self) -> bool:
-        """After a step: whether its backward all-reduced the gradients (the phase was armed);
-        if so, count the bytes DDP's reducer sent."""
-        if not self.ddp.require_backward_grad_sync:
-            return False
-        self._ledger.count(self._purpose, self.bytes)
-        return True
+        """After a step: whether its gradients were all-reduced (the phase was armed); count the
+        bytes DDP's reducer sent, once per backward that all-reduced since the last step (several
+        under gradient accumulation without `no_sync()`)."""
+        synced, self._synced = self._synced, 0
+        if synced:
+            self._ledger.count(self._purpose, self.bytes * synced, calls=synced)
+        return bool(self.ddp.require_backward_grad_sync)
+
+
+@contextlib.contextmanager
+def fsdp_gradient_sync_paused(model: nn.Module) -> Iterator[None]:
+    """FSDP2's gradient accumulation: no reduce-scatter (nor all-reduce across workers) for the
+    backwards inside; FSDP's default, gradient sync on, restored after."""
+    from torch.distributed.fsdp import FSDPModule
+    roots = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in roots:
+        m.set_requires_gradient_sync(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in roots:
+            m.set_requires_gradient_sync(True, recurse=False)
 
 
 def hybrid_sharded(model: nn.Module) -> bool:
@@ -109,10 +142,28 @@ class ShardedGradientSync:
         self.bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self._across, self._workers = replicas.across, replicas.workers
         self._ledger, self._purpose, self._on = ledger, purpose, True
+        self._paused, self._synced = False, 0
         if not self.native:
             for m in model.modules():
                 if isinstance(m, FSDPModule):
                     m.set_all_reduce_hook(self._all_reduce)
+        model.register_forward_pre_hook(self._count_forward)
+
+    def _count_forward(self, module: nn.Module, args: Any) -> None:
+        """A forward with autograd on, outside `paused()`, is a backward whose shards go across."""
+        if torch.is_grad_enabled() and self._on and not self._paused:
+            self._synced += 1
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """FSDP2's `set_requires_gradient_sync(False)` for the backwards inside: neither the
+        reduce-scatter inside the worker nor the all-reduce across workers."""
+        self._paused = True
+        try:
+            with fsdp_gradient_sync_paused(self.module):
+                yield
+        finally:
+            self._paused = False
 
     def _all_reduce(self, grads: torch.Tensor) -> None:
         """FSDP2's hook, on each unit's reduce-scattered gradients: their mean across workers, in place."""
@@ -128,7 +179,9 @@ class ShardedGradientSync:
         self._on = on
 
     def book(self) -> bool:
-        """After a step: whether its backward all-reduced the gradient shards across workers."""
-        if self._on:
-            self._ledger.count(self._purpose, self.bytes)
+        """After a step: whether its gradient shards were all-reduced across workers; their bytes
+        once per backward that did (`GradientSync.book`)."""
+        synced, self._synced = self._synced, 0
+        if synced:
+            self._ledger.count(self._purpose, self.bytes * synced, calls=synced)
         return self._on

@@ -60,6 +60,11 @@ def slowmo_gain_too_high(strategy: str, options: Mapping[str, Any]) -> str | Non
             f"that much; lower --slowmo-beta or --slowmo-lr (docs/guards.md)")
 
 
+class RegimeWarning(UserWarning):
+    """A guard's line, as `ws.strategy()` issues it (`warnings.filterwarnings("ignore", category=RegimeWarning)`
+    silences it)."""
+
+
 GUARDS: tuple[Callable[[str, Mapping[str, Any]], str | None], ...] = (
     nesterov_too_often, overlap_near_interval, slowmo_gain_too_high)
 

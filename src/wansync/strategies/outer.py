@@ -8,7 +8,9 @@ the averaged pseudo-gradient Δ̄ = mean(θ̃ − θ_m) (DiLoCo sign: a descent 
 - DiLoCo / Streaming: `outer_step(Δ̄)` with SGD(lr, momentum, Nesterov).
 - SlowMo (Wang et al. 2020, arXiv:1910.00643): u ← β·u + Δ̄/η ; θ̃ ← θ̃ − α·η·u is exactly SGD with momentum β (no
   dampening) at lr α·η on the gradient Δ̄/η, so `slowmo_step(θ̄, η, α)` reuses the same optimizer
-  and stays right when η changes between boundaries.
+  and stays right when η changes between boundaries. At η = 0 (a schedule's warmup from 0 or its
+  end at 0) the update is its limit, θ̃ ← θ̃ − α·Δ̄ (α·η·β·u vanishes), and u is kept: its increment
+  Δ̄/η has none (`slowmo_limit`).
 """
 from __future__ import annotations
 
@@ -44,13 +46,18 @@ class Anchor:
         device: where θ̃ and the outer momentum live and the outer step runs (None: with the model;
             "cpu": host memory, pinned when the model is on an accelerator, as INTELLECT-1 and
             torchft keep the outer state off the GPU).
+        dtype: θ̃'s, the pseudo-gradients' and the outer momentum's (None: the tensors'). float32
+            over bfloat16 tensors accumulates in float32: θ̃ keeps what one rounded step would lose,
+            and the model receives it rounded (Streaming DiLoCo's FP32 accumulation).
     """
 
     def __init__(self, tensors: Sequence[torch.Tensor], *, lr: float, momentum: float, nesterov: bool = False,
-                 buffers: Sequence[torch.Tensor] | None = None, device: str | torch.device | None = None):
+                 buffers: Sequence[torch.Tensor] | None = None, device: str | torch.device | None = None,
+                 dtype: torch.dtype | None = None):
         self.flat = FlatTensors(tensors)
         self.device = torch.device(device) if device is not None else self.flat.device
-        self.value = self.flat.gather().to(self.device)    # θ̃, identical on every rank
+        self.dtype = dtype if dtype is not None else self.flat.dtype
+        self.value = self.flat.gather().to(self.device, self.dtype)    # θ̃, identical on every rank
         if self.device != self.flat.device and self.device.type == "cpu" and self.flat.device.type != "cpu":
             self.value = self.value.pin_memory()
         # Buffers (BatchNorm statistics) are not optimized: the outer step gives them the plain
@@ -68,8 +75,8 @@ class Anchor:
                                          nesterov=nesterov and momentum > 0)
 
     def local(self) -> torch.Tensor:
-        """θ_m of these tensors, as a new flat buffer beside θ̃."""
-        return self.flat.gather().to(self.device)
+        """θ_m of these tensors, as a new flat buffer beside θ̃ (in θ̃'s dtype)."""
+        return self.flat.gather().to(self.device, self.dtype)
 
     def pseudo_gradient(self, local: torch.Tensor | None = None) -> torch.Tensor:
         """Δ_m = θ̃ − θ_m (a new flat buffer), in one pass over the model's tensors where they lie
@@ -172,6 +179,18 @@ class Anchor:
         """From the workers' average θ̄ (`avg`, overwritten): u ← β·u + (θ̃ − θ̄)/η ; θ̃ ← θ̃ − α·η·u
         (β is the optimizer's momentum; buffers: θ̃ ← θ̄)."""
         self._step(avg, lr=slow_lr * inner_lr, average=True, divide=inner_lr, load=load)
+
+    def slowmo_limit(self, avg: torch.Tensor, slow_lr: float, *, load: bool = False) -> None:
+        """`slowmo_step` as η → 0, from the workers' average θ̄ (`avg`): θ̃ ← θ̃ − α·(θ̃ − θ̄), exactly
+        θ̄ at α = 1 (plain averaging); u untouched (buffers: θ̃ ← θ̄)."""
+        source = avg.to(device=self.device, dtype=self.value.dtype)
+        with torch.no_grad():
+            self.value.lerp_(source, slow_lr)                # θ̃ + α·(θ̄ − θ̃); weight 1 returns θ̄ itself
+            for a, b in self.plain:
+                self.value[a:b] = source[a:b]
+        if load:
+            self.load_into_model()
+        self.check_finite()
 
     def load_into_model(self) -> None:
         """θ_m ← θ̃."""

@@ -13,6 +13,10 @@ gradient (θ̃ − θ̄)/η), which stays right when η changes between boundari
 what LocalSGD averages: parameters and floating-point persistent buffers (BatchNorm statistics);
 the slow momentum on buffers is the same filter on their averages, keeping replicas identical.
 Inner optimizer state stays local unless `sync_optimizer_state`.
+
+At a boundary where η = 0 (a warmup from 0; a schedule that reaches 0, read by `finish()`) the
+filter takes its limit η → 0: θ̃ ← θ̃ − α·(θ̃ − θ̄) (the momentum's share α·η·β·u vanishes; at α = 1
+the plain average), and u is kept (its increment (θ̃ − θ̄)/η has no limit).
 """
 from __future__ import annotations
 
@@ -62,11 +66,16 @@ class SlowMo(Periodic):
         self.emit("sync", kind=self.sync_kind, **info, **self.boundary_fields())
 
     def slowmo_update(self, avg) -> None:
-        """u ← β·u + (θ̃ − θ̄)/η ; θ̃ ← θ̃ − α·η·u  (η: the inner learning rate now); θ_m ← θ̃."""
+        """u ← β·u + (θ̃ − θ̄)/η ; θ̃ ← θ̃ − α·η·u  (η: the inner learning rate now); θ_m ← θ̃.
+        At η = 0 (a warmup from 0, a schedule that ends at 0 before `finish()`) the filter takes its
+        limit: θ̃ ← θ̃ − α·(θ̃ − θ̄), u kept (`Anchor.slowmo_limit`)."""
         eta = self.inner_lr
-        check(eta > 0, f"{self.name} needs an inner learning rate > 0 at a boundary (the filter divides "
-                       f"by it), got {eta} at step {self.t}")
-        self.anchor.slowmo_step(avg, eta, self.opts.slowmo_lr, load=True)   # θ̃ − θ̄ formed in θ̄'s buffer
+        check(eta >= 0, f"{self.name} needs an inner learning rate >= 0 at a boundary (the filter divides "
+                        f"by it), got {eta} at step {self.t}")
+        if eta == 0:
+            self.anchor.slowmo_limit(avg, self.opts.slowmo_lr, load=True)
+        else:
+            self.anchor.slowmo_step(avg, eta, self.opts.slowmo_lr, load=True)   # θ̃ − θ̄ formed in θ̄'s buffer
 
     def boundary_fields(self) -> dict[str, Any]:
         """Extra fields of the sync event (subclasses add theirs)."""

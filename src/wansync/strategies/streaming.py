@@ -13,6 +13,12 @@ floats, accumulated in FP32): it books this rank's wire bytes as `pseudo_grads`,
 as exposed communication, and applies the non-finite policy. One "sync" event per merge carries
 the fragment, the start step, the bytes, the codec and the syncs per period.
 
+A model in bfloat16 (or float16) keeps each fragment's θ̃, outer momentum, Δ and merge in float32
+(`Anchor(dtype=float32)`: the paper's FP32 accumulation); the model receives every merge rounded
+to its own dtype, and the exchange sends float32 unless the codec says otherwise (`bf16` halves it).
+On rank 0 the constructor warns (`FragmentImbalanceWarning`) when the largest fragment holds more
+than twice the bytes of the smallest (`fragments.imbalance`).
+
 What happens when is the timetable's (`fragment_timetable.py`; the planner follows the same one).
 Several fragments may be in flight at once (τ may be anything below H); within one step, merges
 that are due happen first, then the slot's sync starts (and, with τ = 0, merges at once), so
@@ -31,6 +37,7 @@ the schedule (round-robin pointer, last starts, R_p) and the exchanges in flight
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +50,7 @@ from .base import Strategy, model_buffers
 from .compensation import alpha_merge
 from .debug import check_same_choice, debug_enabled
 from .fragment_timetable import FragmentTimetable
-from .fragments import PARTITIONS, partition
+from .fragments import PARTITIONS, FragmentImbalanceWarning, imbalance, partition
 from .inflight import InFlight
 from .options import (Options, anchor_device, at_least, check_codec_options, codec, codec_collective,
                       error_feedback, in_range, one_of, option, outer_lr, outer_momentum, outer_state_device,
@@ -88,12 +95,16 @@ class Streaming(Strategy):
         self.H, self.P = o.sync_every, o.fragments
         self.codec = get_codec(o.codec)
         self.fragments = partition(self.module, self.P, o.partition)   # before any collective
+        if self.rank == 0 and (line := imbalance(self.fragments)) is not None:
+            warnings.warn(line, FragmentImbalanceWarning, stacklevel=2)
         self.broadcast_initial_state()
         buffers = model_buffers(self.module)
         self.anchors = [Anchor(f.tensors, lr=o.outer_lr, momentum=o.outer_momentum, nesterov=True, buffers=buffers,
-                               device=anchor_device(o.outer_state_device)) for f in self.fragments]
+                               device=anchor_device(o.outer_state_device), dtype=torch.float32)   # bf16: FP32 θ̃, Δ
+                        for f in self.fragments]
         for anchor in self.anchors if self.tensors_movable else ():   # each fragment's tensors move into one
-            anchor.flat.adopt(anchor.value.clone())   # flat buffer (as Periodic's home): Δ and a merge are one op each
+            home = anchor.value.to(anchor.flat.device, anchor.flat.dtype, copy=True)   # flat buffer (as Periodic's
+            anchor.flat.adopt(home)    # home) of the model's own dtype and device: Δ and a merge are one op each
         self.debug = debug_enabled()
         self.residuals: list[torch.Tensor | None] = [None] * self.P    # error feedback, per fragment
 
@@ -195,7 +206,7 @@ class Streaming(Strategy):
     def heal_state(self) -> dict[str, Any]:
         """Fault-tolerant exchanges are complete when issued, so the exchanges in flight travel with
         their means: the healed worker merges them with its peers instead of relaunching them."""
-        state = self.state_dict()
+        state = super().heal_state()
         for entry, x in zip(state["in_flight"], self.timetable.in_flight):
             entry["mean"] = x.handle.wait().clone()
         return state

@@ -130,6 +130,11 @@ class CommTimer:
     def emulated(self) -> bool:
         return self.emulator is not None
 
+    @property
+    def in_step(self) -> bool:
+        """Between `begin` and `end`: a step's (or the finish's) communication is being timed."""
+        return self._cur is not None
+
     # ---- DDP instrumentation ------------------------------------------------------------------
     def instrument(self, ddp: Any) -> bool:
         """Time ``ddp``'s bucket all-reduces and buffer broadcasts (math unchanged). False when a comm

@@ -12,7 +12,8 @@
   in fp32, fp32 masters.
 
 A model's blocks are its `stages()` between the first and the last (the LM's transformer blocks,
-a ResNet's layers), else its top-level children that hold parameters.
+a ResNet's layers), else its repeated blocks (a Hugging Face model's `model.layers`), else its
+top-level children that hold parameters.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..strategies.blocks import repeated_blocks
 
 BF16 = "bf16"
 
@@ -48,10 +50,15 @@ def shard_worker(model: nn.Module, mesh: Any, precision: str, hybrid: bool = Fal
 
 def blocks(model: nn.Module) -> list[nn.Module]:
     """The units FSDP shards separately (one all-gather each): the model's middle stages when it
-    names them, else its parameter-holding children."""
+    names them, else its repeated blocks (`strategies.blocks`: a Hugging Face model's
+    `model.layers`), else its parameter-holding children. The same blocks the fragments of
+    Streaming DiLoCo and CoCoDC are cut over, so a fragment is a group of whole FSDP units."""
     stages = list(model.stages()) if callable(getattr(model, "stages", None)) else []
     if len(stages) >= 3:
         return stages[1:-1]
+    found = repeated_blocks(model)
+    if found is not None:
+        return [m for _, m in found.blocks]
     return [m for m in model.children() if any(True for _ in m.parameters())]
 
 

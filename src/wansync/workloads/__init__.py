@@ -1,4 +1,6 @@
-"""Pick the workload from the model name: LM sizes or vision architectures."""
+"""Pick the workload from the model and data: LM sizes or vision architectures on the built-in data,
+a Hugging Face causal LM (`hf:PATH`, `hf.py`), a model of the user's (`pkg.module:factory`) on the
+built-in data, or the user's whole workload (`--data pkg.module:factory`, `user.py`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,8 +8,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..errors import ConfigError
+from .factory import FACTORY_FORMS, is_factory
 
 if TYPE_CHECKING:               # importing this package stays torch-free (config.py uses the names below)
+    from torch import nn
+
     from .base import Workload
 
 VISION_MODELS = ("cnn", "resnet18", "resnet50", "vit_s")
@@ -20,12 +25,22 @@ LEADER_DONE_KEY = "wansync/workload-prepared"
 # How long the other ranks wait for it: training a BPE on a large corpus takes minutes, far beyond
 # the peer timeout that guards the collectives.
 LEADER_WAIT_S = 3600.0
+HF_PREFIX = "hf:"               # --model hf:PATH: a Hugging Face causal LM (workloads.hf)
 T = TypeVar("T")
 
 
-def model_kind(model: str) -> str:
-    """'vision' for the vision architectures, else 'lm' (unknown names are rejected elsewhere)."""
-    return "vision" if model in VISION_MODELS else "lm"
+def model_kind(model: str, data: str = "") -> str:
+    """'vision' for the vision architectures and for a model of the user's on image data, else 'lm'
+    (unknown names are rejected elsewhere; a workload of the user's has the LM's defaults)."""
+    if model in VISION_MODELS:
+        return "vision"
+    return "vision" if is_factory(model) and is_vision_data(data) else "lm"
+
+
+def model_forms() -> str:
+    """Every form --model takes, for an error message."""
+    return (f"LM: {', '.join(lm_model_names())}; vision: {', '.join(VISION_MODELS)}; yours: {FACTORY_FORMS}; "
+            f"Hugging Face: {HF_PREFIX}PATH")
 
 
 def is_vision_data(data: str) -> bool:
@@ -35,9 +50,15 @@ def is_vision_data(data: str) -> bool:
 
 
 def check_data_kind(model: str, data: str) -> None:
-    """One-line ConfigError when the dataset does not fit the model kind (LM text vs images)."""
+    """One-line ConfigError when the dataset does not fit the model kind (LM text vs images). A
+    model of the user's takes either (its kind follows the data); a workload of the user's any model."""
     from pathlib import Path
-    if model_kind(model) == "lm":
+    if is_factory(data):
+        return
+    name = data.partition(":")[0].strip().lower()
+    if model_kind(model, data) == "lm":
+        if is_factory(model) and name in VISION_DATA_PREFIXES:       # images, but no path to them
+            raise ConfigError(f"--data {data!r} needs a path: {name}:PATH (--data {VISION_DATA_FORMS})")
         if is_vision_data(data):
             raise ConfigError(f"model '{model}' is a language model and cannot train on the image dataset "
                               f"{data!r}; use a vision model (--model {' | '.join(VISION_MODELS)}) or a text "
@@ -45,7 +66,6 @@ def check_data_kind(model: str, data: str) -> None:
         return
     if is_vision_data(data):
         return
-    name = data.partition(":")[0].strip().lower()
     if data == DEFAULT_DATA["lm"] or data.startswith("hf:") or Path(data).exists():
         raise ConfigError(f"vision model '{model}' needs an image dataset, got {data!r}, a text corpus "
                           f"(image directories are named with a prefix; --data {VISION_DATA_FORMS})")
@@ -59,10 +79,40 @@ def lm_model_names() -> tuple[str, ...]:
     return tuple(LM_MODELS)
 
 
-def meta_model(name: str, vocab_size: int = 256) -> Any:
+def check_model(cfg: Any) -> None:
+    """What can be known of `--model` (and of a `--data` factory) before any worker starts, each
+    failure one line: a name that is none of the forms, a factory that does not import, an `hf:`
+    directory without its config.json, `transformers` not installed, a vocabulary the tokenizer
+    does not fit, a `seq_len` beyond the model's positions. The factories themselves run in the workers."""
+    from .factory import load_factory
+    if is_factory(cfg.data):
+        load_factory(cfg.data, "--data")
+    elif cfg.model in lm_model_names():
+        from .lm import check_seq_len
+        check_seq_len(cfg.model, cfg.seq_len)
+    elif cfg.model.startswith(HF_PREFIX):
+        from . import hf
+        if not hf.has_tokenizer(cfg.model):            # the built-in tokenizer: its size is known
+            hf.check_vocab(cfg.model, int(hf.model_config(cfg.model).vocab_size), cfg.tokenizer,
+                           256 if cfg.tokenizer == "byte" else cfg.bpe_vocab)
+        hf.check_seq_len(cfg.model, cfg.seq_len)
+        hf.meta_model(cfg.model)                       # a causal LM, built on the meta device: no memory
+    elif is_factory(cfg.model):
+        load_factory(cfg.model, "--model")
+    elif cfg.model not in VISION_MODELS:
+        raise ConfigError(f"unknown model '{cfg.model}' ({model_forms()})")
+
+
+def meta_model(name: str, vocab_size: int = 256) -> nn.Module | None:
     """The named model on the meta device: its exact tensors and stages, no memory (LM: with
-    `vocab_size`; vision: Fashion-MNIST's shape, which changes no stage)."""
+    `vocab_size`; vision: Fashion-MNIST's shape, which changes no stage; hf:PATH: its config's).
+    None for a model of the user's: only its factory knows it, and that runs in the workers."""
     import torch
+    if name.startswith(HF_PREFIX):
+        from .hf import meta_model as hf_meta_model
+        return hf_meta_model(name)
+    if is_factory(name):
+        return None
     with torch.device("meta"):
         if name in lm_model_names():
             from .lm.model import TransformerLM, lm_shape
@@ -70,8 +120,7 @@ def meta_model(name: str, vocab_size: int = 256) -> Any:
         if name in VISION_MODELS:
             from .vision.models import build_model
             return build_model(name, in_channels=1, num_classes=10, image_size=28)
-    raise ConfigError(f"unknown model {name!r} (LM: {', '.join(lm_model_names())}; "
-                      f"vision: {', '.join(VISION_MODELS)})")
+    raise ConfigError(f"unknown model {name!r} ({model_forms()})")
 
 
 def build_workload(cfg: Any, rank: int, world_size: int, local_rank: int = 0, ranks_per_worker: int = 1) -> Workload:
@@ -81,6 +130,17 @@ def build_workload(cfg: Any, rank: int, world_size: int, local_rank: int = 0, ra
         from .base import RankSlice
         worker_cfg = dataclasses.replace(cfg, batch_size=cfg.batch_size * ranks_per_worker)
         return RankSlice(build_workload(worker_cfg, rank, world_size), local_rank, ranks_per_worker)
+    if is_factory(cfg.data):
+        from .base import WorkloadSpec
+        from .user import build_user_workload
+        return build_user_workload(cfg.data, WorkloadSpec(
+            model=cfg.model, rank=rank, world_size=world_size, seed=cfg.seed, batch_size=cfg.batch_size,
+            seq_len=cfg.seq_len, eval_batches=cfg.eval_batches, config=cfg))
+    if model_kind(cfg.model, cfg.data) == "vision" and is_factory(cfg.model):
+        from .vision import build_vision_workload
+        return build_vision_workload(cfg.model, cfg.data, rank=rank, world_size=world_size, seed=cfg.seed,
+                                     batch_size=cfg.batch_size, eval_batches=cfg.eval_batches,
+                                     augment=cfg.augment, model_factory=_user_vision_model(cfg))
     if cfg.model in VISION_MODELS:
         from .vision import build_vision_workload
         # build_config gives a vision model DEFAULT_DATA["vision"] when no data is named; this fallback
@@ -89,14 +149,54 @@ def build_workload(cfg: Any, rank: int, world_size: int, local_rank: int = 0, ra
         return build_vision_workload(cfg.model, data, rank=rank, world_size=world_size, seed=cfg.seed,
                                      batch_size=cfg.batch_size, eval_batches=cfg.eval_batches,
                                      augment=cfg.augment, width=cfg.width)
-    if cfg.model in lm_model_names():
+    if cfg.model in lm_model_names() or cfg.model.startswith(HF_PREFIX) or is_factory(cfg.model):
         from .lm import build_lm_workload
+        tokenizer, build_model = _lm_model(cfg)
         return build_lm_workload(cfg.model, cfg.data, rank=rank, world_size=world_size, seed=cfg.seed,
-                                 batch_size=cfg.batch_size, seq_len=cfg.seq_len, tokenizer=cfg.tokenizer,
+                                 batch_size=cfg.batch_size, seq_len=cfg.seq_len, tokenizer=tokenizer,
                                  eval_batches=cfg.eval_batches, val_fraction=cfg.val_fraction,
-                                 bpe_vocab=cfg.bpe_vocab, cache_dir=str(cfg.out), leader_first=leader_first)
-    raise ConfigError(f"unknown model '{cfg.model}' (LM: {', '.join(lm_model_names())}; "
-                      f"vision: {', '.join(VISION_MODELS)})")
+                                 bpe_vocab=cfg.bpe_vocab, cache_dir=str(cfg.out), leader_first=leader_first,
+                                 build_model=build_model)
+    raise ConfigError(f"unknown model '{cfg.model}' ({model_forms()})")
+
+
+def _lm_model(cfg: Any) -> tuple[Any, Callable[[Any], nn.Module] | None]:
+    """(tokenizer, model builder from the tokenizer) of an LM run: the built-in LM's (None: by its
+    name), a Hugging Face model's (its directory's tokenizer when it has one), or the user's factory's."""
+    if cfg.model.startswith(HF_PREFIX):
+        from . import hf
+        own = hf.tokenizer_of(cfg.model)
+        return (own or cfg.tokenizer), lambda tok: hf.build_model(cfg.model, tok.name, tok.vocab_size)
+    if not is_factory(cfg.model):
+        return cfg.tokenizer, None
+    from .base import ModelSpec
+    from .factory import call_factory, load_factory
+    factory = load_factory(cfg.model, "--model")
+
+    def build(tok: Any) -> nn.Module:
+        spec = ModelSpec(kind="lm", seed=cfg.seed, config=cfg, vocab_size=tok.vocab_size, seq_len=cfg.seq_len)
+        return _module(call_factory(factory, spec, cfg.model, "--model"), cfg.model)
+    return cfg.tokenizer, build
+
+
+def _user_vision_model(cfg: Any) -> Callable[[int, int, int], nn.Module]:
+    """The user's factory as the vision workload's model builder (channels, classes, image side)."""
+    from .base import ModelSpec
+    from .factory import call_factory, load_factory
+    factory = load_factory(cfg.model, "--model")
+
+    def build(in_channels: int, num_classes: int, image_size: int) -> nn.Module:
+        spec = ModelSpec(kind="vision", seed=cfg.seed, config=cfg, in_channels=in_channels,
+                         num_classes=num_classes, image_size=image_size)
+        return _module(call_factory(factory, spec, cfg.model, "--model"), cfg.model)
+    return build
+
+
+def _module(built: Any, source: str) -> nn.Module:
+    from torch import nn
+    if not isinstance(built, nn.Module):
+        raise ConfigError(f"--model {source} returned an object of type {type(built).__name__}, not a torch.nn.Module")
+    return built
 
 
 def leader_first(build: Callable[[], T]) -> T:

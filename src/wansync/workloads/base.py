@@ -1,15 +1,21 @@
-"""The contract between the training loop and a workload (LM or vision).
+"""The contract between the training loop and a workload (LM or vision), and what a factory of
+the user's (`--model pkg.module:factory`, `--data pkg.module:factory`) is handed.
 
 The loop knows nothing about tokens or pixels: it asks a workload for this rank's next
 batch, for the loss of a batch under a model, and for an evaluation. The data position is
 part of the workload's state so that a resumed run continues at the exact sample.
+A workload of the user's needs only `model`, `next_batch`, `loss` and `evaluate`
+(`workloads.user` supplies the rest); docs/your_model.md is the contract as a user reads it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
+
+from ..errors import ConfigError
 
 
 @runtime_checkable
@@ -43,6 +49,51 @@ class Workload(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """Facts for the run's log: parameter count, dataset sizes, shapes."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model factory (`--model pkg.module:factory`) is handed: the shape the built-in data
+    asks of the model. LM data: tokens (B, T) in, logits (B, T, V >= vocab_size) out; image data:
+    images (B, C, H, W) in, logits (B, num_classes) out. The factory runs under `torch.manual_seed(seed)`
+    on every worker, so plain `nn.Module` initialisation gives every worker the same model."""
+    kind: str                        # "lm" (text) or "vision" (images): which data the run trains on
+    seed: int
+    config: Any                      # the run's Config: every key (`config.width`, `config.lr`, ...)
+    vocab_size: int | None = None    # LM: the tokenizer's vocabulary
+    seq_len: int | None = None       # LM: tokens per training sequence
+    in_channels: int | None = None   # vision: image channels, classes and side in pixels
+    num_classes: int | None = None
+    image_size: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What a workload factory (`--data pkg.module:factory`) is handed: which part of the data this
+    worker trains on (worker `rank` of `world_size`, each its own disjoint shard), and the keys that
+    size it. `model` is the `--model` value as given, for the factory to interpret (or ignore)."""
+    model: str
+    rank: int
+    world_size: int
+    seed: int
+    batch_size: int
+    seq_len: int
+    eval_batches: int
+    config: Any
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """A model's logits: the output itself when it is a tensor, else its `.logits` (a Hugging Face
+    model's output), else the first element of a tuple."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise ConfigError(f"the model returned {type(output).__name__}: expected a logits tensor, an output "
+                      f"with .logits, or a tuple whose first element is the logits")
 
 
 class RankSlice:

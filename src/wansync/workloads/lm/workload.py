@@ -1,5 +1,9 @@
 """The LM workload: model + tokenized corpus + this rank's shard, behind the `Workload` protocol.
 
+The model is any module that maps tokens (B, T) to logits (B, T, V) with V at least the tokenizer's
+vocabulary (or returns them as `.logits`, as a Hugging Face causal LM does): the built-in
+`TransformerLM` by name, a Hugging Face one (`workloads.hf`) or the user's (`--model pkg.module:factory`).
+
 Evaluation reports bits per byte beside the per-token loss: the loss summed over the evaluated
 targets, in bits, over the UTF-8 bytes those targets stand for. Per-token losses of a byte and a
 BPE tokenizer are not comparable; bits per byte are.
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wansync.errors import ConfigError, DataError
+from wansync.workloads.base import logits_of
 from wansync.workloads.lm.corpus import load_documents
 from wansync.workloads.lm.dataset import (
     Batch,
@@ -43,7 +48,7 @@ class LMWorkload:
 
     kind = "lm"
 
-    def __init__(self, model: TransformerLM, tokenizer: Tokenizer, train_tokens: np.ndarray,
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, train_tokens: np.ndarray,
                  val_tokens: np.ndarray, *, model_name: str, data: str, rank: int, world_size: int, seed: int,
                  batch_size: int, seq_len: int, eval_batches: int) -> None:
         self.model, self.tokenizer, self.model_name, self.data = model, tokenizer, model_name, data
@@ -69,8 +74,17 @@ class LMWorkload:
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         inputs, targets = _to_model_device(model, batch)
-        logits = model(inputs)
+        logits = self.logits(model(inputs), targets)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def logits(self, output: object, targets: torch.Tensor) -> torch.Tensor:
+        """The model's logits, checked: (B, T, V), one row of V for every token id."""
+        logits = logits_of(output)
+        if logits.dim() != 3 or logits.shape[:2] != targets.shape or logits.shape[-1] < self.tokenizer.vocab_size:
+            raise ConfigError(f"model {self.model_name!r} returned logits of shape {tuple(logits.shape)} for tokens "
+                              f"of shape {tuple(targets.shape)}: an LM must return (batch, seq_len, vocab >= "
+                              f"{self.tokenizer.vocab_size}), the {self.tokenizer.name} tokenizer's vocabulary")
+        return logits
 
     def batch_size_items(self, batch: Batch) -> int:
         return batch[0].numel()
@@ -88,7 +102,7 @@ class LMWorkload:
                     batch = window_batch(self.val_tokens, ids, self.seq_len)
                     nbytes += int(self._token_bytes[batch[1]].sum())
                     inputs, targets = _to_model_device(net, batch)
-                    logits = net(inputs).flatten(0, 1).float()
+                    logits = self.logits(net(inputs), targets).flatten(0, 1).float()
                     total += F.cross_entropy(logits, targets.flatten(), reduction="sum").item()
                     count += targets.numel()
         finally:
@@ -113,7 +127,8 @@ class LMWorkload:
             "workload": "lm",
             "model": self.model_name,
             "params": sum(p.numel() for p in self.model.parameters()),
-            "shape": asdict(self.model.shape),
+            **({"shape": asdict(self.model.shape)} if isinstance(self.model, TransformerLM) else
+               {"architecture": type(self.model).__name__}),
             "data": self.data,
             "tokenizer": self.tokenizer.name,
             "vocab": self.tokenizer.vocab_size,
@@ -131,16 +146,22 @@ class LMWorkload:
 
 
 def build_lm_workload(model: str = "tiny", data: str = "shakespeare", *, rank: int = 0, world_size: int = 1,
-                      seed: int = 0, batch_size: int = 16, seq_len: int = 128, tokenizer: str = "byte",
+                      seed: int = 0, batch_size: int = 16, seq_len: int = 128, tokenizer: str | Tokenizer = "byte",
                       eval_batches: int = 8, val_fraction: float = 0.05, bpe_vocab: int = 2048,
                       cache_dir: str | None = None,
-                      leader_first: Callable[[Callable[[], Any]], Any] | None = None) -> LMWorkload:
-    """Build the LM workload for one rank. The model depends only on (model, vocab, seed), so all ranks agree.
+                      leader_first: Callable[[Callable[[], Any]], Any] | None = None,
+                      build_model: Callable[[Tokenizer], nn.Module] | None = None) -> LMWorkload:
+    """Build the LM workload for one rank. The model depends only on (model, vocabulary, seed), so all
+    ranks agree: `build_model(tokenizer)` runs under `torch.manual_seed(seed)` (default: the
+    `TransformerLM` of the size `model` names). `tokenizer` is "byte", "bpe" or a tokenizer itself.
 
     `leader_first(build)` runs `build` on one rank before the others (which then read the files it
     cached in `cache_dir`), so a BPE is trained once per run, not once per rank; without it every
     caller tokenizes for itself."""
-    shape = check_seq_len(model, seq_len)
+    if build_model is None:
+        shape = check_seq_len(model, seq_len)
+        def build_model(tok: Tokenizer) -> nn.Module:
+            return TransformerLM(shape, tok.vocab_size)
     if eval_batches < 1:
         raise ConfigError(f"eval_batches must be positive, got {eval_batches}")
     train_text, val_text = split_documents(load_documents(data), val_fraction,
@@ -148,14 +169,15 @@ def build_lm_workload(model: str = "tiny", data: str = "shakespeare", *, rank: i
 
     def tokenize() -> tuple[Tokenizer, np.ndarray, np.ndarray]:
         # the BPE learns from the training text only: the held-out text stays unseen
-        tok = build_tokenizer(tokenizer, train_text, bpe_vocab=bpe_vocab, cache_dir=cache_dir)
+        tok = tokenizer if not isinstance(tokenizer, str) else \
+            build_tokenizer(tokenizer, train_text, bpe_vocab=bpe_vocab, cache_dir=cache_dir)
         return tok, _encode_cached(tok, train_text, cache_dir), _encode_cached(tok, val_text, cache_dir)
 
     once = leader_first if leader_first is not None and tokenizer == "bpe" and cache_dir is not None else _call
     tok, train_tokens, val_tokens = once(tokenize)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        net = TransformerLM(shape, tok.vocab_size)
+        net = build_model(tok)
     return LMWorkload(net, tok, train_tokens, val_tokens, model_name=model, data=data, rank=rank,
                       world_size=world_size, seed=seed, batch_size=batch_size, seq_len=seq_len,
                       eval_batches=eval_batches)

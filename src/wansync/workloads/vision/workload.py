@@ -1,12 +1,14 @@
 """The vision workload: the training loop's view of a model plus this rank's image shard."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..base import logits_of
 from .augment import random_crop_flip
 from .datasets import load_dataset
 from .imagedata import ImageData
@@ -57,7 +59,7 @@ class VisionWorkload:
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         x, y = batch
         dev = _device_of(_unwrap(model))
-        return F.cross_entropy(model(x.to(dev, non_blocking=True)), y.to(dev, non_blocking=True))
+        return F.cross_entropy(logits_of(model(x.to(dev, non_blocking=True))), y.to(dev, non_blocking=True))
 
     def batch_size_items(self, batch: Batch) -> int:
         return int(batch[1].shape[0])
@@ -77,7 +79,7 @@ class VisionWorkload:
             for i in range(0, n, self.batch_size):
                 x = self.data.to_float(self.data.test_x[i:min(i + self.batch_size, n)]).to(dev)
                 y = self.data.test_y[i:min(i + self.batch_size, n)].to(dev)
-                logits = net(x)
+                logits = logits_of(net(x))
                 total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
                 correct += int((logits.argmax(1) == y).sum())
         finally:
@@ -108,11 +110,19 @@ class VisionWorkload:
 def build_vision_workload(model: str = "cnn", data: str = "fashion-mnist", *, rank: int = 0,
                           world_size: int = 1, seed: int = 0, batch_size: int = 64,
                           eval_batches: int | None = None, augment: bool = True,
-                          width: float = 1.0) -> VisionWorkload:
-    """Load `data` (see DATASET_FORMS), build `model` sized for it, and shard it for `rank`."""
+                          width: float = 1.0,
+                          model_factory: Callable[[int, int, int], nn.Module] | None = None) -> VisionWorkload:
+    """Load `data` (see DATASET_FORMS), build `model` sized for it, and shard it for `rank`.
+    `model_factory(in_channels, num_classes, image_size)` builds a model of the user's instead, under
+    `torch.manual_seed(seed)`."""
     ds = load_dataset(data)
     c, h, w = ds.image_shape
-    net = build_model(model, in_channels=c, num_classes=ds.num_classes, image_size=min(h, w),
-                      width=width, seed=seed)
+    if model_factory is None:
+        net = build_model(model, in_channels=c, num_classes=ds.num_classes, image_size=min(h, w),
+                          width=width, seed=seed)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            net = model_factory(c, ds.num_classes, min(h, w))
     return VisionWorkload(net, ds, model_name=model, rank=rank, world_size=world_size, seed=seed,
                           batch_size=batch_size, eval_batches=eval_batches, augment=augment)

@@ -1,0 +1,394 @@
+"""One training loop's run: the profiler, its run directory, TensorBoard and the progress bar, for a
+user's own loop (`ws.Run`) and for the CLI's trainer alike (`trainer/loop.py` keeps its books here).
+
+    sync = ws.strategy("diloco", model, optimizer, sync_every=50)
+    with ws.Run(sync, out="runs/mine", steps=1000, tensorboard=True) as run:
+        for x, y in loader:
+            loss = F.cross_entropy(sync.model(x), y)
+            loss.backward()
+            sync.step()
+            sync.zero_grad()
+            run.log(loss, items=len(x))
+        sync.finish()
+        run.evaluate({"val_loss": validate(model)})     # every rank: the mean over ranks is kept
+
+While it is open the run times the loop without changing a bit of its arithmetic: the first forward
+of a step (a forward pre-hook on `sync.model`) ends the time charged to `data`; `sync.step()` and
+`sync.finish()` (wrapped on this instance) end `compute` and are charged to `sync_math`, less the
+inner optimizer step (`compute`) and the time blocked on the network (`exposed_comm`: the exchange's
+waits, and DDP's, timed by the comm hook `telemetry.commtime` installs); `run.log` ends `other`,
+`run.evaluate` ends `eval`. The categories add up to the wall clock (`telemetry.profiler`).
+
+On closing (the `with` block's end, or `close()`), every rank writes its profile to
+`logs/profile_rank<R>.json` and rank 0 writes profile.json and summary.json beside the metrics.jsonl
+it kept (`rundir.layout`): the run directory `wansync report` reads. Closing is a collective (the
+bytes and counts are means over ranks); a block left by an exception only closes the files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..comm.ledger import INSIDE
+from ..net import emulator_of
+from ..rundir import jsonout
+from ..rundir.divergence import diverged
+from ..rundir.layout import LOGS_DIR, METRICS_FILE, PROFILE_FILE, TENSORBOARD_DIR, write_summary
+from .commtime import CommTimer, ddp_modules
+from .memory import memory_per_rank
+from .metrics import MetricsWriter
+from .peerwait import PROFILE
+from .profiler import Profiler, build_profile
+from .progress import Progress
+from .tensorboard import Scalars, check_available
+
+# how evaluation lines print their metrics (any other number: 4 significant digits)
+EVAL_FORMATS = MappingProxyType({"val_loss": ".4f", "val_ppl": ".2f", "val_bpb": ".4f", "test_loss": ".4f",
+                                 "test_acc": ".2f"})
+NOT_METRICS = ("type", "step", "time", "epoch")
+
+
+def eval_line(record: dict[str, Any]) -> str:
+    """`step 50: val_loss 2.3456 val_ppl 10.44 val_bpb 3.3840` (the known metrics first)."""
+    keys = [k for k in EVAL_FORMATS if k in record] + [k for k in record if k not in EVAL_FORMATS
+                                                       and k not in NOT_METRICS]
+    parts = [f"{k} {record[k]:{EVAL_FORMATS.get(k, '.4g')}}{'%' if k == 'test_acc' else ''}" for k in keys]
+    return f"step {record['step']}: " + " ".join(parts)
+
+
+class Run:
+    """What the CLI trainer has, for any loop around a strategy.
+
+    Args:
+        sync: the strategy (`ws.strategy(...)`); make the run before the first step, so that DDP's
+            communication is timed from the start.
+        out: the run directory (None: nothing is written; `profile()` and `close()` still answer).
+        steps: the steps the loop will take (the progress bar's total and ETA); None if unknown.
+        tensorboard: True for scalars in `out/tensorboard/`, or a directory (`telemetry.tensorboard`).
+        info: more fields for summary.json (model, data, seed, ...: `wansync report` shows them).
+        chance: the loss (or accuracy) at chance, for the summary's `diverged` flag.
+        wan: the `--wan` spec the group's emulated link was made from, for the run files.
+        unit: what `items` counts, for the progress line (`tok/s`, `img/s`).
+        log_every, quiet: the progress line (`telemetry.progress`).
+        append: continue a resumed run's metrics.jsonl (and TensorBoard events after its step).
+        rank, world: this process's rank in the run and the run's processes, where the process group
+            does not say (a fault-tolerant worker's group is its own); rank 0 writes the run's files.
+    """
+
+    def __init__(self, sync: Any, out: str | Path | None = None, *, steps: int | None = None,
+                 tensorboard: bool | str | Path = False, info: dict[str, Any] | None = None,
+                 chance: float | None = None, wan: str | None = None, unit: str = "items/s",
+                 log_every: int = 10, quiet: bool = False, append: bool = False, rank: int | None = None,
+                 world: int | None = None):
+        self.sync, self.out = sync, Path(out) if out is not None else None
+        self.info, self.chance, self.wan_spec, self.unit = dict(info or {}), chance, wan, unit
+        self.rank = dist.get_rank() if rank is None else rank
+        self.world = dist.get_world_size(sync.group) if world is None else world
+        lead = self.rank == 0
+        tb_dir = self.out / TENSORBOARD_DIR if tensorboard is True and self.out is not None else \
+            Path(tensorboard) if tensorboard and tensorboard is not True else None
+        if tensorboard is True and self.out is None:
+            raise ValueError("Run(tensorboard=True) writes into the run directory: give out= (or a directory "
+                             "as tensorboard=)")
+        if tb_dir is not None:
+            check_available()                             # on every rank: none is left waiting for rank 0
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+        self.profiler = Profiler()
+        self.evals: list[dict[str, Any]] = []
+        self.sync_events = 0
+        self.skipped = 0                                  # steps whose inner update was dropped (log(skipped=True))
+        self.exposed_inside_s = 0.0                       # the part of exposed_comm spent inside the worker
+        self.step_times: list[tuple[float, float]] = []   # per step: (compute, the rest but communication)
+        self.summary: dict[str, Any] | None = None
+        self._waited = 0.0                                # exchange waits since the step began
+        self._armed = True                                # the next forward with gradients ends `data`
+        self._data_s = self._busy_s = self._exposed_s = 0.0
+        self._closed = False
+        self.comm_timer = CommTimer(emulator_of(sync.group))
+        for ddp in ddp_modules(sync):                     # before the first backward: DDP's comm hook
+            self.comm_timer.instrument(ddp)
+        self.writer = MetricsWriter(self.out / METRICS_FILE if lead and self.out is not None else None, append=append)
+        self.scalars = None
+        if lead and tb_dir is not None:
+            if not append:                                # a fresh run's events only (a resumed one purges
+                for old in tb_dir.glob("events.out.tfevents.*"):    # those after its step itself)
+                    old.unlink()
+            self.scalars = Scalars(tb_dir, purge_step=sync.t + 1 if append and sync.t else None)
+        self.progress = Progress(steps, every=log_every, quiet=quiet, enabled=lead, prefix=f"[{sync.name}] ")
+        sync.on_event(self._on_event)
+        sync.comm.on_wait.append(self._on_wait)
+        modules = {id(m): m for m in (*ddp_modules(sync), sync.module)}
+        self._hooks = [m.register_forward_pre_hook(self._before_forward, prepend=True) for m in modules.values()]
+        sync.step, sync.finish = self._step, self._finish          # this instance only; close() restores
+        self.lap("other")                                  # the run's own start-up (TensorBoard's import)
+
+    # ---- the hooks that time the loop ---------------------------------------------------------
+    def _on_event(self, record: dict[str, Any]) -> None:
+        if self._closed:
+            return
+        self.writer.write(record)
+        if record.get("type") == "sync":
+            self.sync_events += 1
+            if self.scalars is not None:
+                self.scalars.sync(record, self.sync_events)
+
+    def _on_wait(self, purpose: str, seconds: float) -> None:
+        self._waited += seconds
+        if purpose.startswith(INSIDE):
+            self.exposed_inside_s += seconds
+
+    def _before_forward(self, module: Any, args: Any) -> None:
+        """The first forward of a training step (gradients on; not an evaluation's) ends `data`."""
+        if self._armed and torch.is_grad_enabled():
+            self._armed = False
+            self._data_s = self.profiler.lap("data")
+            if not self.comm_timer.in_step:
+                self.comm_timer.begin(self.sync.t + 1, self.sync.comm.bytes)
+
+    def _inside_waits(self) -> float:
+        """A sharded worker's FSDP all-gathers and reduce-scatters waited for in forward and backward
+        (emulated runs only), booked as traffic inside the worker."""
+        replicas = self.sync.replicas
+        if not replicas.shards:
+            return 0.0
+        seconds, nbytes = self.comm_timer.waited_on({replicas.inside.group_name})
+        if nbytes:
+            self.sync.comm.count(INSIDE + "fsdp", nbytes)
+        self.exposed_inside_s += seconds
+        return seconds
+
+    def _step(self, *args: Any, **kwargs: Any) -> None:
+        sync, prof, timer = self.sync, self.profiler, self.comm_timer
+        if not timer.in_step:
+            timer.begin(sync.t + 1, sync.comm.bytes)
+        # DDP's waits inside forward and backward: the bucket all-reduces all completed before
+        # backward returned, so measuring now gives what measuring right after backward would
+        exposed = timer.after_backward() + self._inside_waits()
+        compute = prof.lap("compute")
+        prof.move("compute", "exposed_comm", exposed)
+        if sync.inside_sync is not None and sync.inside_step(sync.t + 1):
+            self.exposed_inside_s += exposed              # the worker's own DDP
+        self._waited = 0.0
+        type(sync).step(sync, *args, **kwargs)
+        step_s = prof.lap("sync_math")
+        inner, waited = sync.last_inner_s, self._waited
+        prof.move("sync_math", "compute", inner)
+        prof.move("sync_math", "exposed_comm", waited)
+        timer.end(sync.comm.bytes, waited)
+        self.step_times.append((compute - exposed + inner, self._data_s + max(0.0, step_s - inner - waited)))
+        self._busy_s, self._exposed_s, self._data_s = compute + step_s, exposed + waited, 0.0
+        self._waited = 0.0
+        self._armed = True
+
+    def _finish(self) -> None:
+        sync, prof = self.sync, self.profiler
+        self.comm_timer.begin("finish", sync.comm.bytes)
+        type(sync).finish(sync)
+        prof.lap("sync_math")
+        prof.move("sync_math", "exposed_comm", self._waited)
+        self.comm_timer.end(sync.comm.bytes, self._waited)
+        self._waited = 0.0
+        self._armed = True
+
+    # ---- what the loop calls ------------------------------------------------------------------
+    def lap(self, category: str) -> float:
+        """Charge the time since the last mark to `category` (`telemetry.profiler.CATEGORIES`: a
+        loop's own checkpoint, say); returns it."""
+        self._armed = True
+        return self.profiler.lap(category)
+
+    def print(self, line: str) -> None:
+        """A line on rank 0's console (above the progress bar)."""
+        self.progress.log(line)
+
+    def log(self, loss: float | torch.Tensor, items: int | None = None, *, skipped: bool = False,
+            **fields: Any) -> dict[str, Any]:
+        """The step just taken: its loss (this rank's), the items (samples, tokens) of this rank's
+        batch for the throughput over all ranks, any other numbers (`lr=`); `skipped`: the step's
+        inner update was dropped. Writes the step record; returns it."""
+        record: dict[str, Any] = {"type": "step", "step": self.sync.t,
+                                  "loss": float(loss.detach()) if torch.is_tensor(loss) else float(loss), **fields}
+        if items is not None:
+            record["items_per_s"] = items * self.world / max(1e-9, self._busy_s)
+        record["time"] = self.profiler.wall()
+        if skipped:
+            record["skipped"] = True
+            self.skipped += 1
+        self.writer.write(record)
+        if self.scalars is not None:
+            wall = record["time"]
+            exposed = self.profiler.totals["exposed_comm"]
+            self.scalars.step(record, self._exposed_s, 100.0 * exposed / wall if wall > 0 else 0.0,
+                              self.sync.comm.bytes)
+        self.lap("other")
+        rate = f" {record['items_per_s']:.0f} {self.unit}" if "items_per_s" in record else ""
+        self.progress.update(record["step"], f"loss {record['loss']:.3f}{rate}")
+        return record
+
+    def evaluate(self, metrics: dict[str, float], *, step: int | None = None, **fields: Any) -> dict[str, Any]:
+        """An evaluation: every rank calls it with its own `metrics` (a collective); the record keeps
+        the mean over ranks (of each worker's own model, for the strategies that take local steps).
+        Name the metric `val_loss` (or `test_acc`, in percent) for `wansync report` to judge the run
+        by it; evaluate after the last step too, or the report calls the run cut short. Returns the record."""
+        record = {"type": "eval", "step": self.sync.t if step is None else step, "time": self.profiler.wall(),
+                  **self._means({k: float(v) for k, v in metrics.items()}), **fields}
+        self.evals.append(record)
+        self.writer.write(record)
+        if self.scalars is not None:
+            self.scalars.evaluation(record)
+        self.lap("eval")
+        self.print(eval_line(record))
+        return record
+
+    # ---- resumable -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run continues from (with the strategy's own state)."""
+        return {"evals": self.evals, "sync_events": self.sync_events, "skipped": self.skipped,
+                "profile": dict(self.profiler.totals), "exposed_inside_s": self.exposed_inside_s}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.evals = list(state["evals"])
+        self.sync_events = int(state["sync_events"])
+        self.skipped = int(state["skipped"])
+        self.profiler.restore(state["profile"])
+        self.exposed_inside_s += float(state.get("exposed_inside_s", 0.0))
+
+    # ---- the run's files ------------------------------------------------------------------------
+    def wan(self) -> dict[str, Any] | None:
+        """The emulated link (None when nothing is emulated)."""
+        emulator = self.comm_timer.emulator
+        if emulator is None and not self.wan_spec:
+            return None
+        if emulator is None:
+            from ..net import parse_wan
+            topology = parse_wan(self.wan_spec)
+        else:
+            topology = emulator.topology
+        return {"spec": self.wan_spec or topology.name or None, "link": topology.describe(),
+                "emulated": emulator is not None}
+
+    def profile(self) -> dict[str, Any]:
+        """profile.json: time categories summing to the wall clock, sync events, derived figures."""
+        timer = self.comm_timer
+        epochs = None
+        last = self.evals[-1] if self.evals else {}
+        if self.sync.t > 0 and isinstance(last.get("epoch"), (int, float)):
+            epochs = last["epoch"] * timer.steps / self.sync.t       # this process's (not before a resume)
+        return build_profile(self.profiler, timer, steps=timer.steps, epochs=epochs, wan=self.wan())
+
+    def _means(self, values: dict[str, float]) -> dict[str, float]:
+        """The mean of each value over the strategy's group (one small all-reduce), keys sorted."""
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(t, group=self.sync.group)
+        t /= dist.get_world_size(self.sync.group)
+        return {k: float(v) for k, v in zip(keys, t)}
+
+    def close(self, **fields: Any) -> dict[str, Any] | None:
+        """Write profile.json and summary.json (with `fields` added) and close the files: a
+        collective. Returns the summary on rank 0, None elsewhere (and when already closed)."""
+        if self._closed:
+            return None
+        sync = self.sync
+        profile = self.profile()
+        r = sync.replicas.ranks_per_worker
+        workers = self.world // r
+        means = self._means({"between": sync.comm.bytes, "inside": sync.comm.inside_bytes})
+        counts = self._means({"skipped_steps": self.skipped, "dropped_exchanges": sync.comm.dropped})
+        exposed = profile["categories_s"]["exposed_comm"]
+        inside_s = min(exposed, self.exposed_inside_s)
+        summary: dict[str, Any] = {
+            "strategy": sync.name, "workers": workers, "ranks_per_worker": r, "steps": sync.t,
+            "wall_clock_s": profile["wall_clock_s"], "options": dataclasses.asdict(sync.opts), **self.info,
+            "bytes_sent": round(means["between"] * r), "bytes_between_workers": round(means["between"] * r),
+            "bytes_inside_workers": round(means["inside"] * r), "comm": sync.comm.snapshot(),
+            "sync_events": self.sync_events,
+            **{k: round(v * workers) for k, v in counts.items()},           # summed over workers
+            "wan": profile["wan"], "time_s": profile["categories_s"],
+            "exposed_comm_pct": profile["derived"]["exposed_comm_pct"],
+            "exposed_comm_inside_s": inside_s, "exposed_comm_between_s": exposed - inside_s,
+            # this rank's bytes by category at the end (telemetry.memory; rank 0's is the one written)
+            "memory_per_rank": memory_per_rank(sync.module, sync.optimizer, sync),
+            **self._quality(),
+        }
+        summary.update(fields)
+        self._detach()
+        if self.out is not None:
+            if self.rank == 0:
+                write_summary(self.out, summary)
+                (self.out / PROFILE_FILE).write_text(jsonout.dumps(profile, indent=2))
+            # every rank's, for the launcher's comparison of ranks (telemetry.peerwait) and for replaying
+            # its step times in the planner (`wansync plan --step-times RUN`)
+            (self.out / LOGS_DIR).mkdir(exist_ok=True)
+            compute, rest = zip(*self.step_times) if self.step_times else ((), ())
+            profile["steps_s"] = {"compute": [round(c, 6) for c in compute], "other": [round(o, 6) for o in rest]}
+            (self.out / LOGS_DIR / PROFILE.format(self.rank)).write_text(jsonout.dumps(profile, indent=2))
+        last = self.evals[-1]["step"] if self.evals else None
+        if self.rank == 0 and self.out is not None and last != sync.t:
+            warnings.warn(f"wansync: the run's last evaluation is {'missing' if last is None else f'at step {last}'}, "
+                          f"not at its last step {sync.t}: `wansync report` will call it cut short (call "
+                          f"run.evaluate(...) after the last step)", stacklevel=2)
+        self.summary = summary
+        return summary if self.rank == 0 else None
+
+    def _quality(self) -> dict[str, Any]:
+        """The final and best quality, the first evaluation and the divergence flag, from the
+        evaluations (validation loss, or test accuracy in percent)."""
+        if not self.evals:
+            return {}
+        final = self.evals[-1]
+        out: dict[str, Any] = {}
+        if "val_loss" in final:
+            losses = [e["val_loss"] for e in self.evals if "val_loss" in e]
+            out.update(final_val_loss=final["val_loss"],
+                       final_val_ppl=final.get("val_ppl", math.exp(min(final["val_loss"], 80.0))),
+                       best_val_loss=min(losses), best_val_ppl=math.exp(min(losses)))
+            if "val_bpb" in final:          # bits per byte: comparable across tokenizers
+                out.update(final_val_bpb=final["val_bpb"], best_val_bpb=min(e["val_bpb"] for e in self.evals
+                                                                             if "val_bpb" in e))
+            key = "val_loss"
+        elif "test_acc" in final:
+            out.update(final_test_acc=final["test_acc"], peak_test_acc=max(e["test_acc"] for e in self.evals
+                                                                           if "test_acc" in e))
+            if "test_loss" in final:
+                out["final_test_loss"] = final["test_loss"]
+            key = "test_acc"
+        else:
+            return {}
+        out.update(first_eval=self.evals[0].get(key), chance_level=self.chance,
+                   diverged=diverged(self.evals, self.chance))
+        return out
+
+    def _detach(self) -> None:
+        """Stop timing: the strategy's own step and finish again, no hooks; the files closed."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        for name in ("step", "finish"):
+            if vars(self.sync).get(name) is not None:
+                delattr(self.sync, name)
+        if self._on_wait in self.sync.comm.on_wait:
+            self.sync.comm.on_wait.remove(self._on_wait)
+        self.progress.close()
+        self.writer.close()
+        if self.scalars is not None:
+            self.scalars.close()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:                           # other ranks may be gone: no collective, no summary
+            self._detach()

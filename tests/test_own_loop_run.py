@@ -1,0 +1,147 @@
+"""Your own loop gets what `wansync train` has (`ws.Run`, run through examples/own_loop.py): the
+profiler that adds up, DDP's exposed communication, the run directory `wansync report` reads, the
+guards at construction, TensorBoard (also from the CLI's `--tensorboard`) and the progress line."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import tomllib
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli_harness import TINY, wansync
+from wansync.runner.localgroup import run_ranks
+from wansync.telemetry.progress import Progress
+
+pytestmark = pytest.mark.timeout(180)
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "own_loop.py"
+STEP_TAGS = {"train/loss", "train/items_per_s", "comm/exposed_s", "comm/exposed_pct", "comm/bytes_sent"}
+SYNC_TAGS = {"sync/events", "sync/bytes", "sync/drift"}
+
+
+def example() -> Any:
+    spec = importlib.util.spec_from_file_location("own_loop", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series in `log_dir`, read back by TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _two_loops(rank: int, world: int, root: str) -> dict[str, Any]:
+    """examples/own_loop.py twice in one group of 2 ranks: ddp on an emulated `lan` link (a group
+    under the emulator, as `ws.init(wan="lan")` makes the default one), then diloco with H = 5,
+    which the Nesterov guard warns about."""
+    import torch.distributed as dist
+
+    from wansync import net
+    lan = dist.new_group(backend=net.install(), pg_options=net.Emulator(net.parse_wan("lan"), seed=0))
+    train = example().train
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(f"{root}/ddp", "ddp", steps=12, eval_every=6, tensorboard=True, group=lan)
+        built = len(caught)
+        train(f"{root}/diloco", "diloco", steps=12, eval_every=6, tensorboard=True, sync_every=5)
+    return {"ddp": [str(w.message) for w in caught[:built]],
+            "diloco": [(w.category.__name__, str(w.message), Path(w.filename).name) for w in caught[built:]]}
+
+
+def test_a_user_loop_gets_the_profile_run_directory_guards_and_tensorboard_of_the_cli(tmp_path):
+    warned = run_ranks(_two_loops, 2, str(tmp_path), timeout=150)
+    # the guard, at construction, once (rank 0), pointing at the user's line; nothing else to say
+    assert warned[0]["ddp"] == [] and warned[1] == {"ddp": [], "diloco": []}
+    assert [(c, f) for c, m, f in warned[0]["diloco"]] == [("RegimeWarning", "own_loop.py")]
+    assert warned[0]["diloco"][0][1].startswith("diloco: outer Nesterov momentum 0.9 (gain 7) applied as often "
+                                                "as every 5 inner steps")
+    for name in ("ddp", "diloco"):
+        run = tmp_path / name
+        prof = json.loads((run / "profile.json").read_text())
+        summary = json.loads((run / "summary.json").read_text())
+        wall = prof["wall_clock_s"]
+        assert abs(sum(prof["categories_s"].values()) - wall) <= 0.01 * wall, prof["categories_s"]
+        assert summary["wall_clock_s"] == wall and summary["steps"] == 12 and summary["workers"] == 2
+        assert summary["strategy"] == name and summary["final_val_loss"] < summary["first_eval"]
+        for rank in (0, 1):                           # every rank's step times, for the planner
+            steps_s = json.loads((run / "logs" / f"profile_rank{rank}.json").read_text())["steps_s"]
+            assert len(steps_s["compute"]) == len(steps_s["other"]) == 12
+        tags = scalars(run / "tensorboard")
+        assert STEP_TAGS | {"eval/val_loss"} <= set(tags), sorted(tags)
+        assert [s for s, _ in tags["train/loss"]] == list(range(1, 13))
+        assert [s for s, _ in tags["eval/val_loss"]] == [6, 12]
+    ddp = json.loads((tmp_path / "ddp" / "profile.json").read_text())
+    # DDP's blocked time, from the comm hook the run installs: on the emulated link, and complete
+    assert ddp["categories_s"]["exposed_comm"] > 0 and ddp["derived"]["ddp_instrumented"]
+    assert ddp["wan"]["emulated"] and "RTT" in ddp["wan"]["link"] and ddp["derived"]["events_complete"]
+    assert len(ddp["events"]) == 12 and all(e["bytes"] > 0 for e in ddp["events"])
+    diloco = json.loads((tmp_path / "diloco" / "summary.json").read_text())
+    assert diloco["sync_events"] >= 2 and diloco["wan"] is None
+    assert SYNC_TAGS <= set(scalars(tmp_path / "diloco" / "tensorboard"))
+    # `wansync report` reads both like any other runs
+    r = wansync("report", str(tmp_path), "--no-plots")
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "summary.csv", newline="") as f:
+        rows = {row["setting"]: row for row in csv.DictReader(f)}
+    assert {k: (row["status"], row["exposed_comm_pct_mean"] != "") for k, row in rows.items()} == \
+        {"ddp": ("ok", True), "diloco": ("ok", True)}, r.stdout
+
+
+def test_tensorboard_from_the_command_line(tmp_path):
+    out = tmp_path / "run"
+    r = wansync("train", "--strategy", "local_sgd", "--sync-every", "2", "--workers", "2", "--steps", "4",
+                "--eval-every", "2", "--tensorboard", "--out", str(out), *TINY)
+    assert r.returncode == 0, r.stderr
+    tags = scalars(out / "tensorboard")
+    assert STEP_TAGS | SYNC_TAGS | {"train/lr", "eval/val_loss", "eval/val_ppl", "eval/val_bpb"} <= set(tags)
+    assert [s for s, _ in tags["sync/events"]] == [2, 4] and [v for _, v in tags["sync/events"]] == [1, 2]
+    assert [s for s, _ in tags["eval/val_loss"]] == [2, 4]
+    assert tomllib.loads((out / "config.toml").read_text())["run"]["tensorboard"] is True
+
+
+def _no_tensorboard() -> None:
+    """The CLI's process, as on a machine without the tensorboard package."""
+    real = importlib.util.find_spec
+    importlib.util.find_spec = lambda name, *a, **k: None if name == "tensorboard" else real(name, *a, **k)
+
+
+def test_tensorboard_missing_is_one_line_before_any_work(tmp_path):
+    r = wansync("train", "--tensorboard", "--out", str(tmp_path / "run"), *TINY, setup=_no_tensorboard)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["wansync: error: TensorBoard scalars need the tensorboard package: "
+                                             "pip install 'wansync[tensorboard]'"]
+    assert not (tmp_path / "run").exists()
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_tqdm_bar_on_a_terminal_and_plain_lines_elsewhere():
+    def drive(stream: io.StringIO, **kw: Any) -> str:
+        p = Progress(25, every=10, stream=stream, prefix="[ddp] ", **kw)
+        for step in range(1, 26):
+            p.update(step, "loss 1.000 512 tok/s")
+        p.log("step 25: val_loss 1.0000")
+        p.close()
+        return stream.getvalue()
+
+    plain = ["[ddp] step 10/25 loss 1.000 512 tok/s", "[ddp] step 20/25 loss 1.000 512 tok/s",
+             "[ddp] step 25/25 loss 1.000 512 tok/s", "[ddp] step 25: val_loss 1.0000"]
+    assert drive(io.StringIO()).splitlines() == plain              # a log file, CI: as before tqdm
+    assert drive(Terminal(), quiet=True).splitlines() == plain     # --quiet on a terminal
+    assert drive(Terminal(), enabled=False) == ""                  # ranks but the first
+    bar = drive(Terminal())
+    assert "25/25" in bar and "step/s" in bar and "<00:00" in bar and "loss 1.000 512 tok/s" in bar   # rate, ETA
+    assert "[ddp] step 25: val_loss 1.0000\n" in bar and "step 10/25 loss" not in bar
