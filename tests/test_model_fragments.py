@@ -230,7 +230,8 @@ def test_a_fragment_more_than_twice_the_smallest_warns_in_one_line():
 # ---- bf16 ----------------------------------------------------------------------------------------
 def test_an_fp32_anchor_over_bf16_tensors_accumulates_what_bf16_rounds_away():
     w = torch.ones(4, dtype=torch.bfloat16)          # bf16's step at 1.0 is 2^-7 = 0.0078
-    fp32, plain = Anchor([w], lr=1.0, momentum=0.0, dtype=torch.float32), Anchor([w.clone()], lr=1.0, momentum=0.0)
+    fp32 = Anchor([w], lr=1.0, momentum=0.0)         # the default over 16-bit tensors: float32
+    plain = Anchor([w.clone()], lr=1.0, momentum=0.0, dtype=torch.bfloat16)
     assert fp32.value.dtype == torch.float32 and plain.value.dtype == torch.bfloat16
     for _ in range(10):                             # ten outer steps of 0.001 each
         fp32.outer_step(torch.full((4,), 1e-3), load=True)
@@ -284,7 +285,25 @@ def bf16_against_fp32(rank: int, world: int) -> dict:
             "anchor": torch.cat([a.value for a in syncs[0].anchors]),
             "ref_anchor": torch.cat([a.value for a in syncs[1].anchors]),
             "anchor_dtypes": {a.value.dtype for a in syncs[0].anchors},
-            "param_dtypes": {p.dtype for p in low.parameters()}, "losses": losses}
+            "param_dtypes": {p.dtype for p in low.parameters()}, "losses": losses,
+            "periodic": {name: periodic_on_bf16(name, tokens) for name in ("diloco", "slowmo")}}
+
+
+def periodic_on_bf16(name: str, tokens: torch.Tensor) -> dict:
+    """DiLoCo's and SlowMo's θ̃ over a bf16 model: float32 (Anchor's default over 16-bit tensors)."""
+    torch.manual_seed(0)
+    model = CausalLM(vocab=32, dim=16, layers=2, ffn=32).to(torch.bfloat16)
+    sync = ws.strategy(name, model, torch.optim.SGD(model.parameters(), lr=0.5), sync_every=2,
+                       **({"outer_momentum": 0.0} if name == "diloco" else {}))
+    for _ in range(4):
+        nn.functional.cross_entropy(sync.model(tokens[:, :-1]).float().reshape(-1, 32),
+                                    tokens[:, 1:].reshape(-1)).backward()
+        sync.step()
+        sync.zero_grad()
+    sync.finish()
+    flat = torch.cat([t.detach().reshape(-1) for t in sync.anchor.flat.tensors])
+    return {"anchor_dtype": sync.anchor.value.dtype, "model": flat,
+            "rounded": torch.equal(flat, sync.anchor.value.to(torch.bfloat16))}
 
 
 def test_a_bf16_model_trains_under_streaming_and_follows_its_fp32_accumulated_reference():
@@ -303,3 +322,6 @@ def test_a_bf16_model_trains_under_streaming_and_follows_its_fp32_accumulated_re
     err = (a["anchor"] - a["ref_anchor"]).abs() / scale
     assert err.max() < STEPS / 2 * ulp, err.max()
     torch.testing.assert_close(a["low"].float(), a["ref"], rtol=STEPS * ulp, atol=1e-2 * STEPS * ulp)
+    for name in ("diloco", "slowmo"):                  # the other outer optimizers accumulate in float32 too
+        assert a["periodic"][name]["anchor_dtype"] == torch.float32 and a["periodic"][name]["rounded"], name
+        assert torch.equal(a["periodic"][name]["model"], b["periodic"][name]["model"]), name

@@ -145,3 +145,57 @@ def test_progress_is_a_tqdm_bar_on_a_terminal_and_plain_lines_elsewhere():
     bar = drive(Terminal())
     assert "25/25" in bar and "step/s" in bar and "<00:00" in bar and "loss 1.000 512 tok/s" in bar   # rate, ETA
     assert "[ddp] step 25: val_loss 1.0000\n" in bar and "step 10/25 loss" not in bar
+
+
+def _hf_loops(rank: int, world: int, root: str) -> dict[str, Any]:
+    """A Hugging Face LlamaForCausalLM in the user's loop under `ws.Run`: ddp on an emulated `lan`
+    link, then cpdp with transformers' own cosine schedule, warmup from 0 and decay to 0 (an inner
+    lr of 0 at cpdp's boundaries, steps 4 and 8)."""
+    import torch
+    import torch.distributed as dist
+    from transformers import LlamaConfig, LlamaForCausalLM, get_cosine_schedule_with_warmup
+
+    import wansync as ws
+    from wansync import net
+    lan = dist.new_group(backend=net.install(), pg_options=net.Emulator(net.parse_wan("lan"), seed=0))
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
+    tokens = torch.randint(0, 64, (8, 4, 16), generator=torch.Generator().manual_seed(rank))
+    lrs = {}
+    for name, group, steps in (("ddp", lan, 8), ("cpdp", None, 8)):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        schedule = get_cosine_schedule_with_warmup(opt, num_warmup_steps=4, num_training_steps=4)
+        sync = ws.strategy(name, model, opt, group=group, **({"sync_every": 4} if name == "cpdp" else {}))
+        seen = []
+        with ws.Run(sync, out=f"{root}/{name}", steps=steps) as run:
+            for step in range(steps):
+                batch = tokens[step]
+                loss = sync.model(input_ids=batch, labels=batch).loss
+                loss.backward()
+                sync.step()
+                sync.zero_grad()
+                seen.append(opt.param_groups[0]["lr"])
+                if name == "cpdp":
+                    schedule.step()
+                run.log(loss, items=batch.numel())
+            sync.finish()
+            with torch.no_grad():
+                run.evaluate({"val_loss": float(model(input_ids=tokens[0], labels=tokens[0]).loss)})
+        lrs[name] = seen
+    return lrs
+
+
+def test_a_hugging_face_model_in_the_users_loop(tmp_path):
+    pytest.importorskip("transformers")
+    lrs = run_ranks(_hf_loops, 2, str(tmp_path), timeout=150)
+    assert lrs[0]["cpdp"][0] == 0.0 and 0.0 in lrs[0]["cpdp"][4:]      # boundaries at lr 0 finished
+    ddp = json.loads((tmp_path / "ddp" / "profile.json").read_text())
+    wall = ddp["wall_clock_s"]
+    assert abs(sum(ddp["categories_s"].values()) - wall) <= 0.01 * wall, ddp["categories_s"]
+    assert ddp["categories_s"]["exposed_comm"] > 0 and ddp["wan"]["emulated"]
+    r = wansync("report", str(tmp_path), "--no-plots")
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "summary.csv", newline="") as f:
+        assert {row["setting"]: row["status"] for row in csv.DictReader(f)} == {"ddp": "ok", "cpdp": "ok"}

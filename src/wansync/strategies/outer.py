@@ -36,6 +36,12 @@ def block_for(t: torch.Tensor) -> int:
     return BLOCK if t.device.type == "cpu" else max(t.numel(), 1)
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype outer state of `dtype` tensors accumulates in: float32 for the 16-bit floats
+    (an outer step smaller than their rounding would be lost), else their own."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
 class Anchor:
     """θ̃ of `tensors` and its outer optimizer.
 
@@ -46,9 +52,10 @@ class Anchor:
         device: where θ̃ and the outer momentum live and the outer step runs (None: with the model;
             "cpu": host memory, pinned when the model is on an accelerator, as INTELLECT-1 and
             torchft keep the outer state off the GPU).
-        dtype: θ̃'s, the pseudo-gradients' and the outer momentum's (None: the tensors'). float32
-            over bfloat16 tensors accumulates in float32: θ̃ keeps what one rounded step would lose,
-            and the model receives it rounded (Streaming DiLoCo's FP32 accumulation).
+        dtype: θ̃'s, the pseudo-gradients' and the outer momentum's (None: the tensors', float32 over
+            bfloat16 or float16 ones). float32 over lower-precision tensors accumulates in float32:
+            θ̃ keeps what one rounded step would lose, and the model receives it rounded (Streaming
+            DiLoCo's FP32 accumulation; DiLoCo and SlowMo on a bf16 model likewise).
     """
 
     def __init__(self, tensors: Sequence[torch.Tensor], *, lr: float, momentum: float, nesterov: bool = False,
@@ -56,7 +63,7 @@ class Anchor:
                  dtype: torch.dtype | None = None):
         self.flat = FlatTensors(tensors)
         self.device = torch.device(device) if device is not None else self.flat.device
-        self.dtype = dtype if dtype is not None else self.flat.dtype
+        self.dtype = dtype if dtype is not None else accumulation_dtype(self.flat.dtype)
         self.value = self.flat.gather().to(self.device, self.dtype)    # θ̃, identical on every rank
         if self.device != self.flat.device and self.device.type == "cpu" and self.flat.device.type != "cpu":
             self.value = self.value.pin_memory()
