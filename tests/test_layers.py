@@ -165,6 +165,7 @@ STACK = (
     ("wansync.runner.worker",),
     ("wansync.runner.interrupts",),
     ("wansync.trainer.*",),
+    ("wansync.ft.own_loop",),                       # fault tolerance in a user's own loop (ws.FaultTolerance)
     ("wansync.ft.member",),                         # the worker's side of a fault-tolerant run
     ("wansync.config",),
     ("wansync.strategies.*", "wansync.workloads.*"),  # side by side: neither imports the other

@@ -18,10 +18,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 
-def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
+def init(backend: str = "gloo", wan: Any = None, seed: int = 0, fault_tolerant: bool = False) -> None:
     """Initialize torch.distributed: from a torchrun environment when there is one, else a
     one-process group on loopback. `wan` (a ``--wan`` string or a :class:`wansync.net.Topology`)
-    runs the group under the emulated link, with jitter drawn from `seed`."""
+    runs the group under the emulated link, with jitter drawn from `seed`. `fault_tolerant`: this
+    worker is a group of its own, under torchrun too (no collective may wait on a dead worker; its
+    exchanges go over the quorum of ``ws.strategy(..., fault_tolerant=ws.FaultTolerance(...))``)."""
     import torch.distributed as dist
     if dist.is_initialized():
         return
@@ -30,6 +32,9 @@ def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
         from . import net
         topology = net.parse_wan(wan) if isinstance(wan, str) else wan
         backend, emulator = net.install(), net.Emulator(topology, seed=seed)
+    if fault_tolerant:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, pg_options=emulator)
+        return
     from .runner.torchrun import join_network, torchrun_env
     env = torchrun_env()                        # a partial or malformed one is refused in one line
     if env is not None:
@@ -41,17 +46,24 @@ def init(backend: str = "gloo", wan: Any = None, seed: int = 0) -> None:
     dist.init_process_group(backend, store=LoopbackStore().store, rank=0, world_size=1, pg_options=emulator)
 
 
-def strategy(name: str, model: Any, optimizer: Any, *, group: Any = None, **options: Any) -> Any:
+def strategy(name: str, model: Any, optimizer: Any, *, group: Any = None, fault_tolerant: Any = None,
+             **options: Any) -> Any:
     """Build strategy `name` around an existing model and inner optimizer on the current group. A
     model sharded with FSDP2 (`fully_shard`) is exchanged shard by shard, its workers read from its
     mesh (`mesh=`: the 2-D workers x ranks mesh when they cannot be; docs/multinode.md). Settings
-    known to go wrong (docs/guards.md) give a `RegimeWarning` on rank 0, as `wansync train` warns."""
+    known to go wrong (docs/guards.md) give a `RegimeWarning` on rank 0, as `wansync train` warns.
+    `fault_tolerant` (a `ws.FaultTolerance`): exchanges over torchft's quorum of the workers alive,
+    joined here, where a restarted worker heals from a live peer (docs/fault_tolerance.md)."""
     import dataclasses
     import warnings
 
     from .strategies import build
     from .strategies.guards import RegimeWarning, regime_warnings
-    sync = build(name, model, optimizer, group=group, **options)
+    if fault_tolerant is not None:
+        from .ft.own_loop import fault_tolerant_strategy
+        sync = fault_tolerant_strategy(name, model, optimizer, fault_tolerant, group=group, **options)
+    else:
+        sync = build(name, model, optimizer, group=group, **options)
     if sync.rank == 0:
         for line in regime_warnings(name, dataclasses.asdict(sync.opts)):
             warnings.warn(line, RegimeWarning, stacklevel=2)
@@ -62,7 +74,10 @@ def __getattr__(name: str) -> Any:
     if name == "Run":                   # ws.Run: the profiler, run directory, TensorBoard for your own loop
         from .telemetry.run import Run
         return Run
+    if name == "FaultTolerance":        # ws.FaultTolerance: a worker's place in a fault-tolerant run of your loop
+        from .ft.own_loop import FaultTolerance
+        return FaultTolerance
     raise AttributeError(f"module 'wansync' has no attribute {name!r}")
 
 
-__all__ = ["init", "strategy", "Run", "__version__"]
+__all__ = ["init", "strategy", "Run", "FaultTolerance", "__version__"]

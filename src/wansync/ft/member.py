@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -40,7 +40,6 @@ from ..errors import PeerError
 from ..net import emulator_of
 from ..runner.route import route_to
 from ..strategies.base import Strategy
-from ..workloads.base import Workload
 from .quorum import Quorum, digest
 from .quorums import HEALS_LOG, QUORUM_LOG
 
@@ -120,24 +119,29 @@ class Member:
         quorum: its membership, the one its strategy's exchange averages through.
         rank: its index (a worker is one rank).
         workers: the run's workers, all of which the start-up join waits for.
-        log_dir: the run's logs/.
-        workload, optimizer, sync: what a heal replaces (the model is the workload's).
+        log_dir: the run's logs/ (None: no logs written; a user's loop without one).
+        model, optimizer, sync: what a heal replaces.
+        skip_to: after a heal, reads on in this worker's data from the peers' step (the trainer's
+            `Workload.skip_to`); None: the loop reads its position from `sync.t` itself.
         faults: injected inside the exchanges (`trainer.faults.Faults`), or None.
-    A worker the launcher restarted (`RESTARTED_ENV`) joins wherever the others are and heals there.
+        restarted: a restarted worker (None: as the launcher says, `RESTARTED_ENV`); it joins
+            wherever the others are and heals there.
     """
 
-    def __init__(self, quorum: Quorum, rank: int, workers: int, log_dir: Path, workload: Workload,
-                 optimizer: torch.optim.Optimizer, sync: Strategy, faults: Any = None):
+    def __init__(self, quorum: Quorum, rank: int, workers: int, log_dir: Path | None, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, sync: Strategy, faults: Any = None,
+                 skip_to: Callable[[int], None] | None = None, restarted: bool | None = None):
         self.quorum, self.rank, self.workers, self.log_dir = quorum, rank, workers, log_dir
-        self.workload, self.optimizer, self.sync = workload, optimizer, sync
-        self.restarted = os.environ.get(RESTARTED_ENV) == "1"
+        self.model, self.optimizer, self.sync, self.skip_to = model, optimizer, sync, skip_to
+        self.restarted = os.environ.get(RESTARTED_ENV) == "1" if restarted is None else restarted
         self.faults = faults
         self._last_logged: tuple[Any, Any, int | None] = (None, None, None)   # quorum id, participants, step
         quorum.serve(self._state, self._heal)
         quorum.on_quorum = self._log
         if faults is not None:
             quorum.before_exchange = lambda t: faults.in_exchange(rank, t)
-        library_logs_to(log_dir / f"rank{rank}.log")
+        if log_dir is not None:
+            library_logs_to(log_dir / f"rank{rank}.log")
 
     def join(self) -> None:
         """Before the first step (`join_quorum`): every worker at the start of a run; a restarted
@@ -157,16 +161,17 @@ class Member:
         self.quorum.shutdown()
 
     def _state(self) -> dict[str, Any]:
-        return {"model": self.workload.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "strategy": self.sync.heal_state()}
 
     def _heal(self, state: dict[str, Any]) -> None:
         """Take a live peer's state; in its own shard, go where a worker that trained to the peer's
         step would be (each worker reads its own shard)."""
-        self.workload.model.load_state_dict(state["model"])
+        self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.sync.load_heal_state(state["strategy"])
-        self.workload.skip_to(self.sync.t)
+        if self.skip_to is not None:
+            self.skip_to(self.sync.t)
         self._append(HEALS_LOG, {"rank": self.rank, "step": self.sync.t})
 
     def _log(self, record: dict[str, Any]) -> None:
@@ -183,5 +188,7 @@ class Member:
         self._append(QUORUM_LOG.format(rank=self.rank), {"time": time.time(), **record})
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
+        if self.log_dir is None:
+            return
         with open(self.log_dir / name, "a") as f:
             f.write(json.dumps(record) + "\n")

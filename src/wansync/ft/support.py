@@ -12,11 +12,17 @@ STRATEGIES = ("local_sgd", "slowmo", "diloco", "streaming", "cocodc")
 
 def check_fault_tolerant(cfg: Any) -> None:
     """Refuse, in one line with its reason, what a fault-tolerant run cannot do (`cfg`: a `Config`)."""
-    check(cfg.strategy in STRATEGIES,
-          f"--fault-tolerant does not support {cfg.strategy}: it all-reduces gradients every step, so no step can "
+    check_supported(cfg.strategy, cfg.ranks_per_worker, getattr(cfg, "inside", "ddp"), getattr(cfg, "codec", None))
+
+
+def check_supported(strategy: str, ranks_per_worker: int = 1, inside: str = "ddp", codec: str | None = None,
+                    subject: str = "--fault-tolerant") -> None:
+    """The refusals, for the CLI's flags and a user's loop alike (`subject`: what the line names)."""
+    check(strategy in STRATEGIES,
+          f"{subject} does not support {strategy}: it all-reduces gradients every step, so no step can "
           f"go on without every worker (use one of {', '.join(STRATEGIES)})")
-    check(cfg.ranks_per_worker == 1, "--fault-tolerant supports workers of one rank only (--ranks-per-worker 1)")
-    check(getattr(cfg, "inside", "ddp") == "ddp", "--fault-tolerant does not heal workers sharded inside yet "
+    check(ranks_per_worker == 1, f"{subject} supports workers of one rank only (--ranks-per-worker 1)")
+    check(inside == "ddp", f"{subject} does not heal workers sharded inside yet "
           "(--inside fsdp): a restarted worker would need each rank's shard from the same rank of a live worker")
-    check(getattr(cfg, "codec", None) in (None, "fp32"),
-          f"--fault-tolerant exchanges fp32 only (torchft's quorum all-reduce sums on the wire), not codec {cfg.codec}")
+    check(codec in (None, "fp32"),
+          f"{subject} exchanges fp32 only (torchft's quorum all-reduce sums on the wire), not codec {codec}")

@@ -127,7 +127,11 @@ class Run:
         sync.comm.on_wait.append(self._on_wait)
         modules = {id(m): m for m in (*ddp_modules(sync), sync.module)}
         self._hooks = [m.register_forward_pre_hook(self._before_forward, prepend=True) for m in modules.values()]
-        sync.step, sync.finish = self._step, self._finish          # this instance only; close() restores
+        # this instance only; close() restores. What it times is the instance's own step and finish:
+        # the class's, or a wrapper set at construction (a fault-tolerant sync's finish meets its quorum first)
+        self._prior = {name: vars(sync)[name] for name in ("step", "finish") if name in vars(sync)}
+        self._own_step, self._own_finish = sync.step, sync.finish
+        sync.step, sync.finish = self._step, self._finish
         self.lap("other")                                  # the run's own start-up (TensorBoard's import)
 
     # ---- the hooks that time the loop ---------------------------------------------------------
@@ -177,7 +181,7 @@ class Run:
         if sync.inside_sync is not None and sync.inside_step(sync.t + 1):
             self.exposed_inside_s += exposed              # the worker's own DDP
         self._waited = 0.0
-        type(sync).step(sync, *args, **kwargs)
+        self._own_step(*args, **kwargs)
         step_s = prof.lap("sync_math")
         inner, waited = sync.last_inner_s, self._waited
         prof.move("sync_math", "compute", inner)
@@ -191,7 +195,7 @@ class Run:
     def _finish(self) -> None:
         sync, prof = self.sync, self.profiler
         self.comm_timer.begin("finish", sync.comm.bytes)
-        type(sync).finish(sync)
+        self._own_finish()
         prof.lap("sync_math")
         prof.move("sync_math", "exposed_comm", self._waited)
         self.comm_timer.end(sync.comm.bytes, self._waited)
@@ -375,7 +379,9 @@ class Run:
         for h in self._hooks:
             h.remove()
         for name in ("step", "finish"):
-            if vars(self.sync).get(name) is not None:
+            if name in self._prior:
+                setattr(self.sync, name, self._prior[name])
+            elif vars(self.sync).get(name) is not None:
                 delattr(self.sync, name)
         if self._on_wait in self.sync.comm.on_wait:
             self.sync.comm.on_wait.remove(self._on_wait)

@@ -77,7 +77,8 @@ class Trainer:
                                      replicas=self.replicas, quorum=quorum, **self.options)
         self.fault = Faults.from_env()
         self.member = None if quorum is None else Member(quorum, rank, world_size, self.run_dir / "logs",
-                                                         self.workload, self.optimizer, self.sync, self.fault)
+                                                         self.workload.model, self.optimizer, self.sync, self.fault,
+                                                         skip_to=self.workload.skip_to)
         resumed = self.load_checkpoint() if resume else None
         restarted = self.member is not None and self.member.restarted     # appends to the run it rejoins
         # the profiler, DDP's timing, metrics.jsonl, the run files, TensorBoard and the progress line:
@@ -239,8 +240,7 @@ def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], worl
         path = lossy_path(codec, options.get("codec_collective", "auto"), world // r)
         seconds = mean_seconds(numel, codec, cfg.topology, world // r, r, shards=cfg.inside == "fsdp", collective=path)
     else:
-        seconds = exchange_seconds("allreduce", 4 * numel, cfg.topology, world // r, r,
-                                   inside=cfg.topology.intra_link, reduce_inside=True)
+        seconds = exchange_seconds("allreduce", 4 * numel, cfg.topology, world // r, r, reduce_inside=True)
     size = f"{4 * numel / 1e6:.3g} MB" + ("" if codec == "fp32" else f" in {codec}")
     line = f"link {cfg.wan}: one exchange of {size} takes ~{seconds * 1e3:.3g} ms (modelled)"
     if seconds > cfg.peer_timeout:
