@@ -22,7 +22,14 @@ over the total held (the transient is compared on its own, being a resident-memo
 row is also written to benchmarks/memory_bill.json, which tests/test_memory.py holds the planner's
 formula to (within 2 % in every row).
 
+A lossy exchange's state (`--lossy`): local_sgd, diloco and streaming with the int8 codec, with and
+without error feedback, on both of its collectives (`codec_collective` allgather and reduce_scatter):
+cases named `STRATEGY+int8[+ef]+{ag,rs}` (`--strategies` takes those names too). `--add` merges the
+rows into the JSON (a row of the same model, R, inside, strategy and options replaced) instead of
+writing it anew.
+
     .venv/bin/python benchmarks/memory_bill.py [--models tiny,small] [--ranks 1,2,4] [--strategies ...]
+    .venv/bin/python benchmarks/memory_bill.py --models tiny --ranks 1,2 --lossy --add
 """
 from __future__ import annotations
 
@@ -53,6 +60,11 @@ STRATEGIES: dict[str, dict[str, Any]] = {          # options that reach every st
     "cocodc": {"sync_every": 4, "fragments": 2, "overlap": 1, "compensation": "taylor", "syncs_per_period": 2,
                "schedule": "round_robin"},
 }
+PATHS = {"allgather": "ag", "reduce_scatter": "rs"}
+LOSSY = {f"{name}+int8{'+ef' * ef}+{short}":
+         (name, {**STRATEGIES[name], "codec": "int8", "error_feedback": ef, "codec_collective": path})
+         for name in ("local_sgd", "diloco", "streaming") for ef in (False, True) for path, short in PATHS.items()}
+CASES: dict[str, tuple[str, dict[str, Any]]] = {**{n: (n, o) for n, o in STRATEGIES.items()}, **LOSSY}
 STEPS = 8                  # two periods of streaming and cocodc: every fragment merged twice
 WARM = 6                   # the transient: steps WARM + 1 .. STEPS (every fragment merged once before)
 WORKERS = 2
@@ -104,12 +116,14 @@ def bill_rank(rank: int, world: int, model_name: str, r: int, inside: str, names
         torch.manual_seed(0)
         model = TransformerLM(lm_shape(model_name), 256)
         if inside == "fsdp":
-            shard_worker(model, replicas.mesh, "fp32", hybrid=not strategies.strategy_class(name).steps_inside_workers)
+            shard_worker(model, replicas.mesh, "fp32",
+                         hybrid=not strategies.strategy_class(CASES[name][0]).steps_inside_workers)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         mark: list[int] = []       # resident bytes after the inner step: the exchange's transient starts there
         opt.register_step_post_hook(lambda *_: mark.append(_reset_peak()))
-        sync = strategies.build(name, model, opt, replicas=replicas,
-                                **strategies.resolve_options(name, STRATEGIES[name]))
+        strategy, options = CASES[name]
+        sync = strategies.build(strategy, model, opt, replicas=replicas,
+                                **strategies.resolve_options(strategy, options))
         worst: dict[str, int] = {"total": -1}
         transient = unaccounted = 0
         for t in range(STEPS + 1):
@@ -145,7 +159,8 @@ def bill_rank(rank: int, world: int, model_name: str, r: int, inside: str, names
 def planned(model: str, name: str, r: int, inside: str) -> dict[str, int]:
     from wansync.net.link import PRESETS
     from wansync.planner import of_name, predict, setting
-    s = setting(name, STRATEGIES[name], of_name(model), WORKERS, PRESETS["lan"], 0.1, ranks_per_worker=r,
+    strategy, options = CASES[name]
+    s = setting(strategy, options, of_name(model), WORKERS, PRESETS["lan"], 0.1, ranks_per_worker=r,
                 inside=inside)
     return predict(s).memory
 
@@ -155,11 +170,13 @@ def main() -> None:
     ap.add_argument("--models", default="tiny,small")
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--lossy", action="store_true", help="the lossy cases (LOSSY) instead of --strategies")
+    ap.add_argument("--add", action="store_true", help="merge the rows into --json instead of replacing it")
     ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "memory_bill.json"),
                     help="where the rows go (for tests/test_memory.py)")
     args = ap.parse_args()
     rows = []
-    names = args.strategies.split(",")
+    names = list(LOSSY) if args.lossy else args.strategies.split(",")
     load0 = os.getloadavg()[0]
     print(f"# memory_bill  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
           f"torch {torch.__version__}; load average {load0:.1f} at the start")
@@ -175,8 +192,8 @@ def main() -> None:
                     p = planned(model, name, r, inside)
                     four = sum(m[c] for c in SHRINKS)
                     base.setdefault(name, four)
-                    rows.append({"model": model, "ranks_per_worker": r, "inside": inside, "strategy": name,
-                                 "workers": WORKERS, "options": STRATEGIES[name],
+                    rows.append({"model": model, "ranks_per_worker": r, "inside": inside, "strategy": CASES[name][0],
+                                 "workers": WORKERS, "options": CASES[name][1],
                                  "measured": {k: m[k] for k in (*CATEGORIES, "total", "transient", "unaccounted")}})
                     cells = [f"{m[c] / 1e6:.3f}" for c in CATEGORIES]
                     print(f"| {model} | {r} | {inside} | {name} | " + " | ".join(cells) +
@@ -185,13 +202,25 @@ def main() -> None:
                           f"{four / base[name]:.3f} (1/R = {1 / r:.3f}) | {m['transient'] / 1e6:.2f} "
                           f"({p['transient'] / 1e6:.2f}) | {m['unaccounted']} |", flush=True)
     command = f".venv/bin/python benchmarks/memory_bill.py --models {args.models} --ranks {args.ranks}" + \
-        ("" if args.strategies == ap.get_default("strategies") else f" --strategies {args.strategies}")
+        (" --lossy" if args.lossy else "" if args.strategies == ap.get_default("strategies")
+         else f" --strategies {args.strategies}") + (" --add" if args.add else "")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     print(f"reproduce: {command}")
+    record = {"date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "machine": platform.machine(),
+              "torch": torch.__version__, "command": command}
+    if args.add and os.path.exists(args.json):
+        with open(args.json) as f:
+            old = json.load(f)
+        same = {_key(row) for row in rows}
+        rows = [row for row in old["rows"] if _key(row) not in same] + rows
+        record = {**{k: old[k] for k in record}, "added": [*old.get("added", []), record]}
     with open(args.json, "w") as f:
-        json.dump({"date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "machine": platform.machine(),
-                   "torch": torch.__version__, "command": command, "rows": rows}, f, indent=1)
+        json.dump({**record, "rows": rows}, f, indent=1)
         f.write("\n")
+
+
+def _key(row: dict[str, Any]) -> str:
+    return json.dumps([row[k] for k in ("model", "ranks_per_worker", "inside", "strategy", "options")], sort_keys=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from wansync.net import PRESETS, cost
+from wansync.net import PRESETS, cost, parse_wan
 
 from strategy_harness import deep_model as model
 
@@ -88,7 +88,7 @@ def planner_seconds(wan: str, workers: int, ranks_per_worker: int, options: dict
     mean = round(sum(numels) / options["fragments"])
     from wansync.strategies import make_options
     xs = fragment_transfer(0, 0, mean, make_options("cocodc", **options), workers)
-    return sum(transfer_seconds(PRESETS[wan], workers, ranks_per_worker)(x) for x in xs)
+    return sum(transfer_seconds(parse_wan(wan), workers, ranks_per_worker)(x) for x in xs)
 
 
 @pytest.mark.parametrize("codec", ["fp32", "int8"])
@@ -104,34 +104,44 @@ def test_cocodcs_t_s_the_trainers_link_line_and_the_planner_are_one_function_and
     assert f"{printed * 1e3:.3g}" == f"{cocodc['t_s'] * 1e3:.3g}"
 
 
-def test_with_several_ranks_per_worker_the_callers_differ_only_by_the_link_inside_a_worker(one_cost, monkeypatch):
-    """The planner puts a worker's ranks on an NVLink-class link, the emulator (the trainer, CoCoDC's T_s)
-    on the site's own: given the same inside link, they agree."""
+def test_for_a_worker_of_two_ranks_the_planner_the_emulator_and_cocodcs_t_s_read_one_inside_link(one_cost):
+    """The link inside a worker is one field of the topology (`Topology.inside_worker`): the site's by
+    default, as an emulated run has it, or `worker=nvlink`. CoCoDC's T_s (the exchange's `mean_seconds`),
+    the trainer's link line and the planner read it there, and the emulator's backend charges a worker's
+    own groups on it: they agree for either link, by construction."""
     from wansync.comm.mean_cost import mean_seconds
-    from wansync.planner import simulate
     from wansync.planner.sizes import of_module
-    options, link = {**COCODC, "codec": "fp32"}, PRESETS["cross-region"]
+    options = {**COCODC, "codec": "fp32"}
     numel = round(of_module("test", model()).sync_numel / options["fragments"])
-    emulated = mean_seconds(numel, "fp32", dataclasses.replace(link, ranks_per_worker=2), 4, 2)
-    printed = trainer_seconds("cross-region", 4, 2, options)
-    on_nvlink = planner_seconds("cross-region", 4, 2, options)
-    monkeypatch.setattr(simulate, "WORKER_LINK", link.intra_link)
-    on_the_sites_link = planner_seconds("cross-region", 4, 2, options)
-    assert one_cost == [emulated, pytest.approx(printed, rel=5e-3), on_nvlink, on_the_sites_link]
-    assert on_the_sites_link == emulated and f"{printed * 1e3:.3g}" == f"{emulated * 1e3:.3g}"
-    assert on_nvlink < emulated
+    seen = {}
+    for wan in ("cross-region", "cross-region,worker=nvlink"):
+        topology = dataclasses.replace(parse_wan(wan), ranks_per_worker=2)
+        one_cost.clear()
+        emulated = mean_seconds(numel, "fp32", topology, 4, 2)
+        printed = trainer_seconds(wan, 4, 2, options)
+        planned = planner_seconds(wan, 4, 2, options)
+        assert one_cost == [emulated, pytest.approx(printed, rel=5e-3), planned]
+        assert planned == emulated and f"{printed * 1e3:.3g}" == f"{emulated * 1e3:.3g}"
+        # the backend's cost of the all-gather inside worker 1 (global ranks 2, 3 of 8) is the planner's
+        inside = cost.collective_duration("allgather", 4 * numel, 8, topology, ranks=[2, 3])
+        assert inside == cost.in_worker_seconds("allgather", 4 * numel, 2, topology)
+        seen[wan] = emulated, inside
+    site, nvlink = seen["cross-region"], seen["cross-region,worker=nvlink"]
+    assert site[1] == cost.collective_duration("allgather", 4 * numel, 2, PRESETS["lan"])     # the site's 10 Gbit/s
+    assert nvlink[1] < site[1] / 10 and nvlink[0] < site[0]
 
 
 def test_the_exchange_cost_of_replica_groups_is_a_shard_across_then_the_whole_inside():
     """R = 2 workers on cross-region, 10 MB: the two groups share the uplink (one rank sending the whole
     buffer's bandwidth term), then the worker's ranks all-gather the 10 MB on the inside link."""
-    link, inside = PRESETS["cross-region"], PRESETS["lan"].intra_link
+    link = PRESETS["cross-region"]
+    assert link.inside_worker == PRESETS["lan"].intra_link                         # by default, the site's link
     across = cost.collective_duration("allreduce", 1e7, 2, link)                   # 100 ms + 87.3 ms
     gather = cost.collective_duration("allgather", 1e7, 2, PRESETS["lan"])         # 0.1 ms + 4.4 ms
-    assert cost.exchange_seconds("allreduce", 1e7, link, 2, 2, inside=inside) == pytest.approx(across + gather)
+    assert cost.exchange_seconds("allreduce", 1e7, link, 2, 2) == pytest.approx(across + gather)
     assert across == pytest.approx(0.1 + 1e7 / (1.25e8 * 1448 / 1580))          # a ring's TCP payload, 1 Gbit/s line
-    hierarchical = cost.exchange_seconds("allreduce", 1e7, link, 2, 2, inside=inside, reduce_inside=True)
+    hierarchical = cost.exchange_seconds("allreduce", 1e7, link, 2, 2, reduce_inside=True)
     assert hierarchical == pytest.approx(across + 2 * gather)                       # DDP: reduce-scatter first
-    decoded = cost.exchange_seconds("allgather", 1e6, link, 2, 2, inside=inside, assembled_bytes=1e7)
+    decoded = cost.exchange_seconds("allgather", 1e6, link, 2, 2, assembled_bytes=1e7)
     assert decoded == pytest.approx(cost.collective_duration("allgather", 1e6, 2, link) + gather)
-    assert cost.exchange_seconds("allreduce", 1e7, link, 2, inside=inside) == across    # one rank per worker
+    assert cost.exchange_seconds("allreduce", 1e7, link, 2) == across    # one rank per worker

@@ -9,7 +9,7 @@ import pytest
 
 from wansync.errors import ConfigError
 from wansync.net import PRESETS, Link, Topology, collective_duration, jitter_draw, parse_wan
-from wansync.net.link import LAN_LINK, parse_rate, parse_time
+from wansync.net.link import LAN_LINK, NVLINK, parse_rate, parse_time
 
 MS = 1e-3
 
@@ -47,6 +47,30 @@ def test_a_bare_link_joins_every_pair_of_ranks():
 def test_a_preset_takes_overrides():
     topo = parse_wan("two-site,bw=1gbit,jitter=2ms")
     assert topo.inter_link == Link(16.6 * MS, 1e9, 2 * MS) and topo.sites == 2
+
+
+def test_the_link_inside_a_worker_is_the_sites_unless_the_spec_names_one():
+    assert PRESETS["cross-region"].inside_worker == LAN_LINK and PRESETS["cross-region"].worker_link is None
+    assert parse_wan("cross-region,worker=site") == replace(PRESETS["cross-region"], name="cross-region,worker=site")
+    nvlink = parse_wan("cross-region,worker=nvlink")
+    assert nvlink.inside_worker == NVLINK and nvlink.inter_link == PRESETS["cross-region"].inter_link
+    custom = parse_wan("rtt=50ms,bw=1gbit,sites=2,worker=50us/100gbit")
+    assert custom.inside_worker == Link(parse_time("50us"), 100e9) and custom.intra_link == LAN_LINK
+    assert "inside a worker RTT 0.01 ms, 3200 Gbit/s" in nvlink.describe()
+    with pytest.raises(ConfigError, match="worker='pcie': expected site, nvlink or RTT/BW"):
+        parse_wan("lan,worker=pcie")
+    with pytest.raises(ConfigError, match="missing rtt and bw"):
+        parse_wan("worker=nvlink")
+
+
+def test_a_group_inside_one_worker_runs_on_the_worker_link_and_the_others_do_not():
+    topo = replace(parse_wan("two-site,worker=nvlink"), ranks_per_worker=2)      # 2 workers of 2 ranks
+    lan = replace(PRESETS["two-site"], ranks_per_worker=2)
+    inside = [collective_duration("allgather", 1e6, 4, t, [0, 1]) for t in (topo, lan)]
+    assert inside[0] < inside[1] / 10
+    for ranks in ([0, 2], None):                                   # across workers: the site's links
+        assert collective_duration("allreduce", 1e6, 4, topo, ranks) == collective_duration("allreduce", 1e6, 4, lan,
+                                                                                            ranks)
 
 
 @pytest.mark.parametrize(

@@ -125,10 +125,11 @@ def test_a_longer_period_exposes_no_more_communication():
 def test_an_exchange_sharded_over_a_workers_ranks_moves_the_whole_model_over_the_uplink():
     from wansync.net import Topology, collective_duration
     from wansync.planner.schedule import Transfer
-    from wansync.planner.simulate import WORKER_LINK, transfer_seconds
-    link, b = PRESETS["cross-region"], 10_000_000
+    from wansync.net import NVLINK
+    from wansync.planner.simulate import transfer_seconds
+    link, b = dataclasses.replace(PRESETS["cross-region"], worker_link=NVLINK), 10_000_000
     exchange = Transfer(0, "params", "allreduce", b, b)
-    in_worker = Topology(sites=1, intra_link=WORKER_LINK, inter_link=WORKER_LINK)
+    in_worker = Topology(sites=1, intra_link=NVLINK, inter_link=NVLINK)
     for r in (2, 4):  # R shards at once share the uplink: the across part is one rank sending B
         whole = collective_duration("allreduce", b, 2, link) + collective_duration("allgather", b, r, in_worker)
         assert transfer_seconds(link, 2, r)(exchange) == pytest.approx(whole)
@@ -292,3 +293,30 @@ def test_the_planner_replays_intellect_1s_reported_utilization_within_a_point():
         assert utilization_pct(predicted(topology, strategy, options)) == pytest.approx(region.utilization_pct, abs=1)
     best = dict((c[0], c) for c in CONFIGS)["Streaming DiLoCo H=100, P=4, τ=10, int8"]
     assert utilization_pct(predicted(calibrated(REGIONS[-1]), best[1], best[2])) >= 95
+
+
+def test_the_large_tables_summary_sentences_follow_from_its_rows():
+    """The "Read:" lines under `plan --table` are computed from the rows: change a row and the
+    sentence about it changes."""
+    from wansync.planner.tables import TableRow, render_table, table_summary
+    gb = 10 ** 9
+    rows = [TableRow("7B", 8, "lan", "ddp", 6.9, 7e3, 21.0, 28 * gb, 140 * gb, 28 * gb, ("fsdp",), None),
+            TableRow("7B", 8, "cross-region", "ddp", 6.9, 9e4, 97.0, 28 * gb, 140 * gb, 28 * gb, ("fsdp",), None),
+            TableRow("7B", 8, "cross-region", "diloco", 6.9, 7.5e3, 9.3, 280 * 10 ** 6, 259 * gb, 30 * gb,
+                     ("fsdp",), 100),
+            TableRow("7B", 64, "cross-continent", "diloco", 6.9, 9e3, 2.4, 280 * 10 ** 6, 259 * gb, 30 * gb,
+                     ("fsdp",), 8)]
+    read = table_summary(rows)
+    assert read[1] == ("- ddp: exposed 97.0 % across sites, 21.0 % on lan (most: 7B, 8 workers, cross-region); "
+                       "28 GB per worker per step.")
+    assert read[2] == ("- diloco: exposed 2.4–9.3 % across sites (most: 7B, 8 workers, cross-region); smallest H for "
+                       "<= 10 %: 8–100; 280 MB per worker per step.")
+    assert read[3] == ("- 7B on 80 GB: DDP inside fits in 0 of 4 rows (140 GB–259 GB per GPU), FSDP inside in 4 "
+                       "(28 GB–30 GB); every row fits one way or the other.")
+    rows[3] = dataclasses.replace(rows[3], exposed_pct=62.6, smallest_h=None, mem_fsdp=90 * gb, fits=())
+    changed = table_summary(rows)
+    assert changed[2] == ("- diloco: exposed 9.3–62.6 % across sites (most: 7B, 64 workers, cross-continent); "
+                          "smallest H for <= 10 %: 100 (none up to 5000 in 1 of 2 rows); 280 MB per worker per step.")
+    assert changed[3].endswith("FSDP inside in 3 (28 GB–90 GB); 1 of them fit neither way.")
+    assert "| 7B | 64 | cross-continent | diloco | 6.9 | 2.5 h | 62.6 | 280 MB | 259 GB | 90 GB | no | > 5000 |" \
+        in render_table(rows)

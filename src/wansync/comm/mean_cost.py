@@ -12,7 +12,7 @@ Over M workers, for a buffer of n values (w: the codec's encoded payload of them
 (side-band scalars ride raw as float32, a "skip" weight or flag as one more element or byte, in
 every payload). Between workers of R > 1 ranks, local rank r carries shard r (the largest of the
 near-equal shards, ⌈n/R⌉ values, sets the pace) and the worker's ranks then all-gather the
-averaged fp32 shards over the site's own link: the emulator runs a worker's ranks in one site.
+averaged fp32 shards over the link inside a worker (`Topology.inside_worker`).
 (A buffer of fewer than R values, which the exchange does not split, is costed as if it were.)
 """
 from __future__ import annotations
@@ -60,6 +60,6 @@ def mean_seconds(numel: int, codec: str | Codec, topology: Topology, workers: in
     seconds = 0.0
     for i, c in enumerate(steps):
         last = i == len(steps) - 1             # the worker's ranks assemble the fp32 mean after the last
-        seconds += exchange_seconds(c.op, r * c.nbytes, topology, workers, r, inside=topology.intra_link,
-                                    assembled_bytes=r * 4 * shard, assemble=last and not shards)
+        seconds += exchange_seconds(c.op, r * c.nbytes, topology, workers, r, assembled_bytes=r * 4 * shard,
+                                    assemble=last and not shards)
     return float(seconds)

@@ -205,7 +205,7 @@ class Quorum:
         if self.emulator is None:
             return None
         topology = self.emulator.topology
-        return float(exchange_seconds("allreduce", 4 * (numel + 1), topology, self.workers, inside=topology.intra_link))
+        return float(exchange_seconds("allreduce", 4 * (numel + 1), topology, self.workers))
 
     def _wait(self, work: Any, wire: torch.Tensor) -> bool:
         """Wait for a quorum all-reduce; under the emulator, until the link says it is done."""

@@ -25,7 +25,7 @@ from wansync.net.backend import (
 )
 from wansync.net.cost import collective_duration, exchange_seconds, in_worker_seconds, jitter_draw
 from wansync.net.emulator import Emulator
-from wansync.net.link import PRESETS, Link, Topology, parse_wan
+from wansync.net.link import NVLINK, PRESETS, Link, Topology, parse_wan
 from wansync.net.records import CollectiveRecord
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "EmulatedWork",
     "Emulator",
     "Link",
+    "NVLINK",
     "PRESETS",
     "SharedUplink",
     "Topology",

@@ -16,7 +16,9 @@ Ring phases over k ranks on link L (k = 1 costs nothing)::
     AR(k, X, L) = RS + AG = 2(k-1)·a_L + 2(k-1)/k · X / b_L
 
 Collectives are hierarchical (intra = link inside a site, inter = link between sites). Inside a
-site every rank has its own port at b_intra. The inter link is the site's uplink: the ranks of a
+site every rank has its own port at b_intra. A group whose ranks all belong to one worker runs on the
+topology's link inside a worker instead (``Topology.inside_worker``: the site's link unless
+``worker_link`` is set). The inter link is the site's uplink: the ranks of a
 site that cross it at the same time share its bandwidth. If c of a group's ranks in one site cross
 at once and ``parallel`` = p copies of the group's collective run at the same time on disjoint ranks
 of the same sites (the sharded exchange between workers: one group per local rank), each crossing
@@ -109,6 +111,11 @@ def _shape(world_size: int, topology: Topology, ranks: Sequence[int] | None) -> 
     return len(counts), max(counts, default=1)
 
 
+def _in_one_worker(world_size: int, topology: Topology, ranks: Sequence[int] | None) -> bool:
+    members = range(world_size) if ranks is None else ranks
+    return len({r // topology.ranks_per_worker for r in members}) <= 1
+
+
 def _uplink_share(link: Link, crossing: int) -> Link:
     """The inter link as one of ``crossing`` ranks of a site that cross it at once sees it."""
     return replace(link, bandwidth_bps=link.bandwidth_bps / crossing)
@@ -136,6 +143,8 @@ def collective_duration(
         raise ConfigError(f"parallel must be a positive integer, got {parallel!r}")
     intra, inter = topology.intra_link, topology.inter_link
     s, m = _shape(world_size, topology, ranks)
+    if topology.worker_link is not None and _in_one_worker(world_size, topology, ranks):
+        intra = topology.worker_link
     ring_up = _uplink_share(inter, m * parallel)  # every rank of the group in a site carries a shard
     one_up = _uplink_share(inter, parallel)  # one rank per site crosses
     if op == "allreduce":
@@ -154,13 +163,15 @@ def collective_duration(
     raise ConfigError(f"unknown collective {op!r}; known: {', '.join(OPS)}")
 
 
-def in_worker_seconds(op: str, nbytes: float, ranks_per_worker: int, inside: Link) -> float:
-    """Modelled seconds for ``op`` over ``nbytes`` among the R ranks of one worker, a ring on ``inside``."""
+def in_worker_seconds(op: str, nbytes: float, ranks_per_worker: int, topology: Topology) -> float:
+    """Modelled seconds for ``op`` over ``nbytes`` among the R ranks of one worker: a ring on the
+    topology's link inside a worker (``Topology.inside_worker``)."""
+    inside = topology.inside_worker
     return collective_duration(op, nbytes, ranks_per_worker, Topology(sites=1, intra_link=inside, inter_link=inside))
 
 
 def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, ranks_per_worker: int = 1, *,
-                     inside: Link, assembled_bytes: float | None = None, reduce_inside: bool = False,
+                     assembled_bytes: float | None = None, reduce_inside: bool = False,
                      assemble: bool = True) -> float:
     r"""Modelled seconds of one exchange between ``workers`` workers of R = ``ranks_per_worker`` ranks:
     the one cost of it, which the exchange (CoCoDC's T_s), the trainer's link line and the planner use.
@@ -179,10 +190,10 @@ def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, r
                                              none without ``assemble`` (FSDP inside: each rank keeps
                                              its shard, local rank r of every worker the same one)
 
-    RS_R and AG_R are rings over the worker's R ranks on the link ``inside`` (``in_worker_seconds``).
-    It is an argument because the callers model different machines: the emulator runs a worker's
-    ranks in one site of ``topology`` (the exchange and the trainer pass ``topology.intra_link``); the
-    planner models one node of accelerators (``planner.simulate.WORKER_LINK``, NVLink class).
+    RS_R and AG_R are rings over the worker's R ranks on ``topology.inside_worker``
+    (``in_worker_seconds``): the one link inside a worker, which the emulator charges the worker's
+    own groups too, so the exchange (CoCoDC's T_s), the trainer's link line and the planner agree by
+    construction. It is the site's link unless the topology names one (``--wan ...,worker=nvlink``).
     """
     r = ranks_per_worker
     placed = replace(topology, ranks_per_worker=r)
@@ -192,10 +203,10 @@ def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, r
     across = collective_duration(op, nbytes / r, world, placed, range(0, world, r), parallel=r)
     if not assemble:
         return across
-    gather = in_worker_seconds("allgather", nbytes if assembled_bytes is None else assembled_bytes, r, inside)
+    gather = in_worker_seconds("allgather", nbytes if assembled_bytes is None else assembled_bytes, r, topology)
     if not reduce_inside:
         return across + gather
-    return in_worker_seconds("reduce_scatter", nbytes, r, inside) + across + gather
+    return in_worker_seconds("reduce_scatter", nbytes, r, topology) + across + gather
 
 
 def jitter_draw(

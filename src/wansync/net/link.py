@@ -6,19 +6,25 @@ puts whole workers into ``sites``: with R ranks per worker (``ranks_per_worker``
 ``w*R .. w*R+R-1`` form worker w, and worker w of W lives in site ``w * sites // W``. Ranks in the
 same site talk over ``intra_link`` (each rank has its own port at that rate); ranks in different
 sites over ``inter_link``, which is the site's uplink: the ranks of a site that cross it at the same
-time share its bandwidth (see :mod:`wansync.net.cost`).
+time share its bandwidth (see :mod:`wansync.net.cost`). The ranks of one worker talk over
+``Topology.inside_worker``: ``worker_link`` when given (``worker=nvlink``), else the site's own link,
+which is what an emulated run has (a worker's ranks are in one site). The emulator, the exchange's
+cost (CoCoDC's T_s, the trainer's link line) and the planner all read it there.
 
 Spec strings (``--wan``), comma-separated, case-insensitive except for byte units::
 
     lan | two-site | cross-region | cross-continent        a preset
     rtt=16.6ms,bw=1gbit,sites=2,jitter=1ms                 a link
     two-site,bw=1gbit                                      a preset with overrides
+    cross-region,worker=nvlink                             the ranks of a worker on NVLink
 
 Keys: ``rtt`` and ``jitter`` take a time with a unit (``s``, ``ms``, ``us``); ``bw`` (or
 ``bandwidth``) takes a rate in bits per second (``bit``, ``kbit``, ``mbit``, ``gbit``, ``tbit``, or
 the same with ``bps``: ``mbps`` = megabits/s; decimal prefixes) or in bytes per second with an
 upper-case ``B`` and ``/s`` (``B/s``, ``kB/s``, ``MB/s``, ``GB/s``); ``sites`` is a positive integer;
-``mtu`` a number of bytes (default 1500).
+``mtu`` a number of bytes (default 1500); ``worker`` the link between the ranks of one worker: ``site``
+(the default: the link inside a site), ``nvlink`` (10 µs, 3.2 Tbit/s: 400 GB/s per rank) or
+``RTT/BW`` (``worker=50us/100gbit``).
 With ``sites=1`` (the default for a bare link) the link joins every pair of ranks. With
 ``sites>1`` it is the link *between* sites, and ranks inside a site share the ``lan`` link.
 """
@@ -32,7 +38,7 @@ from types import MappingProxyType
 
 from wansync.errors import ConfigError
 
-__all__ = ["Link", "Topology", "PRESETS", "parse_wan", "parse_time", "parse_rate"]
+__all__ = ["Link", "Topology", "PRESETS", "NVLINK", "WORKER_LINKS", "parse_wan", "parse_time", "parse_rate"]
 
 
 # TCP over IPv4 over Ethernet. A packet of at most `mtu` bytes carries 52 bytes of IP and TCP headers
@@ -100,23 +106,35 @@ class Link:
 
 MIN_MTU, MAX_MTU = 576, 65536             # IPv4's smallest datagram every host takes; loopback's
 LAN_LINK = Link(rtt_s=0.2e-3, bandwidth_bps=10e9)
+#: The accelerators of one node on an NVLink-class interconnect: 10 µs round trip, 400 GB/s per rank.
+NVLINK = Link(rtt_s=10e-6, bandwidth_bps=3.2e12)
+#: ``worker=NAME`` of a ``--wan`` spec: the link between the ranks of one worker (None: the site's).
+WORKER_LINKS: Mapping[str, Link | None] = MappingProxyType({"site": None, "nvlink": NVLINK})
 
 
 @dataclass(frozen=True)
 class Topology:
-    """Whole workers spread evenly over ``sites``; links inside a site and between sites (the uplink)."""
+    """Whole workers spread evenly over ``sites``; links inside a site and between sites (the uplink),
+    and between the ranks of one worker (``worker_link``; None: the site's, see `inside_worker`)."""
 
     sites: int = 1
     intra_link: Link = LAN_LINK
     inter_link: Link = field(default=LAN_LINK)
     name: str = ""
     ranks_per_worker: int = 1
+    worker_link: Link | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sites, int) or self.sites < 1:
             raise ConfigError(f"sites must be a positive integer, got {self.sites!r}")
         if not isinstance(self.ranks_per_worker, int) or self.ranks_per_worker < 1:
             raise ConfigError(f"ranks_per_worker must be a positive integer, got {self.ranks_per_worker!r}")
+
+    @property
+    def inside_worker(self) -> Link:
+        """The link between the R ranks of one worker, the one definition every caller reads:
+        ``worker_link``, else the site's own link (``intra_link``), where an emulated worker's ranks are."""
+        return self.intra_link if self.worker_link is None else self.worker_link
 
     def site_of(self, rank: int, world_size: int) -> int:
         """The site of global rank ``rank`` among ``world_size`` ranks: its worker's site."""
@@ -134,6 +152,8 @@ class Topology:
 
         head = f"{self.name}: " if self.name else ""
         tail = f"; {self.ranks_per_worker} ranks per worker" if self.ranks_per_worker > 1 else ""
+        if self.worker_link is not None:
+            tail += f"; inside a worker {fmt(self.worker_link)}"
         if self.sites == 1:
             return f"{head}1 site, {fmt(self.intra_link)}{tail}"
         return (f"{head}{self.sites} sites, between sites {fmt(self.inter_link)}; "
@@ -182,7 +202,7 @@ def parse_rate(text: str, key: str = "bw") -> float:
     )
 
 
-_KEYS = ("rtt", "bw", "bandwidth", "jitter", "sites", "mtu")
+_KEYS = ("rtt", "bw", "bandwidth", "jitter", "sites", "mtu", "worker")
 
 
 def parse_wan(text: str) -> Topology:
@@ -200,6 +220,15 @@ def parse_wan(text: str) -> Topology:
         base = PRESETS[name]
         if not items:
             return base
+    values = _values(items)
+    worker = _parse_worker(values.pop("worker")) if "worker" in values else None
+    if base is not None and not values:
+        return replace(base, worker_link=worker, name=text.strip())
+    topology = _link_topology(text, base, values)
+    return topology if worker is None else replace(topology, worker_link=worker)
+
+
+def _values(items: list[str]) -> dict[str, str]:
     values: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -207,11 +236,15 @@ def parse_wan(text: str) -> Topology:
         if not sep or not value.strip():
             raise ConfigError(f"--wan: malformed item {item!r}; expected key=value")
         if key not in _KEYS:
-            raise ConfigError(f"--wan: unknown key {key!r}; known keys: rtt, bw, jitter, sites, mtu")
+            raise ConfigError(f"--wan: unknown key {key!r}; known keys: rtt, bw, jitter, sites, mtu, worker")
         key = "bw" if key == "bandwidth" else key
         if key in values:
             raise ConfigError(f"--wan: key {key!r} given twice")
         values[key] = value.strip()
+    return values
+
+
+def _link_topology(text: str, base: Topology | None, values: dict[str, str]) -> Topology:
     if base is None:
         missing = [k for k in ("rtt", "bw") if k not in values]
         if missing:
@@ -233,6 +266,17 @@ def parse_wan(text: str) -> Topology:
         return Topology(sites=1, intra_link=link, inter_link=link, name=text.strip())
     intra = base.intra_link if base else LAN_LINK
     return Topology(sites=sites, intra_link=intra, inter_link=link, name=text.strip())
+
+
+def _parse_worker(text: str) -> Link | None:
+    """``worker=``: a name of `WORKER_LINKS` or ``RTT/BW`` (``50us/100gbit``)."""
+    name = text.strip().lower()
+    if name in WORKER_LINKS:
+        return WORKER_LINKS[name]
+    rtt, sep, bw = text.partition("/")
+    if not sep:
+        raise ConfigError(f"--wan: worker={text!r}: expected {', '.join(WORKER_LINKS)} or RTT/BW (e.g. 50us/100gbit)")
+    return Link(rtt_s=parse_time(rtt, "worker rtt"), bandwidth_bps=parse_rate(bw, "worker bw"))
 
 
 def _parse_mtu(text: str) -> int:

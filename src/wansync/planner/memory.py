@@ -14,13 +14,19 @@ DDP inside, which splits every exchange over the worker's ranks, else f)::
     gradients        p                  (held from the backward to zero_grad)
     inner_optimizer  AdamW: 2p + 4T (two moments, a step count per tensor); SGD with momentum: p
     outer_state      anchor θ̃ s + outer momentum s (slowmo, cpdp, diloco, streaming, cocodc)
-                     + Σ_f Δ f, + θ(t_p) f when the merge is not the α-merge
+                     + Σ_f Δ f, + θ(t_p) f when the merge is not the α-merge (eager: θ̂ f)
     ddp_buckets      4N per DDP wrapper: the gradient phase (ddp, cpdp, post_local_sgd) and the DDP
                      inside a worker of R > 1 ranks; none with FSDP inside
     exchange         a periodic strategy's averaged buffer beyond the model: the drift's element,
-                     4 (none with FSDP inside: the model cannot move into it); Σ_f the exchange's
-                     buffer in flight: fp32 w_f, a lossy codec its payload and the M it gathers,
-                     (M + 1)·wire(w_f)
+                     4 (none with FSDP inside: the model cannot move into it; none with a lossy
+                     codec, whose mean is not taken in the model's buffer); with a lossy codec the
+                     reference the workers' change is measured from, s, where the strategy keeps
+                     no anchor (local_sgd, post_local_sgd: the last mean), and with error feedback
+                     the residual, s;
+                     fragments: Σ_f the exchange's buffer in flight: fp32 w_f; a lossy codec what
+                     it receives, the M payloads it gathers, M·wire(w_f), or on the reduce-scatter
+                     path the M encoded chunks of the all-to-all, M·wire(⌈w_f/M⌉); with error
+                     feedback the copy of Δ sent, + f, and a residual per fragment, + s
 
 and, allocated and freed within a step (`transient`, B the exchanged bytes: s for a periodic
 strategy, the largest fragment f for the others):
@@ -33,13 +39,16 @@ strategy, the largest fragment f for the others):
                      one buffer: m, + 2m + 2m/R with DDP inside, when larger
     fragments        the merge's temporaries alive at once: α-merge 2f (θ_m's copy and (1−α)·θ̃);
                      Taylor and damped 7f (θ_m's copy, g, D, g⊙g⊙D, g_corr, τ·g_corr, the new value);
+                     eager 2f (θ_m's copy and θ̃_p − θ̂; its start's look-ahead: Δ/M and the momentum's);
                      + f when the schedule reads R_p (θ̃ kept from before the outer step); with DDP
                      inside the mean put back together, f, is held through the merge while the
                      shard's, f/R, is freed (+ f − f/R), or the gathering itself, 2f + f/R
                      (the piece sent, the R pieces and the backend's flat copy), when larger
 
 The backend's own working buffers are left out (gloo's all-reduce took 0.7–1.9 MB here, whatever
-the size; NCCL's are allocated once per communicator), and so are activations and FSDP2's all-gathered
+the size; NCCL's are allocated once per communicator), and so is a lossy fragment sync's own encoded
+payload, which only the backend's Work holds while it travels (wire(w_f), benchmarks/memory_bill.py's
+"unaccounted"), and so are activations and FSDP2's all-gathered
 unit in forward and backward: they depend on the batch and the model's blocks, not the strategy.
 With `outer_state_device=cpu` the outer state and the exchange's buffers in flight are in host
 memory (`host`), and so are a fragment's merge temporaries: none of them count against the
@@ -53,16 +62,17 @@ from types import MappingProxyType
 from typing import Any, Sequence
 
 from ..comm.codecs import get_codec
+from ..comm.exchange import lossy_path
 from ..errors import ConfigError
 from ..strategies import strategy_class
-from ..strategies.periodic import DRIFT_SIDE_BAND
+from ..strategies.periodic import DRIFT_SIDE_BAND, Periodic
 from ..telemetry.memory import CATEGORIES
 from ..units import parse_bytes
 from .schedule import Transfer, planned_timetable
 
 VALUE = 4                                     # bytes of an fp32 value
 #: fragment-sized buffers alive at once in a merge
-MERGE_TEMPORARIES = MappingProxyType({"alpha": 2, "taylor": 7, "damped": 7})
+MERGE_TEMPORARIES = MappingProxyType({"alpha": 2, "taylor": 7, "damped": 7, "eager": 2})
 ADAMW_MOMENTS = 2
 
 
@@ -99,6 +109,11 @@ def held_bytes(s: Any, held_in_flight: Sequence[Transfer]) -> dict[str, int]:
         flying = _fragments_in_flight(s, held_in_flight)
         bill["outer_state"] += sum(copies * f for f, _ in flying)
         bill["exchange"] = sum(w for _, w in flying)
+        if o.get("error_feedback") and o["codec"] != "fp32":      # a residual per fragment, once it synced
+            bill["exchange"] += VALUE * sum(s.size.local_fragments(o["fragments"], o["partition"], r if sharded else 1))
+    elif o.get("codec", "fp32") != "fp32":                  # the workers' changes from a reference
+        keeps_mean = strategy_class(s.strategy).reference is Periodic.reference      # no anchor: the last mean
+        bill["exchange"] = synced * (int(keeps_mean) + int(bool(o.get("error_feedback"))))
     elif o.get("drift_telemetry") and not sharded:          # the model moved into the averaged buffer
         bill["exchange"] = VALUE * DRIFT_SIDE_BAND
     return bill
@@ -150,13 +165,19 @@ def _fragments_in_flight(s: Any, held: Sequence[Transfer]) -> list[tuple[int, in
     """Per fragment in flight between steps: (its bytes on this rank, the exchange's buffer for it)."""
     o, r, sharded = s.options, s.ranks_per_worker, s.inside == "fsdp"
     local = s.size.local_fragments(o["fragments"], o["partition"], r if sharded else 1)
-    codec = get_codec(o["codec"])
+    codec, m = get_codec(o["codec"]), s.workers
+    sent_copy = o.get("error_feedback") and codec.name != "fp32"     # Δ plus the residual, sent
     out = []
     for x in held:
         n = local[x.fragment]
         share = math.ceil(n / r) if r > 1 and not sharded else n
-        wire = VALUE * share if codec.name == "fp32" else (s.workers + 1) * codec.wire_bytes(share)
-        out.append((VALUE * n, wire))
+        if codec.name == "fp32":
+            wire = VALUE * share
+        elif lossy_path(codec, o.get("codec_collective", "auto"), m) == "reduce_scatter":
+            wire = m * codec.wire_bytes(-(-share // m))
+        else:
+            wire = m * codec.wire_bytes(share)
+        out.append((VALUE * n, wire + (VALUE * n if sent_copy else 0)))
     return out
 
 

@@ -11,8 +11,8 @@ compute utilization on three sets of sites:
     USA + Europe       382 s          85.6 %
     global             469 s          83.0 %
 
-Calibration: each set of sites becomes a link (one site per node; an RTT assumed from the distances,
-which matters little next to 10 GB) whose bandwidth makes the planner's own int8 ring mean of the
+Calibration: each set of sites becomes a link (one site per node, its 8 GPUs on `NVLINK`; an RTT
+assumed from the distances, which matters little next to 10 GB) whose bandwidth makes the planner's own int8 ring mean of the
 10B pseudo-gradients (the reduce-scatter path: `comm.mean_cost.mean_collectives`) take the reported
 all-reduce time. Replaying DiLoCo on that link must then give the reported utilization; what the
 other configurations predict on it is the planner's answer to "what would wansync do there".
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..net.link import Link, Topology
+from ..net.link import NVLINK, Link, Topology
 from ..strategies import make_options
 from .predict import Prediction, predict, setting
 from .schedule import mean_transfers
@@ -69,7 +69,7 @@ def calibrated(region: Region) -> Topology:
 
     def seconds(bw_bps: float) -> float:
         link = Link(rtt_s=region.rtt_s, bandwidth_bps=bw_bps)
-        topo = Topology(sites=NODES, intra_link=link, inter_link=link, name=region.name)
+        topo = Topology(sites=NODES, intra_link=link, inter_link=link, name=region.name, worker_link=NVLINK)
         timed = transfer_seconds(topo, NODES, GPUS_PER_NODE)
         return sum(timed(x) for x in mean_transfers(0, "params", int(PARAMS), opts, NODES, extra=1))
     low, high = 1e6, 1e13
@@ -77,7 +77,7 @@ def calibrated(region: Region) -> Topology:
         mid = (low * high) ** 0.5
         low, high = (mid, high) if seconds(mid) > region.all_reduce_s else (low, mid)
     link = Link(rtt_s=region.rtt_s, bandwidth_bps=high)
-    return Topology(sites=NODES, intra_link=link, inter_link=link, name=region.name)
+    return Topology(sites=NODES, intra_link=link, inter_link=link, name=region.name, worker_link=NVLINK)
 
 
 def predicted(topology: Topology, strategy: str, options: dict[str, Any]) -> Prediction:

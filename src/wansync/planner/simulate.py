@@ -19,21 +19,18 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..net.cost import exchange_seconds, in_worker_seconds
-from ..net.link import Link, Topology
+from ..net.link import Topology
 from .schedule import Action, Trace, Transfer
 
 DDP_OVERLAP = 2 / 3
 #: Per worker, per step: (compute seconds, other seconds); see `simulate`.
 StepTimes = tuple[tuple[tuple[float, float], ...], ...]
-#: The link between the ranks of one worker (R > 1): an NVLink-class interconnect inside a node
-#: (10 µs round trip, 400 GB/s per rank), not the emulator's in-site LAN (`net.cost.exchange_seconds`).
-WORKER_LINK = Link(rtt_s=10e-6, bandwidth_bps=3.2e12)
 
 
 def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1,
                      host_bytes_per_s: float | None = None) -> Callable[[Transfer], float]:
     """Modelled seconds of a transfer: `net.cost.exchange_seconds` with the ranks of a worker (R > 1)
-    on `WORKER_LINK`. DDP's gradient all-reduce (over every rank) is the hierarchical one; the DDP
+    on the topology's link inside a worker (`Topology.inside_worker`, as the emulator). DDP's gradient all-reduce (over every rank) is the hierarchical one; the DDP
     inside a worker (the other strategies) is an all-reduce over its R ranks.
 
     `host_bytes_per_s`: the emulator completes a collective at max(real, modelled); given the rate at
@@ -45,8 +42,8 @@ def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1
 
     def link_seconds(x: Transfer) -> float:
         if x.purpose == "grads_in_worker":
-            return in_worker_seconds(x.op, x.nbytes, ranks_per_worker, WORKER_LINK)
-        return exchange_seconds(x.op, x.nbytes, topology, workers, ranks_per_worker, inside=WORKER_LINK,
+            return in_worker_seconds(x.op, x.nbytes, ranks_per_worker, topology)
+        return exchange_seconds(x.op, x.nbytes, topology, workers, ranks_per_worker,
                                 reduce_inside=not x.between_workers)
     return seconds
 

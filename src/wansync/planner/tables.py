@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..strategies import resolve_options
-from ..net.link import PRESETS, parse_wan
+from ..net.link import NVLINK, PRESETS, parse_wan
 from ..units import human_bytes, human_seconds
 from ..telemetry.memory import CATEGORIES
 from .measure import measure_step_s, run_step_times
@@ -146,32 +146,107 @@ def plan_command(cfg: Any, *, params: float | None, step_s: float | None,
     return describe(predict(s), source, target_pct, capacity)
 
 
+@dataclasses.dataclass(frozen=True)
+class TableRow:
+    """One row of the large table, as numbers (`table_summary` reads these, not the printed text)."""
+    size: str
+    workers: int
+    link: str
+    strategy: str
+    step_s: float
+    wall_s: float
+    exposed_pct: float
+    bytes_per_step: int
+    mem_ddp: int
+    mem_fsdp: int
+    fits: tuple[str, ...]
+    smallest_h: int | None        # None: ddp (no H), or none up to 5000
+
+
 def large_table(target_pct: float = TARGET_PCT) -> str:
-    """150M-70B parameters x 8/64/512 workers x the four presets x ddp/diloco/streaming/cocodc, every
-    strategy at its defaults, step time from the FLOPs rule (sizes.py) in bf16; memory per GPU with
-    DDP and with FSDP inside, and which fits on an 80 GB accelerator."""
+    """150M-70B parameters x 8/64/512 workers x the four presets (a worker's 8 ranks on NVLink: one
+    node) x ddp/diloco/streaming/cocodc, every strategy at its defaults, step time from the FLOPs
+    rule (sizes.py) in bf16; memory per GPU with DDP and with FSDP inside, and which fits on an 80 GB
+    accelerator; then the sentences `table_summary` computes from the rows."""
+    rows = table_rows(target_pct)
+    return render_table(rows, target_pct) + "\n\n" + "\n".join(table_summary(rows, target_pct))
+
+
+def table_rows(target_pct: float = TARGET_PCT) -> list[TableRow]:
+    rows = []
+    for n, m, link, name in itertools.product(TABLE_SIZES, TABLE_WORKERS, PRESETS, TABLE_STRATEGIES):
+        size = of_params(n)
+        step = flops_step_s(n, flops=FLOPS_PER_ACCELERATOR[TABLE_PRECISION])
+        topology = dataclasses.replace(PRESETS[link], worker_link=NVLINK)
+        s = setting(name, {}, size, m, topology, step, ranks_per_worker=ACCELERATORS_PER_WORKER)
+        p = predict(s)
+        sharded = memory_bill(dataclasses.replace(s, inside="fsdp"), p.timeline.held_in_flight)["per_gpu"]
+        fits = tuple(way for way, need in (("ddp", p.memory["per_gpu"]), ("fsdp", sharded)) if need <= TABLE_GPU_MEMORY)
+        rows.append(TableRow(size.name, m, link, name, step, p.wall_per_1000_s, p.exposed_pct, p.bytes_per_step,
+                             p.memory["per_gpu"], sharded, fits, recommend_h(s, target_pct) if name != "ddp" else None))
+    return rows
+
+
+def render_table(rows: list[TableRow], target_pct: float = TARGET_PCT) -> str:
     gb = f"{TABLE_GPU_MEMORY / 1e9:g} GB"
     head = ("| params | workers | link | strategy | step (s) | wall / 1000 steps | exposed % | bytes/worker/step "
             f"| mem/GPU DDP inside | mem/GPU FSDP inside | fits on {gb} | smallest H for <= {target_pct:g}% |")
     out = [head, "|" + "---|" * 12]
-    for n, m, link, name in itertools.product(TABLE_SIZES, TABLE_WORKERS, PRESETS, TABLE_STRATEGIES):
-        size = of_params(n)
-        step = flops_step_s(n, flops=FLOPS_PER_ACCELERATOR[TABLE_PRECISION])
-        s = setting(name, {}, size, m, PRESETS[link], step, ranks_per_worker=ACCELERATORS_PER_WORKER)
-        p = predict(s)
-        sharded = memory_bill(dataclasses.replace(s, inside="fsdp"), p.timeline.held_in_flight)["per_gpu"]
-        fits = [way for way, need in (("ddp", p.memory["per_gpu"]), ("fsdp", sharded)) if need <= TABLE_GPU_MEMORY]
-        h = recommend_h(s, target_pct) if name != "ddp" else None
-        out.append(f"| {size.name} | {m} | {link} | {name} | {step:.3g} | {human_seconds(p.wall_per_1000_s)} "
-                   f"| {p.exposed_pct:.1f} | {human_bytes(p.bytes_per_step)} | {human_bytes(p.memory['per_gpu'])} "
-                   f"| {human_bytes(sharded)} | {', '.join(fits) or 'no'} | {'-' if name == 'ddp' else (h or '> 5000')} |")
+    for r in rows:
+        h = "-" if r.strategy == "ddp" else (r.smallest_h or "> 5000")
+        out.append(f"| {r.size} | {r.workers} | {r.link} | {r.strategy} | {r.step_s:.3g} | {human_seconds(r.wall_s)} "
+                   f"| {r.exposed_pct:.1f} | {human_bytes(r.bytes_per_step)} | {human_bytes(r.mem_ddp)} "
+                   f"| {human_bytes(r.mem_fsdp)} | {', '.join(r.fits) or 'no'} | {h} |")
     return "\n".join(out)
+
+
+def _span(values: list[float], fmt: str = "{:.1f}") -> str:
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}–{fmt.format(hi)}"
+
+
+def _bytes_span(values: list[int]) -> str:
+    lo, hi = human_bytes(min(values)), human_bytes(max(values))
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def table_summary(rows: list[TableRow], target_pct: float = TARGET_PCT) -> list[str]:
+    """The "Read:" sentences under the table, computed from its rows (never written by hand)."""
+    gb = f"{TABLE_GPU_MEMORY / 1e9:g} GB"
+    out = ["Read (computed from the rows above):"]
+    for name in dict.fromkeys(r.strategy for r in rows):
+        mine = [r for r in rows if r.strategy == name]
+        lan, wide = [r for r in mine if r.link == "lan"], [r for r in mine if r.link != "lan"]
+        parts = [f"{_span([r.exposed_pct for r in wide])} % across sites" if wide else "",
+                 f"{_span([r.exposed_pct for r in lan])} % on lan" if lan else ""]
+        line = f"- {name}: exposed " + ", ".join(p for p in parts if p)
+        worst = max(mine, key=lambda r: r.exposed_pct)
+        line += f" (most: {worst.size}, {worst.workers} workers, {worst.link})"
+        if name != "ddp":
+            hs = [r.smallest_h for r in mine]
+            found = [h for h in hs if h is not None]
+            line += (f"; smallest H for <= {target_pct:g} %: {_span(found, '{:d}')}" if found else
+                     f"; no H up to 5000 keeps it under {target_pct:g} %")
+            if None in hs:
+                line += f" (none up to 5000 in {hs.count(None)} of {len(hs)} rows)"
+        line += f"; {_bytes_span([r.bytes_per_step for r in mine])} per worker per step."
+        out.append(line)
+    for size in dict.fromkeys(r.size for r in rows):
+        mine = [r for r in rows if r.size == size]
+        ways = {way: sum(way in r.fits for r in mine) for way in ("ddp", "fsdp")}
+        neither = sum(not r.fits for r in mine)
+        out.append(f"- {size} on {gb}: DDP inside fits in {ways['ddp']} of {len(mine)} rows "
+                   f"({_bytes_span([r.mem_ddp for r in mine])} per GPU), FSDP inside in {ways['fsdp']} "
+                   f"({_bytes_span([r.mem_fsdp for r in mine])}); "
+                   + (f"{neither} of them fit neither way." if neither else "every row fits one way or the other."))
+    return out
 
 
 def table_preamble() -> str:
     return (f"step time = 6*N*{TOKENS_PER_WORKER_STEP:,} tokens per worker step / ({ACCELERATORS_PER_WORKER} "
             f"accelerators x {FLOPS_PER_ACCELERATOR[TABLE_PRECISION] / 1e12:g} TFLOP/s, {TABLE_PRECISION}); "
-            f"{ACCELERATORS_PER_WORKER} ranks per worker; strategies at their defaults; steady state; memory per GPU "
+            f"{ACCELERATORS_PER_WORKER} ranks per worker on NVLink (each preset with worker=nvlink); "
+            "strategies at their defaults; steady state; memory per GPU "
             "at the peak, rank 0's, AdamW inside, fp32 masters (see docs/planner.md)")
 
 
