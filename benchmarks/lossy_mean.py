@@ -6,6 +6,12 @@ The values are real pseudo-gradients: every rank trains its own copy of the micr
 steps from the same start on its own data, and Δ_m = θ_start − θ_m is what DiLoCo would exchange.
 
     .venv/bin/python benchmarks/lossy_mean.py [--workers 2,4,8] [--steps 8]
+    .venv/bin/python benchmarks/lossy_mean.py --wall [--wall-workers 8] [--wan cross-region]
+
+`--wall` instead trains the same Streaming DiLoCo run with int8 twice under the emulated link, once
+per path (`--codec-collective allgather | reduce_scatter`), one after the other in this one
+invocation, and prints their wall clock, exposed communication, the emulator's modelled link time
+and what a worker put on the wire, side by side.
 
 Beyond M = 8 the formula (codec chunk of 1024 values, 4-byte scale): the all-gather sends (M−1)·w per
 rank, the reduce-scatter 2(M−1)/M·w (w: the encoded payload); the error of the all-gather path is one
@@ -16,7 +22,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import os
 import platform
+import subprocess
+import sys
+import tempfile
 from typing import Any
 
 import torch
@@ -56,11 +67,46 @@ def measure(rank: int, world: int, steps: int) -> dict[str, Any]:
     return out
 
 
+WALL_RUN = ["--strategy", "streaming", "--codec", "int8", "--model", "tiny", "--steps", "30", "--sync-every", "10",
+            "--fragments", "2", "--overlap", "2", "--batch-size", "8", "--seq-len", "64", "--threads", "1",
+            "--eval-every", "1000", "--eval-batches", "2", "--quiet"]
+
+
+def wall_clock(workers: int, wan: str) -> None:
+    """One streaming int8 run per lossy path under the same emulated link, side by side."""
+    print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M} on {platform.machine()}, {os.cpu_count()} CPUs, load "
+          f"average {os.getloadavg()[0]:.1f}: wansync train {' '.join(WALL_RUN)} --workers {workers} --wan {wan}")
+    print("| path | wall s | exposed comm % | emulator's modelled comm s | sent per worker (ledger) |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as root:
+        for path in ("allgather", "reduce_scatter"):
+            out = os.path.join(root, path)
+            r = subprocess.run([sys.executable, "-m", "wansync", "train", *WALL_RUN, "--workers", str(workers),
+                                "--wan", wan, "--codec-collective", path, "--out", out],
+                               capture_output=True, text=True, timeout=3600)
+            if r.returncode != 0:
+                print(f"| {path} | failed: {(r.stderr.strip().splitlines() or ['?'])[-1]} |")
+                continue
+            with open(os.path.join(out, "profile.json")) as f:
+                prof = json.load(f)
+            with open(os.path.join(out, "summary.json")) as f:
+                grads = json.load(f)["comm"]["pseudo_grads"]          # rank 0's ledger: payload and wire
+            print(f"| {path} | {prof['wall_clock_s']:.1f} | {prof['derived']['exposed_comm_pct']:.1f} | "
+                  f"{prof['derived']['comm_modelled_s']:.3f} | {grads['sent']:,} ({grads['sent'] / grads['bytes']:.2f} "
+                  f"x the payload) |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", default="2,4,8")
     ap.add_argument("--steps", type=int, default=8, help="local steps before the exchange")
+    ap.add_argument("--wall", action="store_true", help="the two paths' wall clock on an emulated run instead")
+    ap.add_argument("--wall-workers", type=int, default=8)
+    ap.add_argument("--wan", default="cross-region")
     a = ap.parse_args()
+    if a.wall:
+        wall_clock(a.wall_workers, a.wan)
+        return
     print(f"# {datetime.date.today()} on {platform.machine()}, {torch.get_num_threads()} threads, torch "
           f"{torch.__version__}: micro LM pseudo-gradients after {a.steps} local steps")
     print("| M | codec | path | payload w | sent per rank | sent / w | sent / fp32's | relative error of the mean |")

@@ -89,14 +89,16 @@ def test_overlapping_intervals_answer_no_difference_at_this_scale():
 def test_separated_intervals_name_the_better_setting():
     q = results.Question("K = 16 against K = 4?", "peak_acc", "a", "b")
     line = results.answer(q, [_setting("a", [80.0, 80.2, 80.1]), _setting("b", [85.0, 85.1, 85.2])], None)
-    assert "b is better than a (the intervals do not overlap)" in line
+    assert "b is better than a (Welch's t-test p < 0.001; the 95 % intervals do not overlap)" in line
 
 
 def test_the_best_setting_lists_the_ones_it_cannot_be_told_from():
     q = results.Question("best?", "peak_acc", "")
     line = results.answer(q, [_setting("a", [80.0, 80.2, 80.1]), _setting("b", [85.0, 85.1, 85.2]),
                               _setting("c", [84.0, 86.0, 85.0])], None)
-    assert line.startswith("Best? b,") and "not distinguishable at this scale from c" in line
+    assert line.startswith("Best? b,") and "not distinguishable at this scale from c (Welch p = 0.88)" in line
+    alone = results.answer(q, [_setting("a", [80.0, 80.2, 80.1]), _setting("b", [85.0, 85.1, 85.2])], None)
+    assert alone.endswith("better than every other setting (Welch's t-test against each: p < 0.001).")
 
 
 def test_a_cell_not_run_yet_is_said_so():

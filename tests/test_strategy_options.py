@@ -82,7 +82,8 @@ def test_defaults_are_unchanged():
                                                "codec": "fp32", "codec_collective": "auto", "error_feedback": False}
     assert vars(make_options("streaming")) == {"sync_every": 100, "fragments": 4, "overlap": 5, "alpha": 0.5,
                                                "outer_lr": 0.7, "outer_momentum": 0.9, "outer_state_device": "model",
-                                               "codec": "fp32", "codec_collective": "auto", "error_feedback": False, "partition": "strided", "syncs_per_period": 0}
+                                               "codec": "fp32", "codec_collective": "auto", "error_feedback": False, "partition": "strided", "syncs_per_period": 0,
+                                               "eager": False}
     assert vars(make_options("cocodc")) == {**vars(make_options("streaming")), "lam": 0.5, "gamma": 0.4,
                                             "schedule": "adaptive_fair", "compensation": "damped",
                                             "max_syncs_per_fragment": 2, "outer_scaling": "none"}

@@ -4,7 +4,7 @@ Each table is a small experiment (cells x seeds) in `runs/results/<table>/`, run
 runner (`experiments.py`: a finished run is skipped, so an interrupted `make results` resumes). A cell
 that two tables share (the same resolved config) is trained once and copied. Then the page's generated
 part is rewritten: per table the command that regenerates it, mean ± 95% interval over seeds
-(`stats.py`), verdicts computed from the intervals, and the paragraph a reader needs: what the paper
+(`stats.py`), verdicts decided by Welch's t-test over the seeds (p-value beside each), and the paragraph a reader needs: what the paper
 claimed, what its review objected, what this run shows (computed), what it cannot show at this scale.
 The tables answer the questions raised about CPDP (arXiv:2607.21224) and CoCoDC (arXiv:2504.17672).
 """

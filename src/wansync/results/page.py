@@ -1,5 +1,6 @@
 """The generated part of docs/results.md: per table the command that regenerates it, mean ± 95% interval
-over seeds, comparisons computed from the intervals (`analysis/stats.py`), and the paragraph a reader needs."""
+over seeds, comparisons decided by Welch's t-test over the seeds (`analysis/stats.py`; the p-value beside each),
+and the paragraph a reader needs."""
 from __future__ import annotations
 
 import datetime
@@ -13,7 +14,7 @@ from ..errors import ConfigError, path_kind
 from ..runner import experiments
 from .. import presets
 from ..analysis.runs import Run, SettingRuns, number
-from ..analysis.stats import Interval, compare_in_words, interval
+from ..analysis.stats import ALPHA, Interval, compare_in_words, interval, p_text, welch_p
 from ..rundir.target import Target
 from .measures import METRICS, cell_interval, lm_target, load, longest_repeat, sync_events
 from .runs import command, equivalent_compare, table_runs, run_cost
@@ -39,7 +40,7 @@ def _lead(text: str) -> str:
 
 
 def answer(q: Question, settings: Sequence[SettingRuns], target: Target | None) -> str:
-    """One computed line for question `q` from the intervals over seeds."""
+    """One computed line for question `q`: the intervals over seeds, Welch's test deciding."""
     m = METRICS[q.metric]
     by = {s.label: s for s in settings}
     full = {}
@@ -52,9 +53,17 @@ def answer(q: Question, settings: Sequence[SettingRuns], target: Target | None) 
             return f"{_lead(q.text)} not answerable yet: no setting has {m.header} in every seed."
         pick = max if m.higher_is_better else min
         best = pick(full, key=lambda k: full[k].mean)
-        ties = [k for k in full if k != best and full[k].overlaps(full[best])]
-        tail = (f"not distinguishable at this scale from {', '.join(ties)} (the intervals overlap)" if ties
-                else "better than every other setting (no interval overlaps)")
+        p = {k: welch_p(full[best], full[k]) for k in full if k != best}
+        ties = [k for k, v in p.items() if v is None or v >= ALPHA]
+        if ties:
+            tail = "not distinguishable at this scale from " + ", ".join(
+                f"{k} ({'one seed' if p[k] is None else 'Welch ' + p_text(p[k])})" for k in ties)
+        elif p:
+            worst = max(p.values())
+            tail = (f"better than every other setting (Welch's t-test against each: "
+                    f"{p_text(worst) if worst < 0.001 else f'largest {p_text(worst)} < {ALPHA:g}'})")
+        else:
+            tail = "the only setting with every seed"
         return f"{_lead(q.text)} {best}, {m.header} {full[best].text()}; {tail}."
     missing = [x for x in (q.a, q.b) if x not in full]
     if missing:
@@ -202,7 +211,9 @@ SHRUNK = (
     "fixed from the first step (the paper's N; γ = 0.4's rule reaches the same 8 here, but only after "
     "the first period), under the emulated `cross-region` link (the paper simulates the delay in steps). "
     "3 seeds per cell throughout; mean ± the 95% t-interval over seeds; two settings differ only when "
-    "their intervals do not overlap, otherwise the verdict is \"no difference at this scale\"."
+    f"Welch's two-sided t-test rejects equal means at α = {ALPHA:g} (its p-value beside each verdict, with "
+    "whether the intervals overlap, which is shown but does not decide), otherwise the verdict is "
+    "\"no difference at this scale\"."
 )
 
 

@@ -5,7 +5,9 @@ compensation and adaptive transmission.
   `θ ← θ̃_p + τ·(g + λ·g⊙g⊙D)`, `g = (θ(t_l) − θ(t_p))/τ` (forward difference; the paper's printed
   Eq. (4) has the opposite sign), `D = (θ(t_p) − θ̃_p)/H`; `damped` (default) is the Taylor merge with
   the outer step damped by α at the launch point (`θ ← α·θ(t_p) + (1−α)·θ̃_p + τ·g_corr`: the τ local
-  steps kept whole, unlike the α-merge); `alpha` keeps Streaming DiLoCo's α-merge. The default is not
+  steps kept whole, unlike the α-merge); `alpha` keeps Streaming DiLoCo's α-merge. `eager=True`
+  replaces whichever with Streaming DiLoCo's eager updates (`streaming.py`: the worker steps with its
+  own Δ/M at the start, corrected at the merge). The default is not
   the paper's: handing every merge the full outer step, `taylor` ends 2.5–4 % behind DiLoCo on the
   tiny LM where `damped` does not (docs/strategies.md); the `cocodc-paper` preset pins `taylor`.
   Every merge's "sync" event records `lam_term_rel = ‖λ·g⊙g⊙D‖/‖g‖` (this rank's value).
@@ -90,7 +92,7 @@ class CoCoDC(Streaming):
     # ---- hooks ---------------------------------------------------------------------------------
     def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
                      elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        if self.opts.compensation == "alpha":
+        if self.timetable.merge in ("alpha", "eager"):              # Streaming DiLoCo's merges
             return super().merge_values(x, local, anchor, elapsed)
         assert x.theta_start is not None
         if self.opts.compensation == "damped":

@@ -1,6 +1,6 @@
 """How a late fragment result is merged into the local fragment: Streaming DiLoCo's α-merge
-(arXiv:2501.18512) and CoCoDC's delay compensation (arXiv:2504.17672). Pure functions on flat
-float32 buffers, so they can be tested in isolation."""
+(arXiv:2501.18512), CoCoDC's delay compensation (arXiv:2504.17672) and eager updates' correction
+(arXiv:2502.12996). Pure functions on flat float32 buffers, so they can be tested in isolation."""
 from __future__ import annotations
 
 import torch
@@ -59,11 +59,27 @@ def damped_compensate(theta_start: torch.Tensor, theta_now: torch.Tensor, anchor
     return new + (theta_start - anchor) * alpha, rel
 
 
+def eager_correct(theta_now: torch.Tensor, eager: torch.Tensor, anchor: torch.Tensor, elapsed: int) -> torch.Tensor:
+    """Eager updates' correction when the true mean has arrived: the proxy outer step the worker took
+    at the sync's start (θ̂ = OuterOpt(θ̃_p, Δ_m/M) without its state change, `Anchor.lookahead`) is
+    swapped for the true one (θ̃_p, after OuterOpt(θ̃_p, Δ̄_p)), the steps trained since kept whole:
+
+        θ ← θ(t_l) + (θ̃_p − θ̂)
+
+    Overwrites `theta_now` (the caller's gathered copy). The difference is formed first, so a proxy
+    equal to θ̃_p bit for bit (one worker: Δ̄ = Δ_m) leaves θ(t_l)'s exact bits. Nothing elapsed (τ = 0:
+    the worker still holds θ̂) returns θ̃_p's exact bits."""
+    if elapsed <= 0:
+        return anchor.clone()
+    return theta_now.add_(anchor - eager)
+
+
 def lands_on_anchor(merge: str, alpha: float, elapsed: int) -> bool:
-    """Does `merge` (alpha | taylor | damped), `elapsed` steps after its sync started, return θ̃_p's
-    exact bits? The α-merge iff α = 0 (whatever elapsed); the Taylor merge iff nothing elapsed (its
-    τ·g_corr is then 0: `delay_compensate` returns θ̃_p); the damped merge iff both (it adds
-    α·(θ(t_p) − θ̃_p)). Decided from these alone, so every rank decides alike."""
+    """Does `merge` (alpha | taylor | damped | eager), `elapsed` steps after its sync started, return
+    θ̃_p's exact bits? The α-merge iff α = 0 (whatever elapsed); the Taylor merge and eager updates
+    iff nothing elapsed (`delay_compensate`'s τ·g_corr is then 0; `eager_correct` returns θ̃_p); the
+    damped merge iff both (it adds α·(θ(t_p) − θ̃_p)). Decided from these alone, so every rank decides
+    alike."""
     if merge == "alpha":
         return alpha == 0
-    return elapsed == 0 and (merge == "taylor" or alpha == 0)
+    return elapsed == 0 and (merge in ("taylor", "eager") or alpha == 0)

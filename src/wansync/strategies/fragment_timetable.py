@@ -52,13 +52,13 @@ class FragmentWork(Protocol):
 
 
 class FragmentTimetable(Timetable):
-    """Streaming DiLoCo's: round-robin slots, N = `syncs_per_period` (0: P), the α-merge."""
+    """Streaming DiLoCo's: round-robin slots, N = `syncs_per_period` (0: P), the α-merge or eager updates."""
 
     def __init__(self, options: Any, choice: str = "round_robin", merge: str = "alpha",
                  automatic_n: bool = False) -> None:
         super().__init__(options)
         self.H, self.P, self.tau = options.sync_every, options.fragments, options.overlap
-        self.merge = merge                   # the merge rule: alpha | taylor | damped
+        self.merge = "eager" if options.eager else merge   # the merge rule: alpha | taylor | damped | eager
         self.schedule = Schedule(self.H, self.P, options.syncs_per_period or self.P, choice)
         self.in_flight = InFlightExchanges()
         self.exact_at = [0] * self.P         # step at which fragment p last landed exactly on θ̃_p

@@ -175,6 +175,23 @@ class Anchor:
             sums.append(value.sum())
         return bool(torch.isfinite(torch.stack(sums).sum())) if sums else True
 
+    def lookahead(self, grad: torch.Tensor, lr: float | None = None) -> torch.Tensor:
+        """θ̃ after `outer_step(grad, lr)` (None: the current learning rate), as a new buffer, leaving θ̃ and the
+        outer momentum as they are (eager updates' proxy step, `compensation.eager_correct`). The same
+        ops as `_sgd`, so a later `outer_step` on the same gradient gives the same bits; `grad` is
+        left as it is."""
+        group = self.optimizer.param_groups[0]
+        lr, momentum, nesterov = group["lr"] if lr is None else lr, group["momentum"], group["nesterov"]
+        g = grad.to(self.device, self.dtype, copy=True)
+        if momentum:
+            buf = self.optimizer.state[self.value].get("momentum_buffer")
+            m = g.clone() if buf is None else buf.mul(momentum).add_(g)
+            g = g.add_(m, alpha=momentum) if nesterov else m
+        ahead = self.value.add(g, alpha=-lr)
+        for a, b in self.plain:                      # buffers: the plain average, as in `_step`
+            ahead[a:b] = self.value[a:b] - grad[a:b].to(self.device, self.dtype)
+        return ahead
+
     def check_finite(self) -> None:
         """The global parameters are identical on every rank, so every rank raises together: a
         finite mean can still overflow in the outer step (an outer learning rate of 1e300)."""

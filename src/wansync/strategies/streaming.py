@@ -8,6 +8,19 @@ global value θ̃_p and its own outer SGD-Nesterov state (DiLoCo's class and `ou
     τ steps later t_l:  Δ̄_p = wait(); θ̃_p ← OuterOpt(θ̃_p, Δ̄_p)        # the new anchor first
                         θ_{m,p} ← α·θ_{m,p}(t_l) + (1−α)·θ̃_p             # α: weight on the local fragment
 
+Eager updates (Kale, Douillard, Donchev 2025, arXiv:2502.12996; `eager=True`) replace the merge:
+the worker steps at once with its own fresh Δ as a proxy for the mean it has not received, and swaps
+the proxy for the true step when the mean arrives (docs/strategies.md: the reading and its choices)::
+
+    sync start at t_p:  Δ_{m,p} as above, launched;  θ_{m,p} ← θ̂_{m,p} = OuterOpt(θ̃_p, Δ_{m,p}/M)
+                        (a look-ahead: θ̃_p and the outer momentum are not changed)
+    τ steps later t_l:  Δ̄_p = wait(); θ̃_p ← OuterOpt(θ̃_p, Δ̄_p)
+                        θ_{m,p} ← θ_{m,p}(t_l) + (θ̃_p − θ̂_{m,p})             # α is not used
+
+so the τ steps of the overlap run on a model that already holds this worker's share of the outer
+step (the paper's Δ̂_m = Δ_m/M + Σ_{k≠m} Δ_k(delayed)/M, the others' delayed shares being in θ̃_p
+already), θ̃_p and its momentum see only true means, and every inner step enters exactly one mean.
+
 The mean goes through the strategy's `Exchange` in the chosen `codec` (the paper sends 4-bit
 floats, accumulated in FP32): it books this rank's wire bytes as `pseudo_grads`, the blocked time
 as exposed communication, and applies the non-finite policy. One "sync" event per merge carries
@@ -22,7 +35,8 @@ than twice the bytes of the smallest (`fragments.imbalance`).
 What happens when is the timetable's (`fragment_timetable.py`; the planner follows the same one).
 Several fragments may be in flight at once (τ may be anything below H); within one step, merges
 that are due happen first, then the slot's sync starts (and, with τ = 0, merges at once), so
-`fragments=1, overlap=0, alpha=0` is DiLoCo step for step. `syncs_per_period N` (0 = P) gives `N`
+`fragments=1, overlap=0, alpha=0` is DiLoCo step for step (and so is `eager=True` with
+`overlap=0`, or with one worker at any overlap). `syncs_per_period N` (0 = P) gives `N`
 round-robin syncs per period instead of `P` (CoCoDC's matched-frequency ablation).
 
 `finish()` first merges every exchange still in flight (early: with the steps actually elapsed),
@@ -47,7 +61,7 @@ from ..comm.codecs import get_codec
 from ..comm.exchange import MeanHandle
 from ..errors import check
 from .base import Strategy, model_buffers
-from .compensation import alpha_merge
+from .compensation import alpha_merge, eager_correct
 from .debug import check_same_choice, debug_enabled
 from .fragment_timetable import FragmentTimetable
 from .fragments import PARTITIONS, FragmentImbalanceWarning, imbalance, partition
@@ -73,6 +87,9 @@ class StreamingOptions(Options):
     error_feedback: bool = error_feedback()
     partition: str = option("strided", f"fragment partition: {'|'.join(PARTITIONS)}", one_of(PARTITIONS))
     syncs_per_period: int = option(0, "fragment syncs per period N (0: one per fragment, N = P)")
+    eager: bool = option(False, "eager updates (arXiv:2502.12996): each worker steps with its own pseudo-gradient / "
+                         "M at a sync's start and swaps that for the mean's step when it arrives (replaces the merge: "
+                         "alpha and CoCoDC's compensation are not used)")
 
     def cross_check(self) -> None:
         super().cross_check()
@@ -120,12 +137,26 @@ class Streaming(Strategy):
 
     def start(self, x: InFlight) -> None:
         """Sync start at t_p: Δ_{m,p} = θ̃_p − θ_{m,p}(t_p); launch the async mean of Δ_{m,p}."""
-        anchor = self.anchors[x.fragment]
-        x.theta_start = anchor.local() if self.timetable.merge != "alpha" else None   # θ(t_p): CoCoDC's merges
+        anchor, merge = self.anchors[x.fragment], self.timetable.merge
+        x.theta_start = anchor.local() if merge in ("taylor", "damped") else None   # θ(t_p): CoCoDC's merges
         x.delta, dropped = self.with_feedback(x.fragment, anchor.pseudo_gradient(x.theta_start))
         x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True,
                                       collective=self.opts.codec_collective, residual=dropped)
+        if merge == "eager":
+            self.eager_step(x)
         self.after_launch(x)
+
+    def eager_step(self, x: InFlight) -> None:
+        """Eager updates at the start, while the mean travels: θ_{m,p} ← θ̂_{m,p} = OuterOpt(θ̃_p, Δ_{m,p}/M),
+        a look-ahead at this merge's outer learning rate; θ̂ as the model holds it (rounded to a bf16
+        model's dtype) is kept, as the sync's θ_start, for the correction."""
+        anchor = self.anchors[x.fragment]
+        workers = self.exchange.participants or self.exchange.world_size
+        ahead = anchor.lookahead(x.delta / workers, lr=self.outer_lr_for(x))
+        if anchor.flat.dtype != ahead.dtype:
+            ahead = ahead.to(anchor.flat.dtype).to(ahead.dtype)
+        anchor.flat.scatter(ahead)
+        x.theta_start = ahead
 
     def with_feedback(self, p: int, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Error feedback (`error_feedback`): Δ_{m,p} plus what the codec dropped of fragment p's last
@@ -173,6 +204,9 @@ class Streaming(Strategy):
     def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
                      elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
         """The new local fragment after the outer step, and telemetry fields."""
+        if self.timetable.merge == "eager":
+            assert x.theta_start is not None
+            return eager_correct(local, x.theta_start, anchor, elapsed), {"merge": "eager"}
         return alpha_merge(local, anchor, self.opts.alpha), {"merge": "alpha", "alpha": self.opts.alpha}
 
     def outer_lr_for(self, x: InFlight) -> float | None:
