@@ -30,15 +30,40 @@ def test_the_dry_run_lists_every_table_every_cell_and_every_seed_without_trainin
             lab = results.label(c["strategy"], **{k: v for k, v in c.items() if k != "strategy"})
             for seed in range(results.SEEDS):
                 assert str(root / lab / f"seed{seed}") in out, (t.name, lab, seed)
-    assert "total: 96 runs in 10 tables" in out and "estimated" in out
+    assert "total: 111 runs in 11 tables" in out and "estimated" in out
     assert not runs.exists() or not any(runs.rglob("summary.json"))
 
 
 def test_the_dry_run_covers_the_tables_the_issue_asks_for():
     names = {t.name for t in results.TABLES}
     assert {"cpdp-k-sweep", "cpdp-beta", "cpdp-lr-protocol", "cpdp-ablation", "cpdp-profile", "cocodc-main",
-            "cocodc-matched", "cocodc-merge", "cocodc-schedule", "cocodc-outer-lr"} <= names
+            "cocodc-matched", "cocodc-merge", "cocodc-schedule", "cocodc-outer-lr", "staleness"} <= names
     assert all(len(t.cells) >= 2 for t in results.TABLES)
+
+
+def test_the_staleness_table_differs_only_in_the_merge_at_one_n_and_one_order():
+    """Issue 37: α-merge, Taylor, damped and eager at the same N and fragment order, and DiLoCo."""
+    (t,) = results.catalog.get(["staleness"])
+    overlapped = [c for c in t.cells if c["strategy"] == "cocodc"]
+    merges = [c.get("compensation", "eager" if c.get("eager") else None) for c in overlapped]
+    assert merges == ["alpha", "taylor", "damped", "eager"] and [c["strategy"] for c in t.cells][-1] == "diloco"
+    rest = [{k: v for k, v in c.items() if k not in ("compensation", "eager")} for c in overlapped]
+    assert all(r == rest[0] for r in rest) and rest[0]["syncs_per_period"] == 8
+    assert rest[0]["schedule"] == "round_robin" and t.values["wan"] == "cross-region"
+
+
+def test_a_table_trained_alone_takes_its_target_from_its_own_runs(monkeypatch):
+    """Before cocodc-main's runs exist, the LM target is the highest final loss over the LM runs on disk."""
+    from wansync.results import measures
+
+    def runs(name: str, finals: list[float]) -> list[SettingRuns]:
+        done = [Run(Path(name), name, "cocodc", seed, {}, "ok", {"final_val_loss": v}) for seed, v in enumerate(finals)]
+        return [SettingRuns(name, "cocodc", {}, done)] if done else []
+    monkeypatch.setattr(measures, "load", lambda root, name: runs(name, {"staleness": [3.1, 3.4]}.get(name, [])))
+    assert measures.lm_target(Path("root")) == 3.4
+    monkeypatch.setattr(measures, "load", lambda root, name: runs(name, {"staleness": [3.1, 3.4],
+                                                                         "cocodc-main": [2.9]}.get(name, [])))
+    assert measures.lm_target(Path("root")) == 2.9
 
 
 def test_every_question_names_cells_of_its_own_table():
@@ -52,7 +77,7 @@ def test_every_question_names_cells_of_its_own_table():
 def test_the_cocodc_tables_measure_the_papers_taylor_merge_not_the_default():
     for t, specs, _ in results.table_runs(results.TABLES, Path("runs/results"), 1, None):
         for spec in specs:
-            if spec.cfg.strategy == "cocodc":
+            if spec.cfg.strategy == "cocodc" and t.name != "staleness":   # which sets every merge itself
                 assert spec.cfg.compensation in ("taylor", "alpha"), (t.name, spec.label)
 
 

@@ -11,7 +11,7 @@ from ..analysis.report import ReportError, exposed_pct, find_runs, group
 from ..analysis.runs import Run, SettingRuns, number
 from ..analysis.stats import Interval, interval
 from ..rundir.target import Target, first_reached
-from .catalog import TARGET_TABLE
+from .catalog import TABLES, TARGET_TABLE
 
 
 def sync_events(run: Run) -> list[dict[str, Any]]:
@@ -86,10 +86,17 @@ def load(root: Path, name: str) -> list[SettingRuns]:
 
 def lm_target(root: Path) -> float | None:
     """The LM tables' target: the highest final validation loss among TARGET_TABLE's runs, so that every
-    one of them reaches it by its last evaluation (None before those runs exist)."""
-    finals = [v for s in load(root, TARGET_TABLE) for r in s.ok_runs
-              if (v := number(r.summary.get("final_val_loss"))) is not None]
-    return max(finals) if finals else None
+    one of them reaches it by its last evaluation. Before those runs exist (a table trained on its own,
+    `wansync results --only staleness`), the same rule over every LM table's runs on disk; None when
+    there are none."""
+    def finals(names: Sequence[str]) -> list[float]:
+        return [v for name in names for s in load(root, name) for r in s.ok_runs
+                if (v := number(r.summary.get("final_val_loss"))) is not None]
+    first = finals([TARGET_TABLE])
+    if first:
+        return max(first)
+    rest = finals([t.name for t in TABLES if t.kind == "lm" and not t.reads])
+    return max(rest) if rest else None
 
 
 def cell_interval(setting: SettingRuns, metric: str, target: Target | None) -> tuple[Interval | None, int, int]:
