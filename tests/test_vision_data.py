@@ -330,7 +330,7 @@ def test_small_cnn_learns_fashion_mnist():
     model = build_model("cnn", in_channels=1, num_classes=10, image_size=28, width=0.5)
     wl = VisionWorkload(model, data, batch_size=32, augment=False)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(250):
+    for _ in range(150):                           # 76 % at 100 steps, 79 % at 150 (measured)
         loss = wl.loss(model, wl.next_batch())
         opt.zero_grad()
         loss.backward()
