@@ -99,6 +99,12 @@ def lm_target(root: Path) -> float | None:
     return max(rest) if rest else None
 
 
+def lm_target_source(root: Path) -> str:
+    """Whose runs `lm_target` took the target from, in words for the page."""
+    has_runs = any(s.ok_runs for s in load(root, TARGET_TABLE))
+    return f"the runs of {TARGET_TABLE}" if has_runs else "the LM runs on disk (cocodc-main has none yet)"
+
+
 def cell_interval(setting: SettingRuns, metric: str, target: Target | None) -> tuple[Interval | None, int, int]:
     """(interval over the seeds that have a value, seeds with a value, seeds run)."""
     m = METRICS[metric]

@@ -16,7 +16,7 @@ from .. import presets
 from ..analysis.runs import Run, SettingRuns, number
 from ..analysis.stats import ALPHA, Interval, compare_in_words, interval, p_text, welch_p
 from ..rundir.target import Target
-from .measures import METRICS, cell_interval, lm_target, load, longest_repeat, sync_events
+from .measures import METRICS, cell_interval, lm_target, lm_target_source, load, longest_repeat, sync_events
 from .runs import command, equivalent_compare, table_runs, run_cost
 from .catalog import CPDP_EPOCH, CPDP_EPOCH_1024, LM_H, LM_STEPS, SEEDS, Question, Table, label
 
@@ -178,7 +178,7 @@ def table_section(t: Table, root: Path, seeds: int, specs: Sequence[experiments.
     lines += [_setup(t, specs, seeds), ""]
     if t.kind == "lm":
         lines += [(f"Target: validation loss ≤ {target_loss:.4f} (perplexity {math.exp(target_loss):.2f}), the "
-                   "highest final validation loss among the runs of cocodc-main, so every one of them reaches it."
+                   f"highest final validation loss among {lm_target_source(root)}, so every one of them reaches it."
                    if target_loss is not None else "Target: not set yet (it comes from cocodc-main's runs)."), ""]
     if not settings:
         lines += ["Not run yet: the command above runs it.", ""]
