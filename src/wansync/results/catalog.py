@@ -234,8 +234,10 @@ TABLES: tuple[Table, ...] = (
            Question("the Taylor merge against the α-merge", "final_loss", _stale("taylor"), _stale("alpha")),
            Question("the damped merge against the α-merge", "final_loss", _stale("damped"), _stale("alpha")),
            Question("eager updates against the damped merge", "final_loss", _stale("eager"), _stale("damped")),
-           Question("the best overlapped merge against DiLoCo (no overlap), wall clock to the target",
+           Question("eager updates against DiLoCo (no overlap), wall clock to the target",
                     "time_to_target", _stale("eager"), "diloco"),
+           Question("the α-merge against DiLoCo, wall clock to the target", "time_to_target", _stale("alpha"),
+                    "diloco"),
            Question("which has the lowest final validation loss?", "final_loss", "")),
           "delay compensation (CoCoDC's Taylor merge) and eager updates (Kale et al. 2025) both answer the "
           "staleness of a τ-step overlap: each claims to recover most of what overlapping loses against "
