@@ -90,18 +90,24 @@ def _text(path: Path) -> str:
     return path.read_bytes().decode("utf-8", errors="replace") if path.is_file() else ""
 
 
-def _cli(args: list[str], env: dict[str, str], cwd: str, out: str, err: str,
-         setup: Callable[[], None] | None) -> None:
-    """The CLI's process: its SystemExit becomes the exit status (multiprocessing does as the
-    interpreter does: an int is the status, a message goes to stderr with status 1)."""
+def into_files(out: str, err: str, env: dict[str, str], mode: int) -> None:
+    """A child process's stdout and stderr into files (`mode`: os.O_TRUNC or os.O_APPEND), its
+    environment replaced by `env`."""
     for fd, path in ((1, out), (2, err)):
-        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | mode, 0o644)
         os.dup2(f, fd)
         os.close(f)
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", write_through=True)
     os.environ.clear()
     os.environ.update(env)
+
+
+def _cli(args: list[str], env: dict[str, str], cwd: str, out: str, err: str,
+         setup: Callable[[], None] | None) -> None:
+    """The CLI's process: its SystemExit becomes the exit status (multiprocessing does as the
+    interpreter does: an int is the status, a message goes to stderr with status 1)."""
+    into_files(out, err, env, os.O_TRUNC)
     os.chdir(cwd)
     if setup is not None:
         setup()

@@ -5,7 +5,6 @@ with the same parameters. Each worker is forked from the ranks' forkserver (torc
 the example's own `__main__`, so a restart costs no interpreter start-up."""
 from __future__ import annotations
 
-import io
 import json
 import os
 import runpy
@@ -29,15 +28,9 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ft_loop.py"
 
 def _example(argv: list[str], env: dict[str, str], out: str, err: str) -> None:
     """A worker process: its own process group (the test ends it whole), the example's `__main__`."""
+    from cli_harness import into_files
     os.setsid()
-    for fd, path in ((1, out), (2, err)):
-        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(f, fd)
-        os.close(f)
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", write_through=True)
-    os.environ.clear()
-    os.environ.update(env)
+    into_files(out, err, env, os.O_APPEND)
     sys.argv = [str(EXAMPLE), *argv]
     runpy.run_path(str(EXAMPLE), run_name="__main__")
 
