@@ -12,6 +12,7 @@ from typing import Callable
 
 import pytest
 
+from cli_harness import wansync
 from wansync.strategies import STRATEGIES
 
 Setup = Callable[[Path], list[str]]
@@ -35,16 +36,15 @@ def _finished_template() -> Path:
     """One real 2-step run with a checkpoint, made once and copied for every case that needs it."""
     if not _FINISHED:
         import tempfile
-        from wansync.cli import main
         import atexit
         import shutil
         root = Path(tempfile.mkdtemp(prefix="wansync-done-"))
         atexit.register(shutil.rmtree, root, True)
         run = root / "done"
-        with pytest.raises(SystemExit) as e:
-            main(["train", "--strategy", "local_sgd", "--workers", "1", "--steps", "2", "--out", str(run),
-                  "--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1", "--quiet"])
-        assert e.value.code == 0
+        r = wansync("train", "--strategy", "local_sgd", "--workers", "1", "--steps", "2", "--out", str(run),
+                    "--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1", "--quiet",
+                    timeout=240)
+        assert r.returncode == 0, r.stderr
         _FINISHED.append(run)
     return _FINISHED[0]
 
@@ -289,24 +289,22 @@ if "streaming" in STRATEGIES:
     CASES.append(("--strategy streaming --codec zip", flags("--strategy", "streaming", "--codec", "zip"), "zip"))
 
 
-def run_case(setup: Setup, tmp: Path, capsys) -> tuple[int, str]:
-    from wansync.cli import main
-    argv = setup(tmp)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    return int(e.value.code or 0), capsys.readouterr().err
+def run_case(setup: Setup, tmp: Path) -> tuple[int, str]:
+    """The CLI on the case's arguments in a process of its own (`cli_harness`: forked, so that it
+    forks its workers as a user's `wansync` does), and what it wrote to stderr."""
+    r = wansync(*setup(tmp), timeout=240)
+    return r.returncode, r.stderr
 
 
-def test_report_reads_past_damaged_config_and_metrics_lines(tmp_path, capsys):
-    code, err = run_case(report_on("damaged"), tmp_path, capsys)
+def test_report_reads_past_damaged_config_and_metrics_lines(tmp_path):
+    code, err = run_case(report_on("damaged"), tmp_path)
     assert code == 0 and err == ""                  # the run is listed as incomplete, nothing raised
 
 
 @pytest.mark.timeout(300)                       # the first resume case trains the template run
 @pytest.mark.parametrize("label, setup, expect", CASES, ids=[c[0] for c in CASES])
-def test_bad_input(tmp_path, capsys, label, setup, expect):
-    code, err = run_case(setup, tmp_path, capsys)
+def test_bad_input(tmp_path, label, setup, expect):
+    code, err = run_case(setup, tmp_path)
     assert code != 0, f"{label}: exit 0"
     lines = err.strip().splitlines()
     assert len(lines) == 1, f"{label}: {err}"
@@ -316,21 +314,8 @@ def test_bad_input(tmp_path, capsys, label, setup, expect):
 
 if __name__ == "__main__":                       # print the table: input | message
     import tempfile
-
-    class _Cap:
-        def readouterr(self):
-            import io
-            out = sys.stderr.getvalue() if isinstance(sys.stderr, io.StringIO) else ""
-            sys.stderr = io.StringIO()
-            return type("R", (), {"err": out})()
-    import io
     print("| # | input | message |\n|---|---|---|")
     for i, (label, setup, _) in enumerate(CASES, 1):
         with tempfile.TemporaryDirectory() as d:
-            real = sys.stderr
-            sys.stderr = io.StringIO()
-            try:
-                code, err = run_case(setup, Path(d), _Cap())
-            finally:
-                sys.stderr = real
-            print(f"| {i} | {label} | `{err.strip()}` (exit {code}) |")
+            code, err = run_case(setup, Path(d))
+        print(f"| {i} | {label} | `{err.strip()}` (exit {code}) |")

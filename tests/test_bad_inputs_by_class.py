@@ -18,6 +18,7 @@ from typing import Callable
 
 import pytest
 
+from cli_harness import wansync
 from test_bad_inputs import finished_run, flags
 from test_report import fake_run
 from wansync.analysis import report as R
@@ -52,12 +53,9 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str]:
 
 
 def run_cli_out(argv: list[str], capsys) -> tuple[int, str, str]:
-    from wansync.cli import main
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    captured = capsys.readouterr()
-    return int(e.value.code or 0), captured.out, captured.err
+    """The CLI in a process of its own (`cli_harness`: forked, with this process's environment)."""
+    r = wansync(*argv, timeout=240)
+    return r.returncode, r.stdout, r.stderr
 
 
 # ---------------------------------------------------------------- setups: what a directory holds

@@ -65,7 +65,7 @@ def lm_exp(tmp_path):
 
 
 def test_lm_numbers_and_default_target(lm_exp):
-    rep = R.report(lm_exp)
+    rep = R.report(lm_exp, plots=False)
     # DDP's final validation loss: mean(2.0, 2.2) = 2.1, target 2.1 x 1.01 = 2.121
     assert rep.target == pytest.approx(2.121)
     assert "DDP's final validation loss" in rep.target_source
@@ -88,9 +88,9 @@ def test_lm_numbers_and_default_target(lm_exp):
 
 
 def test_the_runner_records_the_target_in_every_summary(lm_exp):
-    R.report(lm_exp)
+    R.report(lm_exp, plots=False)
     assert "target" not in json.loads((lm_exp / "ddp" / "seed0" / "summary.json").read_text())   # the report reads
-    R.report(lm_exp, record_targets=True)
+    R.report(lm_exp, plots=False, record_targets=True)
     ddp0, ddp1, sgd0 = (json.loads((lm_exp / d / "summary.json").read_text())
                         for d in ("ddp/seed0", "ddp/seed1", "local_sgd/seed0"))
     assert ddp0["target"]["value"] == pytest.approx(2.121) and "DDP's final" in ddp0["target"]["source"]
@@ -103,7 +103,7 @@ def test_bits_per_byte_are_reported_beside_loss_and_perplexity(tmp_path):
     run = fake_run(tmp_path / "exp" / "ddp" / "seed0", "ddp", 0, [3.0, 2.0])
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").write_text(json.dumps({**summary, "final_val_bpb": 1.25}))
-    R.report(tmp_path / "exp")
+    R.report(tmp_path / "exp", plots=False)
     assert rows(tmp_path / "exp" / "summary.csv")["ddp"]["final_bpb_mean"] == "1.25"
     assert "final val bpb" in (tmp_path / "exp" / "report.md").read_text()
 
@@ -126,9 +126,9 @@ def test_explicit_target_and_no_ddp(tmp_path):
     root = tmp_path / "exp"
     fake_run(root / "a" / "seed0", "local_sgd", 0, [3.0, 2.0])
     fake_run(root / "b" / "seed0", "diloco", 0, [3.0, 2.5])
-    rep = R.report(root)
+    rep = R.report(root, plots=False)
     assert rep.target == pytest.approx(2.0 * 1.01) and "best setting" in rep.target_source
-    rep = R.report(root, target_loss=2.6)
+    rep = R.report(root, target_loss=2.6, plots=False)
     assert rep.target == 2.6
     r = rows(root / "summary.csv")
     assert r["a"]["steps_to_target_mean"] == "20" and r["b"]["steps_to_target_mean"] == "20"
@@ -158,7 +158,7 @@ def test_failed_and_incomplete_runs_are_rows(tmp_path):
     (root / "cut" / "seed0").mkdir(parents=True)
     (root / "cut" / "seed0" / "config.toml").write_text('[run]\nstrategy = "ddp"\n')
     (root / "cut" / "seed0" / "metrics.jsonl").write_text('{"type": "step", "step": 1}\n{"type": "ev')
-    rep = R.report(root)
+    rep = R.report(root, plots=False)
     r = rows(root / "summary.csv")
     assert r["bad"]["status"] == "failed: data path not found: /d"
     assert r["cpdp"]["status"] == "partial: 1/2 seeds failed: rank 1 was killed by SIGKILL"
@@ -169,7 +169,7 @@ def test_failed_and_incomplete_runs_are_rows(tmp_path):
 
 def test_a_single_run_directory(tmp_path):
     d = fake_run(tmp_path / "run", "local_sgd", 0, [3.0, 2.0])
-    rep = R.report(d)
+    rep = R.report(d, plots=False)
     assert list(rows(d / "summary.csv")) == ["run"] and rep.path == d / "report.md"
 
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_harness import start
+from cli_harness import start, wansync
 
 
 pytestmark = pytest.mark.timeout(180)
@@ -18,6 +18,13 @@ SMALL = ["--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--eval-batc
 
 
 def cli(capsys, *argv: str) -> tuple[int, str]:
+    """The CLI in a process of its own (`cli_harness`), as a user runs it: exit status, stderr."""
+    r = wansync(*argv, timeout=240)
+    return r.returncode, r.stderr
+
+
+def cli_here(capsys, *argv: str) -> tuple[int, str]:
+    """The CLI in this process, for a test that replaces a piece of it."""
     from wansync.cli import main
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
@@ -28,11 +35,9 @@ def cli(capsys, *argv: str) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """One finished 2-step run, copied by the tests that change it."""
-    from wansync.cli import main
     run = tmp_path_factory.mktemp("finished") / "run"
-    with pytest.raises(SystemExit) as e:
-        main(["train", *SMALL, "--steps", "2", "--out", str(run)])
-    assert e.value.code == 0
+    r = wansync("train", *SMALL, "--steps", "2", "--out", str(run), timeout=240)
+    assert r.returncode == 0, r.stderr
     return run
 
 
@@ -112,7 +117,7 @@ def test_workers_take_their_config_from_the_launcher_not_the_file(tmp_path, caps
     real = launch.spawn
     launch.spawn = spawn
     try:
-        code, err = cli(capsys, "train", *SMALL, "--lr", "0.25", "--steps", "1", "--out", str(tmp_path / "r"))
+        code, err = cli_here(capsys, "train", *SMALL, "--lr", "0.25", "--steps", "1", "--out", str(tmp_path / "r"))
     finally:
         launch.spawn = real
     assert code != 0 and "stopped by the test" in err

@@ -47,7 +47,10 @@ def join_group(port: int, rank: int, world_size: int, backend: str = "gloo", tim
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "wansync.runner.localgroup")   # _dynamo: the first optimizer imports it
+# _dynamo: the first optimizer imports it; wansync.cli and what its train imports: the tests' CLI
+# processes (tests/cli_harness.py) fork from this server too
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "wansync.runner.localgroup", "wansync.cli",
+           "wansync.runner.run")
 
 
 def rank_context() -> mp.context.BaseContext:
