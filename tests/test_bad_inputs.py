@@ -246,6 +246,9 @@ CASES += [
     # combinations that make no sense
     ("--warmup-steps 50 --steps 10", flags("--warmup-steps", "50", "--steps", "10"),
      "warmup_steps (50) must not exceed steps (10)"),
+    ("plan --strategy ddp --codec int8 (it planned fp32)",
+     lambda tmp: ["plan", "--strategy", "ddp", "--codec", "int8", "--params", "1e9", "--wan", "lan"],
+     "ddp has no option codec"),
     ("--wan two-site --workers 1", flags("--wan", "two-site", "--workers", "1"), "has 2 sites but the run has 1 workers"),
     ("--wan ...,sites=3 --workers 2", flags("--wan", "rtt=10ms,bw=1gbit,sites=3", "--workers", "2"), "has 3 sites"),
     ("--wan two-site --workers 1 --ranks-per-worker 2 (sites hold whole workers)",

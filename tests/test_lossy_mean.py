@@ -72,6 +72,23 @@ def test_both_paths_come_close_to_the_exact_mean(runs, codec, bound):
             assert rel < bound, f"{codec} {path} M={m}: {rel:.3g}"
 
 
+def test_auto_on_a_modelled_link_takes_the_path_the_link_model_times_shorter():
+    from wansync.comm.mean_cost import lossy_path, mean_seconds
+    from wansync.net.link import PRESETS
+    link = PRESETS["cross-region"]
+    assert lossy_path("int8", "auto", 2, 10**8, link) == "allgather"          # 2 workers: the same bytes
+    assert lossy_path("int8", "auto", 4, 10**5, link) == "allgather"          # latency-bound: one collective
+    assert lossy_path("int8", "auto", 4, 10**8, link) == "reduce_scatter"     # bandwidth-bound: fewer bytes
+    assert lossy_path("int8", "auto", 4, 10**5) == "reduce_scatter"           # no link model: fewer bytes
+    assert lossy_path("int8", "allgather", 4, 10**8, link) == "allgather"     # a path asked for is kept
+    for m in (3, 4, 8, 16):
+        for n in (10**3, 10**5, 10**6, 10**7, 10**8):
+            for r, shards in ((1, False), (2, False), (2, True)):
+                chosen = lossy_path("fp4", "auto", m, n, link, r, shards)
+                times = {p: mean_seconds(n, "fp4", link, m, r, shards, p) for p in ("allgather", "reduce_scatter")}
+                assert times[chosen] == min(times.values())
+
+
 def test_auto_takes_the_all_gather_for_two_workers_and_the_reduce_scatter_beyond():
     int8 = get_codec("int8")
     ex = Exchange()
@@ -143,8 +160,10 @@ def test_error_feedback_on_the_reduce_scatter_keeps_what_its_chunks_dropped():
 
 
 def test_diloco_trains_compressed_and_the_planner_books_what_the_ledger_does(tmp_path):
-    """`diloco --codec int8`: a quarter of fp32's bytes on the ledger, and `wansync plan`'s payload and
-    wire bytes per step agree with the ledger's within 2 %."""
+    """`diloco --codec int8` under an emulated lan: a quarter of fp32's bytes on the ledger, and
+    `wansync plan`'s payload and wire bytes per step agree with the ledger's within 2 %; `auto` took
+    the same path in both (the link model times the all-gather shorter for the micro LM's 0.2M
+    values over 4 workers, so each rank sent 3 payloads)."""
     import json
     from cli_harness import TINY, wansync
     from wansync.net.link import PRESETS
@@ -153,10 +172,13 @@ def test_diloco_trains_compressed_and_the_planner_books_what_the_ledger_does(tmp
     ledgers = {}
     for codec in ("fp32", "int8"):
         r = wansync("train", "--strategy", "diloco", "--sync-every", "4", "--codec", codec, "--workers", "4",
-                    "--steps", "12", *TINY, "--out", str(tmp_path / codec), timeout=300)
+                    "--steps", "12", "--wan", "lan", *TINY, "--out", str(tmp_path / codec), timeout=300)
         assert r.returncode == 0, r.stderr
         ledgers[codec] = json.loads((tmp_path / codec / "summary.json").read_text())["comm"]
-    assert ledgers["int8"]["params"]["bytes"] < 0.26 * ledgers["fp32"]["params"]["bytes"]
+    sent = ledgers["int8"]["params"]
+    assert sent["bytes"] < 0.26 * ledgers["fp32"]["params"]["bytes"]
+    side_band = ledgers["int8"]["telemetry"]["bytes"]                    # the drift's 4 bytes, in every payload
+    assert sent["sent"] == 3 * (sent["bytes"] + side_band)                # the all-gather: (M − 1) payloads
     options = resolve_options("diloco", {"sync_every": 4, "codec": "int8"})
     p = predict(setting("diloco", options, of_name("micro"), 4, PRESETS["lan"], 0.1))
     booked = {k: sum(v[k] for purpose, v in ledgers["int8"].items() if purpose in ("params", "telemetry"))

@@ -253,6 +253,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(planner.large_table(args.target_exposed if args.target_exposed is not None else planner.TARGET_PCT))
         return 0
     cfg = config_from_args(args)
+    check_options_apply([cfg.strategy], given_keys(args))      # `plan --strategy ddp --codec int8` planned fp32
     print(planner.plan_command(cfg, params=args.params, step_s=args.step_time, measure=args.measure,
                                step_times=args.step_times, target_pct=args.target_exposed,
                                tokens_per_step=args.tokens_per_step, flops=args.throughput,

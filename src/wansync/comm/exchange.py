@@ -83,28 +83,14 @@ from ..errors import ConfigError, NonFiniteError
 from ..net import emulator_of
 from .codecs import Codec, Encoded, get_codec
 from .ledger import INSIDE, CommLedger
-from .mean_cost import mean_collectives, mean_seconds
+from .mean_cost import LOSSY_COLLECTIVES, lossy_path, mean_collectives, mean_seconds  # noqa: F401 - re-exported
 from .replicas import Replicas
 
 GUARDED = ("params", "pseudo_grads", "optim_state")
 POLICIES = ("abort", "skip")
-LOSSY_COLLECTIVES = ("auto", "allgather", "reduce_scatter")
 REPLICATED = ("schedule",)  # purposes whose values every rank must end with, whatever shard it holds
 QUORUM = "quorum"          # ledger purpose: the time a worker waits to agree on who takes part (`meet`)
 SENT_NONFINITE = " (a worker sent NaN/Inf; --on-nonfinite abort or skip stops it before the exchange)"
-
-
-def lossy_path(codec: str | Codec, choice: str, workers: int) -> str:
-    """How a lossy codec's mean travels: `allgather` (every worker's encoded payload to every
-    worker: (M−1) payloads received per rank, one quantization) or `reduce_scatter` (encoded chunks
-    all-to-all, each chunk's sum in fp32 re-encoded and all-gathered: about 2(M−1)/M of a payload
-    per rank whatever M is, two quantizations). `auto`: the all-gather up to 2 workers (the same
-    bytes, one collective and one rounding fewer), the reduce-scatter from 3 on."""
-    if choice not in LOSSY_COLLECTIVES:
-        raise ConfigError(f"codec_collective must be one of {', '.join(LOSSY_COLLECTIVES)}, got {choice!r}")
-    if get_codec(codec).name == "fp32" or choice != "auto":
-        return choice
-    return "allgather" if workers <= 2 else "reduce_scatter"
 
 
 def all_finite(x: torch.Tensor) -> bool:
@@ -298,7 +284,7 @@ class Exchange:
             payload.dest, payload.residual = buf if inplace else None, residual
         else:
             payload = self._prepare(buf, purpose, codec, extra, inplace)
-        payload.collective = self.lossy_collective(payload.codec, collective)
+        payload.collective = self.lossy_collective(payload.codec, collective, buf.numel())
         sent = self._send(payload)
         if not replay:
             self._book(payload, sent)
@@ -309,9 +295,13 @@ class Exchange:
             handle.wait()
         return handle
 
-    def lossy_collective(self, codec: Codec, choice: str = "auto") -> str:
-        """How a lossy codec's mean travels over this exchange's workers (`lossy_path`)."""
-        return lossy_path(codec, choice, self.world_size)
+    def lossy_collective(self, codec: Codec, choice: str = "auto", numel: int = 0) -> str:
+        """How a lossy codec's mean of `numel` values travels over this exchange's workers
+        (`lossy_path`): `auto` times both paths on the emulated link, when there is one (every
+        rank of the group has the same link and buffer size, so all pick the same path)."""
+        emulator = emulator_of(self.broadcast_group) if self.quorum is None else None
+        return lossy_path(codec, choice, self.world_size, numel, emulator.topology if emulator else None,
+                          self.replicas.ranks_per_worker, shards=self.replicas.shards)
 
     def _prepare(self, buf: torch.Tensor, purpose: str, codec: Codec, extra: int, inplace: bool) -> Payload:
         """The payload, with the guard's verdict on its values: NonFiniteError before a NaN/Inf
@@ -401,7 +391,8 @@ class Exchange:
         if emulator is None:
             return None
         return mean_seconds(numel, codec, emulator.topology, self.world_size, self.replicas.ranks_per_worker,
-                            shards=self.replicas.shards, collective=self.lossy_collective(get_codec(codec), collective))
+                            shards=self.replicas.shards,
+                            collective=self.lossy_collective(get_codec(codec), collective, numel))
 
     @staticmethod
     def _measure(handle: MeanHandle, result: torch.Tensor, whole: torch.Tensor, extra: int, purpose: str,

@@ -62,7 +62,7 @@ from types import MappingProxyType
 from typing import Any, Sequence
 
 from ..comm.codecs import get_codec
-from ..comm.exchange import lossy_path
+from ..comm.mean_cost import lossy_path
 from ..errors import ConfigError
 from ..strategies import strategy_class
 from ..strategies.periodic import DRIFT_SIDE_BAND, Periodic
@@ -173,7 +173,7 @@ def _fragments_in_flight(s: Any, held: Sequence[Transfer]) -> list[tuple[int, in
         share = math.ceil(n / r) if r > 1 and not sharded else n
         if codec.name == "fp32":
             wire = VALUE * share
-        elif lossy_path(codec, o.get("codec_collective", "auto"), m) == "reduce_scatter":
+        elif lossy_path(codec, o.get("codec_collective", "auto"), m, n, s.topology, r, sharded) == "reduce_scatter":
             wire = m * codec.wire_bytes(-(-share // m))
         else:
             wire = m * codec.wire_bytes(share)

@@ -18,7 +18,7 @@ from ..net.link import Topology
 from ..strategies import resolve_options
 from ..strategies.fragment_timetable import FragmentTimetable
 from .memory import memory_bill
-from .schedule import Trace, Transfer, planned_timetable, trace
+from .schedule import PathOf, Trace, Transfer, lossy_paths, planned_timetable, trace
 from .simulate import DDP_OVERLAP, StepTimes, Timeline, simulate, transfer_seconds
 from .sizes import ModelSize
 
@@ -90,7 +90,12 @@ def run_trace(s: Setting, steps: int, finish: bool = False) -> Trace:
     # CoCoDC's T_c is the time a step spends outside the strategy's own sync work (forward,
     # backward, data, inner step): `step_s`, without the averaging `other_s` also holds.
     return trace(s.strategy, s.options, s.size, s.workers, steps, step_s=s.step_s,
-                 fragment_sync_s=seconds, ranks_per_worker=s.ranks_per_worker, finish=finish)
+                 fragment_sync_s=seconds, ranks_per_worker=s.ranks_per_worker, finish=finish, path_of=paths_of(s))
+
+
+def paths_of(s: Setting) -> PathOf:
+    """A lossy mean's path as the emulated run picks it on this setting's link (`schedule.lossy_paths`)."""
+    return lossy_paths(s.options, s.workers, s.topology, s.ranks_per_worker, s.inside == "fsdp")
 
 
 def warmup_steps(s: Setting) -> int:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..comm.codecs import get_codec
-from ..comm.exchange import lossy_path
-from ..comm.mean_cost import mean_collectives
+from ..comm.mean_cost import lossy_path, mean_collectives
+from ..net import Topology
 from ..strategies import timetable
 from ..strategies.fragment_timetable import FragmentTimetable
 from ..strategies.inflight import InFlight
@@ -65,22 +65,36 @@ class Trace:
         return [a.transfer for acts in [*self.steps, self.finish] for a in acts if a.kind == "issue"]
 
 
+PathOf = Callable[[int], str]   # a worker's buffer of n values -> its lossy mean's path (`lossy_paths`)
+
+
+def lossy_paths(opts: Any, workers: int, topology: Topology | None = None, ranks_per_worker: int = 1,
+                shards: bool = False) -> PathOf:
+    """How the exchange sends a lossy mean of a worker's buffer of n values (`comm.mean_cost.lossy_path`,
+    timed on `topology` when given: the emulated run's choice; with `shards`, each rank's ⌈n/R⌉)."""
+    get = opts.get if isinstance(opts, dict) else lambda key, default: getattr(opts, key, default)
+    codec, choice, r = get("codec", "fp32"), get("codec_collective", "auto"), ranks_per_worker
+    return lambda n: lossy_path(codec, choice, workers, -(-n // r) if shards else n, topology, r, shards)
+
+
 def mean_transfers(step: int, purpose: str, numel: int, opts: Any, workers: int, *, extra: int = 0,
-                   fragment: int | None = None) -> list[Transfer]:
+                   fragment: int | None = None, path_of: PathOf | None = None) -> list[Transfer]:
     """The collectives of one `Exchange.mean` of `numel` values in the strategy's codec, in order
     (`comm.mean_cost.mean_collectives`: an fp32 all-reduce, a lossy all-gather, or a lossy
-    all-to-all then all-gather); the first carries the payload the ledger books."""
+    all-to-all then all-gather); the first carries the payload the ledger books. `path_of`: the
+    lossy path (`lossy_paths`; by default without a link model)."""
     codec = get_codec(getattr(opts, "codec", "fp32"))
-    path = lossy_path(codec, getattr(opts, "codec_collective", "auto"), workers)
+    path = (path_of or lossy_paths(opts, workers))(numel + extra)
     steps = mean_collectives(numel, codec, path, workers, extra)
     payload = 4 * numel if codec.name == "fp32" else codec.wire_bytes(numel)
     return [Transfer(step, purpose, c.op, c.nbytes, payload if i == 0 else 0, fragment, sent=c.sent)
             for i, c in enumerate(steps)]
 
 
-def fragment_transfer(step: int, p: int, numel: int, opts: Any, workers: int) -> list[Transfer]:
+def fragment_transfer(step: int, p: int, numel: int, opts: Any, workers: int,
+                      path_of: PathOf | None = None) -> list[Transfer]:
     """The collectives of a fragment's sync (its pseudo-gradients' mean)."""
-    return mean_transfers(step, "pseudo_grads", numel, opts, workers, fragment=p)
+    return mean_transfers(step, "pseudo_grads", numel, opts, workers, fragment=p, path_of=path_of)
 
 
 def blocking(transfers: Transfer | list[Transfer]) -> list[Action]:
@@ -96,15 +110,15 @@ def planned_timetable(name: str, options: dict[str, Any]) -> Timetable:
 
 def trace(name: str, options: dict[str, Any], size: ModelSize, workers: int, steps: int, *,
           step_s: float = 0.0, fragment_sync_s: Callable[[Transfer], float] | None = None,
-          ranks_per_worker: int = 1, finish: bool = False) -> Trace:
+          ranks_per_worker: int = 1, finish: bool = False, path_of: PathOf | None = None) -> Trace:
     """The strategy's actions over `steps` steps (and `finish()` when asked).
 
     `step_s` (the inner step time) and `fragment_sync_s` (modelled seconds of a transfer) are
-    needed only for CoCoDC's automatic N."""
+    needed only for CoCoDC's automatic N; `path_of`: a lossy mean's path (`lossy_paths`)."""
     tt = planned_timetable(name, options)
     if isinstance(tt, FragmentTimetable):
-        return _fragment_trace(tt, size, workers, steps, step_s, fragment_sync_s, finish)
-    return _periodic_trace(tt, size, workers, steps, ranks_per_worker, finish)
+        return _fragment_trace(tt, size, workers, steps, step_s, fragment_sync_s, finish, path_of)
+    return _periodic_trace(tt, size, workers, steps, ranks_per_worker, finish, path_of)
 
 
 IN_WORKER_CHUNKS = 8
@@ -145,12 +159,13 @@ def _grad_actions(tt: Timetable, size: ModelSize, t: int, ranks_per_worker: int,
             + [Action("wait", b, in_backward=True) for b in buckets] + rebuild)
 
 
-def _boundary_actions(opts: Any, size: ModelSize, t: int, optim_state_numel: int, workers: int) -> list[Action]:
+def _boundary_actions(opts: Any, size: ModelSize, t: int, optim_state_numel: int, workers: int,
+                      path_of: PathOf | None = None) -> list[Action]:
     """`Periodic.average_params`: the blocking params mean in the strategy's codec (with drift
     telemetry, one more element that carries this worker's ‖θ_m‖², booked as `telemetry`), the
     optimizer state's mean (fp32) when asked."""
     drift = int(opts.drift_telemetry)
-    acts = blocking(mean_transfers(t, "params", size.sync_numel, opts, workers, extra=drift))
+    acts = blocking(mean_transfers(t, "params", size.sync_numel, opts, workers, extra=drift, path_of=path_of))
     if drift:
         acts.append(Action("book", Transfer(t, "telemetry", "allreduce", 0, DRIFT_BYTES)))
     if opts.sync_optimizer_state:
@@ -160,7 +175,7 @@ def _boundary_actions(opts: Any, size: ModelSize, t: int, optim_state_numel: int
 
 
 def _periodic_trace(tt: Timetable, size: ModelSize, workers: int, steps: int, ranks_per_worker: int,
-                    finish: bool) -> Trace:
+                    finish: bool, path_of: PathOf | None = None) -> Trace:
     out = Trace()
     optim_numel = 2 * size.params                 # AdamW's two moments (the trainer's default optimizer)
     first = True
@@ -168,10 +183,10 @@ def _periodic_trace(tt: Timetable, size: ModelSize, workers: int, steps: int, ra
         acts = _grad_actions(tt, size, t, ranks_per_worker, first, workers * ranks_per_worker)
         first = first and not tt.ddp_step(t)
         if tt.is_boundary(t):
-            acts += _boundary_actions(tt.opts, size, t, optim_numel, workers)
+            acts += _boundary_actions(tt.opts, size, t, optim_numel, workers, path_of)
         out.steps.append(acts)
     if finish and tt.final_sync(steps):
-        out.finish = _boundary_actions(tt.opts, size, steps, optim_numel, workers)
+        out.finish = _boundary_actions(tt.opts, size, steps, optim_numel, workers, path_of)
     return out
 
 
@@ -181,15 +196,15 @@ class FragmentPlan:
     sync, and CoCoDC's N from the modelled sync time of a mean-sized fragment."""
 
     def __init__(self, tt: FragmentTimetable, numels: list[int], workers: int, step_s: float,
-                 fragment_sync_s: Callable[[Transfer], float] | None):
-        self.tt, self.numels, self.workers = tt, numels, workers
+                 fragment_sync_s: Callable[[Transfer], float] | None, path_of: PathOf | None = None):
+        self.tt, self.numels, self.workers, self.path_of = tt, numels, workers, path_of
         self.step_s, self.fragment_sync_s = step_s, fragment_sync_s
         self.acts: list[Action] = []                 # the actions of the step (or finish) being planned
         self.flying: dict[int, list[Transfer | None]] = {}  # fragment -> its sync's collectives in flight
                                                             # (None: one already waited for)
 
     def transfer(self, t: int, p: int, numel: int) -> list[Transfer]:
-        return fragment_transfer(t, p, numel, self.tt.opts, self.workers)
+        return fragment_transfer(t, p, numel, self.tt.opts, self.workers, self.path_of)
 
     def slot(self, t: int, choice: tuple[int, str] | None) -> None:
         """Every rank makes the same choice: nothing to plan."""
@@ -230,8 +245,9 @@ class FragmentPlan:
 
 
 def _fragment_trace(tt: FragmentTimetable, size: ModelSize, workers: int, steps: int, step_s: float,
-                    fragment_sync_s: Callable[[Transfer], float] | None, finish: bool) -> Trace:
-    plan = FragmentPlan(tt, size.fragments(tt.P, tt.opts.partition), workers, step_s, fragment_sync_s)
+                    fragment_sync_s: Callable[[Transfer], float] | None, finish: bool,
+                    path_of: PathOf | None = None) -> Trace:
+    plan = FragmentPlan(tt, size.fragments(tt.P, tt.opts.partition), workers, step_s, fragment_sync_s, path_of)
     out = Trace()
     for t in range(1, steps + 1):
         tt.step(t, plan)

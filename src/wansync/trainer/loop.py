@@ -237,8 +237,9 @@ def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], worl
         return None
     numel, codec, r = exchange_numel(model, options), options.get("codec", "fp32"), cfg.ranks_per_worker
     if strategies.strategy_class(cfg.strategy).steps_inside_workers:
-        path = lossy_path(codec, options.get("codec_collective", "auto"), world // r)
-        seconds = mean_seconds(numel, codec, cfg.topology, world // r, r, shards=cfg.inside == "fsdp", collective=path)
+        shards = cfg.inside == "fsdp"
+        path = lossy_path(codec, options.get("codec_collective", "auto"), world // r, numel, cfg.topology, r, shards)
+        seconds = mean_seconds(numel, codec, cfg.topology, world // r, r, shards=shards, collective=path)
     else:
         seconds = exchange_seconds("allreduce", 4 * numel, cfg.topology, world // r, r, reduce_inside=True)
     size = f"{4 * numel / 1e6:.3g} MB" + ("" if codec == "fp32" else f" in {codec}")
