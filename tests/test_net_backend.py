@@ -91,12 +91,15 @@ def test_a_collective_completes_no_earlier_than_modelled_and_not_much_later(timi
     for out in timing:
         s = out["single"]
         assert s["modelled"] == pytest.approx(D, abs=1e-3)
-        assert s["modelled"] <= s["elapsed"] < s["modelled"] + SLACK
+        assert s["modelled"] <= s["elapsed"]
         assert s["value"] == [3.0] * 4  # and the math is the real all-reduce's
         rec = s["record"]
         assert rec["op"] == "allreduce" and rec["nbytes"] == 16
         assert rec["end"] >= max(rec["real_end"], rec["modelled_end"])
-        assert rec["waited"] == pytest.approx(s["elapsed"], abs=0.02)
+        # not much later than modelled, counted from the collective's start (its last member's
+        # arrival): a loaded host may wake the ranks apart after the barrier, which is not the emulator's
+        assert rec["end"] - rec["start"] < s["modelled"] + SLACK
+        assert rec["waited"] == pytest.approx(s["elapsed"] - s["issued"], abs=0.02)   # the time in wait()
 
 
 @pytest.mark.timeout(120)
@@ -106,7 +109,8 @@ def test_back_to_back_collectives_queue_on_the_link(timing):
         first, second = f["records"]
         assert second["start"] == pytest.approx(first["modelled_end"], abs=1e-9)  # FIFO: queued behind
         assert f["first_done_when_second_done"]
-        assert 2 * D <= f["elapsed"] < 2 * D + SLACK
+        assert 2 * D <= f["elapsed"]
+        assert second["end"] - first["start"] < 2 * D + SLACK
 
 
 @pytest.mark.timeout(120)
@@ -236,10 +240,13 @@ def _timing(rank: int, world: int, port: int) -> dict:
     fresh()
     t = torch.full((4,), float(rank + 1))
     t0 = time.perf_counter()
-    dist.all_reduce(t, async_op=True).wait()
+    work = dist.all_reduce(t, async_op=True)
+    issued = time.perf_counter() - t0
+    work.wait()
     elapsed = time.perf_counter() - t0
     (rec,) = emulator.records()
-    out["single"] = {"elapsed": elapsed, "modelled": rec.modelled_s, "value": t.tolist(), "record": rec.as_dict()}
+    out["single"] = {"elapsed": elapsed, "issued": issued, "modelled": rec.modelled_s, "value": t.tolist(),
+                     "record": rec.as_dict()}
 
     fresh()
     t0 = time.perf_counter()
