@@ -83,7 +83,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..net import emulator_of
 from .codecs import Codec, Encoded, get_codec
 from .ledger import INSIDE, CommLedger
-from .mean_cost import LOSSY_COLLECTIVES, lossy_path, mean_collectives, mean_seconds  # noqa: F401 - re-exported
+from .mean_cost import lossy_path, mean_collectives, mean_seconds
 from .replicas import Replicas
 
 GUARDED = ("params", "pseudo_grads", "optim_state")

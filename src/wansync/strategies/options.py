@@ -145,10 +145,10 @@ def _known_codec(name: str, value: str) -> None:
 
 
 def codec_collective() -> Any:
-    from ..comm.exchange import LOSSY_COLLECTIVES
+    from ..comm.mean_cost import LOSSY_COLLECTIVES
     return option("auto", "how a lossy codec's mean travels: allgather (every payload to every worker) | "
                   "reduce_scatter (about two payloads per rank whatever the workers) | auto (allgather up to 2 "
-                  "workers)", one_of(LOSSY_COLLECTIVES))
+                  "workers; from 3, the one the link model times shorter, else reduce_scatter)", one_of(LOSSY_COLLECTIVES))
 
 
 def error_feedback() -> Any:

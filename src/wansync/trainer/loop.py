@@ -21,8 +21,7 @@ import torch.distributed as dist
 from ..rundir import checkpoint
 from .. import strategies
 from ..ft.member import Member, quorum_for
-from ..comm.exchange import lossy_path
-from ..comm.mean_cost import mean_seconds
+from ..comm.mean_cost import lossy_path, mean_seconds
 from ..comm.replicas import Replicas, replica_groups
 from ..config import Config, fingerprint
 from ..rundir.divergence import chance_level
