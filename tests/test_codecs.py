@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from wansync.comm.codecs import CODECS, Fp4Codec, Int8Codec, get_codec
+from wansync.comm import codecs as codecs_module
+from wansync.comm.codecs import CODECS, Encoded, Fp4Codec, Int8Codec, decode_into, encode_into, get_codec
 from wansync.errors import ConfigError
 
 CHUNK = 1024
@@ -234,3 +235,28 @@ def test_codec_objects_pass_through_get_codec() -> None:
     codec = Int8Codec(chunk=256)
     assert get_codec(codec) is codec
     assert get_codec("fp4") is CODECS["fp4"]
+
+
+# ---- blocked encode and decode: the exchange's, whose temporaries stay one block ---------------
+
+@pytest.mark.parametrize("block", [1 << 20, 3 * CHUNK, 3000])
+@pytest.mark.parametrize("codec", [*CODECS.values(), Int8Codec(7), Fp4Codec(7)], ids=lambda c: f"{c.name}-{c.chunk}")
+def test_blocked_encode_and_decode_give_the_whole_buffers_bytes_and_bits(monkeypatch, codec, block) -> None:
+    monkeypatch.setattr(codecs_module, "BLOCK_VALUES", block)
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 5, 1023, 1024, 4097, 20001):
+        x = torch.randn(n, generator=g) * torch.rand(n, generator=g) ** 3
+        whole = codec.encode(x).data
+        assert torch.equal(encode_into(codec, x, torch.empty(codec.wire_bytes(n) + 3, dtype=torch.uint8)), whole)
+        padded = codec.encode(torch.cat([x, x.new_zeros(9)])).data          # as if zero-padded to n + 9
+        assert torch.equal(encode_into(codec, x, torch.full((len(padded),), 255, dtype=torch.uint8), n + 9), padded)
+        decoded = codec.decode(Encoded(codec.name, n, whole))
+        assert torch.equal(decode_into(codec, whole, n, torch.empty(n)), decoded)
+        k = max(1, n - 3)                                                      # a prefix, added to what is there
+        assert torch.equal(decode_into(codec, whole, n, torch.ones(k), add=True), 1 + decoded[:k])
+
+
+def test_a_blocked_decode_refuses_a_payload_of_the_wrong_size() -> None:
+    codec = get_codec("int8")
+    with pytest.raises(ValueError, match="uint8 bytes"):
+        decode_into(codec, torch.zeros(codec.wire_bytes(10) - 1, dtype=torch.uint8), 10, torch.empty(10))

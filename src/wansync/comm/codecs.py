@@ -43,10 +43,15 @@ __all__ = [
     "Fp32Codec",
     "Fp4Codec",
     "Int8Codec",
+    "decode_into",
+    "encode_into",
     "get_codec",
 ]
 
 DEFAULT_CHUNK = 1024
+#: values a blocked encode or decode (`encode_into`, `decode_into`) converts at once: its temporaries
+#: stay about 1 MB each however large the buffer (a whole-buffer encode or decode allocates 2-3 copies of it)
+BLOCK_VALUES = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ class Fp32Codec:
     """Identity: the float32 bytes themselves. Encode and decode are zero-copy views (they alias)."""
 
     name = "fp32"
+    chunk, code_bits = 1, 32
 
     def wire_bytes(self, numel: int) -> int:
         return 4 * numel
@@ -113,6 +119,7 @@ class Bf16Codec:
     """bfloat16: float32's exponent range with 8 significant bits, so relative error ≤ 2^-8 (normals)."""
 
     name = "bf16"
+    chunk, code_bits = 1, 16
 
     def wire_bytes(self, numel: int) -> int:
         return 2 * numel
@@ -272,6 +279,63 @@ class Fp4Codec(_ChunkScaled):
         lut = self._pair_lut.to(packed.device)
         values = lut[packed.long()].view(-1)
         return self._rescale(values, scales, enc.numel)
+
+
+# ---- blocked encode and decode: the same bytes and bits, without whole-buffer temporaries ----------
+
+def _scale_bytes(codec: Codec, numel: int) -> int:
+    """The payload's leading per-chunk scales (none for the element-wise codecs)."""
+    return 4 * codec.n_chunks(numel) if isinstance(codec, _ChunkScaled) else 0
+
+
+def _blocks(codec: Codec, numel: int) -> list[tuple[int, int, slice, slice]]:
+    """Value ranges [a, b) of about `BLOCK_VALUES` covering `numel`, each starting on a chunk and a
+    byte boundary, with the byte ranges of their scales and codes in the whole payload. Every codec
+    encodes a chunk from its own values only, so a block's payload is those two ranges' bytes."""
+    chunk, bits = codec.chunk, codec.code_bits          # type: ignore[attr-defined]
+    step = chunk * max(1, BLOCK_VALUES // chunk)
+    step += step % 2 * chunk * (bits < 8)               # fp4: two codes a byte, blocks on even values
+    head, scaled = _scale_bytes(codec, numel), isinstance(codec, _ChunkScaled)
+    out = []
+    for a in range(0, numel, step):
+        b = min(a + step, numel)
+        scales = slice(4 * (a // chunk), 4 * -(-b // chunk)) if scaled else slice(0, 0)
+        out.append((a, b, scales, slice(head + a * bits // 8, head + -(-b * bits // 8))))
+    return out
+
+
+def encode_into(codec: Codec, x: torch.Tensor, out: torch.Tensor, numel: int | None = None) -> torch.Tensor:
+    """`codec.encode(x).data` written into the first `wire_bytes(numel)` bytes of the uint8 `out`
+    (returned), block by block (`BLOCK_VALUES`): the same bytes, with a block's temporaries only.
+    `numel` (≥ x's): encode `x` as if zero-padded to that many values, without the padded copy."""
+    x = _flat_f32(x)
+    numel, have = x.numel() if numel is None else numel, x.numel()
+    for a, b, scales, codes in _blocks(codec, numel):
+        block = x[a:b] if b <= have else torch.cat([x[a:max(a, have)], x.new_zeros(b - max(a, have))])
+        data = codec.encode(block).data
+        n = scales.stop - scales.start
+        out[scales].copy_(data[:n])
+        out[codes].copy_(data[n:])
+    return out[:codec.wire_bytes(numel)]
+
+
+def decode_into(codec: Codec, data: torch.Tensor, numel: int, out: torch.Tensor, add: bool = False) -> torch.Tensor:
+    """The first `out.numel()` values of `codec.decode(Encoded(codec.name, numel, data))` copied into
+    the float32 `out` (or added to it, `add`), block by block: the same bits as decoding the whole
+    payload (every codec decodes element-wise within a chunk), without its whole-buffer temporaries."""
+    want = codec.wire_bytes(numel)
+    if data.dtype != torch.uint8 or data.numel() != want or out.numel() > numel:
+        raise ValueError(f"{codec.name} payload for {numel} elements must be {want} uint8 bytes for at most "
+                         f"{numel} values, got {data.numel()} {data.dtype} for {out.numel()}")
+    flat, k = out.view(-1), out.numel()
+    for a, b, scales, codes in _blocks(codec, numel):
+        if a >= k:
+            break
+        piece = torch.cat([data[scales], data[codes]]) if scales.stop > scales.start else data[codes].clone()
+        values = codec.decode(Encoded(codec.name, b - a, piece))[:min(b, k) - a]
+        target = flat[a:min(b, k)]
+        target.add_(values) if add else target.copy_(values)
+    return out
 
 
 CODECS: dict[str, Codec] = {

@@ -7,11 +7,11 @@ plug in here and nowhere else:
 - **Codec.** `fp32` sends the buffer as it is (any float dtype) through a SUM all-reduce of every
   worker's values divided by their number (gloo has no AVG; dividing before the collective, as
   torch's DDP and model averager do, needs no pass after it and writes the mean out of place for
-  free). A lossy codec (bf16, int8, fp4) cannot
-  be summed on the wire (each rank has its own scales), so every rank's encoded payload is
-  all-gathered and each rank decodes and accumulates all of them in FP32, in rank order: the same
-  bytes summed in the same order give the same bits on every rank, which the strategies rely on
-  (their anchors must not drift apart).
+  free). A lossy codec (bf16, int8, fp4) cannot be summed on the wire (each rank has its own
+  scales): its mean is an all-gather of every rank's payload or a reduce-scatter of encoded
+  chunks (`comm.lossy_mean`, chosen by `lossy_collective`), decoded and accumulated in FP32 in
+  rank order: the same bytes summed in the same order give the same bits on every rank, which
+  the strategies rely on (their anchors must not drift apart).
 - **Non-finite guard** (`nonfinite`, for model state: the purposes in `GUARDED`). None: no check
   before sending; "abort": raise NonFiniteError before a NaN/Inf leaves this worker; "skip": send a
   zero contribution with weight 0 and divide by the number of valid contributors, so every rank
@@ -62,7 +62,7 @@ plug in here and nowhere else:
   size of the last exchange's quorum (None for a fixed group: every worker).
 
 `mean` is a pipeline: prepare the payload (the values, the side band, the guard's verdict) → send
-it (an fp32 all-reduce, a lossy all-gather, or the quorum's mean; sharded across replica groups)
+it (an fp32 all-reduce, a lossy all-gather or reduce-scatter, or the quorum's mean; sharded across replica groups)
 → book its bytes → a handle whose finish puts the mean together and checks it.
 
 Without an initialized process group the "group" is this one rank, and the mean of a lossy codec
@@ -73,7 +73,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -81,9 +80,11 @@ import torch.distributed as dist
 
 from ..errors import ConfigError, NonFiniteError
 from ..net import emulator_of
-from .codecs import Codec, Encoded, get_codec
+from .codecs import Codec, get_codec
 from .ledger import INSIDE, CommLedger
+from .lossy_mean import all_gather_mean, reduce_scatter_mean
 from .mean_cost import lossy_path, mean_collectives, mean_seconds
+from .payload import Payload, Sent, contributors
 from .replicas import Replicas
 
 GUARDED = ("params", "pseudo_grads", "optim_state")
@@ -143,40 +144,6 @@ def finite_norm(x: torch.Tensor) -> float | None:
     measures it; only a non-finite norm pays for the exact test."""
     norm = l2_norm(x)
     return norm if math.isfinite(norm) or bool(torch.isfinite(x).all()) else None
-
-
-@dataclass
-class Payload:
-    """What this rank puts into one `mean`: the buffer (values, then `extra` side-band scalars), where
-    the mean lands, and the non-finite guard's verdict on the values."""
-    buf: torch.Tensor
-    purpose: str
-    codec: Codec
-    extra: int
-    dest: torch.Tensor | None       # `buf` itself with `inplace`, else None (a new tensor)
-    valid: bool                     # the values may count (finite, or not checked)
-    weighted: bool                  # a weight (fp32) or flag (lossy) rides along: "skip" may drop it
-    collective: str = "auto"        # a lossy mean's: allgather | reduce_scatter | auto (LOSSY_COLLECTIVES)
-    residual: torch.Tensor | None = None   # error feedback: what the codec dropped of this worker's values
-
-    @property
-    def values_bytes(self) -> int:
-        return (self.buf.numel() - self.extra) * self.buf.element_size()
-
-
-@dataclass
-class Sent:
-    """A payload on its way: what to wait for, how its mean is finished once it has arrived, and
-    the bytes this rank put on the wire (values, side band, guard)."""
-    work: Any                                  # the collective's Work; None: nothing to wait for
-    finish: Callable[[], torch.Tensor]         # the mean of what was sent (this rank's shard, sharded)
-    wire_bytes: int
-    side_bytes: int
-    guard_bytes: int
-    blocked: bool = False                      # sending waited for the mean already (the quorum's)
-    participants: int | None = None            # the workers in the quorum that averaged it
-    sent: int | None = None                    # what this rank transmits in all (None: the payload)
-    advance: Callable[[], None] | None = None  # a two-phase mean: finish the first, start the second
 
 
 class MeanHandle:
@@ -277,9 +244,9 @@ class Exchange:
         them, so that what a worker sent over time plus its residual is what it had to send."""
         started_at = time.perf_counter()
         codec = get_codec(codec)
-        if residual is not None and codec.name != "fp32":
-            sending = buf.detach().clone()
-            sending[:buf.numel() - extra].add_(residual.view(-1))
+        if residual is not None and codec.name != "fp32":     # buf's values are replaced by the mean anyway
+            sending = buf if inplace else buf.detach().clone()
+            sending.view(-1)[:buf.numel() - extra].add_(residual.view(-1))
             payload = self._prepare(sending, purpose, codec, extra, False)
             payload.dest, payload.residual = buf if inplace else None, residual
         else:
@@ -329,7 +296,9 @@ class Exchange:
         part = self._shard(payload) if self._sharded(payload) else payload
         if part.codec.name == "fp32":
             return self._all_reduce(part)
-        return self._all_gather(part) if part.collective == "allgather" else self._reduce_scatter_lossy(part)
+        if part.collective == "allgather":
+            return all_gather_mean(part, self.group, self.world_size)
+        return reduce_scatter_mean(part, self.group, self.world_size, self.ledger)
 
     def _book(self, payload: Payload, sent: Sent) -> None:
         """The ledger's bytes by purpose: the values, the side band as telemetry (no call of its
@@ -501,125 +470,8 @@ class Exchange:
             if not weighted:
                 return wire
             total = wire[:-1].view_as(buf)
-            return (dest.copy_(total) if dest is not None else total).div_(self._contributors(float(wire[-1]), purpose))
+            return (dest.copy_(total) if dest is not None else total).div_(contributors(float(wire[-1]), purpose))
         item = buf.element_size()
         sent = mean_collectives(buf.numel() - payload.extra, "fp32", "", size, payload.extra, weighted, item)[0].sent
         return Sent(work, finish, (buf.numel() - payload.extra) * item, payload.extra * item, item if weighted else 0,
                     sent=sent)
-
-    def _all_gather(self, payload: Payload) -> Sent:
-        """Lossy codecs: all-gather every rank's encoded payload (then the side-band scalars as raw
-        float32; weighted: then a validity flag); decode and accumulate the valid ones in FP32, in
-        rank order; divide by their number."""
-        buf, codec, purpose, extra, dest = payload.buf, payload.codec, payload.purpose, payload.extra, payload.dest
-        weighted, valid = payload.weighted, payload.valid
-        flat = buf.detach().reshape(-1)
-        if not valid:
-            flat = torch.zeros_like(flat)
-        numel = flat.numel() - extra
-        wire = codec.encode(flat[:numel]).data
-        if payload.residual is not None and valid:
-            payload.residual.view(-1).copy_(flat[:numel] - codec.decode(Encoded(codec.name, numel, wire)))
-        if extra:
-            wire = torch.cat([wire, flat[numel:].float().view(torch.uint8)])
-        if weighted:
-            wire = torch.cat([wire, wire.new_full((1,), int(valid))])
-        if dist.is_initialized():
-            gathered = [torch.empty_like(wire) for _ in range(self.world_size)]
-            work = dist.all_gather(gathered, wire, group=self.group, async_op=True)
-        else:
-            gathered, work = [wire], None
-
-        def finish() -> torch.Tensor:
-            acc = torch.zeros(numel + extra, dtype=torch.float32, device=flat.device)
-            contributors = 0
-            for data in gathered:  # rank order: the same sum, bit for bit, on every rank
-                if weighted:
-                    if not int(data[-1]):
-                        continue
-                    data = data[:-1]
-                if extra:
-                    data, side = data[:-4 * extra], data[-4 * extra:]
-                    acc[numel:] += side.clone().view(torch.float32)   # a copy: the payload may end off a 4-byte boundary
-                acc[:numel] += codec.decode(Encoded(codec.name, numel, data))
-                contributors += 1
-            mean = acc.div_(self._contributors(contributors, purpose))
-            return dest.copy_(mean.view_as(buf)) if dest is not None else mean
-        return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0,
-                    sent=sum(c.sent for c in mean_collectives(numel, codec, "allgather", self.world_size, extra,
-                                                              weighted)))
-
-    def _reduce_scatter_lossy(self, payload: Payload) -> Sent:
-        """Lossy codecs over many workers: the values cut into M chunks (the last zero-padded), each
-        encoded on its own; an all-to-all sends chunk j of every rank to rank j (with the side band as
-        raw float32 and, weighted, a validity flag); rank j decodes and sums them in fp32 in rank order
-        and divides by the valid contributors, re-encodes that mean chunk, and the mean chunks are
-        all-gathered and decoded. Every rank decodes the same bytes: the same bits everywhere. The
-        all-gather starts at `MeanHandle.advance` (an overlapped sync: halfway through its overlap),
-        else when the mean is waited for; the time blocked on either phase is booked as waiting."""
-        buf, codec, purpose, extra, dest = payload.buf, payload.codec, payload.purpose, payload.extra, payload.dest
-        weighted, valid, m = payload.weighted, payload.valid, self.world_size
-        flat = buf.detach().reshape(-1)
-        if not valid:
-            flat = torch.zeros_like(flat)
-        numel = flat.numel() - extra
-        q = -(-numel // m)                                           # chunk length
-        padded = flat.new_zeros(m * q, dtype=torch.float32)
-        padded[:numel] = flat[:numel]
-        side = flat[numel:].float().view(torch.uint8)
-        flag = side.new_full((1,), int(valid)) if weighted else side.new_zeros(0)
-        chunks = [codec.encode(padded[j * q:(j + 1) * q]).data for j in range(m)]
-        if payload.residual is not None and valid:
-            own = torch.cat([codec.decode(Encoded(codec.name, q, c)) for c in chunks])[:numel]
-            payload.residual.view(-1).copy_(flat[:numel] - own)
-        send = torch.cat([torch.cat([c, side, flag]) for c in chunks])
-        recv = torch.empty_like(send)
-        piece = send.numel() // m
-        if dist.is_initialized():
-            work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
-        else:
-            recv.copy_(send)
-            work = None
-
-        second: dict[str, Any] = {}                      # the all-gather of the mean chunks, once started
-
-        def advance() -> None:
-            if second:
-                return
-            acc, side_sum, contributors = torch.zeros(q, dtype=torch.float32, device=flat.device), None, 0
-            for i in range(m):                                       # rank order: the same sum everywhere
-                data = recv[i * piece:(i + 1) * piece].clone()            # its own storage: 4-byte aligned
-                if weighted:
-                    if not int(data[-1]):
-                        continue
-                    data = data[:-1]
-                if extra:
-                    data, raw = data[:-4 * extra], data[-4 * extra:].clone().view(torch.float32)
-                    side_sum = raw if side_sum is None else side_sum + raw
-                acc += codec.decode(Encoded(codec.name, q, data))
-                contributors += 1
-            n = self._contributors(contributors, purpose)
-            mine = codec.encode(acc.div_(n)).data
-            gathered = [torch.empty_like(mine) for _ in range(m)]
-            work2 = dist.all_gather(gathered, mine, group=self.group, async_op=True) if dist.is_initialized() else None
-            second.update(gathered=gathered if work2 is not None else [mine], work=work2, n=n, side=side_sum)
-
-        def finish() -> torch.Tensor:
-            advance()
-            t0 = time.perf_counter()
-            if second["work"] is not None:
-                second["work"].wait()
-            self.ledger.waited(purpose, time.perf_counter() - t0)
-            mean = torch.cat([codec.decode(Encoded(codec.name, q, g)) for g in second["gathered"]])[:numel]
-            if extra:
-                mean = torch.cat([mean, second["side"].div_(second["n"])])
-            return dest.copy_(mean.view_as(buf)) if dest is not None else mean
-        return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0,
-                    sent=sum(c.sent for c in mean_collectives(numel, codec, "reduce_scatter", m, extra, weighted)),
-                    advance=advance)
-
-    @staticmethod
-    def _contributors(n: float, purpose: str) -> float:
-        if n == 0:
-            raise NonFiniteError(f"every worker's {purpose} was non-finite: nothing left to average")
-        return n

@@ -36,16 +36,26 @@ strategy, the largest fragment f for the others):
                      the piece it sends, B/R each; the R pieces gathered and the backend's flat
                      copy of them, or the whole put back together, B each); averaging the
                      inner optimizer's state (`sync_optimizer_state`) gathers its moments, m, into
-                     one buffer: m, + 2m + 2m/R with DDP inside, when larger
+                     one buffer: m, + 2m + 2m/R with DDP inside, when larger;
+                     a lossy codec (`comm.lossy_mean`; n the values this rank averages, B/4, or
+                     ⌈B/4R⌉ with DDP inside): the workers' changes, B; what travels, held until the
+                     mean is put together: the all-gather's payload and the M gathered,
+                     (1 + M)·wire(n), or the reduce-scatter's send and receive buffers, this rank's
+                     re-encoded chunk and the M gathered, (3M + 1)·wire(⌈n/M⌉); one block's decode
+                     temporaries (`DECODE_TEMPORARIES` a value, up to `codecs.BLOCK_VALUES` values);
+                     with DDP inside, the larger of the shard's mean, 4n, and the whole put back
+                     together, 2B + 2B/R
     fragments        the merge's temporaries alive at once: α-merge 2f (θ_m's copy and (1−α)·θ̃);
                      Taylor and damped 7f (θ_m's copy, g, D, g⊙g⊙D, g_corr, τ·g_corr, the new value);
                      eager 2f (θ_m's copy and θ̃_p − θ̂; its start's look-ahead: Δ/M and the momentum's);
                      + f when the schedule reads R_p (θ̃ kept from before the outer step); with DDP
                      inside the mean put back together, f, is held through the merge while the
                      shard's, f/R, is freed (+ f − f/R), or the gathering itself, 2f + f/R
-                     (the piece sent, the R pieces and the backend's flat copy), when larger
+                     (the piece sent, the R pieces and the backend's flat copy), when larger; a
+                     lossy codec's decoded mean takes the place of the fp32 path's buffer and its
+                     payloads are freed before the merge: the same
 
-The backend's own working buffers are left out (gloo's all-reduce took 0.7–1.9 MB here, whatever
+The backend's own working buffers are left out (gloo's collectives took 0.7–1.9 MB here, whatever
 the size; NCCL's are allocated once per communicator), and so is a lossy fragment sync's own encoded
 payload, which only the backend's Work holds while it travels (wire(w_f), benchmarks/memory_bill.py's
 "unaccounted"), and so are activations and FSDP2's all-gathered
@@ -61,7 +71,7 @@ import math
 from types import MappingProxyType
 from typing import Any, Sequence
 
-from ..comm.codecs import get_codec
+from ..comm.codecs import BLOCK_VALUES, get_codec
 from ..comm.mean_cost import lossy_path
 from ..errors import ConfigError
 from ..strategies import strategy_class
@@ -74,6 +84,9 @@ VALUE = 4                                     # bytes of an fp32 value
 #: fragment-sized buffers alive at once in a merge
 MERGE_TEMPORARIES = MappingProxyType({"alpha": 2, "taylor": 7, "damped": 7, "eager": 2})
 ADAMW_MOMENTS = 2
+#: bytes a blocked decode (`codecs.decode_into`) allocates per value of its block: the block's payload
+#: and its float32 values, rescaled (fp4: its codes as indices, then a float per value, then rescaled)
+DECODE_TEMPORARIES = MappingProxyType({"bf16": 2 + VALUE, "int8": 1 + 2 * VALUE, "fp4": 0.5 + 4 + 2 * VALUE})
 
 
 def memory_bill(s: Any, held_in_flight: Sequence[Transfer] = ()) -> dict[str, int]:
@@ -136,11 +149,37 @@ def transient_bytes(s: Any) -> int:
         return 0
     p, synced = _local_bytes(s)
     b = synced + (VALUE * DRIFT_SIDE_BAND if o.get("drift_telemetry") else 0)
-    params = b if sharded else _reassembly(b, r) if ddp_inside else 0
+    if o.get("codec", "fp32") != "fp32":
+        params = _lossy_periodic(s, b)
+    else:
+        params = b if sharded else _reassembly(b, r) if ddp_inside else 0
     if not o.get("sync_optimizer_state"):
         return params
     moments = inner_optimizer_bytes(s.optimizer, s.momentum, p, 0)     # gathered into one buffer, averaged
     return max(params, moments + (_reassembly(moments, r) if ddp_inside else 0))
+
+
+def _lossy_periodic(s: Any, b: int) -> int:
+    """A periodic strategy's lossy mean of b bytes (`comm.lossy_mean`): the workers' changes, b, in
+    a buffer of their own; the collective's buffers, held until the mean is put together (the
+    payload and the M gathered, or the all-to-all's two, this rank's chunk and the M gathered); one
+    block's decode temporaries; with DDP inside, the shard's mean and the whole put back together."""
+    o, r, m = s.options, s.ranks_per_worker, s.workers
+    ddp_inside = r > 1 and s.inside != "fsdp"
+    codec = get_codec(o["codec"])
+    n = b // VALUE
+    part = math.ceil(n / r) if ddp_inside else n           # the values this rank averages
+    path = lossy_path(codec, o.get("codec_collective", "auto"), m, n, s.topology, r, s.inside == "fsdp")
+    if path == "reduce_scatter":
+        q = math.ceil(part / m)
+        travelling, decoded = (3 * m + 1) * codec.wire_bytes(q), q
+    else:
+        travelling, decoded = (1 + m) * codec.wire_bytes(part), part
+    decode = DECODE_TEMPORARIES[codec.name] * min(BLOCK_VALUES, decoded)
+    if not ddp_inside:
+        return b + travelling + int(decode)
+    shard = VALUE * part
+    return b + travelling + max(shard + int(decode), _reassembly(b, r))
 
 
 def _reassembly(b: int, r: int) -> int:

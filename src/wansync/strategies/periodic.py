@@ -182,7 +182,7 @@ class Periodic(Strategy):
         extra, n = self.wire_numel - self.flat.numel, self.flat.numel
         ref = self.reference().to(self.flat.device)
         wire = torch.empty(self.wire_numel, dtype=torch.float32, device=self.flat.device)
-        torch.sub(self.flat.gather(), ref, out=wire[:n])
+        self.flat.minus(ref, out=wire[:n])
         if extra:
             wire[n] = exact_sq_norm(wire[:n]) / max(n, 1)
         if self.opts.error_feedback and self._residual is None:
