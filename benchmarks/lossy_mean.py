@@ -7,11 +7,16 @@ steps from the same start on its own data, and Δ_m = θ_start − θ_m is what 
 
     .venv/bin/python benchmarks/lossy_mean.py [--workers 2,4,8] [--steps 8]
     .venv/bin/python benchmarks/lossy_mean.py --wall [--wall-workers 8] [--wan cross-region]
+    .venv/bin/python benchmarks/lossy_mean.py --blocks [--values 8e6]
 
 `--wall` instead trains the same Streaming DiLoCo run with int8 twice under the emulated link, once
 per path (`--codec-collective allgather | reduce_scatter`), one after the other in this one
 invocation, and prints their wall clock, exposed communication, the emulator's modelled link time
 and what a worker put on the wire, side by side.
+
+`--blocks` times a codec's encode and decode of one buffer as the exchange runs them, block by block
+(`codecs.encode_into`, `decode_into`, which keep their temporaries to one block), against the
+whole-buffer `encode`/`decode`, side by side on one thread (best of 5; the bytes and bits are equal).
 
 Beyond M = 8 the formula (codec chunk of 1024 values, 4-byte scale): the all-gather sends (M−1)·w per
 rank, the reduce-scatter 2(M−1)/M·w (w: the encoded payload); the error of the all-gather path is one
@@ -96,6 +101,34 @@ def wall_clock(workers: int, wan: str) -> None:
                   f"x the payload) |", flush=True)
 
 
+def blocks(values: int) -> None:
+    """Blocked against whole-buffer encode and decode (decode: summed into an accumulator, as the mean does)."""
+    import time
+    from wansync.comm.codecs import Encoded, decode_into, encode_into, get_codec
+    torch.set_num_threads(1)
+    x = torch.randn(values, generator=torch.Generator().manual_seed(0))
+    acc = torch.zeros(values)
+    print(f"# {datetime.datetime.now():%Y-%m-%d %H:%M} on {platform.machine()}, 1 thread, load average "
+          f"{os.getloadavg()[0]:.1f}, torch {torch.__version__}: {values:,} values")
+    print("| codec | encode whole ms | encode blocked ms | blocked / whole | decode whole ms | decode blocked ms | blocked / whole |")
+    print("|---|---|---|---|---|---|---|")
+    for name in CODECS:
+        codec = get_codec(name)
+        out = torch.empty(codec.wire_bytes(values), dtype=torch.uint8)
+        data = codec.encode(x).data
+        runs = {"ew": lambda: codec.encode(x), "eb": lambda: encode_into(codec, x, out),
+                "dw": lambda: acc.add_(codec.decode(Encoded(name, values, data))),
+                "db": lambda: decode_into(codec, data, values, acc, add=True)}
+        best = dict.fromkeys(runs, float("inf"))
+        for _ in range(5):
+            for key, fn in runs.items():                     # interleaved: the same machine state for both
+                t0 = time.perf_counter()
+                fn()
+                best[key] = min(best[key], time.perf_counter() - t0)
+        print(f"| {name} | {best['ew'] * 1e3:.1f} | {best['eb'] * 1e3:.1f} | {best['eb'] / best['ew']:.2f} | "
+              f"{best['dw'] * 1e3:.1f} | {best['db'] * 1e3:.1f} | {best['db'] / best['dw']:.2f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", default="2,4,8")
@@ -103,7 +136,12 @@ def main() -> None:
     ap.add_argument("--wall", action="store_true", help="the two paths' wall clock on an emulated run instead")
     ap.add_argument("--wall-workers", type=int, default=8)
     ap.add_argument("--wan", default="cross-region")
+    ap.add_argument("--blocks", action="store_true", help="blocked against whole-buffer encode and decode instead")
+    ap.add_argument("--values", type=float, default=8e6, help="--blocks: the buffer's length")
     a = ap.parse_args()
+    if a.blocks:
+        blocks(int(a.values))
+        return
     if a.wall:
         wall_clock(a.wall_workers, a.wan)
         return

@@ -23,8 +23,9 @@ row is also written to benchmarks/memory_bill.json, which tests/test_memory.py h
 formula to (within 2 % in every row).
 
 A lossy exchange's state (`--lossy`): local_sgd, diloco and streaming with the int8 codec, with and
-without error feedback, on both of its collectives (`codec_collective` allgather and reduce_scatter):
-cases named `STRATEGY+int8[+ef]+{ag,rs}` (`--strategies` takes those names too). `--add` merges the
+without error feedback, on both of its collectives (`codec_collective` allgather and reduce_scatter),
+and local_sgd and streaming with bf16 and fp4 (whose decode temporaries differ): cases named
+`STRATEGY+CODEC[+ef]+{ag,rs}` (`--strategies` takes those names too). `--add` merges the
 rows into the JSON (a row of the same model, R, inside, strategy and options replaced) instead of
 writing it anew.
 
@@ -64,6 +65,8 @@ PATHS = {"allgather": "ag", "reduce_scatter": "rs"}
 LOSSY = {f"{name}+int8{'+ef' * ef}+{short}":
          (name, {**STRATEGIES[name], "codec": "int8", "error_feedback": ef, "codec_collective": path})
          for name in ("local_sgd", "diloco", "streaming") for ef in (False, True) for path, short in PATHS.items()}
+LOSSY.update({f"{name}+{codec}+{short}": (name, {**STRATEGIES[name], "codec": codec, "codec_collective": path})
+              for codec in ("bf16", "fp4") for name in ("local_sgd", "streaming") for path, short in PATHS.items()})
 CASES: dict[str, tuple[str, dict[str, Any]]] = {**{n: (n, o) for n, o in STRATEGIES.items()}, **LOSSY}
 STEPS = 8                  # two periods of streaming and cocodc: every fragment merged twice
 WARM = 6                   # the transient: steps WARM + 1 .. STEPS (every fragment merged once before)

@@ -9,7 +9,8 @@
   category, sharded and not.
 - Against the rows `benchmarks/memory_bill.py` recorded (benchmarks/memory_bill.json: tiny and
   small LM, R = 1, 2, 4, DDP and FSDP inside, every strategy; tiny, R = 1, 2, local_sgd, diloco and
-  streaming with int8, with and without error feedback, on both lossy paths): the planner within 2 % in every row,
+  streaming with int8, with and without error feedback, local_sgd and streaming with bf16 and fp4, on both
+  lossy paths): the planner within 2 % in every row,
   category by category; and what an exchange allocates and frees within a step (the transient, a
   resident-memory peak) within 2 % of the rank's peak plus the backend's own working buffers, which
   the planner leaves out (`BACKEND`).

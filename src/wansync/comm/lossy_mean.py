@@ -39,11 +39,7 @@ def all_gather_mean(payload: Payload, group: Any, m: int) -> Sent:
     wire[size:size + 4 * extra] = flat[numel:].float().view(torch.uint8)
     if weighted:
         wire[-1] = int(valid)
-    if dist.is_initialized():
-        gathered = [torch.empty_like(wire) for _ in range(m)]
-        work = dist.all_gather(gathered, wire, group=group, async_op=True)
-    else:
-        gathered, work = [wire], None
+    gathered, work = _all_gather(wire, group, m)
 
     def finish() -> torch.Tensor:
         acc, n = _target(payload, numel + extra).zero_(), 0
@@ -107,9 +103,8 @@ def reduce_scatter_mean(payload: Payload, group: Any, m: int, ledger: CommLedger
             n += 1
         n = contributors(n, purpose)
         mine = encode_into(codec, acc.div_(n), torch.empty(per, dtype=torch.uint8, device=flat.device))
-        gathered = [torch.empty_like(mine) for _ in range(m)]
-        work2 = dist.all_gather(gathered, mine, group=group, async_op=True) if dist.is_initialized() else None
-        second.update(gathered=gathered if work2 is not None else [mine], work=work2, n=n, side=side_sum)
+        gathered, work2 = _all_gather(mine, group, m)
+        second.update(gathered=gathered, work=work2, n=n, side=side_sum)
 
     def finish() -> torch.Tensor:
         advance()
@@ -127,6 +122,16 @@ def reduce_scatter_mean(payload: Payload, group: Any, m: int, ledger: CommLedger
     return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0,
                 sent=sum(c.sent for c in mean_collectives(numel, codec, "reduce_scatter", m, extra, weighted)),
                 advance=advance)
+
+
+def _all_gather(data: torch.Tensor, group: Any, m: int) -> tuple[list[torch.Tensor], Any]:
+    """Every rank's `data`, in rank order, as views of one buffer (all_gather_into_tensor: no flat
+    copy beside a list of outputs, which `all_gather` makes), and the Work to wait for."""
+    if not dist.is_initialized():
+        return [data], None
+    out = torch.empty(m * data.numel(), dtype=data.dtype, device=data.device)
+    work = dist.all_gather_into_tensor(out, data, group=group, async_op=True)
+    return list(out.view(m, -1).unbind(0)), work
 
 
 def _values(payload: Payload) -> torch.Tensor:

@@ -38,13 +38,18 @@ strategy, the largest fragment f for the others):
                      inner optimizer's state (`sync_optimizer_state`) gathers its moments, m, into
                      one buffer: m, + 2m + 2m/R with DDP inside, when larger;
                      a lossy codec (`comm.lossy_mean`; n the values this rank averages, B/4, or
-                     ⌈B/4R⌉ with DDP inside): the workers' changes, B; what travels, held until the
-                     mean is put together: the all-gather's payload and the M gathered,
-                     (1 + M)·wire(n), or the reduce-scatter's send and receive buffers, this rank's
-                     re-encoded chunk and the M gathered, (3M + 1)·wire(⌈n/M⌉); one block's decode
-                     temporaries (`DECODE_TEMPORARIES` a value, up to `codecs.BLOCK_VALUES` values);
-                     with DDP inside, the larger of the shard's mean, 4n, and the whole put back
-                     together, 2B + 2B/R
+                     ⌈B/4R⌉ with DDP inside): the workers' changes, B, plus the largest phase of
+                     the mean (E, D: a block's encode and decode temporaries, `ENCODE_TEMPORARIES`
+                     and `DECODE_TEMPORARIES` a value, up to `codecs.BLOCK_VALUES` values):
+                     all-gather, w = wire(n): encoding, w + E; gathering, w + 2M·w (the M payloads
+                     into one buffer, which gloo fills from a copy of its own: M·w more; NCCL's
+                     all_gather_into_tensor writes in place, so there it is an upper bound);
+                     decoding, (1 + M)·w + D;
+                     reduce-scatter, w = wire(⌈n/M⌉), 2M·w the all-to-all's buffers: encoding,
+                     M·w + E; summing the received chunks, 2M·w + 4⌈n/M⌉ + D; re-encoding the
+                     mean chunk, that + w − D + E; gathering, (4M + 1)·w; decoding,
+                     (3M + 1)·w + D; with DDP inside + the shard's mean, 4n, at the decode, or
+                     what travels held while the whole is put back together, 2B + 2B/R
     fragments        the merge's temporaries alive at once: α-merge 2f (θ_m's copy and (1−α)·θ̃);
                      Taylor and damped 7f (θ_m's copy, g, D, g⊙g⊙D, g_corr, τ·g_corr, the new value);
                      eager 2f (θ_m's copy and θ̃_p − θ̂; its start's look-ahead: Δ/M and the momentum's);
@@ -53,7 +58,8 @@ strategy, the largest fragment f for the others):
                      shard's, f/R, is freed (+ f − f/R), or the gathering itself, 2f + f/R
                      (the piece sent, the R pieces and the backend's flat copy), when larger; a
                      lossy codec's decoded mean takes the place of the fp32 path's buffer and its
-                     payloads are freed before the merge: the same
+                     payloads are freed before the merge: the same (measured within 3.3 MB of it:
+                     a decode block and gloo's buffers)
 
 The backend's own working buffers are left out (gloo's collectives took 0.7–1.9 MB here, whatever
 the size; NCCL's are allocated once per communicator), and so is a lossy fragment sync's own encoded
@@ -87,6 +93,9 @@ ADAMW_MOMENTS = 2
 #: bytes a blocked decode (`codecs.decode_into`) allocates per value of its block: the block's payload
 #: and its float32 values, rescaled (fp4: its codes as indices, then a float per value, then rescaled)
 DECODE_TEMPORARIES = MappingProxyType({"bf16": 2 + VALUE, "int8": 1 + 2 * VALUE, "fp4": 0.5 + 4 + 2 * VALUE})
+#: and a blocked encode (`codecs.encode_into`): bf16 its values; int8 x/scale and its rounding; fp4 |x|
+#: and the E2M1 code's three 4-byte intermediates
+ENCODE_TEMPORARIES = MappingProxyType({"bf16": 2, "int8": 2 * VALUE, "fp4": 4 * VALUE})
 
 
 def memory_bill(s: Any, held_in_flight: Sequence[Transfer] = ()) -> dict[str, int]:
@@ -160,26 +169,34 @@ def transient_bytes(s: Any) -> int:
 
 
 def _lossy_periodic(s: Any, b: int) -> int:
-    """A periodic strategy's lossy mean of b bytes (`comm.lossy_mean`): the workers' changes, b, in
-    a buffer of their own; the collective's buffers, held until the mean is put together (the
-    payload and the M gathered, or the all-to-all's two, this rank's chunk and the M gathered); one
-    block's decode temporaries; with DDP inside, the shard's mean and the whole put back together."""
+    """A periodic strategy's lossy mean of b bytes (`comm.lossy_mean`): the workers' changes, b, in a
+    buffer of their own, plus the largest of its phases (the module docstring's list); with DDP
+    inside, what travels is held while the shard's mean is put back together (`_reassembly`)."""
     o, r, m = s.options, s.ranks_per_worker, s.workers
     ddp_inside = r > 1 and s.inside != "fsdp"
     codec = get_codec(o["codec"])
+    enc, dec = ENCODE_TEMPORARIES[codec.name], DECODE_TEMPORARIES[codec.name]
     n = b // VALUE
     part = math.ceil(n / r) if ddp_inside else n           # the values this rank averages
-    path = lossy_path(codec, o.get("codec_collective", "auto"), m, n, s.topology, r, s.inside == "fsdp")
-    if path == "reduce_scatter":
+    mean = VALUE * part if ddp_inside else 0               # the shard's mean is a buffer of its own
+    if lossy_path(codec, o.get("codec_collective", "auto"), m, n, s.topology, r, s.inside == "fsdp") == "reduce_scatter":
         q = math.ceil(part / m)
-        travelling, decoded = (3 * m + 1) * codec.wire_bytes(q), q
+        w, block = codec.wire_bytes(q), min(BLOCK_VALUES, q)
+        chunks = 2 * m * w                                  # the all-to-all's send and receive buffers
+        phases = [m * w + enc * block,                      # the chunks encoded
+                  chunks + VALUE * q + dec * block,         # the received ones summed
+                  chunks + VALUE * q + w + enc * block,     # this rank's mean chunk re-encoded
+                  chunks + w + 2 * m * w,                   # all-gathered (gloo copies them once more)
+                  chunks + w + m * w + dec * block + mean]  # decoded into the mean
+        held = chunks + w + m * w
     else:
-        travelling, decoded = (1 + m) * codec.wire_bytes(part), part
-    decode = DECODE_TEMPORARIES[codec.name] * min(BLOCK_VALUES, decoded)
-    if not ddp_inside:
-        return b + travelling + int(decode)
-    shard = VALUE * part
-    return b + travelling + max(shard + int(decode), _reassembly(b, r))
+        w, block = codec.wire_bytes(part), min(BLOCK_VALUES, part)
+        phases = [w + enc * block,                          # the payload encoded
+                  w + 2 * m * w,                            # all-gathered (gloo copies them once more)
+                  w + m * w + dec * block + mean]           # decoded and summed into the mean
+        held = w + m * w
+    peak = max(phases)
+    return b + int(max(peak, held + _reassembly(b, r)) if ddp_inside else peak)
 
 
 def _reassembly(b: int, r: int) -> int:
