@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(VENV)/bin/wansync demo
 
 test: $(STAMP)                       # two pytest workers, one test file each at a time (pytest-xdist)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # Every table of docs/results.md, 3 seeds per cell, into runs/results/ (resumable: finished runs are
 # skipped), then the page is rewritten; about 90 minutes on 2 idle cores. `make results --dry-run`

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from wansync.runner.localgroup import run_ranks as forked
+
 WORLD = 2
 D = 0.100  # modelled duration of one small all-reduce in the timing session (s)
 SLACK = 0.060  # how much later than modelled a completion may be
@@ -32,8 +34,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _scenario(rank: int, world: int, name: str, port: int) -> dict:
+    """A rank of `forked` (forked from the forkserver, torch imported): its plain gloo group gives way
+    to the scenario's own."""
+    import torch.distributed as dist
+    dist.destroy_process_group()
+    return {"timing": _timing, "training": _training}[name](rank, world, port)
+
+
 def run_ranks(scenario: str, tmp: Path, timeout: float = 90.0) -> list[dict]:
-    """Run ``scenario`` on WORLD processes; return each rank's JSON. Never leaves a process behind."""
+    """Run ``scenario`` on WORLD fresh interpreters (a peer that dies: `forked` would stop at it);
+    return each rank's JSON. Never leaves a process behind."""
     port = _free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     procs = []
@@ -75,12 +86,12 @@ def run_ranks(scenario: str, tmp: Path, timeout: float = 90.0) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def timing(tmp_path_factory):
-    return run_ranks("timing", tmp_path_factory.mktemp("timing"))
+    return forked(_scenario, WORLD, "timing", _free_port(), timeout=90)
 
 
 @pytest.fixture(scope="module")
 def training(tmp_path_factory):
-    return run_ranks("training", tmp_path_factory.mktemp("training"))
+    return forked(_scenario, WORLD, "training", _free_port(), timeout=90)
 
 
 # -- timing: the emulator's own guarantees --------------------------------------------------------
@@ -188,20 +199,23 @@ def test_a_dead_peer_is_an_error_not_a_hang(tmp_path):
     assert survivor["seconds"] < 30
 
 
+def _without_an_emulator(rank: int, world: int, store_path: str) -> str:
+    """A rank of `run_ranks` whose plain group gives way to an emulated one made without an emulator."""
+    import torch.distributed as dist
+
+    from wansync import net
+    from wansync.errors import ConfigError
+    dist.destroy_process_group()
+    try:
+        dist.init_process_group(net.install(), store=dist.FileStore(store_path, 1), rank=0, world_size=1)
+    except ConfigError as e:
+        return f"ConfigError: {e}"
+    return "no error"
+
+
 def test_an_emulated_group_needs_an_emulator(tmp_path):
-    code = (
-        "import torch.distributed as dist\n"
-        "from wansync import net\n"
-        "from wansync.errors import ConfigError\n"
-        f"store = dist.FileStore({str(tmp_path / 'store')!r}, 1)\n"
-        "try:\n"
-        "    dist.init_process_group(net.install(), store=store, rank=0, world_size=1)\n"
-        "except ConfigError as e:\n"
-        "    print('ConfigError:', e)\n"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("ConfigError: the wansync_emu backend needs an emulator"), r.stdout
+    (said,) = forked(_without_an_emulator, 1, str(tmp_path / "store"), timeout=60)
+    assert said.startswith("ConfigError: the wansync_emu backend needs an emulator"), said
 
 
 # -- worker side ----------------------------------------------------------------------------------
@@ -408,6 +422,6 @@ def _dead_peer(rank: int, world: int, port: int) -> dict:
 
 if __name__ == "__main__":
     scenario, rank, world, port, outdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    result = {"timing": _timing, "training": _training, "dead_peer": _dead_peer}[scenario](rank, world, port)
+    result = {"dead_peer": _dead_peer}[scenario](rank, world, port)
     Path(outdir, f"{scenario}.{rank}.json").write_text(json.dumps(result))
     os._exit(0)  # skip interpreter teardown of gloo threads; the JSON is the result

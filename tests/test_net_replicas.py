@@ -10,15 +10,12 @@ whole model would: 2·50 ms + 2·(1/2)·2·4e6/B1G s = 169.8 ms.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from wansync.runner.localgroup import run_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,38 +36,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(scenario: str, tmp: Path, timeout: float = 120.0) -> list[dict]:
-    """Run ``scenario`` on WORLD processes; return each rank's JSON. Never leaves a process behind."""
-    port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    procs = []
-    for rank in range(WORLD):
-        with open(tmp / f"{scenario}.{rank}.log", "w") as log:
-            procs.append(subprocess.Popen(
-                [sys.executable, __file__, scenario, str(rank), str(port), str(tmp)],
-                stdout=log, stderr=subprocess.STDOUT, env=env,
-            ))
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if any(p.poll() not in (None, 0) for p in procs):
-                break
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
-    if any(p.returncode != 0 for p in procs):
-        logs = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n" + (tmp / f"{scenario}.{r}.log").read_text()[-3000:]
-                         for r, p in enumerate(procs))
-        raise AssertionError(f"scenario {scenario!r} failed:\n{logs}")
-    return [json.loads((tmp / f"{scenario}.{r}.json").read_text()) for r in range(WORLD)]
+def _replicas_rank(rank: int, world: int, port: int) -> dict:
+    """A rank of `run_ranks` (forked, torch imported): its plain gloo group gives way to the emulated one."""
+    import torch.distributed as dist
+    dist.destroy_process_group()
+    return _replicas(rank, port)
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory):
-    return run_ranks("replicas", tmp_path_factory.mktemp("replicas"))
+def replicas():
+    return run_ranks(_replicas_rank, WORLD, _free_port(), timeout=120)
 
 
 def test_whole_workers_sit_on_one_site(replicas):
@@ -164,10 +139,3 @@ def _replicas(rank: int, port: int) -> dict:
     out["world"] = {"modelled_s": rec.modelled_s}
     dist.barrier(group=plain)
     return out
-
-
-if __name__ == "__main__":
-    scenario, rank, port, outdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    result = {"replicas": _replicas}[scenario](rank, port)
-    Path(outdir, f"{scenario}.{rank}.json").write_text(json.dumps(result))
-    os._exit(0)  # skip interpreter teardown of gloo threads; the JSON is the result

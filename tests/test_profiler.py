@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +19,7 @@ sys.path.insert(0, str(HERE))
 
 from cli_harness import TINY, start  # noqa: E402
 
+from wansync.runner.localgroup import run_ranks  # noqa: E402
 from wansync.telemetry.commtime import attribute_blocked, union_length  # noqa: E402
 from wansync.telemetry.profiler import CATEGORIES, Profiler, build_profile  # noqa: E402
 
@@ -57,27 +55,16 @@ def test_interval_helpers():
 # -- DDP's arithmetic is untouched by the timing hook ---------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ddp_rank(rank: int, world: int, port: int, out: str) -> None:
-    """One rank: DDP without and with CommTimer instrumentation, same seeds and data."""
-    from datetime import timedelta
-
+def _ddp_rank(rank: int, world: int) -> dict:
+    """One rank of a gloo group (`run_ranks`): DDP without and with CommTimer instrumentation, same
+    seeds and data."""
     import torch
-    import torch.distributed as dist
     from torch import nn
 
     import wansync as ws
     from strategy_harness import flat_params, rank_batch, tiny_model
     from wansync.telemetry.commtime import CommTimer
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
     result = {}
     for instrumented in (False, True):
         model = tiny_model(0)
@@ -100,24 +87,11 @@ def _ddp_rank(rank: int, world: int, port: int, out: str) -> None:
     # freeing it at exit joins those threads under the GIL ("terminate called without an active exception")
     del sync, model
     gc.collect()
-    dist.destroy_process_group()
-    Path(out).write_text(json.dumps(result))
+    return result
 
 
-def test_ddp_parameters_identical_with_and_without_timing(tmp_path):
-    port, world = _free_port(), 2
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(port), str(tmp_path / f"{r}.json")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
-    try:
-        logs = [p.communicate(timeout=120)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    res = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
+def test_ddp_parameters_identical_with_and_without_timing():
+    res = run_ranks(_ddp_rank, 2, timeout=120)
     for r in res:
         assert r["True"]["params"] == r["False"]["params"]  # bit for bit
         assert r["True"]["events"] and len(r["True"]["events"]) == 5
@@ -251,9 +225,3 @@ def test_slow_link_ddp_is_exposed_local_sgd_much_less(runs):
     # DDP's exposure comes from inside backward: without the hook it would all read as compute
     cats = runs["ddp_slow"]["profile"]["categories_s"]
     assert cats["exposed_comm"] > cats["compute"]
-
-
-if __name__ == "__main__":
-    _ddp_rank(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown of gloo threads; the JSON is the result
