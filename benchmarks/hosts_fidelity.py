@@ -11,7 +11,7 @@
   `torchrun --nnodes 2` in the bed as docs/multinode.md says; emulated: `wansync train --workers 2
   --wan ...`.
 
-Needs root (network namespaces). Prints a markdown table (mean and spread over the repetitions);
+Needs root (network namespaces). Prints a markdown table (the median over the repetitions and half their range);
 the recorded figures are in benchmarks/README.md.
 
     sudo python benchmarks/hosts_fidelity.py [--rates 1gbit,100mbit] [--reps 3] [--only collectives|training]
@@ -157,8 +157,10 @@ def exposed_emulated(strategy: str, wan: str, corpus: Path, work: Path) -> float
 
 
 def spread(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
-    mean = statistics.fmean(values) * scale
-    return f"{mean:.{digits}g} (±{(max(values) - min(values)) * scale / 2:.2g})"
+    """The median over the repetitions (a repetition a busy neighbour slowed does not move it), and
+    half the range between them."""
+    mid = statistics.median(values) * scale
+    return f"{mid:.{digits}g} (±{(max(values) - min(values)) * scale / 2:.2g})"
 
 
 def main() -> None:
@@ -197,9 +199,9 @@ def main() -> None:
                     emu = [emulated_probe(wan) for _ in range(args.reps)]
                     for label in SIZES:
                         r, e = [x[label] for x in real], [x[label] for x in emu]
-                        ratio = f"{statistics.fmean(e) / statistics.fmean(r):.3f}"
+                        ratio = f"{statistics.median(e) / statistics.median(r):.3f}"
                         row(rate, f"all-reduce {label} (ms)", spread(r, 1e3), spread(e, 1e3), ratio,
-                            f"{(statistics.fmean(e) - statistics.fmean(r)) * 1e3:+.2f} ms")
+                            f"{(statistics.median(e) - statistics.median(r)) * 1e3:+.2f} ms")
                 if args.only in (None, "training"):
                     for strategy in STRATEGIES:
                         real, emu = [], []
@@ -207,9 +209,9 @@ def main() -> None:
                             work = Path(tmp) / f"{rate}-{strategy}-{k}"
                             real.append(exposed_real(bed, strategy, corpus, work))
                             emu.append(exposed_emulated(strategy, wan, corpus, work))
-                        ratio = f"{statistics.fmean(emu) / statistics.fmean(real):.3f}"
+                        ratio = f"{statistics.median(emu) / statistics.median(real):.3f}"
                         row(rate, f"{strategy}: exposed comm per sync (ms)", spread(real, 1e3), spread(emu, 1e3), ratio,
-                            f"{(statistics.fmean(emu) - statistics.fmean(real)) * 1e3:+.1f} ms")
+                            f"{(statistics.median(emu) - statistics.median(real)) * 1e3:+.1f} ms")
                 print(f"({rate}: bed RTT {rtt * 1e3:.3f} ms, emulated as --wan {wan})", flush=True)
 
 if __name__ == "__main__":

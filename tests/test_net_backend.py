@@ -218,6 +218,42 @@ def test_an_emulated_group_needs_an_emulator(tmp_path):
     assert said.startswith("ConfigError: the wansync_emu backend needs an emulator"), said
 
 
+def _short(rank: int, world: int, port: int) -> dict:
+    """Short collectives on an idle, fast link: completed by the waiting thread (`CallerWork`), or
+    from the real work's callback once a caller asks for the Future (DDP's hooks)."""
+    import torch
+    import torch.distributed as dist
+
+    from wansync import net
+    from wansync.net.backend import CallerWork
+    dist.destroy_process_group()
+    emulator, plain = _init(rank, world, port, net.parse_wan("rtt=0.02ms,bw=10gbit"))
+    out = {}
+    t = torch.full((4,), float(rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    out["caller"] = isinstance(work, CallerWork)
+    work.wait()
+    rec = work.record
+    out["waited"] = {"sum": t.tolist(), "after_modelled": rec.end >= rec.modelled_end, "booked": rec.waited > 0,
+                     "done": work.is_completed() and work.is_success()}
+    u = torch.full((4,), float(rank + 1))
+    fut = dist.all_reduce(u, async_op=True).get_future()
+    out["future"] = {"sum": fut.wait()[0].tolist(), "recorded": emulator.records()[-1].end is not None}
+    late = dist.all_reduce(torch.ones(2), async_op=True)
+    late.wait()
+    out["future_after_wait"] = late.get_future().done()
+    dist.barrier(group=plain)
+    return out
+
+
+def test_a_short_collective_on_an_idle_link_completes_in_the_waiting_thread_no_earlier_than_modelled():
+    for out in forked(_short, WORLD, _free_port(), timeout=60):
+        assert out["caller"]
+        assert out["waited"] == {"sum": [3.0] * 4, "after_modelled": True, "booked": True, "done": True}
+        assert out["future"] == {"sum": [3.0] * 4, "recorded": True}
+        assert out["future_after_wait"]
+
+
 # -- worker side ----------------------------------------------------------------------------------
 
 

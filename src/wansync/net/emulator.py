@@ -199,10 +199,23 @@ class Emulator:
         short one on an idle link completes from the real work's callback (SHORT_S)."""
         self._log.add(rec)
         job = _Job(works, rec, fut, value, cuda, self.timeout, self._link, arrival)
-        if arrival is None and rec.modelled_s < SHORT_S and len(works) == 1 and not cuda and self._completer.idle():
+        if self.short(works, rec, cuda, arrival):
             job.run_on_completion(works[0])
         else:
             self._completer.submit(job)
+
+    def short(self, works: list[Any], rec: CollectiveRecord, cuda: bool, arrival: Arrival | None) -> bool:
+        """A short transfer (SHORT_S) on an idle link, starting at its own issue: it may complete
+        without the completer thread, from the real work (`schedule`, `complete_in_caller`)."""
+        return arrival is None and rec.modelled_s < SHORT_S and len(works) == 1 and not cuda and self._completer.idle()
+
+    def complete_in_caller(self, rec: CollectiveRecord) -> None:
+        """Record a short transfer that the thread waiting for it completes itself (`backend.CallerWork`)."""
+        self._log.add(rec)
+
+    def complete_from_callback(self, work: Any, rec: CollectiveRecord, fut: Future, value: Any) -> None:
+        """Complete `fut` with `value` from the real `work`'s callback, at max(real end, modelled end)."""
+        _Job([work], rec, fut, value, False, self.timeout, self._link, None).run_on_completion(work)
 
     # ---- records ----------------------------------------------------------------------------
     def records(self) -> list[CollectiveRecord]:
