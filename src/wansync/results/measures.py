@@ -7,7 +7,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from ..analysis.report import ReportError, exposed_pct, find_runs, group
+from ..analysis.report import exposed_pct, group
+from ..analysis.run_dirs import ReportError, find_runs
 from ..analysis.runs import Run, SettingRuns, number
 from ..analysis.stats import Interval, interval
 from ..rundir.target import Target, first_reached
