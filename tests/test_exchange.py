@@ -338,7 +338,7 @@ def _transformer_like(n: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [1000, 70_000, 1_000_000])
 def test_exact_sq_norm_is_within_1e_9_of_float64_where_a_float32_dot_is_not(n: int) -> None:
-    from wansync.comm.exchange import exact_sq_norm
+    from wansync.comm.norms import exact_sq_norm
     errors, dot_errors = [], []
     for seed in range(5):
         x = _transformer_like(n, seed)
@@ -352,13 +352,13 @@ def test_exact_sq_norm_is_within_1e_9_of_float64_where_a_float32_dot_is_not(n: i
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
 def test_exact_sq_norm_of_other_float_types_is_their_float64_norm(dtype: torch.dtype) -> None:
-    from wansync.comm.exchange import exact_sq_norm
+    from wansync.comm.norms import exact_sq_norm
     x = _transformer_like(70_000, 0).to(dtype)
     assert exact_sq_norm(x) == pytest.approx(float(x.double().square().sum()), rel=1e-12)
 
 
 def test_exact_sq_norm_of_non_finite_values() -> None:
-    from wansync.comm.exchange import exact_sq_norm
+    from wansync.comm.norms import exact_sq_norm
     for n in (10, 100_000):
         x = torch.ones(n)
         x[n // 2] = float("nan")

@@ -154,6 +154,7 @@ STACK = (
     ("wansync.results.*",),
     ("wansync.runner.demo",),
     ("wansync.runner.experiments",),
+    ("wansync.runner.grid",),                       # the grid as the user writes it
     ("wansync.analysis.*",),
     ("wansync.presets",),
     ("wansync.runner",),

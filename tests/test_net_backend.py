@@ -225,7 +225,7 @@ def _short(rank: int, world: int, port: int) -> dict:
     import torch.distributed as dist
 
     from wansync import net
-    from wansync.net.backend import CallerWork
+    from wansync.net.work import CallerWork
     dist.destroy_process_group()
     emulator, plain = _init(rank, world, port, net.parse_wan("rtt=0.02ms,bw=10gbit"))
     out = {}

@@ -220,7 +220,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_results(args: argparse.Namespace) -> int:
     from .results import run_results
-    from .runner.experiments import split_values
+    from .runner.grid import split_values
     names = split_values(args.only, "--only") if args.only is not None else []
     return run_results(names, args.out, args.doc, args.seeds, args.steps, args.force, args.dry_run)
 

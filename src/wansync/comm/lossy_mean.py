@@ -71,9 +71,10 @@ def reduce_scatter_mean(payload: Payload, group: Any, m: int, ledger: CommLedger
     piece = per + 4 * extra + int(weighted)
     send = torch.empty(m * piece, dtype=torch.uint8, device=flat.device)
     spans = [(j * q, max(j * q, min((j + 1) * q, numel))) for j in range(m)]
+    side = flat[numel:].float().view(torch.uint8)
     for j, (a, b) in enumerate(spans):
         encode_into(codec, flat[a:b], send[j * piece:j * piece + per], numel=q)
-        send[j * piece + per:j * piece + per + 4 * extra] = flat[numel:].float().view(torch.uint8)
+        send[j * piece + per:j * piece + per + 4 * extra] = side
         if weighted:
             send[(j + 1) * piece - 1] = int(valid)
     if payload.residual is not None and valid:

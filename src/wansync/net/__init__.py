@@ -16,7 +16,6 @@ Nothing here knows about training; see :mod:`wansync.net.cost` for the cost mode
 from wansync.net.backend import (
     BACKEND_NAME,
     EmulatedProcessGroup,
-    EmulatedWork,
     SharedUplink,
     emulator_of,
     install,
@@ -27,6 +26,7 @@ from wansync.net.cost import collective_duration, exchange_seconds, in_worker_se
 from wansync.net.emulator import Emulator
 from wansync.net.link import NVLINK, PRESETS, Link, Topology, parse_wan
 from wansync.net.records import CollectiveRecord
+from wansync.net.work import EmulatedWork
 
 __all__ = [
     "BACKEND_NAME",

@@ -22,7 +22,7 @@ from torch.futures import Future
 from wansync.net.link import Topology
 from wansync.net.records import CollectiveRecord, RecordLog, summary
 
-__all__ = ["Emulator", "SHORT_S"]
+__all__ = ["Emulator", "SHORT_S", "complete_short"]
 
 # A transfer modelled shorter than this is short. It starts at its rank's own issue: the MAX
 # all-reduce that finds its latest member would cost more than the transfer (after the real
@@ -67,6 +67,25 @@ class Arrival:
         return float(self.clock[0]) - self.offset
 
 
+def describe(exc: BaseException) -> str:
+    """A failed collective's error, in one line, as its record keeps it."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def complete_short(rec: CollectiveRecord, wait_real: Any) -> None:
+    """A short transfer (SHORT_S) on an idle link, once its real collective is done (`wait_real`
+    returns then, or raises what it raised: recorded, then raised): held until its modelled end."""
+    try:
+        wait_real()
+    except Exception as exc:
+        rec.error, rec.end = describe(exc), time.perf_counter()
+        raise
+    rec.real_end = time.perf_counter()
+    if rec.modelled_end > rec.real_end:
+        time.sleep(rec.modelled_end - rec.real_end)
+    rec.end = time.perf_counter()
+
+
 class _Job:
     """Wait for the real collective, then until the modelled end; complete the caller's Future."""
 
@@ -79,18 +98,11 @@ class _Job:
         """A short transfer on an idle link: complete the Future from the real work's own callback,
         at max(real end, modelled end), without the completer thread."""
         def done(real: Future) -> None:
-            rec = self.rec
             try:
-                real.value()                     # raises what the real collective raised
-                rec.real_end = time.perf_counter()
-                if rec.modelled_end > rec.real_end:
-                    time.sleep(rec.modelled_end - rec.real_end)
+                complete_short(self.rec, real.value)
             except Exception as exc:  # a dead peer: the caller must see it, not hang
-                rec.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                rec.end = time.perf_counter()
                 self.fut.set_exception(exc)
                 return
-            rec.end = time.perf_counter()
             self.fut.set_result(self.value)
         work.get_future().then(done)
 
@@ -122,7 +134,7 @@ class _Job:
             if delay > 0:
                 time.sleep(delay)
         except Exception as exc:  # a dead peer, a timeout: the caller must see it, not hang
-            rec.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            rec.error = describe(exc)
             rec.end = time.perf_counter()
             self.fut.set_exception(exc)
             return rec.modelled_end

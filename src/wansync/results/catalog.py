@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from ..runner import experiments
+from ..runner import grid
 from .. import presets
 from ..errors import ConfigError
 
@@ -31,7 +31,7 @@ CPDP_EPOCH_1024 = 59               # one epoch at 4 workers x batch 256
 
 
 def label(strategy: str, **setting: Any) -> str:
-    return experiments.setting_label(strategy, setting)
+    return grid.setting_label(strategy, setting)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import MappingProxyType
 
-from . import experiments
+from . import experiments, grid
 from ..config import Config, build_config
 from ..errors import ConfigError
 
@@ -48,7 +48,7 @@ def demo_cells(strategies: list[str]) -> list[dict]:
 
 def run_demo(out: str, steps: int, force: bool) -> int:
     """Plan, train and report the demo; prints what it does."""
-    strategies = experiments.available_strategies()
+    strategies = grid.available_strategies()
     base = demo_config(steps, out)
     print(f"demo: {', '.join(strategies)} on the tiny LM (Shakespeare), {WORKERS} workers, link {WAN} "
           f"(100 ms RTT, 1 Gbit/s), {steps} steps; runs in {out}")

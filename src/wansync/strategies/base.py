@@ -26,7 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..comm.exchange import Exchange, exact_sq_norm
+from ..comm.exchange import Exchange
+from ..comm.norms import exact_sq_norm
 from ..comm.flat import FlatTensors
 from ..comm.ledger import INSIDE
 from ..comm.replicas import Replicas, replicas_of

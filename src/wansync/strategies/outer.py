@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..comm.exchange import all_finite
+from ..comm.norms import all_finite
 from ..comm.flat import FlatTensors
 from ..errors import NonFiniteError
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..comm.exchange import exact_sq_norm
+from ..comm.norms import exact_sq_norm
 from ..comm.codecs import get_codec
 from ..comm.flat import FlatTensors
 from .base import Strategy, local_shard, sync_tensors
