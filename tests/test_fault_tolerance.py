@@ -33,11 +33,12 @@ def test_strategies_that_all_reduce_every_step_are_refused_in_one_line():
             build_config(overrides={"strategy": strategy, "fault_tolerant": True})
 
 
-def test_a_lossy_codec_and_workers_of_several_ranks_are_refused():
+def test_a_lossy_codec_and_workers_sharded_inside_are_refused_workers_of_several_ranks_are_not():
     with pytest.raises(ConfigError, match="fp32 only"):
         build_config(overrides={"strategy": "streaming", "fault_tolerant": True, "codec": "int8"})
-    with pytest.raises(ConfigError, match="one rank"):
-        build_config(overrides={"strategy": "diloco", "fault_tolerant": True, "ranks_per_worker": 2})
+    with pytest.raises(ConfigError, match="--inside fsdp"):
+        build_config(overrides={"strategy": "diloco", "fault_tolerant": True, "ranks_per_worker": 2, "inside": "fsdp"})
+    build_config(overrides={"strategy": "diloco", "fault_tolerant": True, "ranks_per_worker": 2})
 
 
 def test_without_torchft_the_error_says_how_to_install_it(monkeypatch):
@@ -495,5 +496,56 @@ def test_a_worker_stopped_for_good_is_ended_one_peer_timeout_after_the_others_fi
     assert (out / "logs" / "rank2.err").read_text().strip() == warnings[0].removeprefix("wansync: warning: ")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["worker_failures"] == 1 and summary["rejoins"] == 0
+    assert all_equal(final_models(out, [0, 1]))
+    assert no_process_left(out)
+
+
+# ---- workers of two ranks (DDP inside): one worker lives and dies whole ------------------------------
+TWO_BY_TWO = ("--workers", "2", "--ranks-per-worker", "2", "--steps", "20", "--eval-every", "1000", "--quiet", *TINY)
+
+
+def test_fault_tolerant_workers_of_two_ranks_train_what_the_fixed_group_trains_bit_for_bit(tmp_path):
+    """Each rank averages its shard over its own quorum group and the worker puts the whole
+    together: with no fault, the same parameters as the fixed group's sharded exchange."""
+    runs = {}
+    for name, extra in (("fixed", ()), ("ft", ("--fault-tolerant", "--peer-timeout", "30"))):
+        runs[name] = tmp_path / name
+        r = wansync("train", "--strategy", "diloco", "--sync-every", str(EVERY), *extra, *TWO_BY_TWO,
+                    "--out", str(runs[name]), timeout=180)
+        assert r.returncode == 0, r.stderr[-2000:]
+    models = final_models(runs["fixed"], range(4)) + final_models(runs["ft"], range(4))
+    assert all_equal(models)
+    summaries = [json.loads((runs[n] / "summary.json").read_text()) for n in ("fixed", "ft")]
+    assert summaries[0]["bytes_between_workers"] == summaries[1]["bytes_between_workers"]
+
+
+def test_a_worker_of_two_ranks_with_one_killed_is_restarted_whole_and_heals_rank_by_rank(tmp_path):
+    """Rank 3 (worker 1's second) is killed: the launcher ends rank 2 with it and restarts both; each
+    heals from the same rank of worker 0, and all four ranks end with the same parameters."""
+    out = tmp_path / "run"
+    r = wansync("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--fault-tolerant", "--peer-timeout",
+                "60", "--max-restarts", "1", *TWO_BY_TWO, "--out", str(out), timeout=240,
+                env={"WANSYNC_FAULT": "rank=3,step=7,action=kill;rank=0,step=13,action=pause,seconds=10"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["worker_failures"], summary["rejoins"], summary["heals"]) == (1, 1, 1), summary
+    assert summary["steps_lost"][0] == 0 and summary["steps_lost"][1] > 0
+    healed = [q for q in quorums(out, 1) if q["healed"]]
+    assert len(healed) == 1 and 7 < healed[0]["step"] <= 15
+    assert [json.loads(line)["rank"] for line in (out / "logs" / "heals.jsonl").read_text().splitlines()] == [1]
+    assert all_equal(final_models(out, range(4)))
+    assert no_process_left(out)
+
+
+def test_a_worker_of_two_ranks_killed_inside_an_exchange_is_left_out_of_it_by_both_ranks_of_the_other(tmp_path):
+    """Rank 2 (worker 1's first: its manager and store) dies inside the exchange of step 10: worker 0's
+    two ranks, whose all-reduces may fail at different moments, retry it together without worker 1."""
+    out = tmp_path / "run"
+    r = wansync("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--fault-tolerant", "--peer-timeout",
+                "20", *TWO_BY_TWO, "--out", str(out), timeout=240, env={"WANSYNC_FAULT": "rank=2,step=10,action=kill_in_exchange"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [p for s, p in sync_participants(out)] == [2, 1, 1, 1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["worker_failures"] == 1 and summary["short_exchanges"] == [10, 15, 20]
     assert all_equal(final_models(out, [0, 1]))
     assert no_process_left(out)

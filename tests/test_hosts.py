@@ -36,10 +36,11 @@ def train_flags(corpus: Path, strategy: str, *extra: str) -> list[str]:
 
 def on_hosts(bed: netns.Bed, endpoint: netns.Host, args: dict[netns.Host, list[str]],
              env: dict[netns.Host, dict[str, str]] | None = None,
-             timeout: float = 150) -> dict[netns.Host, tuple[int, str]]:
+             timeout: float = 150, nproc: int = 1) -> dict[netns.Host, tuple[int, str]]:
     """Run the documented torchrun command on every host of `args` (its `wansync` arguments), the
-    rendezvous endpoint at `endpoint`; (exit status, output) per host."""
+    rendezvous endpoint at `endpoint`, `nproc` processes per node; (exit status, output) per host."""
     options = netns.documented_torchrun(endpoint.address)
+    options[options.index("--nproc-per-node") + 1] = str(nproc)
     base = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
     procs = {h: bed.start(h, [str(TORCHRUN), *options, "-m", "wansync", *a], env=dict(base, **(env or {}).get(h, {})),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -186,3 +187,28 @@ def newest_params(run: Path, rank: int) -> torch.Tensor:
     """A fault-tolerant rank's newest checkpoint (written without a barrier, so never marked complete)."""
     state = torch.load(checkpoint.step_dirs(run)[-1] / f"rank{rank}.pt", weights_only=True)
     return torch.cat([v.reshape(-1).float() for v in state["model"].values()])
+
+
+def test_a_fault_tolerant_worker_of_two_ranks_per_host_is_restarted_whole_and_heals_rank_by_rank(bed, corpus, tmp_path):
+    """As above with a worker of two ranks per host (`--nproc-per-node 2 --ranks-per-worker 2`, DDP
+    inside): rank 3, host B's second, is killed; the process torchrun started for B's first rank ends
+    and restarts both B's ranks, and each heals from the same rank of host A's worker."""
+    pytest.importorskip("torchft")
+    a, b = bed.hosts
+    runs = {h: tmp_path / h.name for h in bed.hosts}
+    flags = ["train", "--strategy", "diloco", "--sync-every", "4", "--steps", "16", "--fault-tolerant",
+             "--ranks-per-worker", "2", "--max-restarts", "1", "--quiet", "--data", str(corpus), "--eval-every", "100",
+             *TINY]
+    results = on_hosts(bed, a, {h: [*flags, "--out", str(runs[h])] for h in bed.hosts}, nproc=2,
+                       env={a: {"WANSYNC_FAULT": "rank=0,step=10,action=pause,seconds=8"},
+                            b: {"WANSYNC_FAULT": "rank=3,step=6,action=kill"}})
+    for code, output in results.values():
+        assert code == 0, output[-3000:]
+    summary = json.loads((runs[a] / "summary.json").read_text())
+    assert (summary["workers"], summary["ranks_per_worker"]) == (2, 2)
+    assert (summary["worker_failures"], summary["rejoins"], summary["heals"]) == (1, 1, 1), summary
+    assert summary["steps_lost"][0] == 0 and summary["steps_lost"][1] > 0
+    heals = [json.loads(line) for line in (runs[b] / "logs" / "heals.jsonl").read_text().splitlines()]
+    assert [h["rank"] for h in heals] == [1]                    # worker 1, healed once (both its ranks)
+    params = [newest_params(runs[h], r) for h, r in ((a, 0), (a, 1), (b, 2), (b, 3))]
+    assert all(torch.equal(params[0], p) for p in params[1:])

@@ -54,7 +54,9 @@ plug in here and nowhere else:
 
 - **Fault tolerance** (`quorum`, see `ft.quorum`): given at construction, an fp32 mean runs over
   torchft's quorum instead of `group` (the workers alive now, divided by the number of
-  contributors), blocking: its wait is booked from the moment the mean was asked for. Who takes
+  contributors), blocking: its wait is booked from the moment the mean was asked for. In a worker
+  of several ranks (DDP inside) each rank averages its shard over its own rank's quorum group and
+  the worker puts the whole together, as over `across`. Who takes
   part changes, so a strategy asks the exchange to `meet` before the exchanges of a step (a no-op
   for a fixed group): the workers agree on the members, a worker behind the others heals from a
   peer there, and the time is booked as `quorum`. `already_synced`: this worker healed into its
@@ -236,13 +238,13 @@ class Exchange:
                        guarded and self.nonfinite == "skip")
 
     def _send(self, payload: Payload) -> Sent:
-        """Through the quorum when there is one; else this rank's part (its shard between replica
-        groups) through the codec's collective over the group."""
-        if self.quorum is not None:
-            return self._quorum_mean(payload)
+        """This rank's part (its shard between replica groups) through the quorum when there is one,
+        else through the codec's collective over the group."""
         if self.replicas.shards and payload.purpose in REPLICATED:      # every rank's own values
             return self._all_reduce(payload, None, dist.get_world_size())
         part = self._shard(payload) if self._sharded(payload) else payload
+        if self.quorum is not None:
+            return self._quorum_mean(part)
         if part.codec.name == "fp32":
             return self._all_reduce(part)
         if part.collective == "allgather":

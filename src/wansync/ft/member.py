@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from ..config import Config
 from ..errors import PeerError
@@ -45,17 +46,21 @@ from .quorums import HEALS_LOG, QUORUM_LOG
 
 LIGHTHOUSE_ENV = "WANSYNC_LIGHTHOUSE"   # the address of the lighthouse the launcher started
 RESTARTED_ENV = "WANSYNC_RESTARTED"     # "1": the launcher restarted this worker; it heals from a peer
+LIFE_ENV = "WANSYNC_LIFE"               # which life of its worker a rank is (0, then one more per restart)
 JOIN_TIMEOUTS = 3                       # at start-up the others get this many --peer-timeout to arrive
 JOIN_POLL_S = 0.2                       # between start-up quorums that came back short of workers
 
 
-def quorum_for(cfg: Config, rank: int, workers: int) -> Quorum:
-    """Worker `rank`'s quorum: on the lighthouse the launcher started (or --lighthouse's), under the
-    emulated link of the worker's own group (`--wan`). Its peers reach it at its route's address to
-    the lighthouse (127.0.0.1 for a local run), whatever this host's name resolves to."""
+def quorum_for(cfg: Config, rank: int, world: int) -> Quorum:
+    """The quorum of global rank `rank` of `world` (its worker's: rank // --ranks-per-worker): on the
+    lighthouse the launcher started (or --lighthouse's), under the emulated link of the worker's own
+    group (`--wan`). Its peers reach it at its route's address to the lighthouse (127.0.0.1 for a
+    local run), whatever this host's name resolves to. A worker of several ranks is the default
+    process group of this process (`runner.worker`)."""
     lighthouse = os.environ.get(LIGHTHOUSE_ENV) or f"http://{cfg.lighthouse}"
-    return Quorum(rank, lighthouse, cfg.peer_timeout, hostname=reached_at(lighthouse), emulator=emulator_of(),
-                  workers=workers)
+    r = cfg.ranks_per_worker
+    return Quorum(rank // r, lighthouse, cfg.peer_timeout, hostname=reached_at(lighthouse), emulator=emulator_of(),
+                  workers=world, inside=dist.group.WORLD if r > 1 else None)
 
 
 def reached_at(lighthouse: str) -> str | None:
@@ -117,7 +122,8 @@ class Member:
 
     Args:
         quorum: its membership, the one its strategy's exchange averages through.
-        rank: its index (a worker is one rank).
+        rank: this process's global rank (its own log, the faults aimed at it); the quorum and heal
+            logs are its worker's (`quorum.worker`), written by the worker's first rank.
         workers: the run's workers, all of which the start-up join waits for.
         log_dir: the run's logs/ (None: no logs written; a user's loop without one).
         model, optimizer, sync: what a heal replaces.
@@ -172,7 +178,7 @@ class Member:
         self.sync.load_heal_state(state["strategy"])
         if self.skip_to is not None:
             self.skip_to(self.sync.t)
-        self._append(HEALS_LOG, {"rank": self.rank, "step": self.sync.t})
+        self._append(HEALS_LOG, {"rank": self.quorum.worker, "step": self.sync.t})
 
     def _log(self, record: dict[str, Any]) -> None:
         """One line of the quorum log (module docstring); none for the same quorum again (waiting
@@ -185,10 +191,11 @@ class Member:
             state = self.sync.state_dict()
             record["anchor_digest"] = digest({k: state[k] for k in ("anchor", "anchors") if k in state})
         self._last_logged = (record.get("quorum_id"), record["participants"], record["step"])
-        self._append(QUORUM_LOG.format(rank=self.rank), {"time": time.time(), **record})
+        self._append(QUORUM_LOG.format(rank=self.quorum.worker), {"time": time.time(), **record})
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
-        if self.log_dir is None:
+        """A line of a worker's log: its first rank's (the others went through the same quorums)."""
+        if self.log_dir is None or self.quorum.local_rank != 0:
             return
         with open(self.log_dir / name, "a") as f:
             f.write(json.dumps(record) + "\n")

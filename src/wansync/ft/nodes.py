@@ -1,18 +1,19 @@
-"""A fault-tolerant run across torchrun's nodes: what its ranks tell each other through torchrun's store.
+"""A fault-tolerant run across torchrun's nodes: what the workers' supervisors tell each other in torchrun's store.
 
-Under torchrun each fault-tolerant rank is supervised by the process torchrun started
-(`runner.launch`, `ft.supervisor`); the ranks share no process group (a dead one must not be on any
-collective's path), so they meet in the store torchrun's agents serve (`TorchrunEnv.store`):
+Under torchrun each fault-tolerant worker is supervised by the process torchrun started for its first
+rank (`runner.launch`, `ft.supervisor`); the workers share no process group (a dead one must not be on
+any collective's path), so their supervisors meet in the store torchrun's agents serve
+(`TorchrunEnv.store`):
 
-- rank 0 starts the lighthouse, on every interface, and publishes its address (node 0's address,
+- worker 0's starts the lighthouse, on every interface, and publishes its address (node 0's address,
   the one torchrun gave every rank to meet at); the others read it there;
-- a rank whose worker finished the run says so (`end`): a rank whose worker left the run for good
+- a supervisor whose worker finished the run says so (`end`): one whose worker left the run for good
   waits for that before it exits, so its torchrun agent reaches torchrun's exit barrier with the
   others' (one that exits first leaves the others' agents waiting there 300 s), and no worker is
   restarted once the run has ended;
-- at the end every rank reports what it went through (failures, restarts, heals, the slots its
-  worker took part in, read from its own host's logs), and rank 0 adds them up into summary.json as
-  the local launcher does (`ft.supervisor.record`).
+- at the end every supervisor reports what its worker went through (failures, restarts, heals, the
+  slots it took part in, read from its own host's logs), and worker 0's adds them up into
+  summary.json as the local launcher does (`ft.supervisor.record`).
 """
 from __future__ import annotations
 
@@ -25,24 +26,25 @@ from ..runner.torchrun import TorchrunEnv
 
 LIGHTHOUSE_KEY = "ft/lighthouse"
 ENDED_KEY = "ft/ended"
-REPORT_KEY = "ft/report/rank{rank}"
+REPORT_KEY = "ft/report/worker{worker}"
 POLL_S = 0.5
 
 
 class Nodes:
-    """This rank's view of the others (module docstring); `timeout_s`: how long a read waits."""
+    """A worker's supervisor's view of the others (module docstring); `timeout_s`: how long a read waits."""
 
-    def __init__(self, torchrun: TorchrunEnv, timeout_s: float):
+    def __init__(self, torchrun: TorchrunEnv, timeout_s: float, ranks_per_worker: int = 1):
         if not torchrun.agent_store:
             raise ConfigError("--fault-tolerant with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set by hand needs "
                               "torchrun (its agents' store is where the ranks meet): start it with torchrun, or "
                               "unset them to launch local workers")
-        self.env, self.timeout_s = torchrun, timeout_s
+        self.env, self.timeout_s, self.ranks_per_worker = torchrun, timeout_s, ranks_per_worker
         self._store = torchrun.store(timeout_s)
 
     @property
-    def rank(self) -> int:
-        return self.env.rank
+    def worker(self) -> int:
+        """The worker this process supervises (its first rank's process: `runner.run.run_rank`)."""
+        return self.env.rank // self.ranks_per_worker
 
     def lighthouse_url(self, port: int) -> str:
         """The address the others reach rank 0's lighthouse at: node 0's, where torchrun met them."""
@@ -70,7 +72,7 @@ class Nodes:
     def wait_for_end(self, workers: int) -> bool:
         """Until a worker has finished the run: True. False when none will: every rank reported and
         none finished (all failed), or the store is gone (node 0 with it)."""
-        reports = [REPORT_KEY.format(rank=r) for r in range(workers)]
+        reports = [REPORT_KEY.format(worker=w) for w in range(workers)]
         while True:
             try:
                 if self._store.check([ENDED_KEY]):
@@ -82,14 +84,14 @@ class Nodes:
             time.sleep(POLL_S)
 
     def report(self, report: dict[str, Any]) -> None:
-        self._store.set(REPORT_KEY.format(rank=self.rank), json.dumps(report))
+        self._store.set(REPORT_KEY.format(worker=self.worker), json.dumps(report))
 
     def reports(self, workers: int, within_s: float) -> dict[int, dict[str, Any] | None]:
-        """Every rank's report, waiting up to `within_s` in all; None for a rank that gave none (its
+        """Every worker's report, waiting up to `within_s` in all; None for a worker that gave none (its
         node is gone)."""
         deadline, out = time.monotonic() + within_s, {}
         for rank in range(workers):
-            key = REPORT_KEY.format(rank=rank)
+            key = REPORT_KEY.format(worker=rank)
             while rank not in out:
                 try:
                     if self._store.check([key]):

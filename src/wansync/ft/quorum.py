@@ -33,6 +33,16 @@ logs, the start-up join) is `ft.member`. The protocol:
   quorum (step, participants, the lighthouse's quorum id, whether this worker healed in it) and `before_exchange` of every
   exchange (fault injection: a worker killed inside an exchange).
 
+**Workers of several ranks** (DDP inside, `inside`: the worker's own process group). Each rank of
+a worker is a group rank of the worker's torchft replica: the worker's first rank runs its manager
+(the one that asks the lighthouse, once all the worker's ranks asked it) and its store; every rank
+has its own process group across the workers, with the same rank of each (torchft's store prefix
+per group rank), and averages its shard of the buffer there (`comm.exchange`). The quorum is the
+worker's, the same for all its ranks; a restarted worker heals rank by rank, each from the same rank
+of a live worker (torchft's checkpoint metadata per group rank). Whether a mean succeeded is agreed
+among the worker's ranks before any of them goes on (`all_ranks`), so that they retry together.
+A worker lives and dies whole: its launcher ends and restarts all its ranks together (`ft.supervisor`).
+
 Only fp32 exchanges: a lossy codec's all-gather has no quorum form here (refused in `ft.support`).
 """
 from __future__ import annotations
@@ -93,30 +103,35 @@ class Quorum:
             server a healing peer fetches from): its route's to the lighthouse (`ft.member`), never a
             name that may resolve to loopback.
         emulator: the emulated link (`--wan`) the all-reduces run under; None: not emulated.
-        workers: the run's workers (their global ranks place them on the link's sites).
+        workers: the run's processes, workers x ranks per worker (their global ranks place them on
+            the link's sites).
+        inside: a worker of several ranks (DDP inside): the process group of its ranks, one of
+            which this process is (None: a worker of one rank). See "Workers of several ranks".
     """
 
     def __init__(self, worker: int, lighthouse: str, timeout_s: float, hostname: str | None = None,
-                 emulator: Emulator | None = None, workers: int = 1):
+                 emulator: Emulator | None = None, workers: int = 1, inside: Any = None):
         require_torchft()
-        from torch.distributed import TCPStore
+        import torch.distributed as dist
         from torchft import Manager
 
         from .transport import HealTransport
         timeout = timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.lighthouse = lighthouse
-        self.emulator, self.workers = emulator, workers
+        self.emulator, self.workers, self.inside = emulator, workers, inside
+        self.worker = worker
+        self.local_rank, self.ranks_per_worker = (0, 1) if inside is None else \
+            (dist.get_rank(inside), dist.get_world_size(inside))
         self._pg = members_recording_gloo(timedelta(seconds=timeout_s * COLLECTIVE_TIMEOUT_SHARE))
         hostname = hostname or socket.gethostname()
-        # this worker's own store, serving on every interface; the quorum's process group meets on the
-        # store of one of its members, at the address that member advertised
-        self._store = TCPStore(hostname, 0, is_master=True, wait_for_workers=False)
+        self._store = worker_store(hostname, inside)
         try:
             self.manager = Manager(
                 pg=self._pg, load_state_dict=None, state_dict=None, min_replica_size=1,
                 use_async_quorum=False, replica_id=f"worker_{worker}", store_addr=hostname,
-                store_port=self._store.port, rank=0, world_size=1, lighthouse_addr=lighthouse,
+                store_port=self._store.port, rank=self.local_rank, world_size=self.ranks_per_worker,
+                lighthouse_addr=lighthouse,
                 hostname=hostname, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, init_sync=False,
                 checkpoint_transport=HealTransport(timeout=timeout, num_chunks=0, host=hostname))
         except RuntimeError as exc:               # torchft's connect timeout: the cause is the address
@@ -191,7 +206,7 @@ class Quorum:
         for attempt in range(RETRIES + 1):
             wire = torch.cat([flat if valid else torch.zeros_like(flat), flat.new_full((1,), float(valid))])
             ok = self._wait(self.manager.allreduce(wire, reduce_op=ReduceOp.SUM), wire)
-            if ok and self.manager.errored() is None:
+            if self.all_ranks(ok and self.manager.errored() is None):
                 self.participants = self.manager.num_participants()
                 contributors = int(round(float(wire[-1])))
                 return wire[:-1].view_as(values).div_(max(1, contributors)), contributors
@@ -199,13 +214,26 @@ class Quorum:
                 self.quorum(self._t, shrink_only=True, finishing=self.finishing)
         raise PeerError(f"an exchange failed {RETRIES + 1} times in a row under the fault-tolerant quorum")
 
+    def all_ranks(self, ok: bool) -> bool:
+        """Did the worker's every rank get its shard's mean? One rank's failed all-reduce (its peer
+        rank in a dying worker was killed a moment later than another's) sends all of them into the
+        retry quorum together: the worker's manager forms a quorum only when all its ranks ask, and
+        every shard must be averaged over the same workers."""
+        if self.inside is None:
+            return ok
+        import torch.distributed as dist
+        flag = torch.tensor([int(ok)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.inside)
+        return bool(flag.item())
+
     def modelled_seconds(self, numel: int) -> float | None:
         """The emulated link's duration of one `mean` of `numel` float32 values and their weight over
-        every worker (None when the link is not emulated)."""
+        every worker (None when the link is not emulated); a worker of several ranks averages one
+        shard per rank, all at once over its site's uplink, then puts the whole together."""
         if self.emulator is None:
             return None
-        topology = self.emulator.topology
-        return float(exchange_seconds("allreduce", 4 * (numel + 1), topology, self.workers))
+        topology, r = self.emulator.topology, self.ranks_per_worker
+        return float(exchange_seconds("allreduce", 4 * (numel + r), topology, self.workers // r, r))
 
     def _wait(self, work: Any, wire: torch.Tensor) -> bool:
         """Wait for a quorum all-reduce; under the emulator, until the link says it is done."""
@@ -215,7 +243,7 @@ class Quorum:
         self._exchanges_in_slot += 1
         members = self._pg.members or list(range(self.participants or 1))
         try:
-            on_link(self.emulator, work, wire, members, self.workers, seq).wait()
+            on_link(self.emulator, work, wire, members, self.workers, seq, self.ranks_per_worker).wait()
         except Exception:  # noqa: BLE001 - a peer died inside it, or the link timed out: retried above
             return False
         return True
@@ -225,13 +253,14 @@ class Quorum:
 
 
 def on_link(emulator: Emulator, work: Any, wire: torch.Tensor, members: list[int], workers: int,
-            seq: int) -> EmulatedWork:
-    """`work` (a quorum all-reduce of `wire` over the global ranks `members` of `workers`) as a
-    collective of the emulated link: its modelled duration, FIFO on the emulator's link, recorded;
-    the returned Work completes at max(real end, modelled end) (see `net.backend`)."""
+            seq: int, parallel: int = 1) -> EmulatedWork:
+    """`work` (a quorum all-reduce of `wire` over the global ranks `members` of `workers`; one of
+    `parallel` at once over the sites' uplinks, one per rank of a worker) as a collective of the
+    emulated link: its modelled duration, FIFO on the emulator's link, recorded; the returned Work
+    completes at max(real end, modelled end) (see `net.backend`)."""
     issue, topology = time.perf_counter(), emulator.topology
     nbytes = wire.numel() * wire.element_size()
-    modelled = collective_duration("allreduce", nbytes, workers, topology, members)
+    modelled = collective_duration("allreduce", nbytes, workers, topology, members, parallel=parallel)
     modelled += jitter_draw(topology, workers, emulator.seed, zlib.crc32(LINK_GROUP.encode()), seq, members)
     start = emulator.reserve(issue, modelled)
     record = CollectiveRecord(op="allreduce", nbytes=nbytes, group=LINK_GROUP, seq=seq, issue=issue, start=start,
@@ -239,6 +268,23 @@ def on_link(emulator: Emulator, work: Any, wire: torch.Tensor, members: list[int
     fut = Future(devices=[wire.device]) if wire.is_cuda else Future()
     emulator.schedule([work], record, fut, wire, wire.is_cuda)
     return EmulatedWork(fut, record, wire)
+
+
+def worker_store(hostname: str, inside: Any = None) -> Any:
+    """The store of this worker's manager, serving on every interface at a port of its own, made
+    by the worker's first rank (its others learn the port over `inside`): its ranks find their
+    manager there, and the quorum's process group meets on the store of one of its members, at the
+    address that member advertised. A restarted worker makes a new one: nothing of its last life
+    (the manager's address) is read again."""
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+    first = inside is None or dist.get_rank(inside) == 0
+    store = TCPStore(hostname, 0, is_master=True, wait_for_workers=False) if first else None
+    if inside is None:
+        return store
+    port = torch.tensor([store.port if store is not None else 0], dtype=torch.int64)
+    dist.broadcast(port, src=dist.get_global_rank(inside, 0), group=inside)
+    return store if first else TCPStore(hostname, int(port.item()), is_master=False, wait_for_workers=False)
 
 
 def members_recording_gloo(timeout: timedelta) -> Any:

@@ -5,13 +5,15 @@ The local launcher (`runner.launch`) hands its workers to a `Supervisor`, which
   one, and tells every worker where it is (`ft.member.LIGHTHOUSE_ENV`);
 - restarts a dead worker up to `--max-restarts` times, as a fresh life that heals from a live peer
   rather than resume from disk (`ft.member.RESTARTED_ENV`), and lets the others go on without it;
+  a worker of several ranks lives and dies whole: when one of its ranks fails the others are ended
+  at once, and all are restarted together, as the worker's next life (`ft.member.LIFE_ENV`);
 - ends the workers left behind once the run has ended (below);
 - adds to summary.json what the run went through: worker_failures, rejoins, heals, steps_lost and
   short_exchanges (`ft.quorums`).
 
-Under torchrun a supervisor watches one rank (its own process's, `runner.launch`), and the ranks
-meet through torchrun's store (`ft.nodes`): rank 0 starts the lighthouse for all of them, and adds
-up every rank's report into summary.json.
+Under torchrun a supervisor watches one worker (the process torchrun started for its first rank,
+`runner.launch`), and the workers' supervisors meet through torchrun's store (`ft.nodes`): worker
+0's starts the lighthouse for all of them, and adds up every worker's report into summary.json.
 
 The run ends well when every worker still in it ends well. Once a worker has finished the run, the
 ones still alive were left out of its end: a running one exits by itself within its start-up
@@ -28,11 +30,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import Config
-from ..errors import PeerError, first_line
+from ..errors import PEER_LOST, PeerError, first_line
 from ..rundir.layout import LOGS_DIR, add_to_summary, has_summary
 from ..runner.workerproc import Worker, describe_exit, error_file, is_stopped
 from ..runner.torchrun import TorchrunEnv
-from .member import LIGHTHOUSE_ENV, RESTARTED_ENV
+from .member import LIFE_ENV, LIGHTHOUSE_ENV, RESTARTED_ENV
 from .nodes import Nodes
 from .quorum import require_torchft
 from .quorums import heals, read_quorums, short_exchanges, steps_lost
@@ -49,68 +51,89 @@ class Supervisor:
     def __init__(self, cfg: Config, run_dir: Path, torchrun: TorchrunEnv | None = None):
         require_torchft()
         self.cfg, self.run_dir = cfg, run_dir
-        self.nodes = None if torchrun is None else Nodes(torchrun, cfg.peer_timeout)
+        self.nodes = None if torchrun is None else Nodes(torchrun, cfg.peer_timeout, cfg.ranks_per_worker)
         self.lighthouse, self.address = start_lighthouse(cfg, self.nodes)
+        self.lives: dict[int, int] = {}         # worker -> its restarts so far (its ranks' LIFE_ENV)
 
     @property
     def restarts_workers(self) -> bool:
         """Will it restart a worker? (The launcher then keeps a zygote to fork one quickly.)"""
         return self.cfg.max_restarts > 0
 
-    def worker_env(self, env: dict[str, str], restarted: bool) -> dict[str, str]:
-        """A worker's environment: the lighthouse; for a restarted one, a fresh life that heals from
-        a peer (not from disk) and without the fault that ended the first one."""
-        env = dict(env, **{LIGHTHOUSE_ENV: self.address})
+    def worker_env(self, env: dict[str, str], rank: int, restarted: bool) -> dict[str, str]:
+        """A rank's environment: the lighthouse and which life of its worker it is (`LIFE_ENV`); for a
+        restarted one, a fresh life that heals from a peer (not from disk) and without the fault that
+        ended the first one."""
+        env = dict(env, **{LIGHTHOUSE_ENV: self.address, LIFE_ENV: str(self.lives.get(self.worker_of(rank), 0))})
         if restarted:
             env.pop("WANSYNC_FAULT", None)
             env.update({"WANSYNC_RESUME": "0", RESTARTED_ENV: "1"})
         return env
 
+    def worker_of(self, rank: int) -> int:
+        return rank // self.cfg.ranks_per_worker
+
     def watch(self, procs: list[Worker], restart: Callable[[int], Worker],
               check_signals: Callable[[], None], ranks: list[int] | None = None) -> tuple[int, str]:
-        """Until every worker still in the run has ended: (exit status, the first failure). A failed
-        worker is restarted in place (`restart(rank)`); the failures go into summary.json. `ranks`:
-        the global ranks of `procs` (default: 0, 1, ...)."""
+        """Until every worker still in the run has ended: (exit status, the first failure). A worker
+        lives and dies whole: when one of its ranks fails, the others are ended, and the worker is
+        restarted in place, every rank (`restart(rank)`); the failures, one per worker's death, go
+        into summary.json. `ranks`: the global ranks of `procs` (default: 0, 1, ...)."""
         ranks = list(range(len(procs))) if ranks is None else ranks
-        failures: dict[int, int] = {}
-        left_behind: set[int] = set()           # ended by the supervisor after the run's end
+        units: dict[int, list[int]] = {}        # worker -> its ranks' indices in procs
+        for i, rank in enumerate(ranks):
+            units.setdefault(self.worker_of(rank), []).append(i)
+        failures: dict[int, int] = {}           # per worker
+        left_behind: set[int] = set()           # workers ended by the supervisor after the run's end
         first = ""
         finished_at: float | None = None
         max_restarts = self.cfg.max_restarts
+
+        def in_run(w: int) -> bool:
+            return failures.get(w, 0) <= max_restarts and w not in left_behind
+
         while True:
             check_signals()                     # a signal becomes an exception here, between polls
-            for i, (rank, p) in enumerate(zip(ranks, procs)):
-                code = p.poll()
-                if code in (None, 0) or failures.get(rank, 0) > max_restarts or rank in left_behind:
+            for w, idx in units.items():
+                codes = [procs[i].poll() for i in idx]
+                failed = [(ranks[i], c) for i, c in zip(idx, codes) if c not in (None, 0)]
+                if not failed or not in_run(w):
                     continue
-                first = first or describe_exit(self.run_dir, rank, code)
-                failures[rank] = failures.get(rank, 0) + 1
-                if failures[rank] <= max_restarts and self.nodes is not None and self.nodes.ended():
-                    failures[rank] = max_restarts + 1          # the run ended without it: nothing to rejoin
-                if failures[rank] <= max_restarts:
-                    error_file(self.run_dir, rank).unlink(missing_ok=True)
-                    procs[i] = restart(rank)
-            ended = [p.poll() for r, p in zip(ranks, procs)
-                     if failures.get(r, 0) <= max_restarts and r not in left_behind]
-            if all(c is not None for c in ended):
-                ok = bool(ended) and all(c == 0 for c in ended)
+                first = first or root_cause(self.run_dir, failed)
+                end_worker([procs[i] for i in idx])     # its other ranks, whatever they are doing now
+                failures[w] = failures.get(w, 0) + 1
+                if failures[w] <= max_restarts and self.nodes is not None and self.nodes.ended():
+                    failures[w] = max_restarts + 1          # the run ended without it: nothing to rejoin
+                if failures[w] <= max_restarts:
+                    self.lives[w] = self.lives.get(w, 0) + 1
+                    for i in idx:
+                        error_file(self.run_dir, ranks[i]).unlink(missing_ok=True)
+                    for i in idx:
+                        procs[i] = restart(ranks[i])
+            ended = {w: worker_code([procs[i] for i in idx]) for w, idx in units.items() if in_run(w)}
+            if all(c is not None for c in ended.values()):
+                ok = bool(ended) and all(c == 0 for c in ended.values())
                 if self.nodes is not None:
                     return self.end_across_nodes(failures, ok, first)
                 record_failures(self.run_dir, failures, restarts=sum(min(n, max_restarts) for n in failures.values()),
-                                workers=len(procs), steps=self.cfg.steps)
+                                workers=len(units), steps=self.cfg.steps)
                 return (0 if ok else 1), ("" if ok else first)
-            if finished_at is None and 0 in ended:
+            if finished_at is None and 0 in ended.values():
                 finished_at = time.monotonic()
+            live = [i for w, idx in units.items() if in_run(w) for i in idx]
             if finished_at is not None:
-                for rank in end_left_behind(procs, self.run_dir, time.monotonic() - finished_at,
-                                            self.cfg.peer_timeout, ranks):
-                    left_behind.add(rank)
-                    failures[rank] = failures.get(rank, 0) + 1
+                ended_late = end_left_behind([procs[i] for i in live], self.run_dir, time.monotonic() - finished_at,
+                                             self.cfg.peer_timeout, [ranks[i] for i in live])
+                for w in sorted({self.worker_of(rank) for rank in ended_late}):
+                    end_worker([procs[i] for i in units[w]])
+                    left_behind.add(w)
+                    failures[w] = failures.get(w, 0) + 1
             elif first:
-                gone = {r for r in ranks if failures.get(r, 0) > max_restarts} | left_behind
-                for rank in end_stopped(procs, ranks, gone):
-                    left_behind.add(rank)
-                    failures[rank] = failures.get(rank, 0) + 1
+                for rank in end_stopped([procs[i] for i in live], [ranks[i] for i in live], set()):
+                    w = self.worker_of(rank)
+                    if w not in left_behind:
+                        left_behind.add(w)
+                        failures[w] = failures.get(w, 0) + 1
                     first += f" (rank {rank} is stopped: it hung, and the launcher ended it)"
             time.sleep(POLL_S)
 
@@ -121,14 +144,14 @@ class Supervisor:
         and ends well: the run went on without it, as under the local launcher."""
         nodes, cfg = self.nodes, self.cfg
         assert nodes is not None
-        rank, logs = nodes.rank, self.run_dir / LOGS_DIR
+        rank, logs = nodes.worker, self.run_dir / LOGS_DIR
         if ok:
             nodes.end()
         nodes.report(rank_report(logs, rank, cfg.workers, failures.get(rank, 0), cfg.max_restarts))
         if not ok:
             if not nodes.wait_for_end(cfg.workers):
                 return 1, first
-            print(f"wansync: warning: {first}; the run went on without rank {rank}", file=sys.stderr)
+            print(f"wansync: warning: {first}; the run went on without worker {rank}", file=sys.stderr)
         if rank == 0:
             reports = nodes.reports(cfg.workers, cfg.peer_timeout)     # the others end with rank 0's worker
             record(self.run_dir, {r: rep or gone_report() for r, rep in reports.items()}, cfg.steps)
@@ -146,7 +169,7 @@ def start_lighthouse(cfg: Config, nodes: Nodes | None = None) -> tuple[object | 
     stay in lockstep; a dead one stops heartbeating and is left out after 2 s."""
     if cfg.lighthouse:
         return None, f"http://{cfg.lighthouse}"
-    if nodes is not None and nodes.rank != 0:
+    if nodes is not None and nodes.worker != 0:
         try:
             return None, nodes.lighthouse()
         except RuntimeError as e:
@@ -160,6 +183,32 @@ def start_lighthouse(cfg: Config, nodes: Nodes | None = None) -> tuple[object | 
         return server, f"http://127.0.0.1:{port}"
     nodes.publish_lighthouse(nodes.lighthouse_url(port))
     return server, nodes.lighthouse_url(port)
+
+
+def worker_code(procs: list[Worker]) -> int | None:
+    """How a worker ended: None while any of its ranks runs; 0 when all ended well; else the status
+    of one that did not."""
+    codes = [p.poll() for p in procs]
+    if any(c is None for c in codes):
+        return None
+    return next((c for c in codes if c != 0), 0)
+
+
+def end_worker(procs: list[Worker]) -> None:
+    """End (SIGKILL) and reap a worker's ranks still alive: one of them failed, and the others would
+    wait for it in their worker's collectives, or keep the dead worker heartbeating in the quorum."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+
+
+def root_cause(run_dir: Path, failed: list[tuple[int, int]]) -> str:
+    """A failed worker's line: a rank's own failure rather than the lost contact it caused in the
+    worker's other ranks."""
+    lines = [describe_exit(run_dir, rank, code) for rank, code in failed]
+    return next((line for line in lines if PEER_LOST not in line), lines[0])
 
 
 def end_stopped(procs: list[Worker], ranks: list[int], gone: set[int]) -> list[int]:

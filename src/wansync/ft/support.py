@@ -12,16 +12,17 @@ STRATEGIES = ("local_sgd", "slowmo", "diloco", "streaming", "cocodc")
 
 def check_fault_tolerant(cfg: Any) -> None:
     """Refuse, in one line with its reason, what a fault-tolerant run cannot do (`cfg`: a `Config`)."""
-    check_supported(cfg.strategy, cfg.ranks_per_worker, getattr(cfg, "inside", "ddp"), getattr(cfg, "codec", None))
+    check_supported(cfg.strategy, getattr(cfg, "inside", "ddp"), getattr(cfg, "codec", None))
 
 
-def check_supported(strategy: str, ranks_per_worker: int = 1, inside: str = "ddp", codec: str | None = None,
+def check_supported(strategy: str, inside: str = "ddp", codec: str | None = None,
                     subject: str = "--fault-tolerant") -> None:
-    """The refusals, for the CLI's flags and a user's loop alike (`subject`: what the line names)."""
+    """The refusals, for the CLI's flags and a user's loop alike (`subject`: what the line names).
+    Workers of several ranks (DDP inside) are supported; in a user's loop a fault-tolerant worker is
+    one rank (`ft.own_loop`)."""
     check(strategy in STRATEGIES,
           f"{subject} does not support {strategy}: it all-reduces gradients every step, so no step can "
           f"go on without every worker (use one of {', '.join(STRATEGIES)})")
-    check(ranks_per_worker == 1, f"{subject} supports workers of one rank only (--ranks-per-worker 1)")
     check(inside == "ddp", f"{subject} does not heal workers sharded inside yet "
           "(--inside fsdp): a restarted worker would need each rank's shard from the same rank of a live worker")
     check(codec in (None, "fp32"),

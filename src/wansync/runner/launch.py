@@ -11,9 +11,10 @@ same way; workers die by themselves if the launcher dies (interrupts).
 With `--fault-tolerant` (docs/fault_tolerance.md) a failure does not end the run: the launcher
 hands its workers to the run's `ft.supervisor.Supervisor`, which starts torchft's lighthouse,
 restarts a dead worker (it heals from a live peer), lets the others go on without it, and adds
-what the run went through to summary.json. Under torchrun a fault-tolerant rank is launched the
-same way, alone (`spawn(..., torchrun=env)`): the process torchrun started supervises its worker and
-restarts it, so torchrun's agents never re-rendezvous (which would restart every node's workers).
+what the run went through to summary.json. Under torchrun a fault-tolerant worker is launched the
+same way, alone (`spawn(..., torchrun=env)`): the process torchrun started for its first rank
+supervises the worker's ranks and restarts them, so torchrun's agents never re-rendezvous (which
+would restart every node's workers).
 
 A launch is a short pipeline (`Launch`): prepare the log directory, open the rendezvous, start
 every worker, watch them, tear everything down.
@@ -57,7 +58,8 @@ def _terminate(procs: list[workerproc.Worker], grace: float = 3.0) -> None:
 def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False,
           torchrun: TorchrunEnv | None = None) -> tuple[int, str]:
     """Run cfg.workers × cfg.ranks_per_worker processes (ranks w·R … w·R+R−1 are worker w), or
-    under torchrun (fault tolerant) its rank alone; returns (exit status, message of the first failure).
+    under torchrun (fault tolerant) the worker whose first rank is torchrun's; returns (exit status,
+    message of the first failure).
     `config` (the resolved config as TOML) reaches the workers in their environment.
     KeyboardInterrupt and Terminated pass through, after every worker is ended and reaped."""
     with signals_deferred() as check_signals:
@@ -79,7 +81,10 @@ class Launch:
         self.cfg, self.run_dir, self.config, self.resume = cfg, run_dir, config, resume
         self.world = cfg.workers * cfg.ranks_per_worker
         self.torchrun = torchrun
-        self.ranks = range(self.world) if torchrun is None else [torchrun.rank]     # the ones started here
+        # the ones started here: every rank, or under torchrun this rank's worker (its first rank's process
+        # supervises the worker's ranks, `runner.run.run_rank`)
+        self.ranks = range(self.world) if torchrun is None else \
+            [torchrun.rank + i for i in range(cfg.ranks_per_worker)]
         self.threads = cfg.threads or max(1, (os.cpu_count() or 1) // self.world)     # torch's, per worker
         self.procs: list[workerproc.Worker] = []
         self.supervisor: Supervisor | None = None
@@ -114,7 +119,7 @@ class Launch:
         """Rank `rank`'s environment: torchrun's variables, the run's own, and the supervisor's. Under
         torchrun the rank keeps its place on its node and gloo the interface torchrun's route chose."""
         local, local_world = (rank, self.world) if self.torchrun is None else \
-            (self.torchrun.local_rank, self.torchrun.local_world_size)
+            (self.torchrun.local_rank + rank - self.torchrun.rank, self.torchrun.local_world_size)
         gloo = _loopback_ifname() if self.torchrun is None else os.environ.get(GLOO_IFNAME, _loopback_ifname())
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(self.world),
                    LOCAL_WORLD_SIZE=str(local_world), MASTER_ADDR="127.0.0.1",
@@ -123,7 +128,7 @@ class Launch:
                    WANSYNC_RUN_DIR=str(self.run_dir), WANSYNC_LAUNCHED="1",
                    WANSYNC_RESUME="1" if self.resume else "0", WANSYNC_CONFIG=self.config,
                    **{LAUNCHER_PID_ENV: str(os.getpid())})
-        return env if self.supervisor is None else self.supervisor.worker_env(env, restarted)
+        return env if self.supervisor is None else self.supervisor.worker_env(env, rank, restarted)
 
     def start(self, rank: int, restarted: bool = False) -> workerproc.Worker:
         """Start rank `rank`: forked while no store thread runs, later from the zygote (or fresh)."""

@@ -327,9 +327,12 @@ def keep_config(run_dir: Path, text: str) -> None:
 
 
 def run_rank(cfg: Config, run_dir: Path, resume: bool, torchrun: TorchrunEnv, text: str) -> None:
-    """One of torchrun's ranks: its worker, in this process; under --fault-tolerant, this process
-    supervises it (`launch.spawn` of this rank alone), restarting it as the local launcher would."""
+    """One of torchrun's ranks: its worker, in this process; under --fault-tolerant, the process of a
+    worker's first rank supervises the worker (`launch.spawn` of its ranks), restarting it whole as
+    the local launcher would, and the worker's other ranks' processes have nothing left to do."""
     if cfg.fault_tolerant:
+        if torchrun.rank % cfg.ranks_per_worker:
+            return
         code, message = launch.spawn(cfg, run_dir, text, resume=resume, torchrun=torchrun)
         if code != 0:
             raise WansyncError(message)

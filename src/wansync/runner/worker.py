@@ -21,6 +21,7 @@ from ..config import Config, from_sections
 from ..errors import PEER_LOST, ConfigError, WansyncError
 from .interrupts import Terminated, become_launched_worker, exit_status
 from .torchrun import interface_hint
+from ..ft.member import LIFE_ENV
 from ..trainer.loop import Phase, train_worker
 
 
@@ -28,12 +29,15 @@ def init_distributed(cfg: Config) -> None:
     """The process group from the torchrun-style environment, under the emulator if asked.
     `--backend nccl` means NCCL for CUDA tensors and gloo for the few CPU ones (metrics, the
     schedule's agreement), one rank per GPU (LOCAL_RANK picks it). A fault-tolerant worker is a
-    process group of its own: its exchanges run over torchft's quorum, its metrics are its own; under
-    --wan its group carries the emulator, which the quorum's all-reduces run under (ft.quorum)."""
+    process group of its own (its ranks, `worker_store`): its exchanges run over torchft's quorum, its
+    metrics are its own; under --wan its group carries the emulator, which the quorum's all-reduces
+    run under (ft.quorum)."""
     if cfg.fault_tolerant:      # no world group: a dead worker must not be on any collective's path (ft.quorum)
         emulator = None if cfg.topology is None else net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
-        dist.init_process_group(backend="gloo" if emulator is None else net.install(), store=dist.HashStore(),
-                                rank=0, world_size=1, pg_options=emulator)
+        local, r = int(os.environ.get("RANK", 0)) % cfg.ranks_per_worker, cfg.ranks_per_worker
+        dist.init_process_group(backend="gloo" if emulator is None else net.install(), store=worker_store(cfg),
+                                rank=local, world_size=r, pg_options=emulator,
+                                timeout=datetime.timedelta(seconds=cfg.peer_timeout))
         return
     backend, emulator = ("cpu:gloo,cuda:nccl" if cfg.backend == "nccl" else cfg.backend), None
     if cfg.backend == "nccl":
@@ -48,6 +52,19 @@ def init_distributed(cfg: Config) -> None:
         backend, emulator = net.install(), net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
     dist.init_process_group(backend=backend, init_method="env://", pg_options=emulator,
                             timeout=datetime.timedelta(seconds=cfg.peer_timeout))
+
+
+def worker_store(cfg: Config) -> dist.Store:
+    """Where a fault-tolerant worker's ranks meet to form its process group: nowhere for a worker of
+    one rank; else the launcher's store (MASTER_ADDR:MASTER_PORT, on this host: a worker's ranks are
+    started together by one launcher), under keys of this worker and this life of it, so that a
+    restarted worker's ranks meet each other and nothing of the last life."""
+    if cfg.ranks_per_worker == 1:
+        return dist.HashStore()
+    worker = int(os.environ.get("RANK", 0)) // cfg.ranks_per_worker
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                          datetime.timedelta(seconds=cfg.peer_timeout))
+    return dist.PrefixStore(f"wansync/ft/worker{worker}/life{os.environ.get(LIFE_ENV, '0')}", store)
 
 
 PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "timed out", "timeout",

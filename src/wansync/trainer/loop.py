@@ -22,7 +22,7 @@ from ..rundir import checkpoint
 from .. import strategies
 from ..ft.member import Member, quorum_for
 from ..comm.mean_cost import lossy_path, mean_seconds
-from ..comm.replicas import Replicas, replica_groups
+from ..comm.replicas import Replicas, place, replica_groups
 from ..config import Config, fingerprint
 from ..rundir.divergence import chance_level
 from ..errors import ConfigError, NonFiniteError
@@ -58,7 +58,7 @@ class Trainer:
         self.phase = phase if phase is not None else Phase()
         self.device_type = "cuda" if cfg.backend == "nccl" else "cpu"
         sharded = cfg.inside == "fsdp"
-        self.replicas = Replicas(1, rank, world_size, 0) if cfg.fault_tolerant else \
+        self.replicas = ft_replicas(cfg.ranks_per_worker, rank, world_size) if cfg.fault_tolerant else \
             replica_groups(cfg.ranks_per_worker, shard_inside=sharded, device_type=self.device_type)
         torch.manual_seed(cfg.seed)                     # same init on every rank
         self.workload = build_workload(cfg, self.replicas.worker, self.replicas.workers,
@@ -75,7 +75,7 @@ class Trainer:
         self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer, on_nonfinite=cfg.on_nonfinite,
                                      replicas=self.replicas, quorum=quorum, **self.options)
         self.fault = Faults.from_env()
-        self.member = None if quorum is None else Member(quorum, rank, world_size, self.run_dir / "logs",
+        self.member = None if quorum is None else Member(quorum, rank, self.replicas.workers, self.run_dir / "logs",
                                                          self.workload.model, self.optimizer, self.sync, self.fault,
                                                          skip_to=self.workload.skip_to)
         resumed = self.load_checkpoint() if resume else None
@@ -224,6 +224,14 @@ class Trainer:
         if self.member is not None:
             self.member.shutdown()
         return summary
+
+
+def ft_replicas(ranks_per_worker: int, rank: int, world: int) -> Replicas:
+    """A fault-tolerant rank's place: its worker's ranks are this process's whole process group
+    (`runner.worker`), and its exchanges between workers run over the quorum, not a group."""
+    worker, workers, local = place(rank, world, ranks_per_worker)
+    inside = dist.group.WORLD if ranks_per_worker > 1 else None
+    return Replicas(ranks_per_worker, worker, workers, local, inside=inside)
 
 
 def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], world: int) -> str | None:
