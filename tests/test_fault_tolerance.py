@@ -33,12 +33,11 @@ def test_strategies_that_all_reduce_every_step_are_refused_in_one_line():
             build_config(overrides={"strategy": strategy, "fault_tolerant": True})
 
 
-def test_a_lossy_codec_and_workers_sharded_inside_are_refused_workers_of_several_ranks_are_not():
+def test_a_lossy_codec_is_refused_workers_of_several_ranks_ddp_or_fsdp_inside_are_not():
     with pytest.raises(ConfigError, match="fp32 only"):
         build_config(overrides={"strategy": "streaming", "fault_tolerant": True, "codec": "int8"})
-    with pytest.raises(ConfigError, match="--inside fsdp"):
-        build_config(overrides={"strategy": "diloco", "fault_tolerant": True, "ranks_per_worker": 2, "inside": "fsdp"})
-    build_config(overrides={"strategy": "diloco", "fault_tolerant": True, "ranks_per_worker": 2})
+    for inside in ("ddp", "fsdp"):
+        build_config(overrides={"strategy": "diloco", "fault_tolerant": True, "ranks_per_worker": 2, "inside": inside})
 
 
 def test_without_torchft_the_error_says_how_to_install_it(monkeypatch):
@@ -501,7 +500,9 @@ def test_a_worker_stopped_for_good_is_ended_one_peer_timeout_after_the_others_fi
 
 
 # ---- workers of two ranks (DDP inside): one worker lives and dies whole ------------------------------
-TWO_BY_TWO = ("--workers", "2", "--ranks-per-worker", "2", "--steps", "20", "--eval-every", "1000", "--quiet", *TINY)
+STEPS_2x2 = 20
+TWO_BY_TWO = ("--workers", "2", "--ranks-per-worker", "2", "--steps", str(STEPS_2x2), "--eval-every", "1000", "--quiet",
+              *TINY)
 
 
 def test_fault_tolerant_workers_of_two_ranks_train_what_the_fixed_group_trains_bit_for_bit(tmp_path):
@@ -517,6 +518,33 @@ def test_fault_tolerant_workers_of_two_ranks_train_what_the_fixed_group_trains_b
     assert all_equal(models)
     summaries = [json.loads((runs[n] / "summary.json").read_text()) for n in ("fixed", "ft")]
     assert summaries[0]["bytes_between_workers"] == summaries[1]["bytes_between_workers"]
+
+
+def sharded_model(run, worker):
+    """A worker's final model (FSDP inside) as its DCP checkpoint holds it, read offline."""
+    from test_sharded_workers import sharded_state
+    return sharded_state(run, STEPS_2x2, worker)["model"]
+
+
+def test_workers_sharded_inside_fail_and_heal_shard_by_shard(tmp_path):
+    """FSDP inside: with no fault the fixed group's parameters bit for bit; with worker 1's second rank
+    killed, both its ranks are restarted and each heals its shard from worker 0's same rank (the
+    model's and the inner optimizer's local shards, DTensors again on arrival)."""
+    runs = {}
+    for name, extra, env in (
+            ("fixed", (), None), ("ft", ("--fault-tolerant", "--peer-timeout", "30"), None),
+            ("killed", ("--fault-tolerant", "--peer-timeout", "60", "--max-restarts", "1"),
+             {"WANSYNC_FAULT": "rank=3,step=7,action=kill;rank=0,step=13,action=pause,seconds=10"})):
+        runs[name] = tmp_path / name
+        r = wansync("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--inside", "fsdp", *extra,
+                    *TWO_BY_TWO, "--out", str(runs[name]), env=env, timeout=240)
+        assert r.returncode == 0, r.stderr[-2000:]
+    fixed = [sharded_model(runs["fixed"], w) for w in (0, 1)]
+    assert all_equal(fixed + [sharded_model(runs["ft"], w) for w in (0, 1)])
+    summary = json.loads((runs["killed"] / "summary.json").read_text())
+    assert (summary["worker_failures"], summary["rejoins"], summary["heals"]) == (1, 1, 1), summary
+    assert all_equal([sharded_model(runs["killed"], w) for w in (0, 1)])
+    assert no_process_left(runs["killed"])
 
 
 def test_a_worker_of_two_ranks_with_one_killed_is_restarted_whole_and_heals_rank_by_rank(tmp_path):

@@ -241,6 +241,8 @@ class Exchange:
         """This rank's part (its shard between replica groups) through the quorum when there is one,
         else through the codec's collective over the group."""
         if self.replicas.shards and payload.purpose in REPLICATED:      # every rank's own values
+            if self.quorum is not None:                                  # the worker's mean, then the workers'
+                return self._quorum_mean(self._worker_mean(payload))
             return self._all_reduce(payload, None, dist.get_world_size())
         part = self._shard(payload) if self._sharded(payload) else payload
         if self.quorum is not None:
@@ -297,6 +299,8 @@ class Exchange:
         """Overwrite `buf` in place with the group's first rank's values (blocking; with replica
         groups, every rank of every worker gets rank 0's)."""
         self.ledger.count(purpose, buf.numel() * buf.element_size())
+        if self.quorum is not None and self.replicas.shards:
+            return      # no group across workers; theirs start from the same seed, a restarted one heals
         group = self.broadcast_group
         src = dist.get_global_rank(group, 0) if group is not None else 0
         dist.broadcast(buf, src=src, group=group)
@@ -347,6 +351,15 @@ class Exchange:
         self.ledger.count(INSIDE + purpose, t.numel() * t.element_size())
         self.ledger.waited(INSIDE + purpose, time.perf_counter() - t0)
         return t.tolist()
+
+    def _worker_mean(self, payload: Payload) -> Payload:
+        """The payload with its values averaged over the worker's ranks (booked as `inside/<purpose>`)."""
+        mean = payload.buf.detach() / self.replicas.ranks_per_worker
+        t0 = time.perf_counter()
+        dist.all_reduce(mean, group=self.replicas.inside)
+        self.ledger.count(INSIDE + payload.purpose, mean.numel() * mean.element_size())
+        self.ledger.waited(INSIDE + payload.purpose, time.perf_counter() - t0)
+        return dataclasses.replace(payload, buf=mean)
 
     def worker_norm(self, norm: float) -> float:
         """The L2 norm of a worker's whole tensor from this rank's shard's (`worker_sum`)."""

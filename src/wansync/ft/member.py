@@ -39,6 +39,7 @@ import torch.distributed as dist
 from ..config import Config
 from ..errors import PeerError
 from ..net import emulator_of
+from ..rundir.checkpoint import map_tensors
 from ..runner.route import route_to
 from ..strategies.base import Strategy
 from .quorum import Quorum, digest
@@ -167,14 +168,16 @@ class Member:
         self.quorum.shutdown()
 
     def _state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        """What a healing peer receives: a sharded model's (FSDP inside) and its optimizer's local
+        shards, as plain tensors (`local_shards`)."""
+        return {"model": local_shards(self.model.state_dict()), "optimizer": local_shards(self.optimizer.state_dict()),
                 "strategy": self.sync.heal_state()}
 
     def _heal(self, state: dict[str, Any]) -> None:
         """Take a live peer's state; in its own shard, go where a worker that trained to the peer's
         step would be (each worker reads its own shard)."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_model(self.model, state["model"])
+        load_optimizer(self.optimizer, state["optimizer"])
         self.sync.load_heal_state(state["strategy"])
         if self.skip_to is not None:
             self.skip_to(self.sync.t)
@@ -199,3 +202,44 @@ class Member:
             return
         with open(self.log_dir / name, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def local_shards(state: Any) -> Any:
+    """`state` with each DTensor (a model sharded inside the worker) replaced by this rank's local
+    shard: what the same rank of a restarted worker needs, in a form the transport can send."""
+    from torch.distributed.tensor import DTensor
+    return map_tensors(state, lambda t: t.to_local() if isinstance(t, DTensor) else t)
+
+
+def load_model(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """A peer's model state (`local_shards`) into `model`: a sharded one's into each parameter's
+    local shard, in place."""
+    from torch.distributed.tensor import DTensor
+    current = model.state_dict()
+    if not any(isinstance(v, DTensor) for v in current.values()):
+        model.load_state_dict(state)
+        return
+    missing = sorted(set(current) ^ set(state))
+    if missing:
+        raise PeerError(f"a peer's model state does not match this worker's (keys {', '.join(missing[:4])})")
+    with torch.no_grad():
+        for key, value in current.items():
+            (value.to_local() if isinstance(value, DTensor) else value).copy_(state[key])
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """A peer's optimizer state (`local_shards`) into `optimizer`: a sharded parameter's state
+    tensors become DTensors again on that parameter's mesh and placements."""
+    from torch.distributed.tensor import DTensor
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    per_param = {}
+    for index, entry in state.get("state", {}).items():
+        p = params[int(index)]
+        if isinstance(p, DTensor):
+            local = p.to_local()
+            entry = {k: DTensor.from_local(v, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                           stride=p.stride())
+                     if torch.is_tensor(v) and v.shape == local.shape and v.dim() > 0 else v
+                     for k, v in entry.items()}
+        per_param[index] = entry
+    optimizer.load_state_dict({**state, "state": per_param})

@@ -12,18 +12,18 @@ STRATEGIES = ("local_sgd", "slowmo", "diloco", "streaming", "cocodc")
 
 def check_fault_tolerant(cfg: Any) -> None:
     """Refuse, in one line with its reason, what a fault-tolerant run cannot do (`cfg`: a `Config`)."""
-    check_supported(cfg.strategy, getattr(cfg, "inside", "ddp"), getattr(cfg, "codec", None))
+    check_supported(cfg.strategy, codec=getattr(cfg, "codec", None))
 
 
 def check_supported(strategy: str, inside: str = "ddp", codec: str | None = None,
                     subject: str = "--fault-tolerant") -> None:
     """The refusals, for the CLI's flags and a user's loop alike (`subject`: what the line names).
-    Workers of several ranks (DDP inside) are supported; in a user's loop a fault-tolerant worker is
-    one rank (`ft.own_loop`)."""
+    The CLI's workers may be of several ranks, DDP or FSDP inside; in a user's loop a fault-tolerant
+    worker is one rank (`ft.own_loop`), so a model sharded there (`inside`) is refused."""
     check(strategy in STRATEGIES,
           f"{subject} does not support {strategy}: it all-reduces gradients every step, so no step can "
           f"go on without every worker (use one of {', '.join(STRATEGIES)})")
-    check(inside == "ddp", f"{subject} does not heal workers sharded inside yet "
-          "(--inside fsdp): a restarted worker would need each rank's shard from the same rank of a live worker")
+    check(inside == "ddp", f"{subject} takes a worker of one rank, so a model sharded with FSDP2 has no place "
+          "in it (workers of several ranks, sharded inside: the CLI's --fault-tolerant --inside fsdp)")
     check(codec in (None, "fp32"),
           f"{subject} exchanges fp32 only (torchft's quorum all-reduce sums on the wire), not codec {codec}")

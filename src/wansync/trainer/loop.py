@@ -58,7 +58,8 @@ class Trainer:
         self.phase = phase if phase is not None else Phase()
         self.device_type = "cuda" if cfg.backend == "nccl" else "cpu"
         sharded = cfg.inside == "fsdp"
-        self.replicas = ft_replicas(cfg.ranks_per_worker, rank, world_size) if cfg.fault_tolerant else \
+        self.replicas = ft_replicas(cfg.ranks_per_worker, rank, world_size, sharded, self.device_type) \
+            if cfg.fault_tolerant else \
             replica_groups(cfg.ranks_per_worker, shard_inside=sharded, device_type=self.device_type)
         torch.manual_seed(cfg.seed)                     # same init on every rank
         self.workload = build_workload(cfg, self.replicas.worker, self.replicas.workers,
@@ -226,12 +227,18 @@ class Trainer:
         return summary
 
 
-def ft_replicas(ranks_per_worker: int, rank: int, world: int) -> Replicas:
+def ft_replicas(ranks_per_worker: int, rank: int, world: int, sharded: bool = False,
+                device_type: str = "cpu") -> Replicas:
     """A fault-tolerant rank's place: its worker's ranks are this process's whole process group
-    (`runner.worker`), and its exchanges between workers run over the quorum, not a group."""
+    (`runner.worker`), and its exchanges between workers run over the quorum, not a group.
+    `sharded` (FSDP inside): the model is sharded over a 1-D mesh of the worker's ranks."""
     worker, workers, local = place(rank, world, ranks_per_worker)
-    inside = dist.group.WORLD if ranks_per_worker > 1 else None
-    return Replicas(ranks_per_worker, worker, workers, local, inside=inside)
+    inside = dist.group.WORLD if ranks_per_worker > 1 or sharded else None
+    if not sharded:
+        return Replicas(ranks_per_worker, worker, workers, local, inside=inside)
+    from torch.distributed.device_mesh import DeviceMesh
+    mesh = DeviceMesh.from_group(inside, device_type, mesh_dim_names=("inside",))
+    return Replicas(ranks_per_worker, worker, workers, local, inside=inside, shards=True, mesh=mesh)
 
 
 def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], world: int) -> str | None:
