@@ -14,7 +14,11 @@
 Needs root (network namespaces). Prints a markdown table (the median over the repetitions and half their range);
 the recorded figures are in benchmarks/README.md.
 
-    sudo python benchmarks/hosts_fidelity.py [--rates 1gbit,100mbit] [--reps 3] [--only collectives|training]
+    sudo python benchmarks/hosts_fidelity.py [--rates 1gbit,100mbit] [--reps 5] [--only collectives|training]
+        [--slow-start-after-idle 0|1]   # the bed's TCP: restart the window after an idle time (the kernel's 1)
+
+Run it with nothing else on the machine: at 1 Gbit/s the bed's figures move by up to ±10 ms (of ~60)
+when another process competes for the cores.
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ SIZES = {"4 B": 4, "7.28 MB": 7_280_000}
 OPS = {"4 B": 300, "7.28 MB": 9}                 # all-reduces per repetition (the median is kept)
 TRAIN = ["--model", "tiny", "--batch-size", "4", "--seq-len", "64", "--eval-batches", "2", "--eval-every", "1000",
          "--threads", "1", "--quiet", "--seed", "0"]
-STRATEGIES = {"ddp": ["--steps", "12"], "diloco": ["--steps", "20", "--sync-every", "2"]}
+STRATEGIES = {"ddp": ["--steps", "30"], "diloco": ["--steps", "40", "--sync-every", "2"]}
 CLEAN = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_")
 
 
@@ -172,6 +176,8 @@ def main() -> None:
     p.add_argument("--echo", type=int, metavar="RANK")
     p.add_argument("addr", nargs="?")
     p.add_argument("--wan")
+    p.add_argument("--slow-start-after-idle", choices=("0", "1"),
+                   help="set the bed's net.ipv4.tcp_slow_start_after_idle (default: the kernel's, 1)")
     args = p.parse_args()
     if args.probe is not None:
         return probe(args.probe, args.addr, args.wan)
@@ -192,6 +198,8 @@ def main() -> None:
         corpus.write_text(shakespeare_text()[:400_000])
         for rate in args.rates.split(","):
             with netns.Bed(2, rate=rate) as bed:
+                for host in bed.hosts if args.slow_start_after_idle else ():
+                    bed.run(host, ["sysctl", "-qw", f"net.ipv4.tcp_slow_start_after_idle={args.slow_start_after_idle}"])
                 rtt = json.loads(in_bed(bed, "echo"))
                 wan = f"rtt={rtt * 1e6:.0f}us,bw={rate}"
                 if args.only in (None, "collectives"):

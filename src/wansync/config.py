@@ -68,7 +68,7 @@ class GeneralKeys:
                               "needs wansync[ft]; see docs/fault_tolerance.md)")
     lighthouse: str = _f("", "run", "fault-tolerant runs: torchft lighthouse HOST:PORT; empty = the launcher "
                          "starts one on 127.0.0.1", host_port)
-    max_restarts: int = _f(0, "run", "fault-tolerant runs: the launcher restarts a dead worker up to N times",
+    max_restarts: int = _f(0, "run", "fault-tolerant runs: the launcher restarts a dead worker (all its ranks) up to N times",
                            in_range(0, MAX_RESTARTS, high_included=True))
     backend: str = _f("gloo", "run", "torch.distributed backend under the strategy: gloo|nccl",
                       one_of(("gloo", "nccl")))

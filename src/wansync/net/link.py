@@ -59,7 +59,9 @@ class Link:
     `tbf` shaper between two network namespaces at 953 of 1000 and 95.7 of 100 Mbit/s. A ring's
     links carry a flow each way, so each line also carries the acknowledgements of the flow coming
     back, one 66-byte frame per segment (`ring_payload_share`: 91.6 %; a 7.28 MB all-reduce between
-    two namespaces moved at 91.9 % of the line at 1 Gbit/s and at 100 Mbit/s).
+    two namespaces moves at 92.3 % of the line at 100 Mbit/s; at 1 Gbit/s, on an idle machine, at
+    95.2 %: the receiver's GRO merges segments, and with them their acknowledgements, so there the
+    model is ~5 % slow; benchmarks/README.md, `hosts_fidelity.py`).
     """
 
     rtt_s: float

@@ -32,13 +32,6 @@ def init_distributed(cfg: Config) -> None:
     process group of its own (its ranks, `worker_store`): its exchanges run over torchft's quorum, its
     metrics are its own; under --wan its group carries the emulator, which the quorum's all-reduces
     run under (ft.quorum)."""
-    if cfg.fault_tolerant:      # no world group: a dead worker must not be on any collective's path (ft.quorum)
-        emulator = None if cfg.topology is None else net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
-        local, r = int(os.environ.get("RANK", 0)) % cfg.ranks_per_worker, cfg.ranks_per_worker
-        dist.init_process_group(backend="gloo" if emulator is None else net.install(), store=worker_store(cfg),
-                                rank=local, world_size=r, pg_options=emulator,
-                                timeout=datetime.timedelta(seconds=cfg.peer_timeout))
-        return
     backend, emulator = ("cpu:gloo,cuda:nccl" if cfg.backend == "nccl" else cfg.backend), None
     if cfg.backend == "nccl":
         if not torch.cuda.is_available():
@@ -50,8 +43,13 @@ def init_distributed(cfg: Config) -> None:
         torch.cuda.set_device(local)
     if cfg.topology is not None:
         backend, emulator = net.install(), net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
-    dist.init_process_group(backend=backend, init_method="env://", pg_options=emulator,
-                            timeout=datetime.timedelta(seconds=cfg.peer_timeout))
+    timeout = datetime.timedelta(seconds=cfg.peer_timeout)
+    if cfg.fault_tolerant:      # no world group: a dead worker must not be on any collective's path (ft.quorum)
+        dist.init_process_group(backend=backend, store=worker_store(cfg), rank=int(os.environ.get("RANK", 0)) %
+                                cfg.ranks_per_worker, world_size=cfg.ranks_per_worker, pg_options=emulator,
+                                timeout=timeout)
+        return
+    dist.init_process_group(backend=backend, init_method="env://", pg_options=emulator, timeout=timeout)
 
 
 def worker_store(cfg: Config) -> dist.Store:
