@@ -12,7 +12,7 @@ import torch
 torch.set_num_threads(1)
 
 SECONDS = {
-    "test_sharded_workers.py": 105, "test_hosts.py": 101, "test_fault_tolerance.py": 94, "test_signals.py": 52,
+    "test_sharded_workers.py": 105, "test_hosts.py": 122, "test_fault_tolerance.py": 150, "test_signals.py": 52,
     "test_net_backend.py": 52, "test_bad_inputs_by_class.py": 42, "test_reliability.py": 36,
     "test_your_model.py": 31, "test_profiler.py": 31, "test_experiments.py": 31, "test_vision_data.py": 28,
     "test_bad_inputs.py": 28, "test_memory.py": 25, "test_torchrun_nodes.py": 23, "test_net_replicas.py": 23,

@@ -227,23 +227,31 @@ def test_a_quorum_all_reduce_under_the_emulator_takes_the_modelled_time_of_its_p
 WAN = "rtt=40ms,bw=100mbit,sites=2"          # worker 0 on one site, worker 1 on the other; no jitter
 
 
-def test_under_wan_every_quorum_exchange_books_the_link_models_time_for_its_participants(tmp_path):
+@pytest.mark.parametrize("ranks_per_worker", [1, 2])
+def test_under_wan_every_quorum_exchange_books_the_link_models_time_for_its_participants(tmp_path, ranks_per_worker):
+    """With workers of two ranks, rank 0 averages its half over the quorum of ranks 0 and 2, one of
+    two such all-reduces sharing each site's uplink at once (`parallel`); the worker's own
+    collectives (DDP's gradients, the reassembly) run on the in-site link."""
+    import dataclasses
+
     from wansync.net import collective_duration, parse_wan
 
-    out = tmp_path / "run"
-    r = wansync("train", "--strategy", "diloco", "--sync-every", "5", "--workers", "2", "--steps", "10",
-                "--eval-every", "1000", "--fault-tolerant", "--peer-timeout", "60", "--wan", WAN, "--quiet",
-                "--out", str(out), *TINY, timeout=240)
+    r_, out = ranks_per_worker, tmp_path / "run"
+    r = wansync("train", "--strategy", "diloco", "--sync-every", "5", "--workers", "2", "--ranks-per-worker", str(r_),
+                "--steps", "10", "--eval-every", "1000", "--fault-tolerant", "--peer-timeout", "60", "--wan", WAN,
+                "--quiet", "--out", str(out), *TINY, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     profile = json.loads((out / "profile.json").read_text())
     assert profile["wan"]["spec"] == WAN and profile["wan"]["emulated"]
-    on_link = [c for ev in profile["events"] for c in ev["per_collective"] if c["modelled_s"] > 0]
+    collectives = [c for ev in profile["events"] for c in ev["per_collective"]]
+    on_link = [c for c in collectives if c["modelled_s"] > 0.02]           # between the sites: 40 ms RTT
     assert len(on_link) == len(sync_participants(out)) == 2             # steps 5 and 10 (the drift rides on them)
-    topology = parse_wan(WAN)
+    topology = dataclasses.replace(parse_wan(WAN), ranks_per_worker=r_)
     for c in on_link:
         assert c["op"] == "allreduce"
-        assert c["modelled_s"] == pytest.approx(collective_duration("allreduce", c["bytes"], 2, topology, [0, 1]))
-    modelled = sum(c["modelled_s"] for c in on_link)
+        assert c["modelled_s"] == pytest.approx(collective_duration("allreduce", c["bytes"], 2 * r_, topology,
+                                                                    [0, r_], parallel=r_))
+    modelled = sum(c["modelled_s"] for c in collectives)
     assert profile["derived"]["comm_modelled_s"] == pytest.approx(modelled)
     assert profile["categories_s"]["exposed_comm"] >= modelled          # an exchange ends after the link says
     assert abs(sum(profile["categories_s"].values()) - profile["wall_clock_s"]) <= 0.02 * profile["wall_clock_s"]
