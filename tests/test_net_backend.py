@@ -461,3 +461,15 @@ if __name__ == "__main__":
     result = {"dead_peer": _dead_peer}[scenario](rank, world, port)
     Path(outdir, f"{scenario}.{rank}.json").write_text(json.dumps(result))
     os._exit(0)  # skip interpreter teardown of gloo threads; the JSON is the result
+
+
+def test_sleep_until_never_returns_before_its_end():
+    """The emulator wakes early and yields the rest (`net.emulator.sleep_until`): a transfer may
+    complete late, never before its modelled end."""
+    import time
+
+    from wansync.net.emulator import WAKE_EARLY_S, sleep_until
+    for ahead in (-1e-3, 0.0, WAKE_EARLY_S / 2, WAKE_EARLY_S, 2e-3, 1e-2):
+        end = time.perf_counter() + ahead
+        sleep_until(end)
+        assert time.perf_counter() >= end
