@@ -310,7 +310,7 @@ class Exchange:
         workers (`comm.mean_cost`; None when the group is not emulated). Under a quorum, its own
         mean's (`ft.quorum`)."""
         if self.quorum is not None:
-            return self.quorum.modelled_seconds(numel)
+            return self.quorum.modelled_seconds(numel, shards=self.replicas.shards)
         emulator = emulator_of(self.broadcast_group)
         if emulator is None:
             return None

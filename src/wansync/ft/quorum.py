@@ -33,11 +33,12 @@ logs, the start-up join) is `ft.member`. The protocol:
   quorum (step, participants, the lighthouse's quorum id, whether this worker healed in it) and `before_exchange` of every
   exchange (fault injection: a worker killed inside an exchange).
 
-**Workers of several ranks** (DDP inside, `inside`: the worker's own process group). Each rank of
+**Workers of several ranks** (DDP or FSDP inside, `inside`: the worker's own process group). Each rank of
 a worker is a group rank of the worker's torchft replica: the worker's first rank runs its manager
 (the one that asks the lighthouse, once all the worker's ranks asked it) and its store; every rank
 has its own process group across the workers, with the same rank of each (torchft's store prefix
-per group rank), and averages its shard of the buffer there (`comm.exchange`). The quorum is the
+per group rank), and averages its shard of the buffer there (`comm.exchange`; with FSDP inside, the
+shard it holds). The quorum is the
 worker's, the same for all its ranks; a restarted worker heals rank by rank, each from the same rank
 of a live worker (torchft's checkpoint metadata per group rank). Whether a mean succeeded is agreed
 among the worker's ranks before any of them goes on (`all_ranks`), so that they retry together.
@@ -61,7 +62,7 @@ from torch.futures import Future
 
 from ..rundir.checkpoint import map_tensors
 from ..errors import ConfigError, PeerError
-from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, exchange_seconds, jitter_draw
+from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, jitter_draw
 
 INSTALL = "fault tolerance needs torchft: pip install wansync[ft]"
 RETRIES = 3
@@ -105,7 +106,7 @@ class Quorum:
         emulator: the emulated link (`--wan`) the all-reduces run under; None: not emulated.
         workers: the run's processes, workers x ranks per worker (their global ranks place them on
             the link's sites).
-        inside: a worker of several ranks (DDP inside): the process group of its ranks, one of
+        inside: a worker of several ranks (DDP or FSDP inside): the process group of its ranks, one of
             which this process is (None: a worker of one rank). See "Workers of several ranks".
     """
 
@@ -226,14 +227,18 @@ class Quorum:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.inside)
         return bool(flag.item())
 
-    def modelled_seconds(self, numel: int) -> float | None:
+    def modelled_seconds(self, numel: int, shards: bool = False) -> float | None:
         """The emulated link's duration of one `mean` of `numel` float32 values and their weight over
-        every worker (None when the link is not emulated); a worker of several ranks averages one
-        shard per rank, all at once over its site's uplink, then puts the whole together."""
+        every worker (None when the link is not emulated), as `comm.mean_cost.mean_seconds` times a
+        fixed group's: a worker of several ranks averages one shard per rank (each with its weight),
+        all at once over its site's uplink, then puts the whole together; `shards` (FSDP inside):
+        `numel` is this rank's own shard, and nothing is put together."""
         if self.emulator is None:
             return None
-        topology, r = self.emulator.topology, self.ranks_per_worker
-        return float(exchange_seconds("allreduce", 4 * (numel + r), topology, self.workers // r, r))
+        from ..comm.mean_cost import mean_seconds
+        r = self.ranks_per_worker
+        return mean_seconds(numel + (1 if shards else r), "fp32", self.emulator.topology, self.workers // r, r,
+                            shards=shards)
 
     def _wait(self, work: Any, wire: torch.Tensor) -> bool:
         """Wait for a quorum all-reduce; under the emulator, until the link says it is done."""
