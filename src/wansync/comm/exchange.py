@@ -42,7 +42,8 @@ plug in here and nowhere else:
   its `across` group (one rank per worker: the guard, the codec and the division by the number
   of contributors are as above, per shard), then the worker's ranks all-gather the shards over
   `inside`. Each worker thus puts one model's worth of bytes on the wide-area link per exchange,
-  whatever R is, every rank carrying 1/R of it; the all-gather is booked as `inside/<purpose>`.
+  whatever R is, every rank carrying 1/R of it; the all-gather is booked as `inside/<purpose>`
+  (`comm.worker_shards`: the worker's side of it).
   A buffer with fewer values than R is not split (every local rank averages all of it).
   With the model sharded inside a worker (FSDP, `Replicas.shards`), each rank already holds only
   its own shard, the same one as the same local rank of every other worker: a mean runs on this
@@ -72,7 +73,6 @@ is `decode(encode(x))`, the same quantization a multi-rank run applies.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Any, Callable
@@ -83,12 +83,13 @@ import torch.distributed as dist
 from ..errors import ConfigError, NonFiniteError
 from ..net import emulator_of
 from .codecs import Codec, get_codec
-from .ledger import INSIDE, CommLedger
+from .ledger import CommLedger
 from .lossy_mean import all_gather_mean, reduce_scatter_mean
 from .mean_cost import lossy_path, mean_collectives, mean_seconds
 from .norms import all_finite, exact_sq_norm, finite_norm
 from .payload import Payload, Sent, contributors
 from .replicas import Replicas
+from .worker_shards import WorkerShards
 
 GUARDED = ("params", "pseudo_grads", "optim_state")
 POLICIES = ("abort", "skip")
@@ -169,6 +170,7 @@ class Exchange:
         self.nonfinite = nonfinite
         self.replicas = replicas if replicas is not None else Replicas()
         self.ledger = CommLedger()
+        self.worker = WorkerShards(self.replicas, self.ledger)
         self.quorum = quorum
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         if self.replicas.between_workers:
@@ -242,9 +244,9 @@ class Exchange:
         else through the codec's collective over the group."""
         if self.replicas.shards and payload.purpose in REPLICATED:      # every rank's own values
             if self.quorum is not None:                                  # the worker's mean, then the workers'
-                return self._quorum_mean(self._worker_mean(payload))
+                return self._quorum_mean(self.worker.mean(payload))
             return self._all_reduce(payload, None, dist.get_world_size())
-        part = self._shard(payload) if self._sharded(payload) else payload
+        part = self.worker.shard(payload) if self.worker.splits(payload) else payload
         if self.quorum is not None:
             return self._quorum_mean(part)
         if part.codec.name == "fp32":
@@ -267,8 +269,8 @@ class Exchange:
     def _finish(self, payload: Payload, sent: Sent, handle: MeanHandle, mean_sq: bool) -> torch.Tensor:
         """The mean once it has arrived: the worker's shards put back together, then checked."""
         result = sent.finish()
-        if self._sharded(payload):
-            result = self._reassemble(result, payload)
+        if self.worker.splits(payload):
+            result = self.worker.reassemble(result, payload)
         self._measure(handle, result, payload.buf, payload.extra, payload.purpose, mean_sq,
                       "" if self.quorum is not None else SENT_NONFINITE)
         return result
@@ -299,8 +301,8 @@ class Exchange:
         """Overwrite `buf` in place with the group's first rank's values (blocking; with replica
         groups, every rank of every worker gets rank 0's)."""
         self.ledger.count(purpose, buf.numel() * buf.element_size())
-        if self.quorum is not None and self.replicas.shards:
-            return      # no group across workers; theirs start from the same seed, a restarted one heals
+        if self.quorum is not None:
+            return      # no group across workers: theirs start from the same seed, a restarted one heals
         group = self.broadcast_group
         src = dist.get_global_rank(group, 0) if group is not None else 0
         dist.broadcast(buf, src=src, group=group)
@@ -334,73 +336,14 @@ class Exchange:
             if handle.norm is None:
                 raise NonFiniteError(f"the mean of the workers' {purpose} is non-finite{why}")
 
-    # ---- replica groups: a shard across workers, the whole inside the worker ---------------------
-    @property
-    def _last_shard(self) -> bool:
-        return self.replicas.local_rank == self.replicas.ranks_per_worker - 1
-
+    # ---- the worker's own ranks (`comm.worker_shards`) -----------------------------------------
     def worker_sum(self, values: list[float], purpose: str = "telemetry") -> list[float]:
-        """Per-shard scalars summed over the worker's ranks (float64): with the model sharded inside
-        a worker each rank measures only its shard (a norm², a drift term); otherwise every rank
-        holds the whole and the values are returned as they are."""
-        if not self.replicas.shards or self.replicas.ranks_per_worker == 1:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
-        t0 = time.perf_counter()
-        dist.all_reduce(t, group=self.replicas.inside)
-        self.ledger.count(INSIDE + purpose, t.numel() * t.element_size())
-        self.ledger.waited(INSIDE + purpose, time.perf_counter() - t0)
-        return t.tolist()
-
-    def _worker_mean(self, payload: Payload) -> Payload:
-        """The payload with its values averaged over the worker's ranks (booked as `inside/<purpose>`)."""
-        mean = payload.buf.detach() / self.replicas.ranks_per_worker
-        t0 = time.perf_counter()
-        dist.all_reduce(mean, group=self.replicas.inside)
-        self.ledger.count(INSIDE + payload.purpose, mean.numel() * mean.element_size())
-        self.ledger.waited(INSIDE + payload.purpose, time.perf_counter() - t0)
-        return dataclasses.replace(payload, buf=mean)
+        """Per-shard scalars summed over the worker's ranks (`WorkerShards.sum`)."""
+        return self.worker.sum(values, purpose)
 
     def worker_norm(self, norm: float) -> float:
-        """The L2 norm of a worker's whole tensor from this rank's shard's (`worker_sum`)."""
-        return self.worker_sum([norm * norm])[0] ** 0.5 if self.replicas.shards else norm
-
-    def _sharded(self, payload: Payload) -> bool:
-        """Is this mean split between a worker's ranks? (Not a buffer with fewer values than R.)"""
-        return self.replicas.ddp_inside and payload.buf.numel() - payload.extra >= self.replicas.ranks_per_worker
-
-    def _bounds(self, n_values: int) -> list[int]:
-        """Where the R shards of `n_values` values start (and the last ends): near-equal, none empty."""
-        q, rem = divmod(n_values, self.replicas.ranks_per_worker)
-        return [i * q + min(i, rem) for i in range(self.replicas.ranks_per_worker + 1)]
-
-    def _shard(self, payload: Payload) -> Payload:
-        """This local rank's contiguous shard of the values (the last one also holds the side-band),
-        averaged into a new tensor: `_reassemble` writes the destination."""
-        flat = payload.buf.detach().reshape(-1)
-        bounds = self._bounds(flat.numel() - payload.extra)
-        r = self.replicas.local_rank
-        shard = flat[bounds[r]:] if self._last_shard else flat[bounds[r]:bounds[r + 1]]
-        residual = None if payload.residual is None else payload.residual.view(-1)[bounds[r]:bounds[r + 1]]
-        return dataclasses.replace(payload, buf=shard, extra=payload.extra if self._last_shard else 0, dest=None,
-                                   residual=residual)
-
-    def _reassemble(self, shard_mean: torch.Tensor, payload: Payload) -> torch.Tensor:
-        """All-gather every local rank's averaged shard inside the worker (blocking, booked as
-        `inside/<purpose>`) and put the buffer back together; into the destination when given."""
-        whole, extra, dest = payload.buf, payload.extra, payload.dest
-        bounds = self._bounds(whole.numel() - extra)
-        lengths = [b - a for a, b in zip(bounds, bounds[1:])]
-        lengths[-1] += extra
-        piece = shard_mean.new_zeros(max(lengths))          # equal lengths for the all-gather
-        piece[:shard_mean.numel()] = shard_mean
-        pieces = [torch.empty_like(piece) for _ in lengths]
-        t0 = time.perf_counter()
-        dist.all_gather(pieces, piece, group=self.replicas.inside)
-        self.ledger.count(INSIDE + payload.purpose, piece.numel() * piece.element_size())
-        self.ledger.waited(INSIDE + payload.purpose, time.perf_counter() - t0)
-        mean = torch.cat([p[:k] for p, k in zip(pieces, lengths)])
-        return dest.copy_(mean.view_as(whole)) if dest is not None else mean.view_as(whole)
+        """The L2 norm of a worker's whole tensor from this rank's shard's (`WorkerShards.norm`)."""
+        return self.worker.norm(norm)
 
     # ---- the three ways a payload travels --------------------------------------------------------
     def _quorum_mean(self, payload: Payload) -> Sent:

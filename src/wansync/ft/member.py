@@ -41,7 +41,7 @@ from ..errors import PeerError
 from ..net import emulator_of
 from ..rundir.checkpoint import map_tensors
 from ..runner.route import route_to
-from ..strategies.base import Strategy
+from ..strategies.base import Strategy, local_shard
 from .quorum import Quorum, digest
 from .quorums import HEALS_LOG, QUORUM_LOG
 
@@ -206,9 +206,9 @@ class Member:
 
 def local_shards(state: Any) -> Any:
     """`state` with each DTensor (a model sharded inside the worker) replaced by this rank's local
-    shard: what the same rank of a restarted worker needs, in a form the transport can send."""
-    from torch.distributed.tensor import DTensor
-    return map_tensors(state, lambda t: t.to_local() if isinstance(t, DTensor) else t)
+    shard (`strategies.base.local_shard`): what the same rank of a restarted worker needs, in a form
+    the transport can send."""
+    return map_tensors(state, local_shard)
 
 
 def load_model(model: torch.nn.Module, state: dict[str, Any]) -> None:
@@ -219,12 +219,12 @@ def load_model(model: torch.nn.Module, state: dict[str, Any]) -> None:
     if not any(isinstance(v, DTensor) for v in current.values()):
         model.load_state_dict(state)
         return
-    missing = sorted(set(current) ^ set(state))
-    if missing:
-        raise PeerError(f"a peer's model state does not match this worker's (keys {', '.join(missing[:4])})")
+    differ = sorted(set(current) ^ set(state))
+    if differ:
+        raise PeerError(f"a peer's model state does not match this worker's (keys {', '.join(differ[:4])})")
     with torch.no_grad():
         for key, value in current.items():
-            (value.to_local() if isinstance(value, DTensor) else value).copy_(state[key])
+            local_shard(value).copy_(state[key])
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -126,7 +126,7 @@ class Quorum:
             (dist.get_rank(inside), dist.get_world_size(inside))
         self._pg = members_recording_gloo(timedelta(seconds=timeout_s * COLLECTIVE_TIMEOUT_SHARE))
         hostname = hostname or socket.gethostname()
-        self._store = worker_store(hostname, inside)
+        self._store = manager_store(hostname, inside)
         try:
             self.manager = Manager(
                 pg=self._pg, load_state_dict=None, state_dict=None, min_replica_size=1,
@@ -275,7 +275,7 @@ def on_link(emulator: Emulator, work: Any, wire: torch.Tensor, members: list[int
     return EmulatedWork(fut, record, wire)
 
 
-def worker_store(hostname: str, inside: Any = None) -> Any:
+def manager_store(hostname: str, inside: Any = None) -> Any:
     """The store of this worker's manager, serving on every interface at a port of its own, made
     by the worker's first rank (its others learn the port over `inside`): its ranks find their
     manager there, and the quorum's process group meets on the store of one of its members, at the
