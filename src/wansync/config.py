@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable, get_type_hints
 from .errors import ConfigError, check, path_kind
 from .ft import support as ft_support
 from .rules import Rule, at_least, at_most_cores, host_port, in_range, not_blank, one_of, positive
-from .strategies import OPTIONS, STRATEGIES, option_names
+from .strategies import OPTIONS, STRATEGIES, option_names, strategy_class
 
 if TYPE_CHECKING:
     from .net.link import Topology
@@ -319,11 +319,19 @@ def check_combinations(cfg: Config, given: Iterable[str]) -> None:
               f"the learning rate would never reach its peak")
 
 
+OPTIMIZER_KEYS = ("optimizer", "momentum")     # the inner optimizer's own update: what DeMo replaces
+
+
 def check_options_apply(strategies: Iterable[str], given: Iterable[str]) -> None:
     """Every strategy option the user gave (a flag, a config file's key) is one that a strategy of
-    the run (or of the grid) has: any other would be dropped without a word (`ddp --sync-every 4`)."""
+    the run (or of the grid) has: any other would be dropped without a word (`ddp --sync-every 4`);
+    likewise the inner optimizer's keys when every strategy replaces the optimizer's update (DeMo)."""
     names = list(dict.fromkeys(strategies))
     for key in given:
+        if key in OPTIMIZER_KEYS and not any(strategy_class(s).steps_optimizer for s in names):
+            raise ConfigError(f"{' and '.join(names)} replace{'s' if len(names) == 1 else ''} the inner optimizer's "
+                              f"update (sign descent on its own momentum, momentum_decay), so --{key} would be "
+                              f"ignored: drop it (the learning rate and weight decay still apply)")
         if key in OPTIONS and not any(key in option_names(s) for s in names):
             raise ConfigError(f"{' and '.join(names)} {'has' if len(names) == 1 else 'have'} no option {key} "
                               f"(it would be ignored): drop --{key.replace('_', '-')}, or choose a strategy that "

@@ -89,6 +89,7 @@ from .mean_cost import lossy_path, mean_collectives, mean_seconds
 from .norms import all_finite, exact_sq_norm, finite_norm
 from .payload import Payload, Sent, contributors
 from .replicas import Replicas
+from .sparse_mean import sparse_mean
 from .worker_shards import WorkerShards
 
 GUARDED = ("params", "pseudo_grads", "optim_state")
@@ -251,14 +252,16 @@ class Exchange:
             return self._quorum_mean(part)
         if part.codec.name == "fp32":
             return self._all_reduce(part)
+        if getattr(part.codec, "sparse", False):
+            return sparse_mean(part, self.group, self.world_size)
         if part.collective == "allgather":
             return all_gather_mean(part, self.group, self.world_size)
         return reduce_scatter_mean(part, self.group, self.world_size, self.ledger)
 
     def _book(self, payload: Payload, sent: Sent) -> None:
-        """The ledger's bytes by purpose: the values, the side band as telemetry (no call of its
-        own), the guard's weight or flag, and a contribution the guard dropped."""
-        self.ledger.count(payload.purpose, sent.wire_bytes, sent=sent.sent)
+        """The ledger's bytes by purpose: the values (a sparse payload's by kind), the side band as
+        telemetry (no call of its own), the guard's weight or flag, and a contribution the guard dropped."""
+        self.ledger.count(payload.purpose, sent.wire_bytes, sent=sent.sent, parts=sent.parts)
         if sent.side_bytes:
             self.ledger.count("telemetry", sent.side_bytes, calls=0)
         if sent.guard_bytes:

@@ -22,6 +22,7 @@ class CommTotals:
     bytes: int = 0          # the payload: what one rank contributes (the buffer, encoded)
     waited_s: float = 0.0
     sent: int = 0           # what this rank put on the wire to move it: by the collective's algorithm
+    parts: dict[str, int] = field(default_factory=dict)   # a sparse payload's bytes by kind (`comm.sparse`)
 
 
 @dataclass
@@ -32,14 +33,18 @@ class CommLedger:
     on_wait: list[Callable[[str, float], None]] = field(default_factory=list)
     dropped: int = 0                     # exchanges this worker sat out (non-finite, policy skip)
 
-    def count(self, purpose: str, nbytes: int, calls: int = 1, sent: int | None = None) -> None:
+    def count(self, purpose: str, nbytes: int, calls: int = 1, sent: int | None = None,
+              parts: dict[str, int] | None = None) -> None:
         """Book one exchange's bytes: its payload `nbytes`, and what this rank transmitted to move it
         (`sent`: a ring all-reduce sends about 2(M−1)/M of its buffer, an all-gather (M−1) payloads;
-        default the payload). `calls=0` for bytes riding on another purpose's exchange."""
+        default the payload). `calls=0` for bytes riding on another purpose's exchange. `parts`: the
+        payload's bytes by kind (a sparse payload's indices, values and tables), summing to `nbytes`."""
         t = self.totals[purpose]
         t.calls += calls
         t.bytes += nbytes
         t.sent += nbytes if sent is None else sent
+        for kind, n in (parts or {}).items():
+            t.parts[kind] = t.parts.get(kind, 0) + n
 
     def waited(self, purpose: str, seconds: float) -> None:
         self.totals[purpose].waited_s += seconds
@@ -63,11 +68,13 @@ class CommLedger:
         return sum(t.bytes for k, t in self.totals.items() if k.startswith(INSIDE))
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {k: {"calls": v.calls, "bytes": v.bytes, "waited_s": v.waited_s, "sent": v.sent}
+        return {k: {"calls": v.calls, "bytes": v.bytes, "waited_s": v.waited_s, "sent": v.sent,
+                    **({"parts": dict(v.parts)} if v.parts else {})}
                 for k, v in self.totals.items()}
 
     def restore(self, snapshot: dict[str, dict[str, Any]]) -> None:
         """Continue counting from a checkpoint's snapshot."""
         for k, v in snapshot.items():
             self.totals[k] = CommTotals(int(v["calls"]), int(v["bytes"]), float(v["waited_s"]),
-                                        int(v.get("sent", v["bytes"])))
+                                        int(v.get("sent", v["bytes"])),
+                                        {kind: int(n) for kind, n in v.get("parts", {}).items()})

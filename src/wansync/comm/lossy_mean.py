@@ -29,7 +29,7 @@ def all_gather_mean(payload: Payload, group: Any, m: int) -> Sent:
     validity flag) all-gathered over the `m` ranks of `group`; each decodes and accumulates the valid
     ones in fp32, in rank order, and divides by their number."""
     codec, purpose, extra, weighted, valid = payload.codec, payload.purpose, payload.extra, payload.weighted, payload.valid
-    flat = _values(payload)
+    flat = payload.sent_values()
     numel = flat.numel() - extra
     size = codec.wire_bytes(numel)
     wire = torch.empty(size + 4 * extra + int(weighted), dtype=torch.uint8, device=flat.device)
@@ -39,10 +39,10 @@ def all_gather_mean(payload: Payload, group: Any, m: int) -> Sent:
     wire[size:size + 4 * extra] = flat[numel:].float().view(torch.uint8)
     if weighted:
         wire[-1] = int(valid)
-    gathered, work = _all_gather(wire, group, m)
+    gathered, work = all_gather_rows(wire, group, m)
 
     def finish() -> torch.Tensor:
-        acc, n = _target(payload, numel + extra).zero_(), 0
+        acc, n = payload.target(numel + extra).zero_(), 0
         for data in gathered:  # rank order: the same sum, bit for bit, on every rank
             if weighted and not int(data[-1]):
                 continue
@@ -50,7 +50,7 @@ def all_gather_mean(payload: Payload, group: Any, m: int) -> Sent:
                 acc[numel:] += data[size:size + 4 * extra].clone().view(torch.float32)
             decode_into(codec, data[:size], numel, acc[:numel], add=True)
             n += 1
-        return _land(payload, acc.div_(contributors(n, purpose)))
+        return payload.land(acc.div_(contributors(n, purpose)))
     return Sent(work, finish, size, 4 * extra, 1 if weighted else 0,
                 sent=sum(c.sent for c in mean_collectives(numel, codec, "allgather", m, extra, weighted)))
 
@@ -64,7 +64,7 @@ def reduce_scatter_mean(payload: Payload, group: Any, m: int, ledger: CommLedger
     `MeanHandle.advance` (an overlapped sync: halfway through its overlap), else when the mean is
     waited for; the time blocked on either phase is booked as waiting."""
     codec, purpose, extra, weighted, valid = payload.codec, payload.purpose, payload.extra, payload.weighted, payload.valid
-    flat = _values(payload)
+    flat = payload.sent_values()
     numel = flat.numel() - extra
     q = -(-numel // m)                                           # chunk length
     per = codec.wire_bytes(q)
@@ -104,7 +104,7 @@ def reduce_scatter_mean(payload: Payload, group: Any, m: int, ledger: CommLedger
             n += 1
         n = contributors(n, purpose)
         mine = encode_into(codec, acc.div_(n), torch.empty(per, dtype=torch.uint8, device=flat.device))
-        gathered, work2 = _all_gather(mine, group, m)
+        gathered, work2 = all_gather_rows(mine, group, m)
         second.update(gathered=gathered, work=work2, n=n, side=side_sum)
 
     def finish() -> torch.Tensor:
@@ -113,32 +113,27 @@ def reduce_scatter_mean(payload: Payload, group: Any, m: int, ledger: CommLedger
         if second["work"] is not None:
             second["work"].wait()
         ledger.waited(purpose, time.perf_counter() - t0)
-        mean = _target(payload, numel + extra)
+        mean = payload.target(numel + extra)
         for (a, b), data in zip(spans, second["gathered"]):
             if b > a:
                 decode_into(codec, data, q, mean[a:b])
         if extra:
             mean[numel:] = second["side"].div_(second["n"])
-        return _land(payload, mean)
+        return payload.land(mean)
     return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0,
                 sent=sum(c.sent for c in mean_collectives(numel, codec, "reduce_scatter", m, extra, weighted)),
                 advance=advance)
 
 
-def _all_gather(data: torch.Tensor, group: Any, m: int) -> tuple[list[torch.Tensor], Any]:
-    """Every rank's `data`, in rank order, as views of one buffer (all_gather_into_tensor: no flat
-    copy beside a list of outputs, which `all_gather` makes), and the Work to wait for."""
+def all_gather_rows(data: torch.Tensor, group: Any, m: int) -> tuple[list[torch.Tensor], Any]:
+    """Every rank's `data` (the same size on every rank), in rank order, as views of one buffer
+    (all_gather_single: no flat copy beside a list of outputs, which `all_gather` makes), and
+    the Work to wait for."""
     if not dist.is_initialized():
         return [data], None
     out = torch.empty(m * data.numel(), dtype=data.dtype, device=data.device)
-    work = dist.all_gather_into_tensor(out, data, group=group, async_op=True)
+    work = dist.all_gather_single(out, data, group=group, async_op=True)
     return list(out.view(m, -1).unbind(0)), work
-
-
-def _values(payload: Payload) -> torch.Tensor:
-    """The flat float32 buffer to send: zeros for a contribution the guard dropped ("skip")."""
-    flat = payload.buf.detach().reshape(-1)
-    return flat if payload.valid else torch.zeros_like(flat)
 
 
 def _keep_dropped(codec: Codec, values: torch.Tensor, pieces: list[tuple[int, int, torch.Tensor, int]],
@@ -150,22 +145,3 @@ def _keep_dropped(codec: Codec, values: torch.Tensor, pieces: list[tuple[int, in
         if b > a:
             decode_into(codec, data, numel, r[a:b])
     torch.sub(values, r, out=r)
-
-
-def _target(payload: Payload, n: int) -> torch.Tensor:
-    """Where the flat mean is put together: the destination itself when it is a flat float32 buffer
-    of its own, else a new one (`_land` copies it over)."""
-    dest = payload.dest
-    if dest is not None and dest.dtype == torch.float32 and dest.is_contiguous() and dest.numel() == n:
-        return dest.view(-1)
-    return torch.empty(n, dtype=torch.float32, device=payload.buf.device)
-
-
-def _land(payload: Payload, mean: torch.Tensor) -> torch.Tensor:
-    """The mean in the destination (`inplace`), or the flat mean itself."""
-    dest = payload.dest
-    if dest is None:
-        return mean
-    if mean.data_ptr() != dest.data_ptr():
-        dest.copy_(mean.view_as(dest))
-    return dest

@@ -84,6 +84,8 @@ def lossy_path(codec: str | Codec, choice: str, workers: int, numel: int = 0, to
     reduce-scatter. Ties go to the reduce-scatter (fewer bytes)."""
     if choice not in LOSSY_COLLECTIVES:
         raise ConfigError(f"codec_collective must be one of {', '.join(LOSSY_COLLECTIVES)}, got {choice!r}")
+    if getattr(codec, "sparse", False):          # a sparse payload: only ever all-gathered (`comm.sparse_mean`)
+        return "allgather"
     if get_codec(codec).name == "fp32" or choice != "auto":
         return choice
     if workers <= 2:

@@ -30,6 +30,28 @@ class Payload:
     def values_bytes(self) -> int:
         return (self.buf.numel() - self.extra) * self.buf.element_size()
 
+    def sent_values(self) -> torch.Tensor:
+        """The flat float32 buffer to send: zeros for a contribution the guard dropped ("skip")."""
+        flat = self.buf.detach().reshape(-1)
+        return flat if self.valid else torch.zeros_like(flat)
+
+    def target(self, n: int) -> torch.Tensor:
+        """Where the flat mean of `n` values is put together: the destination itself when it is a
+        flat float32 buffer of its own, else a new one (`land` copies it over)."""
+        dest = self.dest
+        if dest is not None and dest.dtype == torch.float32 and dest.is_contiguous() and dest.numel() == n:
+            return dest.view(-1)
+        return torch.empty(n, dtype=torch.float32, device=self.buf.device)
+
+    def land(self, mean: torch.Tensor) -> torch.Tensor:
+        """The mean in the destination (`inplace`), or the flat mean itself."""
+        dest = self.dest
+        if dest is None:
+            return mean
+        if mean.data_ptr() != dest.data_ptr():
+            dest.copy_(mean.view_as(dest))
+        return dest
+
 
 @dataclass
 class Sent:
@@ -44,6 +66,7 @@ class Sent:
     participants: int | None = None            # the workers in the quorum that averaged it
     sent: int | None = None                    # what this rank transmits in all (None: the payload)
     advance: Callable[[], None] | None = None  # a two-phase mean: finish the first, start the second
+    parts: dict[str, int] | None = None        # a sparse payload's bytes by kind (indices, values, tables)
 
 
 def contributors(n: float, purpose: str) -> float:

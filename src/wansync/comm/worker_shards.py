@@ -4,9 +4,9 @@ averaged over the worker's ranks. Every collective here runs over the worker's `
 booked as `inside/<purpose>`.
 
 - **DDP inside** (`Replicas.ddp_inside`): every rank holds the whole buffer. It is cut into R
-  contiguous, near-equal shards (`shard`; the side-band scalars ride on the last), local rank r
-  averages shard r, and the worker's ranks all-gather the averaged shards (`reassemble`). A buffer
-  with fewer values than R is not split (`splits`).
+  contiguous, near-equal shards (`shard`; the side-band scalars ride on the last; a sparse payload's
+  at whole rows of its chunks), local rank r averages shard r, and the worker's ranks all-gather the
+  averaged shards (`reassemble`). A buffer with fewer values than R is not split (`splits`).
 - **FSDP inside** (`Replicas.shards`): each rank holds its own shard already; what describes the
   worker's whole model (a norm, the drift) is summed over its ranks (`sum`, `norm`), and values
   every rank holds on its own are averaged over them (`mean`).
@@ -69,27 +69,34 @@ class WorkerShards:
     def _last(self) -> bool:
         return self.replicas.local_rank == self.replicas.ranks_per_worker - 1
 
-    def _bounds(self, n_values: int) -> list[int]:
-        """Where the R shards of `n_values` values start (and the last ends): near-equal, none empty."""
-        q, rem = divmod(n_values, self.replicas.ranks_per_worker)
-        return [i * q + min(i, rem) for i in range(self.replicas.ranks_per_worker + 1)]
+    def _bounds(self, payload: Payload) -> list[int]:
+        """Where the R shards of the payload's values start (and the last ends): near-equal, none
+        empty; a sparse payload's cut at whole rows of its chunks (`ChunkLayout.bounds`)."""
+        r = self.replicas.ranks_per_worker
+        if getattr(payload.codec, "sparse", False):
+            return payload.codec.layout.bounds(r)
+        q, rem = divmod(payload.buf.numel() - payload.extra, r)
+        return [i * q + min(i, rem) for i in range(r + 1)]
 
     def shard(self, payload: Payload) -> Payload:
         """This local rank's contiguous shard of the values (the last one also holds the side-band),
-        averaged into a new tensor: `reassemble` writes the destination."""
+        averaged into a new tensor: `reassemble` writes the destination. A sparse payload's codec
+        covers the shard's chunks only."""
         flat = payload.buf.detach().reshape(-1)
-        bounds = self._bounds(flat.numel() - payload.extra)
+        bounds = self._bounds(payload)
         r = self.replicas.local_rank
-        shard = flat[bounds[r]:] if self._last else flat[bounds[r]:bounds[r + 1]]
-        residual = None if payload.residual is None else payload.residual.view(-1)[bounds[r]:bounds[r + 1]]
+        a, b = bounds[r], bounds[r + 1]
+        shard = flat[a:] if self._last else flat[a:b]
+        residual = None if payload.residual is None else payload.residual.view(-1)[a:b]
+        codec = payload.codec.restrict(a, b) if getattr(payload.codec, "sparse", False) else payload.codec
         return dataclasses.replace(payload, buf=shard, extra=payload.extra if self._last else 0, dest=None,
-                                   residual=residual)
+                                   residual=residual, codec=codec)
 
     def reassemble(self, shard_mean: torch.Tensor, payload: Payload) -> torch.Tensor:
         """All-gather every local rank's averaged shard inside the worker (blocking) and put the
         buffer back together; into the destination when given."""
         whole, extra, dest = payload.buf, payload.extra, payload.dest
-        bounds = self._bounds(whole.numel() - extra)
+        bounds = self._bounds(payload)
         lengths = [b - a for a, b in zip(bounds, bounds[1:])]
         lengths[-1] += extra
         piece = shard_mean.new_zeros(max(lengths))          # equal lengths for the all-gather

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..comm.codecs import get_codec
 from ..comm.exchange import Exchange
 from ..comm.norms import exact_sq_norm
 from ..comm.flat import FlatTensors
@@ -77,6 +78,8 @@ class Strategy:
     Options: ClassVar[type[Options]] = Options
     Timetable: ClassVar[type[Timetable]] = Timetable     # when it communicates, from its options alone
     steps_inside_workers: ClassVar[bool] = True     # False: every step all-reduces over every rank (DDP)
+    steps_optimizer: ClassVar[bool] = True          # False: its own update replaces the optimizer's (DeMo),
+                                                    # which only carries the learning rate and weight decay
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, *,
                  group: Any = None, on_nonfinite: str | None = None, replicas: Replicas | None = None,
@@ -139,8 +142,7 @@ class Strategy:
         self._replaced = []                           # training has begun: the initial broadcast stands
         if self._left_step_at is not None:
             self.since_last_step_s = entered - self._left_step_at
-        if not skip_inner:
-            self.optimizer.step()
+        self.inner_step(skip_inner)
         self.last_inner_s = time.perf_counter() - entered
         if self.inside_sync is not None and self.inside_step(self.t + 1):
             self.inside_sync.book()
@@ -193,7 +195,19 @@ class Strategy:
     def finish(self) -> None:
         """Bring every rank to the same final parameters (a last sync if one is due)."""
 
+    @classmethod
+    def wire_codec(cls, opts: Any, shapes: Any) -> Any:
+        """What this strategy's exchanges of model state send, from its options and its tensors'
+        shapes: the options' codec (`comm.codecs`), or a sparse payload's (`comm.sparse`); the
+        planner books the same."""
+        return get_codec(getattr(opts, "codec", "fp32"))
+
     # ---- for subclasses ----------------------------------------------------------------
+    def inner_step(self, skip: bool) -> None:
+        """The inner optimizer's step (none when this worker's update is dropped, `skip`)."""
+        if not skip:
+            self.optimizer.step()
+
     def after_inner_step(self) -> None:
         """Synchronize if step `self.t` calls for it."""
 

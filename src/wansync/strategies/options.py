@@ -174,3 +174,61 @@ def anchor_device(value: str) -> str | None:
     """The `Anchor`'s device for an `outer_state_device` option (None: the model's)."""
     return None if value == "model" else value
 
+
+
+# ---- the knobs of a sparse exchange (SparseLoCo, DeMo; `comm.sparse`) -----------------------------
+def density(default: float) -> Any:
+    return option(default, "fraction of each chunk's values a sparse exchange sends, the largest in magnitude "
+                  "(1: every value)", in_range(0, 1, low_included=False, high_included=True))
+
+
+def topk() -> Any:
+    return option(0, "values sent per chunk, as the reference code counts them (its default 32; a smaller chunk "
+                  "sends at most all of its own); 0: from density", at_least(0))
+
+
+def chunk(default: int = 64) -> Any:
+    return option(default, "side of the blocks a sparse exchange cuts a matrix into (the largest divisor of each "
+                  "dimension not above it) and length of a vector's chunks", at_least(1))
+
+
+def value_bits(default: int) -> Any:
+    from ..comm.quantize import check_bits
+    return option(default, "bits per value a sparse exchange sends: 2-8 (statistical quantizer of 2**bits bins, a "
+                  "lookup table per tensor) or 32 (float32, unquantized)", check_bits)
+
+
+def quant_range() -> Any:
+    return option(6.0, "the statistical quantizer's bins span this many standard deviations of a tensor's sent "
+                  "values", positive)
+
+
+def aggregate() -> Any:
+    from ..comm.sparse import AGGREGATES
+    return option("chosen", "how the workers' sparse values are averaged: chosen (per index, over the workers that "
+                  "sent it: the reference code's) | all (their sum over every worker / M)", one_of(AGGREGATES))
+
+
+def check_sparse_options(opts: Any, default_density: float) -> None:
+    """The cross-field rules of the sparse knobs: one way to say how much a chunk sends, and no more
+    than a chunk holds."""
+    check(not (opts.topk and opts.density != default_density),
+          f"give density or topk, not both (topk {opts.topk} sends that many values per chunk whatever the density)")
+    check(opts.topk <= opts.chunk * opts.chunk,
+          f"topk must be at most a chunk's values ({opts.chunk} x {opts.chunk} = {opts.chunk * opts.chunk}), "
+          f"got {opts.topk}")
+
+
+def sparse_codec(opts: Any, shapes: Any, dct: bool) -> Any:
+    """The sparse payload (`comm.sparse.SparseCodec`) a strategy with these options sends for tensors of
+    these shapes (its own local tensors; the planner's model sizes)."""
+    from ..comm.chunks import ChunkLayout
+    from ..comm.sparse import SparseCodec
+    from ..comm.chunks import DEFAULT_CHUNK
+    layout = ChunkLayout.of_shapes(shapes, opts.chunk)
+    # the default shrinks to a small model's tensors (each one chunk); a chunk the user chose must cut something
+    check(opts.chunk == DEFAULT_CHUNK or opts.chunk <= layout.largest_side,
+          f"chunk {opts.chunk} is larger than every tensor of the model (its longest side is {layout.largest_side}): "
+          f"no tensor would be cut into chunks; give at most {layout.largest_side}")
+    return SparseCodec(layout, density=opts.density, topk=opts.topk, bits=opts.bits, range_sigmas=opts.quant_range,
+                       dct=dct, aggregate=opts.aggregate)

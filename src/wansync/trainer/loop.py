@@ -30,7 +30,7 @@ from .faults import Faults
 from ..net import exchange_seconds
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
 from .sharding import autocast, shard_worker
-from ..strategies.base import sync_tensors
+from ..strategies.base import local_shard, sync_tensors
 from ..rundir.target import given_target, target_record
 from ..telemetry.run import Run
 from ..workloads import build_workload
@@ -249,14 +249,18 @@ def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], worl
     between workers of several ranks (`net.cost.exchange_seconds`)."""
     if cfg.topology is None:
         return None
-    numel, codec, r = exchange_numel(model, options), options.get("codec", "fp32"), cfg.ranks_per_worker
-    if strategies.strategy_class(cfg.strategy).steps_inside_workers:
+    cls, r = strategies.strategy_class(cfg.strategy), cfg.ranks_per_worker
+    codec = cls.wire_codec(strategies.make_options(cfg.strategy, **options),
+                           [local_shard(p).shape for p in model.parameters() if p.requires_grad])
+    numel = codec.layout.numel if getattr(codec, "sparse", False) else exchange_numel(model, options)
+    if cls.steps_inside_workers:
         shards = cfg.inside == "fsdp"
         path = lossy_path(codec, options.get("codec_collective", "auto"), world // r, numel, cfg.topology, r, shards)
         seconds = mean_seconds(numel, codec, cfg.topology, world // r, r, shards=shards, collective=path)
     else:
         seconds = exchange_seconds("allreduce", 4 * numel, cfg.topology, world // r, r, reduce_inside=True)
-    size = f"{4 * numel / 1e6:.3g} MB" + ("" if codec == "fp32" else f" in {codec}")
+    size = f"{4 * numel / 1e6:.3g} MB" + ("" if codec.name == "fp32" else
+                                          f" as {codec.wire_bytes(numel) / 1e6:.3g} MB in {codec.name}")
     line = f"link {cfg.wan}: one exchange of {size} takes ~{seconds * 1e3:.3g} ms (modelled)"
     if seconds > cfg.peer_timeout:
         raise ConfigError(f"{line}, beyond --peer-timeout {cfg.peer_timeout:g} s: check the link's bandwidth "

@@ -10,7 +10,12 @@ from torch import nn
 
 
 def build_optimizer(cfg: Any, model: nn.Module) -> torch.optim.Optimizer:
+    """The inner optimizer of `cfg`; for a strategy that replaces it (DeMo's sign descent) a plain SGD
+    that carries the learning rate and the weight decay, whatever `optimizer` says."""
+    from ..strategies import strategy_class
     params = [p for p in model.parameters() if p.requires_grad]
+    if not strategy_class(cfg.strategy).steps_optimizer:
+        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
