@@ -56,6 +56,7 @@ KNOBS = {
     "post_local_sgd": {"sync_every": 5, "switch_step": 10}, "diloco": {"sync_every": 10},
     "streaming": {"sync_every": 10, "fragments": 2, "overlap": 2},
     "cocodc": {"sync_every": 10, "fragments": 2, "overlap": 2},
+    "sparseloco": {"sync_every": 10}, "demo": {},
 }
 FOUR = ("ddp", "diloco", "streaming", "cocodc")
 

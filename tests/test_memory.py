@@ -2,7 +2,8 @@
 (`planner.memory`).
 
 - On real gloo groups and the micro LM (diloco, and int8 with error feedback: local_sgd's kept mean
-  and residual on the all-gather path, streaming's residuals and chunks on the reduce-scatter one):
+  and residual on the all-gather path, streaming's residuals and chunks on the reduce-scatter one;
+  sparseloco's error buffer, demo's momentum):
   with FSDP inside, parameters, gradients, the inner
   optimizer and the outer state per rank are at most 1/R + 5 % of a one-rank worker's; the
   categories add up to the total; the planner's bill is the measured one within 2 %, category by
@@ -39,7 +40,9 @@ LOSSY = {"codec": "int8", "error_feedback": True}
 OPTIONS = {"diloco": ("diloco", {"sync_every": 2}),
            "local_sgd+int8+ef": ("local_sgd", {"sync_every": 2, **LOSSY, "codec_collective": "allgather"}),
            "streaming+int8+ef+rs": ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1, **LOSSY,
-                                                  "codec_collective": "reduce_scatter"})}
+                                                  "codec_collective": "reduce_scatter"}),
+           "sparseloco": ("sparseloco", {"sync_every": 2}),          # the error buffer beside θ̃
+           "demo": ("demo", {})}                                      # its momentum, the optimizer's state
 SHRINKING = ("parameters", "gradients", "inner_optimizer", "outer_state")
 WORLD = 2                  # 2 workers of one rank, then one worker of 2 ranks (the bill does not depend on M)
 STEPS = 4                  # two boundaries: the anchor's momentum exists
@@ -63,7 +66,8 @@ def bills(rank: int, world: int) -> dict[tuple[str, int, str], dict[str, Any]]:
             if inside == "fsdp":
                 shard_worker(model, replicas.mesh, "fp32",
                              hybrid=not strategies.strategy_class(strategy).steps_inside_workers)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            carrier = not strategies.strategy_class(strategy).steps_optimizer       # demo: a plain SGD
+            opt = (torch.optim.SGD if carrier else torch.optim.AdamW)(model.parameters(), lr=1e-3)
             sync = strategies.build(strategy, model, opt, replicas=replicas,
                                     **strategies.resolve_options(strategy, options))
             x = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(rank))

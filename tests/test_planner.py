@@ -36,6 +36,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("streaming", {"sync_every": 6, "fragments": 3, "overlap": 2, "codec": "int8"}),
     ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 3, "syncs_per_period": 4}),
     ("cocodc", {"sync_every": 6, "fragments": 2, "overlap": 1, "syncs_per_period": 4, "schedule": "round_robin"}),
+    ("sparseloco", {"sync_every": 4}),
+    ("sparseloco", {"sync_every": 3, "chunk": 4, "density": 0.25, "bits": 4, "dct": True}),
+    ("demo", {"chunk": 8, "topk": 5}),
 ]
 
 
@@ -47,7 +50,7 @@ def run_cases(rank: int, world: int) -> list[dict[str, Any]]:
     out = []
     for name, options in CASES:
         m = model()
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        opt = (torch.optim.SGD if name == "demo" else torch.optim.AdamW)(m.parameters(), lr=1e-2)   # demo: a carrier
         sync = ws.strategy(name, m, opt, **options)
         events: list[dict[str, Any]] = []
         sync.on_event(events.append)
@@ -86,9 +89,9 @@ def planned(name: str, options: dict[str, Any]) -> dict[str, Any]:
 
     waited = {id(a.transfer): t for t, acts in enumerate(tr.steps, 1) for a in acts if a.kind == "wait"}
     frags = sorted((a.transfer.step, a.transfer.fragment, a.transfer.payload, waited.get(id(a.transfer), STEPS))
-                   for acts in tr.steps for a in acts if a.kind == "issue" and a.transfer.purpose == "pseudo_grads")
+                   for acts in tr.steps for a in acts if a.kind == "issue" and a.transfer.fragment is not None)
     finals = sorted((a.transfer.fragment, a.transfer.payload) for a in tr.finish
-                    if a.kind == "issue" and a.transfer.purpose == "pseudo_grads")
+                    if a.kind == "issue" and a.transfer.fragment is not None)
     return {"per_step": [payloads(acts) for acts in tr.steps], "finish": payloads(tr.finish), "fragments": frags,
             "finals": finals}
 

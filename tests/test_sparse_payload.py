@@ -240,3 +240,39 @@ def test_a_sharded_payload_covers_its_shard_only():
         sub = codec.restrict(a, b)
         parts.append(_decoded(sub, _encode(sub, x[a:b].clone())[0]))
     assert torch.equal(torch.cat(parts), whole)
+
+
+def test_any_run_of_chunks_is_taken_and_put_back_in_place():
+    layout = ChunkLayout.of_shapes([(8, 12), (4, 12)], chunk=4)      # one group: 3 x 4 blocks, 6 + 3 chunks
+    flat = torch.arange(layout.numel, dtype=torch.float32)
+    g = layout.groups[0]
+    whole = g.take(flat)
+    for a in range(g.chunks):
+        for b in range(a + 1, g.chunks + 1):
+            assert torch.equal(g.take(flat, a, b), whole[a:b])
+            back = flat.clone()
+            g.put(-g.take(flat, a, b), back, a, b)
+            assert torch.equal(g.take(back, a, b), -whole[a:b])
+            assert int((back != flat).sum()) == (b - a) * g.size - int((whole[a:b] == 0).sum())
+
+
+@pytest.mark.parametrize("bits,chunk", [(2, 64), (32, 64), (3, 5), (8, 11)])
+def test_a_payload_and_its_mean_are_the_same_bytes_whatever_the_run_of_chunks(monkeypatch, bits, chunk):
+    import wansync.comm.sparse as sparse
+    shapes = [(256, 64), (64,), (192, 64), (64, 160), (7,), (121, 55)]
+    layout = ChunkLayout.of_shapes(shapes, chunk)
+    xs = [torch.randn(layout.numel, generator=torch.Generator().manual_seed(s)) for s in range(2)]
+
+    def run(batch: int) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
+        monkeypatch.setattr(sparse, "BATCH_VALUES", batch)
+        codec = SparseCodec(layout, density=0.05, bits=bits, dct=bits == 3)
+        assert batch > 1 << 20 or any(len(s.batches) > 1 for s in codec.sections)
+        encoded = [_encode(codec, x) for x in xs]
+        mean = codec.aggregate_into([p for p, _ in encoded], torch.empty(layout.numel), 2)
+        return [p for p, _ in encoded], mean, [r for _, r in encoded]
+
+    big = run(1 << 22)
+    for batch in (64, 1000):
+        small = run(batch)
+        assert all(torch.equal(a, b) for a, b in zip(big[0], small[0]))
+        assert torch.equal(big[1], small[1]) and all(torch.equal(a, b) for a, b in zip(big[2], small[2]))

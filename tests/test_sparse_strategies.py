@@ -84,7 +84,7 @@ def test_the_ledger_books_a_sparse_payload_by_kind(two):
     assert comm["calls"] == 2 and set(comm["parts"]) == {"indices", "values", "tables"}
     assert sum(comm["parts"].values()) == comm["bytes"]
     assert comm["sent"] == comm["bytes"]                        # an all-gather at M = 2: one payload to the peer
-    assert two[0]["demo_full"]["comm"][-1]["grads"]["calls"] == 6
+    assert two[0]["demo_full"]["comm"][-1]["momentum"]["calls"] == 6
 
 
 # ---- the error feedback's conservation, and the published rules written out --------------------------

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import wansync as ws
-from wansync.strategies import STRATEGIES, timetable
+from wansync.strategies import STRATEGIES, strategy_class, timetable
 from wansync.strategies.compensation import alpha_merge, damped_compensate, delay_compensate, lands_on_anchor
 from wansync.strategies.inflight import InFlight
 
@@ -160,6 +160,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("streaming", {"sync_every": 6, "fragments": 3, "overlap": 2}),
     ("cocodc", {"sync_every": 6, "fragments": 2, "overlap": 0, "syncs_per_period": 4, "compensation": "taylor",
                 "schedule": "round_robin"}),
+    ("sparseloco", {"sync_every": 4}),
+    ("demo", {}),
 ]
 
 
@@ -213,9 +215,10 @@ def test_a_strategy_exchanges_where_the_timetable_built_from_its_options_says(ex
             sorted({e[0] for e in log if e[1] == "start" and e[0] <= STEPS})
         assert ("pseudo_grads" in got["finish"]) == any(e[1] == "final" for e in log)
         assert got["exact_at"] == tt.exact_at
-    else:
-        assert [t for t, p in enumerate(got["steps"], 1) if "params" in p] == steps_where(tt.is_boundary)
-        assert ("params" in got["finish"]) == tt.final_sync(STEPS)
+    else:                                         # the periodic ones, and DeMo's exchange at every step
+        purpose = strategy_class(name).exchange_purpose
+        assert [t for t, p in enumerate(got["steps"], 1) if purpose in p] == steps_where(tt.is_boundary)
+        assert (purpose in got["finish"]) == tt.final_sync(STEPS)
 
 
 def test_a_sync_of_two_phases_starts_its_second_halfway_through_the_overlap():

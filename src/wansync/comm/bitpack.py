@@ -53,6 +53,14 @@ def _unpack_bits(data: torch.Tensor, count: int, bits: int) -> torch.Tensor:
     return (stream.view(count, bits) * weights).sum(dim=1)
 
 
+def alignment(bits: int) -> int:
+    """Values from the start of a packed stream to a byte boundary its groups begin at: unpacking
+    `count` values from a multiple of it is unpacking the bytes from (start·bits)/8 on."""
+    if bits == 0:
+        return 1
+    return _group(bits) or 8 // math.gcd(bits, 8)
+
+
 def pack(values: torch.Tensor, bits: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """`values` (integers in [0, 2**bits)) as ⌈n·bits/8⌉ uint8 bytes, into `out` when given."""
     if not 0 <= bits <= MAX_BITS:
@@ -79,8 +87,13 @@ def pack(values: torch.Tensor, bits: int, out: torch.Tensor | None = None) -> to
     return out
 
 
-def unpack(data: torch.Tensor, count: int, bits: int) -> torch.Tensor:
-    """The `count` values of `bits` bits packed in the uint8 `data` (`pack`), as int64."""
+def unpack(data: torch.Tensor, count: int, bits: int, start: int = 0) -> torch.Tensor:
+    """The `count` values of `bits` bits packed in the uint8 `data` (`pack`), from value `start` on (a
+    multiple of `alignment(bits)`), as int64."""
+    if start:
+        if start % alignment(bits):
+            raise ValueError(f"unpacking from value {start} of {bits}-bit values: not at a byte boundary of the stream")
+        data = data[start * bits // 8:]
     if bits == 0:
         return torch.zeros(count, dtype=torch.int64, device=data.device)
     g = _group(bits)

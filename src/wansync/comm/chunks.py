@@ -10,9 +10,10 @@ of one value. A dimension with no divisor near `chunk` (a prime) gets blocks of 
 reference's rule, kept, which sends such a tensor nearly whole (its chunks are small).
 
 A `ChunkLayout` places the tensors of one flat buffer (in `comm.flat.FlatTensors` order) as `Piece`s:
-where each starts, its 2-D shape, its block. Pieces with the same block form a `Group`; its chunks are
-taken out together as one (chunks, h·w) matrix (`take`) and written back (`put`): top-k, the DCT and
-the payload work one group at a time, never on a reordered copy of the whole buffer.
+where each starts, its 2-D shape, its block. Pieces with the same block form a `Group`; its chunks, or
+any run of them, are taken out as one (chunks, h·w) matrix (`take`) and written back (`put`): top-k,
+the DCT and the mean work on a run of chunks at a time (`comm.sparse`), never on a reordered copy of
+the whole buffer.
 
 Between the ranks of a worker with DDP inside, each rank sends its own shard of the buffer
 (`comm.worker_shards`); a layout is cut there at whole rows of blocks (`bounds`, `restrict`), so every
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -95,23 +96,39 @@ class Group:
         """Which of the layout's tensors each chunk belongs to (int64, one per chunk)."""
         return torch.cat([torch.full((p.chunks,), p.tensor, dtype=torch.int64) for p in self.pieces])
 
-    def take(self, flat: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The group's chunks of the flat buffer as a new (chunks, h·w) matrix (into `out`)."""
-        out = torch.empty(self.chunks, self.size, dtype=flat.dtype, device=flat.device) if out is None else out
-        row = 0
-        for p in self.pieces:
-            out[row:row + p.chunks].view(p.rows // p.h, p.cols // p.w, p.h, p.w).copy_(p.view(flat))
-            row += p.chunks
+    def take(self, flat: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """The group's chunks [start, stop) of the flat buffer as a new (chunks, h·w) matrix."""
+        stop = self.chunks if stop is None else stop
+        out = torch.empty(stop - start, self.size, dtype=flat.dtype, device=flat.device)
+        for row, view in self._blocks(flat, start, stop):
+            out[row:row + view.shape[0] * view.shape[1]].view(view.shape).copy_(view)
         return out
 
-    def put(self, chunks: torch.Tensor, flat: torch.Tensor, add: bool = False) -> None:
-        """Write the (chunks, h·w) matrix back into the flat buffer where `take` found it (or add it)."""
-        row = 0
+    def put(self, chunks: torch.Tensor, flat: torch.Tensor, start: int = 0, stop: int | None = None) -> None:
+        """Write the (chunks, h·w) matrix of chunks [start, stop) back where `take` found them."""
+        stop = self.chunks if stop is None else stop
+        for row, view in self._blocks(flat, start, stop):
+            view.copy_(chunks[row:row + view.shape[0] * view.shape[1]].view(view.shape))
+
+    def _blocks(self, flat: torch.Tensor, start: int, stop: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """The chunks [start, stop) as rectangles of blocks (views of the flat buffer, (ny, nx, h, w)),
+        each with the row of the (chunks, h·w) matrix its first block goes to: a piece's partial row
+        of blocks, its whole rows, and a partial row at the end."""
+        first = 0
         for p in self.pieces:
-            src = chunks[row:row + p.chunks].view(p.rows // p.h, p.cols // p.w, p.h, p.w)
-            dst = p.view(flat)
-            dst.add_(src) if add else dst.copy_(src)
-            row += p.chunks
+            a, b = max(start, first) - first, min(stop, first + p.chunks) - first
+            per_row = p.cols // p.w
+            while a < b:
+                y, x = divmod(a, per_row)
+                if x == 0 and b - a >= per_row:                 # whole rows of blocks
+                    n = (b - a) // per_row
+                    yield first + a - start, p.view(flat)[y:y + n]
+                    a += n * per_row
+                else:
+                    end = min(b, (y + 1) * per_row)
+                    yield first + a - start, p.view(flat)[y:y + 1, x:x + end - a]
+                    a = end
+            first += p.chunks
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ from .replicas import Replicas
 from .sparse_mean import sparse_mean
 from .worker_shards import WorkerShards
 
-GUARDED = ("params", "pseudo_grads", "optim_state")
+GUARDED = ("params", "pseudo_grads", "optim_state", "momentum")
 POLICIES = ("abort", "skip")
 REPLICATED = ("schedule",)  # purposes whose values every rank must end with, whatever shard it holds
 QUORUM = "quorum"          # ledger purpose: the time a worker waits to agree on who takes part (`meet`)

@@ -22,21 +22,23 @@ code's `scatter_reduce(..., "mean", include_self=False)`: an index two of four w
 mean of their two values, not half of their sum), or `all`, the sum over the workers divided by their
 number (a worker that did not choose an index counts as a zero there). Both are the same at density 1.
 
-Memory: encoding and aggregating go one group at a time; a group's chunks are taken out as one copy
-(and its accumulators, two with `chosen`), so what a sparse exchange allocates beyond the payloads is
-about the largest group's values, two or three times (a transformer's largest group is one kind of
-matrix over all its blocks).
+Memory: encoding and aggregating take a run of about `BATCH_VALUES` values' chunks at a time (their
+copy, their magnitudes or DCT coefficients, the mean's accumulator and count: a few buffers of 16 MB);
+what grows with the model is the chosen entries, a few per cent of its values (their indices as
+int64 and their values while a group is encoded, one payload's while it is decoded), and the
+payloads: this rank's and the M gathered.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
 
-from .bitpack import pack, packed_bytes, unpack
+from .bitpack import alignment, pack, packed_bytes, unpack
 from .chunks import ChunkLayout, Group
 from .dct import BlockDCT
 from .quantize import RANGE_SIGMAS, RAW, dequantize, quantize, table_bytes
@@ -44,6 +46,20 @@ from .topk import chunk_topk, kept_per_chunk
 
 AGGREGATES = ("chosen", "all")
 DEFAULT_DENSITY = 32 / 4096        # the reference code's top-k of 32 in a 64 x 64 block
+#: values of a run of chunks taken out at once: the dense work's buffers (the chunks, their
+#: magnitudes or coefficients, the mean's accumulator and count) stay about 16 MB each
+BATCH_VALUES = 1 << 22
+
+
+def batches(chunks: int, size: int, k: int, bit_widths: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Runs of about `BATCH_VALUES` values covering `chunks` chunks of `size`, each starting where the
+    packed streams of its k entries per chunk (of these widths) start on a byte of their own."""
+    step = 1
+    for bits in bit_widths:
+        a = alignment(bits)
+        step = math.lcm(step, a // math.gcd(a, k))
+    per = max(step, BATCH_VALUES // max(size, 1) // step * step)
+    return tuple((a, min(a + per, chunks)) for a in range(0, chunks, per))
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,7 @@ class Section:
     floats: slice                  # the tables (quantized) or the values (raw), float32
     indices: slice
     codes: slice                   # quantized values' codes (empty for raw values)
+    batches: tuple[tuple[int, int], ...]   # runs of chunks worked on at once (`BATCH_VALUES`)
 
     @property
     def kept(self) -> int:
@@ -98,7 +115,8 @@ class SparseCodec:
             n = g.chunks * k
             idx_bytes, code_bytes = packed_bytes(n, ib), 0 if raw else packed_bytes(n, self.bits)
             out.append(Section(g, k, ib, segment, segments, slice(float_at, float_at + floats),
-                               slice(at, at + idx_bytes), slice(at + idx_bytes, at + idx_bytes + code_bytes)))
+                               slice(at, at + idx_bytes), slice(at + idx_bytes, at + idx_bytes + code_bytes),
+                               batches(g.chunks, g.size, k, (ib,) if raw else (ib, self.bits))))
             float_at += floats
             at += idx_bytes + code_bytes
         return tuple(out)
@@ -140,18 +158,27 @@ class SparseCodec:
     def encode_into(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The payload of the flat float32 `x` written into the uint8 `out` (returned, `wire_bytes()`
         long). `residual` (error feedback): set to what was not sent, x − decode(payload), in the
-        domain the chunks were chosen in (so that it is exactly 0 where a value went unquantized)."""
+        domain the chunks were chosen in (so that it is exactly 0 where a value went unquantized).
+        A group's chunks are chosen a run at a time (`batches`), then its values quantized together
+        (a table per tensor), then, for the residual, each run taken out once more."""
         out = out[:self.wire_bytes()]
         for s in self.sections:
-            chunks = s.group.take(x)
-            coeff = self._dct(s, x.device).forward(chunks) if self.dct else chunks
-            idx, vals = chunk_topk(coeff, s.k)
+            idx = torch.empty(s.group.chunks, s.k, dtype=torch.int64, device=x.device)
+            vals = torch.empty(s.group.chunks, s.k, dtype=torch.float32, device=x.device)
+            for a, b in s.batches:
+                idx[a:b], vals[a:b] = chunk_topk(self._chosen_domain(s, s.group.take(x, a, b)), s.k)
             pack(idx, s.index_bits, out[s.indices])
             sent = self._encode_values(s, vals, out)
-            if residual is not None:                # coeff is this call's own copy of the chunks
-                coeff.scatter_(1, idx, vals - sent)
-                s.group.put(self._dct(s, x.device).inverse(coeff) if self.dct else coeff, residual)
+            if residual is not None:
+                for a, b in s.batches:
+                    coeff = self._chosen_domain(s, s.group.take(x, a, b))
+                    coeff.scatter_(1, idx[a:b], vals[a:b] - sent[a:b])
+                    s.group.put(self._dct(s, x.device).inverse(coeff) if self.dct else coeff, residual, a, b)
         return out
+
+    def _chosen_domain(self, s: Section, chunks: torch.Tensor) -> torch.Tensor:
+        """The chunks where their values are chosen: their DCT coefficients, or themselves (a copy)."""
+        return self._dct(s, chunks.device).forward(chunks) if self.dct else chunks
 
     def _encode_values(self, s: Section, vals: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Write the chosen values (quantized, or as float32) and return what they decode to."""
@@ -164,34 +191,35 @@ class SparseCodec:
         pack(q.codes, self.bits, out[s.codes])
         return dequantize(q.codes, seg, q.shift, q.table).view_as(vals)
 
-    def _decode_values(self, s: Section, data: torch.Tensor) -> torch.Tensor:
-        """The float32 values of one payload's section, (chunks, k)."""
-        floats = data[s.floats].clone().view(torch.float32)          # a copy: 4-byte aligned
+    def _entries(self, s: Section, data: torch.Tensor, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One payload's entries of chunks [a, b) of a section: (indices, float32 values), (b − a, k)."""
+        n, start = (b - a) * s.k, a * s.k
+        idx = unpack(data[s.indices], n, s.index_bits, start).view(-1, s.k)
         if self.bits == RAW:
-            return floats.view(-1, s.k)
-        tables = floats.view(s.segments, 2 ** self.bits + 1)
-        seg = s.segment.to(data.device).repeat_interleave(s.k)
-        codes = unpack(data[s.codes], s.kept, self.bits)
-        return dequantize(codes, seg, tables[:, 0].contiguous(), tables[:, 1:]).view(-1, s.k)
+            return idx, data[s.floats][4 * start:4 * (start + n)].clone().view(torch.float32).view(-1, s.k)
+        tables = data[s.floats].clone().view(torch.float32).view(s.segments, 2 ** self.bits + 1)  # a copy: aligned
+        seg = s.segment[a:b].to(data.device).repeat_interleave(s.k)
+        codes = unpack(data[s.codes], n, self.bits, start)
+        return idx, dequantize(codes, seg, tables[:, 0].contiguous(), tables[:, 1:]).view(-1, s.k)
 
     # ---- every worker's payloads: the mean -------------------------------------------------------------
     def aggregate_into(self, payloads: list[torch.Tensor], out: torch.Tensor, contributors: float) -> torch.Tensor:
         """The mean of the payloads (each `wire_bytes()` uint8, in rank order) written into the flat
         float32 `out` (returned): decoded and added in fp32 in the order given, then divided per
         index by how many sent it (`chosen`) or by `contributors` (`all`), then back from the DCT
-        domain and into the buffer's order. Every value of `out` is written."""
+        domain and into the buffer's order, a run of chunks at a time. Every value of `out` is written."""
         for s in self.sections:
-            n, c = s.group.chunks, s.group.size
-            acc = torch.zeros(n, c, dtype=torch.float32, device=out.device)
-            count = torch.zeros_like(acc) if self.aggregate == "chosen" else None
-            for data in payloads:
-                idx = unpack(data[s.indices], s.kept, s.index_bits).view(n, s.k)
-                acc.scatter_add_(1, idx, self._decode_values(s, data))
+            for a, b in s.batches:
+                acc = torch.zeros(b - a, s.group.size, dtype=torch.float32, device=out.device)
+                count = torch.zeros_like(acc) if self.aggregate == "chosen" else None
+                for data in payloads:
+                    idx, vals = self._entries(s, data, a, b)
+                    acc.scatter_add_(1, idx, vals)
+                    if count is not None:
+                        count.scatter_add_(1, idx, torch.ones_like(vals))
                 if count is not None:
-                    count.scatter_add_(1, idx, torch.ones(n, s.k, dtype=torch.float32, device=out.device))
-            if count is not None:
-                acc.div_(count.clamp_(min=1))
-            else:
-                acc.div_(contributors)
-            s.group.put(self._dct(s, out.device).inverse(acc) if self.dct else acc, out)
+                    acc.div_(count.clamp_(min=1))
+                else:
+                    acc.div_(contributors)
+                s.group.put(self._dct(s, out.device).inverse(acc) if self.dct else acc, out, a, b)
         return out

@@ -80,7 +80,7 @@ from typing import Any, Sequence
 from ..comm.codecs import BLOCK_VALUES, get_codec
 from ..comm.mean_cost import lossy_path
 from ..errors import ConfigError
-from ..strategies import strategy_class
+from ..strategies import make_options, strategy_class
 from ..strategies.periodic import DRIFT_SIDE_BAND, Periodic
 from ..telemetry.memory import CATEGORIES
 from ..units import parse_bytes
@@ -96,6 +96,9 @@ DECODE_TEMPORARIES = MappingProxyType({"bf16": 2 + VALUE, "int8": 1 + 2 * VALUE,
 #: and a blocked encode (`codecs.encode_into`): bf16 its values; int8 x/scale and its rounding; fp4 |x|
 #: and the E2M1 code's three 4-byte intermediates
 ENCODE_TEMPORARIES = MappingProxyType({"bf16": 2, "int8": 2 * VALUE, "fp4": 4 * VALUE})
+#: bytes the statistical quantizer allocates per chosen value (`comm.quantize`: the values, centred,
+#: squared and scaled in float64, their segments and slots as int64)
+QUANTIZER_TEMPORARIES = 40
 
 
 def memory_bill(s: Any, held_in_flight: Sequence[Transfer] = ()) -> dict[str, int]:
@@ -116,6 +119,9 @@ def held_bytes(s: Any, held_in_flight: Sequence[Transfer]) -> dict[str, int]:
     o, size, r = s.options, s.size, s.ranks_per_worker
     sharded = s.inside == "fsdp"
     p, synced = _local_bytes(s)
+    sparse = _sparse(s)
+    if sparse is not None:
+        return _sparse_held(s, sparse, p)
     tt = planned_timetable(s.strategy, o)
     momentum = o.get("outer_momentum", o.get("slowmo_beta", 0.0))
     anchored = "fragments" in o or "outer_lr" in o or "slowmo_beta" in o
@@ -146,6 +152,9 @@ def transient_bytes(s: Any) -> int:
     o, r = s.options, s.ranks_per_worker
     sharded = s.inside == "fsdp"
     ddp_inside = r > 1 and not sharded
+    sparse = _sparse(s)
+    if sparse is not None:
+        return _sparse_transient(s, sparse)
     if "fragments" in o:
         f = VALUE * max(s.size.local_fragments(o["fragments"], o["partition"], r if sharded else 1))
         reads_rates = o.get("schedule", "round_robin") != "round_robin"
@@ -197,6 +206,60 @@ def _lossy_periodic(s: Any, b: int) -> int:
         held = w + m * w
     peak = max(phases)
     return b + int(max(peak, held + _reassembly(b, r)) if ddp_inside else peak)
+
+
+def _sparse(s: Any) -> Any:
+    """The sparse payload of a strategy whose exchange is sparse (SparseLoCo, DeMo), else None: the
+    layout of rank 0's own tensors (its FSDP2 chunks when sharded inside)."""
+    cls = strategy_class(s.strategy)
+    if cls.wire_codec is strategy_class("ddp").wire_codec:
+        return None
+    opts = make_options(s.strategy, **s.options)
+    r = s.ranks_per_worker if s.inside == "fsdp" else 1
+    shapes = [(math.ceil(sh[0] / r), *sh[1:]) if len(sh) > 1 else (math.ceil(sh[0] / r),) if sh else sh
+              for sh in (s.size.shapes or [(n,) for n in s.size.grad_numels])]
+    codec = cls.wire_codec(opts, shapes)
+    return codec if getattr(codec, "sparse", False) else None
+
+
+def sparse_state_bytes(codec: Any) -> int:
+    """What a sparse payload's description keeps: per chunk, its tensor and segment (int64 each), and
+    with the DCT each block size's two matrices."""
+    chunks = sum(g.chunks for g in codec.layout.groups)
+    dct = sum(VALUE * (g.h * g.h + g.w * g.w) for g in codec.layout.groups) if codec.dct else 0
+    return 16 * chunks + dct
+
+
+def _sparse_held(s: Any, codec: Any, p: int) -> dict[str, int]:
+    """SparseLoCo: θ̃ and the error buffer (outer state, p each); DeMo: its momentum (p) in place of
+    the inner optimizer it replaces; both: the payload's description."""
+    bill = dict.fromkeys(CATEGORIES, 0)
+    wrappers = int(s.ranks_per_worker > 1 and s.inside != "fsdp")    # the DDP inside a worker
+    bill.update(parameters=p + s.size.buffer_bytes, gradients=p, ddp_buckets=wrappers * VALUE * s.size.params,
+                exchange=sparse_state_bytes(codec))
+    if strategy_class(s.strategy).steps_optimizer:
+        bill.update(inner_optimizer=inner_optimizer_bytes(s.optimizer, s.momentum, p, len(s.size.grad_numels)),
+                    outer_state=2 * p)
+    else:
+        bill["inner_optimizer"] = p
+    return bill
+
+
+def _sparse_transient(s: Any, codec: Any) -> int:
+    """A sparse exchange (`comm.sparse_mean`, `comm.sparse`): the buffer it is formed in (Δ, or DeMo's
+    gradient), p; this rank's payload w, the M gathered and gloo's copy of them, 2M·w; the largest
+    group's chosen entries while it is encoded (int64 indices and float32 values, 12 B each, and the
+    quantizer's float64 work on them, `QUANTIZER_TEMPORARIES` B each); and a run of chunks' dense
+    buffers (the chunks, their magnitudes or coefficients, the mean's accumulator and count: 4 of
+    `BATCH_VALUES` values at most)."""
+    from ..comm.quantize import RAW
+    from ..comm.sparse import BATCH_VALUES
+    p = VALUE * codec.layout.numel
+    w, m = codec.wire_bytes(), s.workers
+    kept = max((sec.kept for sec in codec.sections), default=0)
+    run = max((min(BATCH_VALUES, sec.group.chunks * sec.group.size) for sec in codec.sections), default=0)
+    entries = (12 + (0 if codec.bits == RAW else QUANTIZER_TEMPORARIES)) * kept
+    return p + w + 2 * m * w + entries + 4 * VALUE * run
 
 
 def _reassembly(b: int, r: int) -> int:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ..comm.codecs import get_codec
 from ..comm.mean_cost import lossy_path, mean_collectives
 from ..net import Topology
-from ..strategies import timetable
+from ..strategies import strategy_class, timetable
 from ..strategies.fragment_timetable import FragmentTimetable
 from ..strategies.inflight import InFlight
 from ..strategies.timetable import Timetable
@@ -78,13 +78,13 @@ def lossy_paths(opts: Any, workers: int, topology: Topology | None = None, ranks
 
 
 def mean_transfers(step: int, purpose: str, numel: int, opts: Any, workers: int, *, extra: int = 0,
-                   fragment: int | None = None, path_of: PathOf | None = None) -> list[Transfer]:
-    """The collectives of one `Exchange.mean` of `numel` values in the strategy's codec, in order
-    (`comm.mean_cost.mean_collectives`: an fp32 all-reduce, a lossy all-gather, or a lossy
-    all-to-all then all-gather); the first carries the payload the ledger books. `path_of`: the
-    lossy path (`lossy_paths`; by default without a link model)."""
-    codec = get_codec(getattr(opts, "codec", "fp32"))
-    path = (path_of or lossy_paths(opts, workers))(numel + extra)
+                   fragment: int | None = None, path_of: PathOf | None = None, codec: Any = None) -> list[Transfer]:
+    """The collectives of one `Exchange.mean` of `numel` values in the strategy's codec (or `codec`,
+    a sparse payload's), in order (`comm.mean_cost.mean_collectives`: an fp32 all-reduce, a lossy
+    or sparse all-gather, or a lossy all-to-all then all-gather); the first carries the payload the
+    ledger books. `path_of`: the lossy path (`lossy_paths`; by default without a link model)."""
+    codec = get_codec(codec if codec is not None else getattr(opts, "codec", "fp32"))
+    path = "allgather" if getattr(codec, "sparse", False) else (path_of or lossy_paths(opts, workers))(numel + extra)
     steps = mean_collectives(numel, codec, path, workers, extra)
     payload = 4 * numel if codec.name == "fp32" else codec.wire_bytes(numel)
     return [Transfer(step, purpose, c.op, c.nbytes, payload if i == 0 else 0, fragment, sent=c.sent)
@@ -118,7 +118,16 @@ def trace(name: str, options: dict[str, Any], size: ModelSize, workers: int, ste
     tt = planned_timetable(name, options)
     if isinstance(tt, FragmentTimetable):
         return _fragment_trace(tt, size, workers, steps, step_s, fragment_sync_s, finish, path_of)
-    return _periodic_trace(tt, size, workers, steps, ranks_per_worker, finish, path_of)
+    return _periodic_trace(tt, size, workers, steps, ranks_per_worker, finish, path_of, sparse_exchange(name, tt, size))
+
+
+def sparse_exchange(name: str, tt: Timetable, size: ModelSize) -> tuple[Any, str] | None:
+    """(the payload, its purpose) of a strategy whose exchange is sparse (SparseLoCo, DeMo), for the
+    model's trainable tensors (the whole model's layout: with FSDP inside each rank chunks its own
+    shard, which moves the bytes by a few per cent); None for the others."""
+    cls = strategy_class(name)
+    codec = cls.wire_codec(tt.opts, size.shapes or [(n,) for n in size.grad_numels])
+    return (codec, cls.exchange_purpose) if getattr(codec, "sparse", False) else None
 
 
 IN_WORKER_CHUNKS = 8
@@ -160,10 +169,17 @@ def _grad_actions(tt: Timetable, size: ModelSize, t: int, ranks_per_worker: int,
 
 
 def _boundary_actions(opts: Any, size: ModelSize, t: int, optim_state_numel: int, workers: int,
-                      path_of: PathOf | None = None) -> list[Action]:
+                      path_of: PathOf | None = None, sparse: Any = None, purpose: str = "params") -> list[Action]:
     """`Periodic.average_params`: the blocking params mean in the strategy's codec (with drift
     telemetry, one more element that carries this worker's ‖θ_m‖², booked as `telemetry`), the
-    optimizer state's mean (fp32) when asked."""
+    optimizer state's mean (fp32) when asked. A sparse exchange (`sparse`: its payload, SparseLoCo's
+    and DeMo's): the blocking all-gather of the trainable tensors' payload under `purpose`, then the
+    float buffers' plain fp32 mean (none in an LM)."""
+    if sparse is not None:
+        acts = blocking(mean_transfers(t, purpose, sparse.layout.numel, opts, workers, codec=sparse))
+        if size.sync_numel > size.params:
+            acts += blocking(mean_transfers(t, "params", size.sync_numel - size.params, opts, workers, codec="fp32"))
+        return acts
     drift = int(opts.drift_telemetry)
     acts = blocking(mean_transfers(t, "params", size.sync_numel, opts, workers, extra=drift, path_of=path_of))
     if drift:
@@ -175,18 +191,19 @@ def _boundary_actions(opts: Any, size: ModelSize, t: int, optim_state_numel: int
 
 
 def _periodic_trace(tt: Timetable, size: ModelSize, workers: int, steps: int, ranks_per_worker: int,
-                    finish: bool, path_of: PathOf | None = None) -> Trace:
+                    finish: bool, path_of: PathOf | None = None, sparse: tuple[Any, str] | None = None) -> Trace:
     out = Trace()
+    payload, purpose = sparse if sparse is not None else (None, "params")
     optim_numel = 2 * size.params                 # AdamW's two moments (the trainer's default optimizer)
     first = True
     for t in range(1, steps + 1):
         acts = _grad_actions(tt, size, t, ranks_per_worker, first, workers * ranks_per_worker)
         first = first and not tt.ddp_step(t)
         if tt.is_boundary(t):
-            acts += _boundary_actions(tt.opts, size, t, optim_numel, workers, path_of)
+            acts += _boundary_actions(tt.opts, size, t, optim_numel, workers, path_of, payload, purpose)
         out.steps.append(acts)
     if finish and tt.final_sync(steps):
-        out.finish = _boundary_actions(tt.opts, size, steps, optim_numel, workers, path_of)
+        out.finish = _boundary_actions(tt.opts, size, steps, optim_numel, workers, path_of, payload, purpose)
     return out
 
 

@@ -73,6 +73,7 @@ class ModelSize:
     model: nn.Module | None = None        # the meta-device model (None for a bare size)
     rows: tuple[int, ...] = ()            # each trainable tensor's first dimension (empty: 1-D, as numels)
     buffer_bytes: int = 0                 # every buffer, persistent or not: each rank holds them whole
+    shapes: tuple[tuple[int, ...], ...] = ()   # each trainable tensor's shape (what a sparse exchange chunks)
 
     @property
     def params(self) -> int:
@@ -113,17 +114,21 @@ def of_module(name: str, model: nn.Module) -> ModelSize:
     trainable = [p for p in model.parameters() if p.requires_grad]
     return ModelSize(name, tuple(p.numel() for p in trainable), sum(t.numel() for t in sync_tensors(model)), model,
                      rows=tuple(p.shape[0] if p.dim() else 1 for p in trainable),
-                     buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()))
+                     buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+                     shapes=tuple(tuple(p.shape) for p in trainable))
 
 
 def of_params(params: float) -> ModelSize:
-    """A bare size: `params` fp32 parameters in stand-in tensors of 2^20 elements."""
+    """A bare size: `params` fp32 parameters in stand-in tensors of 2^20 elements (for a sparse
+    exchange's chunks, matrices of 1024 x 1024, a transformer's matrices' blocks; the rest a vector)."""
     n = int(params)
     if n < 1:
         raise ConfigError(f"--params must be >= 1, got {params}")
     full, rest = divmod(n, _STAND_IN_TENSOR)
     numels = (_STAND_IN_TENSOR,) * full + ((rest,) if rest else ())
-    return ModelSize(f"{n / 1e9:g}B" if n >= 1e9 else f"{n / 1e6:g}M", numels, n)
+    side = math.isqrt(_STAND_IN_TENSOR)
+    shapes = ((side, side),) * full + (((rest,),) if rest else ())
+    return ModelSize(f"{n / 1e9:g}B" if n >= 1e9 else f"{n / 1e6:g}M", numels, n, shapes=shapes)
 
 
 def of_name(name: str, vocab_size: int = 256) -> ModelSize:

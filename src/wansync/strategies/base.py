@@ -80,6 +80,7 @@ class Strategy:
     steps_inside_workers: ClassVar[bool] = True     # False: every step all-reduces over every rank (DDP)
     steps_optimizer: ClassVar[bool] = True          # False: its own update replaces the optimizer's (DeMo),
                                                     # which only carries the learning rate and weight decay
+    exchange_purpose: ClassVar[str] = "params"      # the ledger's purpose of its exchange between workers
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, *,
                  group: Any = None, on_nonfinite: str | None = None, replicas: Replicas | None = None,
@@ -201,6 +202,10 @@ class Strategy:
         shapes: the options' codec (`comm.codecs`), or a sparse payload's (`comm.sparse`); the
         planner books the same."""
         return get_codec(getattr(opts, "codec", "fp32"))
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """The state it holds beyond the anchors, by memory category (`telemetry.memory`)."""
+        return {}
 
     # ---- for subclasses ----------------------------------------------------------------
     def inner_step(self, skip: bool) -> None:

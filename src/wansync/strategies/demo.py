@@ -90,6 +90,7 @@ class DeMo(Strategy):
     Options = DeMoOptions
     Timetable = DeMoTimetable
     steps_optimizer = False
+    exchange_purpose = "momentum"
 
     def __init__(self, model, optimizer, options=None, **kw):
         check_carrier(optimizer)
@@ -130,7 +131,7 @@ class DeMo(Strategy):
         self.momentum.mul_(self.opts.momentum_decay)              # m_r ← β·m_r (+ g_r: the exchange adds it)
         spent = time.perf_counter() - started
         # q_r = TopK(DCT(m_r)) sent, m_r ← m_r − IDCT(q_r), Q = IDCT(Aggregate_r(q_r)) in q's buffer
-        self.exchange.mean(q, "grads", self.codec, inplace=True, residual=self.momentum)
+        self.exchange.mean(q, "momentum", self.codec, inplace=True, residual=self.momentum)
         started = time.perf_counter()
         q.sign_()
         with torch.no_grad():
@@ -156,6 +157,9 @@ class DeMo(Strategy):
                     for p in g["params"]:
                         if p.requires_grad:
                             local_shard(p).mul_(1.0 - float(g["lr"]) * wd)
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        return {"inner_optimizer": [self.momentum]}   # the optimizer DeMo replaces: its state
 
     # ---- resumable state: the momentum ----------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

@@ -79,6 +79,7 @@ class SparseLoCo(Strategy):
     name = "sparseloco"
     Options = SparseLoCoOptions
     Timetable = PeriodicTimetable
+    exchange_purpose = "pseudo_grads"
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
@@ -114,6 +115,9 @@ class SparseLoCo(Strategy):
             self.exchange.mean(buf, "params", inplace=True)
             self.buffers.scatter(buf)
         self.emit("sync", kind="outer", bytes=self.codec.wire_bytes(), codec="sparse", kept=self.codec.kept)
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        return {"outer_state": [self.error]}          # in place of DiLoCo's outer momentum
 
     # ---- resumable state: θ̃ and the error buffer (a healed worker's starts at zero) -------------------
     def extra_state(self) -> dict[str, Any]:

@@ -8,9 +8,10 @@ after a shard) to the first category that reached the storage.
 - `parameters`: the model's parameters (this rank's shards when FSDP2 shards them) and buffers;
 - `gradients`: their gradients. `zero_grad(set_to_none=True)` frees them between steps; then the
   bill counts what every backward allocates again, one gradient per trainable shard;
-- `inner_optimizer`: the inner optimizer's state (AdamW: two moments and a step count per tensor);
-- `outer_state`: the strategy's anchors θ̃ and their outer-optimizer state (momentum), and per
-  exchange in flight its pseudo-gradient Δ and θ(t_p);
+- `inner_optimizer`: the inner optimizer's state (AdamW: two moments and a step count per tensor;
+  DeMo's momentum, the state of the optimizer it replaces);
+- `outer_state`: the strategy's anchors θ̃ and their outer-optimizer state (momentum; SparseLoCo's
+  error buffer, which takes its place), and per exchange in flight its pseudo-gradient Δ and θ(t_p);
 - `ddp_buckets`: DDP's gradient buckets, which live in C++ (their sizes from DDP's logging data);
 - `exchange`: anything else the strategy holds: the part of a periodic strategy's flat buffer
   beyond the model (the drift's element) and the exchange's buffers in flight (the copy of Δ being
@@ -106,8 +107,9 @@ def memory_per_rank(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sy
         bill.claim("gradients", grads)
     else:                       # freed by zero_grad: what each backward allocates again
         bill.add("gradients", sum(local(p).numel() * p.element_size() for p in params if p.requires_grad))
-    bill.claim("inner_optimizer", optimizer_tensors(optimizer))
-    bill.claim("outer_state", outer_tensors(sync))
+    held = sync.state_tensors() if hasattr(sync, "state_tensors") else {}
+    bill.claim("inner_optimizer", [*optimizer_tensors(optimizer), *held.get("inner_optimizer", ())])
+    bill.claim("outer_state", [*outer_tensors(sync), *held.get("outer_state", ())])
     bill.add("ddp_buckets", ddp_bucket_bytes(sync))
     bill.claim("exchange", reachable(vars(sync)))
     return bill.close()
