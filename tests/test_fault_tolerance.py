@@ -33,6 +33,12 @@ def test_strategies_that_all_reduce_every_step_are_refused_in_one_line():
             build_config(overrides={"strategy": strategy, "fault_tolerant": True})
 
 
+def test_demo_exchanging_at_every_step_is_refused_in_one_line_sparseloco_is_not():
+    with pytest.raises(ConfigError, match="demo: it exchanges at every step"):
+        build_config(overrides={"strategy": "demo", "fault_tolerant": True})
+    build_config(overrides={"strategy": "sparseloco", "fault_tolerant": True})
+
+
 def test_a_lossy_codec_is_refused_workers_of_several_ranks_ddp_or_fsdp_inside_are_not():
     with pytest.raises(ConfigError, match="fp32 only"):
         build_config(overrides={"strategy": "streaming", "fault_tolerant": True, "codec": "int8"})
@@ -588,4 +594,32 @@ def test_a_worker_of_two_ranks_killed_inside_an_exchange_is_left_out_of_it_by_bo
     summary = json.loads((out / "summary.json").read_text())
     assert summary["worker_failures"] == 1 and summary["short_exchanges"] == [10, 15, 20]
     assert all_equal(final_models(out, [0, 1]))
+    assert no_process_left(out)
+
+
+# ---- a sparse exchange under the quorum: all-gathered over its members ---------------------------
+def test_fault_tolerant_sparseloco_trains_what_the_fixed_group_trains_bit_for_bit(tmp_path):
+    """No fault: the quorum's all-gather of the sparse payloads (each flagged valid) gives the fixed
+    group's mean, the same pseudo-gradient bytes (the flag is booked apart)."""
+    runs = {}
+    for name, extra in (("fixed", ()), ("ft", ("--fault-tolerant", "--peer-timeout", "30"))):
+        runs[name] = tmp_path / name
+        r = wansync("train", "--strategy", "sparseloco", "--sync-every", str(EVERY), *extra, *FOUR,
+                    "--out", str(runs[name]), timeout=180)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert all_equal(final_models(runs["fixed"], range(4)) + final_models(runs["ft"], range(4)))
+    comm = [json.loads((runs[n] / "summary.json").read_text())["comm"]["pseudo_grads"] for n in ("fixed", "ft")]
+    assert comm[0]["bytes"] == comm[1]["bytes"] and comm[0]["parts"] == comm[1]["parts"]
+
+
+def test_a_sparseloco_worker_killed_heals_with_a_zero_error_buffer_and_every_rank_ends_alike(tmp_path):
+    out = tmp_path / "run"
+    r = run_four(out, "sparseloco", "--sync-every", str(EVERY), "--max-restarts", "1", peer_timeout=90,
+                 fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=10")
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["worker_failures"] == 1 and summary["heals"] == 1
+    seen, healed_at = sync_participants(out), heal_step(out)
+    assert all(p == 3 for s, p in seen if FAILS_AT < s < healed_at)
+    assert all_equal(final_models(out, range(4)))
     assert no_process_left(out)

@@ -34,7 +34,14 @@ CASES: dict[str, tuple[dict[str, Any], int]] = {
     "diloco": ({"sync_every": 2}, 6),
     "streaming": ({"sync_every": 4, "fragments": 2, "overlap": 1}, 12),
     "cocodc": ({"sync_every": 4, "fragments": 2, "overlap": 1, "syncs_per_period": 2}, 12),
+    "sparseloco": ({"sync_every": 2, "density": 1.0, "bits": 32}, 6),   # the sharded path (sparse: test_sparse_strategies)
+    "demo": ({"density": 0.05}, 4),
 }
+# A sparse choice turns the last bits of a gradient DDP averaged in another order into another entry
+# chosen (a near tie in a chunk's top-k; DeMo's sign step into a whole lr): here sparseloco sends every
+# value (the sharded path, whole), and demo's worker of two ranks is compared for bitwise identical
+# ranks only; the sparse exchange sharded over a worker's ranks, from the same buffers: test_sparse_strategies
+SIGN_STEPS = ("demo",)
 PER_RANK_BATCH = 2
 
 
@@ -46,7 +53,8 @@ def train_every_strategy(rank: int, world: int, ranks_per_worker: int, names: li
         options, steps = CASES[name]
         replicas = replica_groups(ranks_per_worker)
         worker_batch = 2 * PER_RANK_BATCH            # R = 1: one rank takes the whole worker batch
-        cfg = Config(model="micro", data=corpus, seq_len=16, batch_size=worker_batch // ranks_per_worker, lr=1e-3, seed=0)
+        cfg = Config(strategy=name, model="micro", data=corpus, seq_len=16, batch_size=worker_batch // ranks_per_worker,
+                     lr=1e-3, seed=0)
         torch.manual_seed(0)
         wl = build_workload(cfg, replicas.worker, replicas.workers, replicas.local_rank, ranks_per_worker)
         opt = build_optimizer(cfg, wl.model)
@@ -72,13 +80,13 @@ def train_every_strategy(rank: int, world: int, ranks_per_worker: int, names: li
 def runs(tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
     corpus = tmp_path_factory.mktemp("corpus") / "plays.txt"     # small: tokenizing is per strategy and rank
     corpus.write_text(shakespeare_text()[:200_000])
-    names, per_exchange = list(CASES), ["local_sgd", "diloco", "streaming"]
+    names, per_exchange = list(CASES), ["local_sgd", "diloco", "streaming", "sparseloco"]
     return {1: run_ranks(train_every_strategy, 2, 1, names, str(corpus), timeout=240),
             2: run_ranks(train_every_strategy, 4, 2, names, str(corpus), timeout=240),
             4: run_ranks(train_every_strategy, 8, 4, per_exchange, str(corpus), timeout=240)}
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [n for n in CASES if n not in SIGN_STEPS])
 def test_a_worker_of_two_ranks_is_a_worker_of_one_rank_with_twice_the_batch(runs, name):
     for worker in range(2):
         one = runs[1][worker][name]["params"]
@@ -93,12 +101,13 @@ def test_the_ranks_of_a_worker_are_bitwise_identical_after_every_step(runs, name
     assert all(r[name]["identical"] for r in runs[2])
 
 
-@pytest.mark.parametrize("name", ["local_sgd", "diloco", "streaming"])
+@pytest.mark.parametrize("name", ["local_sgd", "diloco", "streaming", "sparseloco"])
 def test_a_worker_sends_one_model_between_workers_per_exchange_whatever_its_ranks(runs, name):
     def between(rank_results: list[dict[str, Any]], worker: int) -> int:
         comm = [r[name]["comm"] for r in rank_results if r[name]["worker"] == worker]
         return sum(v["bytes"] for c in comm for k, v in c.items() if k in ("params", "pseudo_grads"))
     for worker in range(2):
+        # a sparse payload cut between ranks at tensors: the same chunks and tables, the same bytes
         assert between(runs[4], worker) == between(runs[2], worker) == between(runs[1], worker) > 0
     assert all(r[name]["comm"]["inside/grads"]["bytes"] > 0 for r in runs[2] + runs[4])
     assert all("inside/grads" not in r[name]["comm"] for r in runs[1])

@@ -26,9 +26,13 @@ from wansync.workloads import build_workload
 from wansync.workloads.lm.corpus import shakespeare_text
 from test_replicas import CASES as STRATEGY_CASES, PER_RANK_BATCH
 
+# the sparse exchanges chunk each rank's own shard (its rows of a tensor: other blocks than the whole
+# tensor's), so they reach DDP inside's parameters only where nothing is chosen: at density 1, unquantized
+SPARSE = ("sparseloco", "demo")
 # every strategy (three sync periods each, as in test_replicas), and the options that touch the exchange
 CASES: dict[str, tuple[str, dict[str, Any], int]] = {
-    **{name: (name, options, steps) for name, (options, steps) in STRATEGY_CASES.items()},
+    **{name: (name, options, steps) for name, (options, steps) in STRATEGY_CASES.items() if name not in SPARSE},
+    "sparseloco+dense": ("sparseloco", {"sync_every": 2, "density": 1.0, "bits": 32}, 6),
     "local_sgd+optimizer_state": ("local_sgd", {"sync_every": 2, "sync_optimizer_state": True}, 6),
     # bf16 rounds each value on its own: the same whatever the split (int8's chunks of 1024 values are cut
     # elsewhere by DDP's shards than by FSDP's, so its quantization differs at the cuts)
@@ -48,11 +52,11 @@ def train_both_ways(rank: int, world: int, names: list[str], corpus: str) -> dic
     full parameters after every step, the ledger, and whether every rank ended alike."""
     out: dict[str, Any] = {}
     for name in names:
-        strategy, options, steps = CASES[name]
+        strategy, options, steps = CASES[name] if name in CASES else (name, *STRATEGY_CASES[name])
         for inside in ("ddp", "fsdp"):
             replicas = replica_groups(2, shard_inside=inside == "fsdp")
-            cfg = Config(model="micro", data=corpus, seq_len=16, batch_size=PER_RANK_BATCH, lr=1e-3, seed=0,
-                         inside=inside)
+            cfg = Config(strategy=strategy, model="micro", data=corpus, seq_len=16, batch_size=PER_RANK_BATCH, lr=1e-3,
+                         seed=0, inside=inside)
             torch.manual_seed(0)
             wl = build_workload(cfg, replicas.worker, replicas.workers, replicas.local_rank, 2)
             if inside == "fsdp":
@@ -73,7 +77,8 @@ def train_both_ways(rank: int, world: int, names: list[str], corpus: str) -> dic
             dist.all_gather(every, final)
             out[(name, inside)] = {"steps": after_steps, "final": final, "comm": sync.comm.snapshot(),
                                    "worker": replicas.worker, "alike": all(torch.equal(every[0], e) for e in every),
-                                   "outer_devices": sorted({str(a.value.device) for a in _anchors(sync)})}
+                                   "outer_devices": sorted({str(a.value.device) for a in _anchors(sync)}),
+                                   "local_state": sum(t.numel() for ts in sync.state_tensors().values() for t in ts)}
     return out
 
 
@@ -85,7 +90,7 @@ def _anchors(sync: Any) -> list[Any]:
 def runs(tmp_path_factory) -> list[dict[str, Any]]:
     corpus = tmp_path_factory.mktemp("corpus") / "plays.txt"
     corpus.write_text(shakespeare_text()[:200_000])
-    return run_ranks(train_both_ways, 4, list(CASES), str(corpus), timeout=300)
+    return run_ranks(train_both_ways, 4, [*CASES, *SPARSE], str(corpus), timeout=300)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -96,9 +101,19 @@ def test_fsdp_inside_reaches_the_parameters_of_ddp_inside_after_every_step(runs,
             assert rel <= 1e-5, f"{name}: step {step} differs by {rel:.2e} (relative)"
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [*CASES, *SPARSE])
 def test_every_rank_ends_with_the_same_model(runs, name):
     assert all(r[(name, "fsdp")]["alike"] for r in runs)
+
+
+@pytest.mark.parametrize("name", SPARSE)
+def test_a_sparse_exchange_chunks_each_ranks_own_shard(runs, name):
+    """Each rank's payload is its shard's own (its own chunks and tables), about half the worker's."""
+    purpose = strategies.strategy_class(name).exchange_purpose
+    for r in runs:
+        ddp, fsdp = (r[(name, way)]["comm"][purpose]["bytes"] for way in ("ddp", "fsdp"))
+        assert 0.3 * 2 * ddp < fsdp < 0.7 * 2 * ddp, (ddp, fsdp)       # DDP inside: half of the worker's too
+        assert r[(name, "fsdp")]["local_state"] * 2 == pytest.approx(r[(name, "ddp")]["local_state"], rel=0.1)
 
 
 @pytest.mark.parametrize("name", ["local_sgd", "diloco", "streaming"])
@@ -156,7 +171,7 @@ def user_loop(rank: int, world: int, mesh: Any, name: str, options: dict[str, An
     for layer in model:
         fully_shard(layer, mesh=mesh if hybrid else mesh["shard"])
     fully_shard(model, mesh=mesh if hybrid else mesh["shard"])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = (torch.optim.SGD if name == "demo" else torch.optim.AdamW)(model.parameters(), lr=1e-2)
     try:
         sync = ws.strategy(name, model, opt, **options)
     except ConfigError as e:
@@ -184,7 +199,10 @@ USER_CASES = [("diloco", {"sync_every": 4}, False),
               ("streaming", {"sync_every": 6, "fragments": 2, "overlap": 1}, False),
               ("cocodc", {"sync_every": 6, "fragments": 2, "overlap": 1}, False),
               ("diloco", {"sync_every": 4}, True),          # hybrid sharding: refused for local steps
-              ("ddp", {}, True)]                             # ... and taken by ddp
+              ("ddp", {}, True),                             # ... and taken by ddp
+              ("sparseloco", {"sync_every": 4, "chunk": 4}, False),
+              ("demo", {"chunk": 4}, False)]
+TRAINED = (0, 1, 2, 5, 6)
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +210,7 @@ def user_runs() -> list[list[Any]]:
     return run_ranks(user_loops, 4, USER_CASES, timeout=240)
 
 
-@pytest.mark.parametrize("case", range(3), ids=[c[0] for c in USER_CASES[:3]])
+@pytest.mark.parametrize("case", TRAINED, ids=[USER_CASES[i][0] for i in TRAINED])
 def test_a_model_the_user_sharded_trains_and_every_rank_ends_alike(user_runs, case):
     out = [rank[case] for rank in user_runs]
     assert all(o["alike"] and o["moved"] and o["workers"] == 2 for o in out), out
@@ -227,7 +245,8 @@ def _flat_tensors(x: Any, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name, options", [("diloco", {"sync_every": 3}),
-                                           ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1})])
+                                           ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1}),
+                                           ("sparseloco", {"sync_every": 3})])
 def test_a_sharded_run_stopped_with_an_exchange_in_flight_resumes_bit_for_bit(tmp_path, name, options):
     import json
     from trainer_harness import lay_out, run_legs
@@ -302,14 +321,15 @@ def test_a_run_resumes_only_with_the_inside_it_was_started_with(tmp_path):
     assert "cannot change inside when resuming" in r.stderr
 
 
-@pytest.mark.parametrize("inside, ranks", [("ddp", 1), ("fsdp", 2)])
-def test_a_bf16_run_learns(tmp_path, inside, ranks):
+@pytest.mark.parametrize("strategy, inside, ranks, extra", [("diloco", "ddp", 1, ()), ("diloco", "fsdp", 2, ()),
+                                                            ("sparseloco", "fsdp", 2, ("--density", "0.1"))])
+def test_a_bf16_run_learns(tmp_path, strategy, inside, ranks, extra):
     """bf16 compute (autocast with DDP inside, whatever its ranks; FSDP2's mixed-precision policy
     sharded), fp32 masters: the loss falls and summary.json says how the run computed."""
     import json
     from cli_harness import TINY, wansync
-    r = wansync("train", "--strategy", "diloco", "--sync-every", "5", "--workers", "2", "--ranks-per-worker", str(ranks),
-                "--inside", inside, "--precision", "bf16", "--steps", "15", "--eval-every", "5", *TINY,
+    r = wansync("train", "--strategy", strategy, "--sync-every", "5", "--workers", "2", "--ranks-per-worker", str(ranks),
+                "--inside", inside, "--precision", "bf16", "--steps", "15", "--eval-every", "5", *TINY, *extra,
                 "--out", str(tmp_path / "run"), timeout=300)
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

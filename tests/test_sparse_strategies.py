@@ -210,3 +210,58 @@ def carriers(rank: int, world: int) -> list[str]:
 def test_demo_refuses_an_optimizer_whose_update_it_would_drop():
     errors = run_ranks(carriers, 1, timeout=60)[0]
     assert len(errors) == 2 and "not AdamW" in errors[0] and "SGD with momentum" in errors[1]
+
+
+def sharded_mean(rank: int, world: int, ranks_per_worker: int) -> dict:
+    """One sparse mean of each worker's own buffer (the same values whatever its ranks), DDP inside."""
+    from wansync.comm.chunks import ChunkLayout
+    from wansync.comm.exchange import Exchange
+    from wansync.comm.replicas import replica_groups
+    from wansync.comm.sparse import SparseCodec
+    from wansync.planner.sizes import of_name
+    replicas = replica_groups(ranks_per_worker)
+    exchange = Exchange(replicas=replicas)
+    codec = SparseCodec(ChunkLayout.of_shapes(of_name("micro").shapes))       # the defaults: 2-bit, k = 32 of 4096
+    g = torch.Generator().manual_seed(replicas.worker)
+    buf = torch.randn(codec.layout.numel, generator=g)
+    residual = torch.randn(codec.layout.numel, generator=g) * 0.1
+    exchange.mean(buf, "pseudo_grads", codec, inplace=True, residual=residual)
+    bounds = codec.layout.bounds(ranks_per_worker)
+    mine = slice(bounds[replicas.local_rank], bounds[replicas.local_rank + 1])
+    return {"mean": buf, "residual": residual[mine], "mine": mine, "worker": replicas.worker,
+            "comm": exchange.ledger.snapshot()}
+
+
+def test_a_sparse_mean_sharded_over_a_workers_ranks_is_the_whole_workers_mean():
+    one, two = run_ranks(sharded_mean, 2, 1, timeout=120), run_ranks(sharded_mean, 4, 2, timeout=120)
+    for r in two:
+        whole = one[r["worker"]]
+        assert torch.equal(r["mean"], whole["mean"])                        # every rank: the whole mean
+        assert torch.equal(r["residual"], whole["residual"][r["mine"]])     # its own shard's residual
+    for worker in range(2):
+        parts = [r["comm"]["pseudo_grads"]["parts"] for r in two if r["worker"] == worker]
+        assert {k: sum(p[k] for p in parts) for k in parts[0]} == one[worker]["comm"]["pseudo_grads"]["parts"]
+
+
+def heal(rank: int, world: int) -> dict:
+    """A peer's heal state carries θ̃ but not its error buffer; the healed worker's starts at zero."""
+    torch.manual_seed(0)
+    source, healed = tiny_model(), tiny_model()
+    a = ws.strategy("sparseloco", source, torch.optim.AdamW(source.parameters(), lr=0.01), sync_every=1)
+    for step in range(2):
+        x, y = rank_batch(rank, step)
+        nn.functional.mse_loss(a.model(x), y).backward()
+        a.step()
+        a.zero_grad()
+    b = ws.strategy("sparseloco", healed, torch.optim.AdamW(healed.parameters(), lr=0.01), sync_every=1)
+    b.error.fill_(1.0)
+    state = a.heal_state()
+    b.load_heal_state(state)
+    return {"keys": sorted(state), "source_error": float(a.error.abs().sum()), "healed_error": float(b.error.abs().sum()),
+            "anchor": torch.equal(a.anchor.value, b.anchor.value)}
+
+
+def test_a_healed_worker_takes_its_peers_anchor_and_starts_with_a_zero_error_buffer():
+    out = run_ranks(heal, 1, timeout=60)[0]
+    assert "error" not in out["keys"] and "anchor" in out["keys"]
+    assert out["source_error"] > 0 and out["healed_error"] == 0 and out["anchor"]

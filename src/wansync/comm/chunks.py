@@ -16,8 +16,9 @@ the DCT and the mean work on a run of chunks at a time (`comm.sparse`), never on
 the whole buffer.
 
 Between the ranks of a worker with DDP inside, each rank sends its own shard of the buffer
-(`comm.worker_shards`); a layout is cut there at whole rows of blocks (`bounds`, `restrict`), so every
-chunk lies whole in one shard and each shard's chunks are the whole layout's.
+(`comm.worker_shards`); a layout is cut there between tensors where that keeps the shards near-equal,
+else at whole rows of blocks (`bounds`, `restrict`), so every chunk lies whole in one shard and each
+shard's chunks are the whole layout's (a tensor cut in two is quantized as two, a table each).
 """
 from __future__ import annotations
 
@@ -168,14 +169,20 @@ class ChunkLayout:
 
     # ---- shards: whole rows of blocks ---------------------------------------------------------------
     def bounds(self, parts: int) -> list[int]:
-        """Where `parts` near-equal shards of the buffer start (and the last ends), each cut at the
-        start of a row of blocks: the cut nearest each even split (none empty while rows remain)."""
-        cuts = sorted({p.offset + i * p.h * p.cols for p in self.pieces for i in range(p.rows // p.h)} | {self.numel})
+        """Where `parts` near-equal shards of the buffer start (and the last ends): at each even
+        split, the nearest start of a tensor when it is within a quarter of a shard (a tensor whole in
+        one shard keeps one quantizer table, as it has at one rank per worker), else the nearest
+        start of a row of blocks."""
+        tensors = sorted({p.offset for p in self.pieces} | {self.numel})
+        rows = sorted({p.offset + i * p.h * p.cols for p in self.pieces for i in range(p.rows // p.h)} | {self.numel})
         out = [0]
         for j in range(1, parts):
             want = j * self.numel / parts
-            best = min((c for c in cuts if c > out[-1]), key=lambda c: (abs(c - want), c), default=self.numel)
-            out.append(min(best, self.numel))
+
+            def nearest(cuts: list[int]) -> int:
+                return min((c for c in cuts if c > out[-1]), key=lambda c: (abs(c - want), c), default=self.numel)
+            cut = nearest(tensors)
+            out.append(cut if abs(cut - want) <= self.numel / parts / 4 else nearest(rows))
         return out + [self.numel]
 
     def restrict(self, start: int, stop: int) -> "ChunkLayout":

@@ -55,7 +55,9 @@ plug in here and nowhere else:
 
 - **Fault tolerance** (`quorum`, see `ft.quorum`): given at construction, an fp32 mean runs over
   torchft's quorum instead of `group` (the workers alive now, divided by the number of
-  contributors), blocking: its wait is booked from the moment the mean was asked for. In a worker
+  contributors), blocking: its wait is booked from the moment the mean was asked for; a sparse
+  payload is all-gathered over the quorum's members, each with its validity flag (a worker healed in
+  the slot sends a copy of its source's values, flagged 0). In a worker
   of several ranks (DDP inside) each rank averages its shard over its own rank's quorum group and
   the worker puts the whole together, as over `across`. Who takes
   part changes, so a strategy asks the exchange to `meet` before the exchanges of a step (a no-op
@@ -73,6 +75,7 @@ is `decode(encode(x))`, the same quantization a multi-rank run applies.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any, Callable
@@ -210,7 +213,7 @@ class Exchange:
         if not replay:
             self._book(payload, sent)
         handle = MeanHandle(self.ledger, purpose, sent.work, lambda: self._finish(payload, sent, handle, mean_sq),
-                            sent.wire_bytes, payload.values_bytes, started_at, blocked=sent.blocked)
+                            sent.wire_bytes, payload.values_bytes, sent.started_at or started_at, blocked=sent.blocked)
         handle.participants, handle._advance = sent.participants, sent.advance
         if not async_op or sent.blocked:
             handle.wait()
@@ -248,6 +251,9 @@ class Exchange:
                 return self._quorum_mean(self.worker.mean(payload))
             return self._all_reduce(payload, None, dist.get_world_size())
         part = self.worker.shard(payload) if self.worker.splits(payload) else payload
+        if self.quorum is not None and getattr(part.codec, "sparse", False):      # every payload, flagged
+            return sparse_mean(dataclasses.replace(part, weighted=True), None, self.quorum.participants or 1,
+                               gather=lambda wire: (self.quorum.gather(wire), None), blocked=True)
         if self.quorum is not None:
             return self._quorum_mean(part)
         if part.codec.name == "fp32":

@@ -67,6 +67,7 @@ class Sent:
     sent: int | None = None                    # what this rank transmits in all (None: the payload)
     advance: Callable[[], None] | None = None  # a two-phase mean: finish the first, start the second
     parts: dict[str, int] | None = None        # a sparse payload's bytes by kind (indices, values, tables)
+    started_at: float | None = None            # blocked: when the collective began (perf_counter), after encoding
 
 
 def contributors(n: float, purpose: str) -> float:

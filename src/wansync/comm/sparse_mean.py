@@ -17,7 +17,8 @@ sender's residual becomes what its payload did not carry (`SparseCodec.encode_in
 """
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
 import torch
 
@@ -25,10 +26,13 @@ from .lossy_mean import all_gather_rows
 from .mean_cost import mean_collectives
 from .payload import Payload, Sent, contributors
 
+Gather = Callable[[torch.Tensor], tuple[list[torch.Tensor], Any]]    # a rank's bytes -> (every rank's, Work)
 
-def sparse_mean(payload: Payload, group: Any, m: int) -> Sent:
+
+def sparse_mean(payload: Payload, group: Any, m: int, gather: Gather | None = None, blocked: bool = False) -> Sent:
     """Every rank's sparse payload (then the side band, then the guard's flag) all-gathered over the
-    `m` ranks of `group`; the valid ones decoded and averaged in rank order (`aggregate_into`)."""
+    `m` ranks of `group` (or by `gather`: a fault-tolerant quorum's, `blocked` till it returns); the
+    valid ones decoded and averaged in rank order (`aggregate_into`)."""
     codec, purpose, extra, weighted, valid = payload.codec, payload.purpose, payload.extra, payload.weighted, payload.valid
     flat = payload.sent_values()
     numel = flat.numel() - extra
@@ -39,7 +43,8 @@ def sparse_mean(payload: Payload, group: Any, m: int) -> Sent:
     wire[size:size + 4 * extra] = flat[numel:].float().view(torch.uint8)
     if weighted:
         wire[-1] = int(valid)
-    gathered, work = all_gather_rows(wire, group, m)
+    started_at = time.perf_counter()                      # the wait of a blocking gather starts here, not before encoding
+    gathered, work = (gather or (lambda data: all_gather_rows(data, group, m)))(wire)
 
     def finish() -> torch.Tensor:
         rows = [data for data in gathered if not weighted or int(data[-1])]      # rank order
@@ -51,4 +56,5 @@ def sparse_mean(payload: Payload, group: Any, m: int) -> Sent:
         return payload.land(mean)
     return Sent(work, finish, size, 4 * extra, 1 if weighted else 0,
                 sent=sum(c.sent for c in mean_collectives(numel, codec, "allgather", m, extra, weighted)),
-                parts=dict(codec.parts))
+                parts=dict(codec.parts), blocked=blocked, participants=len(gathered) if blocked else None,
+                started_at=started_at if blocked else None)

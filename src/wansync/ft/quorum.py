@@ -44,7 +44,8 @@ of a live worker (torchft's checkpoint metadata per group rank). Whether a mean 
 among the worker's ranks before any of them goes on (`all_ranks`), so that they retry together.
 A worker lives and dies whole: its launcher ends and restarts all its ranks together (`ft.supervisor`).
 
-Only fp32 exchanges: a lossy codec's all-gather has no quorum form here (refused in `ft.support`).
+Exchanges are fp32 means, or a sparse payload's all-gather (`gather`: SparseLoCo), never summed on
+the wire; a lossy codec's all-gather or reduce-scatter has no quorum form here (refused in `ft.support`).
 """
 from __future__ import annotations
 
@@ -215,6 +216,32 @@ class Quorum:
                 self.quorum(self._t, shrink_only=True, finishing=self.finishing)
         raise PeerError(f"an exchange failed {RETRIES + 1} times in a row under the fault-tolerant quorum")
 
+    def gather(self, wire: torch.Tensor) -> list[torch.Tensor]:
+        """Every quorum member's `wire` (the same number of bytes on each), in the quorum's order: a
+        sparse payload's all-gather (`comm.sparse_mean`). Its last byte is the payload's validity
+        flag, set to 0 here for a worker that healed in this slot (its values are its source's).
+        Retried as `mean` is, from the same bytes."""
+        from torch.distributed.distributed_c10d import AllgatherOptions
+        if self.before_exchange is not None:
+            self.before_exchange(self._t)
+        if self.copied:
+            wire[-1] = 0
+        for attempt in range(RETRIES + 1):
+            count = self.manager.num_participants()
+            rows = [torch.empty_like(wire) for _ in range(count)]
+            try:
+                work = self._pg.allgather([rows], [wire], AllgatherOptions())
+                ok = self._wait(work, wire, "allgather", count)
+            except Exception as exc:  # noqa: BLE001 - a peer died inside it: retried below
+                self.manager.report_error(exc)
+                ok = False
+            if self.all_ranks(ok and self.manager.errored() is None):
+                self.participants = count
+                return rows
+            if attempt < RETRIES:
+                self.quorum(self._t, shrink_only=True, finishing=self.finishing)
+        raise PeerError(f"an exchange failed {RETRIES + 1} times in a row under the fault-tolerant quorum")
+
     def all_ranks(self, ok: bool) -> bool:
         """Did the worker's every rank get its shard's mean? One rank's failed all-reduce (its peer
         rank in a dying worker was killed a moment later than another's) sends all of them into the
@@ -240,15 +267,16 @@ class Quorum:
         return mean_seconds(numel + (1 if shards else r), "fp32", self.emulator.topology, self.workers // r, r,
                             shards=shards)
 
-    def _wait(self, work: Any, wire: torch.Tensor) -> bool:
-        """Wait for a quorum all-reduce; under the emulator, until the link says it is done."""
+    def _wait(self, work: Any, wire: torch.Tensor, op: str = "allreduce", count: int = 1) -> bool:
+        """Wait for a quorum all-reduce (an all-gather of `count` members' `wire`, `op`); under the
+        emulator, until the link says it is done."""
         if self.emulator is None:
             return work.wait()
         seq = self._t * EXCHANGES_PER_SLOT + self._exchanges_in_slot
         self._exchanges_in_slot += 1
         members = self._pg.members or list(range(self.participants or 1))
         try:
-            on_link(self.emulator, work, wire, members, self.workers, seq, self.ranks_per_worker).wait()
+            on_link(self.emulator, work, wire, members, self.workers, seq, self.ranks_per_worker, op, count).wait()
         except Exception:  # noqa: BLE001 - a peer died inside it, or the link timed out: retried above
             return False
         return True
@@ -258,17 +286,18 @@ class Quorum:
 
 
 def on_link(emulator: Emulator, work: Any, wire: torch.Tensor, members: list[int], workers: int,
-            seq: int, parallel: int = 1) -> EmulatedWork:
-    """`work` (a quorum all-reduce of `wire` over the global ranks `members` of `workers`; one of
-    `parallel` at once over the sites' uplinks, one per rank of a worker) as a collective of the
-    emulated link: its modelled duration, FIFO on the emulator's link, recorded; the returned Work
-    completes at max(real end, modelled end) (see `net.backend`)."""
+            seq: int, parallel: int = 1, op: str = "allreduce", count: int = 1) -> EmulatedWork:
+    """`work` (a quorum all-reduce of `wire` over the global ranks `members` of `workers`, or with `op`
+    "allgather" the all-gather of `count` members' `wire`; one of `parallel` at once over the sites'
+    uplinks, one per rank of a worker) as a collective of the emulated link: its modelled duration,
+    FIFO on the emulator's link, recorded; the returned Work completes at max(real end, modelled end)
+    (see `net.backend`)."""
     issue, topology = time.perf_counter(), emulator.topology
-    nbytes = wire.numel() * wire.element_size()
-    modelled = collective_duration("allreduce", nbytes, workers, topology, members, parallel=parallel)
+    nbytes = wire.numel() * wire.element_size() * (count if op == "allgather" else 1)   # the cost model's B
+    modelled = collective_duration(op, nbytes, workers, topology, members, parallel=parallel)
     modelled += jitter_draw(topology, workers, emulator.seed, zlib.crc32(LINK_GROUP.encode()), seq, members)
     start = emulator.reserve(issue, modelled)
-    record = CollectiveRecord(op="allreduce", nbytes=nbytes, group=LINK_GROUP, seq=seq, issue=issue, start=start,
+    record = CollectiveRecord(op=op, nbytes=nbytes, group=LINK_GROUP, seq=seq, issue=issue, start=start,
                               modelled_s=modelled, modelled_end=start + modelled)
     fut = Future(devices=[wire.device]) if wire.is_cuda else Future()
     emulator.schedule([work], record, fut, wire, wire.is_cuda)

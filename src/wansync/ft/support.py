@@ -7,7 +7,7 @@ from typing import Any
 from ..errors import check
 
 # The strategies whose workers train alone between exchanges: a step can go on without a dead worker.
-STRATEGIES = ("local_sgd", "slowmo", "diloco", "streaming", "cocodc")
+STRATEGIES = ("local_sgd", "slowmo", "diloco", "streaming", "cocodc", "sparseloco")
 
 
 def check_fault_tolerant(cfg: Any) -> None:
@@ -20,6 +20,8 @@ def check_supported(strategy: str, inside: str = "ddp", codec: str | None = None
     """The refusals, for the CLI's flags and a user's loop alike (`subject`: what the line names).
     The CLI's workers may be of several ranks, DDP or FSDP inside; in a user's loop a fault-tolerant
     worker is one rank (`ft.own_loop`), so a model sharded there (`inside`) is refused."""
+    check(strategy != "demo", f"{subject} does not support demo: it exchanges at every step, so every step would "
+          f"wait for a quorum (use one of {', '.join(STRATEGIES)}, whose workers train alone between exchanges)")
     check(strategy in STRATEGIES,
           f"{subject} does not support {strategy}: it all-reduces gradients every step, so no step can "
           f"go on without every worker (use one of {', '.join(STRATEGIES)})")
