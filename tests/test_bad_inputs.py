@@ -283,6 +283,33 @@ CASES += [
 ]
 
 
+# a sparse exchange's knobs (sparseloco, demo)
+SPARSE = ("--strategy", "sparseloco")
+CASES += [
+    ("sparseloco --density 0", flags(*SPARSE, "--density", "0"), "density must be in (0, 1], got 0.0"),
+    ("sparseloco --density 1.5", flags(*SPARSE, "--density", "1.5"), "density must be in (0, 1], got 1.5"),
+    ("sparseloco --density nan", flags(*SPARSE, "--density", "nan"), "density must be a finite number"),
+    ("demo --density 0", flags("--strategy", "demo", "--density", "0"), "density must be in (0, 1]"),
+    ("sparseloco --chunk 0", flags(*SPARSE, "--chunk", "0"), "chunk must be >= 1, got 0"),
+    ("sparseloco --chunk larger than every tensor", flags(*SPARSE, "--chunk", "2000"),
+     "chunk 2000 is larger than every tensor of the model (its longest side is 1024)"),
+    ("sparseloco --bits 1", flags(*SPARSE, "--bits", "1"), "bits must be one of 2, 3, 4, 5, 6, 7, 8"),
+    ("sparseloco --bits 16", flags(*SPARSE, "--bits", "16"), "or 32 (values unquantized), got 16"),
+    ("sparseloco --topk larger than a chunk", flags(*SPARSE, "--topk", "5000"),
+     "topk must be at most a chunk's values (64 x 64 = 4096), got 5000"),
+    ("sparseloco --topk and --density", flags(*SPARSE, "--topk", "5", "--density", "0.1"), "give density or topk"),
+    ("sparseloco --aggregate sum", flags(*SPARSE, "--aggregate", "sum"), "aggregate must be chosen or all"),
+    ("sparseloco --error-decay 1.5", flags(*SPARSE, "--error-decay", "1.5"), "error_decay must be in [0, 1]"),
+    ("sparseloco --codec int8", flags(*SPARSE, "--codec", "int8"), "sparseloco has no option codec"),
+    ("demo --dct", flags("--strategy", "demo", "--dct"), "demo has no option dct"),
+    ("demo --momentum-decay 1", flags("--strategy", "demo", "--momentum-decay", "1"), "momentum_decay must be in [0, 1)"),
+    ("demo --optimizer adamw", flags("--strategy", "demo", "--optimizer", "adamw"),
+     "demo replaces the inner optimizer's update"),
+    ("demo --momentum 0.9", flags("--strategy", "demo", "--momentum", "0.9"), "--momentum would be ignored"),
+    ("demo --fault-tolerant", flags("--strategy", "demo", "--fault-tolerant"), "demo: it exchanges at every step"),
+]
+
+
 if "slowmo" in STRATEGIES:
     CASES.append(("--strategy slowmo --slowmo-beta 1.0", flags("--strategy", "slowmo", "--slowmo-beta", "1.0"),
                   "slowmo_beta"))

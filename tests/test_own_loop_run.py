@@ -54,6 +54,7 @@ def _two_loops(rank: int, world: int, root: str) -> dict[str, Any]:
         train(f"{root}/ddp", "ddp", steps=12, eval_every=6, tensorboard=True, group=lan)
         built = len(caught)
         train(f"{root}/diloco", "diloco", steps=12, eval_every=6, tensorboard=True, sync_every=5)
+        train(f"{root}/sparseloco", "sparseloco", steps=12, eval_every=6, tensorboard=True, sync_every=3, density=0.1)
     return {"ddp": [str(w.message) for w in caught[:built]],
             "diloco": [(w.category.__name__, str(w.message), Path(w.filename).name) for w in caught[built:]]}
 
@@ -65,7 +66,7 @@ def test_a_user_loop_gets_the_profile_run_directory_guards_and_tensorboard_of_th
     assert [(c, f) for c, m, f in warned[0]["diloco"]] == [("RegimeWarning", "own_loop.py")]
     assert warned[0]["diloco"][0][1].startswith("diloco: outer Nesterov momentum 0.9 (gain 7) applied as often "
                                                 "as every 5 inner steps")
-    for name in ("ddp", "diloco"):
+    for name in ("ddp", "diloco", "sparseloco"):
         run = tmp_path / name
         prof = json.loads((run / "profile.json").read_text())
         summary = json.loads((run / "summary.json").read_text())
@@ -88,13 +89,16 @@ def test_a_user_loop_gets_the_profile_run_directory_guards_and_tensorboard_of_th
     diloco = json.loads((tmp_path / "diloco" / "summary.json").read_text())
     assert diloco["sync_events"] >= 2 and diloco["wan"] is None
     assert SYNC_TAGS <= set(scalars(tmp_path / "diloco" / "tensorboard"))
+    sparse = json.loads((tmp_path / "sparseloco" / "summary.json").read_text())
+    assert sparse["sync_events"] == 4 and set(sparse["comm"]["pseudo_grads"]["parts"]) == {"indices", "values", "tables"}
+    assert {"sync/events", "sync/bytes"} <= set(scalars(tmp_path / "sparseloco" / "tensorboard"))
     # `wansync report` reads both like any other runs
     r = wansync("report", str(tmp_path), "--no-plots")
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "summary.csv", newline="") as f:
         rows = {row["setting"]: row for row in csv.DictReader(f)}
     assert {k: (row["status"], row["exposed_comm_pct_mean"] != "") for k, row in rows.items()} == \
-        {"ddp": ("ok", True), "diloco": ("ok", True)}, r.stdout
+        {"ddp": ("ok", True), "diloco": ("ok", True), "sparseloco": ("ok", True)}, r.stdout
 
 
 def test_tensorboard_from_the_command_line(tmp_path):

@@ -11,6 +11,9 @@ compute utilization on three sets of sites:
     USA + Europe       382 s          85.6 %
     global             469 s          83.0 %
 
+The same planner then predicts a larger run (`large_table`): a 72B model on 20 workers, each behind
+500 Mbit/s at 100 ms, DiLoCo and Streaming DiLoCo against SparseLoCo.
+
 Calibration: each set of sites becomes a link (one site per node, its 8 GPUs on `NVLINK`; an RTT
 assumed from the distances, which matters little next to 10 GB) whose bandwidth makes the planner's own int8 ring mean of the
 10B pseudo-gradients (the reduce-scatter path: `comm.mean_cost.mean_collectives`) take the reported
@@ -27,7 +30,7 @@ from ..strategies import make_options
 from .predict import Prediction, predict, setting
 from .schedule import mean_transfers
 from .simulate import transfer_seconds
-from .sizes import of_params
+from .sizes import FLOPS_PER_ACCELERATOR, flops_step_s, of_params
 
 PARAMS = 10e9
 NODES, GPUS_PER_NODE = 14, 8
@@ -57,6 +60,23 @@ CONFIGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      {"sync_every": H, "fragments": 4, "overlap": 10, "codec": "int8", "codec_collective": "reduce_scatter"}),
     ("Streaming DiLoCo H=100, P=4, τ=10, fp4", "streaming",
      {"sync_every": H, "fragments": 4, "overlap": 10, "codec": "fp4", "codec_collective": "reduce_scatter"}),
+    ("SparseLoCo H=100, 0.78 %, 2-bit", "sparseloco", {"sync_every": H}),
+    ("SparseLoCo H=30, 0.78 %, 2-bit", "sparseloco", {"sync_every": 30}),
+    ("SparseLoCo H=100, 3 %, 2-bit", "sparseloco", {"sync_every": H, "density": 0.03}),
+)
+
+# A larger run over the public internet: a 72B model on 20 workers (one node of 8 accelerators each,
+# FSDP2 inside), every worker behind its own 500 Mbit/s at 100 ms RTT, the step time from the planner's
+# FLOPs rule in bf16. What it predicts, not a figure any paper reports.
+LARGE_PARAMS, LARGE_WORKERS = 72e9, 20
+LARGE_LINK = Link(rtt_s=0.1, bandwidth_bps=500e6)
+LARGE_CONFIGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("DiLoCo H=100, int8", "diloco", {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter"}),
+    ("Streaming DiLoCo H=100, P=4, τ=10, fp4", "streaming",
+     {"sync_every": H, "fragments": 4, "overlap": 10, "codec": "fp4", "codec_collective": "reduce_scatter"}),
+    ("SparseLoCo H=30, 0.78 %, 2-bit", "sparseloco", {"sync_every": 30}),
+    ("SparseLoCo H=100, 0.78 %, 2-bit", "sparseloco", {"sync_every": H}),
+    ("SparseLoCo H=30, 3 %, 2-bit", "sparseloco", {"sync_every": 30, "density": 0.03}),
 )
 
 
@@ -107,4 +127,23 @@ def table() -> str:
         cells = [f"{utilization_pct(predicted(t, strategy, options)):.1f} %" for t in topologies]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("| reported (INTELLECT-1) | " + " | ".join(f"{r.utilization_pct} %" for r in REGIONS) + " |")
+    return "\n".join(lines + ["", large_table()])
+
+
+def large_table() -> str:
+    """The 72B setting (`LARGE_CONFIGS`): compute utilization, exposed share and bytes per worker per
+    outer round, predicted (Markdown)."""
+    topology = Topology(sites=LARGE_WORKERS, intra_link=LARGE_LINK, inter_link=LARGE_LINK,
+                        name="20 x 500 Mbit/s", worker_link=NVLINK)
+    step_s = flops_step_s(LARGE_PARAMS, flops=FLOPS_PER_ACCELERATOR["bf16"])
+    size = of_params(LARGE_PARAMS)
+    lines = [f"A 72B model on {LARGE_WORKERS} workers of {GPUS_PER_NODE} GPUs (FSDP2 inside), each behind 500 Mbit/s "
+             f"at 100 ms RTT, {step_s:.1f} s per inner step (the FLOPs rule in bf16): predicted, not reported.", "",
+             "| configuration | compute utilization | exposed communication | bytes per worker per step |",
+             "|---|---|---|---|"]
+    for label, strategy, options in LARGE_CONFIGS:
+        p = predict(setting(strategy, options, size, LARGE_WORKERS, topology, step_s,
+                            ranks_per_worker=GPUS_PER_NODE, inside="fsdp"))
+        lines.append(f"| {label} | {utilization_pct(p):.1f} % | {p.exposed_pct:.1f} % | "
+                     f"{p.bytes_per_step / 1e6:.3g} MB |")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """What each table of docs/results.md trains and asks: its cells, metrics, questions, and the paper's
 claim, the review's objection and what the run cannot show at this scale (CPDP arXiv:2607.21224, CoCoDC
-arXiv:2504.17672)."""
+arXiv:2504.17672; SparseLoCo arXiv:2508.15706 and DeMo arXiv:2411.19870 on the demo's workload)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,6 +8,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ..runner import grid
+from ..runner.demo import SETTINGS as DEMO_SETTINGS, demo_values
 from .. import presets
 from ..errors import ConfigError
 
@@ -60,6 +61,8 @@ class Table:
     flags: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # changed from the preset
     reads: str = ""                        # no runs of its own: it reads this table's runs
     extra: str = ""                        # an extra computed part: "profile" | "lam" | "sequence"
+    paper: str = ""                        # the claim's arXiv id (default: CPDP's for vision, CoCoDC's for LM)
+    own_target: bool = False               # an LM table's target from its own runs (another workload's)
 
 
 def _from_preset(name: str, flags: Mapping[str, Any], strategies: tuple[str, ...] = ()
@@ -249,6 +252,61 @@ TABLES: tuple[Table, ...] = (
           COCODC_CANNOT),
 )
 TARGET_TABLE = "cocodc-main"      # the LM tables' target loss comes from this table's runs
+
+# ---- sparse pseudo-gradients against the dense frontier, on the demo's workload -----------------------
+SPARSE_CELLS: tuple[dict[str, Any], ...] = (
+    {"strategy": "diloco", **DEMO_SETTINGS["diloco"]},
+    {"strategy": "diloco", **DEMO_SETTINGS["diloco"], "codec": "int8"},
+    {"strategy": "streaming", **DEMO_SETTINGS["streaming"], "codec": "int8"},
+    {"strategy": "cocodc", **DEMO_SETTINGS["cocodc"]},
+    {"strategy": "sparseloco", **DEMO_SETTINGS["sparseloco"]},
+    {"strategy": "demo", **DEMO_SETTINGS["demo"]},
+)
+SPARSE_ALL = {"strategy": "sparseloco", **DEMO_SETTINGS["sparseloco"], "aggregate": "all"}   # Σ/M, not the chosen mean
+
+
+def _cell(c: dict[str, Any]) -> str:
+    return label(c["strategy"], **{k: v for k, v in c.items() if k != "strategy"})
+
+
+SPARSE_METRICS = ("loss_at_equal_time", "final_loss", "time_to_target", "bytes_sent", "exposed_pct")
+SPARSELOCO, DEMO, DILOCO, DILOCO_INT8, STREAMING_INT8 = (_cell(SPARSE_CELLS[i]) for i in (4, 5, 0, 1, 2))
+
+
+def _sparse_questions(aggregate: bool) -> tuple[Question, ...]:
+    qs = (Question("SparseLoCo against DiLoCo at equal wall clock", "loss_at_equal_time", SPARSELOCO, DILOCO),
+          Question("SparseLoCo against DiLoCo with int8, wall clock to the target", "time_to_target", SPARSELOCO,
+                   DILOCO_INT8),
+          Question("SparseLoCo against Streaming DiLoCo with int8, wall clock to the target", "time_to_target",
+                   SPARSELOCO, STREAMING_INT8),
+          Question("DeMo against DiLoCo at equal wall clock", "loss_at_equal_time", DEMO, DILOCO),
+          Question("which has the lowest validation loss at equal wall clock?", "loss_at_equal_time", ""),
+          Question("which reaches the target first?", "time_to_target", ""))
+    if aggregate:
+        qs += (Question("SparseLoCo's chosen mean against the sum over every worker / M, final validation loss",
+                        "final_loss", SPARSELOCO, _cell(SPARSE_ALL)),)
+    return qs
+
+
+SPARSE_CLAIM = ("SparseLoCo, sending each chunk's largest values (1-3 % of them) in 2 bits with error feedback in "
+                "place of outer momentum, reaches a lower loss than full-precision DiLoCo at a small fraction of its "
+                "bytes; DeMo (arXiv:2411.19870) matches AdamW with all-reduce while sending up to 85x less.")
+SPARSE_OBJECTION = ("both compare at equal steps on large models over datacenter links; on a slow link the question "
+                    "is wall clock: a sparse all-gather's bytes grow with the workers, and DeMo's exchange at every "
+                    "step pays the link's round trip at every step.")
+SPARSE_CANNOT = ("the tiny LM (1.8M parameters) for 300 steps on 2 workers gives SparseLoCo 30 outer rounds where "
+                 "the paper runs thousands, so its error feedback has little time to pay back; two workers cannot show "
+                 "how the all-gather's bytes grow with M (benchmarks/README.md has that table); the link is emulated")
+SPARSE_TABLES: tuple[Table, ...] = (
+    Table("sparse-demo", "Sparse pseudo-gradients against the dense frontier: the demo's workload", "lm",
+          MappingProxyType(demo_values()), SPARSE_CELLS + (SPARSE_ALL,), SPARSE_METRICS, _sparse_questions(True),
+          SPARSE_CLAIM, SPARSE_OBJECTION, SPARSE_CANNOT, paper="2508.15706", own_target=True),
+    Table("sparse-continent", "Sparse pseudo-gradients across continents (200 ms, 200 Mbit/s)", "lm",
+          MappingProxyType({**demo_values(), "wan": "cross-continent"}), SPARSE_CELLS, SPARSE_METRICS,
+          _sparse_questions(False), SPARSE_CLAIM, SPARSE_OBJECTION, SPARSE_CANNOT, paper="2508.15706",
+          own_target=True),
+)
+TABLES = TABLES + SPARSE_TABLES
 
 
 def get(names: Sequence[str]) -> list[Table]:

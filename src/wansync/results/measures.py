@@ -11,8 +11,9 @@ from ..analysis.report import exposed_pct, group
 from ..analysis.run_dirs import ReportError, find_runs
 from ..analysis.runs import Run, SettingRuns, number
 from ..analysis.stats import Interval, interval
+from ..analysis.verdict import equal_time, value_at
 from ..rundir.target import Target, first_reached
-from .catalog import TABLES, TARGET_TABLE
+from .catalog import TABLES, TARGET_TABLE, Table
 
 
 def sync_events(run: Run) -> list[dict[str, Any]]:
@@ -42,25 +43,37 @@ def longest_repeat(sequence: Sequence[int]) -> int:
 
 
 @dataclass(frozen=True)
+class Context:
+    """What a table's metrics are read against: its target, and the clock of "at equal wall clock"
+    (`analysis.verdict.equal_time`: when its fastest setting's last evaluation happened)."""
+    target: Target | None = None
+    equal_time_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Metric:
     header: str
     higher_is_better: bool
-    value: Callable[[Run, Target | None], float | None]
+    value: Callable[[Run, Context], float | None]
 
 
-def _to_target(index: int) -> Callable[[Run, Target | None], float | None]:
-    def f(run: Run, target: Target | None) -> float | None:
-        hit = first_reached(run.evals, target) if target is not None else None
+def _to_target(index: int) -> Callable[[Run, Context], float | None]:
+    def f(run: Run, ctx: Context) -> float | None:
+        hit = first_reached(run.evals, ctx.target) if ctx.target is not None else None
         return None if hit is None or hit[index] is None else float(hit[index])
     return f
 
 
-def _lam(run: Run, _: Target | None) -> float | None:
+def _at_equal_time(run: Run, ctx: Context) -> float | None:
+    return value_at(run.evals, "val_loss", ctx.equal_time_s) if ctx.equal_time_s is not None else None
+
+
+def _lam(run: Run, _: Context) -> float | None:
     vals = [v for e in sync_events(run) if (v := number(e.get("lam_term_rel"))) is not None]
     return sum(vals) / len(vals) if vals else None
 
 
-def _repeat(run: Run, _: Target | None) -> float | None:
+def _repeat(run: Run, _: Context) -> float | None:
     seq = [int(e["fragment"]) for e in sync_events(run) if "fragment" in e]
     return float(longest_repeat(seq)) if seq else None
 
@@ -70,6 +83,9 @@ METRICS: Mapping[str, Metric] = MappingProxyType({
     "wall_clock_s": Metric("wall clock (s)", False, lambda r, _: number(r.summary.get("wall_clock_s"))),
     "exposed_pct": Metric("exposed comm %", False, lambda r, _: exposed_pct(r)),
     "final_loss": Metric("final val loss", False, lambda r, _: number(r.summary.get("final_val_loss"))),
+    "loss_at_equal_time": Metric("val loss at equal wall clock", False, _at_equal_time),
+    "bytes_sent": Metric("MB sent per worker", False,
+                         lambda r, _: None if (b := number(r.summary.get("bytes_sent"))) is None else b / 1e6),
     "steps_to_target": Metric("steps to target", False, _to_target(0)),
     "time_to_target": Metric("wall clock to target (s)", False, _to_target(1)),
     "lam_term_rel": Metric("‖λ term‖ / ‖g‖ (mean over merges)", False, _lam),
@@ -85,6 +101,21 @@ def load(root: Path, name: str) -> list[SettingRuns]:
         return []
 
 
+def table_context(t: Table, root: Path, shared_target: float | None) -> tuple[Context, float | None, str]:
+    """The context of table `t`'s metrics, its target loss and where that came from: an LM table's the
+    shared one (`lm_target`), or with `own_target` the highest final validation loss among its own
+    runs (its workload is another's); a vision table has none."""
+    settings = load(root, t.reads or t.name)
+    loss, source = None, ""
+    if t.kind == "lm" and t.own_target:
+        finals = [v for s in settings for r in s.ok_runs if (v := number(r.summary.get("final_val_loss"))) is not None]
+        loss, source = (max(finals) if finals else None), f"the runs of {t.name}"
+    elif t.kind == "lm":
+        loss, source = shared_target, lm_target_source(root)
+    target = Target("val_loss", loss, False, "") if loss is not None else None
+    return Context(target, equal_time(settings) if settings else None), loss, source
+
+
 def lm_target(root: Path) -> float | None:
     """The LM tables' target: the highest final validation loss among TARGET_TABLE's runs, so that every
     one of them reaches it by its last evaluation. Before those runs exist (a table trained on its own,
@@ -96,7 +127,7 @@ def lm_target(root: Path) -> float | None:
     first = finals([TARGET_TABLE])
     if first:
         return max(first)
-    rest = finals([t.name for t in TABLES if t.kind == "lm" and not t.reads])
+    rest = finals([t.name for t in TABLES if t.kind == "lm" and not t.reads and not t.own_target])
     return max(rest) if rest else None
 
 
@@ -106,8 +137,8 @@ def lm_target_source(root: Path) -> str:
     return f"the runs of {TARGET_TABLE}" if has_runs else "the LM runs on disk (cocodc-main has none yet)"
 
 
-def cell_interval(setting: SettingRuns, metric: str, target: Target | None) -> tuple[Interval | None, int, int]:
+def cell_interval(setting: SettingRuns, metric: str, ctx: Context) -> tuple[Interval | None, int, int]:
     """(interval over the seeds that have a value, seeds with a value, seeds run)."""
     m = METRICS[metric]
-    vals = [v for r in setting.ok_runs if (v := m.value(r, target)) is not None]
+    vals = [v for r in setting.ok_runs if (v := m.value(r, ctx)) is not None]
     return interval(vals), len(vals), len(setting.runs)

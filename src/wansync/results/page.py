@@ -15,8 +15,7 @@ from ..runner import experiments
 from .. import presets
 from ..analysis.runs import Run, SettingRuns, number
 from ..analysis.stats import ALPHA, Interval, compare_in_words, interval, p_text, welch_p
-from ..rundir.target import Target
-from .measures import METRICS, cell_interval, lm_target, lm_target_source, load, longest_repeat, sync_events
+from .measures import METRICS, Context, cell_interval, lm_target, load, longest_repeat, sync_events, table_context
 from .runs import command, equivalent_compare, table_runs, run_cost
 from .catalog import CPDP_EPOCH, CPDP_EPOCH_1024, LM_H, LM_STEPS, SEEDS, Question, Table, label
 
@@ -39,13 +38,13 @@ def _lead(text: str) -> str:
     return text if text.endswith("?") else text + ":"
 
 
-def answer(q: Question, settings: Sequence[SettingRuns], target: Target | None) -> str:
+def answer(q: Question, settings: Sequence[SettingRuns], ctx: Context) -> str:
     """One computed line for question `q`: the intervals over seeds, Welch's test deciding."""
     m = METRICS[q.metric]
     by = {s.label: s for s in settings}
     full = {}
     for s in settings:
-        iv, have, ran = cell_interval(s, q.metric, target)
+        iv, have, ran = cell_interval(s, q.metric, ctx)
         if iv is not None and have == ran:
             full[s.label] = iv
     if not q.b:
@@ -85,12 +84,12 @@ def _setup(t: Table, specs: Sequence[experiments.RunSpec], seeds: int) -> str:
     return text + "."
 
 
-def _table_lines(t: Table, settings: Sequence[SettingRuns], target: Target | None) -> list[str]:
+def _table_lines(t: Table, settings: Sequence[SettingRuns], ctx: Context) -> list[str]:
     heads = [METRICS[m].header for m in t.metrics]
     lines = ["| setting | seeds | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
     for s in settings:
-        cells = ["– (no target yet)" if target is None and m.endswith("target") else
-                 _cell_text(*cell_interval(s, m, target), m) for m in t.metrics]
+        cells = ["– (no target yet)" if ctx.target is None and m.endswith("target") else
+                 _cell_text(*cell_interval(s, m, ctx), m) for m in t.metrics]
         lines.append(f"| {s.label} | {len(s.ok_runs)}/{len(s.runs)} | " + " | ".join(cells) + " |")
     return lines
 
@@ -135,7 +134,7 @@ def lam_lines(settings: Sequence[SettingRuns]) -> list[str]:
     taylor = [s for s in settings if any(e.get("merge") == "taylor" for r in s.ok_runs[:1] for e in sync_events(r))]
     out = []
     for s in taylor:
-        iv, have, ran = cell_interval(s, "lam_term_rel", None)
+        iv, have, ran = cell_interval(s, "lam_term_rel", Context())
         if iv is not None:
             out.append(f"- {s.label}: ‖λ·g⊙g⊙D‖ / ‖g‖ = {iv.text(3)} (mean over its merges, {have}/{ran} seeds): "
                        f"the λ term is {'negligible (< 1%)' if iv.high < 0.01 else 'not negligible'} next to the "
@@ -170,7 +169,7 @@ def table_section(t: Table, root: Path, seeds: int, specs: Sequence[experiments.
     if t.reads:
         wanted = {label(c["strategy"], **{k: v for k, v in c.items() if k != "strategy"}) for c in t.cells}
         settings = [s for s in settings if s.label in wanted]
-    target = Target("val_loss", target_loss, False, "") if t.kind == "lm" and target_loss is not None else None
+    ctx, target_loss, source = table_context(t, root, target_loss)
     n_ok = sum(len(s.ok_runs) for s in settings)
     lines = [f"### {t.name}: {t.title}", "", "```", command(t, root, seeds), "```", ""]
     if eq := equivalent_compare(t, root, seeds):
@@ -178,21 +177,25 @@ def table_section(t: Table, root: Path, seeds: int, specs: Sequence[experiments.
     lines += [_setup(t, specs, seeds), ""]
     if t.kind == "lm":
         lines += [(f"Target: validation loss ≤ {target_loss:.4f} (perplexity {math.exp(target_loss):.2f}), the "
-                   f"highest final validation loss among {lm_target_source(root)}, so every one of them reaches it."
-                   if target_loss is not None else "Target: not set yet (it comes from cocodc-main's runs)."), ""]
+                   f"highest final validation loss among {source}, so every one of them reaches it."
+                   if target_loss is not None else f"Target: not set yet (it comes from {source or 'the runs'})."), ""]
+    if "loss_at_equal_time" in t.metrics and ctx.equal_time_s is not None:
+        lines += [f"At equal wall clock: the validation loss of each run's last evaluation by {ctx.equal_time_s:.0f} s "
+                  f"of training, when the fastest setting's last evaluation happened (mean over its seeds).", ""]
     if not settings:
         lines += ["Not run yet: the command above runs it.", ""]
     elif t.extra == "profile":
         lines += profile_lines(settings) + [""]
     else:
-        lines += _table_lines(t, settings, target) + [""]
+        lines += _table_lines(t, settings, ctx) + [""]
     if t.extra == "lam":
         lines += lam_lines(settings) + [""]
     if t.extra == "sequence":
         lines += ["Fragment sequences (the order in which fragments were merged):", ""] + \
             sequence_lines(settings) + [""]
-    shows = [answer(q, settings, target) for q in t.questions] if settings else []
-    lines += [f"**The paper** (arXiv:{'2607.21224' if t.kind == 'vision' else '2504.17672'}) claims: {t.claim} "
+    shows = [answer(q, settings, ctx) for q in t.questions] if settings else []
+    paper = t.paper or ("2607.21224" if t.kind == "vision" else "2504.17672")
+    lines += [f"**The paper** (arXiv:{paper}) claims: {t.claim} "
               f"**The review** objects: {t.objection} "
               f"**This run shows** ({n_ok} finished runs): " + (" ".join(shows) if shows else
                                                                  ("see the table above." if settings else "nothing yet."))

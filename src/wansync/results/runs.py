@@ -15,7 +15,7 @@ from .. import presets
 from ..config import fingerprint
 from ..analysis.report import report
 from ..strategies import resolve_options
-from .measures import lm_target
+from .measures import lm_target, table_context
 from .catalog import SEEDS, Table, label
 
 # Cost of one run on 2 idle cores, for sizing and the dry run's estimate: (fixed seconds: 4 worker
@@ -128,9 +128,11 @@ def run_tables(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: i
             experiments.write_experiment(out, specs)
             log(f"== {t.name}: {len(specs)} runs in {out}")
             outcomes += _train_table(specs, done, force, log)
-            if t.kind == "lm":
+            if t.kind == "lm" and not t.own_target:
                 target = target if target is not None else lm_target(root)
-            report(out, target_loss=target if t.kind == "lm" else None, record_targets=True, force=force)
+            own = table_context(t, root, None)[1] if t.own_target else None
+            report(out, target_loss=own if t.own_target else target if t.kind == "lm" else None, record_targets=True,
+                   force=force)
     return outcomes
 
 

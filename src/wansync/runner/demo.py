@@ -20,7 +20,8 @@ WORKERS = 2
 # Per strategy, settings from its paper's working regime, scaled to a 300-step run: averaging every
 # 25 steps for the plain periodic methods, CPDP at the paper's K = 4, the outer-Nesterov methods at
 # H = 50 (the guard wants >= 25 steps between two outer steps on the same parameters; cocodc may sync
-# a fragment twice per period), two fragments with an overlap of 5 steps for the streaming ones.
+# a fragment twice per period), two fragments with an overlap of 5 steps for the streaming ones;
+# SparseLoCo at H = 10 (30 rounds: its error feedback pays back over many), DeMo at its defaults.
 SETTINGS = MappingProxyType({
     "ddp": {},
     "local_sgd": {"sync_every": 25},
@@ -30,15 +31,22 @@ SETTINGS = MappingProxyType({
     "diloco": {"sync_every": 50},
     "streaming": {"sync_every": 50, "fragments": 2, "overlap": 5},
     "cocodc": {"sync_every": 50, "fragments": 2, "overlap": 5},
+    "sparseloco": {"sync_every": 10},        # many rounds: its error feedback sends a little every time
+    "demo": {},
 })
+STEPS = 300
+
+
+def demo_values(steps: int = STEPS) -> dict:
+    """The demo's workload: what every strategy trains on (the results page's sparse tables too)."""
+    return {"model": "tiny", "workers": WORKERS, "batch_size": 8, "seq_len": 64, "threads": 1, "steps": steps,
+            "eval_every": max(1, steps // 12), "eval_batches": 4, "warmup_steps": min(20, steps // 5), "wan": WAN}
 
 
 def demo_config(steps: int, out: str) -> Config:
     if steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
-    return build_config(overrides={"model": "tiny", "workers": WORKERS, "batch_size": 8, "seq_len": 64, "threads": 1,
-                                   "steps": steps, "eval_every": max(1, steps // 12), "eval_batches": 4,
-                                   "warmup_steps": min(20, steps // 5), "wan": WAN, "out": out})
+    return build_config(overrides={**demo_values(steps), "out": out})
 
 
 def demo_cells(strategies: list[str]) -> list[dict]:

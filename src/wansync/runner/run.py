@@ -110,6 +110,8 @@ def check_run(cfg: Config) -> dict[str, Any]:
     check_precision(cfg.precision, "cuda" if cfg.backend == "nccl" else "cpu")
     if "fragments" in options and not is_factory(cfg.data):       # a workload of the user's: its own model
         check_fragments(cfg.model, options["fragments"], options.get("partition", "strided"))
+    if "chunk" in options and not is_factory(cfg.data):
+        check_chunks(cfg.strategy, options, cfg.model)
     check_data_path(cfg)
     if cfg.data.startswith("hf:") and importlib.util.find_spec("datasets") is None:
         raise ConfigError(f"{cfg.data!r} needs the datasets package: install wansync[hf]")
@@ -127,6 +129,17 @@ def check_local_launch(cfg: Config) -> None:
     if world > limit:
         raise ConfigError(f"--workers {cfg.workers} x --ranks-per-worker {cfg.ranks_per_worker} would start {world} "
                           f"processes on this machine (at most {limit} here); start more under torchrun across hosts")
+
+
+def check_chunks(strategy: str, options: dict[str, Any], model: str) -> None:
+    """A sparse exchange's chunk that cuts no tensor of the model fails here, in one line, before any
+    worker starts: the strategy's own payload (`wire_codec`) of the model built on the meta device."""
+    from ..strategies import make_options, strategy_class
+    from ..workloads import meta_model
+    on_meta = meta_model(model)
+    if on_meta is not None:
+        strategy_class(strategy).wire_codec(make_options(strategy, **options),
+                                            [p.shape for p in on_meta.parameters() if p.requires_grad])
 
 
 def check_fragments(model: str, fragments: int, mode: str) -> None:
