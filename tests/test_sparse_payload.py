@@ -14,6 +14,7 @@ from wansync.comm.dct import BlockDCT, dct_matrix
 from wansync.comm.quantize import BITS, dequantize, quantize, table_bytes
 from wansync.comm.sparse import SparseCodec
 from wansync.comm.topk import chunk_topk, kept_per_chunk
+from sparse_reference import quantize as reference_quantize
 
 SHAPES = [(256, 64), (64,), (192, 64), (64, 160), (7,), (3, 5, 4), (), (0, 8)]
 
@@ -121,24 +122,6 @@ def test_packed_bits_are_laid_least_significant_first():
     assert pack(torch.tensor([0xABC, 0x123]), 12).tolist() == [0xBC, 0x3A, 0x12]
 
 
-def _reference_quantize(v: torch.Tensor, bits: int, rng: float = 6.0) -> torch.Tensor:
-    """The reference code's quantizer written out for one segment (statistics in float64)."""
-    bins = 2 ** bits
-    v = v.double()
-    shift = v.mean()
-    c = v - shift
-    std = c.norm() / math.sqrt(c.numel() - 1) if c.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
-    scale = rng * std / bins
-    if scale == 0 or not torch.isfinite(scale):
-        scale = torch.tensor(1.0, dtype=torch.float64)
-    codes = (c / scale + bins // 2).round().clamp(0, bins - 1).long()
-    table = torch.zeros(bins, dtype=torch.float64)
-    for b in range(bins):
-        if (codes == b).any():
-            table[b] = c[codes == b].mean()
-    return table.float()[codes] + shift.float()
-
-
 @pytest.mark.parametrize("bits", BITS)
 def test_the_quantizer_is_the_reference_rule_per_segment(bits):
     g = torch.Generator().manual_seed(bits)
@@ -146,8 +129,8 @@ def test_the_quantizer_is_the_reference_rule_per_segment(bits):
     segment = torch.cat([torch.zeros(50), torch.ones(7), torch.full((1,), 2.0)]).long()
     q = quantize(values, segment, 3, bits)
     decoded = dequantize(q.codes, segment, q.shift, q.table)
-    expected = torch.cat([_reference_quantize(values[:50], bits), _reference_quantize(values[50:57], bits),
-                          _reference_quantize(values[57:], bits)])
+    expected = torch.cat([reference_quantize(values[:50], bits), reference_quantize(values[50:57], bits),
+                          reference_quantize(values[57:], bits)])
     torch.testing.assert_close(decoded, expected, rtol=0, atol=1e-6)
     assert q.codes.dtype == torch.uint8 and int(q.codes.max()) < 2 ** bits
     assert decoded[-1] == 2.5                                  # one value: decoded exactly

@@ -265,3 +265,25 @@ def test_a_healed_worker_takes_its_peers_anchor_and_starts_with_a_zero_error_buf
     out = run_ranks(heal, 1, timeout=60)[0]
     assert "error" not in out["keys"] and "anchor" in out["keys"]
     assert out["source_error"] > 0 and out["healed_error"] == 0 and out["anchor"]
+
+
+def bytes_per_round(rank: int, world: int) -> dict:
+    """What a rank puts on the wire for one exchange of the micro LM's pseudo-gradients: SparseLoCo's
+    sparse all-gather at its published density and 2 bits, DiLoCo's fp32 ring all-reduce."""
+    from wansync.comm.exchange import Exchange
+    from wansync.planner.sizes import of_name
+    from wansync.strategies import make_options, strategy_class
+    shapes = of_name("micro").shapes
+    codec = strategy_class("sparseloco").wire_codec(make_options("sparseloco"), shapes)
+    out = {}
+    for name, c in (("sparse", codec), ("fp32", "fp32")):
+        exchange = Exchange()
+        buf = torch.randn(codec.layout.numel, generator=torch.Generator().manual_seed(rank))
+        exchange.mean(buf, "pseudo_grads", c, inplace=True, residual=torch.zeros_like(buf) if c != "fp32" else None)
+        out[name] = exchange.ledger.snapshot()["pseudo_grads"]["sent"]
+    return out
+
+
+def test_sparseloco_sends_under_a_fiftieth_of_fp32_diloco_per_rank_per_round_at_two_workers():
+    for out in run_ranks(bytes_per_round, 2, timeout=60):
+        assert out["sparse"] * 50 <= out["fp32"], out

@@ -92,6 +92,7 @@ from .mean_cost import lossy_path, mean_collectives, mean_seconds
 from .norms import all_finite, exact_sq_norm, finite_norm
 from .payload import Payload, Sent, contributors
 from .replicas import Replicas
+from .sparse import is_sparse
 from .sparse_mean import sparse_mean
 from .worker_shards import WorkerShards
 
@@ -251,14 +252,14 @@ class Exchange:
                 return self._quorum_mean(self.worker.mean(payload))
             return self._all_reduce(payload, None, dist.get_world_size())
         part = self.worker.shard(payload) if self.worker.splits(payload) else payload
-        if self.quorum is not None and getattr(part.codec, "sparse", False):      # every payload, flagged
+        if self.quorum is not None and is_sparse(part.codec):      # every payload, flagged
             return sparse_mean(dataclasses.replace(part, weighted=True), None, self.quorum.participants or 1,
                                gather=lambda wire: (self.quorum.gather(wire), None), blocked=True)
         if self.quorum is not None:
             return self._quorum_mean(part)
         if part.codec.name == "fp32":
             return self._all_reduce(part)
-        if getattr(part.codec, "sparse", False):
+        if is_sparse(part.codec):
             return sparse_mean(part, self.group, self.world_size)
         if part.collective == "allgather":
             return all_gather_mean(part, self.group, self.world_size)

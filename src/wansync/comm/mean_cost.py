@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..net import Topology, exchange_seconds
 from .codecs import Codec, get_codec
+from .sparse import is_sparse
 
 LOSSY_COLLECTIVES = ("auto", "allgather", "reduce_scatter")
 
@@ -50,6 +51,15 @@ def mean_collectives(numel: int, codec: str | Codec, collective: str, workers: i
     chunk = codec.wire_bytes(-(-numel // m))
     piece = chunk + side
     return [Collective("alltoall", m * piece, (m - 1) * piece), Collective("allgather", m * chunk, (m - 1) * chunk)]
+
+
+def sparse_crossing(sparse: Codec, numel: int, dense: str | Codec) -> float:
+    """The number of workers below which a sparse payload's all-gather puts fewer bytes per rank on the
+    wire than a dense mean of the same `numel` values in `dense` (fp32: the ring all-reduce; a lossy
+    codec: the reduce-scatter): (M − 1)·w_sparse < 2(M − 1)/M·w_dense, i.e. M < 2·w_dense / w_sparse."""
+    dense = get_codec(dense)
+    w_dense = 4 * numel if dense.name == "fp32" else dense.wire_bytes(numel)
+    return 2 * w_dense / max(1, sparse.wire_bytes(numel))
 
 
 def mean_seconds(numel: int, codec: str | Codec, topology: Topology, workers: int, ranks_per_worker: int = 1,
@@ -84,7 +94,7 @@ def lossy_path(codec: str | Codec, choice: str, workers: int, numel: int = 0, to
     reduce-scatter. Ties go to the reduce-scatter (fewer bytes)."""
     if choice not in LOSSY_COLLECTIVES:
         raise ConfigError(f"codec_collective must be one of {', '.join(LOSSY_COLLECTIVES)}, got {choice!r}")
-    if getattr(codec, "sparse", False):          # a sparse payload: only ever all-gathered (`comm.sparse_mean`)
+    if is_sparse(codec):          # a sparse payload: only ever all-gathered (`comm.sparse_mean`)
         return "allgather"
     if get_codec(codec).name == "fp32" or choice != "auto":
         return choice

@@ -62,6 +62,11 @@ def batches(chunks: int, size: int, k: int, bit_widths: tuple[int, ...]) -> tupl
     return tuple((a, min(a + per, chunks)) for a in range(0, chunks, per))
 
 
+def is_sparse(codec: Any) -> bool:
+    """Is this what an exchange sends a sparse payload (`SparseCodec`), not a dense codec's?"""
+    return isinstance(codec, SparseCodec)
+
+
 @dataclass(frozen=True)
 class Section:
     """One group's part of a payload: its chunks' k, and where its bytes lie."""
@@ -144,8 +149,19 @@ class SparseCodec:
         return -(-whole * numel // self.layout.numel)
 
     def restrict(self, start: int, stop: int) -> "SparseCodec":
-        """The payload of the values [start, stop) only (a worker's rank's shard, `ChunkLayout.bounds`)."""
-        return dataclasses.replace(self, layout=self.layout.restrict(start, stop))
+        """The payload of the values [start, stop) only (a worker's rank's shard, `ChunkLayout.bounds`),
+        made once per shard: an exchange asks for the same one every time."""
+        made: dict[tuple[int, int], SparseCodec] = self.__dict__.setdefault("_restricted", {})
+        if (start, stop) not in made:
+            made[(start, stop)] = dataclasses.replace(self, layout=self.layout.restrict(start, stop))
+        return made[(start, stop)]
+
+    def bounds(self, parts: int) -> list[int]:
+        """`ChunkLayout.bounds`, made once per number of parts."""
+        made: dict[int, list[int]] = self.__dict__.setdefault("_bounds", {})
+        if parts not in made:
+            made[parts] = self.layout.bounds(parts)
+        return made[parts]
 
     def _dct(self, s: Section, device: torch.device) -> BlockDCT:
         cache: dict[Any, BlockDCT] = self.__dict__.setdefault("_dcts", {})

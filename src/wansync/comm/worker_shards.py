@@ -23,6 +23,7 @@ import torch.distributed as dist
 from .ledger import INSIDE, CommLedger
 from .payload import Payload
 from .replicas import Replicas
+from .sparse import is_sparse
 
 
 class WorkerShards:
@@ -73,8 +74,8 @@ class WorkerShards:
         """Where the R shards of the payload's values start (and the last ends): near-equal, none
         empty; a sparse payload's cut at whole rows of its chunks (`ChunkLayout.bounds`)."""
         r = self.replicas.ranks_per_worker
-        if getattr(payload.codec, "sparse", False):
-            return payload.codec.layout.bounds(r)
+        if is_sparse(payload.codec):
+            return payload.codec.bounds(r)
         q, rem = divmod(payload.buf.numel() - payload.extra, r)
         return [i * q + min(i, rem) for i in range(r + 1)]
 
@@ -88,7 +89,7 @@ class WorkerShards:
         a, b = bounds[r], bounds[r + 1]
         shard = flat[a:] if self._last else flat[a:b]
         residual = None if payload.residual is None else payload.residual.view(-1)[a:b]
-        codec = payload.codec.restrict(a, b) if getattr(payload.codec, "sparse", False) else payload.codec
+        codec = payload.codec.restrict(a, b) if is_sparse(payload.codec) else payload.codec
         return dataclasses.replace(payload, buf=shard, extra=payload.extra if self._last else 0, dest=None,
                                    residual=residual, codec=codec)
 

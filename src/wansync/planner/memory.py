@@ -79,6 +79,7 @@ from typing import Any, Sequence
 
 from ..comm.codecs import BLOCK_VALUES, get_codec
 from ..comm.mean_cost import lossy_path
+from ..comm.sparse import is_sparse
 from ..errors import ConfigError
 from ..strategies import make_options, strategy_class
 from ..strategies.periodic import DRIFT_SIDE_BAND, Periodic
@@ -212,14 +213,12 @@ def _sparse(s: Any) -> Any:
     """The sparse payload of a strategy whose exchange is sparse (SparseLoCo, DeMo), else None: the
     layout of rank 0's own tensors (its FSDP2 chunks when sharded inside)."""
     cls = strategy_class(s.strategy)
-    if cls.wire_codec is strategy_class("ddp").wire_codec:
-        return None
     opts = make_options(s.strategy, **s.options)
     r = s.ranks_per_worker if s.inside == "fsdp" else 1
     shapes = [(math.ceil(sh[0] / r), *sh[1:]) if len(sh) > 1 else (math.ceil(sh[0] / r),) if sh else sh
               for sh in (s.size.shapes or [(n,) for n in s.size.grad_numels])]
     codec = cls.wire_codec(opts, shapes)
-    return codec if getattr(codec, "sparse", False) else None
+    return codec if is_sparse(codec) else None
 
 
 def sparse_state_bytes(codec: Any) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ..comm.codecs import get_codec
 from ..comm.mean_cost import lossy_path, mean_collectives
+from ..comm.sparse import is_sparse
 from ..net import Topology
 from ..strategies import strategy_class, timetable
 from ..strategies.fragment_timetable import FragmentTimetable
@@ -84,7 +85,7 @@ def mean_transfers(step: int, purpose: str, numel: int, opts: Any, workers: int,
     or sparse all-gather, or a lossy all-to-all then all-gather); the first carries the payload the
     ledger books. `path_of`: the lossy path (`lossy_paths`; by default without a link model)."""
     codec = get_codec(codec if codec is not None else getattr(opts, "codec", "fp32"))
-    path = "allgather" if getattr(codec, "sparse", False) else (path_of or lossy_paths(opts, workers))(numel + extra)
+    path = "allgather" if is_sparse(codec) else (path_of or lossy_paths(opts, workers))(numel + extra)
     steps = mean_collectives(numel, codec, path, workers, extra)
     payload = 4 * numel if codec.name == "fp32" else codec.wire_bytes(numel)
     return [Transfer(step, purpose, c.op, c.nbytes, payload if i == 0 else 0, fragment, sent=c.sent)
@@ -127,7 +128,7 @@ def sparse_exchange(name: str, tt: Timetable, size: ModelSize) -> tuple[Any, str
     shard, which moves the bytes by a few per cent); None for the others."""
     cls = strategy_class(name)
     codec = cls.wire_codec(tt.opts, size.shapes or [(n,) for n in size.grad_numels])
-    return (codec, cls.exchange_purpose) if getattr(codec, "sparse", False) else None
+    return (codec, cls.exchange_purpose) if is_sparse(codec) else None
 
 
 IN_WORKER_CHUNKS = 8

@@ -47,6 +47,7 @@ def describe(p: Prediction, step_source: str, target_pct: float | None, capacity
     ]
     if p.syncs_per_period is not None:
         lines.append(f"fragment syncs per period N: {p.syncs_per_period}")
+    lines += sparse_lines(s)
     if target_pct is not None:
         h = recommend_h(s, target_pct)
         if "sync_every" not in s.options:
@@ -55,6 +56,21 @@ def describe(p: Prediction, step_source: str, target_pct: float | None, capacity
             lines.append(f"smallest H (sync_every) with exposed communication <= {target_pct:g} %: "
                          + (str(h) if h is not None else "none up to 5000"))
     return "\n".join(lines)
+
+
+def sparse_lines(s: Any) -> list[str]:
+    """A sparse exchange's payload and the workers up to which its all-gather beats a dense mean."""
+    from ..comm.mean_cost import sparse_crossing
+    from ..planner.schedule import planned_timetable, sparse_exchange
+    sparse = sparse_exchange(s.strategy, planned_timetable(s.strategy, s.options), s.size)
+    if sparse is None:
+        return []
+    codec, n = sparse[0], sparse[0].layout.numel
+    cross = {d: sparse_crossing(codec, n, d) for d in ("fp32", "int8", "fp4")}
+    return [f"sparse exchange: a payload of {human_bytes(codec.wire_bytes())} per worker ({100 * codec.wire_bytes() / (4 * n):.2g} % "
+            f"of fp32), all-gathered: each rank receives M - 1 = {s.workers - 1} of them; it moves fewer bytes than fp32's "
+            f"ring all-reduce while M < {cross['fp32']:.0f}, than int8's reduce-scatter while M < {cross['int8']:.0f}, "
+            f"fp4's while M < {cross['fp4']:.0f}"]
 
 
 def memory_lines(p: Prediction, capacity: float | None) -> list[str]:

@@ -23,6 +23,7 @@ from .. import strategies
 from ..ft.member import Member, quorum_for
 from ..comm.mean_cost import lossy_path, mean_seconds
 from ..comm.replicas import Replicas, place, replica_groups
+from ..comm.sparse import is_sparse
 from ..config import Config, fingerprint
 from ..rundir.divergence import chance_level
 from ..errors import ConfigError, NonFiniteError
@@ -252,7 +253,7 @@ def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], worl
     cls, r = strategies.strategy_class(cfg.strategy), cfg.ranks_per_worker
     codec = cls.wire_codec(strategies.make_options(cfg.strategy, **options),
                            [local_shard(p).shape for p in model.parameters() if p.requires_grad])
-    numel = codec.layout.numel if getattr(codec, "sparse", False) else exchange_numel(model, options)
+    numel = codec.layout.numel if is_sparse(codec) else exchange_numel(model, options)
     if cls.steps_inside_workers:
         shards = cfg.inside == "fsdp"
         path = lossy_path(codec, options.get("codec_collective", "auto"), world // r, numel, cfg.topology, r, shards)
