@@ -97,7 +97,6 @@ class SparseCodec:
     aggregate: str = "chosen"
 
     name: ClassVar[str] = "sparse"
-    sparse: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.aggregate not in AGGREGATES:

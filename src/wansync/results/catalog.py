@@ -282,6 +282,7 @@ def _sparse_questions(aggregate: bool) -> tuple[Question, ...]:
                    SPARSELOCO, STREAMING_INT8),
           Question("DeMo against DiLoCo at equal wall clock", "loss_at_equal_time", DEMO, DILOCO),
           Question("which has the lowest validation loss at equal wall clock?", "loss_at_equal_time", ""),
+          Question("which has the lowest final validation loss (equal steps)?", "final_loss", ""),
           Question("which reaches the target first?", "time_to_target", ""))
     if aggregate:
         qs += (Question("SparseLoCo's chosen mean against the sum over every worker / M, final validation loss",
