@@ -15,10 +15,11 @@ reduce-scatter 2(M − 1)/M·w_dense): M* = 2·w_dense / w_sparse, printed from 
 buffers, then the mean of the M payloads (decode, scatter-add in rank order, divide, back into the
 buffer's order), on a 100M-value transformer-shaped model (6 blocks of 1024-wide attention and a
 4096-wide SwiGLU, an embedding of 4096 x 1024), wansync's `SparseCodec` against the reference's steps
-written out per tensor (rearrange to blocks, `torch.topk(x.abs())`, gather, the statistical quantizer with
-its scatter-add tables, `scatter_reduce(..., "mean", include_self=False)` of a local and of the
-concatenated payloads, rearrange back; its indices int64 and its codes uint8, as the reference sends
-them). Best of `--reps`, M = 2 and 4, 2-bit and DCT (DeMo's float32 values); the ratio is wansync's time
+written out per tensor (rearrange to blocks, the 2-D DCT as its einsum of basis matrices,
+`torch.topk(x.abs())`, gather, the statistical quantizer with its scatter-add tables,
+`scatter_reduce(..., "mean", include_self=False)` of a local and of the concatenated payloads, rearrange
+back; its indices int64 and its codes uint8, as the reference sends them). With the DCT a third column
+runs the same steps with the DCT as two matrix products, wansync's way, to show what the einsum costs. Best of `--reps`, M = 2 and 4, 2-bit and DCT (DeMo's float32 values); the ratio is wansync's time
 over the peer's. Communication is not timed: the same all-gather for both.
 
     .venv/bin/python benchmarks/sparse_exchange.py --bytes [--workers 2,4,8]
@@ -148,12 +149,6 @@ def _side(n: int, chunk: int) -> int:
     return max(v for v in range(1, min(n, chunk) + 1) if n % v == 0)
 
 
-def _blocks(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
-    rows, cols = (1, x.shape[0]) if x.dim() == 1 else (x.shape[0], x.shape[1])
-    h, w = _side(rows, chunk), _side(cols, chunk)
-    return x.reshape(rows // h, h, cols // w, w).permute(0, 2, 1, 3).reshape(-1, h * w), (rows, cols, h, w)
-
-
 def _unblocks(c: torch.Tensor, dims: tuple[int, int, int, int], shape: torch.Size) -> torch.Tensor:
     rows, cols, h, w = dims
     return c.reshape(rows // h, cols // w, h, w).permute(0, 2, 1, 3).reshape(shape)
@@ -174,17 +169,33 @@ def _peer_quantize(val: torch.Tensor, bins: int, rng: float = 6.0) -> tuple[torc
     return codes, shift, torch.where(counts > 0, sums / counts, torch.zeros(()))
 
 
+def _peer_dct(c4: torch.Tensor, mats: dict[int, torch.Tensor], inverse: bool, einsum: bool) -> torch.Tensor:
+    """The 2-D DCT of (y, x, h, w) blocks as the reference code writes it: an einsum with the basis
+    matrices (`einsum`), or as two matrix products (wansync's way, for comparison)."""
+    dh, dw = mats[c4.shape[2]], mats[c4.shape[3]]
+    if einsum:     # the reference's index strings: its f = Dᵀ (forward), b = D (inverse)
+        return torch.einsum("...ijbd,bk,dl->...ijkl", c4, dh, dw) if inverse else \
+            torch.einsum("...ijkl,kb,ld->...ijbd", c4, dh.T, dw.T)
+    return dh.T @ c4 @ dw if inverse else dh @ c4 @ dw.T
+
+
 def peer_round(buffers: list[list[torch.Tensor]], errors: list[list[torch.Tensor]], k: int, bins: int | None,
-               dct: dict[int, torch.Tensor] | None, chunk: int = 64) -> list[torch.Tensor]:
+               mats: dict[int, torch.Tensor] | None, einsum: bool = True, chunk: int = 64) -> list[torch.Tensor]:
     """The reference's compress / decompress, per tensor: every worker's payload and residual, then
-    the mean of the M payloads."""
+    the mean of the M payloads (`mats`: the DCT's matrices, None without the DCT)."""
+    def blocks4(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
+        rows, cols = (1, x.shape[0]) if x.dim() == 1 else (x.shape[0], x.shape[1])
+        h, w = _side(rows, chunk), _side(cols, chunk)
+        return x.reshape(rows // h, h, cols // w, w).permute(0, 2, 1, 3), (rows, cols, h, w)    # a view
+
     payloads = []
     for bufs, errs in zip(buffers, errors):                   # each worker: compress, keep the rest
         mine = []
         for x, e in zip(bufs, errs):
-            c, dims = _blocks(x, chunk)
-            if dct is not None:
-                c = (dct[dims[2]] @ c.view(-1, dims[2], dims[3]) @ dct[dims[3]].T).reshape(c.shape[0], -1)
+            c4, dims = blocks4(x)
+            if mats is not None:
+                c4 = _peer_dct(c4, mats, False, einsum)
+            c = c4.reshape(-1, dims[2] * dims[3])
             kk = min(k, c.shape[1])
             idx = torch.topk(c.abs(), kk, dim=1, largest=True, sorted=False).indices
             val = torch.gather(c, 1, idx)
@@ -194,20 +205,22 @@ def peer_round(buffers: list[list[torch.Tensor]], errors: list[list[torch.Tensor
             else:
                 codes, shift, table, sent = val, None, None, val
             local = torch.zeros_like(c).scatter_reduce_(1, idx, sent, "mean", include_self=False)
-            if dct is not None:
-                local = (dct[dims[2]].T @ local.view(-1, dims[2], dims[3]) @ dct[dims[3]]).reshape(local.shape)
-            e.copy_(x - _unblocks(local, dims, x.shape))
-            mine.append((idx, codes, shift, table, dims, x.shape))
+            local4 = local.view(c4.shape)
+            if mats is not None:
+                local4 = _peer_dct(local4, mats, True, einsum)
+            e.copy_(x - _unblocks(local4.reshape(-1, dims[2] * dims[3]), dims, x.shape))
+            mine.append((idx, codes, shift, table, dims, x.shape, c4.shape))
         payloads.append(mine)
     means = []
     for t in range(len(buffers[0])):                          # every tensor: the mean of the M payloads
         idx = torch.cat([p[t][0] for p in payloads], dim=1)
         vals = torch.cat([(p[t][3][p[t][1].long()] + p[t][2]) if bins is not None else p[t][1] for p in payloads], dim=1)
-        dims, shape = payloads[0][t][4], payloads[0][t][5]
+        dims, shape, shape4 = payloads[0][t][4], payloads[0][t][5], payloads[0][t][6]
         agg = torch.zeros(idx.shape[0], dims[2] * dims[3]).scatter_reduce_(1, idx, vals, "mean", include_self=False)
-        if dct is not None:
-            agg = (dct[dims[2]].T @ agg.view(-1, dims[2], dims[3]) @ dct[dims[3]]).reshape(agg.shape)
-        means.append(_unblocks(agg, dims, shape))
+        agg4 = agg.view(shape4)
+        if mats is not None:
+            agg4 = _peer_dct(agg4, mats, True, einsum)
+        means.append(_unblocks(agg4.reshape(-1, dims[2] * dims[3]), dims, shape))
     return means
 
 
@@ -230,8 +243,8 @@ def speed(values: float, reps: int) -> None:
     print(f"{n / 1e6:.0f}M values in {len(shapes)} tensors; torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"best of {reps}")
     print()
-    print("| payload | M | wansync (s) | reference's steps (s) | wansync / reference |")
-    print("|---|---|---|---|---|")
+    print("| payload | M | wansync (s) | reference's steps (s) | wansync / reference | reference with matmul DCT (s) | wansync / that |")
+    print("|---|---|---|---|---|---|---|")
     for label, bits, dct in (("2-bit, 32/4096 (SparseLoCo)", 2, False), ("float32, DCT, 32/4096 (DeMo)", 32, True)):
         codec = SparseCodec(layout, bits=bits, dct=dct)
         mats = {s: dct_matrix(s) for g in layout.groups for s in (g.h, g.w)} if dct else None
@@ -242,15 +255,20 @@ def speed(values: float, reps: int) -> None:
             residuals = [torch.empty(n) for _ in range(m)]
             errs = [[r[p.offset:p.offset + p.numel].view(shapes[p.tensor]) for p in layout.pieces] for r in residuals]
             out = torch.empty(n)
-            ours, theirs = [], []
-            for _ in range(reps):                            # alternated, so that both see the same machine
+            ours, theirs, matmul = [], [], []
+            for _ in range(reps):                            # alternated, so that all see the same machine
                 t0 = time.perf_counter()
                 ours_round(codec, flats, residuals, out)
                 ours.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 peer_round(bufs, errs, 32, 2 ** bits if bits != 32 else None, mats)
                 theirs.append(time.perf_counter() - t0)
-            print(f"| {label} | {m} | {min(ours):.3f} | {min(theirs):.3f} | {min(ours) / min(theirs):.2f} |")
+                if dct:
+                    t0 = time.perf_counter()
+                    peer_round(bufs, errs, 32, None, mats, einsum=False)
+                    matmul.append(time.perf_counter() - t0)
+            extra = f"{min(matmul):.3f} | {min(ours) / min(matmul):.2f}" if matmul else "– | –"
+            print(f"| {label} | {m} | {min(ours):.3f} | {min(theirs):.3f} | {min(ours) / min(theirs):.2f} | {extra} |")
 
 
 def main() -> None:

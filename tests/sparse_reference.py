@@ -84,8 +84,8 @@ def sparse_round(tensors: list[torch.Tensor], errors: list[torch.Tensor], k: int
         kk = min(k, x.shape[1])
         idx = torch.topk(x.abs(), kk, dim=1).indices
         val = quantize(x.gather(1, idx), bits)
-        rest = x.scatter(1, idx, x.gather(1, idx) - val)
-        e.copy_(from_chunks(transform(rest, t.shape, chunk, inverse=True) if use_dct else rest, t.shape, chunk))
+        sent = torch.zeros_like(x).scatter(1, idx, val)               # what this worker's payload decodes to
+        e.copy_(t - from_chunks(transform(sent, t.shape, chunk, inverse=True) if use_dct else sent, t.shape, chunk))
         idxs = [torch.zeros_like(idx) for _ in range(world)]
         vals = [torch.zeros_like(val) for _ in range(world)]
         dist.all_gather(idxs, idx.contiguous())

@@ -172,10 +172,10 @@ class SparseCodec:
     # ---- one worker's payload ------------------------------------------------------------------------
     def encode_into(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The payload of the flat float32 `x` written into the uint8 `out` (returned, `wire_bytes()`
-        long). `residual` (error feedback): set to what was not sent, x − decode(payload), in the
-        domain the chunks were chosen in (so that it is exactly 0 where a value went unquantized).
-        A group's chunks are chosen a run at a time (`batches`), then its values quantized together
-        (a table per tensor), then, for the residual, each run taken out once more."""
+        long). `residual` (error feedback): set to what was not sent, x − decode(payload): exactly 0
+        where a value went unquantized (with the DCT: when every coefficient did). A group's chunks
+        are chosen a run at a time (`batches`), then its values quantized together (a table per
+        tensor), then, for the residual, each run taken out once more."""
         out = out[:self.wire_bytes()]
         for s in self.sections:
             idx = torch.empty(s.group.chunks, s.k, dtype=torch.int64, device=x.device)
@@ -185,11 +185,25 @@ class SparseCodec:
             pack(idx, s.index_bits, out[s.indices])
             sent = self._encode_values(s, vals, out)
             if residual is not None:
-                for a, b in s.batches:
-                    coeff = self._chosen_domain(s, s.group.take(x, a, b))
-                    coeff.scatter_(1, idx[a:b], vals[a:b] - sent[a:b])
-                    s.group.put(self._dct(s, x.device).inverse(coeff) if self.dct else coeff, residual, a, b)
+                self._keep_rest(s, x, idx, vals, sent, residual)
         return out
+
+    def _keep_rest(self, s: Section, x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, sent: torch.Tensor,
+                   residual: torch.Tensor) -> None:
+        """The section's part of `residual` set to x less what its payload decodes to: the decoded
+        values put where they came from, a run of chunks at a time (with the DCT, back from the
+        coefficients: IDCT of the sent ones, as the reference code computes it), then x minus them over
+        each piece's values in one pass; at a chosen value x − Q(x), exactly 0 unquantized. With the DCT
+        and every coefficient sent, IDCT of their rounding alone (0 when unquantized)."""
+        every = self.dct and s.k == s.group.size
+        for a, b in s.batches:
+            dense = torch.zeros(b - a, s.group.size, device=x.device)
+            dense.scatter_(1, idx[a:b], vals[a:b] - sent[a:b] if every else sent[a:b])
+            s.group.put(self._dct(s, x.device).inverse(dense) if self.dct else dense, residual, a, b)
+        if not every:
+            for p in s.group.pieces:
+                span = slice(p.offset, p.offset + p.numel)
+                torch.sub(x[span], residual[span], out=residual[span])
 
     def _chosen_domain(self, s: Section, chunks: torch.Tensor) -> torch.Tensor:
         """The chunks where their values are chosen: their DCT coefficients, or themselves (a copy)."""
