@@ -602,12 +602,13 @@ def test_fault_tolerant_sparseloco_trains_what_the_fixed_group_trains_bit_for_bi
     """No fault: the quorum's all-gather of the sparse payloads (each flagged valid) gives the fixed
     group's mean, the same pseudo-gradient bytes (the flag is booked apart)."""
     runs = {}
+    two = ("--workers", "2", "--steps", "12", "--eval-every", "1000", "--quiet", *TINY)
     for name, extra in (("fixed", ()), ("ft", ("--fault-tolerant", "--peer-timeout", "30"))):
         runs[name] = tmp_path / name
-        r = wansync("train", "--strategy", "sparseloco", "--sync-every", str(EVERY), *extra, *FOUR,
+        r = wansync("train", "--strategy", "sparseloco", "--sync-every", "4", *extra, *two,
                     "--out", str(runs[name]), timeout=180)
         assert r.returncode == 0, r.stderr[-2000:]
-    assert all_equal(final_models(runs["fixed"], range(4)) + final_models(runs["ft"], range(4)))
+    assert all_equal(final_models(runs["fixed"], range(2)) + final_models(runs["ft"], range(2)))
     comm = [json.loads((runs[n] / "summary.json").read_text())["comm"]["pseudo_grads"] for n in ("fixed", "ft")]
     assert comm[0]["bytes"] == comm[1]["bytes"] and comm[0]["parts"] == comm[1]["parts"]
 
