@@ -162,9 +162,10 @@ def reference_rule(rank: int, world: int, options: dict) -> dict:
     {"error_decay": 0.999, "outer_lr": 1.0, "chunk": 64, "topk": 32, "bits": 4, "dct": False},
 ], ids=["2bit", "dct", "defaults"])
 def test_sparseloco_is_the_published_rule_written_out(options):
+    tolerance = 1e-6 if options["dct"] else 0.0          # the DCT: the same matrices, multiplied in another order
     for out in run_ranks(reference_rule, 2, options, timeout=120):
-        assert len(out["diffs"]) == 3 and max(out["diffs"]) < 1e-5, out
-        assert out["error"] < 1e-5, out
+        assert len(out["diffs"]) == 3 and max(out["diffs"]) <= tolerance, out
+        assert out["error"] <= tolerance, out
 
 
 def sign_descent(rank: int, world: int) -> dict:
