@@ -288,3 +288,33 @@ def bytes_per_round(rank: int, world: int) -> dict:
 def test_sparseloco_sends_under_a_fiftieth_of_fp32_diloco_per_rank_per_round_at_two_workers():
     for out in run_ranks(bytes_per_round, 2, timeout=60):
         assert out["sparse"] * 50 <= out["fp32"], out
+
+
+def skipped_contribution(rank: int, world: int) -> dict:
+    """`comm.sparse_mean` under --on-nonfinite skip: a worker whose buffer holds a NaN sends zeros
+    flagged out; the mean is the others' alone, side band included (one extra scalar per rank)."""
+    from wansync.comm.chunks import ChunkLayout
+    from wansync.comm.exchange import Exchange
+    from wansync.comm.sparse import SparseCodec
+    codec = SparseCodec(ChunkLayout.of_shapes([(64, 64), (64,)]), bits=32, aggregate="all")
+    n = codec.layout.numel
+    buf = torch.cat([torch.randn(n, generator=torch.Generator().manual_seed(rank)), torch.tensor([float(rank + 1)])])
+    mine = buf.clone()
+    if rank == 1:
+        buf[5] = float("nan")
+    exchange = Exchange(nonfinite="skip")
+    exchange.mean(buf, "pseudo_grads", codec, inplace=True, extra=1)
+    alone = torch.empty(n)
+    payload = torch.empty(codec.wire_bytes(), dtype=torch.uint8)
+    codec.encode_into(mine[:n], payload)
+    codec.aggregate_into([payload], alone, 1)
+    return {"mean": buf, "alone": alone, "dropped": exchange.ledger.dropped,
+            "guard": exchange.ledger.snapshot().get("nonfinite_guard", {}).get("bytes", 0)}
+
+
+def test_sparse_mean_leaves_out_a_skipped_contribution_side_band_and_all():
+    zero, one = run_ranks(skipped_contribution, 2, timeout=60)
+    assert torch.equal(zero["mean"], one["mean"])                          # every rank the same bits
+    assert torch.equal(zero["mean"][:-1], zero["alone"])                   # rank 0's payload alone
+    assert float(zero["mean"][-1]) == 1.0                                  # its side band, not (1 + 2) / 2
+    assert (zero["dropped"], one["dropped"]) == (0, 1) and zero["guard"] == 1
