@@ -3,8 +3,6 @@ their identities with DiLoCo and with sign descent, the error feedback's conserv
 rules written out directly (tests/sparse_reference.py), resume, and replicas that stay identical."""
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 import torch.distributed as dist

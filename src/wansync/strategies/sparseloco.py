@@ -45,12 +45,12 @@ from typing import Any
 import torch
 
 from ..comm.flat import FlatTensors
+from ..comm.sparse import DEFAULT_DENSITY
 from .base import Strategy, local_shard, model_buffers
-from .options import (Options, aggregate, anchor_device, check_sparse_options, chunk, density, option, outer_state_device,
-                      positive, quant_range, sparse_codec, sync_every, topk, value_bits, in_range)
+from .options import (Options, aggregate, anchor_device, check_sparse_options, chunk, density, in_range, option,
+                      outer_state_device, positive, quant_range, sparse_codec, sync_every, topk, value_bits)
 from .outer import Anchor
 from .periodic import PeriodicTimetable
-from ..comm.sparse import DEFAULT_DENSITY
 
 
 @dataclass
