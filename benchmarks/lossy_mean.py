@@ -42,13 +42,14 @@ from wansync.runner.localgroup import run_ranks
 CODECS = ("bf16", "int8", "fp4")
 
 
-def measure(rank: int, world: int, steps: int) -> dict[str, Any]:
-    from wansync.comm.exchange import Exchange
+def pseudo_gradient(rank: int, world: int, steps: int, model: str = "micro") -> tuple[torch.Tensor, Any]:
+    """(Δ_m = θ_start − θ_m after `steps` local steps of this rank on its own data, the model): what
+    DiLoCo would exchange, a real pseudo-gradient (also `sparse_exchange.py`'s)."""
     from wansync.config import Config
     from wansync.strategies.base import sync_tensors
     from wansync.trainer.optim import build_optimizer
     from wansync.workloads import build_workload
-    cfg = Config(model="micro", seq_len=32, batch_size=4, seed=0)
+    cfg = Config(model=model, seq_len=32, batch_size=4, seed=0)
     torch.manual_seed(0)
     wl = build_workload(cfg, rank, world, 0, 1)
     start = torch.cat([t.detach().reshape(-1).clone() for t in sync_tensors(wl.model)])
@@ -57,7 +58,12 @@ def measure(rank: int, world: int, steps: int) -> dict[str, Any]:
         wl.loss(wl.model, wl.next_batch()).backward()
         opt.step()
         opt.zero_grad()
-    delta = start - torch.cat([t.detach().reshape(-1) for t in sync_tensors(wl.model)])
+    return start - torch.cat([t.detach().reshape(-1) for t in sync_tensors(wl.model)]), wl.model
+
+
+def measure(rank: int, world: int, steps: int) -> dict[str, Any]:
+    from wansync.comm.exchange import Exchange
+    delta, _ = pseudo_gradient(rank, world, steps)
     out: dict[str, Any] = {}
     ex = Exchange()
     exact = ex.mean(delta.clone(), "pseudo_grads").wait()

@@ -52,24 +52,12 @@ CASES = {
 
 
 def exchange_bytes(rank: int, world: int, steps: int) -> dict[str, Any]:
+    from lossy_mean import pseudo_gradient          # the same real pseudo-gradients, of the tiny LM
     from wansync.comm.codecs import get_codec
     from wansync.comm.exchange import Exchange
-    from wansync.config import Config
     from wansync.strategies import make_options, strategy_class
-    from wansync.strategies.base import sync_tensors
-    from wansync.trainer.optim import build_optimizer
-    from wansync.workloads import build_workload
-    cfg = Config(model="tiny", seq_len=32, batch_size=4, seed=0)
-    torch.manual_seed(0)
-    wl = build_workload(cfg, rank, world, 0, 1)
-    start = torch.cat([t.detach().reshape(-1).clone() for t in sync_tensors(wl.model)])
-    opt = build_optimizer(cfg, wl.model)
-    for _ in range(steps):
-        wl.loss(wl.model, wl.next_batch()).backward()
-        opt.step()
-        opt.zero_grad()
-    delta = start - torch.cat([t.detach().reshape(-1) for t in sync_tensors(wl.model)])
-    shapes = [p.shape for p in wl.model.parameters() if p.requires_grad]
+    delta, model = pseudo_gradient(rank, world, steps, "tiny")
+    shapes = [p.shape for p in model.parameters() if p.requires_grad]
     out = {}
     for label, (strategy, options) in CASES.items():
         opts = make_options(strategy, **options)
