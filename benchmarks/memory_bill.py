@@ -160,7 +160,7 @@ def bill_rank(rank: int, world: int, model_name: str, r: int, inside: str, names
 
 
 def planned(model: str, name: str, r: int, inside: str) -> dict[str, int]:
-    from wansync.net.link import PRESETS
+    from wansync.net.wan import PRESETS
     from wansync.planner import of_name, predict, setting
     strategy, options = CASES[name]
     s = setting(strategy, options, of_name(model), WORKERS, PRESETS["lan"], 0.1, ranks_per_worker=r,

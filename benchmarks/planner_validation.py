@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from wansync.net.link import PRESETS, parse_wan
+from wansync.net.wan import PRESETS, parse_wan
 from wansync.planner import of_name, predict, setting
 from wansync.planner.measure import run_step_times
 from wansync.planner.predict import run_trace

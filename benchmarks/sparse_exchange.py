@@ -75,7 +75,7 @@ def exchange_bytes(rank: int, world: int, steps: int) -> dict[str, Any]:
 
 def planned_bytes(world: int) -> dict[str, int]:
     """`wansync plan`'s payload per exchange for each case (the same layout, the same codecs)."""
-    from wansync.net.link import PRESETS
+    from wansync.net.wan import PRESETS
     from wansync.planner import of_name, setting
     from wansync.planner.schedule import trace
     size = of_name("tiny")

@@ -14,7 +14,7 @@ from torch import nn
 
 from wansync.errors import ConfigError
 from wansync.planner import of_params, predict, setting
-from wansync.net.link import PRESETS
+from wansync.net.wan import PRESETS
 from wansync.runner.localgroup import run_ranks
 from wansync.strategies import make_options, timetable
 from wansync.strategies.base import sync_tensors

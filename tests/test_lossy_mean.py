@@ -74,7 +74,7 @@ def test_both_paths_come_close_to_the_exact_mean(runs, codec, bound):
 
 def test_auto_on_a_modelled_link_takes_the_path_the_link_model_times_shorter():
     from wansync.comm.mean_cost import lossy_path, mean_seconds
-    from wansync.net.link import PRESETS
+    from wansync.net.wan import PRESETS
     link = PRESETS["cross-region"]
     assert lossy_path("int8", "auto", 2, 10**8, link) == "allgather"          # 2 workers: the same bytes
     assert lossy_path("int8", "auto", 4, 10**5, link) == "allgather"          # latency-bound: one collective
@@ -166,7 +166,7 @@ def test_diloco_trains_compressed_and_the_planner_books_what_the_ledger_does(tmp
     values over 4 workers, so each rank sent 3 payloads)."""
     import json
     from cli_harness import TINY, wansync
-    from wansync.net.link import PRESETS
+    from wansync.net.wan import PRESETS
     from wansync.planner import of_name, predict, setting
     from wansync.strategies import resolve_options
     ledgers = {}

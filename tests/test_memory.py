@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-from wansync.net.link import PRESETS
+from wansync.net.wan import PRESETS
 from wansync.planner import of_name, predict, setting
 from wansync.runner.localgroup import run_ranks
 from wansync.telemetry.memory import CATEGORIES

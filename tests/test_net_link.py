@@ -63,16 +63,18 @@ def test_the_link_inside_a_worker_is_the_sites_unless_the_spec_names_one():
         parse_wan("worker=nvlink")
 
 
-def test_a_group_inside_one_worker_runs_on_the_worker_link_and_the_others_do_not():
+def test_a_group_inside_one_worker_runs_on_the_worker_link_and_its_hops_across_workers_do_not():
     topo = replace(parse_wan("two-site,worker=nvlink"), ranks_per_worker=2)      # 2 workers of 2 ranks
     lan = replace(PRESETS["two-site"], ranks_per_worker=2)
     inside = [collective_duration("allgather", 1e6, 4, t, [0, 1]) for t in (topo, lan)]
     assert inside[0] < inside[1] / 10
-    for ranks in ([0, 2], None):                                   # across workers: the site's links
-        assert collective_duration("allreduce", 1e6, 4, topo, ranks) == collective_duration("allreduce", 1e6, 4, lan,
-                                                                                            ranks)
-
-
+    # one rank per worker: no hop inside a worker, the same links either way
+    assert collective_duration("allreduce", 1e6, 4, topo, [0, 2]) == collective_duration("allreduce", 1e6, 4, lan,
+                                                                                        [0, 2])
+    # every rank: the ring's hops 0->1 and 2->3 are inside a worker (NVLink, not the site's LAN), 1->2
+    # and 3->0 cross the sites, which pace the ring: NVLink saves a little latency, nothing more
+    every = [collective_duration("allreduce", 1e6, 4, t) for t in (topo, lan)]
+    assert every[0] < every[1] < every[0] * 1.05
 @pytest.mark.parametrize(
     "text, seconds", [("16.6ms", 0.0166), ("2s", 2.0), ("250us", 250e-6), ("0ms", 0.0), ("1e2 ms", 0.1)]
 )
@@ -174,24 +176,49 @@ def test_one_site_is_the_plain_ring():
     assert collective_duration("allreduce", 1e6, 4, PRESETS["lan"]) == pytest.approx(0.6 * MS + 1.5e6 / B10G)
 
 
-def test_eight_ranks_on_two_sites_are_hierarchical_and_each_site_moves_the_buffer_once():
-    b = 100e6  # 4 ranks per site share their site's uplink: the site moves B across, not B/4
-    rs_intra = 3 * 0.1 * MS + 0.75 * b / B10G  # 65.8 ms
-    ar_inter = 2 * 8.3 * MS + 2 * 0.5 * b / B10G  # 103.9 ms
-    rs_inter = 8.3 * MS + 0.5 * b / B10G  # 52.0 ms
-    assert collective_duration("allreduce", b, 8, TWO_SITE) == pytest.approx(rs_intra + ar_inter + rs_intra)
-    assert collective_duration("allreduce", b, 8, TWO_SITE) == pytest.approx(235.4 * MS, abs=0.1 * MS)
-    assert collective_duration("reduce_scatter", b, 8, TWO_SITE) == pytest.approx(rs_intra + rs_inter)
-    assert collective_duration("allgather", b, 8, TWO_SITE) == pytest.approx(rs_inter + rs_intra)
-    total = sum(collective_duration(op, b, 8, TWO_SITE) for op in ("reduce_scatter", "allgather"))
-    assert total == pytest.approx(collective_duration("allreduce", b, 8, TWO_SITE))  # AR = RS + AG
+def test_eight_ranks_on_two_sites_are_one_flat_ring_crossing_the_sites_twice():
+    # ranks 0-3 in one site, 4-7 in the other; the ring's hops 3->4 and 7->0 cross (each its own
+    # direction of the link), the other six stay inside. Each of the 2·7 steps moves B/8 per hop; the
+    # crossing hops carry the same bytes at the same rate (10 Gbit/s both), so the ring moves at
+    # 14·B/8/B10G, and a chain of hops pays the WAN's latency on each crossing it passes
+    b = 100e6
+    ar = collective_duration("allreduce", b, 8, TWO_SITE)
+    # a lower bound: every step's chunk on one hop, plus two crossings' latency per phase
+    assert ar >= 14 * b / 8 / B10G + 2 * 2 * 8.3 * MS
+    assert ar == pytest.approx(14 * b / 8 / B10G + 4 * 8.3 * MS, abs=1 * MS)
+    rs = collective_duration("reduce_scatter", b, 8, TWO_SITE)
+    assert rs == pytest.approx(collective_duration("allgather", b, 8, TWO_SITE))
+    assert rs == pytest.approx(7 * b / 8 / B10G + 2 * 8.3 * MS, abs=1 * MS)
+
+
+def test_a_ring_of_identical_hops_is_the_textbook_ring():
+    # one site of 4: AR(4, B, lan) = 2·3·a + 2·3/4·B/b, and the same over four sites of one rank each
+    for topo in (PRESETS["lan"], parse_wan("rtt=0.2ms,bw=10gbit,sites=4")):
+        assert collective_duration("allreduce", 1e6, 4, topo) == pytest.approx(6 * 0.1 * MS + 1.5e6 / B10G)
+        assert collective_duration("allgather", 1e6, 4, topo) == pytest.approx(3 * 0.1 * MS + 0.75e6 / B10G)
+
+
+def test_a_ring_is_paced_by_its_slowest_hop():
+    from wansync.net.cost import _Hop, ring_phase
+    fast, slow = Link(2 * MS, 1e9), Link(40 * MS, 100e6)
+    b_fast, b_slow = fast.ring_bytes_per_s, slow.ring_bytes_per_s
+    chunk = 1e6
+    # three hops, one slow: 2 steps (a reduce-scatter over 3): every chunk crosses the slow hop in turn
+    # (2·chunk at its rate), and a chain of 2 hops pays its latency once
+    t = ring_phase(2, chunk, [_Hop(fast, 1), _Hop(fast, 1), _Hop(slow, 1)])
+    assert t >= 2 * chunk / b_slow + slow.latency_s
+    assert t == pytest.approx(slow.latency_s + chunk / b_slow + max(chunk / b_slow, fast.latency_s + chunk / b_fast))
+    # a hop shared by two flows moves at half its rate
+    shared = ring_phase(1, chunk, [_Hop(fast, 1), _Hop(slow, 2)])
+    assert shared == pytest.approx(slow.latency_s + 2 * chunk / b_slow)
 
 
 def test_broadcast_barrier_and_point_to_point():
-    # broadcast, one way: 1·(8.3 ms + 1e6/O10G) across sites + ceil(log2 4)=2·(0.1 ms + 1e6/O10G) inside
+    # a binomial tree from rank 0: 0->4 crosses the sites, then 0->2, 4->6, then 0->1, 2->3, ... inside:
+    # 1·(8.3 ms + 1e6/O10G) + 2·(0.1 ms + 1e6/O10G)
     assert collective_duration("broadcast", 1e6, 8, TWO_SITE) == pytest.approx(8.5 * MS + 3e6 / O10G)
-    # barrier: latency only, 2·3·0.1 ms + 2·1·8.3 ms
-    assert collective_duration("barrier", 0, 8, TWO_SITE) == pytest.approx(17.2 * MS)
+    # barrier: latency only, the ring's 2·7 steps over a chain that crosses the WAN twice per phase
+    assert collective_duration("barrier", 0, 8, TWO_SITE) == pytest.approx(2 * (2 * 8.3 * MS + 5 * 0.1 * MS))
     # send across sites: 8.3 ms + 1e6/O10G
     assert collective_duration("send", 1e6, 8, TWO_SITE, ranks=[0, 4]) == pytest.approx(8.3 * MS + 1e6 / O10G)
 
@@ -226,14 +253,23 @@ def test_parallel_cross_worker_groups_share_the_uplink_like_one_rank_sending_the
     assert alone == pytest.approx(100 * MS + MODEL / 2 / B1G)
 
 
-def test_all_ranks_of_a_site_all_reducing_move_the_buffer_over_the_uplink_once():
-    # RS(2, 1e7, lan) = 0.1 ms + 0.5·1e7/B10G s = 4.5 ms; across: 100 ms + 1e7/B1G s = 187.3 ms
-    rs = 0.1 * MS + 0.5 * MODEL / B10G
-    assert collective_duration("allreduce", MODEL, 4, CROSS_R2) == pytest.approx(rs + ACROSS + rs)
-    assert collective_duration("allreduce", MODEL, 4, CROSS_R2) == pytest.approx(196.2 * MS, abs=0.1 * MS)
-    rs_across = 50 * MS + 0.5 * MODEL / B1G  # 93.6 ms
-    assert collective_duration("reduce_scatter", MODEL, 4, CROSS_R2) == pytest.approx(rs + rs_across)
-    assert collective_duration("allgather", MODEL, 4, CROSS_R2) == pytest.approx(rs_across + rs)
+def test_all_ranks_of_two_sites_all_reducing_flat_cross_the_uplink_on_every_step():
+    # 2 workers of 2 ranks, one per site: the ring 0->1->2->3->0 crosses at 1->2 and 3->0, each step
+    # moving B/4 over the 1 Gbit/s link: 2·3 steps of 2.5 MB = 1.5·B over it, more than one rank
+    # all-reducing the whole model across (B): the hierarchical all-reduce (inside, across, back) wins
+    from wansync.net.cost import allreduce_algorithm, hierarchical_seconds
+    flat = collective_duration("allreduce", MODEL, 4, CROSS_R2)
+    chunk = MODEL / 4 / B1G
+    # pipelined, not in lockstep: at least every chunk over a crossing hop and a chain of 6 steps
+    # crossing the WAN every other hop (3 latencies), at most 6 steps of both
+    assert max(6 * chunk + 50 * MS, 3 * (50 * MS + chunk)) < flat < 6 * (chunk + 50 * MS)
+    hier = hierarchical_seconds(MODEL, 4, CROSS_R2)
+    inside = 2 * 0.1 * MS + MODEL / B10G                            # AR(2, B, lan)
+    back = 0.1 * MS + MODEL / O10G                                   # a broadcast inside
+    assert hier == pytest.approx(inside + ACROSS + back)
+    assert allreduce_algorithm(MODEL, 4, CROSS_R2) == "hierarchical"
+    assert allreduce_algorithm(MODEL, 4, CROSS_R2, [0, 2]) == "flat"          # one rank per site: nothing to gain
+    rs_across = 50 * MS + 0.5 * MODEL / B1G
     assert collective_duration("allgather", MODEL / 2, 4, CROSS_R2, [0, 2], parallel=2) == pytest.approx(rs_across)
 
 

@@ -15,7 +15,7 @@ from torch import nn
 import wansync as ws
 from wansync.errors import ConfigError
 from wansync.runner.localgroup import run_ranks
-from wansync.net.link import PRESETS
+from wansync.net.wan import PRESETS
 from wansync.planner import of_params, predict, setting
 from wansync.planner.schedule import trace
 from wansync.planner.sizes import ddp_buckets, flops_step_s, of_module
@@ -286,16 +286,32 @@ def test_plan_refuses_replayed_times_it_cannot_trust_in_one_line(tmp_path, capsy
         assert e.value.code == 1 and len(err) == 1 and message in err[0], err
 
 
-def test_the_planner_replays_intellect_1s_reported_utilization_within_a_point():
-    """Links calibrated to INTELLECT-1's reported all-reduce times (arXiv:2412.01152); DiLoCo H = 100
-    with int8 on them gives its reported compute utilization, and an overlapped configuration more."""
-    from wansync.planner.published import CONFIGS, REGIONS, calibrated, predicted, utilization_pct
+def test_the_planner_replays_intellect_1s_reported_utilization_within_a_point_from_its_files_alone():
+    """INTELLECT-1's three sets of sites are topology files (arXiv:2412.01152; `--wan intellect-1-usa`, ...):
+    on each file alone, the planner's int8 mean takes the reported all-reduce time and DiLoCo H = 100
+    with int8 gives the reported compute utilization; an overlapped configuration gives more."""
+    from wansync.net import parse_wan
+    from wansync.planner.published import CONFIGS, REGIONS, all_reduce_seconds, predicted, utilization_pct
     label, strategy, options = CONFIGS[0]
     for region in REGIONS:
-        topology = calibrated(region)
+        topology = parse_wan(region.preset)
+        assert topology.workers == 14 and topology.name == region.preset
+        assert all_reduce_seconds(topology) == pytest.approx(region.all_reduce_s, rel=0.01)
         assert utilization_pct(predicted(topology, strategy, options)) == pytest.approx(region.utilization_pct, abs=1)
     best = dict((c[0], c) for c in CONFIGS)["Streaming DiLoCo H=100, P=4, τ=10, int8"]
-    assert utilization_pct(predicted(calibrated(REGIONS[-1]), best[1], best[2])) >= 95
+    assert utilization_pct(predicted(parse_wan(REGIONS[-1].preset), best[1], best[2])) >= 95
+
+
+def test_plan_on_the_intellect_1_file_from_the_command_line(capsys):
+    """`wansync plan --wan intellect-1-global` with INTELLECT-1's setting prints its utilization."""
+    from wansync.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--wan", "intellect-1-global", "--strategy", "diloco", "--sync-every", "100", "--codec", "int8",
+              "--codec-collective", "reduce_scatter", "--params", "10e9", "--step-time", "22.8", "--workers", "14",
+              "--ranks-per-worker", "8", "--inside", "fsdp"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0, out
+    assert "intellect-1-global" in out
 
 
 def test_the_large_tables_summary_sentences_follow_from_its_rows():

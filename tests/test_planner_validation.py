@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from wansync.net.link import PRESETS
+from wansync.net.wan import PRESETS
 from wansync.strategies import STRATEGIES
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "planner_validation.py"

@@ -18,13 +18,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Iterable, get_type_hints
 
-from .errors import ConfigError, check, path_kind
+from .errors import ConfigError, check, user_text
 from .ft import support as ft_support
 from .rules import Rule, at_least, at_most_cores, host_port, in_range, not_blank, one_of, positive
 from .strategies import OPTIONS, STRATEGIES, option_names, strategy_class
 
 if TYPE_CHECKING:
-    from .net.link import Topology
+    from .net.topology import Topology
 
 
 def _f(default: Any, section: str, help: str, *rules: Rule) -> Any:
@@ -116,7 +116,7 @@ class GeneralKeys:
     @functools.cached_property
     def topology(self) -> Topology | None:
         """The emulated link `wan` names, parsed once (None without --wan); a bad spec is a ConfigError."""
-        from .net.link import parse_wan
+        from .net.wan import parse_wan
         if not self.wan:
             return None
         return dataclasses.replace(parse_wan(self.wan), ranks_per_worker=self.ranks_per_worker)
@@ -193,22 +193,8 @@ MAX_CONFIG_BYTES = 1 << 20
 
 
 def config_text(p: Path) -> str:
-    """A config file's text, or one line that names why it cannot be one: not there, not a
-    regular file (a directory, /dev/null, a FIFO), unreadable, too large, not UTF-8. A UTF-8
-    byte-order mark, which some editors write, is dropped."""
-    try:
-        if not p.exists():
-            raise ConfigError(f"config file not found: {p}")
-        check(p.is_file(), f"config file {p} is {path_kind(p)}, not a regular file")
-        check(p.stat().st_size <= MAX_CONFIG_BYTES, f"config file {p} is too large for a config file "
-              f"({p.stat().st_size} bytes; at most {MAX_CONFIG_BYTES})")
-        data = p.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config file {p} is not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None
+    """A config file's text, or one line that names why it cannot be one (`errors.user_text`)."""
+    return user_text(p, "config file", MAX_CONFIG_BYTES)
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

@@ -65,3 +65,27 @@ def path_kind(path: object) -> str:
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO"),
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
     return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def user_text(path: "os.PathLike[str] | str", what: str, max_bytes: int = 1 << 20) -> str:
+    """The text of a file a user named (`what`: "config file", "topology file"), or one line that
+    says why it cannot be one: not there, not a regular file (a directory, /dev/null, a FIFO, which
+    would block the reader), unreadable, larger than `max_bytes`, not UTF-8. A UTF-8 byte-order mark,
+    which some editors write, is dropped. A symbolic link is followed: the file is only read."""
+    p = os.fspath(path)
+    try:
+        if not os.path.exists(p):
+            raise ConfigError(f"{what} not found: {p}")
+        if not os.path.isfile(p):
+            raise ConfigError(f"{what} {p} is {path_kind(p)}, not a regular file")
+        size = os.stat(p).st_size
+        if size > max_bytes:
+            raise ConfigError(f"{what} {p} is too large for a {what} ({size} bytes; at most {max_bytes})")
+        with open(p, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {p}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {p} is not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None

@@ -294,7 +294,8 @@ def on_link(emulator: Emulator, work: Any, wire: torch.Tensor, members: list[int
     (see `net.backend`)."""
     issue, topology = time.perf_counter(), emulator.topology
     nbytes = wire.numel() * wire.element_size() * (count if op == "allgather" else 1)   # the cost model's B
-    modelled = collective_duration(op, nbytes, workers, topology, members, parallel=parallel)
+    modelled = collective_duration(op, nbytes, workers, topology, members, parallel=parallel,
+                                   at_s=emulator.run_time(issue) if topology.varies else 0.0)
     modelled += jitter_draw(topology, workers, emulator.seed, zlib.crc32(LINK_GROUP.encode()), seq, members)
     start = emulator.reserve(issue, modelled)
     record = CollectiveRecord(op=op, nbytes=nbytes, group=LINK_GROUP, seq=seq, issue=issue, start=start,

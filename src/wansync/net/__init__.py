@@ -24,7 +24,9 @@ from wansync.net.backend import (
 )
 from wansync.net.cost import collective_duration, exchange_seconds, in_worker_seconds, jitter_draw
 from wansync.net.emulator import Emulator
-from wansync.net.link import NVLINK, PRESETS, Link, Topology, parse_wan
+from wansync.net.link import NVLINK, Link
+from wansync.net.topology import Topology
+from wansync.net.wan import PRESETS, parse_wan
 from wansync.net.records import CollectiveRecord
 from wansync.net.work import EmulatedWork
 

@@ -40,7 +40,7 @@ from torch.futures import Future
 from wansync.errors import ConfigError
 from wansync.net.cost import collective_duration, jitter_draw
 from wansync.net.emulator import SHORT_S, Arrival, Emulator
-from wansync.net.link import Topology
+from wansync.net.topology import Topology
 from wansync.net.records import CollectiveRecord
 from wansync.net.work import CallerWork, EmulatedWork
 
@@ -97,11 +97,13 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         self.emulator = _emulator_for(pg_options)
         self.parallel = pg_options.copies if isinstance(pg_options, SharedUplink) else 1
         self._seq = 0
-        self._durations: dict[tuple[str, int], float] = {}    # the model's, per (op, bytes): a group repeats them
+        self._durations: dict[tuple[str, int, float], float] = {}    # the model's, per (op, bytes, links' phase)
         timeout = opts.timeout
         store = dist.PrefixStore("gloo/", opts.store)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._clock_offset = self._shared_clock_offset()
+        if not dist.is_initialized() and self.topology.varies:    # the default group: the run's time origin
+            self.emulator.agree_origin(self._agreed_now() - self._clock_offset)
         self._nccl = None
         if torch.cuda.is_available() and dist.is_nccl_available():
             nccl_opts = dist.ProcessGroupNCCL.Options()
@@ -119,6 +121,14 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         seen = torch.tensor([ident, -ident], dtype=torch.int64)
         self._gloo.allreduce([seen], _MAX).wait()
         return 0.0 if seen.tolist() == [ident, -ident] else self.emulator.clock_offset
+
+    def _agreed_now(self) -> float:
+        """The latest member's clock now (on the clock the members share): the run's time origin,
+        from which link schedules count (one small all-reduce, only for links that change)."""
+        now = torch.tensor([time.perf_counter() + self._clock_offset], dtype=torch.float64)
+        if self._size > 1:
+            self._gloo.allreduce([now], _MAX).wait()
+        return float(now[0])
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -164,16 +174,9 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         if peers is None:  # a collective: every member issues it, in the same order
             seq = self._seq
             self._seq += 1
-            d = self._durations.get((op, nbytes))
-            if d is None:
-                if len(self._durations) >= 1024:      # sizes that never repeat: keep it small
-                    self._durations.clear()
-                d = self._durations[(op, nbytes)] = collective_duration(op, nbytes, self._world, self.topology,
-                                                                          self._ranks, self.parallel)
-            d += jitter_draw(self.topology, self._world, self.emulator.seed, self._group_key, seq, self._ranks)
         else:  # point-to-point: only two ranks see it, so no shared sequence number and no jitter
             seq = -1
-            d = collective_duration(op, nbytes, self._world, self.topology, peers, self.parallel)
+        d = self._modelled(op, nbytes, seq, peers, issue)
         start = self.emulator.reserve(issue, d)
         rec = CollectiveRecord(
             op=op, nbytes=nbytes, group=self._name, seq=seq, issue=issue, start=start,
@@ -187,8 +190,24 @@ class EmulatedProcessGroup(dist.ProcessGroup):
             self.emulator.complete_in_caller(rec)
             return CallerWork(works[0], rec, value, self.emulator)
         fut = Future(devices=[t.device]) if cuda else Future()
-        self.emulator.schedule(works, rec, fut, value, cuda, arrival)
+        varies = None if not self.topology.varies else lambda start: self._modelled(op, nbytes, seq, peers, start)
+        self.emulator.schedule(works, rec, fut, value, cuda, arrival, varies)
         return EmulatedWork(fut, rec, value)
+
+    def _modelled(self, op: str, nbytes: int, seq: int, peers: Sequence[int] | None, start: float) -> float:
+        """The modelled duration of a transfer starting at `start` (perf_counter): the cost model on
+        the links as they are then (`Emulator.run_time`), plus the jitter every member draws alike."""
+        at_s = self.emulator.run_time(start) if self.topology.varies else 0.0
+        if peers is not None:
+            return collective_duration(op, nbytes, self._world, self.topology, peers, self.parallel, at_s)
+        key = (op, nbytes, self.topology.phase_start(at_s))
+        d = self._durations.get(key)
+        if d is None:
+            if len(self._durations) >= 1024:      # sizes that never repeat: keep it small
+                self._durations.clear()
+            d = self._durations[key] = collective_duration(op, nbytes, self._world, self.topology, self._ranks,
+                                                           self.parallel, at_s)
+        return d + jitter_draw(self.topology, self._world, self.emulator.seed, self._group_key, seq, self._ranks)
 
     # -- collectives ------------------------------------------------------------------------------
 

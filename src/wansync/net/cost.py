@@ -1,4 +1,4 @@
-r"""How long a collective takes on a :class:`~wansync.net.link.Topology`: the emulator's cost model.
+r"""How long a collective takes on a :class:`~wansync.net.topology.Topology`: the emulator's cost model.
 
 Notation. A link L has a latency step a_L = rtt_L / 2 and a byte rate b_L = bandwidth_L / 8 · the
 payload share of its packets (the bandwidth is the line rate): in a ring's phases, where each line
@@ -6,59 +6,66 @@ also carries the acknowledgements of the flow the other way, (mtu - 52) / (mtu +
 (``Link.ring_bytes_per_s``, 0.916 at MTU 1500); one way (a broadcast's tree, send/recv),
 (mtu - 52) / (mtu + 14) (``Link.bytes_per_s``, 0.956).
 B is the size in bytes of the *full* buffer: the tensor of an all-reduce or broadcast, the gathered
-output of an all-gather, the (unscattered) input of a reduce-scatter. The group's members fall into
-s non-empty sites with at most m members in one site (the largest site sets the pace).
+output of an all-gather, the (unscattered) input of a reduce-scatter.
 
-Ring phases over k ranks on link L (k = 1 costs nothing)::
+**Every collective runs on the links it crosses, as the communication library runs it: flat.** A
+group's k members, in rank order, form a ring; hop i goes from member i−1 to member i over the link
+between them (`Topology.link`): the link inside a worker for two ranks of one worker, the site's own
+link for two ranks of one site (each rank has its own port, unless the site's workers each have one
+port their ranks share: `Topology.shared_port`), else the directed link between their
+two sites, which the hops of the ring that cross it at once share with each other and with the
+``parallel`` copies of the group running at the same time on disjoint ranks (the sharded exchange
+between workers: one group per local rank), each then getting b / (flows on it).
 
-    RS(k, X, L) = (k-1)·a_L + (k-1)/k · X / b_L      reduce-scatter of an X-byte buffer
-    AG(k, X, L) = (k-1)·a_L + (k-1)/k · X / b_L      all-gather into an X-byte buffer
-    AR(k, X, L) = RS + AG = 2(k-1)·a_L + 2(k-1)/k · X / b_L
+A ring phase moves S steps of one chunk c = B/k on every hop: a step's chunk leaves member i−1 once
+it holds the previous step's result and its hop has finished sending the previous chunk, and
+arrives a_h + c/b_h later (``ring_phase``)::
 
-Collectives are hierarchical (intra = link inside a site, inter = link between sites). Inside a
-site every rank has its own port at b_intra. A group whose ranks all belong to one worker runs on the
-topology's link inside a worker instead (``Topology.inside_worker``: the site's link unless
-``worker_link`` is set). The inter link is the site's uplink: the ranks of a
-site that cross it at the same time share its bandwidth. If c of a group's ranks in one site cross
-at once and ``parallel`` = p copies of the group's collective run at the same time on disjoint ranks
-of the same sites (the sharded exchange between workers: one group per local rank), each crossing
-rank moves bytes at::
+    arrive_i(s) = max(arrive_{i−1}(s−1), free_i(s−1)) + a_h + c/b_h,   free_i(s) = that start + c/b_h
 
-    b_up = b_inter / (c·p)        c = m for the ring phases (every rank carries its shard),
-                                  c = 1 for broadcast and send/recv (one rank per site crosses)
+    reduce_scatter(B) = all_gather(B) = the phase with S = k − 1
+    all_reduce(B)                     = the phase with S = 2(k − 1)
+    barrier                           = all_reduce(0)                                  (latency only)
 
-    all_reduce(B)     = RS(m, B, intra) + AR(s, B/m, up) + AG(m, B, intra)
-                      = RS(m, B, intra) + 2(s-1)·a_inter + 2(s-1)/s · p·B/b_inter + AG(m, B, intra)
-    reduce_scatter(B) = RS(m, B, intra) + RS(s, B/m, up)
-    all_gather(B)     = AG(s, B/m, up) + AG(m, B, intra)
-    broadcast(B)      = ceil(log2 s)·(a_inter + p·B/b_inter) + ceil(log2 m)·(a_intra + B/b_intra)
-    barrier           = all_reduce(0) = 2(m-1)·a_intra + 2(s-1)·a_inter      (latency only)
-    send / recv (B)   = a + B/b on the link between the two ranks (across sites: a_inter + p·B/b_inter)
+On identical hops this is the textbook ring, S·(a + B/(k·b)): RS(k) = (k−1)·a + (k−1)/k · B/b and
+AR(k) = 2(k−1)·a + 2(k−1)/k · B/b. With a slower hop the ring is paced by it: every chunk crosses it
+in turn (the bandwidth term is (k−1)/k · B over the slowest hop), and a chain of k − 1 hops pays
+each latency on it once.
 
-Consequences. One group (p = 1) with one rank per site (m = 1) is the ring over the inter link, as
-a per-rank model would have it. With m ranks of the group per site the site moves B over its uplink
-once, not B/m: all_reduce(B) = RS(m, B, intra) + 2(s-1)·a_inter + 2(s-1)/s·B/b_inter + AG(m, B, intra).
-R parallel groups across workers (one rank per site each) each carrying B/R cost
-2(s-1)·a_inter + 2(s-1)/s·B/b_inter: the bandwidth term of one rank sending the whole model.
+A broadcast is a binomial tree from the group's first member, ⌈log2 k⌉ rounds with the distance
+halving (member i sends to i + d when i is a multiple of 2d); a round lasts as long as its slowest
+edge, a + B/b one way, its cross-site edges sharing their pair's link. ``send``/``recv``: a + B/b on
+the link between the two ranks.
 
-With one site this is the plain ring (all_reduce = AR(n, B, intra)). Examples: 2 ranks on
-``two-site`` (16.6 ms, 10 Gbit/s), B = 1 MB: AR(2, 1e6, inter) = 2·8.3 ms + 1e6 / (1.25e9 · 0.916) s =
-16.6 ms + 0.87 ms = 17.47 ms. ``cross-region`` (a_inter = 50 ms, b_inter = 1.25e8 · 0.916 B/s), 2 sites,
-2 ranks per worker, 4 ranks: the groups {0, 2} and {1, 3} (p = 2) each all-reducing 5 MB of a
-B = 10 MB model take 100 ms + 2·(1/2)·2·5e6/b_inter s = 100 ms + 87.3 ms = 187.3 ms, as one rank
-all-reducing the 10 MB across would; the all-reduce of 10 MB over all 4 ranks takes
-4.5 ms + 187.3 ms + 4.5 ms = 196.2 ms (RS(2, 1e7, lan) = 0.1 ms + 4.4 ms).
+**Hierarchical.** ``hierarchical_seconds`` is the all-reduce that wansync's exchange can run instead
+of the flat one (`comm.site_mean`): inside each site an all-reduce over the site's members (all
+sites at once, the slowest counts), then one member per site (the site's first) all-reduces the
+site sums over a ring of the sites, then each site's first member broadcasts the total inside its
+site. It pays off where sites hold several workers and the links between sites are slow next to the
+links inside them: the flat ring crosses the slow links with k − 1 steps of B/k, the sites' ring with
+s − 1 steps of B/s. ``allreduce_algorithm`` picks the faster on the model, which is what the exchange
+runs and what the planner books (``exchange_seconds``).
+
+Examples: 2 ranks on ``two-site`` (16.6 ms, 10 Gbit/s), B = 1 MB: AR(2, 1e6, inter) = 2·8.3 ms +
+1e6 / (1.25e9 · 0.916) s = 16.6 ms + 0.87 ms = 17.47 ms. ``cross-region`` (a = 50 ms, b = 1.25e8 ·
+0.916 B/s), 2 workers of 2 ranks: the groups {0, 2} and {1, 3} (p = 2) each all-reducing 5 MB of a
+10 MB model take 100 ms + 2·(1/2)·2·5e6/b s = 100 ms + 87.3 ms = 187.3 ms, as one rank all-reducing
+the 10 MB across would.
+
+The links are the topology's at run time ``at_s`` (`Topology.link`; a schedule changes them); every
+rank of a group evaluates the same time (the emulator: the transfer's agreed start).
 
 One exchange between workers of R ranks, its shards across the workers and then the all-gather inside
 each worker, is ``exchange_seconds``: the one cost of it, with the formula in its docstring.
 
-Jitter: each collective adds |z|·j seconds, z ~ N(0, 1), j the jitter of the slowest link it uses
-(inter when s > 1, else intra); z comes from a generator seeded with (shared seed, group key,
-collective sequence number), so every rank of the group draws the same value.
+Jitter: each collective adds |z|·j seconds, z ~ N(0, 1), j the largest jitter of the links it uses;
+z comes from a generator seeded with (shared seed, group key, collective sequence number), so every
+rank of the group draws the same value.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -67,58 +74,94 @@ from types import MappingProxyType
 import numpy as np
 
 from wansync.errors import ConfigError
-from wansync.net.link import Link, Topology
+from wansync.net.link import Link
+from wansync.net.topology import Topology
 
-__all__ = ["collective_duration", "exchange_seconds", "in_worker_seconds", "jitter_draw", "site_counts", "OPS"]
+__all__ = ["ALGORITHMS", "OPS", "allreduce_algorithm", "collective_duration", "exchange_seconds",
+           "hierarchical_seconds", "in_worker_seconds", "jitter_draw", "ring_phase", "site_members"]
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "barrier", "send", "recv")
+ALGORITHMS = ("flat", "hierarchical")
 _ALIASES = MappingProxyType({
     "all_reduce": "allreduce", "allreduce_coalesced": "allreduce", "all_gather": "allgather",
     "all_gather_single": "allgather", "all_gather_into_tensor": "allgather",
     "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
     # an all-to-all of a B-byte buffer moves what a reduce-scatter of it moves (each rank keeps 1/k,
-    # sends the rest in k-1 steps): the same ring phase, its approximation on a hierarchical group
+    # sends the rest in k-1 steps): the same ring phase
     "alltoall": "reduce_scatter", "all_to_all": "reduce_scatter", "alltoall_base": "reduce_scatter",
 })
 
 
-def _ring_phase(k: int, nbytes: float, link: Link) -> float:
+class _Hop:
+    """One edge of a ring or tree: its link and how many flows share it."""
+    __slots__ = ("link", "flows")
+
+    def __init__(self, link: Link, flows: int):
+        self.link, self.flows = link, flows
+
+
+def _edges(pairs: list[tuple[int, int]], world: int, topology: Topology, parallel: int, at_s: float) -> list[_Hop]:
+    """The links of the edges (src rank, dst rank) that carry data at the same time, with the flows
+    on each: a cross-site link is shared by the edges on it and by the `parallel` copies."""
+    r = topology.ranks_per_worker
+    where = [(a // r == b // r, topology.site_of(a, world), topology.site_of(b, world)) for a, b in pairs]
+    crossing: dict[tuple[int, int], int] = {}
+    for same_worker, sa, sb in where:
+        if not same_worker and sa != sb:
+            crossing[(sa, sb)] = crossing.get((sa, sb), 0) + 1
+    hops = []
+    for same_worker, sa, sb in where:
+        if same_worker:
+            hops.append(_Hop(topology.inside_worker, 1))
+        elif sa == sb:
+            hops.append(_Hop(topology.link(sa, sa, at_s), parallel if topology.shared_port(sa) else 1))
+        else:
+            hops.append(_Hop(topology.link(sa, sb, at_s), crossing[(sa, sb)] * parallel))
+    return hops
+
+
+def ring_phase(steps: int, chunk: float, hops: list[_Hop]) -> float:
+    """Seconds for `steps` steps of a ring moving `chunk` bytes per step on each hop (module
+    docstring): hop i carries member i−1's chunk to member i."""
+    if steps <= 0 or len(hops) <= 1:
+        return 0.0
+    k = len(hops)
+    cost = [(h.link.latency_s, chunk * h.flows / h.link.ring_bytes_per_s) for h in hops]
+    arrive = [0.0] * k
+    free = [-math.inf] * k
+    for _ in range(steps):
+        nxt = [0.0] * k
+        for i, (a, t) in enumerate(cost):
+            start = max(arrive[i - 1], free[i])
+            free[i] = start + t
+            nxt[i] = start + a + t
+        arrive = nxt
+    return max(arrive)
+
+
+def _ring(members: Sequence[int]) -> list[tuple[int, int]]:
+    return [(members[i - 1], members[i]) for i in range(len(members))]
+
+
+def _tree(members: Sequence[int], nbytes: float, world: int, topology: Topology, parallel: int,
+          at_s: float) -> float:
+    k = len(members)
     if k <= 1:
         return 0.0
-    return (k - 1) * link.latency_s + (k - 1) / k * nbytes / link.ring_bytes_per_s
+    rounds = math.ceil(math.log2(k))
+    total = 0.0
+    for level in range(rounds):
+        d = 2 ** (rounds - 1 - level)
+        pairs = [(members[i], members[i + d]) for i in range(0, k, 2 * d) if i + d < k]
+        hops = _edges(pairs, world, topology, parallel, at_s)
+        total += max(h.link.latency_s + nbytes * h.flows / h.link.bytes_per_s for h in hops)
+    return total
 
 
-def _tree(k: int, nbytes: float, link: Link) -> float:
-    if k <= 1:
-        return 0.0
-    return math.ceil(math.log2(k)) * (link.latency_s + nbytes / link.bytes_per_s)
-
-
-def site_counts(world_size: int, topology: Topology, ranks: Sequence[int] | None = None) -> list[int]:
-    """Members per non-empty site for the group ``ranks`` (default: all) of ``world_size`` ranks."""
+def _members(world_size: int, ranks: Sequence[int] | None) -> list[int]:
     if world_size < 1:
         raise ConfigError(f"world_size must be >= 1, got {world_size}")
-    members = range(world_size) if ranks is None else ranks
-    counts: dict[int, int] = {}
-    for r in members:
-        site = topology.site_of(r, world_size)
-        counts[site] = counts.get(site, 0) + 1
-    return [counts[k] for k in sorted(counts)]
-
-
-def _shape(world_size: int, topology: Topology, ranks: Sequence[int] | None) -> tuple[int, int]:
-    counts = site_counts(world_size, topology, ranks)
-    return len(counts), max(counts, default=1)
-
-
-def _in_one_worker(world_size: int, topology: Topology, ranks: Sequence[int] | None) -> bool:
-    members = range(world_size) if ranks is None else ranks
-    return len({r // topology.ranks_per_worker for r in members}) <= 1
-
-
-def _uplink_share(link: Link, crossing: int) -> Link:
-    """The inter link as one of ``crossing`` ranks of a site that cross it at once sees it."""
-    return replace(link, bandwidth_bps=link.bandwidth_bps / crossing)
+    return list(range(world_size)) if ranks is None else list(ranks)
 
 
 def collective_duration(
@@ -128,39 +171,76 @@ def collective_duration(
     topology: Topology,
     ranks: Sequence[int] | None = None,
     parallel: int = 1,
+    at_s: float = 0.0,
 ) -> float:
     """Modelled seconds for ``op`` over ``nbytes`` (see the module docstring); jitter excluded.
 
     ``world_size`` is the global number of ranks (it fixes which site each rank is in); ``ranks``
-    are the group's global ranks (default: all of them). For ``send``/``recv`` pass the two ranks.
-    ``parallel``: how many copies of this group's collective run at the same time on disjoint ranks
-    of the same sites, sharing the sites' uplinks (1: this one alone).
+    are the group's global ranks in the group's order (default: all of them). For ``send``/``recv``
+    pass the two ranks. ``parallel``: how many copies of this group's collective run at the same time
+    on disjoint ranks of the same sites, sharing the links between sites (1: this one alone).
+    ``at_s``: the run time at which the links are read (their schedules).
     """
     op = _ALIASES.get(op, op)
     if nbytes < 0:
         raise ConfigError(f"nbytes must be >= 0, got {nbytes}")
     if not isinstance(parallel, int) or parallel < 1:
         raise ConfigError(f"parallel must be a positive integer, got {parallel!r}")
-    intra, inter = topology.intra_link, topology.inter_link
-    s, m = _shape(world_size, topology, ranks)
-    if topology.worker_link is not None and _in_one_worker(world_size, topology, ranks):
-        intra = topology.worker_link
-    ring_up = _uplink_share(inter, m * parallel)  # every rank of the group in a site carries a shard
-    one_up = _uplink_share(inter, parallel)  # one rank per site crosses
-    if op == "allreduce":
-        return _ring_phase(m, nbytes, intra) + 2 * _ring_phase(s, nbytes / m, ring_up) + _ring_phase(m, nbytes, intra)
-    if op == "reduce_scatter":
-        return _ring_phase(m, nbytes, intra) + _ring_phase(s, nbytes / m, ring_up)
-    if op == "allgather":
-        return _ring_phase(s, nbytes / m, ring_up) + _ring_phase(m, nbytes, intra)
+    members = tuple(_members(world_size, ranks))
+    return _duration(op, float(nbytes), world_size, topology, members, parallel, topology.phase_start(at_s))
+
+
+@functools.lru_cache(maxsize=4096)
+def _duration(op: str, nbytes: float, world_size: int, topology: Topology, members: tuple[int, ...], parallel: int,
+              at_s: float) -> float:
+    """`collective_duration`, remembered: `at_s` is the start of the links' phase (`Topology.phase_start`:
+    every run time in it gives the same links)."""
+    k = len(members)
+    if op in ("allreduce", "reduce_scatter", "allgather", "barrier"):
+        if k <= 1:
+            return 0.0
+        steps = k - 1 if op in ("reduce_scatter", "allgather") else 2 * (k - 1)
+        hops = _edges(_ring(members), world_size, topology, parallel, at_s)
+        return ring_phase(steps, 0.0 if op == "barrier" else nbytes / k, hops)
     if op == "broadcast":
-        return _tree(s, nbytes, one_up) + _tree(m, nbytes, intra)
-    if op == "barrier":
-        return collective_duration("allreduce", 0, world_size, topology, ranks)
+        return _tree(members, nbytes, world_size, topology, parallel, at_s)
     if op in ("send", "recv"):
-        link = one_up if s > 1 else intra
-        return link.latency_s + nbytes / link.bytes_per_s
+        if k < 2:
+            return 0.0
+        (hop,) = _edges([(members[0], members[1])], world_size, topology, parallel, at_s)
+        return hop.link.latency_s + nbytes * hop.flows / hop.link.bytes_per_s
     raise ConfigError(f"unknown collective {op!r}; known: {', '.join(OPS)}")
+
+
+def site_members(world_size: int, topology: Topology, ranks: Sequence[int] | None = None) -> list[list[int]]:
+    """The group's members (default: every rank) by site, in site order, each site's in rank order."""
+    by_site: dict[int, list[int]] = {}
+    for r in _members(world_size, ranks):
+        by_site.setdefault(topology.site_of(r, world_size), []).append(r)
+    return [by_site[s] for s in sorted(by_site)]
+
+
+def hierarchical_seconds(nbytes: float, world_size: int, topology: Topology, ranks: Sequence[int] | None = None,
+                         parallel: int = 1, at_s: float = 0.0) -> float:
+    """Modelled seconds of the hierarchical all-reduce (module docstring): the sites' own all-reduces
+    (at once: the slowest), the sites' first members' all-reduce, each site's broadcast."""
+    sites = site_members(world_size, topology, ranks)
+    inside = max(collective_duration("allreduce", nbytes, world_size, topology, m, parallel, at_s) for m in sites)
+    across = collective_duration("allreduce", nbytes, world_size, topology, [m[0] for m in sites], parallel, at_s)
+    back = max(collective_duration("broadcast", nbytes, world_size, topology, m, parallel, at_s) for m in sites)
+    return inside + across + back
+
+
+def allreduce_algorithm(nbytes: float, world_size: int, topology: Topology, ranks: Sequence[int] | None = None,
+                        parallel: int = 1, at_s: float = 0.0) -> str:
+    """``hierarchical`` where the model says it beats the flat ring (sites of several members), else
+    ``flat``: what the exchange runs and the planner books. Every rank decides alike (same inputs)."""
+    sites = site_members(world_size, topology, ranks)
+    if len(sites) < 2 or all(len(m) == 1 for m in sites):
+        return "flat"
+    flat = collective_duration("allreduce", nbytes, world_size, topology, ranks, parallel, at_s)
+    return "hierarchical" if hierarchical_seconds(nbytes, world_size, topology, ranks, parallel, at_s) < flat \
+        else "flat"
 
 
 def in_worker_seconds(op: str, nbytes: float, ranks_per_worker: int, topology: Topology) -> float:
@@ -172,7 +252,7 @@ def in_worker_seconds(op: str, nbytes: float, ranks_per_worker: int, topology: T
 
 def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, ranks_per_worker: int = 1, *,
                      assembled_bytes: float | None = None, reduce_inside: bool = False,
-                     assemble: bool = True) -> float:
+                     assemble: bool = True, algorithm: str | None = None, at_s: float = 0.0) -> float:
     r"""Modelled seconds of one exchange between ``workers`` workers of R = ``ranks_per_worker`` ranks:
     the one cost of it, which the exchange (CoCoDC's T_s), the trainer's link line and the planner use.
 
@@ -181,42 +261,49 @@ def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, r
     payload), ``broadcast``. ``topology`` is placed with whole workers in its sites::
 
         R = 1:  T = op(B) over the M workers
-        R > 1:  T = RS_R(B, inside)          with ``reduce_inside`` only: the ranks hold different values
-                                             (DDP's gradients: a hierarchical all-reduce over every rank)
-                  + op(B/R) between workers  local rank r of every worker carries shard r; the R groups
-                                             run at once, sharing each site's uplink (``parallel`` = R)
+        R > 1:  T = op(B/R) between workers  local rank r of every worker carries shard r; the R groups
+                                             run at once, sharing the links between sites (``parallel`` = R)
                   + AG_R(A, inside)          the worker's ranks put the result together: A =
                                              ``assembled_bytes`` (a lossy mean's decoded values), else B;
                                              none without ``assemble`` (FSDP inside: each rank keeps
                                              its shard, local rank r of every worker the same one)
+        ``reduce_inside`` (DDP's gradients, every rank holding its own): one all-reduce of B over every rank.
 
-    RS_R and AG_R are rings over the worker's R ranks on ``topology.inside_worker``
-    (``in_worker_seconds``): the one link inside a worker, which the emulator charges the worker's
-    own groups too, so the exchange (CoCoDC's T_s), the trainer's link line and the planner agree by
-    construction. It is the site's link unless the topology names one (``--wan ...,worker=nvlink``).
+    An ``allreduce`` between workers runs as ``algorithm`` says: ``flat``, ``hierarchical``
+    (``hierarchical_seconds``), or None for the faster of the two (``allreduce_algorithm``), as the
+    exchange chooses. AG_R is a ring over the worker's R ranks on ``topology.inside_worker``
+    (``in_worker_seconds``), which the emulator charges the worker's own groups too, so the exchange,
+    the trainer's link line and the planner agree by construction.
     """
     r = ranks_per_worker
     placed = replace(topology, ranks_per_worker=r)
-    if r == 1:
-        return collective_duration(op, nbytes, workers, placed)
     world = workers * r
-    across = collective_duration(op, nbytes / r, world, placed, range(0, world, r), parallel=r)
-    if not assemble:
+    if reduce_inside:
+        return collective_duration(op, nbytes, world, placed, at_s=at_s)
+    members = range(0, world, r)
+    parallel = r
+    shard = nbytes / r
+    if op == "allreduce" and algorithm != "flat":
+        chosen = algorithm or allreduce_algorithm(shard, world, placed, members, parallel, at_s)
+        across = hierarchical_seconds(shard, world, placed, members, parallel, at_s) if chosen == "hierarchical" \
+            else collective_duration(op, shard, world, placed, members, parallel, at_s)
+    else:
+        across = collective_duration(op, shard, world, placed, members, parallel, at_s)
+    if r == 1 or not assemble:
         return across
-    gather = in_worker_seconds("allgather", nbytes if assembled_bytes is None else assembled_bytes, r, topology)
-    if not reduce_inside:
-        return across + gather
-    return in_worker_seconds("reduce_scatter", nbytes, r, topology) + across + gather
+    return across + in_worker_seconds("allgather", nbytes if assembled_bytes is None else assembled_bytes, r, topology)
 
 
 def jitter_draw(
     topology: Topology, world_size: int, seed: int, group_key: int, seq: int, ranks: Sequence[int] | None = None
 ) -> float:
     """Extra seconds for collective ``seq`` of a group; identical on every rank that asks."""
-    if not (topology.inter_link.jitter_s or topology.intra_link.jitter_s):
+    if not topology.jitter_s:
         return 0.0                              # no jitter: no placement to look up (every collective asks)
-    s, _ = _shape(world_size, topology, ranks)
-    j = (topology.inter_link if s > 1 else topology.intra_link).jitter_s
+    members = _members(world_size, ranks)
+    if len(members) < 2:
+        return 0.0
+    j = max(h.link.jitter_s for h in _edges(_ring(members), world_size, topology, 1, 0.0))
     if j == 0:
         return 0.0
     rng = np.random.default_rng([seed & 0xFFFFFFFF, group_key & 0xFFFFFFFF, seq])

@@ -15,11 +15,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torch.futures import Future
 
-from wansync.net.link import Topology
+from wansync.net.topology import Topology
 from wansync.net.records import CollectiveRecord, RecordLog, summary
 
 __all__ = ["Emulator", "SHORT_S", "complete_short"]
@@ -105,9 +106,10 @@ class _Job:
     """Wait for the real collective, then until the modelled end; complete the caller's Future."""
 
     def __init__(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool,
-                 timeout: float | None, link: _Link, arrival: Arrival | None):
+                 timeout: float | None, link: _Link, arrival: Arrival | None,
+                 varies: Callable[[float], float] | None = None):
         self.works, self.rec, self.fut, self.value, self.cuda = works, rec, fut, value, cuda
-        self.timeout, self.link, self.arrival = timeout, link, arrival
+        self.timeout, self.link, self.arrival, self.varies = timeout, link, arrival, varies
 
     def run_on_completion(self, work: Any) -> None:
         """A short transfer on an idle link: complete the Future from the real work's own callback,
@@ -140,6 +142,8 @@ class _Job:
                 rec.ready = self.arrival.start()
                 start = max(start, rec.ready)
             if start > rec.start:
+                if self.varies is not None:         # links that change: as they are at the agreed start
+                    rec.modelled_s = self.varies(start)
                 rec.start, rec.modelled_end = start, start + rec.modelled_s
                 self.link.hold_until(rec.modelled_end)
             delay = rec.modelled_end - rec.real_end
@@ -209,6 +213,16 @@ class Emulator:
         self._log = RecordLog()
         # perf_counter + this is the wall clock: the clock ranks on different hosts share (to NTP's accuracy)
         self.clock_offset = time.time() - time.perf_counter()
+        self._origin = time.perf_counter()       # run time 0 (perf_counter), until the ranks agree on one
+
+    def agree_origin(self, origin: float) -> None:
+        """The run's time 0 on this process's perf_counter, agreed by every rank when the default group
+        is made (`backend`): the time link schedules count from."""
+        self._origin = origin
+
+    def run_time(self, at: float) -> float:
+        """Seconds since the run's time 0 of the perf_counter time `at`: what link schedules read."""
+        return at - self._origin
 
     def __repr__(self) -> str:
         return f"Emulator({self.topology.describe()}, seed={self.seed})"
@@ -219,12 +233,13 @@ class Emulator:
         return self._link.reserve(issue, duration)
 
     def schedule(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool,
-                 arrival: Arrival | None = None) -> None:
+                 arrival: Arrival | None = None, varies: Callable[[float], float] | None = None) -> None:
         """Record a collective and complete ``fut`` with ``value`` at max(real end, modelled end),
-        the modelled transfer starting once ``arrival`` (when given) says every member was ready. A
+        the modelled transfer starting once ``arrival`` (when given) says every member was ready;
+        ``varies`` (links that change over the run) gives its duration for the start it gets. A
         short one on an idle link completes from the real work's callback (SHORT_S)."""
         self._log.add(rec)
-        job = _Job(works, rec, fut, value, cuda, self.timeout, self._link, arrival)
+        job = _Job(works, rec, fut, value, cuda, self.timeout, self._link, arrival, varies)
         if self.short(works, rec, cuda, arrival):
             job.run_on_completion(works[0])
         else:

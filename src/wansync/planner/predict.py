@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError
-from ..net.link import Topology
+from ..net.topology import Topology
 from ..strategies import resolve_options
 from ..strategies.fragment_timetable import FragmentTimetable
 from .memory import memory_bill

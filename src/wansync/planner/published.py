@@ -11,21 +11,30 @@ compute utilization on three sets of sites:
     USA + Europe       382 s          85.6 %
     global             469 s          83.0 %
 
+Each set of sites is a topology file shipped as a preset (`intellect-1-usa`, `intellect-1-usa-europe`,
+`intellect-1-global`, in `net/topologies/`): the continents are sites, each node a worker behind its own
+internet uplink (``ports = "worker"``: its 8 GPUs share it), its GPUs on `NVLINK`. The report gives no
+placement of the nodes nor the links between them; the files assume one (USA + Europe: 10 + 4 nodes;
+global: 8 + 4 + 2 with Asia) and RTTs from the distances, and their bandwidths are calibrated, one
+link at a time, so that the planner's own int8 ring mean of the 10B pseudo-gradients (the reduce-scatter
+path: `comm.mean_cost.mean_collectives`) takes the reported all-reduce time: the link between US nodes
+from the USA run, then the USA-Europe pair from the second, then the pairs to Asia from the global run
+(`calibrate`, which `benchmarks/intellect1.py --write` runs to rewrite the files). Replaying DiLoCo on
+each file alone must then give the reported utilization; what the other configurations predict on the
+same files is the planner's answer to "what would wansync do there".
+
 The same planner then predicts a larger run (`large_table`): a 72B model on 20 workers, each behind
 500 Mbit/s at 100 ms, DiLoCo and Streaming DiLoCo against SparseLoCo.
-
-Calibration: each set of sites becomes a link (one site per node, its 8 GPUs on `NVLINK`; an RTT
-assumed from the distances, which matters little next to 10 GB) whose bandwidth makes the planner's own int8 ring mean of the
-10B pseudo-gradients (the reduce-scatter path: `comm.mean_cost.mean_collectives`) take the reported
-all-reduce time. Replaying DiLoCo on that link must then give the reported utilization; what the
-other configurations predict on it is the planner's answer to "what would wansync do there".
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..net.link import NVLINK, Link, Topology
+from ..net.link import NVLINK, Link
+from ..net.topology import Topology
+from ..net.wan import parse_wan
 from ..strategies import make_options
 from .predict import Prediction, predict, setting
 from .schedule import mean_transfers
@@ -41,13 +50,14 @@ H = 100
 @dataclass(frozen=True)
 class Region:
     name: str
+    preset: str                  # its topology file (`net/topologies/<preset>.toml`)
     all_reduce_s: float          # reported median
     utilization_pct: float       # reported
-    rtt_s: float                 # assumed from the distances
 
 
-REGIONS = (Region("USA", 103.0, 95.7, 0.06), Region("USA + Europe", 382.0, 85.6, 0.12),
-           Region("global", 469.0, 83.0, 0.25))
+REGIONS = (Region("USA", "intellect-1-usa", 103.0, 95.7),
+           Region("USA + Europe", "intellect-1-usa-europe", 382.0, 85.6),
+           Region("global", "intellect-1-global", 469.0, 83.0))
 
 # (label, strategy, options): INTELLECT-1's own setting first, then wansync's alternatives
 CONFIGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -80,24 +90,43 @@ LARGE_CONFIGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 
 
-def calibrated(region: Region) -> Topology:
-    """The link on which the planner's int8 ring mean of the 10B pseudo-gradients (the collectives
-    it replays for INTELLECT-1's setting, timed as it times them) takes the reported all-reduce
-    time (bisection on the bandwidth)."""
+def topology(region: Region) -> Topology:
+    """The region's topology file, as `--wan` reads it."""
+    return parse_wan(region.preset)
+
+
+def all_reduce_seconds(topo: Topology) -> float:
+    """The planner's int8 ring mean of the 10B pseudo-gradients on `topo` (INTELLECT-1's all-reduce,
+    timed as the planner times it)."""
     label, strategy, options = CONFIGS[0]
     opts = make_options(strategy, **options)
+    timed = transfer_seconds(topo, NODES, GPUS_PER_NODE)
+    return sum(timed(x) for x in mean_transfers(0, "params", int(PARAMS), opts, NODES, extra=1))
 
+
+def calibrate(topo: Topology, links: list[tuple[int, int]], target_s: float) -> float:
+    """The bandwidth (bit/s) that, given to the links `links` of `topo` (directed site pairs; (s, s)
+    is site s's own link), makes `all_reduce_seconds` the reported `target_s` (bisection)."""
     def seconds(bw_bps: float) -> float:
-        link = Link(rtt_s=region.rtt_s, bandwidth_bps=bw_bps)
-        topo = Topology(sites=NODES, intra_link=link, inter_link=link, name=region.name, worker_link=NVLINK)
-        timed = transfer_seconds(topo, NODES, GPUS_PER_NODE)
-        return sum(timed(x) for x in mean_transfers(0, "params", int(PARAMS), opts, NODES, extra=1))
+        return all_reduce_seconds(with_bandwidth(topo, links, bw_bps))
     low, high = 1e6, 1e13
     for _ in range(200):
         mid = (low * high) ** 0.5
-        low, high = (mid, high) if seconds(mid) > region.all_reduce_s else (low, mid)
-    link = Link(rtt_s=region.rtt_s, bandwidth_bps=high)
-    return Topology(sites=NODES, intra_link=link, inter_link=link, name=region.name, worker_link=NVLINK)
+        low, high = (mid, high) if seconds(mid) > target_s else (low, mid)
+    return high
+
+
+def with_bandwidth(topo: Topology, links: list[tuple[int, int]], bw_bps: float) -> Topology:
+    """`topo` with the bandwidth of `links` set to `bw_bps`."""
+    site_links = list(topo.site_links) or [topo.intra_link] * topo.sites
+    pairs = {(a, b): link for a, b, link in topo.pair_links}
+    for a, b in links:
+        if a == b:
+            site_links[a] = dataclasses.replace(site_links[a], bandwidth_bps=bw_bps)
+        else:
+            pairs[(a, b)] = dataclasses.replace(pairs.get((a, b), topo.inter_link), bandwidth_bps=bw_bps)
+    return dataclasses.replace(topo, site_links=tuple(site_links), intra_link=site_links[0],
+                               pair_links=tuple((a, b, link) for (a, b), link in sorted(pairs.items())))
 
 
 def predicted(topology: Topology, strategy: str, options: dict[str, Any]) -> Prediction:
@@ -115,11 +144,11 @@ def utilization_pct(p: Prediction) -> float:
 def table() -> str:
     """The calibrated links, the replay of INTELLECT-1's setting against its reported utilization,
     and the alternatives on the same links (Markdown)."""
-    topologies = [calibrated(r) for r in REGIONS]
-    lines = ["| sites | assumed RTT | calibrated bandwidth | reported all-reduce | reported utilization |",
-             "|---|---|---|---|---|"]
+    topologies = [topology(r) for r in REGIONS]
+    lines = ["| sites (`--wan`) | links (calibrated bandwidth, assumed RTT) | planned all-reduce | "
+             "reported all-reduce | reported utilization |", "|---|---|---|---|---|"]
     for r, topo in zip(REGIONS, topologies):
-        lines.append(f"| {r.name} | {r.rtt_s * 1e3:g} ms | {topo.inter_link.bandwidth_bps / 1e9:.3g} Gbit/s | "
+        lines.append(f"| {r.name} (`{r.preset}`) | {links_words(topo)} | {all_reduce_seconds(topo):.0f} s | "
                      f"{r.all_reduce_s:g} s | {r.utilization_pct} % |")
     lines += ["", "| configuration (predicted compute utilization) | " + " | ".join(r.name for r in REGIONS) + " |",
               "|---|" + "---|" * len(REGIONS)]
@@ -128,6 +157,16 @@ def table() -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("| reported (INTELLECT-1) | " + " | ".join(f"{r.utilization_pct} %" for r in REGIONS) + " |")
     return "\n".join(lines + ["", large_table()])
+
+
+def links_words(topo: Topology) -> str:
+    """`usa 1.59 Gbit/s 60 ms; usa-europe ...`: each site's own link, then each pair's."""
+    def fmt(link: Any) -> str:
+        return f"{link.bandwidth_bps / 1e9:.3g} Gbit/s, {link.rtt_s * 1e3:g} ms"
+    words = [f"{topo.site_name(s)} {fmt(topo.base_link(s, s))}" for s in range(topo.sites)]
+    words += [f"{topo.site_name(a)}-{topo.site_name(b)} {fmt(topo.base_link(a, b))}"
+              for a in range(topo.sites) for b in range(a + 1, topo.sites)]
+    return "; ".join(words)
 
 
 def large_table() -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..net.cost import exchange_seconds, in_worker_seconds
-from ..net.link import Topology
+from ..net.topology import Topology
 from .schedule import Action, Trace, Transfer
 
 DDP_OVERLAP = 2 / 3

@@ -9,7 +9,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..strategies import resolve_options
-from ..net.link import NVLINK, PRESETS, parse_wan
+from ..net.link import NVLINK
+from ..net.wan import PRESETS, parse_wan
 from ..units import human_bytes, human_seconds
 from ..telemetry.memory import CATEGORIES
 from .measure import measure_step_s, run_step_times

@@ -100,9 +100,8 @@ def check_run(cfg: Config) -> dict[str, Any]:
     options = resolve_options(cfg.strategy, vars(cfg))
     check_model(cfg)                          # the model's form, its factory's import, an hf: directory
     topology = cfg.topology                   # parses --wan: a bad spec fails here, not in the workers
-    if topology is not None and topology.sites > cfg.workers:
-        raise ConfigError(f"--wan {cfg.wan} has {topology.sites} sites but the run has {cfg.workers} workers "
-                          f"(at least one worker per site: --workers {topology.sites} or more)")
+    if topology is not None:
+        topology.check_workers(cfg.workers)
     if cfg.backend == "nccl":
         import torch
         if not torch.cuda.is_available():
