@@ -1,5 +1,5 @@
 """A test bed of hosts: Linux network namespaces joined by veth pairs, each a host with its own TCP
-stack, address, host name and name resolution, optionally shaped with `tbf` (never netem: CI
+stack, address, host name and name resolution, optionally shaped with `tbf` or `htb` (never netem: CI
 kernels may lack it).
 
     with Bed(2, rate="100mbit", names=("loopback", "address")) as bed:
@@ -7,13 +7,15 @@ kernels may lack it).
         proc = bed.start(a, ["torchrun", ...])        # in A's namespace, under A's host name
 
 Host i lives in namespace `<prefix>h<i>` at 10.77.0.<i+1>/24. Two hosts are one veth pair; three or
-more meet on a bridge in a namespace of its own. Each host's /etc/hosts (`ip netns exec` mounts
-/etc/netns/<ns>/hosts over it) names localhost and every host; its own name resolves to 127.0.0.1
-(`names` "loopback": the default of many Linux images, where torchrun's and gloo's guesses fail) or
-to its address ("address"). A process started in a host runs under `unshare --uts` with that host's
-name, in a session of its own. `close` (also on failure) kills every process in the bed's
-namespaces and deletes them; a bed whose owner (the pid in its name) died is cleaned up by the next.
-Needs root; `unavailable()` says why a bed cannot be made here, for a skip. `documented_torchrun`
+more meet on a bridge in a namespace of its own. `shape` limits a host's whole egress (`tbf`);
+`shape_pairs` gives each directed pair of hosts a rate of its own (`htb`, a class per destination),
+again mid-test to change them; `rtt` measures a pair's round trip. Each host's /etc/hosts (`ip netns
+exec` mounts /etc/netns/<ns>/hosts over it) names localhost and every host; its own name resolves to
+127.0.0.1 (`names` "loopback": the default of many Linux images, where torchrun's and gloo's guesses
+fail) or to its address ("address"). A process started in a host runs under `unshare --uts` with
+that host's name, in a session of its own. `close` (also on failure) kills every process in the
+bed's namespaces and deletes them; a bed whose owner (the pid in its name) died is cleaned up by the
+next. Needs root; `unavailable()` says why a bed cannot be made here, for a skip. `documented_torchrun`
 gives the torchrun options of docs/multinode.md's command, which the bed's hosts run.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,8 @@ PREFIX = "wsbed"
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 NETNS_ETC = Path("/etc/netns")
 SUBNET = "10.77.0"
+UNLIMITED = "100gbit"       # above a veth here (~10 Gbit/s); a 10gbit class held it to 9.6
+ECHO_PORT = 7               # the bed's namespaces have ports of their own
 _count = itertools.count()
 
 
@@ -117,6 +122,42 @@ class Bed:
                         "tbf", "rate", rate, "burst", str(burst), "latency", "100ms"],
                        check=True, capture_output=True, text=True)
 
+    def shape_pairs(self, rates: dict[tuple[int, int], str]) -> None:
+        """Limit host i's traffic to host j to `rates[(i, j)]` (tc's syntax), each directed pair on its
+        own: on a bridge a host's one link carries all its pairs, so i's egress gets an htb class per
+        destination, picked by a u32 filter on the destination address. Pairs not named, and traffic
+        to no host (ARP), are unlimited. Changes the classes in place, so calling it again mid-test
+        (a link dropping) loses no queued packet; replaces a `shape` (tbf) limit."""
+        for (i, j) in rates:
+            if i == j or not (0 <= i < len(self.hosts) and 0 <= j < len(self.hosts)):
+                raise ValueError(f"pair {(i, j)}: expected two different hosts of {len(self.hosts)}")
+        for i, h in enumerate(self.hosts):
+            if _root_qdisc(h) != "htb 1:":
+                tc(h, "qdisc", "replace", "dev", h.ifname, "root", "handle", "1:", "htb", "default", "ffff")
+            _htb_class(h, "1:ffff", UNLIMITED)
+            for j, other in enumerate(self.hosts):
+                if j != i:
+                    _htb_class(h, f"1:{j + 1:x}", rates.get((i, j), UNLIMITED))
+                    tc(h, "filter", "replace", "dev", h.ifname, "parent", "1:", "protocol", "ip", "prio", "1",
+                       "handle", f"800::{j + 1:x}", "u32", "match", "ip", "dst", f"{other.address}/32",
+                       "flowid", f"1:{j + 1:x}")
+
+    def rtt(self, a: int, b: int) -> float:
+        """Median round trip (seconds) of a 1-byte TCP ping-pong from host `a` to host `b`: what the
+        bed's links add to every exchange."""
+        server = self.start(self.hosts[b], [sys.executable, "-c", _ECHO_SERVER, str(ECHO_PORT)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        out = self.run(self.hosts[a], [sys.executable, "-c", _ECHO_CLIENT, self.hosts[b].address, str(ECHO_PORT)],
+                       timeout=30)
+        try:
+            err = server.communicate(timeout=10)[1]     # it serves one connection: the port is free again
+        except subprocess.TimeoutExpired:
+            server.kill()
+            err = server.communicate()[1]
+        if out.returncode != 0:
+            raise RuntimeError(f"rtt {a}->{b}: {out.stderr.strip()} (echo server: {err.strip()})")
+        return float(out.stdout)
+
     def _write_hosts(self, host: Host) -> None:
         d = NETNS_ETC / host.ns
         d.mkdir(parents=True, exist_ok=True)
@@ -187,6 +228,60 @@ def clean_stale() -> None:
         owner = ns[len(PREFIX):].split("x", 1)[0].split("probe", 1)[0]
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():
             delete_namespace(ns)
+
+
+def tc(host: Host, *args: str) -> None:
+    subprocess.run(["ip", "netns", "exec", host.ns, "tc", *args], check=True, capture_output=True, text=True)
+
+
+def _root_qdisc(host: Host) -> str:
+    """`host`'s root qdisc as "<kind> <handle>" (e.g. "htb 1:"), to change an htb in place."""
+    out = subprocess.run(["ip", "netns", "exec", host.ns, "tc", "qdisc", "show", "dev", host.ifname, "root"],
+                         check=True, capture_output=True, text=True).stdout.split()
+    return " ".join(out[1:3])
+
+
+def _htb_class(host: Host, classid: str, rate: str) -> None:
+    """An htb class of `rate` that never borrows. tc's default buckets are a tick of the rate plus an
+    MTU, a tick being a nanosecond on hrtimer kernels: 1.4 KB, under one of a veth's 64 KB GSO
+    packets, which held a 1gbit class 3% short. Hence, as for `shape`, a millisecond at the rate and
+    at least 32 KB, for both buckets (htb sends a packet bigger than them; it waits for the tokens
+    after). A quantum of 64 KB: the default, rate/10, exceeds htb's range above 16 Mbit/s and only
+    weighs borrowing."""
+    burst = str(max(32 * 1024, int(_bits(rate) / 8 / 1000)))
+    tc(host, "class", "replace", "dev", host.ifname, "parent", "1:", "classid", classid, "htb", "rate", rate,
+       "ceil", rate, "burst", burst, "cburst", burst, "quantum", str(64 * 1024))
+
+
+_ECHO_SERVER = """
+import socket, sys
+with socket.create_server(("", int(sys.argv[1]))) as srv:
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while data := conn.recv(1):
+        conn.sendall(data)
+"""
+
+_ECHO_CLIENT = """
+import socket, statistics, sys, time
+for _ in range(200):
+    try:
+        conn = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+        break
+    except OSError:
+        time.sleep(0.02)
+else:
+    raise SystemExit("no echo server")
+conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(60):
+    t0 = time.perf_counter()
+    conn.sendall(b"x")
+    conn.recv(1)
+    rtts.append(time.perf_counter() - t0)
+conn.close()
+print(statistics.median(rtts[10:]))
+"""
 
 
 def _bits(rate: str) -> float:

@@ -15,16 +15,19 @@ pytestmark = pytest.mark.timeout(180)
 MINE = ("slowmo", "cpdp", "diloco", "post_local_sgd")
 
 
+PACE = {"slow_policy": "wait", "deadline": 0.0}        # workers of different speeds (`strategies.pace`)
+
+
 def test_registered_with_spec_defaults():
     assert set(MINE) <= set(STRATEGIES)
-    outer = {"outer_state_device": "model"}
+    outer = {"outer_state_device": "model", **PACE}
     assert vars(make_options("slowmo")) == {"sync_every": 8, "slowmo_beta": 0.5, "slowmo_lr": 1.0,
                                             "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **outer}
     assert vars(make_options("cpdp")) == {"sync_every": 4, "slowmo_beta": 0.3, "slowmo_lr": 1.0, "grad_phase": True,
                                           "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **outer}
     assert vars(make_options("diloco")) == {"sync_every": 100, "outer_lr": 0.7, "outer_momentum": 0.9,
                                             "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **outer}
-    assert vars(make_options("post_local_sgd")) == {"sync_every": 8, "switch_step": 100, "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False}
+    assert vars(make_options("post_local_sgd")) == {"sync_every": 8, "switch_step": 100, "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **PACE}
 
 
 @pytest.mark.parametrize("name", MINE)
@@ -72,7 +75,8 @@ def test_cli_cpdp_run_without_gradient_phase_and_with_optimizer_state_sync(tmp_p
     summary = json.loads((out / "summary.json").read_text())
     assert summary["options"] == {"sync_every": 4, "slowmo_beta": 0.3, "slowmo_lr": 1.0, "grad_phase": False,
                                   "sync_optimizer_state": True, "drift_telemetry": True, "codec": "fp32",
-                                  "codec_collective": "auto", "error_feedback": False, "outer_state_device": "model"}
+                                  "codec_collective": "auto", "error_feedback": False, "outer_state_device": "model",
+                                  **PACE}
     assert summary["sync_events"] == 2 and "grads" not in summary["comm"]
     assert summary["comm"]["params"]["calls"] == 2 and summary["comm"]["optim_state"]["calls"] == 2
     syncs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

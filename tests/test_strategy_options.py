@@ -79,11 +79,12 @@ def test_an_option_without_help_is_refused():
 
 def test_defaults_are_unchanged():
     assert vars(make_options("local_sgd")) == {"sync_every": 8, "sync_optimizer_state": False, "drift_telemetry": True,
-                                               "codec": "fp32", "codec_collective": "auto", "error_feedback": False}
+                                               "codec": "fp32", "codec_collective": "auto", "error_feedback": False,
+                                               "slow_policy": "wait", "deadline": 0.0}
     assert vars(make_options("streaming")) == {"sync_every": 100, "fragments": 4, "overlap": 5, "alpha": 0.5,
                                                "outer_lr": 0.7, "outer_momentum": 0.9, "outer_state_device": "model",
                                                "codec": "fp32", "codec_collective": "auto", "error_feedback": False, "partition": "strided", "syncs_per_period": 0,
-                                               "eager": False}
+                                               "eager": False, "slow_policy": "wait", "deadline": 0.0}
     assert vars(make_options("cocodc")) == {**vars(make_options("streaming")), "lam": 0.5, "gamma": 0.4,
                                             "schedule": "adaptive_fair", "compensation": "damped",
                                             "max_syncs_per_fragment": 2, "outer_scaling": "none"}
@@ -157,7 +158,8 @@ def test_resolve_options_fills_defaults_and_ignores_keys_of_other_strategies():
     given = {"sync_every": 16, "overlap": 1, "slowmo_beta": None}
     assert resolve_options("slowmo", given) == {"sync_every": 16, "sync_optimizer_state": False,
                                                  "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, "slowmo_beta": 0.5,
-                                                 "slowmo_lr": 1.0, "outer_state_device": "model"}
+                                                 "slowmo_lr": 1.0, "outer_state_device": "model", "slow_policy": "wait",
+                                                 "deadline": 0.0}
     assert resolve_options("ddp", given) == {}
 
 

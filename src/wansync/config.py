@@ -327,6 +327,8 @@ def check_options_apply(strategies: Iterable[str], given: Iterable[str]) -> None
 def fingerprint(cfg: Config, strategy_options: dict[str, Any]) -> dict[str, Any]:
     """Every resolved key that changes what a run computes (all but RUN_CONTROL_KEYS and out), flat."""
     flat = {k: v for sec in to_sections(cfg, strategy_options).values() for k, v in sec.items()}
+    if cfg.wan and cfg.topology is not None and cfg.topology.workers is not None:    # a topology file: what
+        flat["wan"] = f"topology {cfg.topology.digest()}"        # it says, not where it was read from
     return {k: v for k, v in sorted(flat.items()) if k not in RUN_CONTROL_KEYS and k != "out"}
 
 

@@ -23,6 +23,7 @@ class CommTotals:
     waited_s: float = 0.0
     sent: int = 0           # what this rank put on the wire to move it: by the collective's algorithm
     parts: dict[str, int] = field(default_factory=dict)   # a sparse payload's bytes by kind (`comm.sparse`)
+    algorithm: str = ""     # how its all-reduces between workers ran: flat | hierarchical (`comm.site_mean`)
 
 
 @dataclass
@@ -45,6 +46,12 @@ class CommLedger:
         t.sent += nbytes if sent is None else sent
         for kind, n in (parts or {}).items():
             t.parts[kind] = t.parts.get(kind, 0) + n
+
+    def ran(self, purpose: str, algorithm: str) -> None:
+        """Book how an all-reduce of `purpose` between workers ran (both, joined by "+", when it varied)."""
+        t = self.totals[purpose]
+        if algorithm not in t.algorithm.split("+"):
+            t.algorithm = "+".join(filter(None, (t.algorithm, algorithm)))
 
     def waited(self, purpose: str, seconds: float) -> None:
         self.totals[purpose].waited_s += seconds
@@ -69,7 +76,8 @@ class CommLedger:
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {k: {"calls": v.calls, "bytes": v.bytes, "waited_s": v.waited_s, "sent": v.sent,
-                    **({"parts": dict(v.parts)} if v.parts else {})}
+                    **({"parts": dict(v.parts)} if v.parts else {}),
+                    **({"algorithm": v.algorithm} if v.algorithm else {})}
                 for k, v in self.totals.items()}
 
     def restore(self, snapshot: dict[str, dict[str, Any]]) -> None:
@@ -77,4 +85,5 @@ class CommLedger:
         for k, v in snapshot.items():
             self.totals[k] = CommTotals(int(v["calls"]), int(v["bytes"]), float(v["waited_s"]),
                                         int(v.get("sent", v["bytes"])),
-                                        {kind: int(n) for kind, n in v.get("parts", {}).items()})
+                                        {kind: int(n) for kind, n in v.get("parts", {}).items()},
+                                        str(v.get("algorithm", "")))

@@ -12,11 +12,11 @@ STRATEGIES = ("local_sgd", "slowmo", "diloco", "streaming", "cocodc", "sparseloc
 
 def check_fault_tolerant(cfg: Any) -> None:
     """Refuse, in one line with its reason, what a fault-tolerant run cannot do (`cfg`: a `Config`)."""
-    check_supported(cfg.strategy, codec=getattr(cfg, "codec", None))
+    check_supported(cfg.strategy, codec=getattr(cfg, "codec", None), slow_policy=getattr(cfg, "slow_policy", None))
 
 
 def check_supported(strategy: str, inside: str = "ddp", codec: str | None = None,
-                    subject: str = "--fault-tolerant") -> None:
+                    subject: str = "--fault-tolerant", slow_policy: str | None = None) -> None:
     """The refusals, for the CLI's flags and a user's loop alike (`subject`: what the line names).
     The CLI's workers may be of several ranks, DDP or FSDP inside; in a user's loop a fault-tolerant
     worker is one rank (`ft.own_loop`), so a model sharded there (`inside`) is refused."""
@@ -29,3 +29,6 @@ def check_supported(strategy: str, inside: str = "ddp", codec: str | None = None
           "in it (workers of several ranks, sharded inside: the CLI's --fault-tolerant --inside fsdp)")
     check(codec in (None, "fp32"),
           f"{subject} exchanges fp32 only (torchft's quorum all-reduce sums on the wire), not codec {codec}")
+    check(slow_policy in (None, "wait"),
+          f"{subject} takes slow_policy wait only, not {slow_policy}: the quorum decides who takes part in each "
+          f"exchange, and a late worker is not a dead one (it is waited for)")

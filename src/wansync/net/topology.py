@@ -11,7 +11,10 @@ ranks ``w*R .. w*R+R-1`` form worker w. Two forms:
 - **laid out** (a topology file, `net.topology_file`): named sites with their own worker counts
   (``site_workers``: the run must have exactly that many workers, site by site in file order), their
   own inside links (``site_links``), a link per directed pair of sites (``pair_links``), per-worker
-  compute speeds (``speeds``) and link schedules (``schedules``, `net.schedule`).
+  compute speeds (``speeds``), optionally the step time of a full-speed worker (``step_s``: an
+  emulated run pads every step to it, divided by the worker's relative speed, so that workers of
+  different speeds keep their ratio on a machine whose cores they share) and link schedules
+  (``schedules``, `net.schedule`).
 
 Ranks in one worker talk over ``inside_worker`` (``worker_link`` when given, else their site's
 link); ranks in one site over the site's link (each rank has its own port at that rate, or with
@@ -21,6 +24,7 @@ sites over the directed pair's link, which the transfers crossing it at the same
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -52,6 +56,7 @@ class Topology:
     pair_links: tuple[tuple[int, int, Link], ...] = ()        # directed (src, dst, link); else inter_link
     site_ports: tuple[str, ...] = ()                          # per site: "rank" (own port) or "worker"; empty: rank
     speeds: tuple[float, ...] = ()                            # per worker, relative; empty: all equal
+    step_s: float = 0.0                                       # a full-speed worker's step, emulated (0: as it runs)
     schedules: tuple[LinkSchedule, ...] = ()
 
     def __post_init__(self) -> None:
@@ -77,6 +82,8 @@ class Topology:
             bad = [s for s in self.speeds if not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0)]
             if bad:
                 raise ConfigError(f"a worker's speed must be a positive number, got {bad[0]!r}")
+        if not (isinstance(self.step_s, (int, float)) and math.isfinite(self.step_s) and self.step_s >= 0):
+            raise ConfigError(f"the emulated step time must be >= 0 s, got {self.step_s!r}")
         for src, dst, _ in self.pair_links:
             if not (0 <= src < self.sites and 0 <= dst < self.sites) or src == dst:
                 raise ConfigError(f"a link between sites {src} and {dst} of {self.sites}")
@@ -182,6 +189,17 @@ class Topology:
             return 1.0
         return max(self.speeds) / self.speeds[worker]
 
+    def emulated_step_s(self, worker: int) -> float:
+        """How long a step of worker `worker` lasts in an emulated run (0: as long as it takes here):
+        `step_s`, times its slowdown."""
+        return self.step_s * self.slowdown(worker)
+
+    def digest(self) -> str:
+        """A short digest of everything this topology says (its name aside): what nodes compare, and a
+        resumed run against its checkpoint, whatever path its file was read from."""
+        import hashlib
+        return hashlib.sha256(repr(dataclasses.replace(self, name="")).encode()).hexdigest()[:16]
+
     # ---- words -----------------------------------------------------------------------------
     def describe(self) -> str:
         """A one-line human description (used by logs and reports)."""
@@ -191,6 +209,8 @@ class Topology:
             tail += f"; inside a worker {_fmt(self.worker_link)}"
         if self.speeds and len(set(self.speeds)) > 1:
             tail += "; worker speeds " + ", ".join(f"{s:g}" for s in self.speeds)
+        if self.step_s:
+            tail += f"; steps of {self.step_s:g} s at full speed"
         if self.schedules:
             tail += f"; {len(self.schedules)} link schedule{'s' if len(self.schedules) > 1 else ''}"
         if self.site_workers:

@@ -25,6 +25,10 @@
     [worker]
     link = "nvlink"                                # between a worker's ranks: site | nvlink | {rtt, bw}
 
+    [compute]
+    step = "250ms"                                 # emulated: a full-speed worker's step lasts this long,
+                                                   # a worker of speed 0.5 twice as long (padded)
+
     [[schedules]]                                  # links that change with run time
     links = [["us-east", "eu-west"]]               # "all", [a, b] pairs (both ways), {from, to}, a site's name
     steps = [{ at = "60s", scale = 0.1 }, { at = "120s", bw = "1gbit", rtt = "80ms" }]
@@ -53,7 +57,7 @@ __all__ = ["SUFFIXES", "load", "parse"]
 
 SUFFIXES = (".toml", ".yaml", ".yml")
 MAX_BYTES = 1 << 20
-_TOP = ("name", "sites", "links", "worker", "schedules")
+_TOP = ("name", "sites", "links", "worker", "compute", "schedules")
 _SITE = ("workers", "link", "ports", "speeds")
 _LINK = ("rtt", "bw", "jitter", "mtu")
 _PAIR = ("sites", "from", "to", *_LINK)
@@ -171,6 +175,7 @@ class _Reader:
         index = {n: i for i, n in enumerate(names)}
         pairs = self.pairs(self.array(top.get("links", []), "[[links]]"), index)
         worker_link = self.worker(top["worker"]) if "worker" in top else None
+        step_s = self.compute(top["compute"]) if "compute" in top else 0.0
         schedules = tuple(self.schedule(s, f"[[schedules]] #{k + 1}", index, len(names))
                           for k, s in enumerate(self.array(top.get("schedules", []), "[[schedules]]")))
         return Topology(sites=len(names), name=name, site_names=tuple(names), site_workers=tuple(workers),
@@ -178,7 +183,7 @@ class _Reader:
                         site_ports=tuple(ports) if "worker" in ports else (),
                         pair_links=tuple((a, b, link) for (a, b), link in sorted(pairs.items())),
                         speeds=tuple(speeds) if any(s != 1.0 for s in speeds) else (),
-                        worker_link=worker_link, schedules=schedules)
+                        worker_link=worker_link, schedules=schedules, step_s=step_s)
 
     def workers(self, value: Any, where: str) -> int:
         if value is None:
@@ -272,6 +277,15 @@ class _Reader:
                 raise self.fail("[worker] link", f"expected {', '.join(WORKER_LINKS)} or {{rtt, bw}}, got {link!r}")
             return WORKER_LINKS[link.strip().lower()]
         return self.link(link, "[worker] link")
+
+    def compute(self, value: Any) -> float:
+        spec = self.table(value, "[compute]", ("step",))
+        if "step" not in spec:
+            raise self.fail("[compute]", 'missing step (a full-speed worker\'s step time, e.g. step = "250ms")')
+        step = self.convert("[compute] step", parse_time, self.string(spec["step"], "[compute] step"), "step")
+        if not step > 0:
+            raise self.fail("[compute] step", f"must be a positive time, got {spec['step']!r}")
+        return step
 
     def schedule(self, value: Any, where: str, index: dict[str, int], sites: int) -> LinkSchedule:
         spec = self.table(value, where, _SCHEDULE)

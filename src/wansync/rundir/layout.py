@@ -6,6 +6,7 @@ written and read back.
                                      wansync wrote them (`rundir.owned`)
     OUT/<label>/seed<k>/             one run (RUN_FILES):
         config.toml                  the fully resolved configuration (`runner.run`)
+        topology.toml                a copy of the --wan topology file, when one was given (or .yaml)
         metrics.jsonl                one record per step, evaluation and sync event (`telemetry.metrics`)
         profile.json                 the time categories and sync events (`telemetry.profiler`)
         summary.json                 SUMMARY_FILE, written once and then added to (below)
@@ -49,8 +50,10 @@ FAILED_FILE = "failed.json"
 TENSORBOARD_DIR = "tensorboard"
 EXPERIMENT_FILE = "experiment.json"
 # What a run writes into its directory: `train --force` replaces these and touches nothing else.
+#: A copy of the topology file `--wan FILE` named, with its suffix (`runner.run.keep_topology`).
+TOPOLOGY_FILES = ("topology.toml", "topology.yaml", "topology.yml")
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, PROFILE_FILE, CHECKPOINTS_DIR, LOGS_DIR, FAILED_FILE,
-             TENSORBOARD_DIR)
+             TENSORBOARD_DIR, *TOPOLOGY_FILES)
 REPORT_FILE = "report.md"
 SUMMARY_CSV = "summary.csv"
 RUNS_CSV = "runs.csv"
@@ -80,6 +83,11 @@ def add_to_summary(run_dir: str | Path, fields: dict[str, Any]) -> bool:
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
     """A run's summary; {} when it has none (or one that is damaged)."""
     return json_object(Path(run_dir) / SUMMARY_FILE)
+
+
+def topology_copy_name(source: Path) -> str:
+    """The run directory's name for its copy of the topology file `source`: topology.toml (or .yaml, .yml)."""
+    return "topology" + source.suffix.lower()
 
 
 def regular_text(path: Path) -> str:

@@ -26,14 +26,16 @@ from . import launch, worker
 from .agreement import agree
 from .torchrun import TorchrunEnv, join_network
 from ..config import RUN_CONTROL_KEYS, Config, coerce, fingerprint, from_sections, replace, to_sections
-from ..errors import ConfigError, DataError, StorageError, WansyncError, path_kind
+from ..errors import ConfigError, DataError, StorageError, WansyncError, path_kind, user_text
+from ..net import topology_file
+from ..net.wan import is_file_spec
 from ..workloads.factory import is_factory
 from ..workloads.lm.corpus import corpus_files
 from ..strategies.guards import regime_warnings
 from ..trainer.sharding import check_precision
 from ..telemetry import tensorboard
 from ..rundir.layout import (CONFIG_FILE, FAILED_FILE, LOGS_DIR, RUN_FILES, SUMMARY_FILE, has_summary, is_run_dir,
-                             read_summary)
+                             read_summary, topology_copy_name)
 from ..rundir.lock import LOCK_FILE, RunLock, check_unlocked
 from ..strategies import resolve_options
 
@@ -158,7 +160,7 @@ def prepare(cfg: Config) -> tuple[Path, dict[str, Any]]:
     directory holds: `train` makes those)."""
     options = check_run(cfg)
     run_dir = make_run_dir(Path(cfg.out))
-    write_config(run_dir, config_text(cfg, options))
+    write_config(run_dir, config_text(cfg, options), cfg)
     return run_dir, options
 
 
@@ -178,11 +180,32 @@ def make_run_dir(run_dir: Path, what: str = "run directory") -> Path:
     return run_dir
 
 
-def write_config(run_dir: Path, text: str) -> None:
+def write_config(run_dir: Path, text: str, cfg: Config | None = None) -> None:
+    """config.toml, and beside it a copy of the topology file `cfg.wan` names (`keep_topology`)."""
     try:
         (run_dir / "config.toml").write_text(text)
     except OSError as e:
         raise StorageError(f"cannot write {run_dir / 'config.toml'}: {e.strerror or e}") from None
+    if cfg is not None:
+        keep_topology(run_dir, cfg)
+
+
+def keep_topology(run_dir: Path, cfg: Config) -> None:
+    """A copy of the topology file the run was started with (`topology.toml`, or `.yaml`): what the
+    run's links were, and what `--resume` reads when the file has moved. Written atomically, as the
+    file reads now: its content is what the run's fingerprint holds (`config.fingerprint`)."""
+    if not cfg.wan or not is_file_spec(cfg.wan):
+        return
+    source = Path(cfg.wan.strip())
+    target = run_dir / topology_copy_name(source)
+    if source.resolve() == target.resolve():                  # a resume from the copy itself
+        return
+    data = user_text(source, "topology file", topology_file.MAX_BYTES).encode()
+    try:
+        if not target.is_file() or target.read_bytes() != data:
+            checkpoint.atomic_write_bytes(target, data)
+    except OSError as e:
+        raise StorageError(f"cannot write {target}: {e.strerror or e}") from None
 
 
 def check_target(run_dir: Path, force: bool) -> bool:
@@ -236,6 +259,9 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
     if forbidden:
         raise ConfigError(f"cannot change {forbidden[0]} when resuming (only {', '.join(RUN_CONTROL_KEYS)})")
     cfg = replace(saved, out=str(run_dir), **changes)
+    kept = run_dir / topology_copy_name(Path(cfg.wan.strip())) if cfg.wan and is_file_spec(cfg.wan) else None
+    if kept is not None and kept.is_file() and not Path(cfg.wan.strip()).is_file():
+        cfg = replace(cfg, wan=str(kept))                   # the file has moved: the run's own copy
     step = int(step_dir.name[4:])
     if cfg.steps < step:
         raise ConfigError(f"cannot resume: --steps {cfg.steps} is below the checkpoint's step {step}")
@@ -257,13 +283,15 @@ def train(cfg: Config, resume: bool = False, force: bool = False,
     `resume` continues from the run directory's newest complete checkpoint; `force` replaces an
     earlier run in the same directory; `torchrun` (the command read it, `runner.torchrun`): this
     process is one of torchrun's ranks, else the launcher starts the workers here."""
+    if torchrun is not None:                              # the launch says how many workers there are
+        cfg = replace(cfg, workers=torchrun.world_size // cfg.ranks_per_worker)
     options = check_run(cfg)
     run_dir = Path(cfg.out)
     if torchrun is None:
         check_local_launch(cfg)
     earlier = False                                       # an earlier run's files to replace
     if torchrun is not None:
-        cfg, rank = replace(cfg, workers=torchrun.world_size // cfg.ranks_per_worker), torchrun.rank
+        rank = torchrun.rank
         refused, earlier = refusal(run_dir, resume, force) if rank == 0 else (None, False)
         ours, torchrun = adopt(torchrun, cfg, options, run_dir, resume, refused)
         if rank != 0:
@@ -285,7 +313,7 @@ def train(cfg: Config, resume: bool = False, force: bool = False,
         if not resume and (earlier if torchrun is not None else check_target(run_dir, force)):
             clear_run(run_dir)
         text = config_text(cfg, options)
-        write_config(run_dir, text)
+        write_config(run_dir, text, cfg)
         (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
         if torchrun is not None:
             run_rank(ours, run_dir, resume, torchrun, config_text(ours, options))
@@ -323,6 +351,7 @@ def adopt(torchrun: TorchrunEnv, cfg: Config, options: dict[str, Any], run_dir: 
         raise refused
     if torchrun.local_rank == 0 and torchrun.rank != 0:
         keep_config(run_dir, config_text(cfg, options))
+        keep_topology(run_dir, cfg)
     ours = cfg if cfg.threads else replace(cfg, threads=agreed.threads)
     return ours, dataclasses.replace(torchrun, round=agreed.round)
 

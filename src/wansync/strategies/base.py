@@ -35,6 +35,7 @@ from ..comm.replicas import Replicas, replicas_of
 from ..errors import ConfigError
 from .grad_sync import GradientSync, ShardedGradientSync, fsdp_gradient_sync_paused, hybrid_sharded
 from .options import Options
+from .pace import Pace
 from .timetable import Timetable
 
 
@@ -112,6 +113,9 @@ class Strategy:
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         # what the initial broadcast replaced on this rank, until the first step (`broadcast_initial_state`)
         self._replaced: list[tuple[FlatTensors, torch.Tensor, tuple[float, float]]] = []
+        policy = getattr(self.opts, "slow_policy", "wait")
+        self.pace = Pace(policy, getattr(self.opts, "sync_every", 1), getattr(self.opts, "deadline", 0.0),
+                         self.replicas)
         self.inside_sync = None
         if self.replicas.ddp_inside and self.steps_inside_workers:
             self.inside_sync = GradientSync(model, self.replicas.inside, self.comm, purpose=INSIDE + "grads")
@@ -132,25 +136,41 @@ class Strategy:
         strategy all-reduces them over every rank then.)"""
         return self.timetable.inside_step(t)
 
-    def step(self, skip_inner: bool = False) -> None:
+    def step(self, skip_inner: bool = False, idle: bool = False) -> None:
         """Inner optimizer step, then whatever synchronization is due at the new step count.
 
         `skip_inner` drops this worker's inner update (a non-finite gradient under
         `--on-nonfinite skip`) while keeping the schedule, so every rank issues the same
-        collectives. Records the time spent outside `step()` since the previous one (forward,
-        backward, data: `since_last_step_s`, None on the first) and in the inner step."""
+        collectives. `idle`: this worker sat the step out (no forward, no backward: its slow policy
+        said so, `computes_next`); the exchanges due are made all the same. Records the time spent
+        outside `step()` since the previous one (forward, backward, data: `since_last_step_s`, None
+        on the first) and in the inner step."""
         entered = time.perf_counter()
         self._replaced = []                           # training has begun: the initial broadcast stands
         if self._left_step_at is not None:
             self.since_last_step_s = entered - self._left_step_at
-        self.inner_step(skip_inner)
+        self.inner_step(skip_inner or idle)
         self.last_inner_s = time.perf_counter() - entered
-        if self.inside_sync is not None and self.inside_step(self.t + 1):
+        if self.inside_sync is not None and self.inside_step(self.t + 1) and not idle:
             self.inside_sync.book()
         self.t += 1
         if self.exchanges_at(self.t):
             self.exchange.meet(self.t)                # who takes part; a worker behind may heal here
+        took = None if self.since_last_step_s is None else self.since_last_step_s + self.last_inner_s
         self.sync_due()
+        self.pace.after_step(self.t, not (skip_inner or idle), took)
+
+    def computes_next(self) -> bool:
+        """Does this worker compute the next step, or sit it out (`step(idle=True)`)? Always, unless a
+        slow policy (`slow_policy` deadline or balanced, `strategies.pace`) says otherwise::
+
+            if sync.computes_next():
+                loss_fn(sync.model(batch)).backward()
+                sync.step()
+            else:
+                sync.step(idle=True)
+        """
+        return self.pace.computes(self.t + 1)
 
     def sync_due(self) -> None:
         """The synchronization due at step `self.t`, after its inner step: none when this worker
@@ -274,7 +294,7 @@ class Strategy:
         """The strategy's resumable state, with this rank's communication counters (`comm`): a loop
         that saves it beside the model's and optimizer's resumes with nothing else to restore."""
         return {"t": self.t, "options": dataclasses.asdict(self.opts), **self.extra_state(),
-                "comm": self.comm.snapshot()}
+                "comm": self.comm.snapshot(), **({"pace": self.pace.state_dict()} if self.pace.active else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict()`, before or after loading the model and optimizer (see
@@ -282,6 +302,7 @@ class Strategy:
         a peer's heal state, leaves them as they are)."""
         self._restore_replaced()
         self.t = int(state["t"])
+        self.pace.load_state_dict(state.get("pace"))
         self.load_extra_state(state)
         if "comm" in state:
             self.comm.restore(state["comm"])

@@ -37,6 +37,7 @@ from typing import Any
 from .grad_sync import gradient_phase
 from .options import option, sync_every
 from .periodic import PeriodicTimetable
+from .pace import check_every_worker_steps
 from .slowmo import SlowMo, SlowMoOptions
 
 
@@ -47,6 +48,11 @@ class CPDPOptions(SlowMoOptions):
     slowmo_beta: float = SlowMoOptions.with_default("slowmo_beta", 0.3)
     grad_phase: bool = option(True, "gradient all-reduce at each reconciliation step (phase 1; "
                               "off: the LocalSGD+SlowMo ablation)")
+
+    def cross_check(self) -> None:
+        super().cross_check()
+        if self.grad_phase:
+            check_every_worker_steps(self, "cpdp", "its step K all-reduces every worker's gradients (a DDP step)")
 
 
 class CPDPTimetable(PeriodicTimetable):

@@ -28,17 +28,20 @@ class InFlight:
     delta: torch.Tensor | None = None    # this worker's pseudo-gradient, the exchange's input
     theta_start: torch.Tensor | None = None   # θ_{m,p}(t_p), when the merge needs it
     handle: MeanHandle | None = None     # None until (re)launched
+    weight: float | None = None          # what this worker's contribution weighs (`strategies.pace`)
 
     def state_dict(self) -> dict[str, Any]:
         return {"fragment": self.fragment, "start": self.start, "merge_at": self.merge_at,
                 "interval": self.interval, "reason": self.reason, "delta": self.delta.clone(),
-                "theta_start": None if self.theta_start is None else self.theta_start.clone()}
+                "theta_start": None if self.theta_start is None else self.theta_start.clone(),
+                **({"weight": self.weight} if self.weight is not None else {})}
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> "InFlight":
         return cls(fragment=int(s["fragment"]), start=int(s["start"]), merge_at=int(s["merge_at"]),
                    interval=int(s["interval"]), reason=str(s["reason"]), delta=s["delta"].clone(),
-                   theta_start=None if s["theta_start"] is None else s["theta_start"].clone())
+                   theta_start=None if s["theta_start"] is None else s["theta_start"].clone(),
+                   weight=s.get("weight"))
 
 
 class InFlightExchanges:

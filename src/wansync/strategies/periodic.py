@@ -30,6 +30,7 @@ from ..comm.codecs import get_codec
 from ..comm.flat import FlatTensors
 from .base import Strategy, local_shard, sync_tensors
 from .options import Options, check_codec_options, codec, codec_collective, error_feedback, option, sync_every
+from .pace import check_pace_options, deadline, slow_policy
 from .timetable import Timetable
 
 
@@ -47,10 +48,13 @@ class PeriodicOptions(Options):
     codec: str = codec()
     codec_collective: str = codec_collective()
     error_feedback: bool = error_feedback()
+    slow_policy: str = slow_policy()
+    deadline: float = deadline()
 
     def cross_check(self) -> None:
         super().cross_check()
         check_codec_options(self)
+        check_pace_options(self)
 
 
 class PeriodicTimetable(Timetable):
@@ -82,6 +86,7 @@ class Periodic(Strategy):
         self.codec = get_codec(self.opts.codec)
         self._last_mean: torch.Tensor | None = None   # lossy codec without an anchor: θ̄ of the last average
         self._residual: torch.Tensor | None = None    # error feedback: what the codec dropped last time
+        self._computed_at = 0                         # steps computed at the last boundary (`pace`)
 
     def after_inner_step(self) -> None:
         if self.timetable.is_boundary(self.t):
@@ -114,11 +119,12 @@ class Periodic(Strategy):
     # ---- resumable state: the drift's reference rides along (telemetry only) ------------------
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "drift_ref": self._ref_sq, "last_mean": self._last_mean,
-                "residual": self._residual}
+                "residual": self._residual, **({"computed_at": self._computed_at} if self.pace.active else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._ref_sq = state.get("drift_ref")     # a checkpoint from before: the next reference is 0
+        self._computed_at = int(state.get("computed_at", 0))
         for name in ("last_mean", "residual"):
             value = state.get(name)
             setattr(self, f"_{name}", None if value is None else value.clone())
@@ -159,7 +165,8 @@ class Periodic(Strategy):
         ref = self._ref_sq or 0.0
         if extra:
             wire[n] = (exact_sq_norm(wire[:n]) - ref) / max(n, 1)
-        sent = self.exchange.mean(wire, "params", inplace=True, extra=extra, mean_sq=bool(extra))
+        sent = self.exchange.mean(wire, "params", inplace=True, extra=extra, mean_sq=bool(extra),
+                                  weight=self.steps_weight())
         info: dict[str, Any] = {"bytes": self.flat.nbytes}
         if extra:
             avg_sq = sent.mean_sq
@@ -189,7 +196,8 @@ class Periodic(Strategy):
             self._residual = torch.zeros(n, dtype=torch.float32, device=self.flat.device)
         sent = self.exchange.mean(wire, "params", self.codec, inplace=True, extra=extra, mean_sq=bool(extra),
                                   collective=self.opts.codec_collective,
-                                  residual=self._residual if self.opts.error_feedback else None)
+                                  residual=self._residual if self.opts.error_feedback else None,
+                                  weight=self.steps_weight())
         avg = wire[:n].add_(ref)                        # θ̄ = θ_ref + d̄
         info: dict[str, Any] = {"bytes": self.codec.wire_bytes(n), "codec": self.codec.name}
         if extra:
@@ -202,6 +210,13 @@ class Periodic(Strategy):
         if getattr(self.opts, "sync_optimizer_state", False):
             self.average_optimizer_state()
         return avg, info
+
+    def steps_weight(self) -> float | None:
+        """What this worker's parameters weigh at this boundary: the steps it computed since the last
+        one (`strategies.pace`; None under slow_policy wait: an unweighted mean)."""
+        weight = self.pace.weight(self._computed_at)
+        self._computed_at = self.pace.computed
+        return weight
 
     @property
     def drift_on(self) -> bool:

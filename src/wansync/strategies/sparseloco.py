@@ -50,6 +50,7 @@ from .base import Strategy, local_shard, model_buffers
 from .options import (Options, aggregate, anchor_device, check_sparse_options, chunk, density, in_range, option,
                       outer_state_device, positive, quant_range, sparse_codec, sync_every, topk, value_bits)
 from .outer import Anchor
+from .pace import check_pace_options, deadline, slow_policy
 from .periodic import PeriodicTimetable
 
 
@@ -69,10 +70,13 @@ class SparseLoCoOptions(Options):
     dct: bool = option(False, "choose each chunk's values in the 2-D DCT domain (DeMo's transform)")
     aggregate: str = aggregate()
     outer_state_device: str = outer_state_device()
+    slow_policy: str = slow_policy()
+    deadline: float = deadline()
 
     def cross_check(self) -> None:
         super().cross_check()
         check_sparse_options(self, DEFAULT_DENSITY)
+        check_pace_options(self)
 
 
 class SparseLoCo(Strategy):
@@ -91,6 +95,7 @@ class SparseLoCo(Strategy):
         self.error = torch.zeros_like(self.anchor.value)          # e_r
         buffers = model_buffers(self.module)
         self.buffers = FlatTensors(buffers) if buffers else None
+        self.computed_at = 0                                      # steps computed at the last round (`pace`)
 
     @classmethod
     def wire_codec(cls, opts: Any, shapes: Any) -> Any:
@@ -108,7 +113,9 @@ class SparseLoCo(Strategy):
         delta = self.anchor.pseudo_gradient()                     # Δ_r = θ̃ − θ_r
         self.error.mul_(self.opts.error_decay)                    # e_r ← β·e_r (+ Δ_r: the exchange adds it)
         # s_r = Q(TopK(e_r)) sent, e_r ← e_r − s_r, Δ̄ = Aggregate_r(s_r) in delta's buffer
-        self.exchange.mean(delta, "pseudo_grads", self.codec, inplace=True, residual=self.error)
+        weight = self.pace.weight(self.computed_at)              # the steps computed since the last round
+        self.computed_at = self.pace.computed                     # (`strategies.pace`; None: unweighted)
+        self.exchange.mean(delta, "pseudo_grads", self.codec, inplace=True, residual=self.error, weight=weight)
         self.anchor.outer_step(delta, load=True)                  # θ̃ ← θ̃ − α·Δ̄;  θ_r ← θ̃
         if self.buffers is not None:                              # BatchNorm statistics: their plain mean
             buf = self.buffers.gather()
@@ -121,10 +128,12 @@ class SparseLoCo(Strategy):
 
     # ---- resumable state: θ̃ and the error buffer (a healed worker's starts at zero) -------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"anchor": self.anchor.state_dict(), "error": self.error.detach().clone()}
+        return {"anchor": self.anchor.state_dict(), "error": self.error.detach().clone(),
+                **({"computed_at": self.computed_at} if self.pace.active else {})}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.anchor.load_state_dict(state["anchor"])
+        self.computed_at = int(state.get("computed_at", 0))
         error = state.get("error")
         self.error.copy_(error if error is not None else torch.zeros_like(self.error))
 

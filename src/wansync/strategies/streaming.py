@@ -69,6 +69,7 @@ from .inflight import InFlight
 from .options import (Options, anchor_device, at_least, check_codec_options, codec, codec_collective,
                       error_feedback, in_range, one_of, option, outer_lr, outer_momentum, outer_state_device,
                       sync_every)
+from .pace import check_pace_options, deadline, slow_policy
 from .outer import Anchor
 
 
@@ -90,12 +91,15 @@ class StreamingOptions(Options):
     eager: bool = option(False, "eager updates (arXiv:2502.12996): each worker steps with its own pseudo-gradient / "
                          "M at a sync's start and swaps that for the mean's step when it arrives (replaces the merge: "
                          "alpha and CoCoDC's compensation are not used)")
+    slow_policy: str = slow_policy()
+    deadline: float = deadline()
 
     def cross_check(self) -> None:
         super().cross_check()
         h, p = self.sync_every, self.fragments
         check(p <= h, f"fragments ({p}) must be <= sync_every ({h})")
         check_codec_options(self)
+        check_pace_options(self)
         check(0 <= self.overlap < h, f"overlap (tau) must be in [0, sync_every) = [0, {h}), got {self.overlap}")
         check(self.syncs_per_period == 0 or p <= self.syncs_per_period <= h,
               f"syncs_per_period must be 0 (automatic) or between fragments ({p}) and sync_every "
@@ -124,6 +128,7 @@ class Streaming(Strategy):
             anchor.flat.adopt(home)    # home) of the model's own dtype and device: Δ and a merge are one op each
         self.debug = debug_enabled()
         self.residuals: list[torch.Tensor | None] = [None] * self.P    # error feedback, per fragment
+        self.computed_at = [0] * self.P        # steps computed when each fragment last exchanged (`pace`)
 
     # ---- the algorithm: what the timetable asks for, step by step ------------------------------
     def after_inner_step(self) -> None:
@@ -140,8 +145,9 @@ class Streaming(Strategy):
         anchor, merge = self.anchors[x.fragment], self.timetable.merge
         x.theta_start = anchor.local() if merge in ("taylor", "damped") else None   # θ(t_p): CoCoDC's merges
         x.delta, dropped = self.with_feedback(x.fragment, anchor.pseudo_gradient(x.theta_start))
+        x.weight = self.steps_weight(x.fragment)
         x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True,
-                                      collective=self.opts.codec_collective, residual=dropped)
+                                      collective=self.opts.codec_collective, residual=dropped, weight=x.weight)
         if merge == "eager":
             self.eager_step(x)
         self.after_launch(x)
@@ -198,7 +204,14 @@ class Streaming(Strategy):
     def relaunch(self, x: InFlight) -> None:
         """Launch a restored exchange again (its bytes are already on the restored ledger)."""
         x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True, replay=True,
-                                      collective=self.opts.codec_collective)
+                                      collective=self.opts.codec_collective, weight=x.weight)
+
+    def steps_weight(self, p: int) -> float | None:
+        """What fragment p's pseudo-gradient weighs: the steps this worker computed since the fragment's
+        last exchange (`strategies.pace`; None under slow_policy wait: unweighted)."""
+        weight = self.pace.weight(self.computed_at[p])
+        self.computed_at[p] = self.pace.computed
+        return weight
 
     # ---- hooks for CoCoDC ----------------------------------------------------------------------
     def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
@@ -227,7 +240,7 @@ class Streaming(Strategy):
         anchor = self.anchors[p]
         delta, dropped = self.with_feedback(p, anchor.pseudo_gradient())
         sent = self.exchange.mean(delta, "pseudo_grads", self.codec, collective=self.opts.codec_collective,
-                                  residual=dropped)
+                                  residual=dropped, weight=self.steps_weight(p))
         anchor.outer_step(sent.wait(), load=True)
         self.emit("sync", kind="final", fragment=p, started=t, overlap=0, bytes=sent.wire_bytes,
                   payload_bytes=sent.payload_bytes, codec=self.codec.name, syncs_per_period=self.timetable.schedule.n)
@@ -235,7 +248,8 @@ class Streaming(Strategy):
     # ---- resumable state -----------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         return {"anchors": [a.state_dict() for a in self.anchors], **self.timetable.state_dict(),
-                "residuals": [None if r is None else r.clone() for r in self.residuals]}
+                "residuals": [None if r is None else r.clone() for r in self.residuals],
+                **({"computed_at": list(self.computed_at)} if self.pace.active else {})}
 
     def heal_state(self) -> dict[str, Any]:
         """Fault-tolerant exchanges are complete when issued, so the exchanges in flight travel with
@@ -255,3 +269,4 @@ class Streaming(Strategy):
             a.load_state_dict(s)
         self.timetable.load_state_dict(state)
         self.residuals = [None if r is None else r.clone() for r in state.get("residuals", [None] * self.P)]
+        self.computed_at = [int(c) for c in state.get("computed_at", [0] * self.P)]

@@ -105,8 +105,10 @@ class Run:
         self.evals: list[dict[str, Any]] = []
         self.sync_events = 0
         self.skipped = 0                                  # steps whose inner update was dropped (log(skipped=True))
+        self.idle = 0                                     # steps this worker sat out (log(idle=True))
         self.exposed_inside_s = 0.0                       # the part of exposed_comm spent inside the worker
         self.step_times: list[tuple[float, float]] = []   # per step: (compute, the rest but communication)
+        self.computed_s: list[float] = []                 # the compute of each step this worker computed
         self.summary: dict[str, Any] | None = None
         self._waited = 0.0                                # exchange waits since the step began
         self._armed = True                                # the next forward with gradients ends `data`
@@ -188,6 +190,8 @@ class Run:
         prof.move("sync_math", "exposed_comm", waited)
         timer.end(sync.comm.bytes, waited)
         self.step_times.append((compute - exposed + inner, self._data_s + max(0.0, step_s - inner - waited)))
+        if not kwargs.get("idle"):
+            self.computed_s.append(compute - exposed + inner)
         self._busy_s, self._exposed_s, self._data_s = compute + step_s, exposed + waited, 0.0
         self._waited = 0.0
         self._armed = True
@@ -214,18 +218,24 @@ class Run:
         self.progress.log(line)
 
     def log(self, loss: float | torch.Tensor, items: int | None = None, *, skipped: bool = False,
-            **fields: Any) -> dict[str, Any]:
+            idle: bool = False, **fields: Any) -> dict[str, Any]:
         """The step just taken: its loss (this rank's), the items (samples, tokens) of this rank's
         batch for the throughput over all ranks, any other numbers (`lr=`); `skipped`: the step's
-        inner update was dropped. Writes the step record; returns it."""
+        inner update was dropped; `idle`: the worker sat the step out (its slow policy's, `loss` is
+        the last computed one). Writes the step record, with the step's exposed communication
+        (`exposed_s`: the per-step timeline); returns it."""
         record: dict[str, Any] = {"type": "step", "step": self.sync.t,
                                   "loss": float(loss.detach()) if torch.is_tensor(loss) else float(loss), **fields}
         if items is not None:
             record["items_per_s"] = items * self.world / max(1e-9, self._busy_s)
         record["time"] = self.profiler.wall()
+        record["exposed_s"] = round(self._exposed_s, 6)
         if skipped:
             record["skipped"] = True
             self.skipped += 1
+        if idle:
+            record["idle"] = True
+            self.idle += 1
         self.writer.write(record)
         if self.scalars is not None:
             wall = record["time"]
@@ -255,13 +265,14 @@ class Run:
     # ---- resumable -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run continues from (with the strategy's own state)."""
-        return {"evals": self.evals, "sync_events": self.sync_events, "skipped": self.skipped,
+        return {"evals": self.evals, "sync_events": self.sync_events, "skipped": self.skipped, "idle": self.idle,
                 "profile": dict(self.profiler.totals), "exposed_inside_s": self.exposed_inside_s}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.evals = list(state["evals"])
         self.sync_events = int(state["sync_events"])
         self.skipped = int(state["skipped"])
+        self.idle = int(state.get("idle", 0))
         self.profiler.restore(state["profile"])
         self.exposed_inside_s += float(state.get("exposed_inside_s", 0.0))
 
@@ -296,6 +307,17 @@ class Run:
         t /= dist.get_world_size(self.sync.group)
         return {k: float(v) for k, v in zip(keys, t)}
 
+    def _worker_step_s(self, workers: int, r: int) -> list[float]:
+        """Each worker's median seconds of compute per step it computed (its ranks' mean): the speeds
+        a run measured (a collective)."""
+        import statistics
+        computed = self.computed_s
+        vector = torch.zeros(workers, dtype=torch.float64)
+        vector[self.rank // r if self.world > 1 else 0] = (statistics.median(computed) if computed else 0.0) / r
+        if self.world > 1:
+            dist.all_reduce(vector, group=self.sync.group)
+        return [round(float(v), 6) for v in vector]
+
     def close(self, **fields: Any) -> dict[str, Any] | None:
         """Write profile.json and summary.json (with `fields` added) and close the files: a
         collective. Returns the summary on rank 0, None elsewhere (and when already closed)."""
@@ -306,7 +328,8 @@ class Run:
         r = sync.replicas.ranks_per_worker
         workers = self.world // r
         means = self._means({"between": sync.comm.bytes, "inside": sync.comm.inside_bytes})
-        counts = self._means({"skipped_steps": self.skipped, "dropped_exchanges": sync.comm.dropped})
+        counts = self._means({"skipped_steps": self.skipped, "dropped_exchanges": sync.comm.dropped,
+                              "idle_steps": self.idle})
         exposed = profile["categories_s"]["exposed_comm"]
         inside_s = min(exposed, self.exposed_inside_s)
         summary: dict[str, Any] = {
@@ -321,6 +344,7 @@ class Run:
             "exposed_comm_inside_s": inside_s, "exposed_comm_between_s": exposed - inside_s,
             # this rank's bytes by category at the end (telemetry.memory; rank 0's is the one written)
             "memory_per_rank": memory_per_rank(sync.module, sync.optimizer, sync),
+            "worker_step_s": self._worker_step_s(workers, r),
             **self._quality(),
         }
         summary.update(fields)

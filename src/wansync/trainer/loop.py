@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,8 @@ class Trainer:
         self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer, on_nonfinite=cfg.on_nonfinite,
                                      replicas=self.replicas, quorum=quorum, **self.options)
         self.fault = Faults.from_env()
+        self.slowdown = cfg.topology.slowdown(self.replicas.worker) if cfg.topology is not None else 1.0
+        self.last_loss = math.nan                     # an idle step's record repeats the last computed loss
         self.member = None if quorum is None else Member(quorum, rank, self.replicas.workers, self.run_dir / "logs",
                                                          self.workload.model, self.optimizer, self.sync, self.fault,
                                                          skip_to=self.workload.skip_to)
@@ -104,22 +107,44 @@ class Trainer:
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, Any]:
         """One step; the run (`self.run_files`) times it through its hooks on the model's forward
-        and on `sync.step()`, and writes its record."""
+        and on `sync.step()`, and writes its record. A step the worker's slow policy has it sit out
+        (`Strategy.computes_next`) is an idle one: no batch, no forward, the exchanges due made."""
         cfg, sync = self.cfg, self.sync
         lr = lr_at(cfg, step, self.world)
         set_lr(self.optimizer, lr)
+        if not sync.computes_next():
+            self.phase.now = f"step {step + 1} (synchronization)"
+            sync.step(idle=True)
+            return self.run_files.log(self.last_loss, lr=lr, idle=True)
+        began = time.perf_counter()
         batch = self.workload.next_batch()
         with autocast(cfg.precision, self.replicas.shards, self.device_type):
             loss = self.workload.loss(sync.model, batch)
         loss.backward()
+        self.emulate_speed(began)
         if self.fault is not None:
             self.fault.after_backward(self.rank, step + 1, self.workload.model)
-        loss_value = float(loss.detach())
+        loss_value = self.last_loss = float(loss.detach())
         skip = self.nonfinite_guard(loss_value, self.grad_norm(), step + 1)
         self.phase.now = f"step {step + 1} (synchronization)"
         sync.step(skip_inner=skip)
         sync.zero_grad()
         return self.run_files.log(loss_value, self.workload.batch_size_items(batch), lr=lr, skipped=skip)
+
+    def emulate_speed(self, began: float) -> None:
+        """An emulated run's compute speed (the topology's `speeds`, `net.topology`): the step padded to
+        the topology's step time for this worker when it gives one, else this worker's own forward and
+        backward stretched by its slowdown (sharing cores, the workers' own times vary with what the
+        others do: a step time keeps their ratio). Booked as compute, as the work it stands for."""
+        topology = self.cfg.topology
+        if topology is None:
+            return
+        elapsed = time.perf_counter() - began
+        target = topology.emulated_step_s(self.replicas.worker)
+        if target:
+            time.sleep(max(0.0, target - elapsed))
+        elif self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * elapsed)
 
     def grad_norm(self) -> float:
         """Total local gradient norm (clipping it when --grad-clip is set)."""
