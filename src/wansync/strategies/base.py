@@ -113,9 +113,11 @@ class Strategy:
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         # what the initial broadcast replaced on this rank, until the first step (`broadcast_initial_state`)
         self._replaced: list[tuple[FlatTensors, torch.Tensor, tuple[float, float]]] = []
-        policy = getattr(self.opts, "slow_policy", "wait")
+        policy, between = getattr(self.opts, "slow_policy", "wait"), self.replicas.between_workers
         self.pace = Pace(policy, getattr(self.opts, "sync_every", 1), getattr(self.opts, "deadline", 0.0),
-                         self.replicas)
+                         self.replicas, worker=self.replicas.worker if between else self.rank,
+                         workers=self.replicas.workers if between else self.world_size,
+                         group=None if between else group)
         self.inside_sync = None
         if self.replicas.ddp_inside and self.steps_inside_workers:
             self.inside_sync = GradientSync(model, self.replicas.inside, self.comm, purpose=INSIDE + "grads")

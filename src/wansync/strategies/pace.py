@@ -13,7 +13,7 @@ no backward, no inner update). Which ones, per outer round of H = `sync_every` s
   for every worker near the deadline. Rounds end by the clock: runs are not reproducible bit for bit.
 - ``balanced``: each worker computes H_m = round(H · v_m / max v) steps of the round, spread evenly
   over it (v_m: its speed, 1 / its median step time, measured over the rounds before), so that all
-  arrive together. Decided from numbers every rank holds alike: reproducible where the speeds are.
+  arrive together; a worker within 10 % of the fastest computes all H (measurements are noisy). Decided from numbers every rank holds alike: reproducible where the speeds are.
 
 Under both, a worker's contribution to a mean is weighted by the steps it computed since the buffer's
 last exchange, n_m: the exchange averages Σ_m w_m x_m / Σ_m w_m with w_m = n_m / H (`Exchange.mean`'s
@@ -45,6 +45,7 @@ from .options import at_least, one_of, option
 
 POLICIES = ("wait", "deadline", "balanced")
 DEADLINE_SLACK = 1.1            # the automatic deadline: the median worker's H steps, and 10 % more
+BALANCE_TOLERANCE = 0.1         # balanced: a worker within 10 % of the fastest computes every step (noise)
 
 
 def slow_policy() -> Any:
@@ -62,9 +63,12 @@ def deadline() -> Any:
 class Pace:
     """The policy of one rank (module docstring): `computes(t)` before step t, `after_step` after it."""
 
-    def __init__(self, policy: str, rounds_of: int, deadline_s: float, replicas: Any):
+    def __init__(self, policy: str, rounds_of: int, deadline_s: float, replicas: Any, worker: int = 0,
+                 workers: int = 1, group: Any = None):
+        """`worker` of `workers`: this rank's worker; `group`: the ranks that agree on the speeds (every
+        rank of every worker: None, the default group, for workers of several ranks)."""
         self.policy, self.H, self.deadline_s = policy, rounds_of, deadline_s
-        self.replicas = replicas
+        self.replicas, self.worker, self.workers, self.group = replicas, worker, workers, group
         self.computed = 0                      # steps this worker computed, over the run
         self.times: list[float] = []           # this round's computed steps' seconds
         self.agreed: list[float] | None = None  # every worker's median step time, as last agreed
@@ -90,11 +94,11 @@ class Pace:
     def _decide(self, t: int) -> bool:
         k = (t - 1) % self.H                                 # the step's place in its round, from 0
         if self.policy == "balanced":
-            n = self.steps_for(self.replicas.worker)
+            n = self.steps_for(self.worker)
             return (k + 1) * n // self.H > k * n // self.H
         if k == 0 or self._round_start is None:
             return True
-        mine = statistics.median(self.times) if self.times else self.agreed[self.replicas.worker]
+        mine = statistics.median(self.times) if self.times else self.agreed[self.worker]
         go = time.perf_counter() - self._round_start + mine <= self.round_deadline()
         return self._worker_agrees(go)
 
@@ -102,6 +106,8 @@ class Pace:
         """`balanced`: the steps worker `worker` computes per round, from the agreed speeds."""
         assert self.agreed is not None
         fastest = min(self.agreed)
+        if self.agreed[worker] <= (1 + BALANCE_TOLERANCE) * fastest:
+            return self.H
         return max(1, min(self.H, round(self.H * fastest / self.agreed[worker])))
 
     def round_deadline(self) -> float:
@@ -139,15 +145,15 @@ class Pace:
         if self._work is not None:
             self._work.wait()
             self.agreed = [float(v) for v in self._vector]
-        r, workers = self.replicas.ranks_per_worker, self.replicas.workers
+        r, workers = self.replicas.ranks_per_worker, self.workers
         vector = torch.zeros(workers, dtype=torch.float64)
-        mine = statistics.median(self.times) if self.times else (self.agreed or [0.0] * workers)[self.replicas.worker]
-        vector[self.replicas.worker] = mine / r
+        mine = statistics.median(self.times) if self.times else (self.agreed or [0.0] * workers)[self.worker]
+        vector[self.worker] = mine / r
         self.times = []
         if not dist.is_initialized() or dist.get_world_size() == 1:
             self.agreed = [float(v) for v in vector]
             return
-        self._vector, self._work = vector, dist.all_reduce(vector, async_op=True)
+        self._vector, self._work = vector, dist.all_reduce(vector, group=self.group, async_op=True)
         if self.agreed is None:                  # the first: waited for at once, so the policy starts now
             self._work.wait()
             self.agreed, self._work = [float(v) for v in vector], None
