@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..net.topology import Topology
 from ..strategies import resolve_options
 from ..strategies.fragment_timetable import FragmentTimetable
+from ..strategies.pace import Pace
 from .memory import memory_bill
 from .schedule import PathOf, Trace, Transfer, lossy_paths, planned_timetable, trace
 from .simulate import DDP_OVERLAP, StepTimes, Timeline, simulate, transfer_seconds
@@ -122,12 +123,22 @@ def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Predi
 
 
 def workers_times(s: Setting) -> StepTimes | None:
-    """The replayed step times, one series per worker: worker w replays series w mod their number."""
-    if s.step_times is None:
+    """Each worker's step times: the replayed ones (worker w replays series w mod their number), else
+    from the topology's worker speeds (`step_s` times each worker's slowdown), through the strategy's
+    slow policy: the steps of a round each worker computes (`Pace.planned_slots`; an idle step takes
+    no compute). None: identical workers."""
+    if s.step_times is not None:
+        if s.ranks_per_worker != 1:
+            raise ConfigError("replayed step times (--step-times) need one rank per worker")
+        return tuple(s.step_times[w % len(s.step_times)] for w in range(s.workers))
+    if not s.topology.speeds or s.topology.workers != s.workers:
         return None
-    if s.ranks_per_worker != 1:
-        raise ConfigError("replayed step times (--step-times) need one rank per worker")
-    return tuple(s.step_times[w % len(s.step_times)] for w in range(s.workers))
+    times = [s.step_s * s.topology.slowdown(w) for w in range(s.workers)]
+    pace = Pace(s.options.get("slow_policy", "wait"), int(s.options.get("sync_every", 1)),
+                float(s.options.get("deadline", 0.0)), None, workers=s.workers)
+    pace.agreed = times
+    return tuple(tuple((t if computes else 0.0, s.other_s) for computes in pace.planned_slots(w))
+                 for w, t in zip(range(s.workers), times))
 
 
 def recommend_h(s: Setting, target_pct: float) -> int | None:

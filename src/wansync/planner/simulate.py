@@ -9,7 +9,8 @@ waited for at once, an overlapped fragment sync is issued at t_p and waited for 
 steps) adds no communication.
 
 The link is the emulator's: one transfer at a time per rank, in issue order (start = max(issue,
-end of the previous transfer)), each taking `net.cost.exchange_seconds` of the cost model. Jitter is
+end of the previous transfer)), each taking `net.cost.exchange_seconds` of the cost model on the
+links as they are at its start (a topology's link schedules: the run's time is the simulation's). Jitter is
 left out (the presets have none); so is the real backend's own time, which the emulator takes
 when it is slower than the model (on a loaded CPU, for the fast presets).
 """
@@ -28,7 +29,7 @@ StepTimes = tuple[tuple[tuple[float, float], ...], ...]
 
 
 def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1,
-                     host_bytes_per_s: float | None = None) -> Callable[[Transfer], float]:
+                     host_bytes_per_s: float | None = None) -> Callable[..., float]:
     """Modelled seconds of a transfer: `net.cost.exchange_seconds` with the ranks of a worker (R > 1)
     on the topology's link inside a worker (`Topology.inside_worker`, as the emulator). DDP's gradient all-reduce (over every rank) is the hierarchical one; the DDP
     inside a worker (the other strategies) is an all-reduce over its R ranks.
@@ -36,15 +37,15 @@ def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1
     `host_bytes_per_s`: the emulator completes a collective at max(real, modelled); given the rate at
     which the real backend moves a buffer on the machine at hand, the real part is modelled as
     B / rate (for validating against emulated runs on a loaded CPU; None: the link model alone)."""
-    def seconds(x: Transfer) -> float:
-        modelled = link_seconds(x)
+    def seconds(x: Transfer, at_s: float = 0.0) -> float:
+        modelled = link_seconds(x, at_s)
         return modelled if host_bytes_per_s is None else max(modelled, x.nbytes / host_bytes_per_s)
 
-    def link_seconds(x: Transfer) -> float:
+    def link_seconds(x: Transfer, at_s: float) -> float:
         if x.purpose == "grads_in_worker":
             return in_worker_seconds(x.op, x.nbytes, ranks_per_worker, topology)
         return exchange_seconds(x.op, x.nbytes, topology, workers, ranks_per_worker,
-                                reduce_inside=not x.between_workers)
+                                reduce_inside=not x.between_workers, at_s=at_s)
     return seconds
 
 
@@ -78,7 +79,7 @@ class Simulation:
     """The workers' shared link and what they have waited for: transfers are issued and waited for
     through it, step by step (`run_step`)."""
 
-    def __init__(self, seconds: Callable[[Transfer], float], workers: int, overlap: float = DDP_OVERLAP):
+    def __init__(self, seconds: Callable[..., float], workers: int, overlap: float = DDP_OVERLAP):
         self.seconds, self.workers, self.overlap = seconds, workers, overlap
         self.link_free = [0.0] * workers            # when each worker's link is free again
         self.exposed = [0.0] * workers              # seconds each worker has waited on the link
@@ -90,7 +91,7 @@ class Simulation:
     def issue(self, x: Transfer, at: list[float]) -> None:
         """Worker w issues `x` at `at[w]`: it starts once the last has issued it and the link is free."""
         start = max(max(a, f) for a, f in zip(at, self.link_free))
-        end = start + self.seconds(x)
+        end = start + self.seconds(x, start)          # the links as they are when it starts (their schedules)
         self.link_free[:] = [end] * self.workers
         self.ends[id(x)] = end
         self.payload += x.payload
@@ -141,7 +142,7 @@ class Simulation:
         return t
 
 
-def simulate(trace: Trace, seconds: Callable[[Transfer], float], compute_s: float, other_s: float = 0.0,
+def simulate(trace: Trace, seconds: Callable[..., float], compute_s: float, other_s: float = 0.0,
              overlap: float = DDP_OVERLAP, include_finish: bool = False,
              step_times: StepTimes | None = None) -> Timeline:
     """Worker 0's time line. Identical workers (every step `compute_s`, then `other_s`) arrive at

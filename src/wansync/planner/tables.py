@@ -27,6 +27,38 @@ TABLE_PRECISION = "bf16"             # what people train these sizes in
 TABLE_GPU_MEMORY = 80e9              # the table's capacity check: an 80 GB accelerator
 
 
+def algorithm_lines(s: Any) -> list[str]:
+    """How an fp32 mean between workers crosses a topology of several sites: flat or by sites, the
+    cost model's choice (`net.cost.allreduce_algorithm`), which the exchange makes too."""
+    from ..net.cost import collective_duration, hierarchical_seconds
+    r = s.ranks_per_worker
+    if s.topology.sites < 2 or s.options.get("codec", "fp32") != "fp32" or s.strategy in ("ddp", "demo", "sparseloco"):
+        return []
+    nbytes = 4 * s.size.sync_numel / max(1, int(s.options.get("fragments") or 1)) / r
+    placed, world = dataclasses.replace(s.topology, ranks_per_worker=r), s.workers * r
+    members = range(0, world, r)
+    flat = collective_duration("allreduce", nbytes, world, placed, members, r)
+    sites = hierarchical_seconds(nbytes, world, placed, members, r)
+    chosen = "by sites (inside each, then between them, then back)" if sites < flat else "flat (one ring)"
+    return [f"mean between workers: {chosen}: {human_seconds(min(flat, sites))} per exchange "
+            f"(flat {human_seconds(flat)}, by sites {human_seconds(sites)})"]
+
+
+def straggler_words(s: Any) -> str:
+    """Who arrives late at the exchanges, and what the slow policy does about it."""
+    if s.step_times is not None:
+        return "the run's, replayed: a worker that arrives early at an exchange waits for the last"
+    if s.topology.speeds and s.topology.workers == s.workers:
+        policy = s.options.get("slow_policy", "wait")
+        what = {"wait": "the others wait for the slowest at each exchange",
+                "balanced": "each computes its share of every round (slow_policy balanced)",
+                "deadline": "each computes the steps it finishes before the round's deadline (slow_policy deadline)"}
+        return (f"the topology's worker speeds ({', '.join(f'{v:g}' for v in s.topology.speeds)}): "
+                f"{what.get(policy, policy)}")
+    return ("none (identical workers arrive at every exchange together; --step-times RUN replays a run's ranks, "
+            "stragglers included; a topology file's speeds too)")
+
+
 def describe(p: Prediction, step_source: str, target_pct: float | None, capacity: float | None = None) -> str:
     s = p.setting
     knobs = ", ".join(f"{k}={v}" for k, v in s.options.items()) or "no options"
@@ -35,12 +67,10 @@ def describe(p: Prediction, step_source: str, target_pct: float | None, capacity
         f"model: {s.size.name}, {s.size.params:,} parameters ({human_bytes(4 * s.size.sync_numel)} fp32 exchanged)",
         f"workers: {s.workers} x {s.ranks_per_worker} rank(s); link: {s.topology.describe()}",
         f"compute per step: {s.step_s:.4g} s ({step_source})",
-        "stragglers: " + ("the run's, replayed: a worker that arrives early at an exchange waits for the last"
-                          if s.step_times is not None else
-                          "none (identical workers arrive at every exchange together; --step-times RUN "
-                          "replays a run's ranks, stragglers included)"),
+        "stragglers: " + straggler_words(s),
         f"wall clock per 1000 steps: {human_seconds(p.wall_per_1000_s)} "
-        f"(compute alone {human_seconds(1000 * (s.step_s + s.other_s))})",
+        f"(compute alone {human_seconds(1000 * (s.step_s + s.other_s))}: "
+        f"{100 * 1000 * (s.step_s + s.other_s) / p.wall_per_1000_s:.1f} % utilization)",
         f"exposed communication: {p.exposed_pct:.1f} % of the wall clock",
         f"bytes per worker per step: {human_bytes(p.bytes_per_step)} payload, {human_bytes(p.sent_per_step)} put on "
         f"the wire (a ring all-reduce sends about 2(M-1)/M of its payload, an all-gather M-1 payloads)",
@@ -48,7 +78,7 @@ def describe(p: Prediction, step_source: str, target_pct: float | None, capacity
     ]
     if p.syncs_per_period is not None:
         lines.append(f"fragment syncs per period N: {p.syncs_per_period}")
-    lines += sparse_lines(s)
+    lines += sparse_lines(s) + algorithm_lines(s)
     if target_pct is not None:
         h = recommend_h(s, target_pct)
         if "sync_every" not in s.options:

@@ -94,8 +94,7 @@ class Pace:
     def _decide(self, t: int) -> bool:
         k = (t - 1) % self.H                                 # the step's place in its round, from 0
         if self.policy == "balanced":
-            n = self.steps_for(self.worker)
-            return (k + 1) * n // self.H > k * n // self.H
+            return self.planned_slots(self.worker)[k]
         if k == 0 or self._round_start is None:
             return True
         mine = statistics.median(self.times) if self.times else self.agreed[self.worker]
@@ -109,6 +108,18 @@ class Pace:
         if self.agreed[worker] <= (1 + BALANCE_TOLERANCE) * fastest:
             return self.H
         return max(1, min(self.H, round(self.H * fastest / self.agreed[worker])))
+
+    def planned_slots(self, worker: int) -> list[bool]:
+        """Which steps of a round worker `worker` computes, by the agreed times: `balanced`'s own rule;
+        for `deadline` the steps that would finish before the deadline if each took the worker's agreed
+        time (at run time the clock decides). What the planner replays (`planner.predict`)."""
+        if not self.active or self.agreed is None:
+            return [True] * self.H
+        if self.policy == "balanced":
+            n = self.steps_for(worker)
+            return [(k + 1) * n // self.H > k * n // self.H for k in range(self.H)]
+        n = max(1, min(self.H, int(self.round_deadline() // self.agreed[worker])))
+        return [k < n for k in range(self.H)]
 
     def round_deadline(self) -> float:
         """`deadline`: seconds the round may take (the option, or from the agreed step times)."""
