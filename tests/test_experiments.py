@@ -57,7 +57,8 @@ def test_plots_are_readable_pngs(compare_dir):
     matplotlib.use("Agg")
     import matplotlib.image as mpimg
     out, _ = compare_dir
-    names = ["loss_vs_step.png", "loss_vs_wallclock.png", "pareto.png", "time_breakdown.png", "bytes.png"]
+    names = ["loss_vs_step.png", "loss_vs_wallclock.png", "pareto.png", "time_breakdown.png", "bytes.png",
+             "exposed_over_time.png"]
     for name in names:
         data = (out / name).read_bytes()
         assert data[:8] == PNG_SIGNATURE, name
@@ -116,7 +117,7 @@ def _cli(capsys, *argv):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["compare", "--strategies", "ddp,nope"], "unknown strategy 'nope' (available: ddp, local_sgd"),
+    (["compare", "--strategies", "ddp,nope"], "unknown strategy 'nope' (available: ddp, demo, local_sgd"),
     (["compare", "--steps", "3"], "compare needs --strategies"),
     (["sweep", "--grid", "sync_evry=1,2"], "--grid: unknown config key 'sync_evry'"),
     (["sweep", "--grid", "sync_every=1,two"], "sync_every must be an integer, got 'two'"),

@@ -114,12 +114,21 @@ def test_plots_are_valid_pngs(lm_exp):
     import matplotlib.image as mpimg
     rep = R.report(lm_exp)
     assert [p.name for p in rep.plots] == ["loss_vs_step.png", "loss_vs_wallclock.png", "pareto.png",
-                                           "time_breakdown.png", "bytes.png"]
+                                           "time_breakdown.png", "bytes.png", "exposed_over_time.png"]
     for p in rep.plots:
         assert p.read_bytes()[:8] == PNG_SIGNATURE
         img = mpimg.imread(p)
         assert img.shape[0] > 200 and img.shape[1] > 300
         assert img.std() > 0.05                               # not a blank canvas
+
+
+def test_the_exposed_share_over_time_is_each_windows_exposed_seconds_over_its_time():
+    from wansync.analysis.plots import exposed_share
+    steps = [{"step": i + 1, "time": float(i + 1), "exposed_s": 0.1 if i < 10 else 0.5} for i in range(20)]
+    steps.append({"step": 21, "time": 21.0})                   # an older run's record: no exposed_s, passed over
+    xs, ys = exposed_share(steps, 2)
+    assert xs[0] == 3.0 and ys[0] == pytest.approx(10.0)      # steps 2, 3: 0.2 s of the 2 s between steps 1 and 3
+    assert ys[-1] == pytest.approx(50.0) and len(xs) == 18
 
 
 def test_explicit_target_and_no_ddp(tmp_path):

@@ -223,10 +223,43 @@ def bytes_per_setting(settings: Sequence[SettingRuns], path: Path) -> Path:
     return _finish(fig, ax, path, "setting")
 
 
+def exposed_share(steps: Sequence[dict[str, Any]], window: int) -> tuple[list[float], list[float]]:
+    """(wall clock, exposed share in %) over the run: each point the exposed communication of the
+    `window` steps up to it over the time they took (metrics.jsonl's per-step `exposed_s`, `time`)."""
+    pts = [(t, e) for r in steps if (t := number(r.get("time"))) is not None and (e := number(r.get("exposed_s"))) is not None]
+    xs, ys = [], []
+    for i in range(window, len(pts)):
+        span = pts[i][0] - pts[i - window][0]
+        if span > 0:
+            xs.append(pts[i][0])
+            ys.append(min(100.0, 100.0 * sum(e for _, e in pts[i - window + 1:i + 1]) / span))
+    return xs, ys
+
+
+def exposed_over_time(settings: Sequence[SettingRuns], path: Path) -> Path:
+    """Exposed communication's share of the wall clock over the run, one line per run (a link that
+    changes, a straggler: where and when the time went); a rolling window of about 1/40 of the run."""
+    colors = _colors(settings)
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for s in settings:
+        for k, run in enumerate(s.ok_runs):
+            steps = run.steps()
+            xs, ys = exposed_share(steps, max(1, len(steps) // 40))
+            if xs:
+                ax.plot(xs, ys, color=colors[s.label], alpha=0.9 if k == 0 else 0.4, linewidth=1.2,
+                        label=s.label if k == 0 else None)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel("wall clock since training started (s)")
+    ax.set_ylabel("exposed communication (% of the wall clock, rolling)")
+    ax.set_title("Exposed communication over the run (per-step timeline; one line per seed)")
+    return _finish(fig, ax, path, "setting")
+
+
 def all_plots(root: Path, settings: Sequence[SettingRuns], q: Quality, target: float | None) -> list[Path]:
     """Every plot, under the names the run directory's layout gives them (`rundir.layout`)."""
     root = Path(root)
     by_step, by_time = (root / p.format(quality="loss" if q.kind == "lm" else "accuracy") for p in QUALITY_PLOTS)
-    front, breakdown, volume = (root / p for p in PLOTS)
+    front, breakdown, volume, exposed = (root / p for p in PLOTS)
     return [quality_vs(settings, q, target, by_step, "step"), quality_vs(settings, q, target, by_time, "time"),
-            pareto(settings, q, front), time_breakdown(settings, breakdown), bytes_per_setting(settings, volume)]
+            pareto(settings, q, front), time_breakdown(settings, breakdown), bytes_per_setting(settings, volume),
+            exposed_over_time(settings, exposed)]

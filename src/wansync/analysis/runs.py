@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir.divergence import diverged
+from ..rundir.layout import METRICS_FILE
+from ..rundir.target import read_records
 from ..rundir.jsonout import number
 from ..telemetry.profiler import CATEGORIES
 
@@ -32,6 +34,10 @@ class Run:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    def steps(self) -> list[dict[str, Any]]:
+        """The run's per-step records (metrics.jsonl: loss, time, exposed_s), read when asked."""
+        return read_records(self.dir / METRICS_FILE, "step")
 
     @property
     def diverged(self) -> bool:

@@ -51,6 +51,12 @@ def target_record(evals: Sequence[dict[str, Any]], target: Target) -> dict[str, 
 
 def read_evals(path: str | Path) -> list[dict[str, Any]]:
     """The evaluation records of a metrics.jsonl; torn or damaged lines (a killed run) are skipped."""
+    return read_records(path, "eval")
+
+
+def read_records(path: str | Path, kind: str) -> list[dict[str, Any]]:
+    """The records of type `kind` (eval, step, sync) of a metrics.jsonl, with a step number; torn or
+    damaged lines (a killed run) are skipped."""
     out: list[dict[str, Any]] = []
     if not Path(path).is_file():                      # missing, or a FIFO that would block the reader
         return out
@@ -61,7 +67,7 @@ def read_evals(path: str | Path) -> list[dict[str, Any]]:
                     rec = json.loads(line) if line.strip() else None
                 except json.JSONDecodeError:
                     continue
-                if isinstance(rec, dict) and rec.get("type") == "eval" and number(rec.get("step")) is not None:
+                if isinstance(rec, dict) and rec.get("type") == kind and number(rec.get("step")) is not None:
                     out.append(rec)
     except OSError:
         pass
