@@ -172,36 +172,37 @@ def test_two_ranks_across_two_sites_is_one_ring_over_the_wan():
 
 
 def test_one_site_is_the_plain_ring():
-    # AR(4, 1 MB, lan) = 2·3·0.1 ms + 2·(3/4)·1e6/B10G s = 0.6 ms + 1.31 ms
-    assert collective_duration("allreduce", 1e6, 4, PRESETS["lan"]) == pytest.approx(0.6 * MS + 1.5e6 / B10G)
+    # AR(4, 1 MB, lan) = 2·3·0.1 ms + 2·(3/4)·1e6/O10G s = 0.6 ms + 1.25 ms: each rank's line carries its
+    # data one way (to the rank before it), the acknowledgements come back on a line that carries none
+    assert collective_duration("allreduce", 1e6, 4, PRESETS["lan"]) == pytest.approx(0.6 * MS + 1.5e6 / O10G)
+    # two ranks: each line carries one hop's data and the other's acknowledgements
+    assert collective_duration("allreduce", 1e6, 2, PRESETS["lan"]) == pytest.approx(0.2 * MS + 1e6 / B10G)
 
 
 def test_eight_ranks_on_two_sites_are_one_flat_ring_crossing_the_sites_twice():
-    # ranks 0-3 in one site, 4-7 in the other; the ring's hops 3->4 and 7->0 cross (each its own
-    # direction of the link), the other six stay inside. Each of the 2·7 steps moves B/8 per hop; the
-    # crossing hops carry the same bytes at the same rate (10 Gbit/s both), so the ring moves at
-    # 14·B/8/B10G, and a chain of hops pays the WAN's latency on each crossing it passes
+    # ranks 0-3 in one site, 4-7 in the other; the ring's hops 4->3 and 0->7 cross (the link's two
+    # directions: each line also carries the other's acknowledgements), the other six stay inside.
+    # Each of the 2·7 steps moves B/8 per hop: a crossing hop carries 14 of them at B10G, and a chain
+    # of hops pays the WAN's latency on each crossing it passes (at least one, at most every step)
     b = 100e6
     ar = collective_duration("allreduce", b, 8, TWO_SITE)
-    # a lower bound: every step's chunk on one hop, plus two crossings' latency per phase
-    assert ar >= 14 * b / 8 / B10G + 2 * 2 * 8.3 * MS
-    assert ar == pytest.approx(14 * b / 8 / B10G + 4 * 8.3 * MS, abs=1 * MS)
+    assert 14 * b / 8 / B10G + 8.3 * MS < ar < 14 * (b / 8 / B10G + 8.3 * MS)
     rs = collective_duration("reduce_scatter", b, 8, TWO_SITE)
     assert rs == pytest.approx(collective_duration("allgather", b, 8, TWO_SITE))
-    assert rs == pytest.approx(7 * b / 8 / B10G + 2 * 8.3 * MS, abs=1 * MS)
+    assert 7 * b / 8 / B10G + 8.3 * MS < rs < 7 * (b / 8 / B10G + 8.3 * MS)
 
 
 def test_a_ring_of_identical_hops_is_the_textbook_ring():
     # one site of 4: AR(4, B, lan) = 2·3·a + 2·3/4·B/b, and the same over four sites of one rank each
     for topo in (PRESETS["lan"], parse_wan("rtt=0.2ms,bw=10gbit,sites=4")):
-        assert collective_duration("allreduce", 1e6, 4, topo) == pytest.approx(6 * 0.1 * MS + 1.5e6 / B10G)
-        assert collective_duration("allgather", 1e6, 4, topo) == pytest.approx(3 * 0.1 * MS + 0.75e6 / B10G)
+        assert collective_duration("allreduce", 1e6, 4, topo) == pytest.approx(6 * 0.1 * MS + 1.5e6 / O10G)
+        assert collective_duration("allgather", 1e6, 4, topo) == pytest.approx(3 * 0.1 * MS + 0.75e6 / O10G)
 
 
 def test_a_ring_is_paced_by_its_slowest_hop():
     from wansync.net.cost import _Hop, ring_phase
     fast, slow = Link(2 * MS, 1e9), Link(40 * MS, 100e6)
-    b_fast, b_slow = fast.ring_bytes_per_s, slow.ring_bytes_per_s
+    b_fast, b_slow = fast.bytes_per_s, slow.bytes_per_s            # one way: no flow back on their lines
     chunk = 1e6
     # three hops, one slow: 2 steps (a reduce-scatter over 3): every chunk crosses the slow hop in turn
     # (2·chunk at its rate), and a chain of 2 hops pays its latency once

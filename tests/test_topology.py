@@ -165,19 +165,20 @@ def test_the_cost_model_reads_the_links_at_the_run_time_it_is_asked():
 def test_a_ring_across_three_sites_is_paced_by_its_slowest_hop():
     def three(bc: float) -> Topology:
         fast = Link(10 * MS, 1e9)
-        return Topology(sites=3, inter_link=fast, pair_links=((1, 2, Link(10 * MS, bc)),))
+        return Topology(sites=3, inter_link=fast, pair_links=((2, 1, Link(10 * MS, bc)),))    # on the ring 2->1->0->2
     b = 1e8
     even = collective_duration("allreduce", b, 3, three(1e9))
     slow = collective_duration("allreduce", b, 3, three(1e8))
-    slow_rate = Link(10 * MS, 1e8).ring_bytes_per_s
+    slow_rate = Link(10 * MS, 1e8).bytes_per_s                  # a ring of three: each line one way
     assert slow >= 4 * b / 3 / slow_rate                        # 2(k-1) chunks of B/k over the slow hop
     assert slow > 5 * even
+    # gloo's ring sends from each rank to the one before it: 2->1->0->2 uses the slow direction 2->1,
+    # the ring of the group [2, 1, 0] (1->2->0->1) never does
     back = Topology(sites=3, inter_link=Link(10 * MS, 1e9), pair_links=((2, 1, Link(10 * MS, 1e8)),))
-    assert collective_duration("allreduce", b, 3, back, ranks=[0, 1, 2]) == pytest.approx(
-        collective_duration("allreduce", b, 3, back, ranks=[0, 1, 2]))
-    # the ring in rank order 0->1->2->0 never uses the slow direction 2->1; reversed it does
-    assert collective_duration("allreduce", b, 3, back, ranks=[0, 1, 2]) < collective_duration(
-        "allreduce", b, 3, back, ranks=[2, 1, 0]) / 5
+    assert collective_duration("allreduce", b, 3, back, ranks=[2, 1, 0]) < collective_duration(
+        "allreduce", b, 3, back, ranks=[0, 1, 2]) / 5
+    ahead = Topology(sites=3, inter_link=Link(10 * MS, 1e9), pair_links=((1, 2, Link(10 * MS, 1e8)),))
+    assert collective_duration("allreduce", b, 3, ahead, ranks=[0, 1, 2]) == pytest.approx(even)
 
 
 def test_the_model_picks_hierarchical_where_sites_hold_several_workers_behind_slow_links():

@@ -1,15 +1,17 @@
 r"""How long a collective takes on a :class:`~wansync.net.topology.Topology`: the emulator's cost model.
 
 Notation. A link L has a latency step a_L = rtt_L / 2 and a byte rate b_L = bandwidth_L / 8 · the
-payload share of its packets (the bandwidth is the line rate): in a ring's phases, where each line
-also carries the acknowledgements of the flow the other way, (mtu - 52) / (mtu + 14 + 66)
-(``Link.ring_bytes_per_s``, 0.916 at MTU 1500); one way (a broadcast's tree, send/recv),
-(mtu - 52) / (mtu + 14) (``Link.bytes_per_s``, 0.956).
+payload share of its packets (the bandwidth is the line rate): (mtu - 52) / (mtu + 14)
+(``Link.bytes_per_s``, 0.956 at MTU 1500), or, on a line that also carries the acknowledgements of a
+flow the other way (a ring of two ranks, whose two hops run over the same pair of lines; a ring that
+crosses two sites both ways), (mtu - 52) / (mtu + 14 + 66) (``Link.ring_bytes_per_s``, 0.916). A ring
+of three or more hosts sends on each line one way only: the 0.956.
 B is the size in bytes of the *full* buffer: the tensor of an all-reduce or broadcast, the gathered
 output of an all-gather, the (unscattered) input of a reduce-scatter.
 
 **Every collective runs on the links it crosses, as the communication library runs it: flat.** A
-group's k members, in rank order, form a ring; hop i goes from member i−1 to member i over the link
+group's k members form a ring in rank order, each sending to the one before it (gloo's ring: rank r
+to rank r − 1, rank 0 to the last); each hop runs over the link
 between them (`Topology.link`): the link inside a worker for two ranks of one worker, the site's own
 link for two ranks of one site (each rank has its own port, unless the site's workers each have one
 port their ranks share: `Topology.shared_port`), else the directed link between their
@@ -17,11 +19,11 @@ two sites, which the hops of the ring that cross it at once share with each othe
 ``parallel`` copies of the group running at the same time on disjoint ranks (the sharded exchange
 between workers: one group per local rank), each then getting b / (flows on it).
 
-A ring phase moves S steps of one chunk c = B/k on every hop: a step's chunk leaves member i−1 once
-it holds the previous step's result and its hop has finished sending the previous chunk, and
-arrives a_h + c/b_h later (``ring_phase``)::
+A ring phase moves S steps of one chunk c = B/k on every hop: a step's chunk leaves a hop's sender
+once it holds the previous step's result and the hop has finished sending the previous chunk, and
+arrives a_h + c/b_h later (``ring_phase``; hop h from sender j to receiver i)::
 
-    arrive_i(s) = max(arrive_{i−1}(s−1), free_i(s−1)) + a_h + c/b_h,   free_i(s) = that start + c/b_h
+    arrive_i(s) = max(arrive_j(s−1), free_h(s−1)) + a_h + c/b_h,   free_h(s) = that start + c/b_h
 
     reduce_scatter(B) = all_gather(B) = the phase with S = k − 1
     all_reduce(B)                     = the phase with S = 2(k − 1)
@@ -93,30 +95,39 @@ _ALIASES = MappingProxyType({
 
 
 class _Hop:
-    """One edge of a ring or tree: its link and how many flows share it."""
-    __slots__ = ("link", "flows")
+    """One edge of a ring or tree: its link, how many flows share it, and whether its line also
+    carries the acknowledgements of data flowing the other way (`duplex`: the payload moves at
+    `Link.ring_bytes_per_s`, else at `Link.bytes_per_s`)."""
+    __slots__ = ("link", "flows", "duplex")
 
-    def __init__(self, link: Link, flows: int):
-        self.link, self.flows = link, flows
+    def __init__(self, link: Link, flows: int, duplex: bool = False):
+        self.link, self.flows, self.duplex = link, flows, duplex
+
+    @property
+    def bytes_per_s(self) -> float:
+        return (self.link.ring_bytes_per_s if self.duplex else self.link.bytes_per_s) / self.flows
 
 
 def _edges(pairs: list[tuple[int, int]], world: int, topology: Topology, parallel: int, at_s: float) -> list[_Hop]:
     """The links of the edges (src rank, dst rank) that carry data at the same time, with the flows
-    on each: a cross-site link is shared by the edges on it and by the `parallel` copies."""
+    on each: a cross-site link is shared by the edges on it and by the `parallel` copies. An edge
+    whose line also carries the acknowledgements of an edge the other way (two ranks of a ring of
+    two; sites the ring crosses both ways) is duplex."""
     r = topology.ranks_per_worker
     where = [(a // r == b // r, topology.site_of(a, world), topology.site_of(b, world)) for a, b in pairs]
     crossing: dict[tuple[int, int], int] = {}
     for same_worker, sa, sb in where:
         if not same_worker and sa != sb:
             crossing[(sa, sb)] = crossing.get((sa, sb), 0) + 1
+    between = set(pairs)
     hops = []
-    for same_worker, sa, sb in where:
+    for (a, b), (same_worker, sa, sb) in zip(pairs, where):
         if same_worker:
-            hops.append(_Hop(topology.inside_worker, 1))
+            hops.append(_Hop(topology.inside_worker, 1, (b, a) in between))
         elif sa == sb:
-            hops.append(_Hop(topology.link(sa, sa, at_s), parallel if topology.shared_port(sa) else 1))
+            hops.append(_Hop(topology.link(sa, sa, at_s), parallel if topology.shared_port(sa) else 1, (b, a) in between))
         else:
-            hops.append(_Hop(topology.link(sa, sb, at_s), crossing[(sa, sb)] * parallel))
+            hops.append(_Hop(topology.link(sa, sb, at_s), crossing[(sa, sb)] * parallel, (sb, sa) in crossing))
     return hops
 
 
@@ -126,7 +137,7 @@ def ring_phase(steps: int, chunk: float, hops: list[_Hop]) -> float:
     if steps <= 0 or len(hops) <= 1:
         return 0.0
     k = len(hops)
-    cost = [(h.link.latency_s, chunk * h.flows / h.link.ring_bytes_per_s) for h in hops]
+    cost = [(h.link.latency_s, chunk / h.bytes_per_s) for h in hops]
     arrive = [0.0] * k
     free = [-math.inf] * k
     for _ in range(steps):
@@ -140,7 +151,10 @@ def ring_phase(steps: int, chunk: float, hops: list[_Hop]) -> float:
 
 
 def _ring(members: Sequence[int]) -> list[tuple[int, int]]:
-    return [(members[i - 1], members[i]) for i in range(len(members))]
+    """The ring's hops (sender, receiver), each hop's sender the one before it in the list: as gloo
+    runs it, every member sends to the member before it in the group (rank r to rank r − 1)."""
+    order = list(members)[::-1]
+    return [(order[i - 1], order[i]) for i in range(len(order))]
 
 
 def _tree(members: Sequence[int], nbytes: float, world: int, topology: Topology, parallel: int,
@@ -154,7 +168,7 @@ def _tree(members: Sequence[int], nbytes: float, world: int, topology: Topology,
         d = 2 ** (rounds - 1 - level)
         pairs = [(members[i], members[i + d]) for i in range(0, k, 2 * d) if i + d < k]
         hops = _edges(pairs, world, topology, parallel, at_s)
-        total += max(h.link.latency_s + nbytes * h.flows / h.link.bytes_per_s for h in hops)
+        total += max(h.link.latency_s + nbytes / h.bytes_per_s for h in hops)
     return total
 
 
@@ -208,7 +222,7 @@ def _duration(op: str, nbytes: float, world_size: int, topology: Topology, membe
         if k < 2:
             return 0.0
         (hop,) = _edges([(members[0], members[1])], world_size, topology, parallel, at_s)
-        return hop.link.latency_s + nbytes * hop.flows / hop.link.bytes_per_s
+        return hop.link.latency_s + nbytes / hop.bytes_per_s
     raise ConfigError(f"unknown collective {op!r}; known: {', '.join(OPS)}")
 
 
