@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import netns  # noqa: E402 - the test suite's bed, not a second copy
 
 PORT = 29566
+NAMES = "abc"
 BYTES = 7_280_000
 OPS = 9
 # pair settings (host i -> host j), both directions alike for the trainings (see the docstring)
@@ -44,6 +45,8 @@ SETTINGS = {
     "A": {("a", "b"): "300mbit", ("b", "c"): "100mbit", ("a", "c"): "200mbit"},
     "B": {("a", "b"): "1gbit", ("b", "c"): "50mbit", ("a", "c"): "500mbit"},
 }
+# fast links between the sites: gathering inside a site first costs more than it saves (flat should win)
+FAST = {(a, b): "2gbit" for a in NAMES for b in NAMES if a != b}
 # an asymmetric one, for the collectives (their ranks are placed by hand)
 ASYMMETRIC = {("a", "b"): "300mbit", ("b", "a"): "100mbit", ("b", "c"): "200mbit", ("c", "b"): "200mbit",
               ("c", "a"): "150mbit", ("a", "c"): "400mbit"}
@@ -51,7 +54,6 @@ TRAIN = ["--model", "tiny", "--batch-size", "4", "--seq-len", "64", "--eval-batc
          "--threads", "1", "--quiet", "--seed", "0", "--checkpoint-every", "0"]
 STRATEGIES = {"ddp": ["--steps", "30"], "diloco": ["--steps", "40", "--sync-every", "2"]}
 CLEAN = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_")
-NAMES = "abc"
 
 
 def env() -> dict[str, str]:
@@ -237,7 +239,7 @@ def main() -> None:
         if args.only in (None, "sites"):
             print("\n| uneven sites (2 + 1 + 1 ranks) | algorithm | real (bed) | emulated | emulated/real | "
                   "cost model |\n|---|---|---|---|---|---|", flush=True)
-            for name, rates in cases:
+            for name, rates in [*cases, ("fast", FAST)]:
                 shape(bed, rates)
                 topology = Path(tmp) / f"{name}-uneven.toml"
                 topology.write_text(topology_toml(rates, rtts, (2, 1, 1)))

@@ -310,6 +310,46 @@ SPARSE_TABLES: tuple[Table, ...] = (
 )
 TABLES = TABLES + SPARSE_TABLES
 
+# ---- workers of different speeds (`strategies.pace`): one of four at half speed ------------------------------
+SLOW_STRATEGIES = ("diloco", "streaming")
+SLOW_POLICIES = ("wait", "deadline", "balanced")
+SLOW_CELLS: tuple[dict[str, Any], ...] = tuple({"strategy": s, **DEMO_SETTINGS[s], "slow_policy": p}
+                                               for s in SLOW_STRATEGIES for p in SLOW_POLICIES)
+
+
+def _slow(strategy: str, policy: str) -> str:
+    return _cell({"strategy": strategy, **DEMO_SETTINGS[strategy], "slow_policy": policy})
+
+
+SLOW_QUESTIONS: tuple[Question, ...] = tuple(
+    q for s in SLOW_STRATEGIES for q in (
+        Question(f"{s}: balanced against wait, wall clock to the target", "time_to_target", _slow(s, "balanced"),
+                 _slow(s, "wait")),
+        Question(f"{s}: deadline against wait, wall clock to the target", "time_to_target", _slow(s, "deadline"),
+                 _slow(s, "wait")),
+        Question(f"{s}: balanced against wait, final validation loss (equal steps)", "final_loss",
+                 _slow(s, "balanced"), _slow(s, "wait")),
+        Question(f"{s}: deadline against wait, final validation loss (equal steps)", "final_loss",
+                 _slow(s, "deadline"), _slow(s, "wait")))
+) + (Question("which reaches the target first?", "time_to_target", ""),
+     Question("which has the lowest validation loss at equal wall clock?", "loss_at_equal_time", ""))
+SLOW_TABLES: tuple[Table, ...] = (
+    Table("slow-worker", "One worker of four at half speed: wait, deadline or balanced", "lm",
+          MappingProxyType({**demo_values(), "workers": 4, "wan": "half-speed"}), SLOW_CELLS,
+          ("time_to_target", "final_loss", "loss_at_equal_time", "wall_clock_s", "exposed_pct", "peer_wait_pct"),
+          SLOW_QUESTIONS,
+          "a worker that computes only the steps it can (a deadline, FedProx's partial work, arXiv:1812.06127) or its "
+          "share of each round (balanced), its contribution weighted by its steps (FedAvg's weighting by the samples "
+          "processed, arXiv:1602.05629), keeps the fast workers busy where waiting for the slowest idles them.",
+          "weighting by steps gives the slow worker's data less weight (FedNova, arXiv:2007.07481: an objective "
+          "inconsistency), and fewer steps in total: the time saved may be paid for in loss.",
+          "the tiny LM for 300 steps on 4 workers that share 2 cores, every step padded to the topology's emulated "
+          "step time (400 ms; 800 ms on the slow worker); 6 rounds of H = 50, the first one measured under wait; "
+          "one slow worker, always the same: no worker joins late or changes speed.",
+          own_target=True),
+)
+TABLES = TABLES + SLOW_TABLES
+
 
 def get(names: Sequence[str]) -> list[Table]:
     """The tables named (all when empty), in page order; a one-line error for an unknown name."""

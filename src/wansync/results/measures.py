@@ -7,7 +7,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from ..analysis.report import exposed_pct, group
+from ..analysis.report import exposed_pct, group, peer_wait_pct
 from ..analysis.run_dirs import ReportError, find_runs
 from ..analysis.runs import Run, SettingRuns, number
 from ..analysis.stats import Interval, interval
@@ -82,6 +82,7 @@ METRICS: Mapping[str, Metric] = MappingProxyType({
     "peak_acc": Metric("peak test acc %", True, lambda r, _: number(r.summary.get("peak_test_acc"))),
     "wall_clock_s": Metric("wall clock (s)", False, lambda r, _: number(r.summary.get("wall_clock_s"))),
     "exposed_pct": Metric("exposed comm %", False, lambda r, _: exposed_pct(r)),
+    "peer_wait_pct": Metric("waiting for a slower peer %", False, lambda r, _: peer_wait_pct(r)),
     "final_loss": Metric("final val loss", False, lambda r, _: number(r.summary.get("final_val_loss"))),
     "loss_at_equal_time": Metric("val loss at equal wall clock", False, _at_equal_time),
     "bytes_sent": Metric("MB sent per worker", False,
