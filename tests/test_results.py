@@ -147,6 +147,18 @@ def test_the_page_lists_every_table_with_its_command_before_anything_ran(tmp_pat
     assert text.count("**The paper**") == text.count("**It cannot show**") == len(results.TABLES)
 
 
+def test_a_table_with_no_runs_here_keeps_the_section_the_page_recorded(tmp_path):
+    """Training one table (`--only`) rewrites that table's section: the others keep what the page had,
+    not empty rows (their runs were made elsewhere, or earlier)."""
+    recorded = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+    text = results.document(results.TABLES, tmp_path / "none", old=recorded)
+    from wansync.results.page import old_sections
+    before, after = old_sections(recorded), old_sections(text)
+    assert before and all(after[name] == lines for name, lines in before.items())
+    fresh = results.document(results.TABLES, tmp_path / "none")
+    assert "Not run yet" in "\n".join(old_sections(fresh)["cpdp-k-sweep"])
+
+
 def test_the_fragment_sequence_and_its_longest_repeat_come_from_the_sync_events(tmp_path):
     d = tmp_path / "run"
     d.mkdir()

@@ -40,7 +40,7 @@ def run_results(names: Sequence[str], root: str, doc: str, seeds: int = SEEDS, s
     not_blank("the page to rewrite")("--doc", doc)            # Path("") is "."
     check_page(Path(doc))
     outcomes = run_tables(tables, out, seeds, steps, force)
-    write_page(Path(doc), document(TABLES, out, seeds, steps))
+    write_page(Path(doc), document(TABLES, out, seeds, steps, check_page(Path(doc))))
     failed = [o for o in outcomes if o.status == "failed"]
     print(f"{sum(o.status == 'ok' for o in outcomes)} runs trained, {len(failed)} failed; page: {doc}")
     if failed:

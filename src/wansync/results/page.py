@@ -225,20 +225,45 @@ SHRUNK = (
 )
 
 
-def document(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: int | None = None) -> str:
-    """The generated part of docs/results.md (between BEGIN and END)."""
+def document(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: int | None = None,
+             old: str = "") -> str:
+    """The generated part of docs/results.md (between BEGIN and END). A table with no runs under `root`
+    keeps its section of the `old` page as it was (runs trained elsewhere, or earlier)."""
     planned = table_runs(tables, root, seeds, steps)
     n_runs = sum(len(s) for _, s, _ in planned)
     n_done = sum(len(st.ok_runs) for t, _, _ in planned if not t.reads for st in load(root, t.name))
     est = sum(run_cost(s, t.kind) for t, specs, shared in planned for s, d in zip(specs, shared) if not d)
     target = lm_target(root)
+    kept = old_sections(old)
     lines = [BEGIN, "", "## Reproduced claims, with seeds and intervals", "",
              f"Generated {datetime.date.today().isoformat()} from `{root}`: {n_done} of {n_runs} runs finished "
-             f"(estimated {est / 60:.0f} min for all on 2 idle cores).", "", SHRUNK, ""]
+             f"(estimated {est / 60:.0f} min for all on 2 idle cores); a table with no runs there keeps the "
+             f"section it had.", "", SHRUNK, ""]
     for t, specs, _ in planned:
         reads = next((s for u, s, _ in planned if u.name == t.reads), specs)
+        if not load(root, t.reads or t.name) and t.name in kept:
+            lines += kept[t.name]
+            continue
         lines += table_section(t, root, seeds, reads, target)
     return "\n".join(lines + [END]) + "\n"
+
+
+def old_sections(page: str) -> dict[str, list[str]]:
+    """The tables' sections of a page's generated part, by table name (`### name: title` up to the next)."""
+    if BEGIN_MARK not in page or END_MARK not in page:
+        return {}
+    body = page[page.index(BEGIN_MARK):page.index(END_MARK)].splitlines()
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in body:
+        if line.startswith("### "):
+            name = line[4:].split(":", 1)[0]
+            out[name] = []
+        elif line.startswith("## "):
+            name = None
+        if name is not None:
+            out[name].append(line)
+    return out
 
 
 def write_page(path: Path, generated: str) -> None:
