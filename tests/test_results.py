@@ -30,14 +30,14 @@ def test_the_dry_run_lists_every_table_every_cell_and_every_seed_without_trainin
             lab = results.label(c["strategy"], **{k: v for k, v in c.items() if k != "strategy"})
             for seed in range(results.SEEDS):
                 assert str(root / lab / f"seed{seed}") in out, (t.name, lab, seed)
-    assert "total: 150 runs in 13 tables" in out and "estimated" in out
+    assert "total: 168 runs in 14 tables" in out and "estimated" in out
     assert not runs.exists() or not any(runs.rglob("summary.json"))
 
 
 def test_the_dry_run_covers_the_tables_the_issue_asks_for():
     names = {t.name for t in results.TABLES}
     assert {"cpdp-k-sweep", "cpdp-beta", "cpdp-lr-protocol", "cpdp-ablation", "cpdp-profile", "cocodc-main",
-            "cocodc-matched", "cocodc-merge", "cocodc-schedule", "cocodc-outer-lr", "staleness"} <= names
+            "cocodc-matched", "cocodc-merge", "cocodc-schedule", "cocodc-outer-lr", "staleness", "slow-worker"} <= names
     assert all(len(t.cells) >= 2 for t in results.TABLES)
 
 
