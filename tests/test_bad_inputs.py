@@ -310,6 +310,59 @@ CASES += [
 ]
 
 
+# an uneven world: topology files and slow policies
+TOPOLOGY = """
+[sites.a]
+workers = 2
+speeds = [1.0, 0.5]
+[sites.b]
+workers = 2
+[[links]]
+sites = ["a", "b"]
+rtt = "20ms"
+bw = "1gbit"
+[[schedules]]
+links = "all"
+steps = [{ at = "10s", scale = 0.1 }, { at = "20s", scale = 1.0 }]
+"""
+
+
+def topology(text: str, suffix: str = ".toml", workers: int = 4) -> Setup:
+    def make(tmp: Path) -> list[str]:
+        path = tmp / f"sites{suffix}"
+        path.write_text(text)
+        return ["train", "--out", str(tmp / "run"), "--workers", str(workers), "--wan", str(path)]
+    return make
+
+
+CASES += [
+    ("--wan FILE: a pair with no link", topology(TOPOLOGY.replace('sites = ["a", "b"]', 'from = "a"\nto = "b"')),
+     "no link from 'b' to 'a' (only a to b is given)"),
+    ("--wan FILE: a site with no workers", topology(TOPOLOGY.replace("workers = 2\n[[links]]", "workers = 0\n[[links]]")),
+     "[sites.b] workers: a site with no workers"),
+    ("--wan FILE: a zero speed", topology(TOPOLOGY.replace("[1.0, 0.5]", "[1.0, 0.0]")), "speed must be positive"),
+    ("--wan FILE: a schedule going back in time", topology(TOPOLOGY.replace('at = "20s"', 'at = "5s"')),
+     "schedule steps go back in time: 5 s after 10 s"),
+    ("--wan FILE: an unknown key", topology("colour = 1\n" + TOPOLOGY), "the top level: unknown key 'colour'"),
+    ("--wan FILE: a file that does not parse", topology(TOPOLOGY.replace('rtt = "20ms"', "rtt = 20ms")),
+     "does not parse: line %d: " % (TOPOLOGY.splitlines().index('rtt = "20ms"') + 1)),
+    ("--wan FILE.yaml that does not parse", topology("sites:\n  a: [1\n", suffix=".yaml"), "does not parse: line 3"),
+    ("--wan FILE with 4 workers, --workers 3", topology(TOPOLOGY, workers=3), "has 4 workers (a 2, b 2) but the run has 3"),
+    ("--wan a directory", lambda tmp: ["train", "--out", str(tmp / "run"), "--wan", str(tmp) + "/"],
+     "is a directory, not a regular file"),
+    ("--wan a missing FILE", flags("--wan", "/nonexistent/sites.toml"), "topology file not found"),
+    ("--slow-policy fast", flags("--strategy", "diloco", "--slow-policy", "fast"),
+     "slow_policy must be one of wait, deadline, balanced"),
+    ("cpdp --slow-policy balanced", flags("--strategy", "cpdp", "--slow-policy", "balanced"),
+     "cpdp takes slow_policy wait only"),
+    ("--deadline without its policy", flags("--strategy", "diloco", "--deadline", "5"),
+     "deadline 5 s does nothing under slow_policy wait"),
+    ("--slow-policy balanced --fault-tolerant", flags("--strategy", "diloco", "--slow-policy", "balanced",
+                                                      "--fault-tolerant"), "takes slow_policy wait only"),
+    ("ddp --slow-policy balanced", flags("--strategy", "ddp", "--slow-policy", "balanced"), "ddp has no option slow_policy"),
+]
+
+
 if "slowmo" in STRATEGIES:
     CASES.append(("--strategy slowmo --slowmo-beta 1.0", flags("--strategy", "slowmo", "--slowmo-beta", "1.0"),
                   "slowmo_beta"))

@@ -69,9 +69,10 @@ _TRAFFIC = ("seed", "every", "low", "high")
 def load(path: str | Path) -> Topology:
     """The topology in the file at `path` (`.toml`, `.yaml` or `.yml`)."""
     p = Path(path)
+    text = user_text(p, "topology file", MAX_BYTES)        # missing, a directory, a FIFO: said first
     if p.suffix.lower() not in SUFFIXES:
         raise ConfigError(f"topology file {p}: expected a .toml, .yaml or .yml file")
-    return parse(user_text(p, "topology file", MAX_BYTES), str(p), yaml=p.suffix.lower() != ".toml", name=p.stem)
+    return parse(text, str(p), yaml=p.suffix.lower() != ".toml", name=p.stem)
 
 
 def parse(text: str, source: str, yaml: bool = False, name: str = "") -> Topology:
