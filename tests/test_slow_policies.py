@@ -217,3 +217,24 @@ def test_an_emulated_slow_worker_paces_wait_and_sits_out_steps_under_balanced(tm
     ranks = [torch.load(Path(tmp_path, "balanced", "checkpoints", "step00000016", f"rank{r}.pt"),
                         weights_only=True)["model"] for r in range(3)]
     assert all(torch.equal(ranks[0][k], other[k]) for other in ranks[1:] for k in ranks[0])
+
+
+def test_a_run_resumes_from_its_own_copy_of_its_topology_file(tmp_path):
+    """The run keeps the file it ran on; a resume after the file moved reads that copy, and one after
+    the file changed is refused (its content is in the checkpoint's record)."""
+    topology = tmp_path / "slow.toml"
+    topology.write_text(SLOW.replace('step = "60ms"', 'step = "10ms"'))
+    out = tmp_path / "run"
+    base = ("--strategy", "diloco", "--sync-every", "2", "--workers", "3", "--wan", str(topology), "--quiet",
+            "--eval-every", "100", "--checkpoint-every", "2", "--out", str(out), *TINY)
+    r = wansync("train", *base, "--steps", "3", timeout=180)
+    assert r.returncode == 0, r.stderr
+    kept = (out / "topology.toml").read_text()
+    topology.unlink()                                             # the file moved away
+    r = wansync("train", "--resume", str(out), "--steps", "4", timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+    edited = out / "topology.toml"
+    edited.write_text(kept.replace('bw = "1gbit"', 'bw = "2gbit"'))
+    r = wansync("train", "--resume", str(out), "--steps", "6", timeout=180)
+    assert r.returncode != 0 and "changed: wan" in r.stderr

@@ -295,3 +295,25 @@ def test_parse_reports_the_source_it_is_given():
     with pytest.raises(ConfigError, match="topology file <inline>: "):
         parse("sites = 1", "<inline>")
     assert math.isclose(parse(UNEVEN, "<inline>").base_link(1, 2).bandwidth_bps, 300e6)
+
+
+def test_a_users_loop_with_a_file_of_other_workers_is_refused_before_the_group_comes_up():
+    import wansync as ws
+    with pytest.raises(ConfigError, match="has 4 workers .* but the run has 1"):
+        ws.init(wan="uneven-3-region")
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+
+
+def test_nodes_and_checkpoints_compare_what_a_file_says_not_where_it_lies(tmp_path):
+    from wansync.config import build_config, fingerprint
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text(UNEVEN)
+    b.write_text(UNEVEN.replace("# nothing", ""))
+    other = tmp_path / "c.toml"
+    other.write_text(UNEVEN.replace('bw = "300mbit"', 'bw = "301mbit"'))
+
+    def print_of(path: Path) -> dict:
+        return fingerprint(build_config(overrides={"wan": str(path), "workers": 4, "strategy": "diloco"}), {})
+    assert print_of(a) == print_of(b)                       # the same links from another path: the same run
+    assert print_of(a)["wan"] != print_of(other)["wan"]     # another bandwidth: nodes refuse, a resume refuses

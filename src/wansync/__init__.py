@@ -37,6 +37,8 @@ def init(backend: str = "gloo", wan: Any = None, seed: int = 0, fault_tolerant: 
         return
     from .runner.torchrun import join_network, torchrun_env
     env = torchrun_env()                        # a partial or malformed one is refused in one line
+    if emulator is not None:                    # a topology file's workers are the launch's
+        emulator.topology.check_workers((env.world_size if env is not None else 1) // emulator.topology.ranks_per_worker)
     if env is not None:
         join_network(env)                       # gloo on the route to node 0, whatever this host's name says
         dist.init_process_group(backend, init_method="env://", pg_options=emulator)
