@@ -56,7 +56,7 @@ def _means(rank: int, world: int, port: int, wan: str, ranks_per_worker: int) ->
     return {"same_bits": all(torch.equal(everyone[0], e) for e in everyone),
             "error": float((blocking - expected).abs().max()), "async_equal": torch.equal(blocking, later),
             "algorithm": exchange.ledger.snapshot()["params"].get("algorithm"),
-            "records": records, "chosen": exchange.allreduce_algorithm(4 * NUMEL)}
+            "records": records, "chosen": exchange.sites.algorithm(4 * NUMEL)}
 
 
 def test_uneven_sites_average_by_sites_and_every_rank_holds_the_same_bits():

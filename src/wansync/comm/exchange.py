@@ -85,7 +85,6 @@ import torch.distributed as dist
 
 from ..errors import ConfigError, NonFiniteError
 from ..net import emulator_of
-from ..net.cost import allreduce_algorithm
 from .codecs import Codec, get_codec
 from .ledger import CommLedger
 from .lossy_mean import all_gather_mean, reduce_scatter_mean
@@ -93,7 +92,7 @@ from .mean_cost import lossy_path, mean_collectives, mean_seconds
 from .norms import all_finite, exact_sq_norm, finite_norm
 from .payload import Payload, Sent, contributors
 from .replicas import Replicas
-from .site_mean import SiteGroups
+from .site_mean import SiteMean
 from .weighted import weighted_mean
 from .sparse import is_sparse
 from .sparse_mean import sparse_mean
@@ -187,8 +186,8 @@ class Exchange:
             self.group, self.world_size = self.replicas.across, self.replicas.workers
         if self.replicas.shards:                       # each rank's shard comes from the first worker's
             self.broadcast_group = self.replicas.across
-        self._algorithms: dict[int, str] = {}          # the all-reduce's algorithm by buffer size
-        self._sites: SiteGroups | None = None          # its groups, once hierarchical is chosen
+        emulator = emulator_of(self.broadcast_group) if quorum is None else None
+        self.sites = SiteMean(emulator, self.group, self.world_size, self.replicas)   # flat or by sites
 
     def mean(self, buf: torch.Tensor, purpose: str, codec: str | Codec = "fp32", async_op: bool = False,
              inplace: bool = False, *, replay: bool = False, extra: int = 0, mean_sq: bool = False,
@@ -211,9 +210,9 @@ class Exchange:
         started_at = time.perf_counter()
         codec = get_codec(codec)
         if weight is not None:
-            return weighted_mean(self, MeanHandle, buf, weight, purpose, codec=codec, async_op=async_op, inplace=inplace,
-                                 extra=extra, mean_sq=mean_sq, collective=collective, residual=residual,
-                                 replay=replay)
+            return weighted_mean(self, MeanHandle, buf, weight, purpose, codec=codec, async_op=async_op,
+                                 inplace=inplace, extra=extra, mean_sq=mean_sq, collective=collective,
+                                 residual=residual, replay=replay)
         if residual is not None and codec.name != "fp32":     # buf's values are replaced by the mean anyway
             sending = buf if inplace else buf.detach().clone()
             sending.view(-1)[:buf.numel() - extra].add_(residual.view(-1))
@@ -367,63 +366,6 @@ class Exchange:
         """The L2 norm of a worker's whole tensor from this rank's shard's (`WorkerShards.norm`)."""
         return self.worker.norm(norm)
 
-    # ---- the sum between workers: flat, or by sites (`comm.site_mean`) ------------------------------
-    def _sum(self, wire: torch.Tensor, purpose: str, between_workers: bool) -> Any:
-        """Start the SUM all-reduce of `wire`: over the exchange's workers as the cost model says is
-        faster (`allreduce_algorithm`, booked on the ledger), else flat over the group it runs on."""
-        if not dist.is_initialized():
-            return None
-        if between_workers and self._between_sites() is not None:
-            algorithm = self.allreduce_algorithm(wire.numel() * wire.element_size())
-            self.ledger.ran(purpose, algorithm)
-            if algorithm == "hierarchical":
-                return self._site_groups().all_reduce(wire, async_op=True)
-        group = self.group if between_workers else None
-        return dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group, async_op=True)
-
-    def allreduce_algorithm(self, nbytes: int) -> str:
-        """How an fp32 mean of `nbytes` travels between this exchange's workers: `flat` (one ring) or
-        `hierarchical` (inside each site, between sites, back: `comm.site_mean`), the faster on the
-        emulated link's model (`net.cost.allreduce_algorithm`, on the links as the topology gives
-        them: every rank decides alike). Flat where nothing is modelled, or under a quorum."""
-        emulator = self._between_sites()
-        if emulator is None:
-            return "flat"
-        choice = self._algorithms.get(nbytes)
-        if choice is None:
-            members, world = self._members()
-            choice = self._algorithms[nbytes] = allreduce_algorithm(
-                nbytes, world, self._placed(emulator.topology), members, self.replicas.ranks_per_worker)
-        return choice
-
-    def _between_sites(self) -> Any:
-        """The emulator of a fixed group whose workers span several sites (None otherwise)."""
-        emulator = emulator_of(self.broadcast_group) if self.quorum is None else None
-        return emulator if emulator is not None and emulator.topology.sites > 1 else None
-
-    def _members(self, local: int | None = None) -> tuple[list[int], int]:
-        """The global ranks of the exchange's group (local rank `local`'s, default this rank's) and the world."""
-        world = dist.get_world_size()
-        r = self.replicas.ranks_per_worker
-        if not self.replicas.between_workers:
-            return ([dist.get_global_rank(self.group, i) for i in range(self.world_size)]
-                    if self.group is not None else list(range(world))), world
-        local = self.replicas.local_rank if local is None else local
-        return [w * r + local for w in range(self.replicas.workers)], world
-
-    def _placed(self, topology: Any) -> Any:
-        return dataclasses.replace(topology, ranks_per_worker=self.replicas.ranks_per_worker)
-
-    def _site_groups(self) -> SiteGroups:
-        """The hierarchical all-reduce's groups, made at its first use (every rank reaches it at the
-        same exchange: the choice is the same everywhere)."""
-        if self._sites is None:
-            emulator = emulator_of(self.broadcast_group)
-            r = self.replicas.ranks_per_worker if self.replicas.between_workers else 1
-            groups = [self._members(i)[0] for i in range(r)]
-            self._sites = SiteGroups.make(groups, self._placed(emulator.topology), dist.get_world_size(), r)
-        return self._sites
-
     # ---- the three ways a payload travels --------------------------------------------------------
     def _quorum_mean(self, payload: Payload) -> Sent:
         """The weighted mean over the workers in the quorum (`ft.quorum`), done when it returns."""
@@ -449,7 +391,12 @@ class Exchange:
             wire = dest if dest is not None else torch.empty_like(buf)
             if wire is not buf or size != 1:
                 torch.div(buf.detach(), size, out=wire)
-        work = self._sum(wire, purpose, group is self.group)
+        if not dist.is_initialized():
+            work = None
+        elif group is self.group:                     # between the workers: flat or by sites (`SiteMean`)
+            work = self.sites.sum(wire, purpose, self.ledger)
+        else:
+            work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group, async_op=True)
 
         def finish() -> torch.Tensor:
             if not weighted:

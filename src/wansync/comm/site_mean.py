@@ -11,8 +11,9 @@ The sum is the same sum in another order: every rank ends with the same bits (th
 sums the sites in the sites' ring order and broadcasts), which is what the strategies need; it is not
 bitwise the flat ring's sum.
 
-    sites = SiteGroups.make(members, topology, world, parallel)    # collective: every rank, same order
-    work = sites.all_reduce(buf, async_op=True)                    # a Work: wait() raises what failed
+    sites = SiteMean(emulator, group, workers, replicas)           # an exchange's: `Exchange.sites`
+    sites.algorithm(nbytes)                                        # "flat" or "hierarchical", alike everywhere
+    work = sites.sum(buf, purpose, ledger)                         # a Work: wait() raises what failed
 
 With several ranks per worker (the sharded exchange, one group per local rank across the workers),
 `make` builds the site and leader groups of every local rank on every rank (`dist.new_group` must be
@@ -20,6 +21,7 @@ called by all, in the same order) and keeps this rank's.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -28,7 +30,67 @@ import torch
 import torch.distributed as dist
 
 from ..net import shared_uplink
-from ..net.cost import site_members
+from ..net.cost import allreduce_algorithm, site_members
+
+
+class SiteMean:
+    """Flat or by sites, for one exchange's fp32 means between its workers: the choice per buffer size
+    (`net.cost.allreduce_algorithm` on the emulated link's topology, as the topology gives its links:
+    every rank decides alike) and, once chosen, the groups that run it (made at their first use: every
+    rank reaches it at the same exchange)."""
+
+    def __init__(self, emulator: Any, group: Any, workers: int, replicas: Any):
+        self.emulator = emulator if emulator is not None and emulator.topology.sites > 1 else None
+        self.group, self.workers, self.replicas = group, workers, replicas
+        self._chosen: dict[int, str] = {}
+        self._groups: SiteGroups | None = None
+
+    @property
+    def modelled(self) -> bool:
+        """Is there a topology of several sites to choose on (an emulated fixed group)?"""
+        return self.emulator is not None
+
+    def algorithm(self, nbytes: int) -> str:
+        """`flat` or `hierarchical` for a mean of `nbytes` between the workers (flat when nothing is modelled)."""
+        if self.emulator is None:
+            return "flat"
+        if nbytes not in self._chosen:
+            members, world = self.members()
+            self._chosen[nbytes] = allreduce_algorithm(nbytes, world, self.placed(), members,
+                                                       self.replicas.ranks_per_worker)
+        return self._chosen[nbytes]
+
+    def sum(self, buf: torch.Tensor, purpose: str, ledger: Any) -> Any:
+        """Start the SUM all-reduce of `buf` between the workers, flat or by sites as the model says is
+        faster (booked on `ledger` under `purpose` when there is a choice): a Work."""
+        if self.modelled:
+            algorithm = self.algorithm(buf.numel() * buf.element_size())
+            ledger.ran(purpose, algorithm)
+            if algorithm == "hierarchical":
+                return self.all_reduce(buf)
+        return dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+
+    def all_reduce(self, buf: torch.Tensor) -> Any:
+        """The SUM of `buf` by sites, in the background (a Work)."""
+        if self._groups is None:
+            r = self.replicas.ranks_per_worker if self.replicas.between_workers else 1
+            self._groups = SiteGroups.make([self.members(i)[0] for i in range(r)], self.placed(),
+                                           dist.get_world_size(), r)
+        return self._groups.all_reduce(buf, async_op=True)
+
+    def members(self, local: int | None = None) -> tuple[list[int], int]:
+        """The global ranks of the exchange's group (local rank `local`'s, default this rank's), and the world."""
+        world = dist.get_world_size()
+        r = self.replicas.ranks_per_worker
+        if not self.replicas.between_workers:
+            return ([dist.get_global_rank(self.group, i) for i in range(self.workers)]
+                    if self.group is not None else list(range(world))), world
+        local = self.replicas.local_rank if local is None else local
+        return [w * r + local for w in range(self.replicas.workers)], world
+
+    def placed(self) -> Any:
+        """The emulated topology with the exchange's workers of R ranks placed in it."""
+        return dataclasses.replace(self.emulator.topology, ranks_per_worker=self.replicas.ranks_per_worker)
 
 
 @dataclass

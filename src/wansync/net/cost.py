@@ -125,7 +125,8 @@ def _edges(pairs: list[tuple[int, int]], world: int, topology: Topology, paralle
         if same_worker:
             hops.append(_Hop(topology.inside_worker, 1, (b, a) in between))
         elif sa == sb:
-            hops.append(_Hop(topology.link(sa, sa, at_s), parallel if topology.shared_port(sa) else 1, (b, a) in between))
+            flows = parallel if topology.shared_port(sa) else 1
+            hops.append(_Hop(topology.link(sa, sa, at_s), flows, (b, a) in between))
         else:
             hops.append(_Hop(topology.link(sa, sb, at_s), crossing[(sa, sb)] * parallel, (sb, sa) in crossing))
     return hops

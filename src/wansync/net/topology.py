@@ -217,7 +217,8 @@ class Topology:
             sites = ", ".join(f"{self.site_name(i)} ({n} worker{'s' if n > 1 else ''}, {_fmt(self.base_link(i, i))})"
                               for i, n in enumerate(self.site_workers))
             pairs = "; ".join(self._pair_words())
-            return f"{head}{self.sites} site{'s' if self.sites > 1 else ''}: {sites}" + (f"; {pairs}" if pairs else "") + tail
+            plural = "s" if self.sites > 1 else ""
+            return f"{head}{self.sites} site{plural}: {sites}" + (f"; {pairs}" if pairs else "") + tail
         if self.sites == 1:
             return f"{head}1 site, {_fmt(self.intra_link)}{tail}"
         return (f"{head}{self.sites} sites, between sites {_fmt(self.inter_link)}; "
