@@ -27,7 +27,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -77,42 +76,14 @@ def probe(rank: int, addr: str, wan: str | None) -> None:
     dist.destroy_process_group()
 
 
-def echo(rank: int, addr: str) -> None:
-    """A TCP ping-pong of 1 byte between the two hosts, rank 1 serving at `addr`: prints the median
-    round trip (rank 0)."""
-    if rank == 1:
-        with socket.create_server(("", PORT + 1)) as srv:
-            conn, _ = srv.accept()
-            with conn:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                while data := conn.recv(1):
-                    conn.sendall(data)
-        return
-    for _ in range(100):
-        try:
-            conn = socket.create_connection((addr, PORT + 1))
-            break
-        except OSError:
-            time.sleep(0.05)
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    rtts = []
-    for _ in range(300):
-        t0 = time.perf_counter()
-        conn.sendall(b"x")
-        conn.recv(1)
-        rtts.append(time.perf_counter() - t0)
-    conn.close()
-    print(json.dumps(statistics.median(rtts[20:])))
-
-
 def env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(CLEAN)}
 
 
 def in_bed(bed: netns.Bed, mode: str, timeout: float = 600) -> str:
-    """Run this script's `mode` (probe or echo) as rank 0 on host A and rank 1 on host B; rank 0's output."""
+    """Run this script's `mode` (the probe) as rank 0 on host A and rank 1 on host B; rank 0's output."""
     a, b = bed.hosts
-    meet = b.address if mode == "echo" else a.address
+    meet = a.address
     procs = [bed.start(h, [sys.executable, __file__, f"--{mode}", str(r), meet],
                        env=dict(env(), GLOO_SOCKET_IFNAME=h.ifname), stdout=subprocess.PIPE, text=True)
              for r, h in enumerate((a, b))]
@@ -173,7 +144,6 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--only", choices=("collectives", "training"))
     p.add_argument("--probe", type=int, metavar="RANK")
-    p.add_argument("--echo", type=int, metavar="RANK")
     p.add_argument("addr", nargs="?")
     p.add_argument("--wan")
     p.add_argument("--slow-start-after-idle", choices=("0", "1"),
@@ -181,8 +151,6 @@ def main() -> None:
     args = p.parse_args()
     if args.probe is not None:
         return probe(args.probe, args.addr, args.wan)
-    if args.echo is not None:
-        return echo(args.echo, args.addr)
     why = netns.unavailable()
     if why:
         sys.exit(f"hosts_fidelity: {why}")
@@ -200,7 +168,7 @@ def main() -> None:
             with netns.Bed(2, rate=rate) as bed:
                 for host in bed.hosts if args.slow_start_after_idle else ():
                     bed.run(host, ["sysctl", "-qw", f"net.ipv4.tcp_slow_start_after_idle={args.slow_start_after_idle}"])
-                rtt = json.loads(in_bed(bed, "echo"))
+                rtt = bed.rtt(0, 1)                      # a TCP ping-pong across the bed (`netns.Bed.rtt`)
                 wan = f"rtt={rtt * 1e6:.0f}us,bw={rate}"
                 if args.only in (None, "collectives"):
                     real = [json.loads(in_bed(bed, "probe")) for _ in range(args.reps)]

@@ -35,6 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import netns  # noqa: E402 - the test suite's bed, not a second copy
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from hosts_fidelity import STRATEGIES, TRAIN, env, exposed, spread  # noqa: E402 - the 2-host bench's runs
 
 PORT = 29566
 NAMES = "abc"
@@ -50,14 +52,6 @@ FAST = {(a, b): "2gbit" for a in NAMES for b in NAMES if a != b}
 # an asymmetric one, for the collectives (their ranks are placed by hand)
 ASYMMETRIC = {("a", "b"): "300mbit", ("b", "a"): "100mbit", ("b", "c"): "200mbit", ("c", "b"): "200mbit",
               ("c", "a"): "150mbit", ("a", "c"): "400mbit"}
-TRAIN = ["--model", "tiny", "--batch-size", "4", "--seq-len", "64", "--eval-batches", "2", "--eval-every", "1000",
-         "--threads", "1", "--quiet", "--seed", "0", "--checkpoint-every", "0"]
-STRATEGIES = {"ddp": ["--steps", "30"], "diloco": ["--steps", "40", "--sync-every", "2"]}
-CLEAN = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_")
-
-
-def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(CLEAN)}
 
 
 def pairs(setting: dict[tuple[str, str], str], both: bool) -> dict[tuple[str, str], str]:
@@ -146,10 +140,6 @@ def probe_emulated(topology: Path, world: int, algorithm: str) -> float:
 
 # ---- trainings ---------------------------------------------------------------------------------------------
 
-def exposed(run: Path) -> float:
-    return statistics.median(e["exposed_s"] for e in json.loads((run / "profile.json").read_text())["events"])
-
-
 def exposed_real(bed: netns.Bed, strategy: str, corpus: Path, work: Path) -> float:
     torchrun = Path(sys.executable).parent / "torchrun"
     first = bed.hosts[0]
@@ -174,11 +164,6 @@ def exposed_emulated(strategy: str, topology: Path, corpus: Path, work: Path) ->
     if r.returncode != 0:
         raise RuntimeError(f"{strategy} under --wan {topology} failed: {r.stderr[-2000:]}")
     return exposed(out)
-
-
-def spread(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
-    mid = statistics.median(values) * scale
-    return f"{mid:.{digits}g} (±{(max(values) - min(values)) * scale / 2:.2g})"
 
 
 def measured_rtts(bed: netns.Bed) -> dict[tuple[str, str], float]:
