@@ -1,9 +1,11 @@
 """The bed's per-pair shaping (`netns.Bed.shape_pairs`): three hosts on a bridge, each directed pair
 at a rate of its own, carry a bulk TCP transfer at that rate (its payload share: htb counts whole
 frames), a pair not named is not held back, and calling it again mid-test (a link dropping 10x)
-takes effect. Skipped, with the reason, where no bed can be made (not root)."""
+takes effect; a gloo ring across the three hosts takes what the emulator's cost model says of it on
+the same pairs. Skipped, with the reason, where no bed can be made (not root)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -80,3 +82,46 @@ def test_each_pair_carries_its_own_rate_and_a_reshape_takes_effect():
         bed.shape_pairs({**RATES, (0, 1): "100mbit"})        # the 1gbit link drops 10x
         check(bed, (0, 1), "100mbit")
         check(bed, (1, 2), "300mbit")                       # the others stay as they were
+
+
+# one rank per host: the 3-host ring all-reduce, timed to the last rank's completion
+RING = """
+import sys, time, datetime, torch, torch.distributed as dist
+rank, addr = int(sys.argv[1]), sys.argv[2]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"tcp://{addr}:29577", rank=rank, world_size=3,
+                        timeout=datetime.timedelta(seconds=60))
+t, times = torch.ones(455_000), []
+for k in range(4):
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_reduce(t)
+    took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    times.append(float(took))
+if rank == 0:
+    print(sorted(times[1:])[1])
+"""
+
+
+def test_a_ring_across_three_hosts_is_paced_by_its_slowest_pair_as_the_cost_model_says():
+    """gloo's ring sends from each rank to the one before it: c->b, b->a, a->c; with c->b the slowest,
+    the 1.82 MB all-reduce takes what the emulator's model says of it (within 10 %)."""
+    from wansync.net import Link, Topology, collective_duration
+    rates = {(2, 1): "50mbit", (1, 0): "200mbit", (0, 2): "200mbit"}
+    with netns.Bed(3) as bed:
+        bed.shape_pairs(rates)
+        rtt = bed.rtt(0, 1)
+        procs = [bed.start(h, [sys.executable, "-c", RING, str(r), bed.hosts[0].address],
+                           env=dict(os.environ, GLOO_SOCKET_IFNAME=h.ifname), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for r, h in enumerate(bed.hosts)]
+        out, err = procs[0].communicate(timeout=90)
+        for p in procs[1:]:
+            p.wait(timeout=30)
+        assert procs[0].returncode == 0, err[-2000:]
+    real = float(out.strip().splitlines()[-1])
+    pairs = tuple((a, b, Link(rtt, netns._bits(r))) for (a, b), r in rates.items())
+    topology = Topology(sites=3, inter_link=Link(rtt, 10e9), pair_links=pairs)
+    modelled = collective_duration("allreduce", 455_000 * 4, 3, topology)
+    print(f"real {real * 1e3:.1f} ms, modelled {modelled * 1e3:.1f} ms")
+    assert modelled == pytest.approx(real, rel=0.10)
