@@ -140,9 +140,10 @@ def test_the_exchange_cost_of_replica_groups_is_a_shard_across_then_the_whole_in
     gather = cost.collective_duration("allgather", 1e7, 2, PRESETS["lan"])         # 0.1 ms + 4.4 ms
     assert cost.exchange_seconds("allreduce", 1e7, link, 2, 2) == pytest.approx(across + gather)
     assert across == pytest.approx(0.1 + 1e7 / (1.25e8 * 1448 / 1580))          # a ring's TCP payload, 1 Gbit/s line
-    ddp = cost.exchange_seconds("allreduce", 1e7, link, 2, 2, reduce_inside=True)
-    assert ddp == cost.collective_duration("allreduce", 1e7, 4, dataclasses.replace(link, ranks_per_worker=2))
-    assert ddp > across + gather             # DDP's flat ring over all four ranks crosses the WAN on every step
+    hierarchical = cost.exchange_seconds("allreduce", 1e7, link, 2, 2, reduce_inside=True)
+    assert hierarchical == pytest.approx(across + 2 * gather)                       # DDP: reduce-scatter first
+    flat = cost.collective_duration("allreduce", 1e7, 4, dataclasses.replace(link, ranks_per_worker=2))
+    assert flat > hierarchical               # gloo's flat ring over all four ranks crosses the WAN on every step
     decoded = cost.exchange_seconds("allgather", 1e6, link, 2, 2, assembled_bytes=1e7)
     assert decoded == pytest.approx(cost.collective_duration("allgather", 1e6, 2, link) + gather)
     assert cost.exchange_seconds("allreduce", 1e7, link, 2) == across    # one rank per worker

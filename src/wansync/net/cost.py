@@ -134,21 +134,21 @@ def _edges(pairs: list[tuple[int, int]], world: int, topology: Topology, paralle
 
 def ring_phase(steps: int, chunk: float, hops: list[_Hop]) -> float:
     """Seconds for `steps` steps of a ring moving `chunk` bytes per step on each hop (module
-    docstring): hop i carries member i−1's chunk to member i."""
+    docstring): hop i carries the chunk of the member before it in the list to member i. Identical
+    hops are the closed form steps·(a + c/b); others, the recurrence, every hop at once per step."""
     if steps <= 0 or len(hops) <= 1:
         return 0.0
-    k = len(hops)
-    cost = [(h.link.latency_s, chunk / h.bytes_per_s) for h in hops]
-    arrive = [0.0] * k
-    free = [-math.inf] * k
+    latency = np.array([h.link.latency_s for h in hops])
+    send = np.array([chunk / h.bytes_per_s for h in hops])
+    if np.all(latency == latency[0]) and np.all(send == send[0]):
+        return steps * float(latency[0] + send[0])
+    arrive = np.zeros(len(hops))
+    free = np.full(len(hops), -np.inf)
     for _ in range(steps):
-        nxt = [0.0] * k
-        for i, (a, t) in enumerate(cost):
-            start = max(arrive[i - 1], free[i])
-            free[i] = start + t
-            nxt[i] = start + a + t
-        arrive = nxt
-    return max(arrive)
+        start = np.maximum(np.roll(arrive, 1), free)     # the sender holds the last result, the hop is free
+        free = start + send
+        arrive = free + latency
+    return float(arrive.max())
 
 
 def _ring(members: Sequence[int]) -> list[tuple[int, int]]:
@@ -282,7 +282,11 @@ def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, r
                                              ``assembled_bytes`` (a lossy mean's decoded values), else B;
                                              none without ``assemble`` (FSDP inside: each rank keeps
                                              its shard, local rank r of every worker the same one)
-        ``reduce_inside`` (DDP's gradients, every rank holding its own): one all-reduce of B over every rank.
+        ``reduce_inside`` (DDP's gradients over every rank, each holding its own): with R > 1, first
+        RS_R(B, inside) so that local rank r holds shard r of its worker's sum, then the above: the
+        hierarchical all-reduce NCCL runs over nodes of accelerators (its rings cross between nodes
+        once per node and channel). The emulator runs gloo's one flat ring over every rank instead
+        (`collective_duration`): for DDP with R > 1 the two differ (docs/planner.md).
 
     An ``allreduce`` between workers runs as ``algorithm`` says: ``flat``, ``hierarchical``
     (``hierarchical_seconds``), or None for the faster of the two (``allreduce_algorithm``), as the
@@ -293,8 +297,9 @@ def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, r
     r = ranks_per_worker
     placed = replace(topology, ranks_per_worker=r)
     world = workers * r
-    if reduce_inside:
-        return collective_duration(op, nbytes, world, placed, at_s=at_s)
+    if reduce_inside and r > 1:
+        return in_worker_seconds("reduce_scatter", nbytes, r, topology) + exchange_seconds(
+            op, nbytes, topology, workers, r, assembled_bytes=assembled_bytes, algorithm=algorithm, at_s=at_s)
     members = range(0, world, r)
     parallel = r
     shard = nbytes / r
