@@ -104,6 +104,10 @@ def test_deadline_sits_out_what_cannot_finish_before_the_round_closes(monkeypatc
     assert pace.computes(15)                                 # 0.85 + 0.2 <= 1.1
     now[0] += 0.1
     assert not pace.computes(16)                             # 0.95 + 0.2 > 1.1
+    pace.pause(0.5)                                          # an evaluation: not training, not counted
+    assert pace.computes(17)
+    pace.after_step(17, True, 0.7)                           # the step after it: its own 0.2 s, not the 0.5
+    assert pace.times[-1] == pytest.approx(0.2)
     assert paced("deadline", 5.0).deadline_s == 5.0
 
 

@@ -8,7 +8,7 @@ no backward, no inner update). Which ones, per outer round of H = `sync_every` s
   the fast ones wait for the slowest at each exchange.
 - ``deadline``: the round closes at a wall-clock deadline, ``deadline`` seconds after it began (0:
   1.1 x H x the median of the workers' step times, measured over the rounds before; the first round
-  has none). A worker computes a step only while it can finish it before the deadline (its own step
+  has none), the time the loop spends on evaluations and checkpoints not counted (`Pace.pause`). A worker computes a step only while it can finish it before the deadline (its own step
   time, measured), always the round's first; the rest of the round it sits out, so the round ends
   for every worker near the deadline. Rounds end by the clock: runs are not reproducible bit for bit.
 - ``balanced``: each worker computes H_m = round(H · v_m / max v) steps of the round, spread evenly
@@ -75,6 +75,8 @@ class Pace:
         self._vector: torch.Tensor | None = None
         self._work: Any = None
         self._round_start: float | None = None
+        self._paused = 0.0                      # this round's time on evaluations and checkpoints (`pause`)
+        self._gap_paused = 0.0                  # the same since the last step
         self._decided: dict[int, bool] = {}
 
     @property
@@ -98,7 +100,7 @@ class Pace:
         if k == 0 or self._round_start is None:
             return True
         mine = statistics.median(self.times) if self.times else self.agreed[self.worker]
-        go = time.perf_counter() - self._round_start + mine <= self.round_deadline()
+        go = time.perf_counter() - self._round_start - self._paused + mine <= self.round_deadline()
         return self._worker_agrees(go)
 
     def steps_for(self, worker: int) -> int:
@@ -135,9 +137,18 @@ class Pace:
         return bool(flag.item())
 
     # ---- after a step --------------------------------------------------------------------------
+    def pause(self, seconds: float) -> None:
+        """The loop spent `seconds` on something that is not training (an evaluation, a checkpoint:
+        `telemetry.run.Run` says so): it counts neither against the round's deadline nor in a step's time."""
+        self._paused += seconds
+        self._gap_paused += seconds
+
     def after_step(self, t: int, computed: bool, seconds: float | None) -> None:
         """Step t is done (`computed`: this worker computed it, in `seconds`). At a round's end the
         workers' step times are agreed (in the background) and the next round begins."""
+        if seconds is not None:
+            seconds = max(0.0, seconds - self._gap_paused)
+        self._gap_paused = 0.0
         if computed:
             self.computed += 1
             if seconds is not None:
@@ -146,9 +157,9 @@ class Pace:
             return
         if t % self.H == 0:
             self._agree()
-            self._round_start = time.perf_counter()
+            self._round_start, self._paused = time.perf_counter(), 0.0
         elif self._round_start is None:
-            self._round_start = time.perf_counter()
+            self._round_start, self._paused = time.perf_counter(), 0.0
 
     def _agree(self) -> None:
         """The round's median step time of every worker: this round's all-reduce started, the last

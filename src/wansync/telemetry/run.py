@@ -27,7 +27,6 @@ bytes and counts are means over ranks); a block left by an exception only closes
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from pathlib import Path
 from types import MappingProxyType
@@ -39,7 +38,7 @@ import torch.distributed as dist
 from ..comm.ledger import INSIDE
 from ..net import emulator_of
 from ..rundir import jsonout
-from ..rundir.divergence import diverged
+from ..rundir.divergence import quality_fields
 from ..rundir.layout import LOGS_DIR, METRICS_FILE, PROFILE_FILE, TENSORBOARD_DIR, write_summary
 from .commtime import CommTimer, ddp_modules
 from .memory import memory_per_rank
@@ -209,9 +208,13 @@ class Run:
     # ---- what the loop calls ------------------------------------------------------------------
     def lap(self, category: str) -> float:
         """Charge the time since the last mark to `category` (`telemetry.profiler.CATEGORIES`: a
-        loop's own checkpoint, say); returns it."""
+        loop's own checkpoint, say); returns it. Evaluations and checkpoints are not training: a slow
+        policy's clock leaves them out (`strategies.pace`)."""
         self._armed = True
-        return self.profiler.lap(category)
+        seconds = self.profiler.lap(category)
+        if category in ("eval", "checkpoint"):
+            self.sync.pace.pause(seconds)
+        return seconds
 
     def print(self, line: str) -> None:
         """A line on rank 0's console (above the progress bar)."""
@@ -345,7 +348,7 @@ class Run:
             # this rank's bytes by category at the end (telemetry.memory; rank 0's is the one written)
             "memory_per_rank": memory_per_rank(sync.module, sync.optimizer, sync),
             "worker_step_s": self._worker_step_s(workers, r),
-            **self._quality(),
+            **quality_fields(self.evals, self.chance),
         }
         summary.update(fields)
         self._detach()
@@ -366,34 +369,6 @@ class Run:
                           f"run.evaluate(...) after the last step)", stacklevel=2)
         self.summary = summary
         return summary if self.rank == 0 else None
-
-    def _quality(self) -> dict[str, Any]:
-        """The final and best quality, the first evaluation and the divergence flag, from the
-        evaluations (validation loss, or test accuracy in percent)."""
-        if not self.evals:
-            return {}
-        final = self.evals[-1]
-        out: dict[str, Any] = {}
-        if "val_loss" in final:
-            losses = [e["val_loss"] for e in self.evals if "val_loss" in e]
-            out.update(final_val_loss=final["val_loss"],
-                       final_val_ppl=final.get("val_ppl", math.exp(min(final["val_loss"], 80.0))),
-                       best_val_loss=min(losses), best_val_ppl=math.exp(min(losses)))
-            if "val_bpb" in final:          # bits per byte: comparable across tokenizers
-                out.update(final_val_bpb=final["val_bpb"], best_val_bpb=min(e["val_bpb"] for e in self.evals
-                                                                             if "val_bpb" in e))
-            key = "val_loss"
-        elif "test_acc" in final:
-            out.update(final_test_acc=final["test_acc"], peak_test_acc=max(e["test_acc"] for e in self.evals
-                                                                           if "test_acc" in e))
-            if "test_loss" in final:
-                out["final_test_loss"] = final["test_loss"]
-            key = "test_acc"
-        else:
-            return {}
-        out.update(first_eval=self.evals[0].get(key), chance_level=self.chance,
-                   diverged=diverged(self.evals, self.chance))
-        return out
 
     def _detach(self) -> None:
         """Stop timing: the strategy's own step and finish again, no hooks; the files closed."""
