@@ -116,6 +116,13 @@ def test_wait_computes_every_step_and_weighs_nothing():
     assert all(pace.computes(t) for t in range(1, 40)) and pace.weight(0) is None
 
 
+def test_a_contribution_of_no_step_weighs_almost_nothing_but_not_nothing():
+    from wansync.strategies.pace import NO_STEPS_WEIGHT
+    pace = paced("balanced")
+    pace.computed = 5
+    assert pace.weight(0) == 0.5 and pace.weight(5) == NO_STEPS_WEIGHT > 0    # every worker idle: the plain mean
+
+
 @pytest.mark.parametrize("strategy, options, message", [
     ("cpdp", {"slow_policy": "balanced"}, "cpdp takes slow_policy wait only, not balanced: its step K all-reduces"),
     ("post_local_sgd", {"slow_policy": "deadline"}, "post_local_sgd takes slow_policy wait only"),

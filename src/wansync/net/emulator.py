@@ -141,10 +141,9 @@ class _Job:
             if self.arrival is not None:
                 rec.ready = self.arrival.start()
                 start = max(start, rec.ready)
-            if start > rec.start:
-                if self.varies is not None:         # links that change: as they are at the agreed start
-                    rec.modelled_s = self.varies(start)
-                rec.start, rec.modelled_end = start, start + rec.modelled_s
+            modelled = self.varies(start) if self.varies is not None else rec.modelled_s   # links that change:
+            if start > rec.start or modelled != rec.modelled_s:                              # at the agreed start
+                rec.start, rec.modelled_s, rec.modelled_end = start, modelled, start + modelled
                 self.link.hold_until(rec.modelled_end)
             delay = rec.modelled_end - rec.real_end
             if self.timeout is not None and delay > self.timeout:

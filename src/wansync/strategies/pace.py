@@ -46,6 +46,10 @@ from .options import at_least, one_of, option
 POLICIES = ("wait", "deadline", "balanced")
 DEADLINE_SLACK = 1.1            # the automatic deadline: the median worker's H steps, and 10 % more
 BALANCE_TOLERANCE = 0.1         # balanced: a worker within 10 % of the fastest computes every step (noise)
+# what a contribution of no computed step weighs: not 0, so that where no worker computed a step since
+# the buffer's last exchange (a streaming fragment's final sync after the deadline closed a round) the
+# mean is the plain one; a power of two, so that scaling by it loses no bit
+NO_STEPS_WEIGHT = 2.0 ** -20
 
 
 def slow_policy() -> Any:
@@ -183,8 +187,11 @@ class Pace:
     # ---- what a contribution weighs --------------------------------------------------------------
     def weight(self, since: int) -> float | None:
         """The weight of a contribution that holds the steps computed since `since` (a count of
-        `computed`): their share of a round, or None under `wait` (an unweighted mean)."""
-        return (self.computed - since) / self.H if self.active else None
+        `computed`): their share of a round (`NO_STEPS_WEIGHT` for none), or None under `wait` (an
+        unweighted mean)."""
+        if not self.active:
+            return None
+        return (self.computed - since) / self.H or NO_STEPS_WEIGHT
 
     # ---- resumable -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
