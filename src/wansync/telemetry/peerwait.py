@@ -25,10 +25,14 @@ PROFILE = "profile_rank{}.json"          # every rank's profile.json, in the run
 
 def peer_waits(profiles: dict[int, dict[str, Any]]) -> dict[int, float] | None:
     """Per rank, the seconds blocked on exchanges beyond the last-arriving rank's time, summed over
-    the steps every rank has an event for (None with fewer than two ranks or no such step)."""
+    the steps every rank has an event for, and over the evaluations every rank waited in (their
+    mean's all-reduce, `eval_waits`: a slower worker makes the others wait there too); None with
+    fewer than two ranks or nothing in common."""
     if len(profiles) < 2:
         return None
-    exposed = {r: {e["step"]: e.get("exposed_s") or 0.0 for e in p.get("events", [])} for r, p in profiles.items()}
+    exposed = {r: {**{e["step"]: e.get("exposed_s") or 0.0 for e in p.get("events", [])},
+                   **{f"eval {k}": v for k, v in (p.get("eval_waits") or {}).items()}}
+               for r, p in profiles.items()}
     common = set.intersection(*(set(steps) for steps in exposed.values()))
     if not common:
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+from types import MappingProxyType
 from typing import Any, TextIO
 
 
@@ -80,3 +81,17 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+# how evaluation lines print their metrics (any other number: 4 significant digits)
+EVAL_FORMATS = MappingProxyType({"val_loss": ".4f", "val_ppl": ".2f", "val_bpb": ".4f", "test_loss": ".4f",
+                                 "test_acc": ".2f"})
+NOT_METRICS = ("type", "step", "time", "epoch")
+
+
+def eval_line(record: dict[str, Any]) -> str:
+    """`step 50: val_loss 2.3456 val_ppl 10.44 val_bpb 3.3840` (the known metrics first)."""
+    keys = [k for k in EVAL_FORMATS if k in record] + [k for k in record if k not in EVAL_FORMATS
+                                                       and k not in NOT_METRICS]
+    parts = [f"{k} {record[k]:{EVAL_FORMATS.get(k, '.4g')}}{'%' if k == 'test_acc' else ''}" for k in keys]
+    return f"step {record['step']}: " + " ".join(parts)

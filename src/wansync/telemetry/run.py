@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -45,22 +44,8 @@ from .memory import memory_per_rank
 from .metrics import MetricsWriter
 from .peerwait import PROFILE
 from .profiler import Profiler, build_profile
-from .progress import Progress
+from .progress import Progress, eval_line
 from .tensorboard import Scalars, check_available
-
-# how evaluation lines print their metrics (any other number: 4 significant digits)
-EVAL_FORMATS = MappingProxyType({"val_loss": ".4f", "val_ppl": ".2f", "val_bpb": ".4f", "test_loss": ".4f",
-                                 "test_acc": ".2f"})
-NOT_METRICS = ("type", "step", "time", "epoch")
-
-
-def eval_line(record: dict[str, Any]) -> str:
-    """`step 50: val_loss 2.3456 val_ppl 10.44 val_bpb 3.3840` (the known metrics first)."""
-    keys = [k for k in EVAL_FORMATS if k in record] + [k for k in record if k not in EVAL_FORMATS
-                                                       and k not in NOT_METRICS]
-    parts = [f"{k} {record[k]:{EVAL_FORMATS.get(k, '.4g')}}{'%' if k == 'test_acc' else ''}" for k in keys]
-    return f"step {record['step']}: " + " ".join(parts)
-
 
 class Run:
     """What the CLI trainer has, for any loop around a strategy.
@@ -108,6 +93,7 @@ class Run:
         self.exposed_inside_s = 0.0                       # the part of exposed_comm spent inside the worker
         self.step_times: list[tuple[float, float]] = []   # per step: (compute, the rest but communication)
         self.computed_s: list[float] = []                 # the compute of each step this worker computed
+        self.eval_waits: dict[str, float] = {}            # per evaluation, the time blocked in its mean
         self.summary: dict[str, Any] | None = None
         self._waited = 0.0                                # exchange waits since the step began
         self._armed = True                                # the next forward with gradients ends `data`
@@ -254,9 +240,18 @@ class Run:
         """An evaluation: every rank calls it with its own `metrics` (a collective); the record keeps
         the mean over ranks (of each worker's own model, for the strategies that take local steps).
         Name the metric `val_loss` (or `test_acc`, in percent) for `wansync report` to judge the run
-        by it; evaluate after the last step too, or the report calls the run cut short. Returns the record."""
-        record = {"type": "eval", "step": self.sync.t if step is None else step, "time": self.profiler.wall(),
-                  **self._means({k: float(v) for k, v in metrics.items()}), **fields}
+        by it; evaluate after the last step too, or the report calls the run cut short. Returns the record.
+
+        The time blocked in the mean's all-reduce is exposed communication, not evaluation: a rank that
+        evaluates first waits there for the later ones (a slower worker); profile.json's `eval_waits`
+        keeps it per evaluation, from which `telemetry.peerwait` tells that wait apart."""
+        at = self.sync.t if step is None else step
+        self.lap("eval")                                   # the evaluation's own work
+        means = self._means({k: float(v) for k, v in metrics.items()})
+        waited = self.profiler.lap("exposed_comm")
+        self.sync.pace.pause(waited)
+        self.eval_waits[str(at)] = round(waited, 6)
+        record = {"type": "eval", "step": at, "time": self.profiler.wall(), **means, **fields}
         self.evals.append(record)
         self.writer.write(record)
         if self.scalars is not None:
@@ -300,7 +295,8 @@ class Run:
         last = self.evals[-1] if self.evals else {}
         if self.sync.t > 0 and isinstance(last.get("epoch"), (int, float)):
             epochs = last["epoch"] * timer.steps / self.sync.t       # this process's (not before a resume)
-        return build_profile(self.profiler, timer, steps=timer.steps, epochs=epochs, wan=self.wan())
+        return {**build_profile(self.profiler, timer, steps=timer.steps, epochs=epochs, wan=self.wan()),
+                "eval_waits": dict(self.eval_waits)}
 
     def _means(self, values: dict[str, float]) -> dict[str, float]:
         """The mean of each value over the strategy's group (one small all-reduce), keys sorted."""
