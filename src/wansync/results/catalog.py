@@ -346,7 +346,7 @@ SLOW_TABLES: tuple[Table, ...] = (
           "the tiny LM for 300 steps on 4 workers that share 2 cores, every step padded to the topology's emulated "
           "step time (400 ms; 800 ms on the slow worker); 6 rounds of H = 50, the first one measured under wait; "
           "one slow worker, always the same: no worker joins late or changes speed.",
-          own_target=True),
+          paper="1812.06127", own_target=True),
 )
 TABLES = TABLES + SLOW_TABLES
 
