@@ -39,6 +39,18 @@ def flat_params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
 
 
+def flat_access(tensors: list[torch.Tensor]) -> tuple[Any, Any]:
+    """(read, write): `tensors` as one flat vector, for a rule written out by hand."""
+    def read() -> torch.Tensor:
+        return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+    def write(flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            for t, v in zip(tensors, flat.split([t.numel() for t in tensors])):
+                t.copy_(v.view_as(t))
+    return read, write
+
+
 def run_strategy(rank: int, world: int, name: str, options: dict[str, Any], steps: int,
                  optimizer: str = "sgd", lr: float = 0.05, seed: int = 0,
                  lr_schedule: list[float] | None = None) -> dict[str, Any]:

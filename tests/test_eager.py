@@ -20,7 +20,7 @@ from wansync.strategies import make_options, timetable
 from wansync.strategies.base import sync_tensors
 from wansync.strategies.compensation import eager_correct, lands_on_anchor
 from wansync.strategies.outer import Anchor
-from strategy_harness import flat_params, rank_batch
+from strategy_harness import flat_access, flat_params, rank_batch
 from test_streaming import deep_model, resume, train
 
 pytestmark = pytest.mark.timeout(180)
@@ -76,13 +76,7 @@ def direct_eager(rank: int, world: int, H: int, tau: int, steps: int, seed: int 
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     tensors = sync_tensors(model)
 
-    def local() -> torch.Tensor:
-        return torch.cat([t.detach().reshape(-1) for t in tensors])
-
-    def load(flat: torch.Tensor) -> None:
-        with torch.no_grad():
-            for t, v in zip(tensors, flat.split([t.numel() for t in tensors])):
-                t.copy_(v.view_as(t))
+    local, load = flat_access(tensors)
 
     def sgd_step(value: torch.Tensor, state: dict, grad: torch.Tensor) -> None:
         outer = torch.optim.SGD([value], lr=0.7, momentum=0.9, nesterov=True)

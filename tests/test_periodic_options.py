@@ -26,7 +26,8 @@ def test_registered_with_spec_defaults():
     assert vars(make_options("cpdp")) == {"sync_every": 4, "slowmo_beta": 0.3, "slowmo_lr": 1.0, "grad_phase": True,
                                           "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **outer}
     assert vars(make_options("diloco")) == {"sync_every": 100, "outer_lr": 0.7, "outer_momentum": 0.9,
-                                            "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **outer}
+                                            "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **outer,
+                                            "overlap_rounds": False}
     assert vars(make_options("post_local_sgd")) == {"sync_every": 8, "switch_step": 100, "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **PACE}
 
 

@@ -33,10 +33,12 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("cpdp", {"sync_every": 3}),
     ("post_local_sgd", {"switch_step": 4, "sync_every": 3}),
     ("diloco", {"sync_every": 5, "drift_telemetry": False}),
+    ("diloco", {"sync_every": 5, "overlap_rounds": True, "codec": "int8", "codec_collective": "reduce_scatter"}),
     ("streaming", {"sync_every": 6, "fragments": 3, "overlap": 2, "codec": "int8"}),
     ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 3, "syncs_per_period": 4}),
     ("cocodc", {"sync_every": 6, "fragments": 2, "overlap": 1, "syncs_per_period": 4, "schedule": "round_robin"}),
     ("sparseloco", {"sync_every": 4}),
+    ("sparseloco", {"sync_every": 4, "overlap_rounds": True}),
     ("sparseloco", {"sync_every": 3, "chunk": 4, "density": 0.25, "bits": 4, "dct": True}),
     ("demo", {"chunk": 8, "topk": 5}),
 ]

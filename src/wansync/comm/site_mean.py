@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -31,6 +32,7 @@ import torch.distributed as dist
 
 from ..net import shared_uplink
 from ..net.cost import allreduce_algorithm, site_members
+from ..net.work import blocked_on, waits_in_background
 
 
 class SiteMean:
@@ -142,15 +144,19 @@ class SiteGroups:
 
 
 class _ThreadWork:
-    """The three phases run in a thread; `wait()` joins it and raises what it raised (a dead peer)."""
+    """The three phases run in a thread; `wait()` joins it and raises what it raised (a dead peer).
+    The thread's own waits are not the caller's blocking: under the emulator the caller's join is
+    booked on the phases' records instead (`net.work.blocked_on`), so the profiler sees an overlapped
+    mean as hidden and a waited one as exposed."""
 
     def __init__(self, fn: Any):
         self._error: BaseException | None = None
+        self._records: list[Any] = []
         self._thread = threading.Thread(target=self._target, args=(fn,), name="wansync-site-mean", daemon=True)
 
     def _target(self, fn: Any) -> None:
         try:
-            fn()
+            waits_in_background(fn, self._records)
         except BaseException as exc:        # re-raised in the waiting thread
             self._error = exc
 
@@ -158,7 +164,9 @@ class _ThreadWork:
         self._thread.start()
 
     def wait(self, timeout: Any = None) -> bool:
+        t0 = time.perf_counter()
         self._thread.join()
+        blocked_on(self._records, t0, time.perf_counter())
         if self._error is not None:
             raise self._error
         return True

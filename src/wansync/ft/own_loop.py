@@ -103,7 +103,8 @@ def fault_tolerant_strategy(name: str, model: torch.nn.Module, optimizer: torch.
     the run (a restarted worker healed); see the module docstring."""
     check(isinstance(ft, FaultTolerance), f"fault_tolerant= takes a ws.FaultTolerance(...), got {type(ft).__name__}")
     sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
-    check_supported(name, inside="fsdp" if sharded else "ddp", codec=options.get("codec"), subject=SUBJECT)
+    check_supported(name, inside="fsdp" if sharded else "ddp", codec=options.get("codec"), subject=SUBJECT,
+                    slow_policy=options.get("slow_policy"), overlap_rounds=bool(options.get("overlap_rounds")))
     for given in ("group", "replicas", "mesh", "quorum"):
         check(options.get(given) is None, f"{SUBJECT} takes no {given}=: a fault-tolerant worker is one rank in a "
               "process group of its own, its exchanges over the quorum")

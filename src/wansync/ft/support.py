@@ -12,11 +12,13 @@ STRATEGIES = ("local_sgd", "slowmo", "diloco", "streaming", "cocodc", "sparseloc
 
 def check_fault_tolerant(cfg: Any) -> None:
     """Refuse, in one line with its reason, what a fault-tolerant run cannot do (`cfg`: a `Config`)."""
-    check_supported(cfg.strategy, codec=getattr(cfg, "codec", None), slow_policy=getattr(cfg, "slow_policy", None))
+    check_supported(cfg.strategy, codec=getattr(cfg, "codec", None), slow_policy=getattr(cfg, "slow_policy", None),
+                    overlap_rounds=bool(getattr(cfg, "overlap_rounds", False)))
 
 
 def check_supported(strategy: str, inside: str = "ddp", codec: str | None = None,
-                    subject: str = "--fault-tolerant", slow_policy: str | None = None) -> None:
+                    subject: str = "--fault-tolerant", slow_policy: str | None = None,
+                    overlap_rounds: bool = False) -> None:
     """The refusals, for the CLI's flags and a user's loop alike (`subject`: what the line names).
     The CLI's workers may be of several ranks, DDP or FSDP inside; in a user's loop a fault-tolerant
     worker is one rank (`ft.own_loop`), so a model sharded there (`inside`) is refused."""
@@ -32,3 +34,5 @@ def check_supported(strategy: str, inside: str = "ddp", codec: str | None = None
     check(slow_policy in (None, "wait"),
           f"{subject} takes slow_policy wait only, not {slow_policy}: the quorum decides who takes part in each "
           f"exchange, and a late worker is not a dead one (it is waited for)")
+    check(not overlap_rounds, f"{subject} does not take overlap_rounds: a quorum's exchange completes when it is "
+          "issued, so there is nothing to overlap, and a healed worker would need the round in flight")

@@ -12,7 +12,39 @@ from torch.futures import Future
 from wansync.net.emulator import Emulator, complete_short
 from wansync.net.records import CollectiveRecord
 
-__all__ = ["CallerWork", "EmulatedWork"]
+__all__ = ["CallerWork", "EmulatedWork", "waits_in_background", "blocked_on"]
+
+# A helper thread's waits (`comm.site_mean`'s phases of an overlapped mean) are not the training
+# thread's blocking: they are collected here instead of counted as `waited`, and the training thread's
+# own wait for that thread is spread over them (`blocked_on`).
+_CALLER = threading.local()
+
+
+def _note_wait(rec: CollectiveRecord, seconds: float) -> None:
+    background = getattr(_CALLER, "background", None)
+    if background is None:
+        rec.waited = (rec.waited or 0.0) + seconds
+    else:
+        background.append(rec)
+
+
+def waits_in_background(fn: Any, records: list[CollectiveRecord]) -> None:
+    """Run `fn` in this (helper) thread, its waits on emulated Works appended to `records` instead of
+    booked as blocking."""
+    _CALLER.background = records
+    try:
+        fn()
+    finally:
+        _CALLER.background = None
+
+
+def blocked_on(records: list[CollectiveRecord], t0: float, t1: float) -> None:
+    """The training thread was blocked from t0 to t1 waiting for the collectives `records` (run one
+    after the other by a helper thread): each is booked the part of it that fell in its own span."""
+    for rec in records:
+        end = rec.end if rec.end is not None else t1
+        part = max(0.0, min(t1, end) - max(t0, rec.issue))
+        rec.waited = (rec.waited or 0.0) + part
 
 
 class EmulatedWork(dist.Work):
@@ -31,7 +63,7 @@ class EmulatedWork(dist.Work):
         try:
             self._fut.wait()
         finally:
-            self._rec.waited = (self._rec.waited or 0.0) + (time.perf_counter() - t0)
+            _note_wait(self._rec, time.perf_counter() - t0)
         return True
 
     def get_future(self) -> Future:
@@ -77,7 +109,7 @@ class CallerWork(EmulatedWork):
                 fut = self._fut
             fut.wait() if fut is not None else self._complete()
         finally:
-            self._rec.waited = (self._rec.waited or 0.0) + (time.perf_counter() - t0)
+            _note_wait(self._rec, time.perf_counter() - t0)
         return True
 
     def _complete(self) -> None:

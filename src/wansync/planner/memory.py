@@ -15,6 +15,8 @@ DDP inside, which splits every exchange over the worker's ranks, else f)::
     inner_optimizer  AdamW: 2p + 4T (two moments, a step count per tensor); SGD with momentum: p
     outer_state      anchor θ̃ s + outer momentum s (slowmo, cpdp, diloco, streaming, cocodc)
                      + Σ_f Δ f, + θ(t_p) f when the merge is not the α-merge (eager: θ̂ f)
+                     `overlap_rounds` (diloco, sparseloco): + 2s, the round's start s_m and the Δ_m in
+                     flight (its mean lands in it)
     ddp_buckets      4N per DDP wrapper: the gradient phase (ddp, cpdp, post_local_sgd) and the DDP
                      inside a worker of R > 1 ranks; none with FSDP inside
     exchange         a periodic strategy's averaged buffer beyond the model: the drift's element,
@@ -143,8 +145,10 @@ def held_bytes(s: Any, held_in_flight: Sequence[Transfer]) -> dict[str, int]:
     elif o.get("codec", "fp32") != "fp32":                  # the workers' changes from a reference
         keeps_mean = strategy_class(s.strategy).reference is Periodic.reference      # no anchor: the last mean
         bill["exchange"] = synced * (int(keeps_mean) + int(bool(o.get("error_feedback"))))
-    elif o.get("drift_telemetry") and not sharded:          # the model moved into the averaged buffer
-        bill["exchange"] = VALUE * DRIFT_SIDE_BAND
+    elif o.get("drift_telemetry") and not sharded and not o.get("overlap_rounds"):   # the model moved into the
+        bill["exchange"] = VALUE * DRIFT_SIDE_BAND                                     # averaged buffer
+    if o.get("overlap_rounds"):
+        bill["outer_state"] += 2 * synced                   # s_m and the Δ_m in flight
     return bill
 
 
@@ -238,7 +242,7 @@ def _sparse_held(s: Any, codec: Any, p: int) -> dict[str, int]:
                 exchange=sparse_state_bytes(codec))
     if strategy_class(s.strategy).steps_optimizer:
         bill.update(inner_optimizer=inner_optimizer_bytes(s.optimizer, s.momentum, p, len(s.size.grad_numels)),
-                    outer_state=2 * p)
+                    outer_state=(4 if s.options.get("overlap_rounds") else 2) * p)   # + s_m and the Δ_m in flight
     else:
         bill["inner_optimizer"] = p
     return bill

@@ -196,16 +196,71 @@ def _periodic_trace(tt: Timetable, size: ModelSize, workers: int, steps: int, ra
     out = Trace()
     payload, purpose = sparse if sparse is not None else (None, "params")
     optim_numel = 2 * size.params                 # AdamW's two moments (the trainer's default optimizer)
+    overlap = RoundPlan(tt.opts, size, workers, path_of, payload) if getattr(tt.opts, "overlap_rounds", False) else None
     first = True
     for t in range(1, steps + 1):
         acts = _grad_actions(tt, size, t, ranks_per_worker, first, workers * ranks_per_worker)
         first = first and not tt.ddp_step(t)
-        if tt.is_boundary(t):
+        if overlap is not None:
+            acts += overlap.step(t, tt.is_boundary(t))
+        elif tt.is_boundary(t):
             acts += _boundary_actions(tt.opts, size, t, optim_numel, workers, path_of, payload, purpose)
         out.steps.append(acts)
-    if finish and tt.final_sync(steps):
+    if overlap is not None and finish:
+        out.finish = overlap.finish(steps, tt.final_sync(steps))
+    elif finish and tt.final_sync(steps):
         out.finish = _boundary_actions(tt.opts, size, steps, optim_numel, workers, path_of, payload, purpose)
     return out
+
+
+class RoundPlan:
+    """`overlap_rounds` (`strategies.round_overlap`): at a round's end the mean launched a round before
+    is waited for and this round's issued (a two-phase lossy mean's second phase halfway through the
+    round, else when it is waited for), then the float buffers' plain mean and the optimizer state's,
+    blocking; at the end the last one waited for, then the steps since averaged at once."""
+
+    def __init__(self, opts: Any, size: ModelSize, workers: int, path_of: PathOf | None, sparse: Any):
+        self.opts, self.size, self.workers, self.path_of, self.sparse = opts, size, workers, path_of, sparse
+        self.waiting: list[Transfer] = []     # issued, not yet waited for
+        self.later: list[Transfer] = []       # a two-phase mean's second phase, not yet issued
+
+    def _mean(self, t: int) -> list[Transfer]:
+        numel = self.sparse.layout.numel if self.sparse is not None else self.size.sync_numel
+        return mean_transfers(t, "pseudo_grads", numel, self.opts, self.workers, path_of=self.path_of,
+                              codec=self.sparse)
+
+    def _buffers(self, t: int) -> list[Action]:
+        if self.sparse is None or self.size.sync_numel <= self.size.params:
+            return []
+        return blocking(mean_transfers(t, "params", self.size.sync_numel - self.size.params, self.opts,
+                                       self.workers, codec="fp32"))
+
+    def _optimizer_state(self, t: int) -> list[Action]:
+        if not getattr(self.opts, "sync_optimizer_state", False):
+            return []
+        state = mean_collectives(2 * self.size.params, "fp32", "", self.workers)[0]
+        return blocking(Transfer(t, "optim_state", "allreduce", state.nbytes, state.nbytes, sent=state.sent))
+
+    def _land(self) -> list[Action]:
+        acts = [*(Action("wait", x) for x in self.waiting), *blocking(self.later)]
+        self.waiting, self.later = [], []
+        return acts
+
+    def step(self, t: int, boundary: bool) -> list[Action]:
+        h = self.opts.sync_every
+        if self.later and h >= 2 and t % h == h // 2:            # `RoundOverlap.halfway`
+            acts = [*(Action("wait", x) for x in self.waiting), *(Action("issue", x) for x in self.later)]
+            self.waiting, self.later = self.later, []
+            return acts
+        if not boundary:
+            return []
+        acts = self._land()
+        first, *self.later = self._mean(t)
+        self.waiting = [first]
+        return [*acts, Action("issue", first), *self._buffers(t), *self._optimizer_state(t)]
+
+    def finish(self, steps: int, partial: bool) -> list[Action]:
+        return [*self._land(), *(blocking(self._mean(steps)) if partial else []), *self._buffers(steps)]
 
 
 class FragmentPlan:

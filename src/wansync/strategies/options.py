@@ -128,6 +128,11 @@ def outer_lr(default: float = 0.7) -> Any:
     return option(default, "outer (Nesterov) SGD learning rate", positive)
 
 
+def overlap_rounds() -> Any:
+    return option(False, "whole-round overlap (DiLoCoX): each round's mean travels during the next round's inner steps "
+                  "and is applied one round late")
+
+
 def outer_momentum(default: float = 0.9) -> Any:
     return option(default, "outer SGD momentum (Nesterov when > 0)", in_range(0, 1))
 

@@ -34,6 +34,11 @@ Identities (tested on gloo groups): at density 1, 32-bit values and β = 0 this 
 SGD at lr α and no momentum; with β = 1 and no quantization, what a worker sent plus its error buffer
 is what its pseudo-gradients added up to.
 
+`overlap_rounds`: DiLoCoX's one-step-delay overlap (`strategies.round_overlap`): the all-gather of round
+k's s_r travels while round k + 1 trains, and θ̃ ← θ̃ − α·Δ̄(k) is applied at the end of round k + 1, with
+Δ_r = s_r − θ_r measured from where this worker's round began. The error buffer is the same one: β·e_r
+is taken at each round's end, after the last round's exchange has left its residue there.
+
 A rejoining worker of a fault-tolerant run heals the global state from a peer and starts with a
 zero error buffer: a peer's residual is that peer's, and sending it again would count it twice.
 """
@@ -48,10 +53,12 @@ from ..comm.flat import FlatTensors
 from ..comm.sparse import DEFAULT_DENSITY
 from .base import Strategy, local_shard, model_buffers
 from .options import (Options, aggregate, anchor_device, check_sparse_options, chunk, density, in_range, option,
-                      outer_state_device, positive, quant_range, sparse_codec, sync_every, topk, value_bits)
+                      outer_state_device, overlap_rounds, positive, quant_range, sparse_codec, sync_every, topk,
+                      value_bits)
 from .outer import Anchor
 from .pace import check_pace_options, deadline, slow_policy
 from .periodic import PeriodicTimetable
+from .round_overlap import RoundOverlap
 
 
 @dataclass
@@ -72,6 +79,7 @@ class SparseLoCoOptions(Options):
     outer_state_device: str = outer_state_device()
     slow_policy: str = slow_policy()
     deadline: float = deadline()
+    overlap_rounds: bool = overlap_rounds()
 
     def cross_check(self) -> None:
         super().cross_check()
@@ -96,46 +104,68 @@ class SparseLoCo(Strategy):
         buffers = model_buffers(self.module)
         self.buffers = FlatTensors(buffers) if buffers else None
         self.computed_at = 0                                      # steps computed at the last round (`pace`)
+        self.overlap = RoundOverlap(self.anchor, self.comm) if self.opts.overlap_rounds else None
 
     @classmethod
     def wire_codec(cls, opts: Any, shapes: Any) -> Any:
         return sparse_codec(opts, shapes, dct=opts.dct)
 
     def after_inner_step(self) -> None:
+        if self.overlap is not None:
+            self.overlap.halfway(self.t, self.opts.sync_every)
         if self.timetable.is_boundary(self.t):
             self.boundary()
 
     def finish(self) -> None:
-        if self.timetable.final_sync(self.t):
+        if self.overlap is not None:
+            self.overlap.finish((lambda delta: self.send(delta, async_op=False).wait())
+                                if self.timetable.final_sync(self.t) else None)
+            self.average_buffers()
+        elif self.timetable.final_sync(self.t):
             self.boundary()
 
     def boundary(self) -> None:
-        delta = self.anchor.pseudo_gradient()                     # Δ_r = θ̃ − θ_r
-        self.error.mul_(self.opts.error_decay)                    # e_r ← β·e_r (+ Δ_r: the exchange adds it)
-        # s_r = Q(TopK(e_r)) sent, e_r ← e_r − s_r, Δ̄ = Aggregate_r(s_r) in delta's buffer
+        if self.overlap is not None:                              # Δ̄ of the last round applied, this one's sent
+            self.overlap.boundary(self.send)
+        else:
+            delta = self.anchor.pseudo_gradient()                 # Δ_r = θ̃ − θ_r
+            self.send(delta, async_op=False)                      # Δ̄ in delta's buffer
+            self.anchor.outer_step(delta, load=True)              # θ̃ ← θ̃ − α·Δ̄;  θ_r ← θ̃
+        self.average_buffers()
+        self.emit("sync", kind="outer", bytes=self.codec.wire_bytes(), codec="sparse", kept=self.codec.kept,
+                  **({"overlapped": True} if self.overlap is not None else {}))
+
+    def send(self, delta: torch.Tensor, async_op: bool = True) -> Any:
+        """e_r ← β·e_r + Δ_r; s_r = Q(TopK(e_r)) sent; e_r ← e_r − s_r; Δ̄ = Aggregate_r(s_r) in delta's buffer."""
+        self.error.mul_(self.opts.error_decay)                    # (+ Δ_r: the exchange adds it)
         weight = self.pace.weight(self.computed_at)              # the steps computed since the last round
         self.computed_at = self.pace.computed                     # (`strategies.pace`; None: unweighted)
-        self.exchange.mean(delta, "pseudo_grads", self.codec, inplace=True, residual=self.error, weight=weight)
-        self.anchor.outer_step(delta, load=True)                  # θ̃ ← θ̃ − α·Δ̄;  θ_r ← θ̃
-        if self.buffers is not None:                              # BatchNorm statistics: their plain mean
+        return self.exchange.mean(delta, "pseudo_grads", self.codec, async_op=async_op, inplace=True,
+                                  residual=self.error, weight=weight)
+
+    def average_buffers(self) -> None:
+        """BatchNorm statistics: their plain mean, at once."""
+        if self.buffers is not None:
             buf = self.buffers.gather()
             self.exchange.mean(buf, "params", inplace=True)
             self.buffers.scatter(buf)
-        self.emit("sync", kind="outer", bytes=self.codec.wire_bytes(), codec="sparse", kept=self.codec.kept)
 
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         return {"outer_state": [self.error]}          # in place of DiLoCo's outer momentum
 
     # ---- resumable state: θ̃ and the error buffer (a healed worker's starts at zero) -------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"anchor": self.anchor.state_dict(), "error": self.error.detach().clone(),
-                **({"computed_at": self.computed_at} if self.pace.active else {})}
+        overlap = {"overlap": self.overlap.state_dict()} if self.overlap is not None else {}   # (waits first:
+        return {"anchor": self.anchor.state_dict(), "error": self.error.detach().clone(),   # e_r final then)
+                **({"computed_at": self.computed_at} if self.pace.active else {}), **overlap}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.anchor.load_state_dict(state["anchor"])
         self.computed_at = int(state.get("computed_at", 0))
         error = state.get("error")
         self.error.copy_(error if error is not None else torch.zeros_like(self.error))
+        if self.overlap is not None:
+            self.overlap.load_state_dict(state.get("overlap"))
 
     def heal_state(self) -> dict[str, Any]:
         """A peer's state without its error buffer: the healed worker's own starts at zero."""
