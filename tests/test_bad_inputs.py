@@ -360,6 +360,10 @@ CASES += [
     ("--slow-policy balanced --fault-tolerant", flags("--strategy", "diloco", "--slow-policy", "balanced",
                                                       "--fault-tolerant"), "takes slow_policy wait only"),
     ("ddp --slow-policy balanced", flags("--strategy", "ddp", "--slow-policy", "balanced"), "ddp has no option slow_policy"),
+    ("local_sgd --overlap-rounds", flags("--strategy", "local_sgd", "--overlap-rounds"),
+     "local_sgd has no option overlap_rounds (it would be ignored)"),
+    ("--overlap-rounds --fault-tolerant", flags("--strategy", "diloco", "--overlap-rounds", "--fault-tolerant"),
+     "--fault-tolerant does not take overlap_rounds"),
 ]
 
 
