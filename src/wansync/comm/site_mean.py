@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ..net import shared_uplink
 from ..net.cost import allreduce_algorithm, site_members
-from ..net.work import blocked_on, waits_in_background
+from ..net.work import WAITS_ATTR, blocked_on
 
 
 class SiteMean:
@@ -153,10 +153,11 @@ class _ThreadWork:
         self._error: BaseException | None = None
         self._records: list[Any] = []
         self._thread = threading.Thread(target=self._target, args=(fn,), name="wansync-site-mean", daemon=True)
+        setattr(self._thread, WAITS_ATTR, self._records)
 
     def _target(self, fn: Any) -> None:
         try:
-            waits_in_background(fn, self._records)
+            fn()
         except BaseException as exc:        # re-raised in the waiting thread
             self._error = exc
 

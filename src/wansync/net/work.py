@@ -12,30 +12,21 @@ from torch.futures import Future
 from wansync.net.emulator import Emulator, complete_short
 from wansync.net.records import CollectiveRecord
 
-__all__ = ["CallerWork", "EmulatedWork", "waits_in_background", "blocked_on"]
+__all__ = ["CallerWork", "EmulatedWork", "WAITS_ATTR", "blocked_on"]
 
 # A helper thread's waits (`comm.site_mean`'s phases of an overlapped mean) are not the training
-# thread's blocking: they are collected here instead of counted as `waited`, and the training thread's
-# own wait for that thread is spread over them (`blocked_on`).
-_CALLER = threading.local()
+# thread's blocking: a thread that carries a list as `WAITS_ATTR` has the records it waited on
+# appended there instead of counted as `waited`, and the training thread's own wait for that thread
+# is spread over them (`blocked_on`).
+WAITS_ATTR = "wansync_waits"
 
 
 def _note_wait(rec: CollectiveRecord, seconds: float) -> None:
-    background = getattr(_CALLER, "background", None)
+    background = getattr(threading.current_thread(), WAITS_ATTR, None)
     if background is None:
         rec.waited = (rec.waited or 0.0) + seconds
     else:
         background.append(rec)
-
-
-def waits_in_background(fn: Any, records: list[CollectiveRecord]) -> None:
-    """Run `fn` in this (helper) thread, its waits on emulated Works appended to `records` instead of
-    booked as blocking."""
-    _CALLER.background = records
-    try:
-        fn()
-    finally:
-        _CALLER.background = None
 
 
 def blocked_on(records: list[CollectiveRecord], t0: float, t1: float) -> None:
