@@ -246,7 +246,8 @@ def _flat_tensors(x: Any, prefix: str = "") -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name, options", [("diloco", {"sync_every": 3}),
                                            ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1}),
-                                           ("sparseloco", {"sync_every": 3})])
+                                           ("sparseloco", {"sync_every": 3}),
+                                           ("diloco", {"sync_every": 3, "overlap_rounds": True})])
 def test_a_sharded_run_stopped_with_an_exchange_in_flight_resumes_bit_for_bit(tmp_path, name, options):
     import json
     from trainer_harness import lay_out, run_legs
@@ -261,6 +262,8 @@ def test_a_sharded_run_stopped_with_an_exchange_in_flight_resumes_bit_for_bit(tm
              for r in range(4)]                            # the checkpoint the resume started from
     if name == "streaming":
         assert all(r["strategy"]["in_flight"] for r in ranks)        # the checkpoint holds an exchange in flight
+    if options.get("overlap_rounds"):                                # round 1's mean, waited for and recorded
+        assert all(r["strategy"]["overlap"]["landing"] is not None for r in ranks)
     assert all(r["model"] is None and r["inside"] == "fsdp" for r in ranks)   # the model: the DCP checkpoint
     for worker in range(2):
         a, b = (_flat_tensors(sharded_state(d, 8, worker)) for d in (whole, broken))
