@@ -64,6 +64,8 @@ CONFIGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("DiLoCo H=100, int8 (INTELLECT-1)", "diloco", {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter"}),
     ("DiLoCo H=100, fp4", "diloco", {"sync_every": H, "codec": "fp4", "codec_collective": "reduce_scatter"}),
     ("DiLoCo H=200, int8", "diloco", {"sync_every": 2 * H, "codec": "int8", "codec_collective": "reduce_scatter"}),
+    ("DiLoCo H=100, int8, whole-round overlap", "diloco",
+     {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter", "overlap_rounds": True}),
     ("Streaming DiLoCo H=100, P=4, τ=5, int8", "streaming",
      {"sync_every": H, "fragments": 4, "overlap": 5, "codec": "int8", "codec_collective": "reduce_scatter"}),
     ("Streaming DiLoCo H=100, P=4, τ=10, int8", "streaming",
@@ -82,6 +84,8 @@ LARGE_PARAMS, LARGE_WORKERS = 72e9, 20
 LARGE_LINK = Link(rtt_s=0.1, bandwidth_bps=500e6)
 LARGE_CONFIGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("DiLoCo H=100, int8", "diloco", {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter"}),
+    ("DiLoCo H=100, int8, whole-round overlap", "diloco",
+     {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter", "overlap_rounds": True}),
     ("Streaming DiLoCo H=100, P=4, τ=10, fp4", "streaming",
      {"sync_every": H, "fragments": 4, "overlap": 10, "codec": "fp4", "codec_collective": "reduce_scatter"}),
     ("SparseLoCo H=30, 0.78 %, 2-bit", "sparseloco", {"sync_every": 30}),
