@@ -217,7 +217,8 @@ class RoundPlan:
     """`overlap_rounds` (`strategies.round_overlap`): at a round's end the mean launched a round before
     is waited for and this round's issued (a two-phase lossy mean's second phase halfway through the
     round, else when it is waited for), then the float buffers' plain mean and the optimizer state's,
-    blocking; at the end the last one waited for, then the steps since averaged at once."""
+    blocking; at the end the last one waited for, then the steps since (if any) averaged at once, with
+    the float buffers."""
 
     def __init__(self, opts: Any, size: ModelSize, workers: int, path_of: PathOf | None, sparse: Any):
         self.opts, self.size, self.workers, self.path_of, self.sparse = opts, size, workers, path_of, sparse
@@ -260,7 +261,7 @@ class RoundPlan:
         return [*acts, Action("issue", first), *self._buffers(t), *self._optimizer_state(t)]
 
     def finish(self, steps: int, partial: bool) -> list[Action]:
-        return [*self._land(), *(blocking(self._mean(steps)) if partial else []), *self._buffers(steps)]
+        return [*self._land(), *([*blocking(self._mean(steps)), *self._buffers(steps)] if partial else [])]
 
 
 class FragmentPlan:

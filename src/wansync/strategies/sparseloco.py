@@ -118,9 +118,10 @@ class SparseLoCo(Strategy):
 
     def finish(self) -> None:
         if self.overlap is not None:
-            self.overlap.finish((lambda delta: self.send(delta, async_op=False).wait())
-                                if self.timetable.final_sync(self.t) else None)
-            self.average_buffers()
+            partial = self.timetable.final_sync(self.t)      # steps since the last boundary, whose buffers
+            self.overlap.finish((lambda delta: self.send(delta, async_op=False).wait()) if partial else None)
+            if partial:                                      # were averaged there
+                self.average_buffers()
         elif self.timetable.final_sync(self.t):
             self.boundary()
 
