@@ -58,6 +58,9 @@ class GeneralKeys:
                            "exposed communication, bytes, drift, sync events; needs wansync[tensorboard])")
     wan: str = _f("", "run", "emulated link: a preset (lan, two-site, cross-region, cross-continent) or a spec "
                   "like rtt=16.6ms,bw=1gbit,sites=2; empty = no emulation")
+    adapt: str = _f("", "run", "diloco, sparseloco: before each round, the H and compression whose predicted exposed "
+                    "communication stays under a target on the link the run measures: exposed=5%[,h=8..64]"
+                    "[,codec=fp32..fp4 | ,density=0.008..0.001] (needs --wan; docs/adapt.md)")
     checkpoint_every: int = _f(0, "run", "write a checkpoint every N steps (0 = only at the end)", at_least(0))
     on_nonfinite: str = _f("abort", "run", "what to do with a NaN/Inf loss, gradient or pseudo-gradient: abort|skip",
                            one_of(("abort", "skip")))

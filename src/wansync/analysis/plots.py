@@ -255,11 +255,68 @@ def exposed_over_time(settings: Sequence[SettingRuns], path: Path) -> Path:
     return _finish(fig, ax, path, "setting")
 
 
+def _knob_series(run: Any, steps: list[dict[str, Any]]) -> dict[str, tuple[list[float], list[Any]]]:
+    """H and the compression over the wall clock: the run's own at its start, then each decision's."""
+    at = {int(r["step"]): float(r["time"]) for r in steps if number(r.get("time")) is not None and "step" in r}
+    decisions = run.decisions()
+    first = decisions[0]["before"] if decisions else {}
+    out: dict[str, tuple[list[float], list[Any]]] = {k: ([0.0], [v]) for k, v in first.items()}
+    for d in decisions:
+        t = at.get(int(d.get("step", 0)))
+        for k, v in (d.get("after") or {}).items():
+            if t is not None and k in out:
+                out[k][0].append(t)
+                out[k][1].append(v)
+    end = max(at.values(), default=0.0)
+    for xs, ys in out.values():
+        xs.append(end)
+        ys.append(ys[-1])
+    return out
+
+
+def adapt_over_time(settings: Sequence[SettingRuns], path: Path) -> Path | None:
+    """What `--adapt` saw and did, beside what it was for: the exposed share (its target dotted),
+    the bandwidth measured, H and the compression, over the wall clock; one line per run. None
+    when no run adapted."""
+    runs = [(s, r) for s in settings for r in s.ok_runs if r.decisions()]
+    if not runs:
+        return None
+    colors = _colors(settings)
+    fig, axes = plt.subplots(4, 1, figsize=(10, 10), sharex=True)
+    exposed, bw, h, comp = axes
+    for s, run in runs:
+        steps, color = run.steps(), colors[s.label]
+        xs, ys = exposed_share(steps, max(1, len(steps) // 40))
+        exposed.plot(xs, ys, color=color, linewidth=1.2, label=s.label)
+        pts = [(r["time"], r["link_bw_bps"] / 1e6) for r in steps if number(r.get("link_bw_bps")) is not None]
+        if pts:
+            bw.plot(*zip(*pts), color=color, linewidth=1.2, marker=".", markersize=3)
+        series = _knob_series(run, steps)
+        for ax, key in ((h, "sync_every"), (comp, "codec"), (comp, "density")):
+            if key in series:
+                ax.step(*series[key], where="post", color=color, linewidth=1.4)
+        target = run.decisions()[0].get("target_pct")
+        if number(target) is not None:
+            exposed.axhline(float(target), color=color, linestyle=":", linewidth=1)
+    exposed.set_ylabel("exposed (% of wall)")
+    exposed.set_ylim(0, 100)
+    bw.set_ylabel("bandwidth measured\n(Mbit/s)")
+    h.set_ylabel("H (steps per round)")
+    comp.set_ylabel("codec / density")
+    comp.set_xlabel("wall clock since training started (s)")
+    exposed.set_title("--adapt: the link it measured and the knobs it turned (dotted: the target)")
+    for ax in axes[1:]:
+        ax.grid(True, alpha=0.3)
+    return _finish(fig, exposed, path, "setting")
+
+
 def all_plots(root: Path, settings: Sequence[SettingRuns], q: Quality, target: float | None) -> list[Path]:
-    """Every plot, under the names the run directory's layout gives them (`rundir.layout`)."""
+    """Every plot, under the names the run directory's layout gives them (`rundir.layout`); the
+    decisions of `--adapt` only where a run adapted."""
     root = Path(root)
     by_step, by_time = (root / p.format(quality="loss" if q.kind == "lm" else "accuracy") for p in QUALITY_PLOTS)
-    front, breakdown, volume, exposed = (root / p for p in PLOTS)
-    return [quality_vs(settings, q, target, by_step, "step"), quality_vs(settings, q, target, by_time, "time"),
+    front, breakdown, volume, exposed, adapt = (root / p for p in PLOTS)
+    made = [quality_vs(settings, q, target, by_step, "step"), quality_vs(settings, q, target, by_time, "time"),
             pareto(settings, q, front), time_breakdown(settings, breakdown), bytes_per_setting(settings, volume),
-            exposed_over_time(settings, exposed)]
+            exposed_over_time(settings, exposed), adapt_over_time(settings, adapt)]
+    return [p for p in made if p is not None]

@@ -385,6 +385,18 @@ def _markdown(rep: Report, runs: Sequence[Run]) -> str:
                   f"{_f(number(r.summary.get(q.final_key)))}, chance {_f(number(r.summary.get('chance_level')))} "
                   f"(`{r.dir}`)" for r in diverged]
         lines += [""]
+    adapted = [(r, r.decisions()) for r in ok]
+    if any(d for _, d in adapted):
+        lines += ["## What --adapt decided", "",
+                  "Each change of H or the compression, at the boundary it took effect, with the link measured and "
+                  "the planner's prediction that chose it (`adapt.png` plots them over the run).", "",
+                  "| run | step | change | why |", "|---|---|---|---|"]
+        for r, ds in adapted:
+            for d in ds:
+                change = ", ".join(f"{k} {d.get('before', {}).get(k)} → {v}" for k, v in (d.get("after") or {}).items()
+                                   if d.get("before", {}).get(k) != v)
+                lines.append(f"| `{r.label}` seed {r.seed} | {d.get('step')} | {change} | {d.get('reason', '')} |")
+        lines += [""]
     if rep.failed:
         lines += ["## Failed runs", ""]
         lines += [f"- `{r.label}` seed {r.seed}: {r.status} (`{r.dir}`)" for r in rep.failed]

@@ -39,6 +39,10 @@ class Run:
         """The run's per-step records (metrics.jsonl: loss, time, exposed_s), read when asked."""
         return read_records(self.dir / METRICS_FILE, "step")
 
+    def decisions(self) -> list[dict[str, Any]]:
+        """What `--adapt` changed and why (metrics.jsonl's `adapt` records), read when asked."""
+        return read_records(self.dir / METRICS_FILE, "adapt")
+
     @property
     def diverged(self) -> bool:
         """Finished, but ended worse than it started or at chance: summary.json's flag, or for a run

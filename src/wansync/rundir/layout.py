@@ -58,7 +58,7 @@ REPORT_FILE = "report.md"
 SUMMARY_CSV = "summary.csv"
 RUNS_CSV = "runs.csv"
 QUALITY_PLOTS = ("{quality}_vs_step.png", "{quality}_vs_wallclock.png")     # quality: loss or accuracy
-PLOTS = ("pareto.png", "time_breakdown.png", "bytes.png", "exposed_over_time.png")
+PLOTS = ("pareto.png", "time_breakdown.png", "bytes.png", "exposed_over_time.png", "adapt.png")
 # What a report writes beside the runs, in a directory that may hold files of others.
 REPORT_FILES = (REPORT_FILE, SUMMARY_CSV, RUNS_CSV,
                 *(p.format(quality=q) for q in ("loss", "accuracy") for p in QUALITY_PLOTS), *PLOTS)

@@ -118,7 +118,21 @@ def check_run(cfg: Config) -> dict[str, Any]:
         raise ConfigError(f"{cfg.data!r} needs the datasets package: install wansync[hf]")
     if cfg.tensorboard:
         tensorboard.check_available()
+    check_adapt(cfg, options)
     return options
+
+
+def check_adapt(cfg: Config, options: dict[str, Any]) -> None:
+    """`--adapt`: its spec (`trainer.adapt.parse_adapt`), and what it needs around it."""
+    from ..trainer.adapt import parse_adapt
+    if parse_adapt(cfg.adapt, cfg.strategy, options) is None:
+        return
+    if not cfg.wan:
+        raise ConfigError("--adapt measures the link from the emulator's records: give --wan (on real links "
+                          "--wan lan, whose model adds nothing measurable)")
+    if cfg.fault_tolerant:
+        raise ConfigError("--adapt with --fault-tolerant: a quorum's exchanges are not timed on a link model; "
+                          "drop one of the two")
 
 
 def check_local_launch(cfg: Config) -> None:

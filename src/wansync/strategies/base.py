@@ -82,6 +82,7 @@ class Strategy:
     steps_optimizer: ClassVar[bool] = True          # False: its own update replaces the optimizer's (DeMo),
                                                     # which only carries the learning rate and weight decay
     exchange_purpose: ClassVar[str] = "params"      # the ledger's purpose of its exchange between workers
+    knobs: ClassVar[tuple[str, ...]] = ()           # what a tuner may turn between rounds (`retune`, --adapt)
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, *,
                  group: Any = None, on_nonfinite: str | None = None, replicas: Replicas | None = None,
@@ -118,6 +119,7 @@ class Strategy:
                          self.replicas, worker=self.replicas.worker if between else self.rank,
                          workers=self.replicas.workers if between else self.world_size,
                          group=None if between else group)
+        self.tuner: Any = None           # turns `knobs` before each round (`trainer.adapt`; None: they stay)
         self.inside_sync = None
         if self.replicas.ddp_inside and self.steps_inside_workers:
             self.inside_sync = GradientSync(model, self.replicas.inside, self.comm, purpose=INSIDE + "grads")
@@ -296,7 +298,8 @@ class Strategy:
         """The strategy's resumable state, with this rank's communication counters (`comm`): a loop
         that saves it beside the model's and optimizer's resumes with nothing else to restore."""
         return {"t": self.t, "options": dataclasses.asdict(self.opts), **self.extra_state(),
-                "comm": self.comm.snapshot(), **({"pace": self.pace.state_dict()} if self.pace.active else {})}
+                "comm": self.comm.snapshot(), **({"pace": self.pace.state_dict()} if self.pace.active else {}),
+                **({"tuner": self.tuner.state_dict()} if self.tuner is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict()`, before or after loading the model and optimizer (see
@@ -308,6 +311,8 @@ class Strategy:
         self.load_extra_state(state)
         if "comm" in state:
             self.comm.restore(state["comm"])
+        if self.tuner is not None and "tuner" in state:
+            self.tuner.load_state_dict(state["tuner"])
 
     def heal_state(self) -> dict[str, Any]:
         """What a worker healing from this one receives (fault-tolerant runs): the resumable state,
@@ -319,6 +324,32 @@ class Strategy:
 
     def extra_state(self) -> dict[str, Any]:
         return {}
+
+    # ---- rounds whose knobs change (`--adapt`) ------------------------------------------------
+    def round_boundary(self) -> None:
+        """A round's end: the tuner, if any, turns the knobs for the exchange about to run (from what
+        every rank agreed), then the boundary, then the tuner shares what this rank saw of it."""
+        if self.tuner is not None:
+            self.tuner.before_round(self)
+        self.boundary()
+        if self.tuner is not None:
+            self.tuner.after_round(self)
+
+    def boundary(self) -> None:
+        raise NotImplementedError(f"{self.name} has no rounds")
+
+    def retune(self, **knobs: Any) -> None:
+        """Turn `knobs` (names from `knobs`) at a boundary, before its exchange: every rank alike."""
+        unknown = sorted(set(knobs) - set(self.knobs))
+        if unknown:
+            raise ConfigError(f"{self.name} has no knob {', '.join(unknown)} to turn"
+                              + (f" (it has {', '.join(self.knobs)})" if self.knobs else ""))
+        if "sync_every" in knobs and knobs["sync_every"] != self.opts.sync_every:
+            self.timetable.retime(self.t, int(knobs["sync_every"]))
+        self.retune_exchange({k: v for k, v in knobs.items() if k != "sync_every"})
+
+    def retune_exchange(self, knobs: dict[str, Any]) -> None:
+        """What the exchange sends from the next one on (the codec, a sparse payload's density)."""
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         pass

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..comm.codecs import get_codec
 from .base import model_buffers, sync_tensors
 from .options import anchor_device, outer_lr, outer_momentum, outer_state_device, overlap_rounds, sync_every
 from .outer import Anchor
@@ -53,6 +54,7 @@ class DiLoCoOptions(PeriodicOptions):
 class DiLoCo(Periodic):
     name = "diloco"
     Options = DiLoCoOptions
+    knobs = ("sync_every", "codec")
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
@@ -71,7 +73,7 @@ class DiLoCo(Periodic):
 
     def after_inner_step(self) -> None:
         if self.overlap is not None:
-            self.overlap.halfway(self.t, self.opts.sync_every)
+            self.overlap.halfway(self.timetable.round_step(self.t), self.opts.sync_every)
         super().after_inner_step()
 
     def boundary(self) -> None:
@@ -96,6 +98,13 @@ class DiLoCo(Periodic):
                                   collective=self.opts.codec_collective,
                                   residual=self._residual if self.opts.error_feedback else None,
                                   weight=self.steps_weight())
+
+    def retune_exchange(self, knobs: dict[str, Any]) -> None:
+        """`codec`: the pseudo-gradient's codec from this boundary's exchange on (θ̃ is the reference
+        of every codec, and an error-feedback residual is in the values' units whatever the codec)."""
+        if "codec" in knobs:
+            self.codec = get_codec(knobs["codec"])
+            self.opts.codec = self.codec.name
 
     def finish(self) -> None:
         if self.overlap is None:

@@ -59,10 +59,23 @@ class PeriodicOptions(Options):
 
 class PeriodicTimetable(Timetable):
     """A boundary every H steps, the only steps that exchange; `finish()` averages once more after
-    a step that was not one."""
+    a step that was not one. H may change at a boundary (`retime`, `--adapt`): the rounds then count
+    from there."""
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self.origin = 0                    # the boundary from which rounds of the current H count
 
     def is_boundary(self, t: int) -> bool:
-        return t % self.opts.sync_every == 0
+        return t > self.origin and (t - self.origin) % self.opts.sync_every == 0
+
+    def round_step(self, t: int) -> int:
+        """Step t's place in its round (0 at a boundary)."""
+        return (t - self.origin) % self.opts.sync_every
+
+    def retime(self, t: int, sync_every: int) -> None:
+        """From boundary t on, a boundary every `sync_every` steps."""
+        self.origin, self.opts.sync_every = t, sync_every
 
     def exchanges_at(self, t: int) -> bool:
         return self.is_boundary(t)
@@ -90,10 +103,7 @@ class Periodic(Strategy):
 
     def after_inner_step(self) -> None:
         if self.timetable.is_boundary(self.t):
-            self.boundary()
-
-    def boundary(self) -> None:
-        raise NotImplementedError
+            self.round_boundary()
 
     def finish(self) -> None:
         if self.timetable.final_sync(self.t):

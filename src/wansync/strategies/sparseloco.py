@@ -92,12 +92,14 @@ class SparseLoCo(Strategy):
     Options = SparseLoCoOptions
     Timetable = PeriodicTimetable
     exchange_purpose = "pseudo_grads"
+    knobs = ("sync_every", "density")
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.broadcast_initial_state()
         params = [local_shard(p) for p in self.module.parameters() if p.requires_grad]
-        self.codec = self.wire_codec(self.opts, [p.shape for p in params])
+        self._shapes = [p.shape for p in params]
+        self.codec = self.wire_codec(self.opts, self._shapes)
         self.anchor = Anchor(params, lr=self.opts.outer_lr, momentum=0.0,
                              device=anchor_device(self.opts.outer_state_device))
         self.error = torch.zeros_like(self.anchor.value)          # e_r
@@ -112,9 +114,9 @@ class SparseLoCo(Strategy):
 
     def after_inner_step(self) -> None:
         if self.overlap is not None:
-            self.overlap.halfway(self.t, self.opts.sync_every)
+            self.overlap.halfway(self.timetable.round_step(self.t), self.opts.sync_every)
         if self.timetable.is_boundary(self.t):
-            self.boundary()
+            self.round_boundary()
 
     def finish(self) -> None:
         if self.overlap is not None:
@@ -135,6 +137,13 @@ class SparseLoCo(Strategy):
         self.average_buffers()
         self.emit("sync", kind="outer", bytes=self.codec.wire_bytes(), codec="sparse", kept=self.codec.kept,
                   **({"overlapped": True} if self.overlap is not None else {}))
+
+    def retune_exchange(self, knobs: dict[str, Any]) -> None:
+        """`density`: the share of each chunk sent from this boundary's exchange on (the error buffer
+        keeps what is not sent, whatever the density)."""
+        if "density" in knobs:
+            self.opts.density = float(knobs["density"])
+            self.codec = self.wire_codec(self.opts, self._shapes)
 
     def send(self, delta: torch.Tensor, async_op: bool = True) -> Any:
         """e_r ← β·e_r + Δ_r; s_r = Q(TopK(e_r)) sent; e_r ← e_r − s_r; Δ̄ = Aggregate_r(s_r) in delta's buffer."""

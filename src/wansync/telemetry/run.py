@@ -41,6 +41,7 @@ from ..rundir.divergence import quality_fields
 from ..rundir.layout import LOGS_DIR, METRICS_FILE, PROFILE_FILE, TENSORBOARD_DIR, write_summary
 from .commtime import CommTimer, ddp_modules
 from .memory import memory_per_rank
+from .linkwatch import LinkWatch, link_fields
 from .metrics import MetricsWriter
 from .peerwait import PROFILE
 from .profiler import Profiler, build_profile
@@ -100,6 +101,8 @@ class Run:
         self._data_s = self._busy_s = self._exposed_s = 0.0
         self._closed = False
         self.comm_timer = CommTimer(emulator_of(sync.group))
+        self.link = LinkWatch(sync.group)
+        self._logged_syncs = 0                            # sync events at the last step record
         for ddp in ddp_modules(sync):                     # before the first backward: DDP's comm hook
             self.comm_timer.instrument(ddp)
         self.writer = MetricsWriter(self.out / METRICS_FILE if lead and self.out is not None else None, append=append)
@@ -219,6 +222,9 @@ class Run:
             record["items_per_s"] = items * self.world / max(1e-9, self._busy_s)
         record["time"] = self.profiler.wall()
         record["exposed_s"] = round(self._exposed_s, 6)
+        if self.link.active and self.sync_events != self._logged_syncs:   # a step that exchanged:
+            record.update(link_fields(self.link.current()))               # the link as it is now
+        self._logged_syncs = self.sync_events
         if skipped:
             record["skipped"] = True
             self.skipped += 1
@@ -344,6 +350,8 @@ class Run:
             # this rank's bytes by category at the end (telemetry.memory; rank 0's is the one written)
             "memory_per_rank": memory_per_rank(sync.module, sync.optimizer, sync),
             "worker_step_s": self._worker_step_s(workers, r),
+            **({"link_estimate": {**self.link.run().as_dict(), "now": self.link.current().as_dict()}}
+               if self.link.active else {}),
             **quality_fields(self.evals, self.chance),
         }
         summary.update(fields)

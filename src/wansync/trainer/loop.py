@@ -28,6 +28,7 @@ from ..comm.sparse import is_sparse
 from ..config import Config, fingerprint
 from ..rundir.divergence import chance_level
 from ..errors import ConfigError, NonFiniteError
+from .adapt import Tuner, parse_adapt
 from .faults import Faults
 from ..net import exchange_seconds
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
@@ -77,6 +78,10 @@ class Trainer:
         quorum = quorum_for(cfg, rank, world_size) if cfg.fault_tolerant else None
         self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer, on_nonfinite=cfg.on_nonfinite,
                                      replicas=self.replicas, quorum=quorum, **self.options)
+        spec = parse_adapt(cfg.adapt, cfg.strategy, self.options)
+        if spec is not None:                            # before a resume loads the tuner's state
+            self.sync.tuner = Tuner(spec, self.sync, cfg.topology, lambda: self.run_files.step_times,
+                                    inside=cfg.inside, say=lambda line: self.run_files.print(line))
         self.fault = Faults.from_env()
         self.slowdown = cfg.topology.slowdown(self.replicas.worker) if cfg.topology is not None else 1.0
         self.last_loss = math.nan                     # an idle step's record repeats the last computed loss
@@ -94,6 +99,8 @@ class Trainer:
                              rank=rank, world=world_size)
         if link is not None:
             self.run_files.print(link)
+        if self.sync.tuner is not None:
+            self.run_files.link = self.sync.tuner.watch       # one watch of the link: the timeline reads the tuner's
         if resumed is not None:
             self.run_files.load_state_dict(resumed)
 

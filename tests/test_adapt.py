@@ -1,0 +1,372 @@
+"""The link a run measures (`net.estimate`, `telemetry.linkwatch`) and the controller that turns H and
+the compression to keep the predicted exposed share under a target (`--adapt`, `trainer.adapt`): the
+estimate on samples of a known link, the choice against the planner's own prediction, knobs turned
+between rounds on real gloo groups, runs under a link that drops and recovers, and the refusals."""
+from __future__ import annotations
+
+import json
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cli_harness import TINY, wansync
+from strategy_harness import deep_model, flat_params, rank_batch
+from wansync.comm.replicas import Replicas
+from wansync.errors import ConfigError
+from wansync.net import parse_wan
+from wansync.net.estimate import LinkSample, duration, estimate_link, on_link
+from wansync.net.link import Link
+from wansync.planner.predict import predict, setting
+from wansync.planner.sizes import of_module
+from wansync.runner.localgroup import run_ranks
+from wansync.strategies import make_options
+from wansync.trainer.adapt import AdaptSpec, Tuner, parse_adapt
+
+pytestmark = pytest.mark.timeout(240)
+
+WORLD = parse_wan("cross-continent")           # 2 sites, 200 ms, 200 Mbit/s between them
+SMALL = ("allreduce", 32, (0, 1, 2, 3))        # an evaluation's mean over every rank
+LARGE = ("allreduce", 4e6, (0, 2))             # the exchange across the sites' first members
+
+
+def samples(link: Link, kinds: list[tuple], n: int, topology=WORLD, noise: float = 0.005,
+            seed: int = 0) -> list[LinkSample]:
+    """`n` collectives of `kinds` in turn, timed by the cost model on `link`, with a little noise."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        op, nbytes, members = kinds[i % len(kinds)]
+        s = LinkSample(op, nbytes, members, 4, 1.0, float(i))
+        seconds = duration(s, topology, link.rtt_s, link.bandwidth_bps) * (1 + noise * rng.random())
+        out.append(LinkSample(op, nbytes, members, 4, seconds, float(i)))
+    return out
+
+
+# ---- the estimate -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("topology", [WORLD, parse_wan("rtt=30ms,bw=1gbit,sites=4")], ids=["2-sites", "4-sites"])
+@pytest.mark.parametrize("rtt, bw", [(0.2, 200e6), (0.05, 20e6), (0.01, 2e9)])
+def test_the_estimate_finds_the_link_its_samples_ran_on(topology, rtt, bw):
+    large = ("allreduce", 4e6, (0, 1, 2, 3)) if topology.sites == 4 else LARGE
+    est = estimate_link(samples(Link(rtt, bw), [SMALL, large, ("barrier", 0, (0, 1, 2, 3))], 30, topology), topology)
+    assert est.rtt_s == pytest.approx(rtt, rel=0.01)
+    assert est.bandwidth_bps == pytest.approx(bw, rel=0.01)
+    assert est.samples == 30
+
+
+def test_one_slow_sample_moves_neither_the_rtt_nor_the_bandwidth():
+    got = samples(Link(0.2, 200e6), [SMALL, LARGE], 12)
+    for i in (6, 7):                                   # one of each kind, five times as long
+        got[i] = LinkSample(**{**got[i].__dict__, "seconds": 5 * got[i].seconds})
+    est = estimate_link(got, WORLD, newest=3)
+    assert est.rtt_s == pytest.approx(0.2, rel=0.01)
+    assert est.bandwidth_bps == pytest.approx(200e6, rel=0.01)
+
+
+def test_the_newest_samples_follow_a_link_that_dropped():
+    before = samples(Link(0.2, 200e6), [SMALL, LARGE], 20)
+    after = [LinkSample(**{**s.__dict__, "at_s": s.at_s + 100}) for s in samples(Link(0.2, 20e6), [SMALL, LARGE], 4)]
+    assert estimate_link(before + after[:2], WORLD, newest=3).bandwidth_bps == pytest.approx(200e6, rel=0.01)
+    assert estimate_link(before + after, WORLD, newest=3).bandwidth_bps == pytest.approx(20e6, rel=0.01)
+
+
+def test_without_small_collectives_the_rtt_is_unknown_and_the_topologys_is_used():
+    est = estimate_link(samples(Link(0.2, 50e6), [LARGE], 5), WORLD)
+    assert est.rtt_s is None
+    assert est.bandwidth_bps == pytest.approx(50e6, rel=0.01)      # solved at the topology's own 200 ms
+
+
+def test_a_collective_inside_a_site_says_nothing_of_the_link_between_sites():
+    inside = [LinkSample("allreduce", 4e6, (0, 1), 4, 0.01, float(i)) for i in range(5)]
+    assert estimate_link(inside, WORLD) .samples == 0
+    assert estimate_link(inside, WORLD).bandwidth_bps is None
+
+
+# ---- the controller's choice --------------------------------------------------------------------------
+def fake_sync(strategy: str = "diloco", **options: Any) -> SimpleNamespace:
+    model = deep_model(0)
+    opts = make_options(strategy, **options)
+    return SimpleNamespace(name=strategy, module=model, opts=opts, replicas=Replicas(), world_size=4, group=None,
+                           codec=SimpleNamespace(name=getattr(opts, "codec", "sparse")))
+
+
+def tuner(text: str, strategy: str = "diloco", **options: Any) -> Tuner:
+    sync = fake_sync(strategy, **options)
+    import dataclasses
+    spec = parse_adapt(text, strategy, dataclasses.asdict(sync.opts))
+    return Tuner(spec, sync, WORLD, step_times=lambda: [])
+
+
+def planner_pct(t: Tuner, knobs: dict[str, Any], link: Link, step_s: float) -> float:
+    s = setting(t.sync.name, {**t.options, **knobs}, of_module(t.sync.name, t.sync.module), 4, on_link(WORLD, link),
+                step_s)
+    return predict(s).exposed_pct
+
+
+def test_the_choice_is_the_first_candidate_the_planner_puts_under_the_target():
+    t = tuner("exposed=5%,h=4..16", sync_every=4)
+    assert t.spec.sync_every == (4, 5, 8, 10, 16) and t.spec.ladder == ("fp32", "bf16", "int8", "fp4")
+    for bw in (10e9, 2e6, 1e5):
+        choice, why = t.choose(bw, 0.001, 0.05, 0.0)
+        link = Link(0.001, bw)
+        order = t.spec.candidates()
+        first = next((k for k in order if planner_pct(t, k, link, 0.05) <= 5), None)
+        if first is not None:
+            assert choice == first and why["within_target"]
+        else:                                          # none reaches it: the least exposed
+            assert choice == min(order, key=lambda k: planner_pct(t, k, link, 0.05)) and not why["within_target"]
+        assert why["predicted_exposed_pct"] == pytest.approx(planner_pct(t, choice, link, 0.05), abs=0.01)
+    fast, _ = t.choose(10e9, 0.001, 0.05, 0.0)
+    slow, _ = t.choose(2e6, 0.001, 0.05, 0.0)
+    assert fast == {"sync_every": 4, "codec": "fp32"}
+    assert order.index(slow) > order.index(fast)
+
+
+def test_a_lighter_setting_must_come_well_under_the_target_to_be_taken_back():
+    t = tuner("exposed=10%,h=4..4", sync_every=4)
+    link = Link(0.001, 3e6)
+    fp32 = {"sync_every": 4, "codec": "fp32"}
+    lo, hi = 1e-4, 100.0                     # the step at which fp32 is predicted 9.5 % exposed
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if planner_pct(t, fp32, link, mid) > 9.5 else (lo, mid)
+    step = hi
+    assert 9 < planner_pct(t, fp32, link, step) <= 9.5
+    t.current = {"sync_every": 4, "codec": "int8"}
+    assert t.choose(3e6, 0.001, step, 0.0)[0] != fp32       # under the target, not 10 % under it
+    t.current = fp32
+    assert t.choose(3e6, 0.001, step, 0.0)[0] == fp32       # the current one stays up to the target
+
+
+def test_sparseloco_turns_its_density_down_by_halves():
+    t = tuner("exposed=5%,h=30..30", "sparseloco")
+    assert t.spec.knob == "density" and t.spec.ladder[0] == pytest.approx(t.sync.opts.density)
+    assert [b / a for a, b in zip(t.spec.ladder, t.spec.ladder[1:])] == pytest.approx([0.5] * 3)
+
+
+@pytest.mark.parametrize("strategy, text, options, words", [
+    ("diloco", "exposed=0%", {}, "strictly between 0 and 100"),
+    ("diloco", "exposed=100", {}, "strictly between 0 and 100"),
+    ("diloco", "exposed=-3%", {}, "strictly between 0 and 100"),
+    ("diloco", "exposed=five", {}, "a percentage like 5%"),
+    ("diloco", "h=8..64", {}, "the target is missing"),
+    ("diloco", "exposed=5%,exposed=6%", {}, "given twice"),
+    ("diloco", "exposed=5%,speed=2", {}, "expected exposed=PCT"),
+    ("diloco", "exposed=5%,h=8..8,codec=int8..int8", {}, "nothing to choose"),
+    ("diloco", "exposed=5%,h=64..8", {}, "1 <= LOW <= HIGH"),
+    ("diloco", "exposed=5%,h=a..b", {}, "a value or a range"),
+    ("diloco", "exposed=5%,codec=fp32..zip", {}, "not one of fp32, bf16, int8, fp4"),
+    ("diloco", "exposed=5%,codec=fp4..fp32", {}, "lightest compression first"),
+    ("diloco", "exposed=5%,density=0.01..0.001", {}, "turns its codec, not a density"),
+    ("diloco", "exposed=5%", {"slow_policy": "balanced"}, "--slow-policy wait"),
+    ("sparseloco", "exposed=5%,codec=fp32..int8", {}, "turns its density, not a codec"),
+    ("sparseloco", "exposed=5%,density=0.01..0.00001", {}, "less than one value"),
+    ("sparseloco", "exposed=5%", {"topk": 8, "density": None}, "give --density instead of --topk"),
+    ("ddp", "exposed=5%", {}, "ddp has no knob"),
+    ("local_sgd", "exposed=5%", {}, "local_sgd has no knob"),
+    ("streaming", "exposed=5%", {}, "streaming has no knob"),
+])
+def test_bad_adapt_specs_are_refused_in_one_line(strategy, text, options, words):
+    import dataclasses
+    from wansync.strategies import strategy_class
+    opts = dataclasses.asdict(strategy_class(strategy).Options()) | options
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace("+", r"\+")) as e:
+        parse_adapt(text, strategy, opts)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--strategy", "diloco", "--adapt", "exposed=5%"], "give --wan"),
+    (["--strategy", "diloco", "--adapt", "exposed=150%", "--wan", "lan"], "strictly between 0 and 100"),
+    (["--strategy", "ddp", "--adapt", "exposed=5%", "--wan", "lan"], "ddp has no knob"),
+    (["--strategy", "diloco", "--adapt", "exposed=5%", "--wan", "lan", "--fault-tolerant"], "drop one of the two"),
+])
+def test_the_command_line_refuses_adapt_without_what_it_needs(tmp_path, args, words):
+    r = wansync("train", *args, "--workers", "2", "--steps", "4", "--out", str(tmp_path / "run"), *TINY, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# ---- knobs turned between rounds, on gloo -----------------------------------------------------------------
+class Scripted:
+    """A tuner that turns the knobs it is told at the boundaries it is told (no measurement)."""
+
+    def __init__(self, at: dict[int, dict[str, Any]]):
+        self.at, self.rounds = at, []
+
+    def before_round(self, sync):
+        if sync.t in self.at:
+            sync.retune(**self.at[sync.t])
+        self.rounds.append(sync.t)
+
+    def after_round(self, sync):
+        pass
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def _scripted(rank: int, world: int, name: str, options: dict[str, Any], at: dict[int, dict[str, Any]],
+              steps: int) -> dict[str, Any]:
+    import wansync as ws
+    model = deep_model(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sync = ws.strategy(name, model, opt, **options)
+    sync.tuner = Scripted(at)
+    events = []
+    sync.on_event(lambda r: events.append((r["step"], r.get("codec"), r.get("bytes"))) if r["type"] == "sync" else None)
+    for step in range(steps):
+        x, y = rank_batch(rank, step)
+        nn.functional.mse_loss(sync.model(x), y).backward()
+        sync.step()
+        sync.zero_grad()
+    sync.finish()
+    return {"rounds": sync.tuner.rounds, "events": events, "final": flat_params(model)}
+
+
+@pytest.mark.parametrize("name, options, knob, fewer", [
+    ("diloco", {"sync_every": 4, "outer_momentum": 0.0}, {"codec": "int8"}, True),
+    ("diloco", {"sync_every": 4, "outer_momentum": 0.0, "overlap_rounds": True}, {"codec": "fp4"}, True),
+    ("sparseloco", {"sync_every": 4}, {"density": 0.25}, False),     # the tiny model's default keeps less
+])
+def test_h_and_the_compression_change_at_a_boundary_alike_on_every_rank(name, options, knob, fewer):
+    at = {8: {"sync_every": 3, **knob}}
+    out = run_ranks(_scripted, 2, name, options, at, 17)
+    for o in out:
+        assert o["rounds"] == [4, 8, 11, 14, 17]          # H 4 up to step 8, then 3 from there
+    assert torch.equal(out[0]["final"], out[1]["final"])
+    steps = [e[0] for e in out[0]["events"]]
+    assert steps[:5] == [4, 8, 11, 14, 17]
+    sent = {e[0]: e[2] for e in out[0]["events"]}
+    assert (sent[8] < sent[4]) == fewer and sent[8] != sent[4]      # from the boundary it was turned at
+
+
+def test_a_knob_a_strategy_lacks_is_refused():
+    sync = fake_sync()
+    from wansync.strategies.base import Strategy
+    with pytest.raises(ConfigError, match="has no knob density to turn"):
+        Strategy.retune(SimpleNamespace(name="diloco", knobs=("sync_every", "codec")), density=0.1)
+    del sync
+
+
+# ---- runs under a link that drops and recovers -------------------------------------------------------------
+DROP = """
+name = "drop-and-restore"
+[sites.a]
+workers = 1
+[sites.b]
+workers = 1
+[[links]]
+sites = ["a", "b"]
+rtt = "4ms"
+bw = "{bw}"
+[compute]
+step = "40ms"
+{schedule}
+"""
+SCHEDULE = """[[schedules]]
+links = "all"
+steps = [{ at = "2.5s", scale = 0.1 }, { at = "5s", scale = 1.0 }]
+"""
+
+
+def _records(run) -> tuple[list[dict], list[dict]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["type"] == "step"], [r for r in rows if r["type"] == "adapt"]
+
+
+def test_the_controller_compresses_through_a_drop_and_goes_back_when_the_link_recovers(tmp_path):
+    path = tmp_path / "drop.toml"
+    path.write_text(DROP.format(bw="400mbit", schedule=SCHEDULE))
+    run = tmp_path / "run"
+    r = wansync("train", "--strategy", "diloco", "--sync-every", "4", "--workers", "2", "--steps", "150",
+                "--wan", str(path), "--adapt", "exposed=10%,h=4..8", "--eval-every", "1000", "--quiet",
+                "--out", str(run), *TINY, timeout=200)
+    assert r.returncode == 0, r.stderr
+    steps, decisions = _records(run)
+    assert decisions, "no decision was logged"
+    order = ("fp32", "bf16", "int8", "fp4")
+    heaviest = max(decisions, key=lambda d: (d["after"]["sync_every"], order.index(d["after"]["codec"])))
+    assert 2.5 < steps[heaviest["step"] - 1]["time"] < 5.5 + 1.0               # compressed during the drop
+    last = decisions[-1]
+    assert steps[last["step"] - 1]["time"] > 5.0                                # and back after it
+    assert order.index(last["after"]["codec"]) < order.index(heaviest["after"]["codec"]) \
+        or last["after"]["sync_every"] < heaviest["after"]["sync_every"]
+    for d in decisions:
+        assert d["reason"].startswith("predicted") and d["target_pct"] == 10.0
+    during = [s["link_bw_bps"] for s in steps if "link_bw_bps" in s and 3.5 < s["time"] < 4.8]
+    assert during and all(35e6 < bw < 45e6 for bw in during)                   # the drop, measured: 40 Mbit/s
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["comm"]["adapt"]["calls"] > 0
+    assert 0.004 <= summary["link_estimate"]["rtt_s"] < 0.012      # 4 ms, and the real backend's own time
+    rep = wansync("report", str(tmp_path), timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert (tmp_path / "adapt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (tmp_path / "report.md").read_text()
+    assert "## What --adapt decided" in text and f"| {heaviest['step']} |" in text
+
+
+def test_two_runs_with_one_seed_take_the_same_decisions(tmp_path):
+    path = tmp_path / "slow.toml"
+    path.write_text(DROP.format(bw="60mbit", schedule=""))
+    logs = []
+    for leg in ("one", "two"):
+        run = tmp_path / leg
+        r = wansync("train", "--strategy", "diloco", "--sync-every", "4", "--workers", "2", "--steps", "40",
+                    "--wan", str(path), "--adapt", "exposed=10%,h=4..16", "--eval-every", "1000", "--quiet",
+                    "--out", str(run), *TINY, timeout=200)
+        assert r.returncode == 0, r.stderr
+        logs.append([(d["step"], d["after"]) for d in _records(run)[1]])
+    assert logs[0] and logs[0] == logs[1]
+
+
+def _resumed(rank: int, world: int) -> dict[str, Any]:
+    """A run whose knobs were turned at step 8, and one resumed from its state there."""
+    import dataclasses
+    import wansync as ws
+
+    def build():
+        model = deep_model(0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        sync = ws.strategy("diloco", model, opt, sync_every=4, outer_momentum=0.0)
+        spec = parse_adapt("exposed=5%,h=3..4", "diloco", dataclasses.asdict(sync.opts))
+        sync.tuner = Tuner(spec, sync, WORLD, step_times=lambda: [])
+        return model, opt, sync
+
+    def train(model, sync, steps):
+        for step in steps:
+            x, y = rank_batch(rank, step)
+            nn.functional.mse_loss(sync.model(x), y).backward()
+            sync.step()
+            sync.zero_grad()
+
+    model, opt, sync = build()
+    train(model, sync, range(8))
+    sync.tuner.apply(sync, {"sync_every": 3, "codec": "int8"}, {"predicted_exposed_pct": 1.0, "link_bw_bps": 1e6,
+                                                               "link_rtt_s": 0.1, "step_s": 0.1,
+                                                               "within_target": True})
+    saved = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "opt": opt.state_dict(),
+             "sync": sync.state_dict()}
+    train(model, sync, range(8, 14))
+    sync.finish()
+    model2, opt2, sync2 = build()
+    model2.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    sync2.load_state_dict(saved["sync"])
+    knobs = (sync2.opts.sync_every, sync2.codec.name, sync2.timetable.origin, sync2.tuner.current)
+    train(model2, sync2, range(8, 14))
+    sync2.finish()
+    return {"knobs": knobs, "same": torch.equal(flat_params(model), flat_params(model2))}
+
+
+def test_a_run_resumed_after_a_decision_keeps_its_knobs_bit_for_bit():
+    for o in run_ranks(_resumed, 2):
+        assert o["knobs"] == (3, "int8", 8, {"sync_every": 3, "codec": "int8"})
+        assert o["same"]
