@@ -106,19 +106,24 @@ def exposed(run: Path) -> float:
     return statistics.median(e["exposed_s"] for e in json.loads((run / "profile.json").read_text())["events"])
 
 
-def exposed_real(bed: netns.Bed, strategy: str, corpus: Path, work: Path) -> float:
+def train_in_bed(bed: netns.Bed, args: list[str], work: Path) -> Path:
+    """`wansync train ARGS` under torchrun on both hosts, as docs/multinode.md says; the first host's run."""
     a, b = bed.hosts
     torchrun = Path(sys.executable).parent / "torchrun"
-    args = ["train", "--strategy", strategy, *STRATEGIES[strategy], *TRAIN, "--data", str(corpus)]
-    procs = {h: bed.start(h, [str(torchrun), *netns.documented_torchrun(a.address), "-m", "wansync", *args,
+    procs = {h: bed.start(h, [str(torchrun), *netns.documented_torchrun(a.address), "-m", "wansync", "train", *args,
                               "--out", str(work / h.name)], env=env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
              for h in (a, b)}
     for h, p in procs.items():
         out = p.communicate(timeout=900)[0]
         if p.returncode != 0:
-            raise RuntimeError(f"{strategy} in the bed failed on {h.name}: {out[-2000:]}")
-    return exposed(work / a.name)
+            raise RuntimeError(f"{' '.join(args)} in the bed failed on {h.name}: {out[-2000:]}")
+    return work / a.name
+
+
+def exposed_real(bed: netns.Bed, strategy: str, corpus: Path, work: Path) -> float:
+    return exposed(train_in_bed(bed, ["--strategy", strategy, *STRATEGIES[strategy], *TRAIN, "--data", str(corpus)],
+                                work))
 
 
 def exposed_emulated(strategy: str, wan: str, corpus: Path, work: Path) -> float:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import netns
 from cli_harness import TINY, wansync
 from strategy_harness import deep_model, flat_params, rank_batch
 from wansync.comm.replicas import Replicas
@@ -370,3 +371,44 @@ def test_a_run_resumed_after_a_decision_keeps_its_knobs_bit_for_bit():
     for o in run_ranks(_resumed, 2):
         assert o["knobs"] == (3, "int8", 8, {"sync_every": 3, "codec": "int8"})
         assert o["same"]
+
+
+# ---- on real TCP: the namespace bed ---------------------------------------------------------------------
+# one rank per host under a link model that adds nothing measurable (`--wan lan`): small and large
+# all-reduces, then the estimate from the emulator's records
+ESTIMATE = """
+import sys, json, datetime, torch, torch.distributed as dist
+from wansync import net
+from wansync.telemetry.linkwatch import LinkWatch
+rank, addr = int(sys.argv[1]), sys.argv[2]
+torch.set_num_threads(1)
+store = dist.TCPStore(addr, 29578, 2, rank == 0, datetime.timedelta(seconds=60))
+dist.init_process_group(net.install(), store=store, rank=rank, world_size=2,
+                        pg_options=net.Emulator(net.parse_wan("lan"), seed=0), timeout=datetime.timedelta(seconds=60))
+small, large = torch.ones(2), torch.ones(455_000)
+for k in range(4):
+    dist.all_reduce(small)
+    dist.all_reduce(large)
+est = LinkWatch().run()
+if rank == 0:
+    print(json.dumps(est.as_dict()))
+"""
+
+
+@pytest.mark.skipif(netns.unavailable() is not None, reason=netns.unavailable() or "")
+def test_on_real_tcp_the_estimate_is_the_rate_tbf_holds_the_link_to():
+    import os
+    import subprocess
+    import sys
+    with netns.Bed(2, rate="100mbit") as bed:
+        procs = [bed.start(h, [sys.executable, "-c", ESTIMATE, str(r), bed.hosts[0].address],
+                           env=dict(os.environ, GLOO_SOCKET_IFNAME=h.ifname), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for r, h in enumerate(bed.hosts)]
+        out, err = procs[0].communicate(timeout=90)
+        for p in procs[1:]:
+            p.wait(timeout=30)
+        assert procs[0].returncode == 0, err[-2000:]
+    est = json.loads(out.strip().splitlines()[-1])
+    print(est)
+    assert est["bandwidth_bps"] == pytest.approx(100e6, rel=0.10)
+    assert est["rtt_s"] is not None and est["rtt_s"] < 0.005          # the bed's is a tenth of a millisecond

@@ -55,6 +55,7 @@ class LinkEstimate:
     rtt_s: float | None           # None: no small collective told it
     bandwidth_bps: float | None   # None: no sample moved bytes over the link
     samples: int
+    newest_at: float | None = None   # when the newest sample the bandwidth rests on started
 
     def link(self, default_rtt_s: float = 0.0) -> Link | None:
         """The estimate as a `Link` (None without a bandwidth)."""
@@ -170,6 +171,7 @@ def estimate_link(samples: Sequence[LinkSample], topology: Topology, newest: int
     large = [s for s in large if shape[id(s)][1] > 0]
     rtt = rtt_s if rtt_s is not None else wan_link(topology).rtt_s
     bw = None
+    newest_at = large[-1].at_s if large else None
     for _ in range(3 if small and rtt_s is None else 1):
         rates = [1 / _solve(lambda inv, s=s: duration(s, topology, rtt, 1 / inv), 1 / _BW[1], 1 / _BW[0], s.seconds)
                  for s in large[-newest if newest else 0:]]
@@ -179,4 +181,4 @@ def estimate_link(samples: Sequence[LinkSample], topology: Topology, newest: int
             rtt = statistics.median(_solve(lambda r, s=s: duration(s, topology, r, at), *_RTT, s.seconds)
                                     for s in small)
     known = rtt_s is not None or bool(small)
-    return LinkEstimate(rtt if known else None, bw, len(usable))
+    return LinkEstimate(rtt if known else None, bw, len(usable), newest_at)

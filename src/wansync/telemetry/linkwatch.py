@@ -76,9 +76,6 @@ class LinkWatch:
     def run(self) -> LinkEstimate:
         """The link over the whole run so far."""
         self.update()
-        import os, sys
-        if os.environ.get("DBG") and dist.get_rank() == 0:
-            for x in self.samples: print("SAMPLE", x, file=sys.stderr)
         return estimate_link(self.samples, self.emulator.topology) if self.active else LinkEstimate(None, None, 0)
 
 

@@ -291,8 +291,11 @@ class Run:
             topology = parse_wan(self.wan_spec)
         else:
             topology = emulator.topology
-        return {"spec": self.wan_spec or topology.name or None, "link": topology.describe(),
-                "emulated": emulator is not None}
+        out = {"spec": self.wan_spec or topology.name or None, "link": topology.describe(),
+               "emulated": emulator is not None}
+        if emulator is not None and topology.varies:   # where the links' schedules stood when training began
+            out["schedule_s_at_start"] = round(emulator.run_time(self.profiler.start), 6)
+        return out
 
     def profile(self) -> dict[str, Any]:
         """profile.json: time categories summing to the wall clock, sync events, derived figures."""

@@ -7,7 +7,10 @@ The rule, at every boundary of DiLoCo or SparseLoCo (any of their options, `over
    (`telemetry.linkwatch`: the bandwidth of its newest exchanges, and the lower of that and the
    newest one alone, so that a drop is acted on at once and a recovery once two exchanges confirm
    it; the RTT of its small collectives), its median compute and other time per step over the
-   round. Their mean, rounded to three significant digits, reaches every rank alike (one small
+   round. The bandwidth counts only from the ranks that saw an exchange cross the link since they
+   last shared (by sites, only the sites' first members carry it; an overlapped mean may still be
+   on its way); when none did, the link stays as last agreed. The means, rounded to three
+   significant digits, reach every rank alike (one small
    all-reduce of the group, issued after that boundary's exchange and waited for at this one: it
    rides behind the exchange on the link and is its RTT's own sample).
 2. **What the planner predicts.** For each candidate, in the order of preference — H from the
@@ -176,6 +179,7 @@ class Tuner:
         self.agreed: list[float] | None = None      # what every rank shared at the last boundary
         self._pending: tuple[Any, torch.Tensor] | None = None
         self._round_began = 0                       # index into step_times where this round began
+        self._measured_at: float | None = None      # the newest exchange this rank last shared
         self._cache: dict[tuple, float] = {}
         self.decisions = 0
 
@@ -205,6 +209,9 @@ class Tuner:
         if bw is not None:
             newest = self.watch.newest(est.rtt_s).bandwidth_bps
             bw = min(bw, newest) if newest is not None else bw
+        if est.newest_at is None or est.newest_at == self._measured_at:
+            bw = None                               # nothing new crossed the link from this rank since
+        self._measured_at = est.newest_at
         times = self.step_times()[self._round_began:]
         self._round_began = len(self.step_times())
         compute = statistics.median(c for c, _ in times) if times else 0.0
@@ -212,16 +219,18 @@ class Tuner:
         vec = torch.tensor([bw or 0.0, 1.0 if bw else 0.0, est.rtt_s or 0.0, 1.0 if est.rtt_s is not None else 0.0,
                             compute, other], dtype=torch.float64)
         sync.comm.count(PURPOSE, vec.numel() * vec.element_size())
-        self._pending = (dist.all_reduce(vec, group=sync.group, async_op=True), vec)
+        work = dist.all_reduce(vec, group=sync.group, async_op=True)
+        work.get_future()          # completed (and its end recorded) when it arrives, not when waited for
+        self._pending = (work, vec)
 
-    @staticmethod
-    def _agree(vec: torch.Tensor) -> list[float] | None:
+    def _agree(self, vec: torch.Tensor) -> list[float] | None:
         bw_sum, bw_n, rtt_sum, rtt_n, compute, other = (float(x) for x in vec)
-        if bw_n == 0:
-            return None
         n = dist.get_world_size()
-        return [_three_digits(bw_sum / bw_n), _three_digits(rtt_sum / rtt_n) if rtt_n else -1.0,
-                _three_digits(compute / n), _three_digits(other / n)]
+        if bw_n == 0 and self.agreed is None:
+            return None
+        bw = _three_digits(bw_sum / bw_n) if bw_n else self.agreed[0]    # none saw a new exchange: as last agreed
+        rtt = _three_digits(rtt_sum / rtt_n) if rtt_n else (self.agreed[1] if self.agreed else -1.0)
+        return [bw, rtt, _three_digits(compute / n), _three_digits(other / n)]
 
     # ---- the choice ------------------------------------------------------------------------------
     def link(self, bandwidth_bps: float, rtt_s: float) -> Link:
