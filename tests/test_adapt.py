@@ -412,3 +412,18 @@ def test_on_real_tcp_the_estimate_is_the_rate_tbf_holds_the_link_to():
     print(est)
     assert est["bandwidth_bps"] == pytest.approx(100e6, rel=0.10)
     assert est["rtt_s"] is not None and est["rtt_s"] < 0.005          # the bed's is a tenth of a millisecond
+
+
+def test_sparseloco_sends_a_lower_density_on_a_link_too_slow_for_its_own(tmp_path):
+    run = tmp_path / "run"
+    r = wansync("train", "--strategy", "sparseloco", "--sync-every", "4", "--workers", "2", "--steps", "24",
+                "--wan", "rtt=4ms,bw=2mbit,sites=2", "--adapt", "exposed=3%,h=4..8", "--eval-every", "1000",
+                "--quiet", "--out", str(run), *TINY, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (first, *_) = [x for x in rows if x["type"] == "adapt"]
+    assert first["after"]["density"] < first["before"]["density"] and "within_target" in first
+    sent = {x["step"]: x["bytes"] for x in rows if x["type"] == "sync"}
+    assert sent[max(sent)] < sent[min(sent)]                       # the payload shrank with the density
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["link_estimate"]["bandwidth_bps"] == pytest.approx(2e6, rel=0.1)
