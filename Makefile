@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH_SPEC))))
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 DATA_STAMP := $(VENV)/.data-checked
 
-.PHONY: demo test bench results setup clean
+.PHONY: demo test lint bench results setup clean
 
 setup: $(STAMP) $(DATA_STAMP)
 
@@ -19,7 +19,7 @@ setup: $(STAMP) $(DATA_STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
-	$(PY) -m pip install -q --no-compile -e ".[test,all]"
+	$(PY) -m pip install -q --no-compile -e ".[test,all,lint]"
 	$(PY) -m compileall -qq -j 0 $(VENV)/lib || true
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -39,6 +39,10 @@ demo: $(STAMP) $(DATA_STAMP)
 
 test: $(STAMP) $(DATA_STAMP)         # two pytest workers, one test file each at a time (pytest-xdist)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+
+lint: $(STAMP)                       # ruff's checks and mypy (pyproject.toml: what each covers, and why not more)
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/mypy
 
 # Every table of docs/results.md, 3 seeds per cell, into runs/results/ (resumable: finished runs are
 # skipped), then the page is rewritten; about 90 minutes on 2 idle cores. `make results --dry-run`

@@ -139,7 +139,6 @@ def scaled(topo, scale: float, byte_scale: float):
 
 
 def replay_rank(rank: int, world: int, port: int, preset: str, scale: float, byte_scale: float, rounds: int) -> dict:
-    import torch
     import torch.distributed as dist
 
     from wansync import net

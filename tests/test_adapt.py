@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import netns
@@ -26,7 +25,7 @@ from wansync.planner.predict import predict, setting
 from wansync.planner.sizes import of_module
 from wansync.runner.localgroup import run_ranks
 from wansync.strategies import make_options
-from wansync.trainer.adapt import AdaptSpec, Tuner, parse_adapt
+from wansync.trainer.adapt import Tuner, parse_adapt
 
 pytestmark = pytest.mark.timeout(240)
 

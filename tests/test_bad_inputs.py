@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import pickle
-import sys
 from pathlib import Path
 from typing import Callable
 

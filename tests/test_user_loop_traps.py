@@ -8,7 +8,6 @@ results.
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import math
 from typing import Any

@@ -47,7 +47,8 @@ def test_stage_order_and_counts(models):
 
 
 def test_known_sizes(models):
-    count = lambda m: sum(p.numel() for p in m.parameters())
+    def count(m):
+        return sum(p.numel() for p in m.parameters())
     assert 11.0e6 < count(models[("resnet18", "rgb32")]) < 11.3e6   # ResNet-18, 100 classes
     assert 23.4e6 < count(models[("resnet50", "rgb32")]) < 23.8e6   # ResNet-50, 100 classes
     assert 21.0e6 < count(models[("vit_s", "rgb32")]) < 21.7e6      # ViT-S

@@ -128,9 +128,16 @@ class GeneralKeys:
 # [strategy]: one key per strategy option in the registry; None means the chosen strategy's default.
 if clash := sorted({f.name for f in fields(GeneralKeys)} & set(OPTIONS)):
     raise TypeError(f"strategy options may not reuse general config keys: {', '.join(clash)}")
-Config = dataclasses.make_dataclass(
-    "Config", [(name, spec.type | None, _f(None, "strategy", spec.help)) for name, spec in OPTIONS.items()],
-    bases=(GeneralKeys,), namespace={"__module__": __name__, "__doc__": "Every key of a run (see the module)."})
+if TYPE_CHECKING:
+    class Config(GeneralKeys):
+        """What a type checker sees of the class made below: the general keys, typed; every strategy
+        option (made from the registry at import) as Any."""
+        def __init__(self, **keys: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    Config = dataclasses.make_dataclass(
+        "Config", [(name, spec.type | None, _f(None, "strategy", spec.help)) for name, spec in OPTIONS.items()],
+        bases=(GeneralKeys,), namespace={"__module__": __name__, "__doc__": "Every key of a run (see the module)."})
 
 SECTIONS = ("run", "model", "data", "optim", "strategy")
 _TYPES = get_type_hints(Config)

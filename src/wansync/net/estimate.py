@@ -157,14 +157,16 @@ def estimate_link(samples: Sequence[LinkSample], topology: Topology, newest: int
     """The link between sites behind `samples` on `topology`'s shape (module docstring). `newest`: the
     bandwidth from that many of the newest large samples (a link that changes); `rtt_s`: a round trip
     known already; `keep`: the newest samples looked at."""
-    shape, by_class = {}, {}
+    shape: dict[int, tuple[float, float]] = {}
+    by_class: dict[tuple, tuple[float, float] | None] = {}
     usable = []
     for s in sorted(samples, key=lambda s: s.at_s)[-keep:]:
         key = (s.op, s.nbytes, s.members, s.world, s.parallel)
         if key not in by_class:
             by_class[key] = _crosses(s, topology)
-        if by_class[key] is not None:
-            shape[id(s)] = by_class[key]
+        crossing = by_class[key]
+        if crossing is not None:
+            shape[id(s)] = crossing
             usable.append(s)
     small, large = split_by_size(usable, shape)
     small = _class_medians(small)                 # the RTT: one solve per kind of small collective

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from types import MappingProxyType
-from typing import Any, Mapping, get_type_hints
+from typing import TYPE_CHECKING, Any, Mapping, get_type_hints
 
 from ..errors import check
 from ..rules import Rule, at_least, in_range, one_of, positive  # noqa: F401 - the rules options declare
@@ -48,6 +48,10 @@ def typed(name: str, value: Any, kind: type) -> Any:
 @dataclasses.dataclass
 class Options:
     """A strategy's knobs; this base class has none (DDP's)."""
+
+    if TYPE_CHECKING:        # a strategy reads its own subclass's fields through `self.opts: Options`
+        def __getattr__(self, name: str) -> Any: ...
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     def __post_init__(self) -> None:
         kinds = get_type_hints(type(self))

@@ -85,7 +85,7 @@ class RoundOverlap:
         after the last boundary) their mean at once; every worker then holds θ̃."""
         delta = self.own_progress() if launch_blocking is not None else None
         self.land()
-        if delta is not None:
+        if delta is not None and launch_blocking is not None:
             self.anchor.outer_step(launch_blocking(delta))
         self.anchor.load_into_model()
         self.start = None

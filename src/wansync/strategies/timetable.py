@@ -9,11 +9,16 @@ work of every step.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .options import Options
 
 
 class Timetable:
     """Which steps communicate how; a strategy's `Timetable` class builds it from its options."""
+
+    if TYPE_CHECKING:        # a strategy calls its own subclass's methods through `self.timetable: Timetable`
+        def __getattr__(self, name: str) -> Any: ...
 
     def __init__(self, options: Options) -> None:
         self.opts = options

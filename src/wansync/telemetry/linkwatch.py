@@ -48,7 +48,7 @@ class LinkWatch:
 
     def update(self) -> None:
         """Take in the records that completed since the last call (the others wait for their end)."""
-        if not self.active:
+        if self.emulator is None or self.world < 2:
             return
         new = self.emulator.records_since(self._cursor)
         self._cursor += len(new)
@@ -65,18 +65,23 @@ class LinkWatch:
     def current(self) -> LinkEstimate:
         """The link now: the bandwidth of the newest samples (module docstring)."""
         self.update()
-        return estimate_link(self.samples, self.emulator.topology, newest=NEWEST) if self.active \
-            else LinkEstimate(None, None, 0)
+        if self.emulator is None:
+            return LinkEstimate(None, None, 0)
+        return estimate_link(self.samples, self.emulator.topology, newest=NEWEST)
 
     def newest(self, rtt_s: float | None) -> LinkEstimate:
         """What the newest large sample alone says of the bandwidth (at `rtt_s`)."""
         self.update()
+        if self.emulator is None:
+            return LinkEstimate(None, None, 0)
         return estimate_link(self.samples, self.emulator.topology, newest=1, rtt_s=rtt_s)
 
     def run(self) -> LinkEstimate:
         """The link over the whole run so far."""
         self.update()
-        return estimate_link(self.samples, self.emulator.topology) if self.active else LinkEstimate(None, None, 0)
+        if self.emulator is None:
+            return LinkEstimate(None, None, 0)
+        return estimate_link(self.samples, self.emulator.topology)
 
 
 def link_fields(estimate: LinkEstimate) -> dict[str, float]:

@@ -226,10 +226,11 @@ class Tuner:
     def _agree(self, vec: torch.Tensor) -> list[float] | None:
         bw_sum, bw_n, rtt_sum, rtt_n, compute, other = (float(x) for x in vec)
         n = dist.get_world_size()
-        if bw_n == 0 and self.agreed is None:
+        last = self.agreed
+        if bw_n == 0 and last is None:
             return None
-        bw = _three_digits(bw_sum / bw_n) if bw_n else self.agreed[0]    # none saw a new exchange: as last agreed
-        rtt = _three_digits(rtt_sum / rtt_n) if rtt_n else (self.agreed[1] if self.agreed else -1.0)
+        bw = _three_digits(bw_sum / bw_n) if bw_n or last is None else last[0]    # none saw a new exchange:
+        rtt = _three_digits(rtt_sum / rtt_n) if rtt_n else (last[1] if last else -1.0)   # as last agreed
         return [bw, rtt, _three_digits(compute / n), _three_digits(other / n)]
 
     # ---- the choice ------------------------------------------------------------------------------
