@@ -113,3 +113,69 @@ def test_a_local_sgd_checkpoint_holds_the_model_once(tmp_path):
         assert r.returncode == 0, r.stderr
         sizes[name] = (checkpoint.latest_step_dir(run) / "rank0.pt").stat().st_size
     assert sizes["local_sgd"] < 1.1 * sizes["ddp"], sizes
+
+
+def _flip(path: Path) -> None:
+    """One bit in the middle, the size unchanged (what a bad sector or a torn copy leaves)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path):
+    (tmp_path / "config.toml").write_text("")
+    _save(tmp_path, 2)
+    _save(tmp_path, 4)
+    _flip(tmp_path / "checkpoints" / "step00000004" / "rank1.pt")
+    d, passed = checkpoint.resume_dir(tmp_path, 1)
+    assert d.name == "step00000002" and len(passed) == 1 and "rank1.pt is corrupted or truncated" in passed[0]
+    assert checkpoint.resume_dir(tmp_path, 0) == (tmp_path / "checkpoints" / "step00000004", [])   # rank 0 alone
+
+
+def test_the_ranks_settle_on_a_checkpoint_intact_on_every_one_of_them(tmp_path):
+    """Rank 1's newest is damaged: both ranks resume from the older one (an all-reduce MIN, here by hand)."""
+    (tmp_path / "config.toml").write_text("")
+    _save(tmp_path, 2)
+    _save(tmp_path, 4)
+    _flip(tmp_path / "checkpoints" / "step00000004" / "rank1.pt")
+    proposals: list[list[int]] = [[], []]
+
+    def lowest_of(rank: int):
+        def lowest(value: int) -> int:           # both ranks' proposals in lock step: rank 1's is computed first
+            proposals[rank].append(value)
+            if rank == 1:
+                return value
+            other = proposals[1][len(proposals[0]) - 1]
+            return min(value, other)
+        return lowest
+    d1, _ = checkpoint.resume_dir(tmp_path, 1, lowest_of(1))
+    d0, _ = checkpoint.resume_dir(tmp_path, 0, lowest_of(0))
+    assert d0 == d1 and d0.name == "step00000002"
+
+
+def test_with_no_intact_checkpoint_left_resume_refuses_in_one_line(tmp_path):
+    (tmp_path / "config.toml").write_text("")
+    _save(tmp_path, 2)
+    _flip(tmp_path / "checkpoints" / "step00000002" / "rank0.pt")
+    with pytest.raises(DataError, match="rank0.pt is corrupted or truncated") as e:
+        checkpoint.resume_dir(tmp_path, 0)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("damaged", ["distcp", "metadata"])
+def test_a_sharded_checkpoint_damaged_in_place_is_never_loaded(tmp_path, damaged):
+    """A worker of two ranks with FSDP inside: a same-size corruption of one of its DCP files is caught by
+    the digest its rank recorded; the run resumes from the checkpoint before, saying so in one line."""
+    run = tmp_path / "run"
+    r = wansync("train", "--strategy", "diloco", "--sync-every", "2", "--workers", "1", "--ranks-per-worker", "2",
+                "--inside", "fsdp", "--steps", "4", "--checkpoint-every", "2", "--quiet", "--out", str(run), *TINY,
+                timeout=150)
+    assert r.returncode == 0, r.stderr
+    shards = run / "checkpoints" / "step00000004" / "worker0"
+    target = shards / ".metadata" if damaged == "metadata" else sorted(shards.glob("__1_*.distcp"))[0]
+    _flip(target)
+    r = wansync("train", "--resume", str(run), "--steps", "6", "--quiet", timeout=150)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if "corrupted or truncated" in line]
+    assert len(lines) == 1 and target.name in lines[0] and "resuming from step00000002" in lines[0], r.stderr
+    assert no_process_left(run)

@@ -110,17 +110,18 @@ def compact(state: Any) -> Any:
 
 
 def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any],
-              config: dict[str, Any] | None = None) -> Path:
+              config: dict[str, Any] | None = None, sharded: dict[str, str] | None = None) -> Path:
     """Write this rank's state for `step`, durably, with its checksum and `config` (what the run
-    computes, checked on resume). A failure (a full disk) leaves nothing of this rank's file
-    behind and raises StorageError."""
+    computes, checked on resume); `sharded`: the SHA-256 of the files this rank wrote into its worker's
+    DCP checkpoint (`save_sharded`), checked with its own. A failure (a full disk) leaves nothing of this
+    rank's file behind and raises StorageError."""
     d = ckpt_root(run_dir) / f"step{step:08d}"
     path = d / f"rank{rank}.pt"
     buf = io.BytesIO()
     torch.save(compact(state), buf)
     data = buf.getvalue()
     meta = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "world_size": state["world_size"],
-            "config": config}
+            "config": config, **({"sharded": sharded} if sharded else {})}
     try:
         d.mkdir(parents=True, exist_ok=True)
         fsync_dir(d.parent)
@@ -206,9 +207,62 @@ def recorded_config(step_dir: Path) -> dict[str, Any]:
     return config
 
 
-def load_rank(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:
-    """This rank's state from the newest complete checkpoint, checked against its checksum."""
-    d = latest_step_dir(run_dir)
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def damage(step_dir: Path, rank: int) -> str | None:
+    """Why this rank's files of the checkpoint in `step_dir` cannot be used (None: they are intact): its
+    file against its checksum, then every file of its worker's sharded checkpoint it recorded."""
+    path = step_dir / f"rank{rank}.pt"
+    if not path.is_file():
+        return f"{path} is missing"
+    try:
+        meta = json.loads(meta_path(path).read_text())
+    except (OSError, ValueError):
+        return f"{meta_path(path)} is missing or unreadable"
+    if not isinstance(meta, dict) or path.stat().st_size != meta.get("bytes") or _sha256(path) != meta.get("sha256"):
+        return f"{path} is corrupted or truncated (checksum mismatch)"
+    for name, digest in (meta.get("sharded") or {}).items():
+        shard = step_dir / name
+        if not shard.is_file():
+            return f"{shard} is missing"
+        if _sha256(shard) != digest:
+            return f"{shard} is corrupted or truncated (checksum mismatch)"
+    return None
+
+
+def resume_dir(run_dir: Path, rank: int, lowest: Callable[[int], int] = lambda step: step) -> tuple[Path, list[str]]:
+    """The checkpoint every rank resumes from: the newest complete one whose files are intact on every
+    rank, and what was passed over (`damage`'s words for each newer one this rank found damaged).
+    `lowest(step)`: the lowest of every rank's `step` (an all-reduce MIN; alone: itself), so that all
+    ranks settle on the same checkpoint: each proposes its newest intact one at or below the last
+    proposal until every rank holds the one proposed. DataError when none is intact everywhere."""
+    latest_step_dir(run_dir)                                   # one-line errors: no directory, no checkpoint
+    complete = [d for d in reversed(step_dirs(run_dir)) if is_complete(d)]
+    verdicts = {int(d.name[4:]): (d, damage(d, rank)) for d in complete}
+    intact = sorted((s for s, (_, why) in verdicts.items() if why is None), reverse=True)
+    proposal = intact[0] if intact else -1
+    while True:
+        step = lowest(proposal)
+        if step < 0:
+            break
+        if lowest(1 if step in intact else 0) == 1:
+            return verdicts[step][0], [why for s, (_, why) in verdicts.items() if s > step and why is not None]
+        proposal = next((s for s in intact if s < step), -1)
+    mine = [why for _, why in verdicts.values() if why is not None]
+    raise DataError(f"cannot resume: {mine[0] if mine else 'another rank found every checkpoint damaged'}"
+                    + (" (and no older checkpoint is intact on every rank)" if len(verdicts) > 1 else ""))
+
+
+def load_rank(run_dir: Path, rank: int, world_size: int, step_dir: Path | None = None) -> dict[str, Any]:
+    """This rank's state from `step_dir` (default: the newest complete checkpoint), checked against its
+    checksum."""
+    d = latest_step_dir(run_dir) if step_dir is None else step_dir
     path = d / f"rank{rank}.pt"
     if not path.is_file():
         raise DataError(f"cannot resume: checkpoint {path} is missing")
@@ -240,26 +294,34 @@ def checkpoint_step(run_dir: Path) -> int:
 SHARDED_DIR = "worker{worker}"          # in a step directory: one DCP checkpoint per worker
 
 
-def save_sharded(run_dir: Path, step: int, worker: int, model: Any, optimizer: Any, group: Any) -> None:
+def save_sharded(run_dir: Path, step: int, worker: int, model: Any, optimizer: Any, group: Any) -> dict[str, str]:
     """The model and inner optimizer of a worker sharded with FSDP2, written by its ranks together
     with torch.distributed.checkpoint (each rank its own shards; sharded state dicts) into the step
     directory, before the ranks' own files: a rank's file on disk means its worker's shards are.
-    Workers write apart because their models differ between synchronizations."""
+    Workers write apart because their models differ between synchronizations. Returns the SHA-256 of
+    the files this rank wrote (its shards, `__<its rank in the worker>_*.distcp`, and the first rank
+    the metadata), by their path in the step directory, for its own file's record (`save_rank`)."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     model_sd, optim_sd = get_state_dict(model, optimizer)
     d = ckpt_root(run_dir) / f"step{step:08d}" / SHARDED_DIR.format(worker=worker)
     try:
         dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(d), process_group=group)
+        me = dist.get_rank(group) if group is not None else 0
+        mine = sorted(d.glob(f"__{me}_*.distcp")) + ([d / ".metadata"] if me == 0 else [])
+        return {f"{d.name}/{f.name}": _sha256(f) for f in mine}
     except OSError as e:
         raise StorageError(f"cannot write checkpoint {d}: {e.strerror or e}") from None
 
 
-def load_sharded(run_dir: Path, worker: int, model: Any, optimizer: Any, group: Any) -> None:
-    """Restore what `save_sharded` wrote for this worker in the newest complete checkpoint."""
+def load_sharded(run_dir: Path, worker: int, model: Any, optimizer: Any, group: Any,
+                 step_dir: Path | None = None) -> None:
+    """Restore what `save_sharded` wrote for this worker in `step_dir` (default: the newest complete
+    checkpoint); its files were checked against their digests with the rank's own (`damage`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    d = latest_step_dir(run_dir) / SHARDED_DIR.format(worker=worker)
+    d = (latest_step_dir(run_dir) if step_dir is None else step_dir) / SHARDED_DIR.format(worker=worker)
     if not (d / ".metadata").is_file():
         raise DataError(f"cannot resume: {d} holds no sharded checkpoint (was the run started with --inside fsdp?)")
     model_sd, optim_sd = get_state_dict(model, optimizer)

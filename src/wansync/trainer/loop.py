@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,16 +178,16 @@ class Trainer:
     def save_checkpoint(self, step: int) -> None:
         self.phase.now = f"checkpoint at step {step}"
         sharded = self.replicas.shards                   # model and optimizer: the worker's DCP checkpoint
-        if sharded:
-            checkpoint.save_sharded(self.run_dir, step, self.replicas.worker, self.workload.model, self.optimizer,
-                                    self.replicas.inside)
+        digests = checkpoint.save_sharded(self.run_dir, step, self.replicas.worker, self.workload.model,
+                                          self.optimizer, self.replicas.inside) if sharded else None
         state = {"step": step, "world_size": self.world, "rank": self.rank, "inside": self.cfg.inside,
                  "model": None if sharded else self.workload.model.state_dict(),
                  "optimizer": None if sharded else self.optimizer.state_dict(),
                  "strategy": self.sync.state_dict(), "workload": self.workload.state_dict(),
                  "rng": torch.get_rng_state(), "comm": self.sync.comm.snapshot(),
                  **self.run_files.state_dict()}      # evals, sync_events, skipped, profile, exposed_inside_s
-        checkpoint.save_rank(self.run_dir, step, self.rank, state, config=fingerprint(self.cfg, self.options))
+        checkpoint.save_rank(self.run_dir, step, self.rank, state, config=fingerprint(self.cfg, self.options),
+                             sharded=digests)
         dist.barrier()                                   # every rank's file is durable: the checkpoint is complete
         if self.fault is not None:
             self.fault.after_checkpoint(self.rank, step)
@@ -196,10 +197,13 @@ class Trainer:
         self.run_files.lap("checkpoint")
 
     def load_checkpoint(self) -> dict[str, Any]:
-        state = checkpoint.load_rank(self.run_dir, self.rank, self.world)
+        step_dir, passed = checkpoint.resume_dir(self.run_dir, self.rank, lowest_over_ranks)
+        for why in passed:                               # a damaged newer checkpoint: one line each
+            print(f"wansync: rank {self.rank}: {why}; resuming from {step_dir.name}", file=sys.stderr, flush=True)
+        state = checkpoint.load_rank(self.run_dir, self.rank, self.world, step_dir)
         if self.replicas.shards:
             checkpoint.load_sharded(self.run_dir, self.replicas.worker, self.workload.model, self.optimizer,
-                                    self.replicas.inside)
+                                    self.replicas.inside, step_dir)
         else:
             self.workload.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -258,6 +262,14 @@ class Trainer:
         if self.member is not None:
             self.member.shutdown()
         return summary
+
+
+def lowest_over_ranks(value: int) -> int:
+    """The lowest of every rank's `value` (an all-reduce MIN over the default group)."""
+    t = torch.tensor([value], dtype=torch.int64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t[0])
 
 
 def ft_replicas(ranks_per_worker: int, rank: int, world: int, sharded: bool = False,
