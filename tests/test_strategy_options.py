@@ -120,6 +120,9 @@ def test_outer_optimizer_checks_are_the_same_lines_everywhere(name, options, mes
     ("cpdp", dict(grad_phase=1), "grad_phase must be true or false, got 1"),
     ("diloco", dict(outer_lr=True), "outer_lr must be a number, got True"),
     ("cocodc", dict(lam=float("inf")), "lam must be >= 0, got inf"),
+    *((s, dict(codec_collective=c), f"codec_collective {c} is how a lossy codec's mean travels; an fp32 mean is one "
+       "all-reduce, so it would be ignored: drop it, or choose a lossy codec (bf16, int8 or fp4)")
+      for s in ("local_sgd", "diloco", "streaming") for c in ("reduce_scatter", "allgather")),
 ])
 def test_bad_options_are_one_line_config_errors(name, options, message):
     with pytest.raises(ConfigError) as e:

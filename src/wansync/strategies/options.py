@@ -166,9 +166,14 @@ def error_feedback() -> Any:
 
 
 def check_codec_options(opts: Any) -> None:
-    """The cross-field rule of the codec knobs: error feedback has nothing to feed back without loss."""
+    """The cross-field rules of the codec knobs: error feedback has nothing to feed back without loss, and
+    the collective a lossy mean travels by has nothing to choose for an fp32 mean (one all-reduce)."""
     check(not (opts.error_feedback and opts.codec == "fp32"),
           "error_feedback needs a lossy codec (bf16, int8 or fp4): fp32 loses nothing to feed back")
+    collective = getattr(opts, "codec_collective", "auto")
+    check(not (opts.codec == "fp32" and collective != "auto"),
+          f"codec_collective {collective} is how a lossy codec's mean travels; an fp32 mean is one all-reduce, so it "
+          f"would be ignored: drop it, or choose a lossy codec (bf16, int8 or fp4)")
 
 
 OUTER_STATE_DEVICES = ("model", "cpu")

@@ -241,7 +241,10 @@ class Tuner:
         """The planner's exposed share (%) of the strategy with `knobs` on the run's topology with `link`."""
         key = (tuple(sorted(knobs.items())), link, step_s, other_s)
         if key not in self._cache:
-            s = setting(self.sync.name, {**self.options, **knobs}, self.size, self.workers(),
+            options = {**self.options, **knobs}
+            if options.get("codec") == "fp32":            # its collective is a lossy codec's choice
+                options["codec_collective"] = "auto"
+            s = setting(self.sync.name, options, self.size, self.workers(),
                         on_link(self.topology, link), step_s, other_s=other_s,
                         ranks_per_worker=self.sync.replicas.ranks_per_worker, inside=self.inside)
             self._cache[key] = predict(s).exposed_pct
