@@ -165,3 +165,21 @@ def test_a_fault_tolerant_rank_that_left_the_run_waits_for_its_end_and_never_for
     nodes[0].end()
     assert nodes[1].wait_for_end(2)
     assert nodes[0].reports(2, 1) == {0: {"failures": 1}, 1: {"failures": 1}}
+
+
+@pytest.mark.parametrize("key, value", [("steps", 40), ("eval_every", 7), ("checkpoint_every", 5)])
+def test_nodes_given_a_different_schedule_of_collectives_are_refused(key, value):
+    """--steps, --eval-every and --checkpoint-every change no math (a resume may change them) but decide
+    when every rank meets the others: the nodes must agree on them as on the fingerprint."""
+    from wansync.config import build_config, fingerprint
+    from wansync.errors import ConfigError
+    from wansync.runner.agreement import check_same, shared
+    from wansync.strategies import resolve_options
+    mine = build_config(overrides={"strategy": "diloco", "steps": 20, "eval_every": 5, "checkpoint_every": 10})
+    theirs = build_config(overrides={"strategy": "diloco", "steps": 20, "eval_every": 5, "checkpoint_every": 10,
+                                     key: value})
+    records = [{"config": shared(fingerprint(c, resolve_options("diloco", vars(c))), c), "start": 0}
+               for c in (mine, theirs)]
+    with pytest.raises(ConfigError, match=rf"different training flags \({key}\): rank 1 has {key}={value} "):
+        check_same(records[0], records[1], 1)
+    check_same(records[0], records[0], 1)

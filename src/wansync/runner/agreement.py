@@ -6,7 +6,10 @@ models) or abort inside gloo with a misleading "lost contact". So at start-up ev
 through torchrun's store, the fingerprint of its resolved configuration (`config.fingerprint`: every
 key that changes what a run computes), where it starts (afresh, or the step of the checkpoint it
 resumes) and the machine it runs on, and reads every other rank's. A difference is refused by every
-rank in one line naming the keys, within --peer-timeout.
+rank in one line naming the keys, within --peer-timeout. Besides the fingerprint, the run-control keys
+that decide when every rank meets in a collective outside the strategy's own (`SCHEDULE_KEYS`: the last
+step, the evaluations' means, the checkpoints' barrier) must agree too: nodes given different `--steps`
+would otherwise train until one of them left and the others died waiting for it.
 
 The machines give each rank its share of the cores: nodes started on one machine (a workstation, the
 test bed's namespaces) would otherwise each take all of them, and ran 12 times slower.
@@ -23,6 +26,7 @@ from ..net import machine_identity
 from .torchrun import TorchrunEnv
 
 SHOWN_KEYS = 4                          # keys named in the one line
+SCHEDULE_KEYS = ("steps", "eval_every", "checkpoint_every")
 SHOWN_CHARS = 40                        # of each value
 
 
@@ -37,6 +41,12 @@ class Agreement:
     def threads(self) -> int:
         """This rank's share of the machine's cores (--threads 0)."""
         return max(1, len(os.sched_getaffinity(0)) // self.ranks_here)
+
+
+def shared(fingerprint: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    """What every rank of a launch must hold alike: the fingerprint (what it computes) and the schedule
+    of the collectives it meets the others in outside the strategy (`SCHEDULE_KEYS`)."""
+    return {**fingerprint, **{k: getattr(cfg, k) for k in SCHEDULE_KEYS}}
 
 
 def agree(env: TorchrunEnv, config: dict[str, Any], start: int, timeout_s: float,

@@ -23,7 +23,7 @@ import tomli_w
 
 from ..rundir import checkpoint
 from . import launch, worker
-from .agreement import agree
+from .agreement import agree, shared
 from .torchrun import TorchrunEnv, join_network
 from ..config import RUN_CONTROL_KEYS, Config, coerce, fingerprint, from_sections, replace, to_sections
 from ..errors import ConfigError, DataError, StorageError, WansyncError, path_kind, user_text
@@ -359,7 +359,7 @@ def adopt(torchrun: TorchrunEnv, cfg: Config, options: dict[str, Any], run_dir: 
     torchrun's store. Rank 0's `refused` is told to every rank, then raised."""
     join_network(torchrun)
     start = checkpoint.checkpoint_step(run_dir) if resume else 0
-    agreed = agree(torchrun, fingerprint(cfg, options), start, cfg.peer_timeout,
+    agreed = agree(torchrun, shared(fingerprint(cfg, options), cfg), start, cfg.peer_timeout,
                    None if refused is None else str(refused))
     if refused is not None:
         raise refused
