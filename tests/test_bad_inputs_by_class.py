@@ -504,6 +504,30 @@ def test_class1_a_report_replaces_its_own_files_and_force_replaces_the_users(tmp
     assert (root / "report.md").read_text().startswith("# wansync report")
 
 
+def test_class1_report_force_replaces_a_link_and_never_writes_through_it(tmp_path, capsys):
+    """A link the user left at DIR/report.md and DIR/pareto.png: --force replaces the links with the report's
+    files; the files they pointed to keep their bytes (the report used to write its plot through the link)."""
+    root = tmp_path / "mine"
+    a_run(root)
+    theirs = tmp_path / "elsewhere"
+    theirs.mkdir()
+    for name in ("report.md", "pareto.png"):
+        (theirs / name).write_text(f"the user's own {name}\n")
+        (root / name).symlink_to(theirs / name)
+    assert run_cli(["report", str(root)], capsys)[0] == 1                        # a link is not wansync's
+    assert run_cli(["report", str(root), "--force"], capsys)[0] == 0
+    for name in ("report.md", "pareto.png"):
+        assert not (root / name).is_symlink() and (root / name).is_file()
+        assert (theirs / name).read_text() == f"the user's own {name}\n"
+
+
+@pytest.mark.parametrize("where", ["/", "~"])
+def test_class1_a_report_never_searches_the_whole_file_system_or_a_home(capsys, where):
+    import os
+    code, err = run_cli(["report", os.path.expanduser(where), "--no-plots"], capsys)
+    assert code == 1 and "refusing to search all of" in err and err.count("\n") == 1, err
+
+
 def test_class3_a_grid_key_a_strategy_lacks_runs_that_strategy_once(tmp_path, capsys):
     """`--grid strategy=ddp,local_sgd --grid sync_every=2,4` used to train two identical ddp runs."""
     code, out, err = run_cli_out(["compare", "--grid", "strategy=ddp,local_sgd", "--grid", "sync_every=2,4",

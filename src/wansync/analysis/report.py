@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from ..rundir.layout import EXPERIMENT_FILE, REPORT_FILE, REPORT_FILES, RUNS_CSV, SUMMARY_CSV, add_to_summary
 from ..rundir.lock import RunLock
-from ..rundir.owned import check_replaceable, record_written
+from ..rundir.owned import check_replaceable, record_written, unlink_links
 from .run_dirs import ReportError, find_runs, read_json
 from .runs import LM, VISION, Quality, Run, SettingRuns, number
 from ..units import human_bytes
@@ -265,6 +265,17 @@ class Report:
         return self.root / REPORT_FILE
 
 
+def confined(root: Path) -> None:
+    """A report searches `root` for runs and writes its files there: never the whole file system or a
+    home directory (a typo away from tabulating every run on the machine and writing into `/`)."""
+    resolved = root.resolve()
+    homes = {Path.home().resolve(), *(p.resolve() for p in Path("/home").glob("*") if p.is_dir())} \
+        if Path("/home").is_dir() else {Path.home().resolve()}
+    if resolved == Path(resolved.anchor) or resolved in homes:
+        raise ReportError(f"report: refusing to search all of {root} for runs and write a report into it: give "
+                          f"the experiment's directory (wansync compare --out DIR, or a run directory)")
+
+
 def report(root: str | Path, target_loss: float | None = None, target_acc: float | None = None,
            plots: bool = True, record_targets: bool = False, target_rule: str = "ddp", force: bool = False,
            lock: bool = False) -> Report:
@@ -274,6 +285,7 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
     not write are refused before anything is written, unless `force`; `lock` holds root meanwhile
     (the runner holds it already)."""
     root = Path(root)
+    confined(root)
     runs = find_runs(root)
     check_replaceable(root, REPORT_FILES, force)
     q = quality_of(runs)
@@ -293,6 +305,8 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
     rows = aggregate(settings, q, target)
     table = markdown_table(rows, q)
     written: list[Path] = []
+    if force:
+        unlink_links(root, REPORT_FILES)          # a link is replaced, never written through
     try:
         with RunLock(root, "write a report into") if lock else contextlib.nullcontext(), _recorded(root, written):
             return _write(root, runs, settings, q, rows, table, target, source, plots, record_targets, written)

@@ -33,6 +33,15 @@ def check_replaceable(directory: Path, names: Iterable[str], force: bool) -> Non
                               f"away, choose another directory, or pass --force to replace it")
 
 
+def unlink_links(directory: Path, names: Iterable[str]) -> None:
+    """Before `force` replaces files of `names` in `directory`: a symbolic link among them is removed,
+    so that the new file takes the link's place and whatever it pointed to stays as it was."""
+    for name in names:
+        path = directory / name
+        if path.is_symlink():
+            path.unlink()
+
+
 def record_written(directory: Path, paths: Iterable[Path]) -> None:
     """Record `paths`, files just written into `directory`, as wansync's."""
     record = _record(directory)
