@@ -592,3 +592,26 @@ def test_class7_a_worker_under_torchrun_leaves_its_one_line_to_the_command(tmp_p
 
 if __name__ == "__main__":                       # the table: class | input | message
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_class1_train_force_removes_only_what_the_run_wrote(tmp_path):
+    """`train --out RUN --force` over a finished run: a note of the user's in RUN/logs/ and the files behind a
+    link RUN/tensorboard stay; the run's own logs, checkpoints and metrics are replaced."""
+    from cli_harness import TINY, wansync
+    run = tmp_path / "run"
+    args = ["train", "--strategy", "ddp", "--workers", "1", "--steps", "2", "--quiet", "--out", str(run), *TINY]
+    assert wansync(*args, timeout=120).returncode == 0
+    (run / "logs").mkdir(exist_ok=True)
+    (run / "logs" / "notes.txt").write_text("mine\n")
+    (run / "logs" / "rank0.err").write_text("an old failure\n")
+    elsewhere = tmp_path / "boards"
+    elsewhere.mkdir()
+    (elsewhere / "events.out.tfevents.1.host").write_text("someone else's\n")
+    (run / "tensorboard").symlink_to(elsewhere)
+    r = wansync(*args, "--force", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (run / "logs" / "notes.txt").read_text() == "mine\n"
+    assert not (run / "logs" / "rank0.err").exists()
+    assert (elsewhere / "events.out.tfevents.1.host").read_text() == "someone else's\n"
+    assert not (run / "tensorboard").exists()                 # the link itself was the run's name: removed
+    assert (run / "summary.json").is_file() and (run / "checkpoints" / "step00000002").is_dir()

@@ -54,6 +54,13 @@ EXPERIMENT_FILE = "experiment.json"
 TOPOLOGY_FILES = ("topology.toml", "topology.yaml", "topology.yml")
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, PROFILE_FILE, CHECKPOINTS_DIR, LOGS_DIR, FAILED_FILE,
              TENSORBOARD_DIR, *TOPOLOGY_FILES)
+# Inside its directories, the names a run writes there (fnmatch patterns): `train --force` removes these
+# and leaves anything else (a user's notes in logs/), and the directory with it.
+RUN_DIR_CONTENTS = {
+    LOGS_DIR: ("rank*.err", "rank*.log", "rank*.pid", "profile_rank*.json", "quorum_rank*.jsonl", "heals.jsonl"),
+    CHECKPOINTS_DIR: ("step[0-9]*",),
+    TENSORBOARD_DIR: ("events.out.tfevents.*",),
+}
 REPORT_FILE = "report.md"
 SUMMARY_CSV = "summary.csv"
 RUNS_CSV = "runs.csv"

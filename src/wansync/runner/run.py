@@ -10,7 +10,9 @@ get their configuration from the launcher, never from a file another process may
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
+import fnmatch
 import importlib.util
 import os
 import shutil
@@ -34,8 +36,8 @@ from ..workloads.lm.corpus import corpus_files
 from ..strategies.guards import regime_warnings
 from ..trainer.sharding import check_precision
 from ..telemetry import tensorboard
-from ..rundir.layout import (CONFIG_FILE, FAILED_FILE, LOGS_DIR, RUN_FILES, SUMMARY_FILE, has_summary, is_run_dir,
-                             read_summary, topology_copy_name)
+from ..rundir.layout import (CONFIG_FILE, FAILED_FILE, LOGS_DIR, RUN_DIR_CONTENTS, RUN_FILES, SUMMARY_FILE, has_summary,
+                             is_run_dir, read_summary, topology_copy_name)
 from ..rundir.lock import LOCK_FILE, RunLock, check_unlocked
 from ..strategies import resolve_options
 
@@ -243,13 +245,22 @@ def check_target(run_dir: Path, force: bool) -> bool:
 
 
 def clear_run(run_dir: Path) -> None:
-    """Remove the files an earlier run wrote (RUN_FILES), nothing else."""
+    """Remove the files an earlier run wrote (RUN_FILES; inside its directories only the names it writes
+    there, `RUN_DIR_CONTENTS`), nothing else: a link is removed, never followed; a directory that still
+    holds something of the user's stays."""
     for name in RUN_FILES:
         p = run_dir / name
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
+        if p.is_symlink() or not p.is_dir():
             p.unlink(missing_ok=True)
+            continue
+        for child in p.iterdir():
+            if any(fnmatch.fnmatch(child.name, pattern) for pattern in RUN_DIR_CONTENTS.get(name, ())):
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            p.rmdir()                                      # only when nothing of the user's is left
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
