@@ -203,3 +203,37 @@ def test_a_hugging_face_model_in_the_users_loop(tmp_path):
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "summary.csv", newline="") as f:
         assert {row["setting"]: row["status"] for row in csv.DictReader(f)} == {"ddp": "ok", "cpdp": "ok"}
+
+
+def _second_run_into(rank: int, world: int, root: str) -> dict[str, Any]:
+    """A finished ws.Run, then a second one into the same directory: refused (its metrics.jsonl kept),
+    unless it asks to append."""
+    import torch
+    import wansync as ws
+    from wansync.errors import ConfigError
+    model = torch.nn.Linear(4, 1)
+    sync = ws.strategy("local_sgd", model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2)
+    with ws.Run(sync, out=root, quiet=True) as run:
+        for _ in range(2):
+            model(torch.ones(2, 4)).sum().backward()
+            sync.step()
+            sync.zero_grad()
+            run.log(0.5)
+        sync.finish()
+        run.evaluate({"val_loss": 0.5})
+    before = (Path(root) / "metrics.jsonl").read_text() if rank == 0 else ""
+    try:
+        ws.Run(sync, out=root, quiet=True)
+        refused = ""
+    except ConfigError as e:
+        refused = str(e)
+    after = (Path(root) / "metrics.jsonl").read_text() if rank == 0 else ""
+    again = ws.Run(sync, out=root, quiet=True, append=True)
+    again.close()
+    return {"refused": refused, "kept": before == after}
+
+
+def test_a_second_run_into_a_finished_directory_is_refused_unless_it_appends(tmp_path):
+    for out in run_ranks(_second_run_into, 2, str(tmp_path / "run")):
+        assert "already holds a finished run" in out["refused"] and "append=True" in out["refused"]
+        assert "\n" not in out["refused"] and out["kept"]

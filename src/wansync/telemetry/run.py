@@ -38,7 +38,8 @@ from ..comm.ledger import INSIDE
 from ..net import emulator_of
 from ..rundir import jsonout
 from ..rundir.divergence import quality_fields
-from ..rundir.layout import LOGS_DIR, METRICS_FILE, PROFILE_FILE, TENSORBOARD_DIR, write_summary
+from ..errors import ConfigError
+from ..rundir.layout import LOGS_DIR, METRICS_FILE, PROFILE_FILE, TENSORBOARD_DIR, has_summary, write_summary
 from .commtime import CommTimer, ddp_modules
 from .memory import memory_per_rank
 from .linkwatch import LinkWatch, link_fields
@@ -84,6 +85,9 @@ class Run:
                              "as tensorboard=)")
         if tb_dir is not None:
             check_available()                             # on every rank: none is left waiting for rank 0
+        if self.out is not None and not append and has_summary(self.out):
+            raise ConfigError(f"Run: {self.out} already holds a finished run (its summary.json): pass append=True to "
+                              f"continue it, or give another out= (a new run would truncate its metrics.jsonl)")
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
         self.profiler = Profiler()
