@@ -259,3 +259,31 @@ def test_a_frozen_base_is_not_exchanged_bytes_per_sync_are_the_trainable_paramet
             assert ledger["optim_state"]["bytes"] == len(events) * 2 * trainable
     assert torch.equal(r0["frozen_after"], r0["frozen_before"]) and torch.equal(r1["frozen_after"], r0["frozen_after"])
     assert torch.equal(r0["params"], r1["params"])            # the trainable ones synchronized at the end
+
+
+def _handed(rank: int, world: int) -> list[str]:
+    """ws.strategy given what cannot work: each a one-line ConfigError naming the rule."""
+    import torch
+    import wansync as ws
+    from wansync.errors import ConfigError
+    model, other = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+    said = []
+    for args in [(model, "adamw"), (model, None), ("a model", torch.optim.SGD(model.parameters(), lr=0.1)),
+                 (model, torch.optim.SGD(other.parameters(), lr=0.1)),
+                 (model, torch.optim.SGD([*model.parameters(), torch.nn.Parameter(torch.ones(1))], lr=0.1))]:
+        try:
+            ws.strategy("diloco", *args)
+            said.append("accepted")
+        except ConfigError as e:
+            said.append(str(e))
+    return said
+
+
+def test_the_api_refuses_a_model_or_optimizer_that_cannot_work():
+    said = run_ranks(_handed, 1)[0]
+    assert "the optimizer must be a torch.optim.Optimizer" in said[0] and "'adamw'" in said[0]
+    assert "the optimizer must be a torch.optim.Optimizer" in said[1]
+    assert "the model must be a torch.nn.Module, got str" in said[2]
+    assert "holds 2 tensor(s) that are not this model's parameters" in said[3]
+    assert "holds 1 tensor(s) that are not this model's parameters" in said[4]
+    assert all("\n" not in s for s in said)

@@ -74,6 +74,22 @@ def local_shard(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
+def check_model_and_optimizer(name: str, model: Any, optimizer: Any) -> None:
+    """What a strategy is given, checked where it is first met: a module, and an optimizer built on that
+    module's parameters (one built on another model would train it, not this one, in silence)."""
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{name}: the model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"{name}: the optimizer must be a torch.optim.Optimizer built on the model's parameters "
+                          f"(e.g. torch.optim.AdamW(model.parameters())), got {type(optimizer).__name__} "
+                          f"{str(optimizer)[:40]!r}")
+    mine = {id(p) for p in model.parameters()}
+    foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in mine)
+    if foreign:
+        raise ConfigError(f"{name}: the optimizer holds {foreign} tensor(s) that are not this model's parameters (built "
+                          f"on another model, or on a copy of this one?): build it on model.parameters()")
+
+
 class Strategy:
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
@@ -97,6 +113,7 @@ class Strategy:
         if not dist.is_initialized():
             raise ConfigError("torch.distributed is not initialized: call wansync.init() or "
                               "torch.distributed.init_process_group() first")
+        check_model_and_optimizer(self.name, model, optimizer)
         self.module = model
         self.optimizer = optimizer
         self.opts = options if options is not None else self.Options()
