@@ -185,3 +185,12 @@ def test_config_files_type_strategy_keys_from_the_registry(tmp_path):
     f.write_text("[strategy]\nfragments = 'two'\n")
     with pytest.raises(ConfigError, match="fragments must be an integer, got 'two'"):
         load_toml(f)
+
+
+@pytest.mark.parametrize("command", [None, "train", "compare", "sweep", "report", "demo", "results", "plan"])
+def test_every_help_page_renders(command, capsys):
+    """argparse formats help texts with %: a help that says `5%` must not turn --help into a traceback."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([*([command] if command else []), "--help"])
+    assert e.value.code == 0
+    assert "usage:" in capsys.readouterr().out

@@ -29,12 +29,11 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         g = groups.setdefault(sec, p.add_argument_group(f"[{sec}]"))
         flag = "--" + f.name.replace("_", "-")
         t = base_type(f.name)
+        text = f.metadata["help"].replace("%", "%%")        # argparse formats help with %: a 5% is text
         if t is bool:
-            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                           help=f.metadata["help"])
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
-            g.add_argument(flag, dest=f.name, type=str, default=None, metavar=t.__name__.upper(),
-                           help=f.metadata["help"])
+            g.add_argument(flag, dest=f.name, type=str, default=None, metavar=t.__name__.upper(), help=text)
 
 
 def config_flags(args: argparse.Namespace) -> dict[str, Any]:
