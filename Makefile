@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH_SPEC))))
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 DATA_STAMP := $(VENV)/.data-checked
 
-.PHONY: demo test lint bench results setup clean
+.PHONY: demo test lint gpu-check bench results setup clean
 
 setup: $(STAMP) $(DATA_STAMP)
 
@@ -43,6 +43,12 @@ test: $(STAMP) $(DATA_STAMP)         # two pytest workers, one test file each at
 lint: $(STAMP)                       # ruff's checks and mypy (pyproject.toml: what each covers, and why not more)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/mypy
+
+# On a GPU machine (< 5 min): every strategy on NCCL, bf16 and FSDP2 inside a worker, the codecs' and sparse
+# kernels' GB/s, a ~1B model's bf16 step and the FLOP/s it implies, memory against the planner's bill.
+# Without CUDA: one line, exit 0. Writes runs/gpu-check/gpu_check.json and gpu_check.md.
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py
 
 # Every table of docs/results.md, 3 seeds per cell, into runs/results/ (resumable: finished runs are
 # skipped), then the page is rewritten; about 90 minutes on 2 idle cores. `make results --dry-run`
