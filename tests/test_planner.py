@@ -341,3 +341,18 @@ def test_the_large_tables_summary_sentences_follow_from_its_rows():
     assert changed[3].endswith("FSDP inside in 3 (28 GB–90 GB); 1 of them fit neither way.")
     assert "| 7B | 64 | cross-continent | diloco | 6.9 | 2.5 h | 62.6 | 280 MB | 259 GB | 90 GB | no | > 5000 |" \
         in render_table(rows)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--intellect-1", "--gpu-memory", "24GB"], "plan --intellect-1 prints its own settings and would ignore --gpu-memory"),
+    (["--intellect-1", "--strategy", "ddp", "--params", "1e9"], "would ignore --params, --strategy: drop them"),
+    (["--table", "--workers", "4"], "plan --table prints its own settings and would ignore --workers"),
+    (["--table", "--gpu-memory", "80GB"], "would ignore --gpu-memory"),
+    (["--intellect-1", "--table"], "--intellect-1 and --table are two tables"),
+])
+def test_a_flag_the_fixed_tables_would_ignore_is_refused(argv, words, capsys):
+    from wansync.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["plan", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and words in err and err.count("\n") == 1, err

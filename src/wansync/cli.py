@@ -240,9 +240,31 @@ def check_plan_flags(args: argparse.Namespace) -> None:
         rule(f"--{key.replace('_', '-')}", value)
 
 
+PLAN_OWN_FLAGS = ("params", "step_time", "measure", "step_times", "tokens_per_step", "throughput", "gpu_memory",
+                  "target_exposed")
+
+
+def check_fixed_plan(args: argparse.Namespace) -> None:
+    """`--intellect-1` and `--table` plan settings of their own: a flag given beside them would be ignored,
+    so it is refused (`--table` takes `--target-exposed`, its H column's target)."""
+    which = "--intellect-1" if args.intellect_1 else "--table" if args.table else None
+    if which is None:
+        return
+    if args.intellect_1 and args.table:
+        raise ConfigError("plan: --intellect-1 and --table are two tables: give one")
+    taken = ("target_exposed",) if args.table else ()
+    given = sorted({*(k for k in PLAN_OWN_FLAGS if getattr(args, k) not in (None, False) and k not in taken),
+                    *given_keys(args)})
+    if given:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+        raise ConfigError(f"plan {which} prints its own settings and would ignore {flags}: drop "
+                          f"{'it' if len(given) == 1 else 'them'}, or plan your setting without {which}")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from . import planner
     check_plan_flags(args)
+    check_fixed_plan(args)
     if args.intellect_1:
         from .planner.published import table
         print(table())
