@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from .jsonout import dumps
@@ -56,11 +57,11 @@ RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, PROFILE_FILE, CHECKPOINTS_
              TENSORBOARD_DIR, *TOPOLOGY_FILES)
 # Inside its directories, the names a run writes there (fnmatch patterns): `train --force` removes these
 # and leaves anything else (a user's notes in logs/), and the directory with it.
-RUN_DIR_CONTENTS = {
+RUN_DIR_CONTENTS = MappingProxyType({
     LOGS_DIR: ("rank*.err", "rank*.log", "rank*.pid", "profile_rank*.json", "quorum_rank*.jsonl", "heals.jsonl"),
     CHECKPOINTS_DIR: ("step[0-9]*",),
     TENSORBOARD_DIR: ("events.out.tfevents.*",),
-}
+})
 REPORT_FILE = "report.md"
 SUMMARY_CSV = "summary.csv"
 RUNS_CSV = "runs.csv"
