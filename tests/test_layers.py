@@ -149,6 +149,7 @@ def test_net_knows_nothing_about_training():
 STACK = (
     ("wansync.__main__",),
     ("wansync.cli",),
+    ("wansync.integrations.*",),                    # adapters to other loops (HF Trainer): the public API's users
     ("wansync",),                                   # the public API: init, strategy
     ("wansync.planner", "wansync.planner.tables", "wansync.planner.measure",   # `wansync plan`: what it prints,
      "wansync.planner.published"),                  # measures and reproduces
