@@ -170,3 +170,31 @@ def test_the_fragment_sequence_and_its_longest_repeat_come_from_the_sync_events(
     assert results.METRICS["longest_repeat"].value(run, None) == 3
     assert results.METRICS["lam_term_rel"].value(run, None) == pytest.approx(0.002)
     assert results.longest_repeat([]) == 0 and results.longest_repeat([1, 2, 1]) == 1
+
+
+def test_a_smoke_run_writes_its_page_into_its_own_out_never_the_real_one(tmp_path, monkeypatch):
+    """`results --steps 1 --seeds 1` (a smoke test of the pipeline) used to rewrite docs/results.md with empty
+    rows; it now writes OUT/results.md, and the full tables' page stays as it was."""
+    import wansync.results as R
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    real = tmp_path / "docs" / "results.md"
+    real.write_text("# the recorded page\n")
+    monkeypatch.setattr(R, "run_tables", lambda *a, **k: [])            # nothing trains: the page's rule alone
+    assert R.run_results(["cpdp-k-sweep"], str(tmp_path / "runs"), None, seeds=1, steps=1) == 0
+    assert real.read_text() == "# the recorded page\n"
+    assert (tmp_path / "runs" / "results.md").read_text().startswith(R.BEGIN)
+    assert R.run_results(["cpdp-k-sweep"], str(tmp_path / "runs"), None) == 0         # the full tables: the page
+    assert real.read_text().startswith("# the recorded page\n") and R.BEGIN in real.read_text()
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_results_refuses_an_out_that_holds_the_users_files(tmp_path, dry):
+    from wansync.errors import WansyncError
+    import wansync.results as R
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    with pytest.raises(WansyncError, match="refusing to write into .*mine: it holds 'notes.txt'"):
+        R.run_results(["cpdp-k-sweep"], str(out), str(tmp_path / "p.md"), seeds=1, steps=1, dry=dry)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]

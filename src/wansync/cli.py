@@ -118,7 +118,8 @@ def _add_results_parser(sub: Any) -> None:
     p.add_argument("--only", default=None, metavar="T1,T2", help="only these tables (the page is still rewritten "
                    "from every table's runs on disk)")
     p.add_argument("--out", default="runs/results", help="results root (default runs/results)")
-    p.add_argument("--doc", default="docs/results.md", help="the page to rewrite (default docs/results.md)")
+    p.add_argument("--doc", default=None, help="the page to rewrite (default docs/results.md; with --steps or "
+                   "--seeds, a smoke run: results.md in --out)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
     p.add_argument("--steps", type=int, default=None, help="shorten every run to this many steps (a smoke test "
                    "of the pipeline, not a result)")

@@ -25,22 +25,51 @@ __all__ = ["BEGIN", "END", "METRICS", "SEEDS", "TABLES", "Question", "Table", "a
            "longest_repeat", "table_runs", "run_results", "sync_events", "write_page"]
 
 
-def run_results(names: Sequence[str], root: str, doc: str, seeds: int = SEEDS, steps: int | None = None,
+DOC = "docs/results.md"            # the page the full tables rewrite
+SMOKE_PAGE = "results.md"          # a smoke run's page, in its own --out
+
+
+def check_root(out: Path) -> None:
+    """The results root holds the tables' directories (and a smoke run's page) and nothing else: a
+    directory of the user's is refused in one line before anything is listed or written."""
+    try:
+        if not out.is_dir():       # new, or not a directory: the tables' own checks say so in their words
+            return
+        entries = [p.name for p in out.iterdir()]
+    except OSError:                # a name too long, a path through a file: as above
+        return
+    known = {t.name for t in TABLES} | {SMOKE_PAGE, SMOKE_PAGE + ".tmp"}
+    foreign = sorted(name for name in entries if name not in known)
+    if foreign:
+        raise WansyncError(f"results: refusing to write into {out}: it holds {foreign[0]!r}, which is not a results "
+                           f"table's; choose another --out (an empty or new directory)")
+
+
+def run_results(names: Sequence[str], root: str, doc: str | None, seeds: int = SEEDS, steps: int | None = None,
                 force: bool = False, dry: bool = False) -> int:
-    """`wansync results`: run the tables (or list them with `dry`), then rewrite the page. The page and
-    every table's directory are checked before the first run (`check_page`, `run_tables`)."""
+    """`wansync results`: run the tables (or list them with `dry`), then rewrite the page (`doc`; None:
+    docs/results.md, or for a smoke run, shortened by `steps` or fewer `seeds`, a page in `root`). The
+    root, the page and every table's directory are checked before the first run (`check_root`,
+    `check_page`, `run_tables`)."""
     in_range(1, MAX_SEEDS, high_included=True)("--seeds", seeds)
     if steps is not None:
         at_least(1)("--steps", steps)
     tables, out = get(names), Path(root)
     if names:                      # a table that reads another needs that one run too
         tables = get([*names, *(t.reads for t in tables if t.reads)])
+    check_root(out)
+    smoke = steps is not None or seeds != SEEDS
     if dry:
         return list_tables(tables, out, seeds, steps)
+    if doc is None:                # the real page only from full runs: a smoke run's goes to its own --out
+        doc = str(out / SMOKE_PAGE) if smoke else DOC
+        if smoke:
+            out.mkdir(parents=True, exist_ok=True)
     not_blank("the page to rewrite")("--doc", doc)            # Path("") is "."
-    check_page(Path(doc))
+    page = Path(doc)
+    check_page(page)
     outcomes = run_tables(tables, out, seeds, steps, force)
-    write_page(Path(doc), document(TABLES, out, seeds, steps, check_page(Path(doc))))
+    write_page(page, document(TABLES, out, seeds, steps, check_page(page)))
     failed = [o for o in outcomes if o.status == "failed"]
     print(f"{sum(o.status == 'ok' for o in outcomes)} runs trained, {len(failed)} failed; page: {doc}")
     if failed:
