@@ -60,6 +60,38 @@ def not_a_workload(spec):
     return GRULM(8)
 
 
+def small_vocab(spec):
+    return GRULM(spec.vocab_size // 2)
+
+
+def frozen(spec):
+    model = GRULM(spec.vocab_size)
+    model.requires_grad_(False)
+    return model
+
+
+class RunsDry:
+    """A workload whose data ends after two batches (a plain iterator's habit)."""
+    kind = "lm"
+
+    def __init__(self):
+        self.model = GRULM(8)
+        self.data = iter([(torch.zeros(2, 4, dtype=torch.long),)] * 2)
+
+    def next_batch(self):
+        return next(self.data)
+
+    def loss(self, model, batch):
+        return model(batch[0]).mean()
+
+    def evaluate(self, model):
+        return {"val_loss": 1.0}
+
+
+def runs_dry(spec):
+    return RunsDry()
+
+
 NOT_CALLABLE = 3
 '''
 
@@ -290,3 +322,42 @@ def assert_one_line_error(capsys, argv: list[str], message: str) -> None:
     assert int(e.value.code or 0) != 0
     assert message in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_a_model_whose_embedding_is_smaller_than_the_vocabulary_is_one_line(my_models, corpus, monkeypatch):
+    from wansync.config import build_config
+    from wansync.workloads import build_workload
+    monkeypatch.chdir(my_models)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    cfg = build_config(overrides={"model": "mymodels:small_vocab", "data": str(corpus), "batch_size": 2,
+                                  "seq_len": 32, "out": str(my_models / "run")})
+    with pytest.raises(ConfigError, match="its input embedding has 128 rows, fewer than the byte tokenizer's 256 "
+                                          "token ids: build it with the vocab_size it is given") as e:
+        build_workload(cfg, 0, 2)
+    assert "\n" not in str(e.value)
+
+
+def test_a_model_with_nothing_to_train_is_one_line(my_models, corpus, monkeypatch):
+    from wansync.config import build_config
+    from wansync.trainer.optim import build_optimizer
+    from wansync.workloads import build_workload
+    monkeypatch.chdir(my_models)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    cfg = build_config(overrides={"model": "mymodels:frozen", "data": str(corpus), "batch_size": 2,
+                                  "seq_len": 32, "out": str(my_models / "run")})
+    model = build_workload(cfg, 0, 2).model
+    with pytest.raises(ConfigError, match="--model mymodels:frozen: the model has no parameter that requires grad"):
+        build_optimizer(cfg, model)
+
+
+def test_a_workload_whose_data_runs_dry_says_so_in_one_line(my_models, monkeypatch):
+    from wansync.config import build_config
+    from wansync.errors import DataError
+    from wansync.workloads import build_workload
+    monkeypatch.chdir(my_models)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    cfg = build_config(overrides={"data": "mymodels:runs_dry", "out": str(my_models / "run")})
+    workload = build_workload(cfg, 0, 1)
+    workload.next_batch(), workload.next_batch()
+    with pytest.raises(DataError, match="next_batch\\(\\) raised StopIteration at batch 3: its data is empty or ran out"):
+        workload.next_batch()

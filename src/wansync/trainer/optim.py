@@ -12,8 +12,11 @@ from torch import nn
 def build_optimizer(cfg: Any, model: nn.Module) -> torch.optim.Optimizer:
     """The inner optimizer of `cfg`; for a strategy that replaces it (DeMo's sign descent) a plain SGD
     that carries the learning rate and the weight decay, whatever `optimizer` says."""
+    from ..errors import ConfigError
     from ..strategies import strategy_class
     params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError(f"--model {cfg.model}: the model has no parameter that requires grad: nothing to train")
     if not strategy_class(cfg.strategy).steps_optimizer:
         return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "sgd":

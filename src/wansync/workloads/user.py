@@ -37,7 +37,12 @@ class UserWorkload:
 
     def next_batch(self) -> Any:
         self.batches += 1
-        return self.workload.next_batch()
+        try:
+            return self.workload.next_batch()
+        except StopIteration:                # an iterator run dry: torch and Python would say nothing more
+            raise DataError(f"--data {self.source}: next_batch() raised StopIteration at batch {self.batches}: "
+                            f"its data is empty or ran out (next_batch() must serve batches for the whole run: "
+                            f"start the next epoch when one ends)") from None
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         return self.workload.loss(model, batch)

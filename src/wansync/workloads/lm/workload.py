@@ -43,6 +43,17 @@ from wansync.workloads.lm.tokenizer import (
 )
 
 
+def check_vocabulary(model: nn.Module, model_name: str, tokenizer: Tokenizer) -> None:
+    """The model's input embedding has a row for every token id the data holds (a smaller one fails
+    inside the first forward with torch's `index out of range in self`)."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    rows = getattr(emb, "num_embeddings", None)
+    if isinstance(rows, int) and rows < tokenizer.vocab_size:
+        raise ConfigError(f"--model {model_name}: its input embedding has {rows} rows, fewer than the {tokenizer.name} "
+                          f"tokenizer's {tokenizer.vocab_size} token ids: build it with the vocab_size it is given")
+
+
 class LMWorkload:
     """Next-token prediction on one rank's disjoint shard of token windows."""
 
@@ -52,6 +63,7 @@ class LMWorkload:
                  val_tokens: np.ndarray, *, model_name: str, data: str, rank: int, world_size: int, seed: int,
                  batch_size: int, seq_len: int, eval_batches: int) -> None:
         self.model, self.tokenizer, self.model_name, self.data = model, tokenizer, model_name, data
+        check_vocabulary(model, model_name, tokenizer)
         self.seq_len, self.batch_size = seq_len, batch_size
         self.train_tokens, self.val_tokens = train_tokens, val_tokens
         self._token_bytes = torch.from_numpy(tokenizer.token_bytes())
