@@ -92,6 +92,24 @@ def runs_dry(spec):
     return RunsDry()
 
 
+class DictBatches(RunsDry):
+    def next_batch(self):
+        return {"tokens": torch.zeros(2, 4, dtype=torch.long)}
+
+
+def dict_batches(spec):
+    return DictBatches()
+
+
+class ScalarItem(RunsDry):
+    def next_batch(self):
+        return (torch.zeros(2, 4, dtype=torch.long), 3)
+
+
+def scalar_item(spec):
+    return ScalarItem()
+
+
 NOT_CALLABLE = 3
 '''
 
@@ -360,4 +378,19 @@ def test_a_workload_whose_data_runs_dry_says_so_in_one_line(my_models, monkeypat
     workload = build_workload(cfg, 0, 1)
     workload.next_batch(), workload.next_batch()
     with pytest.raises(DataError, match="next_batch\\(\\) raised StopIteration at batch 3: its data is empty or ran out"):
+        workload.next_batch()
+
+
+@pytest.mark.parametrize("factory, words", [
+    ("dict_batches", "next_batch() returned dict, not a tuple of tensors whose first dimension is the batch"),
+    ("scalar_item", "next_batch() returned a tuple whose item 1 is int, not a tensor"),
+])
+def test_a_batch_that_breaks_the_contract_is_named_at_the_first_batch(my_models, monkeypatch, factory, words):
+    from wansync.config import build_config
+    from wansync.errors import DataError
+    from wansync.workloads import build_workload
+    monkeypatch.chdir(my_models)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    workload = build_workload(build_config(overrides={"data": f"mymodels:{factory}", "out": str(my_models / "r")}), 0, 1)
+    with pytest.raises(DataError, match=f"--data mymodels:{factory}: " + words.replace("(", "\\(").replace(")", "\\)")):
         workload.next_batch()

@@ -26,6 +26,19 @@ KINDS = ("lm", "vision")
 METRICS = MappingProxyType({"lm": ("val_loss",), "vision": ("test_loss", "test_acc")})     # what each kind is judged by
 
 
+def check_batch(batch: Any, source: str) -> None:
+    """A batch is a tuple (or list) of tensors whose first dimension is the batch: a worker of several
+    ranks splits it along that dimension, and the throughput counts its rows."""
+    if not isinstance(batch, (tuple, list)) or not batch:
+        raise DataError(f"--data {source}: next_batch() returned {type(batch).__name__}, not a tuple of tensors "
+                        f"whose first dimension is the batch (docs/your_model.md)")
+    bad = next((i for i, t in enumerate(batch) if not isinstance(t, torch.Tensor) or t.dim() == 0), None)
+    if bad is not None:
+        what = type(batch[bad]).__name__ if not isinstance(batch[bad], torch.Tensor) else "a 0-d tensor"
+        raise DataError(f"--data {source}: next_batch() returned a {type(batch).__name__} whose item {bad} is {what}, "
+                        f"not a tensor whose first dimension is the batch (docs/your_model.md)")
+
+
 class UserWorkload:
     """The user's workload, its missing methods supplied (see the module docstring)."""
 
@@ -38,11 +51,14 @@ class UserWorkload:
     def next_batch(self) -> Any:
         self.batches += 1
         try:
-            return self.workload.next_batch()
+            batch = self.workload.next_batch()
         except StopIteration:                # an iterator run dry: torch and Python would say nothing more
             raise DataError(f"--data {self.source}: next_batch() raised StopIteration at batch {self.batches}: "
                             f"its data is empty or ran out (next_batch() must serve batches for the whole run: "
                             f"start the next epoch when one ends)") from None
+        if self.batches == 1:                # the contract, checked where it is first met
+            check_batch(batch, self.source)
+        return batch
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         return self.workload.loss(model, batch)
