@@ -314,16 +314,20 @@ def test_the_controller_compresses_through_a_drop_and_goes_back_when_the_link_re
 
 
 def test_two_runs_with_one_seed_take_the_same_decisions(tmp_path):
+    """On 2 Mbit/s no setting within the bounds reaches the target, and the least exposed one (H = 16, fp4)
+    is so by far: a choice that measured times which wander (a loaded machine) cannot move. Where a
+    prediction sits at the target they may: decisions rest on measured numbers (docs/adapt.md)."""
     path = tmp_path / "slow.toml"
-    path.write_text(DROP.format(bw="60mbit", schedule=""))
+    path.write_text(DROP.format(bw="2mbit", schedule=""))
     logs = []
     for leg in ("one", "two"):
         run = tmp_path / leg
-        r = wansync("train", "--strategy", "diloco", "--sync-every", "4", "--workers", "2", "--steps", "40",
+        r = wansync("train", "--strategy", "diloco", "--sync-every", "4", "--workers", "2", "--steps", "24",
                     "--wan", str(path), "--adapt", "exposed=10%,h=4..16", "--eval-every", "1000", "--quiet",
                     "--out", str(run), *TINY, timeout=200)
         assert r.returncode == 0, r.stderr
         logs.append([(d["step"], d["after"]) for d in _records(run)[1]])
+    assert logs[0] == [(8, {"sync_every": 16, "codec": "fp4"})]
     assert logs[0] and logs[0] == logs[1]
 
 
