@@ -268,7 +268,7 @@ def _init(rank: int, world: int, port: int, topology, seed: int = 0):
     emulator = net.Emulator(topology, seed=seed)
     dist.init_process_group(
         net.install(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-        timeout=timedelta(seconds=20), pg_options=emulator,
+        timeout=timedelta(seconds=60), pg_options=emulator,
     )
     return emulator, dist.new_group(backend="gloo")  # a plain group, for syncing and reference results
 

@@ -111,7 +111,7 @@ def _replicas(rank: int, port: int) -> dict:
     emulator = net.Emulator(topology, seed=0)
     dist.init_process_group(
         net.install(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-        timeout=timedelta(seconds=30), pg_options=emulator,
+        timeout=timedelta(seconds=60), pg_options=emulator,
     )
     plain = dist.new_group(backend="gloo")
     options = net.shared_uplink(2)
