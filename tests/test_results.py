@@ -109,7 +109,7 @@ def _setting(label: str, values: list[float], strategy: str = "cpdp") -> Setting
 def test_overlapping_intervals_answer_no_difference_at_this_scale():
     q = results.Question("K = 16 against K = 4?", "peak_acc", "a", "b")
     line = results.answer(q, [_setting("a", [85.0, 86.0, 85.5]), _setting("b", [85.4, 86.2, 85.1])], None)
-    assert NO_DIFFERENCE in line
+    assert NO_DIFFERENCE.capitalize() in line
 
 
 def test_separated_intervals_name_the_better_setting():
@@ -122,14 +122,14 @@ def test_the_best_setting_lists_the_ones_it_cannot_be_told_from():
     q = results.Question("best?", "peak_acc", "")
     line = results.answer(q, [_setting("a", [80.0, 80.2, 80.1]), _setting("b", [85.0, 85.1, 85.2]),
                               _setting("c", [84.0, 86.0, 85.0])], None)
-    assert line.startswith("Best? b,") and "not distinguishable at this scale from c (Welch p = 0.88)" in line
+    assert line.startswith("*Best?* b: 85.1 ± 0.25 (peak test acc %). It is") and "not distinguishable at this scale from c (Welch p = 0.88)" in line
     alone = results.answer(q, [_setting("a", [80.0, 80.2, 80.1]), _setting("b", [85.0, 85.1, 85.2])], None)
-    assert alone.endswith("better than every other setting (Welch's t-test against each: p < 0.001).")
+    assert alone.endswith("It is better than every other setting (Welch's t-test against each: p < 0.001).")
 
 
 def test_a_cell_not_run_yet_is_said_so():
     q = results.Question("q", "peak_acc", "a", "missing")
-    assert "not answerable: missing: not run yet" in results.answer(q, [_setting("a", [1.0, 2.0, 3.0])], None)
+    assert "Not answerable: missing: not run yet" in results.answer(q, [_setting("a", [1.0, 2.0, 3.0])], None)
 
 
 def test_the_page_is_rewritten_only_between_its_markers(tmp_path):

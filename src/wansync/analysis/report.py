@@ -36,7 +36,7 @@ from .run_dirs import ReportError, find_runs, read_json
 from .runs import LM, VISION, Quality, Run, SettingRuns, number
 from ..units import human_bytes
 from ..rundir.target import Target, first_reached, target_record
-from .verdict import decision_rows, decision_table, equal_time, verdict
+from .verdict import Spread, decision_rows, decision_table, equal_time, recorded_spread, seed_spread, verdict
 
 
 # ---------------------------------------------------------------- metrics
@@ -309,7 +309,8 @@ def report(root: str | Path, target_loss: float | None = None, target_acc: float
         unlink_links(root, REPORT_FILES)          # a link is replaced, never written through
     try:
         with RunLock(root, "write a report into") if lock else contextlib.nullcontext(), _recorded(root, written):
-            return _write(root, runs, settings, q, rows, table, target, source, plots, record_targets, written)
+            return _write(root, runs, settings, q, rows, table, target, source, plots, record_targets, written,
+                          recorded_spread(experiment) if isinstance(experiment, dict) else None)
     except OSError as e:                          # a read-only directory, a full disk
         raise ReportError(f"report: cannot write into {root}: {e.strerror or e}") from None
 
@@ -326,7 +327,7 @@ def _recorded(root: Path, written: list[Path]) -> Any:
 
 def _write(root: Path, runs: list[Run], settings: list[SettingRuns], q: Quality, rows: list[dict[str, Any]],
            table: str, target: float | None, source: str, plots: bool, record_targets: bool,
-           written: list[Path]) -> Report:
+           written: list[Path], recorded: Spread | None = None) -> Report:
     """The report's files, each added to `written` once it is on disk."""
     for path, data in ((root / SUMMARY_CSV, rows), (root / RUNS_CSV, run_rows(runs, q, target))):
         write_csv(path, data)
@@ -343,7 +344,7 @@ def _write(root: Path, runs: list[Run], settings: list[SettingRuns], q: Quality,
     decisions = decision_rows(settings, q, target)
     link = next((str((r.summary.get("wan") or {}).get("spec") or "") for r in runs if r.ok), "")
     rep = Report(root, q, target, source, rows, table, made, failed, decision_table(decisions, q, at),
-                 verdict(decisions, q, target, source, link, at))
+                 verdict(decisions, q, target, link, at, seed_spread(settings, q, at) or recorded))
     rep.path.write_text(_markdown(rep, runs))
     written.append(rep.path)
     return rep

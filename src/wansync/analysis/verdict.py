@@ -9,8 +9,11 @@ computed here, never written by hand.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .labels import human_label
 from .runs import Quality, SettingRuns, number
 from ..units import human_bytes
 from ..rundir.target import Target, first_reached
@@ -46,7 +49,8 @@ def decision_rows(settings: Sequence[SettingRuns], q: Quality, target: float | N
         hits = [first_reached(r.evals, goal) for r in runs] if goal else []
         times = [h[1] for h in hits if h is not None]
         rows.append({
-            "setting": s.label, "strategy": s.strategy, "seeds": len(runs),
+            "setting": s.label, "name": human_label(s.strategy, s.setting), "strategy": s.strategy,
+            "seeds": len(runs),
             "at_equal_time": _mean([value_at(r.evals, q.eval_key, at) for r in runs]) if at is not None else None,
             "time_to_target_s": _mean(times) if times and len(times) == len(runs) else None,
             "reached": len(times),
@@ -67,31 +71,77 @@ def decision_table(rows: Sequence[dict[str, Any]], q: Quality, at: float | None)
     for r in rows:
         ttt = f(r["time_to_target_s"], ".1f") if r["time_to_target_s"] is not None else \
             f"not reached ({r['reached']}/{r['seeds']})"
-        lines.append("| " + " | ".join([r["setting"], f(r["at_equal_time"], ".4f"), ttt, f(r["exposed_comm_pct"], ".1f"),
+        lines.append("| " + " | ".join([r["name"], f(r["at_equal_time"], ".4f"), ttt, f(r["exposed_comm_pct"], ".1f"),
                                          human_bytes(r["bytes_sent"]), f(r["wall_clock_s"], ".1f")]) + " |")
     return "\n".join(lines)
 
 
-def verdict(rows: Sequence[dict[str, Any]], q: Quality, target: float | None, target_source: str,
-            link: str, at: float | None) -> str:
-    """One sentence: which setting was best on `link` at equal wall clock, and which reached the target first."""
+@dataclass(frozen=True)
+class Spread:
+    """How far seeds alone move one run's quality at equal wall clock (a standard deviation), and where
+    that was measured: two settings closer than the spread allows are too close to call."""
+    sd: float
+    source: str
+
+    def allows(self, n_a: int, n_b: int) -> float:
+        """The gap two means of n_a and n_b seeds may show by chance (95 %, normal)."""
+        return 1.96 * self.sd * math.sqrt(1 / max(1, n_a) + 1 / max(1, n_b))
+
+
+def seed_spread(settings: Sequence[SettingRuns], q: Quality, at: float | None) -> Spread | None:
+    """The pooled standard deviation over seeds of the quality at equal wall clock, from the settings
+    that ran two seeds or more (None: every setting ran one)."""
+    if at is None:
+        return None
+    squares, dof = 0.0, 0
+    for s in settings:
+        vals = [v for r in s.ok_runs if (v := value_at(r.evals, q.eval_key, at)) is not None]
+        if len(vals) >= 2:
+            m = sum(vals) / len(vals)
+            squares += sum((v - m) ** 2 for v in vals)
+            dof += len(vals) - 1
+    return Spread(math.sqrt(squares / dof), "measured over these runs' seeds") if dof else None
+
+
+def recorded_spread(experiment: dict[str, Any]) -> Spread | None:
+    """The spread an experiment recorded for itself (experiment.json's `spread`: the demo's, measured
+    on the results page), when well formed."""
+    rec = experiment.get("spread")
+    sd = number(rec.get("sd")) if isinstance(rec, dict) and not isinstance(rec.get("sd"), bool) else None
+    return Spread(sd, str(rec.get("source", ""))) if sd is not None and sd >= 0 and isinstance(rec, dict) else None
+
+
+def verdict(rows: Sequence[dict[str, Any]], q: Quality, target: float | None, link: str, at: float | None,
+            spread: Spread | None = None) -> str:
+    """One plain sentence: which setting was best on `link` at equal wall clock (or that the leaders are
+    closer than seeds alone move them), and which reached the target first."""
     where = f"On the {link} link" if link else "Without an emulated link"
     scored = [r for r in rows if r["at_equal_time"] is not None]
     if not scored or at is None:
         return f"{where}, no run finished an evaluation: nothing to compare."
-    pick = max if q.higher_is_better else min
-    best = pick(scored, key=lambda r: r["at_equal_time"])
-    text = (f"{where}, {best['setting']} had the best {q.name} at equal wall clock "
-            f"({best['at_equal_time']:.4f} after {at:.0f} s)")
+    ranked = sorted(scored, key=lambda r: r["at_equal_time"], reverse=q.higher_is_better)
+    best = ranked[0]
+    close = len(ranked) > 1 and spread is not None and \
+        abs(best["at_equal_time"] - ranked[1]["at_equal_time"]) < spread.allows(best["seeds"], ranked[1]["seeds"])
+    if close and spread is not None:
+        second = ranked[1]
+        text = (f"{where}, {best['name']} and {second['name']} are too close to call at equal wall clock: "
+                f"{best['at_equal_time']:.4f} and {second['at_equal_time']:.4f} after {at:.0f} s differ by less "
+                f"than the {spread.allows(best['seeds'], second['seeds']):.3f} that seeds alone allow"
+                + (f" ({spread.source})" if spread.source else ""))
+    else:
+        one = spread is None and all(r["seeds"] == 1 for r in scored) and len(scored) > 1
+        text = (f"{where}, {best['name']} had the best {q.name} at equal wall clock, {best['at_equal_time']:.4f} "
+                f"after {at:.0f} s" + (" (one seed each)" if one else ""))
     reached = [r for r in rows if r["time_to_target_s"] is not None]
     if target is None:
         return text + "."
-    goal = f"the target {q.name} {target:.4f} ({target_source})"
     if not reached:
-        return text + f", and no setting reached {goal} in every seed."
+        return text + f"; no setting reached the target {q.name} of {target:.4f} in every seed."
     first = min(reached, key=lambda r: r["time_to_target_s"])
     ddp = next((r for r in reached if r["strategy"] == "ddp"), None)
     speed = f", {ddp['time_to_target_s'] / first['time_to_target_s']:.1f}x sooner than DDP" \
         if ddp is not None and first is not ddp and first["time_to_target_s"] > 0 else ""
-    who = "it also" if first is best else first["setting"]
-    return text + f"; {who} reached {goal} first, after {first['time_to_target_s']:.0f} s{speed}."
+    who = "it also" if first is best and not close else first["name"]
+    return text + (f"; {who} reached the target {q.name} of {target:.4f} first, after "
+                   f"{first['time_to_target_s']:.0f} s{speed}.")

@@ -17,7 +17,7 @@ from ..errors import WansyncError
 from ..rules import at_least, in_range, not_blank
 from ..runner.experiments import MAX_SEEDS
 from .measures import METRICS, longest_repeat, sync_events
-from .page import BEGIN, END, answer, check_page, document, write_page
+from .page import BEGIN, END, answer, check_page, document, figures_dir, write_page
 from .runs import list_tables, table_runs, run_tables
 from .catalog import SEEDS, TABLES, Question, Table, get, label
 
@@ -38,7 +38,7 @@ def check_root(out: Path) -> None:
         entries = [p.name for p in out.iterdir()]
     except OSError:                # a name too long, a path through a file: as above
         return
-    known = {t.name for t in TABLES} | {SMOKE_PAGE, SMOKE_PAGE + ".tmp"}
+    known = {t.name for t in TABLES} | {SMOKE_PAGE, SMOKE_PAGE + ".tmp", figures_dir(Path(SMOKE_PAGE)).name}
     foreign = sorted(name for name in entries if name not in known)
     if foreign:
         raise WansyncError(f"results: refusing to write into {out}: it holds {foreign[0]!r}, which is not a results "
@@ -69,7 +69,7 @@ def run_results(names: Sequence[str], root: str, doc: str | None, seeds: int = S
     page = Path(doc)
     check_page(page)
     outcomes = run_tables(tables, out, seeds, steps, force)
-    write_page(page, document(TABLES, out, seeds, steps, check_page(page)))
+    write_page(page, document(TABLES, out, seeds, steps, check_page(page), figures_dir(page)))
     failed = [o for o in outcomes if o.status == "failed"]
     print(f"{sum(o.status == 'ok' for o in outcomes)} runs trained, {len(failed)} failed; page: {doc}")
     if failed:

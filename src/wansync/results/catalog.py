@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
+from ..analysis.labels import STRATEGY_NAMES
 from ..runner import grid
 from ..runner.demo import SETTINGS as DEMO_SETTINGS, demo_values
 from .. import presets
@@ -79,13 +80,13 @@ _LR_FLAGS = MappingProxyType({"steps": CPDP_EPOCH_1024})
 _LR_VALUES, _LR_CELLS = _from_preset("cpdp-lr-protocol", _LR_FLAGS, ("ddp", "cpdp"))
 _A_VALUES, _A_CELLS = _from_preset("cpdp-ablation", _EPOCH)
 
-CPDP_CANNOT = ("a small CNN on Fashion-MNIST for one epoch is not ResNet-50 on CIFAR-100 for 100 epochs: "
-               "accuracies sit near 85-90% where differences are small, and the cosine schedule ends "
-               "after one epoch; 4 workers on one 2-core machine share the CPU, so compute time is "
-               "inflated and the emulated link, not a real one, sets the communication cost")
+CPDP_CANNOT = ("a small CNN on Fashion-MNIST for one epoch is not ResNet-50 on CIFAR-100 for 100 epochs. "
+               "Accuracies sit near 85-90%, where differences are small, and the cosine schedule ends after "
+               "one epoch. 4 workers on one 2-core machine share the CPU, so compute time is inflated, and the "
+               "emulated link, not a real one, sets the communication cost")
 COCODC_CANNOT = (f"a 1.8M-parameter LM on Shakespeare (bytes) for {LM_STEPS} steps with H = {LM_H} is "
-                 "not a 150M LLaMA on C4 for 15k steps with H = 100: the target is a loss every run "
-                 "reaches early, four fragments of a tiny model are small messages, and the emulated "
+                 "not a 150M LLaMA on C4 for 15k steps with H = 100. The target is a loss every run "
+                 "reaches early, and four fragments of a tiny model are small messages. The emulated "
                  "cross-region link on one shared machine stands in for a real one")
 
 # the staleness table's overlapped cells: one fragment order for all, so that only the merge differs
@@ -138,7 +139,7 @@ TABLES: tuple[Table, ...] = (
           "the paper's own linear-scaling rule prescribes lr 0.4 at batch 1024, under which DDP gains 3.55 "
           "points and ends marginally ahead of CPDP K = 2; the K = 4 cell at lr 0.4 is missing: the claim "
           "fails if DDP at lr 0.4 meets CPDP.",
-          CPDP_CANNOT + "; one epoch at batch 1024 is only 59 steps", preset="cpdp-lr-protocol",
+          CPDP_CANNOT + ". One epoch at batch 1024 is only 59 steps", preset="cpdp-lr-protocol",
           strategies=("ddp", "cpdp"), flags=_LR_FLAGS),
     Table("cpdp-ablation", "CPDP: gradient phase or SlowMo filter?", "vision", _A_VALUES, _A_CELLS,
           ("peak_acc", "wall_clock_s", "exposed_pct"),
@@ -205,10 +206,10 @@ TABLES: tuple[Table, ...] = (
           ("final_loss", "steps_to_target", "longest_repeat"),
           (Question("the paper's adaptive choice against round-robin", "final_loss",
                     label("cocodc", **N8), label("cocodc", **N8, schedule="round_robin")),
-           Question("adaptive_fair (no fragment twice before every other had a turn) against adaptive",
+           Question("the adaptive-fair order (no fragment twice before every other had a turn) against adaptive",
                     "final_loss", label("cocodc", **N8, schedule="adaptive_fair"), label("cocodc", **N8)),
            Question("does the adaptive rule lock onto one fragment (longest run of one fragment, against "
-                    "adaptive_fair)?", "longest_repeat", label("cocodc", **N8),
+                    "the adaptive-fair order)?", "longest_repeat", label("cocodc", **N8),
                     label("cocodc", **N8, schedule="adaptive_fair"))),
           "adaptive transmission (the fragment with the largest R_p = ‖Δθ_p‖/I_p first, any fragment unsynced "
           "for H steps before all) syncs the fast-changing fragments more often and speeds convergence.",
@@ -323,13 +324,13 @@ def _slow(strategy: str, policy: str) -> str:
 
 SLOW_QUESTIONS: tuple[Question, ...] = tuple(
     q for s in SLOW_STRATEGIES for q in (
-        Question(f"{s}: balanced against wait, wall clock to the target", "time_to_target", _slow(s, "balanced"),
+        Question(f"{STRATEGY_NAMES[s]}: balanced against wait, wall clock to the target", "time_to_target", _slow(s, "balanced"),
                  _slow(s, "wait")),
-        Question(f"{s}: deadline against wait, wall clock to the target", "time_to_target", _slow(s, "deadline"),
+        Question(f"{STRATEGY_NAMES[s]}: deadline against wait, wall clock to the target", "time_to_target", _slow(s, "deadline"),
                  _slow(s, "wait")),
-        Question(f"{s}: balanced against wait, final validation loss (equal steps)", "final_loss",
+        Question(f"{STRATEGY_NAMES[s]}: balanced against wait, final validation loss (equal steps)", "final_loss",
                  _slow(s, "balanced"), _slow(s, "wait")),
-        Question(f"{s}: deadline against wait, final validation loss (equal steps)", "final_loss",
+        Question(f"{STRATEGY_NAMES[s]}: deadline against wait, final validation loss (equal steps)", "final_loss",
                  _slow(s, "deadline"), _slow(s, "wait")))
 ) + (Question("which reaches the target first?", "time_to_target", ""),
      Question("which has the lowest validation loss at equal wall clock?", "loss_at_equal_time", ""))

@@ -4,17 +4,19 @@ and the paragraph a reader needs."""
 from __future__ import annotations
 
 import datetime
+from collections import Counter
 import math
 import os
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Sequence
+from typing import Mapping, Sequence
 
 from ..errors import ConfigError, path_kind
 from ..runner import experiments
 from .. import presets
+from ..analysis.labels import human_label, label_of_key, setting_words
 from ..analysis.runs import Run, SettingRuns, number
-from ..analysis.stats import ALPHA, Interval, compare_in_words, interval, p_text, welch_p
+from ..analysis.stats import ALPHA, NO_DIFFERENCE, Interval, compare_in_words, interval, p_text, welch_p
 from .measures import METRICS, Context, cell_interval, lm_target, load, longest_repeat, sync_events, table_context
 from .runs import command, equivalent_compare, table_runs, run_cost
 from .catalog import CPDP_EPOCH, CPDP_EPOCH_1024, LM_H, LM_STEPS, SEEDS, Question, Table, label
@@ -32,16 +34,47 @@ def _cell_text(iv: Interval | None, have: int, ran: int, metric: str) -> str:
 
 
 def _lead(text: str) -> str:
-    """A question opens its own sentence: capitalised, and a colon where it is not a question."""
+    """A question opens its item, in italics: capitalised, a full stop where it is not a question."""
     if text[:1].isascii():         # "β = 0.9 ..." keeps its lower-case Greek
         text = text[:1].upper() + text[1:]
-    return text if text.endswith("?") else text + ":"
+    return f"*{text if text.endswith('?') else text + '.'}*"
+
+
+def common_setting(settings: Sequence[SettingRuns]) -> dict[str, object]:
+    """The settings every one of a table's cells shares (said once, above the table, not in each label)."""
+    if len(settings) < 2:
+        return {}
+    first = settings[0].setting
+    return {k: v for k, v in first.items() if all(k in s.setting and s.setting[k] == v for s in settings[1:])}
+
+
+def _names(settings: Sequence[SettingRuns]) -> dict[str, str]:
+    """Each setting's human label (`analysis.labels`) without what every setting shares, by its key;
+    settings whose labels would be the same (a setting not recorded) keep their keys."""
+    common = common_setting(settings)
+    names = {s.label: human_label(s.strategy, {k: v for k, v in s.setting.items() if k not in common})
+             for s in settings}
+    seen = Counter(names.values())
+    return {k: v if seen[v] == 1 else k for k, v in names.items()}
+
+
+def _ties(ties: Sequence[str], p: Mapping[str, float | None], names: Mapping[str, str]) -> str:
+    """The settings a best one cannot be told from: named up to three, counted beyond."""
+    def pv(k: str) -> str:
+        return "one seed" if p[k] is None else "Welch " + p_text(p[k])  # type: ignore[arg-type]
+    if len(ties) <= 3:
+        return ", ".join(f"{names[k]} ({pv(k)})" for k in ties)
+    ps = [v for k in ties if (v := p[k]) is not None]
+    span = f" (Welch p from {min(ps):.2g} to {max(ps):.2g})" if ps else ""
+    return f"the {len(ties)} others{span}"
 
 
 def answer(q: Question, settings: Sequence[SettingRuns], ctx: Context) -> str:
-    """One computed line for question `q`: the intervals over seeds, Welch's test deciding."""
+    """One computed item for question `q`, one claim per sentence: the question, the intervals over
+    seeds, then what Welch's test decides."""
     m = METRICS[q.metric]
-    by = {s.label: s for s in settings}
+    by, names = {s.label: s for s in settings}, _names(settings)
+    name = lambda key: names.get(key) or label_of_key(key)  # noqa: E731
     full = {}
     for s in settings:
         iv, have, ran = cell_interval(s, q.metric, ctx)
@@ -49,28 +82,29 @@ def answer(q: Question, settings: Sequence[SettingRuns], ctx: Context) -> str:
             full[s.label] = iv
     if not q.b:
         if not full:
-            return f"{_lead(q.text)} not answerable yet: no setting has {m.header} in every seed."
+            return f"{_lead(q.text)} Not answerable yet: no setting has {m.header} in every seed."
         pick = max if m.higher_is_better else min
         best = pick(full, key=lambda k: full[k].mean)
         p = {k: welch_p(full[best], full[k]) for k in full if k != best}
         ties = [k for k, v in p.items() if v is None or v >= ALPHA]
         if ties:
-            tail = "not distinguishable at this scale from " + ", ".join(
-                f"{k} ({'one seed' if p[k] is None else 'Welch ' + p_text(p[k])})" for k in ties)
+            tail = f"It is not distinguishable at this scale from {_ties(ties, p, names)}."
         elif p:
             worst = max(p.values())
-            tail = (f"better than every other setting (Welch's t-test against each: "
-                    f"{p_text(worst) if worst < 0.001 else f'largest {p_text(worst)} < {ALPHA:g}'})")
+            tail = (f"It is better than every other setting (Welch's t-test against each: "
+                    f"{p_text(worst) if worst < 0.001 else f'largest {p_text(worst)} < {ALPHA:g}'}).")
         else:
-            tail = "the only setting with every seed"
-        return f"{_lead(q.text)} {best}, {m.header} {full[best].text()}; {tail}."
+            tail = "It is the only setting with every seed."
+        return f"{_lead(q.text)} {name(best)}: {full[best].text()} ({m.header}). {tail}"
     missing = [x for x in (q.a, q.b) if x not in full]
     if missing:
         why = "not run yet" if any(x not in by for x in missing) else \
             f"no {m.header} in every seed (failed, or target not reached)"
-        return f"{_lead(q.text)} not answerable: {', '.join(missing)}: {why}."
+        return f"{_lead(q.text)} Not answerable: {' and '.join(name(x) for x in missing)}: {why}."
     a, b = full[q.a], full[q.b]
-    return f"{_lead(q.text)} {q.a} {a.text()} vs {q.b} {b.text()} ({m.header}): {compare_in_words(q.a, a, q.b, b, m.higher_is_better)}."
+    said = compare_in_words(name(q.a), a, name(q.b), b, m.higher_is_better)
+    return (f"{_lead(q.text)} {name(q.a)}: {a.text()}; {name(q.b)}: {b.text()} ({m.header}). "
+            f"{said[:1].upper() + said[1:] if said.startswith(NO_DIFFERENCE) else said}.")
 
 
 def _setup(t: Table, specs: Sequence[experiments.RunSpec], seeds: int) -> str:
@@ -88,11 +122,12 @@ def _setup(t: Table, specs: Sequence[experiments.RunSpec], seeds: int) -> str:
 
 def _table_lines(t: Table, settings: Sequence[SettingRuns], ctx: Context) -> list[str]:
     heads = [METRICS[m].header for m in t.metrics]
-    lines = ["| setting | seeds | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
+    lines = ["| setting | runs in | seeds | " + " | ".join(heads) + " |", "|---|---|---|" + "---|" * len(heads)]
+    names = _names(settings)
     for s in settings:
         cells = ["– (no target yet)" if ctx.target is None and m.endswith("target") else
                  _cell_text(*cell_interval(s, m, ctx), m) for m in t.metrics]
-        lines.append(f"| {s.label} | {len(s.ok_runs)}/{len(s.runs)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {names[s.label]} | `{s.label}` | {len(s.ok_runs)}/{len(s.runs)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -114,21 +149,26 @@ def profile_lines(settings: Sequence[SettingRuns]) -> list[str]:
              "|---|" + "---|" * (len(heads) + 3)]
     resid = []
     for s in settings:
-        runs = [(r, e) for r in s.ok_runs if (e := _epochs(r))]
-
-        def per_epoch(get: Callable[[Run], float | None]) -> Interval | None:
-            return interval([v / e for r, e in runs if (v := get(r)) is not None])
-
-        cats = [_cell_text(per_epoch(lambda r, c=c: number(r.profile.get("categories_s", {}).get(c))),
-                           len(runs), len(runs), c) for c in PROFILE_CATEGORIES]
-        total = per_epoch(lambda r: number(r.profile.get("sum_s")))
-        wall = per_epoch(lambda r: number(r.profile.get("wall_clock_s")))
-        resid += [abs(v) for r, _ in runs if (v := number(r.profile.get("residual_pct"))) is not None]
-        lines.append(f"| {s.label} | " + " | ".join(cats) + f" | {_cell_text(total, 1, 1, '')} | "
-                     f"{_cell_text(wall, 1, 1, '')} | {PAPER_EPOCH.get(s.label, '')} |")
+        n = sum(1 for r in s.ok_runs if _epochs(r))
+        cells = [_cell_text(_per_epoch(s, c), n, n, c) for c in (*PROFILE_CATEGORIES, "sum", "wall")]
+        resid += [abs(v) for r in s.ok_runs if _epochs(r) and (v := number(r.profile.get("residual_pct"))) is not None]
+        lines.append(f"| {_names(settings)[s.label]} | " + " | ".join(cells) + f" | {PAPER_EPOCH.get(s.label, '')} |")
     lines += ["", f"Computed: the categories add up to the wall clock within {max(resid):.2f}% in every run "
               f"({len(resid)} runs)." if resid else "Computed: no profiled run yet."]
     return lines
+
+
+def _per_epoch(s: SettingRuns, category: str) -> Interval | None:
+    """A profiler category's seconds per epoch over the setting's runs ("sum": all of them, "wall": the
+    wall clock)."""
+    runs = [(r, e) for r in s.ok_runs if (e := _epochs(r))]
+    whole = {"sum": "sum_s", "wall": "wall_clock_s"}
+
+    def get(r: Run) -> float | None:
+        if category in whole:
+            return number(r.profile.get(whole[category]))
+        return number(r.profile.get("categories_s", {}).get(category))
+    return interval([v / e for r, e in runs if (v := get(r)) is not None])
 
 
 def lam_lines(settings: Sequence[SettingRuns]) -> list[str]:
@@ -138,7 +178,7 @@ def lam_lines(settings: Sequence[SettingRuns]) -> list[str]:
     for s in taylor:
         iv, have, ran = cell_interval(s, "lam_term_rel", Context())
         if iv is not None:
-            out.append(f"- {s.label}: ‖λ·g⊙g⊙D‖ / ‖g‖ = {iv.text(3)} (mean over its merges, {have}/{ran} seeds): "
+            out.append(f"- {_names(settings)[s.label]}: ‖λ·g⊙g⊙D‖ / ‖g‖ = {iv.text(3)} (mean over its merges, {have}/{ran} seeds): "
                        f"the λ term is {'negligible (< 1%)' if iv.high < 0.01 else 'not negligible'} next to the "
                        f"change rate it corrects.")
     if not out:
@@ -159,14 +199,29 @@ def sequence_lines(settings: Sequence[SettingRuns], show: int = 16) -> list[str]
             continue
         seq = [int(e["fragment"]) for e in sync_events(runs[0]) if "fragment" in e]
         counts = [seq.count(p) for p in sorted(set(seq))]
-        out.append(f"- {s.label} (seed {runs[0].seed}): `{' '.join(map(str, seq[:show]))}`"
+        out.append(f"- {_names(settings)[s.label]} (seed {runs[0].seed}): `{' '.join(map(str, seq[:show]))}`"
                    f"{' ...' if len(seq) > show else ''}; syncs per fragment {counts}, longest run of one "
                    f"fragment {longest_repeat(seq)}")
     return out or ["- no run yet."]
 
 
+def _figure(t: Table, settings: Sequence[SettingRuns], ctx: Context, path: Path) -> Path:
+    """The table's figure: each column's mean and 95 % interval per setting (`analysis.interval_plot`);
+    the profile table's, each category's seconds per epoch."""
+    from ..analysis.interval_plot import interval_figure
+    names = _names(settings)
+    labels = [names[s.label] for s in settings]
+    if t.extra == "profile":
+        panels = [(f"{c.replace('_', ' ')} (s per epoch)", [_per_epoch(s, c) for s in settings])
+                  for c in ("compute", "exposed_comm", "wall")]
+    else:
+        panels = [(METRICS[m].header, [cell_interval(s, m, ctx)[0] for s in settings]) for m in t.metrics]
+    return interval_figure(path, t.name, labels, panels)
+
+
 def table_section(t: Table, root: Path, seeds: int, specs: Sequence[experiments.RunSpec],
-                  target_loss: float | None) -> list[str]:
+                  target_loss: float | None, figures: Path | None = None) -> list[str]:
+    """The table's section; with `figures` (a directory beside the page), its figure there too."""
     settings = load(root, t.reads or t.name)
     if t.reads:
         wanted = {label(c["strategy"], **{k: v for k, v in c.items() if k != "strategy"}) for c in t.cells}
@@ -177,8 +232,12 @@ def table_section(t: Table, root: Path, seeds: int, specs: Sequence[experiments.
     if eq := equivalent_compare(t, root, seeds):
         lines += [f"The same runs as `{eq}`.", ""]
     lines += [_setup(t, specs, seeds), ""]
+    if common := common_setting(settings):
+        one = {s.strategy for s in settings}
+        words = setting_words(one.pop() if len(one) == 1 else "", common)
+        lines += [f"Every setting below has {', '.join(words)}.", ""]
     if t.kind == "lm":
-        lines += [(f"Target: validation loss ≤ {target_loss:.4f} (perplexity {math.exp(target_loss):.2f}), the "
+        lines += [(f"Target: validation loss ≤ {target_loss:.4f} (perplexity {math.exp(target_loss):.2f}). It is the "
                    f"highest final validation loss among {source}, so every one of them reaches it."
                    if target_loss is not None else f"Target: not set yet (it comes from {source or 'the runs'})."), ""]
     if "loss_at_equal_time" in t.metrics and ctx.equal_time_s is not None:
@@ -186,48 +245,53 @@ def table_section(t: Table, root: Path, seeds: int, specs: Sequence[experiments.
                   f"of training, when the fastest setting's last evaluation happened (mean over its seeds).", ""]
     if not settings:
         lines += ["Not run yet: the command above runs it.", ""]
-    elif t.extra == "profile":
-        lines += profile_lines(settings) + [""]
     else:
-        lines += _table_lines(t, settings, ctx) + [""]
+        lines += (profile_lines(settings) if t.extra == "profile" else _table_lines(t, settings, ctx)) + [""]
+        if figures is not None and any(s.ok_runs for s in settings):
+            fig = _figure(t, settings, ctx, figures / f"{t.name}.png")
+            lines += [f"![{t.name}: mean and 95 % interval per setting]({figures.name}/{fig.name})", ""]
     if t.extra == "lam":
         lines += lam_lines(settings) + [""]
     if t.extra == "sequence":
         lines += ["Fragment sequences (the order in which fragments were merged):", ""] + \
             sequence_lines(settings) + [""]
-    shows = [answer(q, settings, ctx) for q in t.questions] if settings else []
     paper = t.paper or ("2607.21224" if t.kind == "vision" else "2504.17672")
-    lines += [f"**The paper** (arXiv:{paper}) claims: {t.claim} "
-              f"**The review** objects: {t.objection} "
-              f"**This run shows** ({n_ok} finished runs): " + (" ".join(shows) if shows else
-                                                                 ("see the table above." if settings else "nothing yet."))
-              + f" **It cannot show**: {t.cannot}.", ""]
+    lines += [f"**The paper** (arXiv:{paper}) claims: {t.claim}", "", f"**The review** objects: {t.objection}", "",
+              f"**This run shows** ({n_ok} finished runs):", ""]
+    if settings:
+        lines += [f"- {answer(q, settings, ctx)}" for q in t.questions] or ["- See the table above."]
+    else:
+        lines += ["- Nothing yet."]
+    lines += ["", f"**It cannot show**: {t.cannot.rstrip('.')}.", ""]
     return lines
 
 
 SHRUNK = (
-    "What was shrunk, so that the whole page trains in about 90 minutes on 2 idle cores: CPDP runs a small "
-    "CNN on Fashion-MNIST (not ResNet-50 on CIFAR-100) with 4 workers (not 8) for one epoch (not 100), "
-    f"{CPDP_EPOCH} steps of per-worker batch 64 (global 256; the LR protocol at global 1024: "
-    f"{CPDP_EPOCH_1024} steps), under the emulated `two-site` link (16.6 ms RTT as in the paper); the LR "
-    "protocol table keeps DDP and CPDP only. CoCoDC runs the tiny LM (1.8M parameters, bytes of "
-    f"Shakespeare; not 150M on C4) with 4 workers for {LM_STEPS} steps (not 15k) at H = {LM_H} (not 100: "
-    "the largest H with 8 periods in the budget), τ = 5, P = 4, λ = 0.5, and N = 8 fragment syncs per H "
-    "fixed from the first step (the paper's N; γ = 0.4's rule reaches the same 8 here, but only after "
-    "the first period), under the emulated `cross-region` link (the paper simulates the delay in steps). "
-    "SparseLoCo and DeMo run the demo's workload (the tiny LM, 2 workers, 300 steps of per-worker batch 8, "
-    "each strategy at its demo settings), under `cross-region` and under `cross-continent`, each table with "
-    "a target of its own. "
-    "3 seeds per cell throughout; mean ± the 95% t-interval over seeds; two settings differ only when "
-    f"Welch's two-sided t-test rejects equal means at α = {ALPHA:g} (its p-value beside each verdict, with "
-    "whether the intervals overlap, which is shown but does not decide), otherwise the verdict is "
-    "\"no difference at this scale\"."
+    "What was shrunk, so that the whole page trains in about 90 minutes on 2 idle cores:",
+    "",
+    f"- CPDP runs a small CNN on Fashion-MNIST (not ResNet-50 on CIFAR-100) with 4 workers (not 8) for one "
+    f"epoch (not 100): {CPDP_EPOCH} steps of per-worker batch 64, global 256. The LR protocol runs at global "
+    f"1024 ({CPDP_EPOCH_1024} steps) and keeps DDP and CPDP only. The link is the emulated `two-site` one "
+    "(16.6 ms RTT, as in the paper).",
+    f"- CoCoDC runs the tiny LM (1.8M parameters, bytes of Shakespeare; not 150M on C4) with 4 workers for "
+    f"{LM_STEPS} steps (not 15k). H = {LM_H} (not 100: the largest H with 8 periods in the budget), τ = 5, "
+    "P = 4, λ = 0.5, and N = 8 fragment syncs per H from the first step (the paper's N). γ = 0.4's rule "
+    "reaches the same 8 here, but only after the first period. The link is the emulated `cross-region` one "
+    "(the paper simulates the delay in steps).",
+    "- SparseLoCo and DeMo run the demo's workload: the tiny LM, 2 workers, 300 steps of per-worker batch 8, "
+    "each strategy at its demo settings. They run under `cross-region` and under `cross-continent`, each "
+    "table with a target of its own.",
+    "- Every cell has 3 seeds. A figure is the mean ± the 95% t-interval over seeds. Two settings differ only "
+    f"when Welch's two-sided t-test rejects equal means at α = {ALPHA:g}; otherwise the verdict is \"no "
+    "difference at this scale\". The p-value stands beside each verdict, with whether the intervals overlap "
+    "(shown, but it does not decide).",
 )
 
 
 def document(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: int | None = None,
-             old: str = "") -> str:
-    """The generated part of docs/results.md (between BEGIN and END). A table with no runs under `root`
+             old: str = "", figures: Path | None = None) -> str:
+    """The generated part of docs/results.md (between BEGIN and END), each table's figure drawn into
+    `figures` (a directory beside the page; None: no figures). A table with no runs under `root`
     keeps its section of the `old` page as it was (runs trained elsewhere, or earlier)."""
     planned = table_runs(tables, root, seeds, steps)
     n_runs = sum(len(s) for _, s, _ in planned)
@@ -235,17 +299,24 @@ def document(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: int
     est = sum(run_cost(s, t.kind) for t, specs, shared in planned for s, d in zip(specs, shared) if not d)
     target = lm_target(root)
     kept = old_sections(old)
+    if figures is not None:
+        figures.mkdir(exist_ok=True)
     lines = [BEGIN, "", "## Reproduced claims, with seeds and intervals", "",
              f"Generated {datetime.date.today().isoformat()} from `{root}`: {n_done} of {n_runs} runs finished "
-             f"(estimated {est / 60:.0f} min for all on 2 idle cores); a table with no runs there keeps the "
-             f"section it had.", "", SHRUNK, ""]
+             f"(estimated {est / 60:.0f} min for all on 2 idle cores). A table with no runs there keeps the "
+             f"section it had.", "", *SHRUNK, ""]
     for t, specs, _ in planned:
         reads = next((s for u, s, _ in planned if u.name == t.reads), specs)
         if not load(root, t.reads or t.name) and t.name in kept:
             lines += kept[t.name]
             continue
-        lines += table_section(t, root, seeds, reads, target)
+        lines += table_section(t, root, seeds, reads, target, figures)
     return "\n".join(lines + [END]) + "\n"
+
+
+def figures_dir(page: Path) -> Path:
+    """Where the page's figures go: `<page stem>_figures/` beside it (docs/results_figures/)."""
+    return page.parent / f"{page.stem}_figures"
 
 
 def old_sections(page: str) -> dict[str, list[str]]:
@@ -290,6 +361,10 @@ def check_page(path: Path) -> str:
                           f"root, or pass --doc PATH)")
     if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
         raise ConfigError(f"--doc {path} is {'a link' if path.is_symlink() else path_kind(path)}, not a regular file")
+    figures = figures_dir(path)
+    if os.path.lexists(figures) and (figures.is_symlink() or not figures.is_dir()):
+        raise ConfigError(f"cannot draw the page's figures into {figures}: it is "
+                          f"{'a link' if figures.is_symlink() else path_kind(figures)}, not a directory; move it away")
     if not os.access(path if path.exists() else path.parent, os.W_OK):
         raise ConfigError(f"cannot write {path}: permission denied or a read-only file system")
     try:

@@ -35,6 +35,11 @@ SETTINGS = MappingProxyType({
     "demo": {},
 })
 STEPS = 300
+# How far seeds alone move one run's validation loss at equal wall clock on this workload: the pooled
+# standard deviation over the 3 seeds of each of the 7 cells of the results page's sparse-demo table
+# (docs/results.md, 2026-12-04; tests/test_demo_verdict.py recomputes it from the page). The demo runs
+# one seed each, so its verdict calls leaders closer than this allows too close to call.
+SPREAD = MappingProxyType({"sd": 0.0334, "source": "seeds measured on the results page's sparse-demo table"})
 
 
 def demo_values(steps: int = STEPS) -> dict:
@@ -61,4 +66,5 @@ def run_demo(out: str, steps: int, force: bool) -> int:
     print(f"demo: {', '.join(strategies)} on the tiny LM (Shakespeare), {WORKERS} workers, link {WAN} "
           f"(100 ms RTT, 1 Gbit/s), {steps} steps; runs in {out}")
     specs = experiments.grid_runs(base, strategies, 1, None, Path(out), cells=demo_cells(strategies))
-    return experiments.run_and_report(specs, Path(out), force, 1, None, None, target_rule="common")
+    return experiments.run_and_report(specs, Path(out), force, 1, None, None, target_rule="common",
+                                      extra={"spread": dict(SPREAD)})

@@ -395,9 +395,11 @@ def check_and_list(specs: Sequence[RunSpec], preset: Preset | None, out: Path | 
 
 
 def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: int, target_loss: float | None,
-                   target_acc: float | None, target_rule: str = "ddp", torchrun: TorchrunEnv | None = None) -> int:
+                   target_acc: float | None, target_rule: str = "ddp", torchrun: TorchrunEnv | None = None,
+                   extra: dict[str, Any] | None = None) -> int:
     """Write the grid (experiment.json), run what is not finished, write the report and print its table.
-    `target_rule`: the default target when none is given (report.default_target).
+    `target_rule`: the default target when none is given (report.default_target); `extra`: more for
+    experiment.json (the demo's recorded spread of seeds, `analysis.verdict.recorded_spread`).
     Raises (after the report) when a run failed. Under torchrun the ranks train every run together and
     rank 0 alone holds the directory and writes the experiment's files, as it does a run's."""
     if torchrun is not None and torchrun.rank != 0:        # rank 0 checks the directory it writes
@@ -408,7 +410,8 @@ def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: i
         return 0
     check_experiment(specs, out, force, local=torchrun is None)
     with RunLock(run.make_run_dir(out, "experiment directory"), "run an experiment in"):
-        write_experiment(out, specs, {"target_loss": target_loss, "target_acc": target_acc, "target_rule": target_rule})
+        write_experiment(out, specs, {"target_loss": target_loss, "target_acc": target_acc, "target_rule": target_rule,
+                                      **(extra or {})})
         t0 = time.monotonic()
         outcomes = execute(specs, force=force, parallel=parallel, torchrun=torchrun)
         rep = report(out, target_loss=target_loss, target_acc=target_acc, record_targets=True, target_rule=target_rule,
