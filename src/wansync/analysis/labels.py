@@ -6,6 +6,7 @@ safe on disk); prose and figures use the label. A key this module does not know 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -100,3 +101,9 @@ def label_of_key(key: str) -> str:
     strategy, *pairs = key.split("__")
     setting = {k: v for k, _, v in (p.partition("=") for p in pairs)}
     return human_label(strategy, setting)
+
+
+def distinct(names: Mapping[str, str]) -> dict[str, str]:
+    """Labels by key, where two keys would share a label (a setting not recorded) each keeps its key."""
+    seen = Counter(names.values())
+    return {k: v if seen[v] == 1 else k for k, v in names.items()}

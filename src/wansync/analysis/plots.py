@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .labels import distinct, human_label  # noqa: E402
 from .runs import CATEGORIES, Quality, SettingRuns, number  # noqa: E402
 from ..rundir.layout import PLOTS, QUALITY_PLOTS  # noqa: E402
 from ..units import human_bytes  # noqa: E402
@@ -27,6 +28,11 @@ CATEGORY_NAMES = MappingProxyType({"compute": "compute", "exposed_comm": "expose
 def _colors(settings: Sequence[SettingRuns]) -> dict[str, Any]:
     cmap = plt.get_cmap("tab10" if len(settings) <= 10 else "tab20")
     return {s.label: cmap(i % cmap.N) for i, s in enumerate(settings)}
+
+
+def _names(settings: Sequence[SettingRuns]) -> dict[str, str]:
+    """What a legend or an axis calls each setting: its label in words (`labels.py`)."""
+    return distinct({s.label: human_label(s.strategy, s.setting) for s in settings})
 
 
 def _ylabel(q: Quality) -> str:
@@ -72,7 +78,7 @@ def _target_line(ax: Any, q: Quality, target: float | None) -> None:
 def quality_vs(settings: Sequence[SettingRuns], q: Quality, target: float | None, path: Path, x: str) -> Path:
     """x = 'step' or 'time': mean curve per setting, band = min..max over seeds; vs step, ticks on the
     x axis mark a fault-tolerant run's exchanges that had a worker missing (summary `short_exchanges`)."""
-    colors = _colors(settings)
+    colors, names = _colors(settings), _names(settings)
     fig, ax = plt.subplots(figsize=(10, 5))
     for i, s in enumerate(settings):
         steps, times, mean, lo, hi = _curves(s, q)
@@ -81,13 +87,13 @@ def quality_vs(settings: Sequence[SettingRuns], q: Quality, target: float | None
         xs = steps if x == "step" else times
         n = len(s.ok_runs)
         ax.plot(xs, mean, marker=MARKERS[i % len(MARKERS)], markersize=4, color=colors[s.label],
-                label=f"{s.label}" + (f" (mean of {n} seeds)" if n > 1 else ""))
+                label=names[s.label] + (f" (mean of {n} seeds)" if n > 1 else ""))
         if n > 1:
             ax.fill_between(xs, lo, hi, color=colors[s.label], alpha=0.15)
         short = sorted({t for r in s.ok_runs for t in r.summary.get("short_exchanges") or []})
         if x == "step" and short:      # fault-tolerant runs: a tick on the axis where a worker was missing
             ax.plot(short, [0.0] * len(short), transform=ax.get_xaxis_transform(), linestyle="none", marker="|",
-                    markersize=14, color=colors[s.label], label=f"{s.label}: exchange with a worker missing")
+                    markersize=14, color=colors[s.label], label=f"{names[s.label]}: exchange with a worker missing")
     _target_line(ax, q, target)
     what = "Validation loss" if q.kind == "lm" else "Test accuracy"
     if x == "step":
@@ -121,7 +127,7 @@ def pareto_front(points: Sequence[tuple[float, float]], higher_is_better: bool) 
 
 def pareto(settings: Sequence[SettingRuns], q: Quality, path: Path) -> Path:
     """Final quality vs wall clock: a point per run (faint), the mean per setting, the front highlighted."""
-    colors = _colors(settings)
+    colors, names = _colors(settings), _names(settings)
     use_ppl = q.kind == "lm"
     key = "final_val_ppl" if use_ppl else q.final_key
     fig, ax = plt.subplots(figsize=(10, 5))
@@ -137,9 +143,9 @@ def pareto(settings: Sequence[SettingRuns], q: Quality, path: Path) -> Path:
         if len(pts) > 1:
             ax.scatter(ws, vs, color=colors[s.label], alpha=0.35, s=18)
         ax.scatter([mw], [mv], color=colors[s.label], s=60, zorder=3, edgecolor="black", linewidth=0.5,
-                   label=s.label + (f" (mean of {len(pts)} seeds; faint: each seed)" if len(pts) > 1 else ""))
+                   label=names[s.label] + (f" (mean of {len(pts)} seeds; faint: each seed)" if len(pts) > 1 else ""))
         means.append((mw, mv))
-        labels.append(s.label)
+        labels.append(names[s.label])
     front = pareto_front(means, q.higher_is_better)
     if front:
         fx = [means[i][0] for i in front]
@@ -163,6 +169,7 @@ def _xticks(ax: Any, labels: Sequence[str]) -> None:
 def time_breakdown(settings: Sequence[SettingRuns], path: Path) -> Path:
     """Stacked bars: mean seconds per profiler category, per setting."""
     shown = [s for s in settings if any(r.profile for r in s.ok_runs)]
+    names = _names(settings)
     fig, ax = plt.subplots(figsize=(max(9, 1.1 * len(shown) + 6), 5.5))
     bottoms = [0.0] * len(shown)
     for cat in CATEGORIES:
@@ -180,7 +187,7 @@ def time_breakdown(settings: Sequence[SettingRuns], path: Path) -> Path:
               max(1e-9, number(r.profile.get("wall_clock_s")) or 1e-9) for r in s.ok_runs if r.profile]
         if ex:
             ax.text(i, bottoms[i], f"{100 * sum(ex) / len(ex):.1f}% exposed", ha="center", va="bottom", fontsize=8)
-    _xticks(ax, [s.label for s in shown])
+    _xticks(ax, [names[s.label] for s in shown])
     ax.set_ylim(0, max(bottoms, default=1) * 1.12 or 1)
     ax.set_xlabel("setting")
     ax.set_ylabel("time (s, mean over seeds)")
@@ -195,7 +202,7 @@ def use_log_scale(values: Sequence[float], spread: float = 100.0) -> bool:
 
 def bytes_per_setting(settings: Sequence[SettingRuns], path: Path) -> Path:
     """Mean bytes sent per worker; log scale when the values span more than 100x."""
-    colors = _colors(settings)
+    colors, names = _colors(settings), _names(settings)
     shown, vals = [], []
     for s in settings:
         xs = [b for r in s.ok_runs if (b := number(r.summary.get("bytes_sent"))) is not None]
@@ -207,7 +214,7 @@ def bytes_per_setting(settings: Sequence[SettingRuns], path: Path) -> Path:
     scaled = [v / scale for v in vals]
     fig, ax = plt.subplots(figsize=(max(9, 1.1 * len(shown) + 6), 5.5))
     for i, (s, v) in enumerate(zip(shown, scaled)):
-        ax.bar([i], [v], color=colors[s.label], label=s.label, width=0.6)
+        ax.bar([i], [v], color=colors[s.label], label=names[s.label], width=0.6)
         ax.text(i, v, human_bytes(vals[i]), ha="center", va="bottom", fontsize=8)
     log = use_log_scale(scaled)
     positive = [v for v in scaled if v > 0]
@@ -216,7 +223,7 @@ def bytes_per_setting(settings: Sequence[SettingRuns], path: Path) -> Path:
         ax.set_ylim(min(positive) / 2, max(positive) * 4)
     else:
         ax.set_ylim(0, max(scaled, default=1) * 1.15 or 1)
-    _xticks(ax, [s.label for s in shown])
+    _xticks(ax, [names[s.label] for s in shown])
     ax.set_xlabel("setting")
     ax.set_ylabel(f"bytes sent per worker ({unit}{', log scale' if log else ''})")
     ax.set_title("Communication volume per setting (payload of collectives, mean over seeds)")
@@ -239,7 +246,7 @@ def exposed_share(steps: Sequence[dict[str, Any]], window: int) -> tuple[list[fl
 def exposed_over_time(settings: Sequence[SettingRuns], path: Path) -> Path:
     """Exposed communication's share of the wall clock over the run, one line per run (a link that
     changes, a straggler: where and when the time went); a rolling window of about 1/40 of the run."""
-    colors = _colors(settings)
+    colors, names = _colors(settings), _names(settings)
     fig, ax = plt.subplots(figsize=(10, 5))
     for s in settings:
         for k, run in enumerate(s.ok_runs):
@@ -247,7 +254,7 @@ def exposed_over_time(settings: Sequence[SettingRuns], path: Path) -> Path:
             xs, ys = exposed_share(steps, max(1, len(steps) // 40))
             if xs:
                 ax.plot(xs, ys, color=colors[s.label], alpha=0.9 if k == 0 else 0.4, linewidth=1.2,
-                        label=s.label if k == 0 else None)
+                        label=names[s.label] if k == 0 else None)
     ax.set_ylim(0, 100)
     ax.set_xlabel("wall clock since training started (s)")
     ax.set_ylabel("exposed communication (% of the wall clock, rolling)")
@@ -281,13 +288,13 @@ def adapt_over_time(settings: Sequence[SettingRuns], path: Path) -> Path | None:
     runs = [(s, r) for s in settings for r in s.ok_runs if r.decisions()]
     if not runs:
         return None
-    colors = _colors(settings)
+    colors, names = _colors(settings), _names(settings)
     fig, axes = plt.subplots(4, 1, figsize=(10, 10), sharex=True)
     exposed, bw, h, comp = axes
     for s, run in runs:
         steps, color = run.steps(), colors[s.label]
         xs, ys = exposed_share(steps, max(1, len(steps) // 40))
-        exposed.plot(xs, ys, color=color, linewidth=1.2, label=s.label)
+        exposed.plot(xs, ys, color=color, linewidth=1.2, label=names[s.label])
         pts = [(r["time"], r["link_bw_bps"] / 1e6) for r in steps if number(r.get("link_bw_bps")) is not None]
         if pts:
             bw.plot(*zip(*pts), color=color, linewidth=1.2, marker=".", markersize=3)

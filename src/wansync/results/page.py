@@ -4,7 +4,6 @@ and the paragraph a reader needs."""
 from __future__ import annotations
 
 import datetime
-from collections import Counter
 import math
 import os
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Mapping, Sequence
 from ..errors import ConfigError, path_kind
 from ..runner import experiments
 from .. import presets
-from ..analysis.labels import human_label, label_of_key, setting_words
+from ..analysis.labels import distinct, human_label, label_of_key, setting_words
 from ..analysis.runs import Run, SettingRuns, number
 from ..analysis.stats import ALPHA, NO_DIFFERENCE, Interval, compare_in_words, interval, p_text, welch_p
 from .measures import METRICS, Context, cell_interval, lm_target, load, longest_repeat, sync_events, table_context
@@ -52,10 +51,8 @@ def _names(settings: Sequence[SettingRuns]) -> dict[str, str]:
     """Each setting's human label (`analysis.labels`) without what every setting shares, by its key;
     settings whose labels would be the same (a setting not recorded) keep their keys."""
     common = common_setting(settings)
-    names = {s.label: human_label(s.strategy, {k: v for k, v in s.setting.items() if k not in common})
-             for s in settings}
-    seen = Counter(names.values())
-    return {k: v if seen[v] == 1 else k for k, v in names.items()}
+    return distinct({s.label: human_label(s.strategy, {k: v for k, v in s.setting.items() if k not in common})
+                     for s in settings})
 
 
 def _ties(ties: Sequence[str], p: Mapping[str, float | None], names: Mapping[str, str]) -> str:
