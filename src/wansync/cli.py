@@ -222,6 +222,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     from .results import run_results
     from .runner.grid import split_values
     names = split_values(args.only, "--only") if args.only is not None else []
+    not_blank("a results root")("--out", args.out)          # Path("") is ".": the working directory
     return run_results(names, args.out, args.doc, args.seeds, args.steps, args.force, args.dry_run)
 
 
@@ -239,6 +240,17 @@ def check_plan_flags(args: argparse.Namespace) -> None:
             continue
         check(math.isfinite(value), f"--{key.replace('_', '-')} must be a finite number, got {value}")
         rule(f"--{key.replace('_', '-')}", value)
+    # one source of the step time and of the model's size: another would be ignored
+    sources = [f for f, given in (("--step-time", args.step_time is not None), ("--measure", args.measure),
+                                  ("--step-times", args.step_times is not None)) if given]
+    check(len(sources) <= 1, f"give one of --step-time, --measure and --step-times, not {' and '.join(sources)}")
+    rule_flags = [f for f, v in (("--tokens-per-step", args.tokens_per_step), ("--throughput", args.throughput))
+                  if v is not None]
+    if sources and rule_flags:
+        raise ConfigError(f"{' and '.join(rule_flags)} feed{'s' if len(rule_flags) == 1 else ''} the FLOPs rule, "
+                          f"which {sources[0]} replaces: drop {'it' if len(rule_flags) == 1 else 'them'}")
+    if args.params is not None and "model" in given_keys(args):
+        raise ConfigError("--params sizes the model, so --model would be ignored: give one of the two")
 
 
 PLAN_OWN_FLAGS = ("params", "step_time", "measure", "step_times", "tokens_per_step", "throughput", "gpu_memory",

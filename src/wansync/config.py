@@ -64,7 +64,8 @@ class GeneralKeys:
     checkpoint_every: int = _f(0, "run", "write a checkpoint every N steps (0 = only at the end)", at_least(0))
     on_nonfinite: str = _f("abort", "run", "what to do with a NaN/Inf loss, gradient or pseudo-gradient: abort|skip",
                            one_of(("abort", "skip")))
-    peer_timeout: float = _f(60.0, "run", "seconds before a silent peer is declared dead (1 to 86400)",
+    peer_timeout: float = _f(60.0, "run", "seconds before a silent peer is declared dead; a step's data or compute "
+                             "stuck twice as long ends the run (1 to 86400)",
                              in_range(1, 86400, high_included=True))
     fault_tolerant: bool = _f(False, "run", "keep training when a worker fails: quorum exchanges through torchft, "
                               f"a restarted worker heals from a live peer ({', '.join(ft_support.STRATEGIES)}; "

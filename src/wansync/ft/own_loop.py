@@ -20,6 +20,7 @@ CLI's: the new process runs the same script, rejoins and heals; no checkpoint is
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -75,15 +76,16 @@ class FaultTolerance:
             port = urlsplit(url).port
         except ValueError:
             port = None
-        check(bool(urlsplit(url).hostname) and port is not None,
+        check(bool(urlsplit(url).hostname) and port is not None and port >= 1,
               f"the lighthouse must be HOST:PORT, got {self.lighthouse!r}")
         self.lighthouse = url
         self.worker = _int(self.worker, env.get("RANK"), "worker", "$RANK")
         self.workers = _int(self.workers, env.get("WORLD_SIZE"), "workers", "$WORLD_SIZE")
         check(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
         check(0 <= self.worker < self.workers, f"worker must be in 0..{self.workers - 1}, got {self.worker}")
-        check(isinstance(self.peer_timeout, (int, float)) and self.peer_timeout > 0,
-              f"peer_timeout must be > 0 seconds, got {self.peer_timeout!r}")
+        check(isinstance(self.peer_timeout, (int, float)) and not isinstance(self.peer_timeout, bool)
+              and 0 < self.peer_timeout < math.inf,         # an infinite wait for a late worker is a hang
+              f"peer_timeout must be a finite number of seconds > 0, got {self.peer_timeout!r}")
         if self.restarted is None:
             self.restarted = env.get(RESTARTED_ENV) == "1" or int(env.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0
 
@@ -91,6 +93,8 @@ class FaultTolerance:
 def _int(given: Any, from_env: str | None, name: str, env_name: str) -> int:
     value = given if given is not None else from_env
     check(value is not None, f"FaultTolerance needs {name}= (or {env_name}, as torchrun sets it)")
+    if isinstance(value, (bool, float)):          # int() would take True as 1 and 2.5 as 2
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
     try:
         return int(value)
     except (TypeError, ValueError):

@@ -52,12 +52,12 @@ class Link:
     mtu: int = 1500
 
     def __post_init__(self) -> None:
-        if not self.rtt_s >= 0:
-            raise ConfigError(f"rtt must be >= 0, got {self.rtt_s!r} s")
+        if not 0 <= self.rtt_s < float("inf"):          # an infinite round trip would hold a collective for ever
+            raise ConfigError(f"rtt must be >= 0 and finite, got {self.rtt_s!r} s")
         if not self.bandwidth_bps > 0 or self.bandwidth_bps == float("inf"):
             raise ConfigError(f"bandwidth must be a positive finite rate, got {self.bandwidth_bps!r} bit/s")
-        if not self.jitter_s >= 0:
-            raise ConfigError(f"jitter must be >= 0, got {self.jitter_s!r} s")
+        if not 0 <= self.jitter_s < float("inf"):
+            raise ConfigError(f"jitter must be >= 0 and finite, got {self.jitter_s!r} s")
         if not isinstance(self.mtu, int) or not MIN_MTU <= self.mtu <= MAX_MTU:
             raise ConfigError(f"mtu must be an integer in [{MIN_MTU}, {MAX_MTU}] bytes, got {self.mtu!r}")
 

@@ -57,6 +57,7 @@ __all__ = ["SUFFIXES", "load", "parse"]
 
 SUFFIXES = (".toml", ".yaml", ".yml")
 MAX_BYTES = 1 << 20
+MAX_WORKERS = 4096               # config.MAX_PROCESSES: the processes of one run
 _TOP = ("name", "sites", "links", "worker", "compute", "schedules")
 _SITE = ("workers", "link", "ports", "speeds")
 _LINK = ("rtt", "bw", "jitter", "mtu")
@@ -99,7 +100,7 @@ def _yaml(text: str, source: str) -> dict[str, Any]:
         raise ConfigError(f"topology file {source}: reading YAML needs PyYAML (pip install pyyaml), "
                           f"or write the topology as TOML") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_keys_loader(yaml, source))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "?"
@@ -109,6 +110,28 @@ def _yaml(text: str, source: str) -> dict[str, Any]:
         raise ConfigError(f"topology file {source}: expected a mapping of keys (name, sites, links, ...) at the "
                           f"top, got {type(data).__name__}")
     return data
+
+
+def _unique_keys_loader(yaml: Any, source: str) -> Any:
+    """PyYAML's safe loader, but a key given twice in a mapping is refused (PyYAML keeps the last one
+    without a word; TOML refuses it too): two `[sites.a]` would silently become one site."""
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise ConfigError(f"topology file {source} does not parse: line {key_node.start_mark.line + 1}: "
+                                      f"key {key!r} given twice")
+                seen.add(key)
+            except TypeError:                   # an unhashable key: the loader's own error says so
+                break
+        return loader.construct_mapping(node, deep)
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return Loader
 
 
 class _Reader:
@@ -152,6 +175,8 @@ class _Reader:
         try:
             return fn(*args)
         except ConfigError as e:
+            if str(e).startswith(f"topology file {self.source}: "):     # already says where
+                raise
             raise self.fail(where, str(e)) from None
 
     # ---- the parts ---------------------------------------------------------------------------
@@ -193,6 +218,8 @@ class _Reader:
             raise self.fail(where, f"expected a whole number of workers, got {value!r}")
         if value < 1:
             raise self.fail(where, f"a site with no workers ({value}); every site needs at least one")
+        if value > MAX_WORKERS:
+            raise self.fail(where, f"{value} workers: a run has at most {MAX_WORKERS} processes")
         return value
 
     def speeds(self, value: Any, workers: int, where: str) -> list[float]:
@@ -284,8 +311,8 @@ class _Reader:
         if "step" not in spec:
             raise self.fail("[compute]", 'missing step (a full-speed worker\'s step time, e.g. step = "250ms")')
         step = self.convert("[compute] step", parse_time, self.string(spec["step"], "[compute] step"), "step")
-        if not step > 0:
-            raise self.fail("[compute] step", f"must be a positive time, got {spec['step']!r}")
+        if not 0 < step < math.inf:
+            raise self.fail("[compute] step", f"must be a positive finite time, got {spec['step']!r}")
         return step
 
     def schedule(self, value: Any, where: str, index: dict[str, int], sites: int) -> LinkSchedule:

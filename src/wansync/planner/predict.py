@@ -24,6 +24,9 @@ from .simulate import DDP_OVERLAP, StepTimes, Timeline, simulate, transfer_secon
 from .sizes import ModelSize
 
 STEPS = 1000
+# The simulation walks every step (tens of µs each): a setting whose warm-up and two periods are longer
+# would take minutes to hours (`plan --sync-every 100000000` never answered); it is refused instead.
+MAX_SIMULATED_STEPS = 300_000       # H up to 100,000
 H_CANDIDATES = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 250, 500, 1000, 2000, 5000)
 
 
@@ -113,6 +116,7 @@ def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Predi
     """The steady state (warm-up, then two periods measured), or, given `steps`, a whole run of that
     many steps (with `finish()` when asked) measured from step 1."""
     h = int(s.options.get("sync_every", 1))
+    check_simulated_steps(steps if steps is not None else max(int(s.options.get("switch_step", 0)), h) + 2 * h, s)
     first = warmup_steps(s) if steps is None else 0
     n = steps if steps is not None else first + 2 * h
     tr = run_trace(s, n, finish)
@@ -120,6 +124,14 @@ def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Predi
                   step_times=workers_times(s))
     return Prediction(s, tl, tr.syncs_per_period if "fragments" in s.options else None,
                       memory_bill(s, tl.held_in_flight), first)
+
+
+def check_simulated_steps(n: int, s: Setting) -> None:
+    """One line when the prediction would simulate more than MAX_SIMULATED_STEPS steps."""
+    if n > MAX_SIMULATED_STEPS:
+        knobs = ", ".join(f"{k} {s.options[k]}" for k in ("sync_every", "switch_step") if s.options.get(k))
+        raise ConfigError(f"the planner simulates each step of the warm-up and two periods: {n:,} steps here ({knobs}), "
+                          f"at most {MAX_SIMULATED_STEPS:,}; plan a shorter period")
 
 
 def workers_times(s: Setting) -> StepTimes | None:

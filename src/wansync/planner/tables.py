@@ -187,7 +187,9 @@ def plan_command(cfg: Any, *, params: float | None, step_s: float | None,
                   f"{ranks_per_worker} accelerator(s) at {flops / 1e12:g} TFLOP/s"
                   + ("" if given else f" ({cfg.precision}; --throughput to change it)"))
     options = resolve_options(cfg.strategy, vars(cfg))
-    s = setting(cfg.strategy, options, size, cfg.workers, parse_wan(cfg.wan), step_s,
+    topology = parse_wan(cfg.wan)
+    topology.check_workers(cfg.workers)                # `train` refuses more sites than workers: so does its plan
+    s = setting(cfg.strategy, options, size, cfg.workers, topology, step_s,
                 ranks_per_worker=ranks_per_worker, other_s=other_s, step_times=replay, inside=cfg.inside,
                 optimizer=cfg.optimizer, momentum=cfg.momentum)
     return describe(predict(s), source, target_pct, capacity)

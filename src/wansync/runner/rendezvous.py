@@ -7,7 +7,8 @@ guess holds: no node hosts the store (every agent times out), and node 0 tells t
 its workers at `localhost`. Here:
 
 - the store is hosted by the node that owns the endpoint's address (a socket can be bound to it),
-  unless `--rdzv-conf is_host=...` says otherwise;
+  unless `--rdzv-conf is_host=...` says otherwise; where several agents own it (two nodes on one
+  machine), the first to bind the endpoint's port hosts and the others join it as clients;
 - a node is advertised by the source address of its route to the endpoint (`runner.route`), unless
   `--local-addr` is given: an address the other nodes reach it at, whatever its name resolves to.
 
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import ipaddress
 import sys
+from datetime import timedelta
 from typing import Any, Callable
 
+from ..errors import first_line
 from .route import owns, route_to
 
 NAME = "wansync"
@@ -44,13 +47,47 @@ def create_handler(params: Any) -> Any:
         def name(self) -> str:
             return NAME
 
-    host, _ = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
-    if params.config.get("is_host") is None:
-        params.config["is_host"] = owns(host)
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
     if not params.local_addr:
         params.local_addr = advertised_address(host)
-    _, store = create_backend(params)
+    if params.get("store_type", "tcp").strip().lower() != "tcp":      # a file store: c10d's own
+        _, store = create_backend(params)
+    else:
+        store = rendezvous_store(host, port, params.get_as_bool("is_host"),
+                                 timedelta(seconds=params.get_as_int("read_timeout", 60) or 60))
     return c10d_handler(store, Backend(store, params.run_id), params)
+
+
+def rendezvous_store(host: str, port: int, is_host: bool | None, timeout: timedelta) -> Any:
+    """The TCP store the agents meet at, as c10d makes it (multi-tenant: torchrun's workers share it).
+    Hosted here when `is_host` says so or, unsaid, when this host owns the endpoint's address; then an
+    agent that finds the port taken joins as a client: on one machine every agent owns the address,
+    and one of them, the first to bind, hosts (c10d's own guess falls back the same way; a given
+    `is_host=1` does not)."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    def store(server: bool) -> Any:
+        return TCPStore(host, port, is_master=server, multi_tenant=True, timeout=timeout)
+
+    try:
+        if not (owns(host) if is_host is None else is_host):
+            return store(False)
+        try:
+            return store(True)
+        except RuntimeError as e:
+            if is_host is not None or not port_taken(e):
+                raise
+            return store(False)                  # another agent on this host hosts it
+    except (ValueError, RuntimeError, TimeoutError) as e:
+        raise RendezvousConnectionError(f"wansync rendezvous: cannot open the store at {host}:{port}: "
+                                        f"{first_line(e)}") from e
+
+
+def port_taken(exc: BaseException) -> bool:
+    """A store's failure to listen because the port is in use (by another agent, or anything else)."""
+    text = str(exc)
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
 
 
 def advertised_address(endpoint_host: str) -> str | None:

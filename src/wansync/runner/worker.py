@@ -2,6 +2,9 @@
 
 A worker turns any failure into one line: into logs/rank{R}.err for the launcher to print,
 or, under torchrun, raised for the CLI to print (once). The traceback, bounded, goes to logs/rank{R}.log.
+A step stuck on this rank, which no peer's timeout may end (every rank stuck at once), is the stall
+watchdog's (`trainer.stall`): the same one line, where the training thread is stuck in the log, and
+the process ends at once.
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import datetime
 import os
 import re
 import sys
+import threading
 import tomllib
 import traceback
 from pathlib import Path
@@ -23,6 +27,7 @@ from .interrupts import Terminated, become_launched_worker, exit_status
 from .torchrun import interface_hint
 from ..ft.member import LIFE_ENV
 from ..trainer.loop import Phase, train_worker
+from ..trainer.stall import Watchdog
 
 
 def init_distributed(cfg: Config) -> None:
@@ -92,19 +97,52 @@ def bounded_traceback(exc: BaseException) -> str:
     return text if len(text) <= MAX_TRACEBACK else "...\n" + text[-MAX_TRACEBACK:]
 
 
+def record_failure(log_dir: Path, rank: int, msg: str, detail: str) -> bool:
+    """The one line in logs/rank{R}.err, for the launcher to print, then `detail` (a traceback) in
+    logs/rank{R}.log, after the libraries' lines (ft.member); whether the one line was written. The
+    line first: on a full disk the traceback may not fit."""
+    try:
+        (log_dir / f"rank{rank}.err").write_text(msg + "\n")
+    except OSError:
+        return False
+    try:
+        with open(log_dir / f"rank{rank}.log", "a") as log:
+            log.write(detail)
+    except OSError:
+        pass
+    return True
+
+
+def stalled(line: str, rank: int, log_dir: Path, launched: bool) -> None:
+    """The stall watchdog's end of this process (`trainer.stall`): the one line as any failure's, with
+    where the training thread is stuck in the log, and an exit at once (that thread cannot be
+    interrupted; the launcher, or torchrun, ends the other ranks)."""
+    main = sys._current_frames().get(threading.main_thread().ident or 0)
+    stack = "".join(traceback.format_stack(main, limit=TRACEBACK_FRAMES)) if main is not None else ""
+    told_launcher = record_failure(log_dir, rank, line, f"{line}\nthe training thread, stuck:\n{stack}") and launched
+    if not told_launcher:                       # under torchrun every rank says its own
+        print(f"wansync: error: {line}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     rank = int(os.environ.get("RANK", 0))
     launched = os.environ.get("WANSYNC_LAUNCHED") == "1"
     log_dir = run_dir / "logs"
     phase = Phase()
+    watchdog = Watchdog(phase, cfg.peer_timeout, rank, lambda line: stalled(line, rank, log_dir, launched))
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         init_distributed(cfg)
         rank_world = (rank, int(os.environ.get("WORLD_SIZE", 1))) if cfg.fault_tolerant else \
             (dist.get_rank(), dist.get_world_size())
+        watchdog.start()
         train_worker(cfg, run_dir, *rank_world, resume=resume, phase=phase)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line
+        watchdog.stop()                         # this failure is the one to report
         if isinstance(exc, (KeyboardInterrupt, Terminated)):
             if not launched:
                 raise                           # under torchrun the CLI says it in one line
@@ -112,20 +150,14 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         msg = one_line(exc, rank, phase)
         if not launched and phase.now == "start-up" and PEER_LOST in msg:     # torchrun's nodes never met
             msg += interface_hint()
-        told_launcher = False
-        try:                                    # the one line first: on a full disk the traceback may not fit
-            (log_dir / f"rank{rank}.err").write_text(msg + "\n")
-            told_launcher = launched
-            with open(log_dir / f"rank{rank}.log", "a") as log:     # after the libraries' lines (ft.member)
-                log.write(bounded_traceback(exc))
-        except OSError:
-            pass
+        told_launcher = record_failure(log_dir, rank, msg, bounded_traceback(exc)) and launched
         if not launched:                        # under torchrun the CLI says it, once
             raise WansyncError(msg) from None
         if not told_launcher:
             print(f"wansync: error: {msg}", file=sys.stderr)
         return 1
     finally:
+        watchdog.stop()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()

@@ -38,7 +38,7 @@ from ..comm.ledger import INSIDE
 from ..net import emulator_of
 from ..rundir import jsonout
 from ..rundir.divergence import quality_fields
-from ..errors import ConfigError
+from ..errors import ConfigError, StorageError, path_kind
 from ..rundir.layout import LOGS_DIR, METRICS_FILE, PROFILE_FILE, TENSORBOARD_DIR, has_summary, write_summary
 from .commtime import CommTimer, ddp_modules
 from .memory import memory_per_rank
@@ -73,6 +73,10 @@ class Run:
                  chance: float | None = None, wan: str | None = None, unit: str = "items/s",
                  log_every: int = 10, quiet: bool = False, append: bool = False, rank: int | None = None,
                  world: int | None = None):
+        if out is not None and not str(out).strip():        # Path("") is ".": the working directory
+            raise ConfigError("Run: out= is empty; give a run directory, or out=None to write nothing")
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+            raise ConfigError(f"Run: log_every must be an integer >= 1, got {log_every!r}")
         self.sync, self.out = sync, Path(out) if out is not None else None
         self.info, self.chance, self.wan_spec, self.unit = dict(info or {}), chance, wan, unit
         self.rank = dist.get_rank() if rank is None else rank
@@ -88,8 +92,14 @@ class Run:
         if self.out is not None and not append and has_summary(self.out):
             raise ConfigError(f"Run: {self.out} already holds a finished run (its summary.json): pass append=True to "
                               f"continue it, or give another out= (a new run would truncate its metrics.jsonl)")
+        for what, where in (("out=", self.out), ("tensorboard=", tb_dir)):
+            if where is not None and where.exists() and not where.is_dir():
+                raise ConfigError(f"Run: {what} {where} is {path_kind(where)}, not a directory")
         if self.out is not None:
-            self.out.mkdir(parents=True, exist_ok=True)
+            try:
+                self.out.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StorageError(f"Run: cannot create {self.out}: {e.strerror or e}") from None
         self.profiler = Profiler()
         self.evals: list[dict[str, Any]] = []
         self.sync_events = 0

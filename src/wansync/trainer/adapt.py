@@ -45,7 +45,7 @@ from ..errors import ConfigError
 from ..net.estimate import on_link, wan_link
 from ..net.link import Link
 from ..net.topology import Topology
-from ..planner.predict import H_CANDIDATES, predict, setting
+from ..planner.predict import H_CANDIDATES, MAX_SIMULATED_STEPS, predict, setting
 from ..planner.sizes import of_module
 from ..telemetry.linkwatch import LinkWatch
 
@@ -118,6 +118,9 @@ def parse_adapt(text: str, strategy: str, options: dict[str, Any]) -> AdaptSpec 
     lo, hi = _range(fields.get("h", f"{h}..{4 * h}"), "h", int)
     if not 1 <= lo <= hi:
         raise ConfigError(f"--adapt h={fields.get('h')}: H needs 1 <= LOW <= HIGH")
+    if 3 * hi > MAX_SIMULATED_STEPS:                # the planner would simulate each candidate's periods for hours
+        raise ConfigError(f"--adapt h={fields.get('h', f'{lo}..{hi}')}: H up to {MAX_SIMULATED_STEPS // 3:,} (the "
+                          f"planner simulates a warm-up and two periods of each candidate), got {hi:,}")
     hs = tuple(sorted({lo, hi, *(c for c in H_CANDIDATES if lo < c < hi)}))
     ladder = _codec_ladder(fields, options) if knob == "codec" else _density_ladder(fields, options)
     if len(hs) * len(ladder) < 2:

@@ -51,8 +51,19 @@ def describe(facts: dict[str, Any]) -> str:
 
 @dataclass
 class Phase:
-    """What the worker is doing now, for its one-line failure message ("failed during step 12")."""
+    """What the worker is doing now, for its one-line failure message ("failed during step 12"), and
+    the part of a step the stall watchdog bounds (`trainer.stall`): `part` is (data or compute, the
+    step, when it began on time.monotonic(), whether it is this process's first step), None elsewhere."""
     now: str = "start-up"
+    part: tuple[str, int, float, bool] | None = None
+
+    def begin(self, part: str, step: int, first: bool = False) -> None:
+        """`part` of `step` begins now: one assignment, so the watchdog's thread reads it whole."""
+        self.part = (part, step, time.monotonic(), first)
+
+    def end(self) -> None:
+        """Out of the parts the watchdog bounds (the exchange, evaluation, checkpoints)."""
+        self.part = None
 
 
 class Trainer:
@@ -86,6 +97,7 @@ class Trainer:
         self.fault = Faults.from_env()
         self.slowdown = cfg.topology.slowdown(self.replicas.worker) if cfg.topology is not None else 1.0
         self.last_loss = math.nan                     # an idle step's record repeats the last computed loss
+        self.first_step = 0                           # the first step this process trains (`run`)
         self.member = None if quorum is None else Member(quorum, rank, self.replicas.workers, self.run_dir / "logs",
                                                          self.workload.model, self.optimizer, self.sync, self.fault,
                                                          skip_to=self.workload.skip_to)
@@ -124,8 +136,10 @@ class Trainer:
             self.phase.now = f"step {step + 1} (synchronization)"
             sync.step(idle=True)
             return self.run_files.log(self.last_loss, lr=lr, idle=True)
-        began = time.perf_counter()
+        began, first = time.perf_counter(), step == self.first_step
+        self.phase.begin("data", step + 1, first)
         batch = self.workload.next_batch()
+        self.phase.begin("compute", step + 1, first)
         with autocast(cfg.precision, self.replicas.shards, self.device_type):
             loss = self.workload.loss(sync.model, batch)
         loss.backward()
@@ -135,6 +149,7 @@ class Trainer:
         loss_value = self.last_loss = float(loss.detach())
         skip = self.nonfinite_guard(loss_value, self.grad_norm(), step + 1)
         self.phase.now = f"step {step + 1} (synchronization)"
+        self.phase.end()                              # the exchange: its collectives time out by themselves
         sync.step(skip_inner=skip)
         sync.zero_grad()
         return self.run_files.log(loss_value, self.workload.batch_size_items(batch), lr=lr, skipped=skip)
@@ -240,6 +255,7 @@ class Trainer:
         run.lap("other")
         if self.member is not None:
             self.member.join()                            # a restarted worker heals here
+        self.first_step = self.sync.t                     # its warm-up gets a longer bound (trainer.stall)
         while self.sync.t < cfg.steps:
             step = self.sync.t
             self.phase.now = f"step {step + 1}"

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..errors import ConfigError, WansyncError, first_line
+from ..errors import ConfigError, WansyncError, first_line, path_kind
 
 FACTORY_FORMS = "pkg.module:factory | path/to/file.py:factory"
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -56,7 +56,7 @@ def call_factory(factory: Callable[..., Any], arg: Any, text: str, flag: str) ->
         return factory(arg) if _takes_an_argument(factory) else factory()
     except WansyncError:
         raise
-    except Exception as e:                   # the user's code: any failure is reported, in one line
+    except (Exception, SystemExit) as e:     # the user's code: any failure (a sys.exit too) is reported, in one line
         raise ConfigError(f"{flag} {text}: the factory raised {type(e).__name__}: {first_line(e)}") from e
 
 
@@ -90,7 +90,7 @@ def _try_import(where: str, text: str, flag: str) -> ModuleType | None:
         if e.name is not None and (where == e.name or where.startswith(e.name + ".")):
             return None
         raise _failed(e, where, text, flag) from None       # a module the user's module imports is missing
-    except Exception as e:  # noqa: BLE001 - the user's module ran and failed
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's module ran and failed (or called sys.exit)
         raise _failed(e, where, text, flag) from None
 
 
@@ -100,8 +100,10 @@ def _failed(e: BaseException, where: str, text: str, flag: str) -> ConfigError:
 
 def _import_file(path: Path, text: str, flag: str) -> ModuleType:
     path = path.expanduser().resolve()
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{flag} {text}: no such file {path}")
+    if not path.is_file():                   # a directory named x.py, a FIFO (importing it would block)
+        raise ConfigError(f"{flag} {text}: {path} is {path_kind(path)}, not a Python file")
     name = f"_wansync_user_{re.sub(r'[^0-9A-Za-z_]', '_', str(path))}"     # one module per file
     if name in sys.modules:
         return sys.modules[name]
@@ -114,7 +116,7 @@ def _import_file(path: Path, text: str, flag: str) -> ModuleType:
         sys.path.append(str(path.parent))    # its sibling modules import, as when it runs as a script
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's file ran and failed
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's file ran and failed (a sys.exit: exit 0, untrained)
         del sys.modules[name]
         raise _failed(e, path.name, text, flag) from None
     return module
