@@ -20,7 +20,8 @@ SECONDS = {
     "test_own_loop_run.py": 16, "test_cli_train.py": 16, "test_lossy_mean.py": 15, "test_report.py": 12,
     "test_planner.py": 12, "test_lighthouse.py": 10, "test_slow_policies.py": 14, "test_link_schedules.py": 7,
     "test_bed_pairs.py": 5, "test_site_mean.py": 3, "test_hf_trainer.py": 22, "test_adapt.py": 30,
-    "test_checkpoint_durability.py": 12, "test_bad_input_round3.py": 18,
+    "test_checkpoint_durability.py": 12, "test_stall.py": 20, "test_rendezvous_one_host.py": 14,
+    "test_results_readable.py": 8, "test_demo_verdict.py": 6, "test_bad_input_round3.py": 18,
 }
 
 
