@@ -822,6 +822,19 @@ def both_ranks_refuse(tmp: Path) -> Any:
     raise seen[1]
 
 
+def plugin_content_differs(tmp: Path) -> Any:
+    """Both nodes name model.py:build, but rank 1's copy of the file is another version."""
+    from wansync.config import build_config, fingerprint
+    from wansync.runner.agreement import check_same, shared
+    from wansync.strategies import resolve_options
+    records = []
+    for body in ("def build(): ...\n", "def build(): return None\n"):
+        (tmp / "model.py").write_text(body)
+        cfg = build_config(overrides={"strategy": "diloco", "model": str(tmp / "model.py") + ":build"})
+        records.append({"config": shared(fingerprint(cfg, resolve_options("diloco", vars(cfg))), cfg), "start": 0})
+    return check_same(records[0], records[1], 1)
+
+
 def mkdirs(tmp: Path) -> Path:
     (tmp / "theirs").mkdir(exist_ok=True)
     return tmp
@@ -872,6 +885,7 @@ NODES_CALL = [
     Call("another --model plug-in", nodes("diloco", {"model": "mine.py:build"}, {"model": "mine.py:build2"}), "(model)"),
     Call("another --data plug-in", nodes("diloco", {"data": "mine.py:workload"}, {"data": "theirs.py:workload"}),
          "(data)"),
+    Call("the same --model file, another version of it", plugin_content_differs, "(model_file)"),
     Call("codec and error_feedback both (each named)", nodes("diloco", {}, {"codec": "int8", "error_feedback": True}),
          "(codec, error_feedback)"),
     Call("more than four keys (the line names them all, shows four)", nodes(

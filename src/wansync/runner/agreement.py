@@ -16,9 +16,11 @@ test bed's namespaces) would otherwise each take all of them, and ran 12 times s
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PeerError, first_line
@@ -44,9 +46,27 @@ class Agreement:
 
 
 def shared(fingerprint: dict[str, Any], cfg: Any) -> dict[str, Any]:
-    """What every rank of a launch must hold alike: the fingerprint (what it computes) and the schedule
-    of the collectives it meets the others in outside the strategy (`SCHEDULE_KEYS`)."""
-    return {**fingerprint, **{k: getattr(cfg, k) for k in SCHEDULE_KEYS}}
+    """What every rank of a launch must hold alike: the fingerprint (what it computes), the schedule
+    of the collectives it meets the others in outside the strategy (`SCHEDULE_KEYS`), and the content
+    of a `--model`/`--data` plug-in file (`plugin_digests`)."""
+    return {**fingerprint, **{k: getattr(cfg, k) for k in SCHEDULE_KEYS}, **plugin_digests(cfg)}
+
+
+def plugin_digests(cfg: Any) -> dict[str, str]:
+    """`model_file`/`data_file`: the SHA-256 of a `path/to/file.py:factory` plug-in, as this node reads
+    it. Two nodes naming the same path may hold different versions of the file (another machine's
+    copy), and would build two different models. Not part of the checkpoint's fingerprint: a resume
+    after the user edited the file is theirs to decide."""
+    out = {}
+    for flag in ("model", "data"):
+        value = getattr(cfg, flag, None)
+        where = value.rpartition(":")[0] if isinstance(value, str) else ""
+        if where.endswith(".py"):
+            try:
+                out[f"{flag}_file"] = hashlib.sha256(Path(where).expanduser().read_bytes()).hexdigest()[:16]
+            except OSError as e:
+                out[f"{flag}_file"] = f"unreadable ({e.strerror or type(e).__name__})"
+    return out
 
 
 def agree(env: TorchrunEnv, config: dict[str, Any], start: int, timeout_s: float,
