@@ -228,6 +228,8 @@ def table_section(t: Table, root: Path, seeds: int, specs: Sequence[experiments.
     lines = [f"### {t.name}: {t.title}", "", "```", command(t, root, seeds), "```", ""]
     if eq := equivalent_compare(t, root, seeds):
         lines += [f"The same runs as `{eq}`.", ""]
+    if settings:                   # a section kept from an older page says when it was made
+        lines += [f"Generated {datetime.date.today().isoformat()} from {n_ok} finished runs.", ""]
     lines += [_setup(t, specs, seeds), ""]
     if common := common_setting(settings):
         one = {s.strategy for s in settings}
