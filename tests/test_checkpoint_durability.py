@@ -179,3 +179,22 @@ def test_a_sharded_checkpoint_damaged_in_place_is_never_loaded(tmp_path, damaged
     lines = [line for line in r.stderr.splitlines() if "corrupted or truncated" in line]
     assert len(lines) == 1 and target.name in lines[0] and "resuming from step00000002" in lines[0], r.stderr
     assert no_process_left(run)
+
+
+def test_a_full_disk_under_a_sharded_save_is_named_not_torchs_exception(tmp_path, monkeypatch):
+    """DCP wraps each rank's failure in a CheckpointException (a BaseException, not an OSError): the
+    one line names the file system's error, found among the ranks' failures (chaos benchmark)."""
+    import errno
+
+    import torch.distributed.checkpoint as dcp
+    from wansync.errors import StorageError
+
+    def full(*args, **kwargs):
+        raise dcp.api.CheckpointException("save", {0: (ValueError("rank 0 saw its peer fail"), None),
+                                                   1: (OSError(errno.ENOSPC, "No space left on device"), None)})
+    monkeypatch.setattr(dcp, "save", full)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(StorageError) as e:
+        checkpoint.save_sharded(tmp_path, 4, 0, model, torch.optim.SGD(model.parameters(), lr=0.1), None)
+    assert str(e.value).endswith("No space left on device (rank 1 of the worker; 2 of its ranks failed)")
+    assert "cannot write checkpoint" in str(e.value)

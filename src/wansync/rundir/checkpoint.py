@@ -313,6 +313,19 @@ def save_sharded(run_dir: Path, step: int, worker: int, model: Any, optimizer: A
         return {f"{d.name}/{f.name}": _sha256(f) for f in mine}
     except OSError as e:
         raise StorageError(f"cannot write checkpoint {d}: {e.strerror or e}") from None
+    except dcp.api.CheckpointException as e:     # a BaseException: what failed on which rank, a full disk among them
+        raise StorageError(f"cannot write checkpoint {d}: {dcp_failure(e)}") from None
+
+
+def dcp_failure(e: Any) -> str:
+    """What a DCP CheckpointException's ranks met, in words: a file system's error first (ENOSPC)."""
+    failures = [(rank, exc) for rank, (exc, _) in sorted(e.failures.items())]
+    cause = next(((r, x) for r, x in failures if isinstance(x, OSError)), failures[0] if failures else None)
+    if cause is None:
+        return "torch.distributed.checkpoint failed"
+    rank, exc = cause
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else (str(exc).strip().splitlines() or [""])[0]
+    return f"{text or type(exc).__name__} (rank {rank} of the worker; {len(failures)} of its ranks failed)"
 
 
 def load_sharded(run_dir: Path, worker: int, model: Any, optimizer: Any, group: Any,
