@@ -26,9 +26,8 @@ def sentences(markdown: str) -> list[str]:
             continue
         if fenced or line.startswith(("|", "![", "#", "<!--")) or not line.strip():
             continue
-        prose.append(line.lstrip("- "))
-    text = " ".join(prose)
-    return [s for s in re.split(r"(?<=[.?!*])\s+(?=[*A-Z(β])", text) if s.strip()]
+        prose.append(line.lstrip("- "))          # a generated line is a paragraph or an item: never wrapped
+    return [s for line in prose for s in re.split(r"(?<=[.?!*])\s+(?=[*A-Z(β])", line) if s.strip()]
 
 
 def _cells(t: results.Table) -> list[tuple[str, dict]]:
@@ -135,3 +134,18 @@ def test_a_linked_figures_directory_is_refused_before_anything_runs(tmp_path):
     (tmp_path / "results_figures").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(ConfigError, match="results_figures: it is a link, not a directory"):
         page_module.check_page(tmp_path / "results.md")
+
+
+def test_the_committed_page_reads_so_in_every_section_generated_since(tmp_path):
+    """docs/results.md as committed: every section the current generator wrote (those with a figure)
+    keeps the rules; the figure it links to is there."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+    body = text[text.index(results.BEGIN):text.index("<!-- results:end")]
+    sections = ["### " + s for s in body.split("\n### ")[1:]]
+    new = [s for s in sections if "](results_figures/" in s]
+    assert new, "no section of docs/results.md was generated with its figure"
+    for s in new:
+        name = s[4:s.index(":")]
+        assert (Path(__file__).resolve().parents[1] / "docs" / "results_figures" / f"{name}.png").is_file()
+        long = [x for x in sentences(s) if len(x.split()) > MAX_WORDS]
+        assert not long, f"{name}: {long[0]}"

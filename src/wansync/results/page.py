@@ -198,7 +198,7 @@ def sequence_lines(settings: Sequence[SettingRuns], show: int = 16) -> list[str]
         counts = [seq.count(p) for p in sorted(set(seq))]
         out.append(f"- {_names(settings)[s.label]} (seed {runs[0].seed}): `{' '.join(map(str, seq[:show]))}`"
                    f"{' ...' if len(seq) > show else ''}; syncs per fragment {counts}, longest run of one "
-                   f"fragment {longest_repeat(seq)}")
+                   f"fragment {longest_repeat(seq)}.")
     return out or ["- no run yet."]
 
 
