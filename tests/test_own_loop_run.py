@@ -221,6 +221,7 @@ def _second_run_into(rank: int, world: int, root: str) -> dict[str, Any]:
             run.log(0.5)
         sync.finish()
         run.evaluate({"val_loss": 0.5})
+    torch.distributed.barrier()         # rank 0 has written summary.json: a second program would start after it
     before = (Path(root) / "metrics.jsonl").read_text() if rank == 0 else ""
     try:
         ws.Run(sync, out=root, quiet=True)
