@@ -67,6 +67,10 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, backen
     torch.set_num_threads(threads)
     try:
         join_group(port, rank, world_size, backend)
+    except BaseException:  # noqa: BLE001 - reported to the parent, which may start the ranks again
+        out.put((rank, "join", traceback.format_exc()))
+        return
+    try:
         result = fn(rank, world_size, *args)
         buf = io.BytesIO()               # plain bytes: tensors must not live in the child's shared memory
         torch.save(result, buf)
@@ -78,13 +82,28 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, backen
             dist.destroy_process_group()
 
 
+class _JoinFailed(RuntimeError):
+    """The ranks' group did not form (gloo's full mesh, before `fn` ran): they may start again."""
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
               timeout: float = 120.0, threads: int = 1) -> list[Any]:
     """Run fn(rank, world_size, *args) in `world_size` processes; return results by rank.
 
     fn must be importable (module level). Any rank's exception is re-raised here with its
-    traceback; a hang past `timeout` kills every child. No process outlives this call.
+    traceback; a hang past `timeout` kills every child. No process outlives this call. A group
+    that fails to form (gloo's full mesh closed by a peer, seen on a loaded machine) is formed
+    once more, from fresh processes and a fresh store, the first ones killed: `fn` must not
+    depend on what a killed rank may have begun before its first collective.
     """
+    try:
+        return _run_once(fn, world_size, args, backend, timeout, threads)
+    except _JoinFailed:
+        return _run_once(fn, world_size, args, backend, timeout, threads)
+
+
+def _run_once(fn: Callable[..., Any], world_size: int, args: tuple, backend: str, timeout: float,
+              threads: int) -> list[Any]:
     ctx = rank_context()
     store = LoopbackStore(timeout)
     out = ctx.Queue()
@@ -107,6 +126,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
                 if dead:
                     raise RuntimeError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}")
                 continue
+            if status == "join":
+                raise _JoinFailed(f"rank {rank} could not join its group:\n{value}")
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             results[rank] = torch.load(io.BytesIO(value), weights_only=False)
