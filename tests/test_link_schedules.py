@@ -77,8 +77,10 @@ def test_a_run_goes_on_through_a_10x_drop_and_its_timeline_shows_it(tmp_path):
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
              if json.loads(line).get("type") == "step"]
     assert len(steps) == 80
-    early = [s["exposed_s"] for s in steps if s["time"] < 0.8]      # the link's clock starts a little earlier
-    late = [s["exposed_s"] for s in steps if s["time"] > 1.5]
+    # the link's clock started before the run's: on it, step time t is at t + offset (a loaded machine: late)
+    offset = json.loads((out / "summary.json").read_text())["wan"]["schedule_s_at_start"]
+    early = [s["exposed_s"] for s in steps if s["time"] + offset < 0.9]
+    late = [s["exposed_s"] for s in steps if s["time"] + offset > 1.5]
     assert early and late, [s["time"] for s in steps]
     assert statistics.median(late) > 4 * statistics.median(early)    # gradients over a tenth of the bandwidth
     rep = wansync("report", str(tmp_path), timeout=120)
