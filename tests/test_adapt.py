@@ -422,10 +422,12 @@ def test_on_real_tcp_the_estimate_is_the_rate_tbf_holds_the_link_to():
 def test_sparseloco_sends_a_lower_density_on_a_link_too_slow_for_its_own(tmp_path):
     run = tmp_path / "run"
     r = wansync("train", "--strategy", "sparseloco", "--sync-every", "4", "--workers", "2", "--steps", "24",
-                "--wan", "rtt=4ms,bw=2mbit,sites=2", "--adapt", "exposed=3%,h=4..8", "--eval-every", "1000",
+                "--wan", "rtt=4ms,bw=2mbit,sites=2", "--adapt", "exposed=1%,h=4..4", "--eval-every", "1000",
                 "--quiet", "--out", str(run), *TINY, timeout=120)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # H is held at 4, so only the density can answer; one round's ~20 ms against 1 % of four steps: a
+    # step would have to take half a second (a machine loaded far past CI's) for the density to stay
     (first, *_) = [x for x in rows if x["type"] == "adapt"]
     assert first["after"]["density"] < first["before"]["density"] and "within_target" in first
     sent = {x["step"]: x["bytes"] for x in rows if x["type"] == "sync"}
