@@ -40,8 +40,9 @@ demo: $(STAMP) $(DATA_STAMP)
 test: $(STAMP) $(DATA_STAMP)         # two pytest workers, one test file each at a time (pytest-xdist)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
-lint: $(STAMP)                       # ruff's checks and mypy (pyproject.toml: what each covers, and why not more)
+lint: $(STAMP)                       # ruff's checks, its format check and mypy (pyproject.toml: what each covers)
 	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy
 
 # On a GPU machine (< 5 min): every strategy on NCCL, bf16 and FSDP2 inside a worker, the codecs' and sparse

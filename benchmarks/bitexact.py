@@ -10,6 +10,7 @@ fault-tolerant run. What is compared, per rank: every tensor of the final checkp
 optimizer and strategy state (max |diff|, which is 0 when the bits agree) and summary.json's
 `bytes_sent`. Only the CLI is used, so the script runs unchanged on both trees.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,21 @@ from pathlib import Path
 
 import torch
 
-COMMON = ["--workers", "2", "--model", "tiny", "--steps", "13", "--seed", "3", "--eval-every", "50",
-          "--quiet", "--threads", "1"]
+COMMON = [
+    "--workers",
+    "2",
+    "--model",
+    "tiny",
+    "--steps",
+    "13",
+    "--seed",
+    "3",
+    "--eval-every",
+    "50",
+    "--quiet",
+    "--threads",
+    "1",
+]
 CASES = {
     "ddp": ["--strategy", "ddp"],
     "local_sgd": ["--strategy", "local_sgd", "--sync-every", "4"],
@@ -32,16 +46,58 @@ CASES = {
     "cpdp": ["--strategy", "cpdp", "--sync-every", "4"],
     "diloco": ["--strategy", "diloco", "--sync-every", "4"],
     "streaming": ["--strategy", "streaming", "--sync-every", "8", "--fragments", "2", "--overlap", "2"],
-    "cocodc": ["--strategy", "cocodc", "--sync-every", "8", "--fragments", "2", "--overlap", "2",
-               "--syncs-per-period", "4"],
-    "streaming_int8": ["--strategy", "streaming", "--sync-every", "8", "--fragments", "2", "--overlap", "2",
-                       "--codec", "int8"],
-    "cocodc_fp4": ["--strategy", "cocodc", "--sync-every", "8", "--fragments", "2", "--overlap", "2",
-                   "--syncs-per-period", "4", "--codec", "fp4"],
+    "cocodc": [
+        "--strategy",
+        "cocodc",
+        "--sync-every",
+        "8",
+        "--fragments",
+        "2",
+        "--overlap",
+        "2",
+        "--syncs-per-period",
+        "4",
+    ],
+    "streaming_int8": [
+        "--strategy",
+        "streaming",
+        "--sync-every",
+        "8",
+        "--fragments",
+        "2",
+        "--overlap",
+        "2",
+        "--codec",
+        "int8",
+    ],
+    "cocodc_fp4": [
+        "--strategy",
+        "cocodc",
+        "--sync-every",
+        "8",
+        "--fragments",
+        "2",
+        "--overlap",
+        "2",
+        "--syncs-per-period",
+        "4",
+        "--codec",
+        "fp4",
+    ],
     "diloco_skip": ["--strategy", "diloco", "--sync-every", "4", "--on-nonfinite", "skip"],
     "local_sgd_optim_state": ["--strategy", "local_sgd", "--sync-every", "4", "--sync-optimizer-state"],
-    "streaming_r2": ["--strategy", "streaming", "--sync-every", "8", "--fragments", "2", "--overlap", "2",
-                     "--ranks-per-worker", "2"],
+    "streaming_r2": [
+        "--strategy",
+        "streaming",
+        "--sync-every",
+        "8",
+        "--fragments",
+        "2",
+        "--overlap",
+        "2",
+        "--ranks-per-worker",
+        "2",
+    ],
     "diloco_ft": ["--strategy", "diloco", "--sync-every", "4", "--fault-tolerant"],
 }
 
@@ -63,6 +119,7 @@ def final_state(run: Path) -> dict[str, dict[str, torch.Tensor]]:
             elif isinstance(x, (list, tuple)):
                 for i, v in enumerate(x):
                     visit(f"{prefix}.{i}", v)
+
         for part in ("model", "optimizer", "strategy"):
             visit(part, state[part])
         out[f.stem] = flat
@@ -111,8 +168,11 @@ def main() -> None:
                         keys_differ = True
             worst = max(worst, diff)
             ok = diff == 0 and not keys_differ and sent == ref["bytes_sent"]
-            print(f"{name:24s} max|diff| {diff:.3g}  bytes_sent {sent} vs {ref['bytes_sent']}"
-                  f"{'  (state keys differ)' if keys_differ else ''}  {'ok' if ok else 'DIFFERS'}", flush=True)
+            print(
+                f"{name:24s} max|diff| {diff:.3g}  bytes_sent {sent} vs {ref['bytes_sent']}"
+                f"{'  (state keys differ)' if keys_differ else ''}  {'ok' if ok else 'DIFFERS'}",
+                flush=True,
+            )
     if a.compare:
         print(f"worst max|diff| over {len(names)} cases: {worst:.3g}")
 

@@ -41,6 +41,7 @@ strategy and seed is the fault-free reference.
 Needs root (namespaces, tmpfs). Ctrl-C or SIGTERM: every process of the bed is killed, its
 namespaces deleted, the tmpfs unmounted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,22 +64,37 @@ import netns  # noqa: E402 - the test suite's bed
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 CLEAN = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_")
-MODEL = ["--model", "micro", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "2", "--threads", "1",
-         "--eval-every", "1000", "--quiet"]
-STRATEGY_ARGS = {"diloco": ["--sync-every", "4"],
-                 "streaming": ["--sync-every", "4", "--fragments", "2", "--overlap", "1"],
-                 "sparseloco": ["--sync-every", "4"]}
+MODEL = [
+    "--model",
+    "micro",
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "32",
+    "--eval-batches",
+    "2",
+    "--threads",
+    "1",
+    "--eval-every",
+    "1000",
+    "--quiet",
+]
+STRATEGY_ARGS = {
+    "diloco": ["--sync-every", "4"],
+    "streaming": ["--sync-every", "4", "--fragments", "2", "--overlap", "1"],
+    "sparseloco": ["--sync-every", "4"],
+}
 KINDS = ("kill", "stop-short", "stop-long", "link", "host", "disk-full")
-TMPFS_SIZE = "10m"            # two checkpoints of the micro LM with FSDP inside (4.3 MB a step)
+TMPFS_SIZE = "10m"  # two checkpoints of the micro LM with FSDP inside (4.3 MB a step)
 _stopping = False
 
 
 @dataclass
 class Fault:
-    at: int                 # rank 0's step at which it strikes
+    at: int  # rank 0's step at which it strikes
     kind: str
-    host: int               # 1 or 2 (B or C)
-    seconds: float = 0.0    # how long a stop or a link down lasts
+    host: int  # 1 or 2 (B or C)
+    seconds: float = 0.0  # how long a stop or a link down lasts
     done: bool = False
     note: str = ""
 
@@ -120,10 +136,19 @@ def schedule(seed: int, kinds: list[str], count: int, steps: int, peer_timeout: 
     faults = []
     for i in range(count):
         kind = order[i] if i < len(order) else rng.choice(kinds)
-        seconds = {"stop-short": peer_timeout * rng.uniform(0.2, 0.5), "stop-long": peer_timeout * rng.uniform(1.3, 1.8),
-                   "link": peer_timeout * rng.uniform(0.3, 1.5)}.get(kind, 0.0)
-        faults.append(Fault(at=rng.randint(int(steps * 0.15), int(steps * 0.6)), kind=kind, host=rng.choice((1, 2)),
-                            seconds=round(seconds, 1)))
+        seconds = {
+            "stop-short": peer_timeout * rng.uniform(0.2, 0.5),
+            "stop-long": peer_timeout * rng.uniform(1.3, 1.8),
+            "link": peer_timeout * rng.uniform(0.3, 1.5),
+        }.get(kind, 0.0)
+        faults.append(
+            Fault(
+                at=rng.randint(int(steps * 0.15), int(steps * 0.6)),
+                kind=kind,
+                host=rng.choice((1, 2)),
+                seconds=round(seconds, 1),
+            )
+        )
     faults.sort(key=lambda f: f.at)
     for a, b in zip(faults, faults[1:]):
         b.at = max(b.at, a.at + 8)
@@ -147,24 +172,48 @@ def jsonl(path: Path) -> list[dict]:
 class Run:
     """One chaos run: three torchrun nodes in the bed, the faults of its schedule, its checks."""
 
-    def __init__(self, bed: netns.Bed, work: Path, corpus: Path, strategy: str, seed: int, args: argparse.Namespace,
-                 faults: list[Fault]):
+    def __init__(
+        self,
+        bed: netns.Bed,
+        work: Path,
+        corpus: Path,
+        strategy: str,
+        seed: int,
+        args: argparse.Namespace,
+        faults: list[Fault],
+    ):
         self.bed, self.args, self.faults = bed, args, faults
         self.dirs = [work / h.name for h in bed.hosts]
         work.mkdir(parents=True, exist_ok=True)
         self.procs: dict[int, subprocess.Popen] = {}
         self.outputs: dict[int, list[str]] = {}
         self.mounts: list[Path] = []
-        self.flags = ["train", "--strategy", strategy, *STRATEGY_ARGS[strategy], "--steps", str(args.steps),
-                      "--seed", str(seed), "--fault-tolerant", "--max-restarts", str(args.max_restarts),
-                      "--peer-timeout", str(args.peer_timeout), "--checkpoint-every",
-                      STRATEGY_ARGS[strategy][1], "--data", str(corpus), *MODEL]
+        self.flags = [
+            "train",
+            "--strategy",
+            strategy,
+            *STRATEGY_ARGS[strategy],
+            "--steps",
+            str(args.steps),
+            "--seed",
+            str(seed),
+            "--fault-tolerant",
+            "--max-restarts",
+            str(args.max_restarts),
+            "--peer-timeout",
+            str(args.peer_timeout),
+            "--checkpoint-every",
+            STRATEGY_ARGS[strategy][1],
+            "--data",
+            str(corpus),
+            *MODEL,
+        ]
         if args.ranks_per_worker > 1:
             self.flags += ["--ranks-per-worker", str(args.ranks_per_worker), "--inside", args.inside]
         self.result = Result(strategy, seed, faults)
         self._offset, self._step = 0, 0
         self.hung: set[int] = set()
-        self.grace = 4 * args.peer_timeout + 20      # rank 0 waits up to a peer timeout for reports
+        self.grace = 4 * args.peer_timeout + 20  # rank 0 waits up to a peer timeout for reports
 
     # ---- processes ----------------------------------------------------------------------------
     def start(self, i: int) -> None:
@@ -174,9 +223,13 @@ class Run:
         options[options.index("--nnodes") + 1] = str(len(self.bed.hosts))
         log = open(self.dirs[i].parent / f"{h.name}.{len(self.outputs.get(i, []))}.log", "w")
         self.outputs.setdefault(i, []).append(log.name)
-        self.procs[i] = self.bed.start(h, [str(TORCHRUN), *options, "-m", "wansync", *self.flags,
-                                           "--out", str(self.dirs[i])], env=env(), stdout=log,
-                                       stderr=subprocess.STDOUT)
+        self.procs[i] = self.bed.start(
+            h,
+            [str(TORCHRUN), *options, "-m", "wansync", *self.flags, "--out", str(self.dirs[i])],
+            env=env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
 
     def worker_pids(self, i: int) -> dict[int, int]:
@@ -323,6 +376,7 @@ class Run:
 
         from wansync.ft.quorum import digest
         from wansync.rundir import checkpoint
+
         r = self.result
         for i, logs in self.outputs.items():
             text = Path(logs[-1]).read_text(errors="replace")
@@ -336,14 +390,23 @@ class Run:
         # worker 0 is never faulted: its step only moves forward, in its metrics and its quorums
         r.forward = all(b > a for a, b in zip(steps, steps[1:])) and all(b >= a for a, b in zip(slots, slots[1:]))
         if not r.forward:
-            back = next((a, b) for a, b in zip(slots, slots[1:]) if b < a) if any(
-                b < a for a, b in zip(slots, slots[1:])) else None
-            r.errors.append("worker 0's step went back" + (f" from {back[0]} to {back[1]} (its quorum log)" if back else ""))
-        waits = [q.get("seconds", 0.0) for d in self.dirs for f in (d / "logs").glob("quorum_rank*.jsonl")
-                 for q in jsonl(f)[1:]]
+            back = (
+                next((a, b) for a, b in zip(slots, slots[1:]) if b < a)
+                if any(b < a for a, b in zip(slots, slots[1:]))
+                else None
+            )
+            r.errors.append(
+                "worker 0's step went back" + (f" from {back[0]} to {back[1]} (its quorum log)" if back else "")
+            )
+        waits = [
+            q.get("seconds", 0.0)
+            for d in self.dirs
+            for f in (d / "logs").glob("quorum_rank*.jsonl")
+            for q in jsonl(f)[1:]
+        ]
         r.longest_wait = max(waits, default=0.0)
         rpw = self.args.ranks_per_worker
-        per_step: dict[int, dict[int, dict[int, str]]] = {}       # step -> local rank -> worker -> digest
+        per_step: dict[int, dict[int, dict[int, str]]] = {}  # step -> local rank -> worker -> digest
         for w, d in enumerate(self.dirs):
             for sd in checkpoint.step_dirs(d):
                 for local in range(rpw):
@@ -366,8 +429,9 @@ class Run:
                         r.bad_ckpts.append(why)
                         continue
                     strat = state.get("strategy") or {}
-                    per_step.setdefault(int(sd.name[4:]), {}).setdefault(local, {})[w] = \
-                        digest({k: strat[k] for k in ("anchor", "anchors") if k in strat})
+                    per_step.setdefault(int(sd.name[4:]), {}).setdefault(local, {})[w] = digest(
+                        {k: strat[k] for k in ("anchor", "anchors") if k in strat}
+                    )
         compared = differ = 0
         for step, locals_ in sorted(per_step.items()):
             for local, by_worker in locals_.items():
@@ -376,7 +440,7 @@ class Run:
                     if len(set(by_worker.values())) > 1:
                         differ += 1
                         r.errors.append(f"step {step} local rank {local}: workers {sorted(by_worker)} differ")
-        logged: dict[tuple[int, int], dict[int, str]] = {}        # (step, quorum id) -> worker -> digest
+        logged: dict[tuple[int, int], dict[int, str]] = {}  # (step, quorum id) -> worker -> digest
         for d in self.dirs:
             for f in (d / "logs").glob("quorum_rank*.jsonl"):
                 for q in jsonl(f):
@@ -387,7 +451,9 @@ class Run:
                 compared += 1
                 if len(set(by_worker.values())) > 1:
                     differ += 1
-                    r.errors.append(f"quorum {qid} at step {step}: anchor digests of workers {sorted(by_worker)} differ")
+                    r.errors.append(
+                        f"quorum {qid} at step {step}: anchor digests of workers {sorted(by_worker)} differ"
+                    )
         r.same = "NO" if differ else (f"yes ({compared})" if compared else "-")
 
 
@@ -410,8 +476,11 @@ def leftovers(bed_token: str | None = None) -> tuple[int, int]:
             continue
         if b"wansync-chaos-" in cmd:
             procs += 1
-    ns = sum(1 for line in netns.ip("netns", "list", check=False).stdout.splitlines()
-             if bed_token and line.startswith(f"{netns.PREFIX}{bed_token}"))
+    ns = sum(
+        1
+        for line in netns.ip("netns", "list", check=False).stdout.splitlines()
+        if bed_token and line.startswith(f"{netns.PREFIX}{bed_token}")
+    )
     return procs, ns
 
 
@@ -420,9 +489,16 @@ def fmt_faults(faults: list[Fault]) -> tuple[str, str]:
     for f in faults:
         if f.done:
             injected[f.kind] = injected.get(f.kind, 0) + 1
-    detail = "; ".join((f"{f.kind} host{'abc'[f.host]} from the start" if f.kind == "disk-full" else
-                        f"{f.kind}@step{f.at} host{'abc'[f.host]}") + (f" {f.seconds:.0f}s" if f.seconds else "")
-                       + (f" ({f.note})" if f.note else "") for f in faults)
+    detail = "; ".join(
+        (
+            f"{f.kind} host{'abc'[f.host]} from the start"
+            if f.kind == "disk-full"
+            else f"{f.kind}@step{f.at} host{'abc'[f.host]}"
+        )
+        + (f" {f.seconds:.0f}s" if f.seconds else "")
+        + (f" ({f.note})" if f.note else "")
+        for f in faults
+    )
     return ", ".join(f"{k}×{n}" for k, n in injected.items()) or "none", detail
 
 
@@ -432,8 +508,11 @@ def main() -> None:
     ap.add_argument("--long", action="store_true", help="3 seeds, more steps and faults (<= 30 min)")
     ap.add_argument("--seeds", type=int)
     ap.add_argument("--strategies", help="default: short diloco, long diloco,streaming,sparseloco")
-    ap.add_argument("--kinds", help=f"fault kinds to draw from (default: short kill,stop-short,stop-long,link; "
-                                    f"long all of {','.join(KINDS)})")
+    ap.add_argument(
+        "--kinds",
+        help=f"fault kinds to draw from (default: short kill,stop-short,stop-long,link; "
+        f"long all of {','.join(KINDS)})",
+    )
     ap.add_argument("--faults", type=int, help="faults per run")
     ap.add_argument("--steps", type=int)
     ap.add_argument("--ranks-per-worker", type=int, default=2)
@@ -460,18 +539,25 @@ def main() -> None:
         global _stopping
         _stopping = True
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, stop)
 
     from wansync.workloads.lm.corpus import shakespeare_text
+
     started = time.monotonic()
     print(f"command: {' '.join(sys.argv)}")
-    print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; 3 hosts x R={args.ranks_per_worker} "
-          f"({args.inside} inside), {args.steps} steps, --peer-timeout {args.peer_timeout:g}, "
-          f"--max-restarts {args.max_restarts}, tolerance {args.tolerance:g}\n", flush=True)
-    header = ("| strategy | seed | faults injected | faults survived | exit (A,B,C) | steps lost | checkpoints failing "
-              "to load | same anchors at every checkpoint step | step counter forward | processes "
-              "left | longest wait s | final loss | vs fault-free | wall s |")
+    print(
+        f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; 3 hosts x R={args.ranks_per_worker} "
+        f"({args.inside} inside), {args.steps} steps, --peer-timeout {args.peer_timeout:g}, "
+        f"--max-restarts {args.max_restarts}, tolerance {args.tolerance:g}\n",
+        flush=True,
+    )
+    header = (
+        "| strategy | seed | faults injected | faults survived | exit (A,B,C) | steps lost | checkpoints failing "
+        "to load | same anchors at every checkpoint step | step counter forward | processes "
+        "left | longest wait s | final loss | vs fault-free | wall s |"
+    )
     rows, details = [header, "|" + "---|" * 14], []
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="wansync-chaos-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -501,21 +587,29 @@ def main() -> None:
                     survived = sum(f.done for f in faults) if r.finished and r.same != "NO" else 0
                     ref = clean.get(seed)
                     delta = f"{r.loss - ref:+.4f}" if r.loss is not None and ref is not None else "-"
-                    within = "" if delta == "-" or not chaos else (" ok" if abs(r.loss - ref) <= args.tolerance
-                                                                   else " OUT")
-                    rows.append(f"| {strategy} | {seed} | {injected if chaos else 'fault-free'} | "
-                                f"{survived}/{sum(f.done for f in faults)} | {','.join(map(str, r.codes))} | "
-                                f"{r.steps_lost} | {len(r.bad_ckpts)} of {r.ckpts}{f' ({r.partial} partial)' if r.partial else ''} | {r.same} | "
-                                f"{'yes' if r.forward else 'NO'} | {r.left_procs} | {r.longest_wait:.1f} | "
-                                f"{'-' if r.loss is None else f'{r.loss:.4f}'} | {delta}{within} | {r.wall:.0f} |")
+                    within = (
+                        "" if delta == "-" or not chaos else (" ok" if abs(r.loss - ref) <= args.tolerance else " OUT")
+                    )
+                    rows.append(
+                        f"| {strategy} | {seed} | {injected if chaos else 'fault-free'} | "
+                        f"{survived}/{sum(f.done for f in faults)} | {','.join(map(str, r.codes))} | "
+                        f"{r.steps_lost} | {len(r.bad_ckpts)} of {r.ckpts}{f' ({r.partial} partial)' if r.partial else ''} | {r.same} | "
+                        f"{'yes' if r.forward else 'NO'} | {r.left_procs} | {r.longest_wait:.1f} | "
+                        f"{'-' if r.loss is None else f'{r.loss:.4f}'} | {delta}{within} | {r.wall:.0f} |"
+                    )
                     print(rows[-1], flush=True)
                     if chaos or r.errors:
-                        details.append(f"- {strategy} seed {seed} {'chaos' if chaos else 'fault-free'}: "
-                                       f"{detail or 'no faults'}"
-                                       + (f"; summary: failures {r.summary.get('worker_failures')}, rejoins "
-                                          f"{r.summary.get('rejoins')}, heals {r.summary.get('heals')}"
-                                          if r.summary else "")
-                                       + "".join(f"\n  - {e}" for e in dict.fromkeys(r.errors + r.bad_ckpts[:3])))
+                        details.append(
+                            f"- {strategy} seed {seed} {'chaos' if chaos else 'fault-free'}: "
+                            f"{detail or 'no faults'}"
+                            + (
+                                f"; summary: failures {r.summary.get('worker_failures')}, rejoins "
+                                f"{r.summary.get('rejoins')}, heals {r.summary.get('heals')}"
+                                if r.summary
+                                else ""
+                            )
+                            + "".join(f"\n  - {e}" for e in dict.fromkeys(r.errors + r.bad_ckpts[:3]))
+                        )
     except KeyboardInterrupt:
         _stopping = True
         print("chaos: interrupted; cleaning up", file=sys.stderr)
@@ -529,13 +623,18 @@ def main() -> None:
         procs, ns = leftovers(token)
         if not args.keep:
             import shutil
+
             shutil.rmtree(base, ignore_errors=True)
     print("\n" + "\n".join(rows[:2] + rows[2:]))
     grace = f"{4 * args.peer_timeout + 20:g}"
-    print(f"\nfaults (rank 0's step when injected, host, duration; exit \"hung\": the agent was still running "
-          f"{grace} s after rank 0 wrote summary.json, and was ended):\n" + "\n".join(details))
-    print(f"\nafter the bed was closed: {procs} processes of the runs and {ns} namespaces left; "
-          f"total wall {time.monotonic() - started:.0f} s")
+    print(
+        f'\nfaults (rank 0\'s step when injected, host, duration; exit "hung": the agent was still running '
+        f"{grace} s after rank 0 wrote summary.json, and was ended):\n" + "\n".join(details)
+    )
+    print(
+        f"\nafter the bed was closed: {procs} processes of the runs and {ns} namespaces left; "
+        f"total wall {time.monotonic() - started:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ A fresh clone is what a new user has: the first `make demo` creates the venv (th
 the package registry) before it trains, so the README's figure is the sum of the two. The clone is
 removed afterwards, whatever happens. Run it on idle cores: the figure is the machine's, not ours.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 # the README's sentence this script owns: "The demo (about 7 min on a fresh clone with 2 cores, ...)"
-FIGURE = re.compile(r"The demo \(about [^()]*? on a fresh clone with \d+ cores?, (?:setup included, )?measured \d{4}-\d{2}-\d{2}\)")
+FIGURE = re.compile(
+    r"The demo \(about [^()]*? on a fresh clone with \d+ cores?, (?:setup included, )?measured \d{4}-\d{2}-\d{2}\)"
+)
 
 
 def minutes(seconds: float) -> str:
@@ -58,8 +61,10 @@ def _env() -> dict[str, str]:
 def rewrite(readme: Path, new: str) -> None:
     text = readme.read_text(encoding="utf-8")
     if len(FIGURE.findall(text)) != 1:
-        raise SystemExit(f"demo_time: {readme} does not hold exactly one sentence this script owns "
-                         f"({FIGURE.pattern}); nothing written")
+        raise SystemExit(
+            f"demo_time: {readme} does not hold exactly one sentence this script owns "
+            f"({FIGURE.pattern}); nothing written"
+        )
     readme.write_text(FIGURE.sub(new, text), encoding="utf-8")
 
 
@@ -78,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         setup = timed(["make", "setup"], clone, log)
         demo = timed(["make", "demo"], clone, log)
         total, cores = setup + demo, os.cpu_count() or 1
-        print(f"fresh clone of {REPO.name} at {_head()}: make setup {minutes(setup)}, make demo {minutes(demo)}, "
-              f"total {minutes(total)} on {cores} cores")
+        print(
+            f"fresh clone of {REPO.name} at {_head()}: make setup {minutes(setup)}, make demo {minutes(demo)}, "
+            f"total {minutes(total)} on {cores} cores"
+        )
         said = phrase(total, cores, datetime.date.today())
         print(said)
         if args.write:
@@ -94,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _head() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
 
 
 if __name__ == "__main__":

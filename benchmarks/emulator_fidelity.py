@@ -42,8 +42,14 @@ def _worker(rank: int, port: int, presets: list[str], sizes: list[str], late_s: 
     from wansync import net
 
     torch.set_num_threads(1)
-    dist.init_process_group(net.install(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=120), pg_options=net.Emulator(net.parse_wan("lan")))
+    dist.init_process_group(
+        net.install(),
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=120),
+        pg_options=net.Emulator(net.parse_wan("lan")),
+    )
     plain = dist.new_group(backend="gloo")
     rows = []
     for preset in presets:
@@ -125,10 +131,14 @@ def main() -> int:
 
     print("# emulator fidelity: 2 ranks, gloo on 127.0.0.1, all-reduce of float32 tensors, median of reps")
     print(f"# command: python {' '.join(sys.argv)}")
-    print(f"# date: {datetime.datetime.now().isoformat(timespec='seconds')}  machine: {platform.node()} "
-          f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}")
-    print(f"{'preset':<16} {'bytes':>9} {'reps':>4} {'modelled ms':>12} {'measured ms':>12} {'ratio':>7} "
-          f"{'real ms':>9}  note")
+    print(
+        f"# date: {datetime.datetime.now().isoformat(timespec='seconds')}  machine: {platform.node()} "
+        f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}"
+    )
+    print(
+        f"{'preset':<16} {'bytes':>9} {'reps':>4} {'modelled ms':>12} {'measured ms':>12} {'ratio':>7} "
+        f"{'real ms':>9}  note"
+    )
     for preset, size, nbytes, reps, modelled, measured, real in rows:
         ratio = measured / modelled if modelled > 0 else float("nan")
         if real >= modelled:
@@ -137,14 +147,20 @@ def main() -> int:
             note = "ok" if abs(ratio - 1) <= 0.05 else "MISS (>5%)"
         else:
             note = "d < 20 ms"
-        print(f"{preset:<16} {size:>9} {reps:>4} {modelled * 1e3:12.2f} {measured * 1e3:12.2f} {ratio:7.3f} "
-              f"{real * 1e3:9.2f}  {note}")
-    print(f"\n# a straggler: rank 1 issues a 1 MB all-reduce {args.late_ms:g} ms after rank 0 (median of 3); "
-          "expected = lateness + modelled")
+        print(
+            f"{preset:<16} {size:>9} {reps:>4} {modelled * 1e3:12.2f} {measured * 1e3:12.2f} {ratio:7.3f} "
+            f"{real * 1e3:9.2f}  {note}"
+        )
+    print(
+        f"\n# a straggler: rank 1 issues a 1 MB all-reduce {args.late_ms:g} ms after rank 0 (median of 3); "
+        "expected = lateness + modelled"
+    )
     print(f"{'preset':<16} {'modelled ms':>12} {'expected ms':>12} {'rank 0 waited ms':>17} {'ratio':>7}")
     for preset, modelled, expected, waited in late_rows:
-        print(f"{preset:<16} {modelled * 1e3:12.2f} {expected * 1e3:12.2f} {waited * 1e3:17.2f} "
-              f"{waited / expected:7.3f}")
+        print(
+            f"{preset:<16} {modelled * 1e3:12.2f} {expected * 1e3:12.2f} {waited * 1e3:17.2f} "
+            f"{waited / expected:7.3f}"
+        )
     return 0
 
 

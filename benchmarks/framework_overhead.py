@@ -20,6 +20,7 @@ costs per collective.
 
     .venv/bin/python benchmarks/framework_overhead.py [--models tiny,small,cnn] [--rounds 8] [--block 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,11 +45,16 @@ LM_BATCH, LM_SEQ, CNN_BATCH = 8, 64, 64
 def _images(d: Path) -> str:
     """Fashion-MNIST when installed, else random images in its file format (speed only)."""
     from wansync.workloads.vision.datasets import FASHION_MNIST_DIR
+
     if (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").exists():
         return "fashion-mnist"
     g = torch.Generator().manual_seed(0)
-    for name, shape in (("train-images-idx3-ubyte", (2048, 28, 28)), ("train-labels-idx1-ubyte", (2048,)),
-                        ("t10k-images-idx3-ubyte", (256, 28, 28)), ("t10k-labels-idx1-ubyte", (256,))):
+    for name, shape in (
+        ("train-images-idx3-ubyte", (2048, 28, 28)),
+        ("train-labels-idx1-ubyte", (2048,)),
+        ("t10k-images-idx3-ubyte", (256, 28, 28)),
+        ("t10k-labels-idx1-ubyte", (256,)),
+    ):
         arr = torch.randint(0, 10 if "labels" in name else 256, shape, generator=g, dtype=torch.uint8)
         header = bytes([0, 0, 8, arr.dim()]) + b"".join(int(s).to_bytes(4, "big") for s in shape)
         with gzip.open(d / f"{name}.gz", "wb") as f:
@@ -58,12 +64,27 @@ def _images(d: Path) -> str:
 
 def _config(model: str, out: str) -> Any:
     from wansync.config import build_config
+
     lm = model not in ("cnn", "resnet18", "resnet50", "vit_s")
     data = {} if lm else {"data": _images(Path(out))}
-    return build_config(overrides={**data, "strategy": "local_sgd", "sync_every": 10**9, "model": model, "steps": 10**6,
-                                   "batch_size": LM_BATCH if lm else CNN_BATCH, "seq_len": LM_SEQ, "out": out,
-                                   "eval_every": 10**6, "log_every": 10**6, "quiet": True, "threads": 1,
-                                   "lr_schedule": "constant", "warmup_steps": 0})
+    return build_config(
+        overrides={
+            **data,
+            "strategy": "local_sgd",
+            "sync_every": 10**9,
+            "model": model,
+            "steps": 10**6,
+            "batch_size": LM_BATCH if lm else CNN_BATCH,
+            "seq_len": LM_SEQ,
+            "out": out,
+            "eval_every": 10**6,
+            "log_every": 10**6,
+            "quiet": True,
+            "threads": 1,
+            "lr_schedule": "constant",
+            "warmup_steps": 0,
+        }
+    )
 
 
 def _loops(model_name: str, out: str) -> dict[str, Callable[[int], float]]:
@@ -72,6 +93,7 @@ def _loops(model_name: str, out: str) -> dict[str, Callable[[int], float]]:
     from wansync.trainer.optim import build_optimizer
     from wansync.trainer.loop import Trainer
     from wansync.workloads import build_workload
+
     cfg = _config(model_name, out)
     trainer = Trainer(cfg, Path(out), 0, 1)
 
@@ -105,7 +127,7 @@ def _loops(model_name: str, out: str) -> dict[str, Callable[[int], float]]:
             sync.zero_grad()
         return time.perf_counter() - t0
 
-    def trained(n: int) -> float:                     # Trainer.run's loop body, evaluation never due
+    def trained(n: int) -> float:  # Trainer.run's loop body, evaluation never due
         t0 = time.perf_counter()
         for _ in range(n):
             rec = trainer.train_step(state["trainer_step"])
@@ -125,7 +147,7 @@ def overhead_rank(rank: int, world: int, models: list[str], rounds: int, block: 
             loops = _loops(model, tmp)
             names = list(loops)
             for k in names:
-                loops[k](1)                               # warm-up
+                loops[k](1)  # warm-up
             times: dict[str, list[float]] = {k: [] for k in names}
             for i in range(rounds):
                 for j in range(len(names)):
@@ -139,19 +161,21 @@ def emulator_rank(rank: int, world: int, reps: int) -> dict[str, float]:
     import wansync as ws
     from wansync import net
     from wansync.workloads.lm.model import TransformerLM, lm_shape
+
     net.install()
-    zero = net.Topology(sites=1, intra_link=net.Link(0.0, 1e15), inter_link=net.Link(0.0, 1e15),
-                        name="zero-cost")
+    zero = net.Topology(sites=1, intra_link=net.Link(0.0, 1e15), inter_link=net.Link(0.0, 1e15), name="zero-cost")
     emulated = dist.new_group(backend=net.BACKEND_NAME, pg_options=net.Emulator(zero))
     plain = dist.new_group(backend="gloo")
     torch.manual_seed(0)
     model = TransformerLM(lm_shape("tiny"), 256)
     grads = torch.zeros(sum(p.numel() for p in model.parameters()))
     small = torch.zeros(256)
-    calls = {"plain_grads": lambda: dist.all_reduce(grads, group=plain),
-             "emulated_grads": lambda: dist.all_reduce(grads, group=emulated),
-             "plain_1KB": lambda: dist.all_reduce(small, group=plain),
-             "emulated_1KB": lambda: dist.all_reduce(small, group=emulated)}
+    calls = {
+        "plain_grads": lambda: dist.all_reduce(grads, group=plain),
+        "emulated_grads": lambda: dist.all_reduce(grads, group=emulated),
+        "plain_1KB": lambda: dist.all_reduce(small, group=plain),
+        "emulated_1KB": lambda: dist.all_reduce(small, group=emulated),
+    }
     sync = ws.strategy("ddp", model, torch.optim.AdamW(model.parameters(), lr=1e-4), group=plain)
     gen = torch.Generator().manual_seed(rank)
 
@@ -161,6 +185,7 @@ def emulator_rank(rank: int, world: int, reps: int) -> dict[str, float]:
         torch.nn.functional.cross_entropy(logits.reshape(-1, 256), x[:, 1:].reshape(-1)).backward()
         sync.step()
         sync.zero_grad()
+
     calls["ddp_step"] = ddp_step
     names = list(calls)
     times: dict[str, list[float]] = {k: [] for k in names}
@@ -174,7 +199,7 @@ def emulator_rank(rank: int, world: int, reps: int) -> dict[str, float]:
             calls[k]()
             times[k].append(time.perf_counter() - t0)
     out = {k: statistics.median(v) for k, v in times.items()}
-    for key in ("grads", "1KB"):                          # paired: both calls of a round, then the median
+    for key in ("grads", "1KB"):  # paired: both calls of a round, then the median
         out[f"diff_{key}"] = statistics.median(e - p for p, e in zip(times[f"plain_{key}"], times[f"emulated_{key}"]))
     return out
 
@@ -184,14 +209,17 @@ def emulator_solo(rank: int, world: int, blocks: int, calls: int) -> dict[str, f
     1 KB all-reduce on a one-rank group, plain gloo vs emulated with a zero-cost link, `calls` calls
     per block, blocks interleaved; median µs per call over the blocks."""
     from wansync import net
+
     net.install()
     zero = net.Topology(sites=1, intra_link=net.Link(0.0, 1e15), inter_link=net.Link(0.0, 1e15), name="zero-cost")
-    groups = {"plain": dist.new_group(backend="gloo"),
-              "emulated": dist.new_group(backend=net.BACKEND_NAME, pg_options=net.Emulator(zero))}
+    groups = {
+        "plain": dist.new_group(backend="gloo"),
+        "emulated": dist.new_group(backend=net.BACKEND_NAME, pg_options=net.Emulator(zero)),
+    }
     small = torch.zeros(256)
     per_call: dict[str, list[float]] = {k: [] for k in groups}
-    for i in range(blocks + 1):                           # block 0 warms up and is dropped
-        for k in (list(groups) if i % 2 else list(groups)[::-1]):
+    for i in range(blocks + 1):  # block 0 warms up and is dropped
+        for k in list(groups) if i % 2 else list(groups)[::-1]:
             t0 = time.perf_counter()
             for _ in range(calls):
                 dist.all_reduce(small, group=groups[k])
@@ -214,31 +242,47 @@ def main() -> None:
     emu = run_ranks(emulator_rank, 4, args.emulator_reps, timeout=1800)[0]
     solo = run_ranks(emulator_solo, 1, 21, 200, timeout=600)[0]
     load2 = os.getloadavg()[0]
-    print(f"# framework_overhead  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
-          f"torch {torch.__version__}; load average {load0:.1f} / {load1:.1f} / {load2:.1f} (start / after loops / end)")
-    print(f"\nOne process, no sync, 1 thread, median ms per step over {args.rounds} interleaved blocks of {args.block}:")
-    print("| model | bare torch loop ms | ws.strategy loop ms | ratio (>= 0.97) | wansync train loop ms | ratio (>= 0.95) |")
+    print(
+        f"# framework_overhead  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
+        f"torch {torch.__version__}; load average {load0:.1f} / {load1:.1f} / {load2:.1f} (start / after loops / end)"
+    )
+    print(
+        f"\nOne process, no sync, 1 thread, median ms per step over {args.rounds} interleaved blocks of {args.block}:"
+    )
+    print(
+        "| model | bare torch loop ms | ws.strategy loop ms | ratio (>= 0.97) | wansync train loop ms | ratio (>= 0.95) |"
+    )
     print("|---|---|---|---|---|---|")
     for model, r in loops.items():
-        print(f"| {model} | {1e3 * r['bare']:.1f} | {1e3 * r['strategy']:.1f} | {r['bare'] / r['strategy']:.3f} | "
-              f"{1e3 * r['trainer']:.1f} | {r['bare'] / r['trainer']:.3f} |")
+        print(
+            f"| {model} | {1e3 * r['bare']:.1f} | {1e3 * r['strategy']:.1f} | {r['bare'] / r['strategy']:.3f} | "
+            f"{1e3 * r['trainer']:.1f} | {r['bare'] / r['trainer']:.3f} |"
+        )
     step = emu["ddp_step"]
-    print("\nThe emulator's own cost, nothing on the wire: a 1 KB all-reduce on a one-rank group, "
-          "median µs per call over 21 interleaved blocks of 200 calls:")
+    print(
+        "\nThe emulator's own cost, nothing on the wire: a 1 KB all-reduce on a one-rank group, "
+        "median µs per call over 21 interleaved blocks of 200 calls:"
+    )
     print("| plain gloo µs | emulated, zero-cost link µs | emulator overhead µs | share of a 4-rank DDP step |")
     print("|---|---|---|---|")
     d = solo["emulated"] - solo["plain"]
     print(f"| {1e6 * solo['plain']:.1f} | {1e6 * solo['emulated']:.1f} | {1e6 * d:.1f} | {d / step:+.4%} |")
-    print(f"\n4 ranks (gloo, 127.0.0.1), {args.emulator_reps} interleaved rounds, a barrier before each call; "
-          "medians, and the median of the rounds' paired differences:")
-    print("| collective | plain gloo µs | emulated, zero-cost link µs | emulator overhead µs (paired) | share of a DDP step |")
+    print(
+        f"\n4 ranks (gloo, 127.0.0.1), {args.emulator_reps} interleaved rounds, a barrier before each call; "
+        "medians, and the median of the rounds' paired differences:"
+    )
+    print(
+        "| collective | plain gloo µs | emulated, zero-cost link µs | emulator overhead µs (paired) | share of a DDP step |"
+    )
     print("|---|---|---|---|---|")
     for label, key in (("all-reduce 7.3 MB (tiny LM grads)", "grads"), ("all-reduce 1 KB", "1KB")):
         p, e, d = emu[f"plain_{key}"], emu[f"emulated_{key}"], emu[f"diff_{key}"]
         print(f"| {label} | {1e6 * p:.0f} | {1e6 * e:.0f} | {1e6 * d:.0f} | {d / step:+.2%} |")
     print(f"DDP training step on plain gloo (tiny LM, batch {LM_BATCH} x {LM_SEQ}, 4 ranks): {1e3 * step:.1f} ms")
-    print(f"reproduce: .venv/bin/python benchmarks/framework_overhead.py --models {args.models} --rounds {args.rounds} "
-          f"--block {args.block} --emulator-reps {args.emulator_reps}")
+    print(
+        f"reproduce: .venv/bin/python benchmarks/framework_overhead.py --models {args.models} --rounds {args.rounds} "
+        f"--block {args.block} --emulator-reps {args.emulator_reps}"
+    )
 
 
 if __name__ == "__main__":

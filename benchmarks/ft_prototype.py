@@ -9,6 +9,7 @@ transport), not from disk.
 
     PYTHONPATH=src python benchmarks/ft_prototype.py
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,11 @@ def replica(index: int, lighthouse: str, steps: int, sync_every: int) -> None:
     state = {"step": 0}
 
     def save():  # clones: the HTTP transport serves CPU tensors by reference, after we move on
-        return {"model": copy.deepcopy(model.state_dict()), "opt": copy.deepcopy(opt.state_dict()),
-                "step": state["step"]}
+        return {
+            "model": copy.deepcopy(model.state_dict()),
+            "opt": copy.deepcopy(opt.state_dict()),
+            "step": state["step"],
+        }
 
     def load(sd):
         model.load_state_dict(sd["model"])
@@ -40,11 +44,23 @@ def replica(index: int, lighthouse: str, steps: int, sync_every: int) -> None:
         print(f"replica {index}: healed from a peer at step {sd['step']}", flush=True)
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=5)), load_state_dict=load, state_dict=save,
-                      min_replica_size=1, use_async_quorum=False, replica_id=f"replica_{index}",
-                      store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=1,
-                      lighthouse_addr=lighthouse, hostname="127.0.0.1", timeout=timedelta(seconds=5),
-                      quorum_timeout=timedelta(seconds=30), init_sync=False)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
+        load_state_dict=load,
+        state_dict=save,
+        min_replica_size=1,
+        use_async_quorum=False,
+        replica_id=f"replica_{index}",
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse,
+        hostname="127.0.0.1",
+        timeout=timedelta(seconds=5),
+        quorum_timeout=timedelta(seconds=30),
+        init_sync=False,
+    )
     gen = torch.Generator().manual_seed(100 + index)
     while state["step"] < steps:
         x = torch.randn(8, 4, generator=gen)
@@ -65,8 +81,10 @@ def replica(index: int, lighthouse: str, steps: int, sync_every: int) -> None:
                 break
             print(f"replica {index}: exchange at step {state['step']} failed, retrying", flush=True)
         torch.nn.utils.vector_to_parameters(flat, model.parameters())
-        print(f"replica {index}: step {state['step']} participants {participants} "
-              f"param0 {flat[0].item():.6f}", flush=True)
+        print(
+            f"replica {index}: step {state['step']} participants {participants} " f"param0 {flat[0].item():.6f}",
+            flush=True,
+        )
     manager.shutdown(wait=False)
 
 
@@ -80,16 +98,29 @@ def main() -> None:
     if args.replica is not None:
         return replica(args.replica, args.lighthouse, args.steps, args.sync_every)
     from torchft.coordination import LighthouseServer
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500,
-                                  heartbeat_timeout_ms=1000)
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=1000)
     addr = lighthouse.address()
     print("lighthouse at", addr, flush=True)
 
     def spawn(i):
-        return subprocess.Popen([sys.executable, __file__, "--replica", str(i), "--lighthouse", addr,
-                                 "--steps", str(args.steps), "--sync-every", str(args.sync_every)])
+        return subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--replica",
+                str(i),
+                "--lighthouse",
+                addr,
+                "--steps",
+                str(args.steps),
+                "--sync-every",
+                str(args.sync_every),
+            ]
+        )
+
     procs = [spawn(i) for i in range(3)]
-    time.sleep(6.0)   # the replicas start in ~3 s, then sync every 0.25 s
+    time.sleep(6.0)  # the replicas start in ~3 s, then sync every 0.25 s
     procs[1].kill()
     procs[1].wait()
     print("killed replica 1", flush=True)

@@ -16,6 +16,7 @@ from the fault-free run.
 
     PYTHONPATH=src python benchmarks/ft_scenarios.py [--workers 3 --steps 100 --strategies diloco,streaming,...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,19 +35,27 @@ from wansync.runner.workerproc import live_workers
 
 TINY = ["--model", "tiny", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "4", "--threads", "1"]
 FRAGMENTS = ["--sync-every", "8", "--fragments", "2", "--overlap", "2"]
-STRATEGY_ARGS = {"local_sgd": ["--sync-every", "5"], "slowmo": ["--sync-every", "5"], "diloco": ["--sync-every", "5"],
-                 "streaming": FRAGMENTS, "cocodc": FRAGMENTS}
-SCENARIOS = {"fault-free": ("", []), "kill": ("rank=2,step=12,action=kill", []),
-             "stop": ("rank=2,step=12,action=stop", []),
-             "kill in exchange": ("rank=2,step=12,action=kill_in_exchange", []),
-             "kill + restart": ("rank=2,step=12,action=kill", ["--max-restarts", "1"]),
-             "two failures": ("rank=1,step=12,action=kill;rank=2,step=17,action=kill", ["--max-restarts", "1"])}
+STRATEGY_ARGS = {
+    "local_sgd": ["--sync-every", "5"],
+    "slowmo": ["--sync-every", "5"],
+    "diloco": ["--sync-every", "5"],
+    "streaming": FRAGMENTS,
+    "cocodc": FRAGMENTS,
+}
+SCENARIOS = {
+    "fault-free": ("", []),
+    "kill": ("rank=2,step=12,action=kill", []),
+    "stop": ("rank=2,step=12,action=stop", []),
+    "kill in exchange": ("rank=2,step=12,action=kill_in_exchange", []),
+    "kill + restart": ("rank=2,step=12,action=kill", ["--max-restarts", "1"]),
+    "two failures": ("rank=1,step=12,action=kill;rank=2,step=17,action=kill", ["--max-restarts", "1"]),
+}
 
 
 def quorums(out: Path, rank: int) -> list[dict]:
     path = out / "logs" / f"quorum_rank{rank}.jsonl"
     lines = path.read_text().splitlines() if path.is_file() else []
-    return [json.loads(x) for x in lines if x.strip().endswith("}")]     # a line being written is left for later
+    return [json.loads(x) for x in lines if x.strip().endswith("}")]  # a line being written is left for later
 
 
 def continue_when_left_out(proc: subprocess.Popen, out: Path, workers: int) -> None:
@@ -65,9 +74,29 @@ def continue_when_left_out(proc: subprocess.Popen, out: Path, workers: int) -> N
 
 def run(out: Path, strategy: str, scenario: str, workers: int, steps: int) -> dict:
     fault, extra = SCENARIOS[scenario]
-    cmd = [sys.executable, "-m", "wansync", "train", "--strategy", strategy, *STRATEGY_ARGS[strategy],
-           "--workers", str(workers), "--steps", str(steps), "--eval-every", "1000", "--fault-tolerant",
-           "--peer-timeout", "10", "--quiet", "--out", str(out), *TINY, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "wansync",
+        "train",
+        "--strategy",
+        strategy,
+        *STRATEGY_ARGS[strategy],
+        "--workers",
+        str(workers),
+        "--steps",
+        str(steps),
+        "--eval-every",
+        "1000",
+        "--fault-tolerant",
+        "--peer-timeout",
+        "10",
+        "--quiet",
+        "--out",
+        str(out),
+        *TINY,
+        *extra,
+    ]
     env = dict(os.environ, **({"WANSYNC_FAULT": fault} if fault else {}))
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -86,20 +115,29 @@ def run(out: Path, strategy: str, scenario: str, workers: int, steps: int) -> di
             runs[-1][1] += 1
         else:
             runs.append([p, 1])
-    heals = [json.loads(x) for x in (out / "logs" / "heals.jsonl").read_text().splitlines()] \
-        if (out / "logs" / "heals.jsonl").is_file() else []
-    return {"rc": proc.returncode, "error": err.strip().splitlines()[-1] if proc.returncode else "",
-            "participants": " ".join(f"{p}×{n}" for p, n in runs),
-            "stall_s": max((q["seconds"] for q in quorums(out, 0)[1:]), default=0.0),
-            "back_at": ",".join(str(h["step"]) for h in heals) or "-",
-            "steps_lost": summary.get("steps_lost"), "loss": summary.get("final_val_loss"), "wall_s": wall,
-            "same": same_parameters(out)}
+    heals = (
+        [json.loads(x) for x in (out / "logs" / "heals.jsonl").read_text().splitlines()]
+        if (out / "logs" / "heals.jsonl").is_file()
+        else []
+    )
+    return {
+        "rc": proc.returncode,
+        "error": err.strip().splitlines()[-1] if proc.returncode else "",
+        "participants": " ".join(f"{p}×{n}" for p, n in runs),
+        "stall_s": max((q["seconds"] for q in quorums(out, 0)[1:]), default=0.0),
+        "back_at": ",".join(str(h["step"]) for h in heals) or "-",
+        "steps_lost": summary.get("steps_lost"),
+        "loss": summary.get("final_val_loss"),
+        "wall_s": wall,
+        "same": same_parameters(out),
+    }
 
 
 def same_parameters(out: Path) -> str:
     """Whether the workers that saved the final checkpoint hold bitwise the same parameters: "yes (N)"
     for N workers, "NO", or "-" without a checkpoint."""
     import torch
+
     final = sorted((out / "checkpoints").glob("step*"))
     files = sorted(final[-1].glob("rank*.pt")) if final else []
     if not files:
@@ -118,24 +156,32 @@ def main() -> None:
     args = ap.parse_args()
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     load = os.getloadavg()[0]
-    print(f"command: PYTHONPATH=src python benchmarks/ft_scenarios.py --workers {args.workers} --steps {args.steps} "
-          f"--strategies {args.strategies} --scenarios '{args.scenarios}'")
+    print(
+        f"command: PYTHONPATH=src python benchmarks/ft_scenarios.py --workers {args.workers} --steps {args.steps} "
+        f"--strategies {args.strategies} --scenarios '{args.scenarios}'"
+    )
     print(f"date: {started}; machine: {platform.machine()}, {os.cpu_count()} cores; load average at start {load:.1f}\n")
-    print("| strategy | scenario | exit | participants per exchange | longest quorum s | healed at | steps lost "
-          "| same parameters at the end | final val loss | vs fault-free | wall s |")
+    print(
+        "| strategy | scenario | exit | participants per exchange | longest quorum s | healed at | steps lost "
+        "| same parameters at the end | final val loss | vs fault-free | wall s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in args.strategies.split(","):
             clean = None
             for scenario in args.scenarios.split(","):
-                r = run(Path(tmp) / f"{strategy}-{scenario.replace(' ', '_')}", strategy, scenario, args.workers,
-                        args.steps)
+                r = run(
+                    Path(tmp) / f"{strategy}-{scenario.replace(' ', '_')}", strategy, scenario, args.workers, args.steps
+                )
                 clean = r["loss"] if scenario == "fault-free" else clean
                 delta = f"{r['loss'] - clean:+.4f}" if r["loss"] is not None and clean is not None else "-"
                 loss = f"{r['loss']:.4f}" if r["loss"] is not None else "-"
-                print(f"| {strategy} | {scenario} | {r['rc']}{' ' + r['error'] if r['error'] else ''} | "
-                      f"{r['participants']} | {r['stall_s']:.2f} | {r['back_at']} | {r['steps_lost']} | {r['same']} | {loss} | "
-                      f"{delta} | {r['wall_s']:.0f} |", flush=True)
+                print(
+                    f"| {strategy} | {scenario} | {r['rc']}{' ' + r['error'] if r['error'] else ''} | "
+                    f"{r['participants']} | {r['stall_s']:.2f} | {r['back_at']} | {r['steps_lost']} | {r['same']} | {loss} | "
+                    f"{delta} | {r['wall_s']:.0f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

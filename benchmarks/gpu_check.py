@@ -22,6 +22,7 @@ Without CUDA it prints one line and exits 0, writing nothing.
     .venv/bin/python benchmarks/gpu_check.py [--out runs/gpu-check] [--budget 290]
     .venv/bin/python benchmarks/gpu_check.py --render runs/gpu-check/gpu_check.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ from typing import Any, Callable
 
 import torch
 
-STRATEGY_FLAGS: dict[str, list[str]] = {      # options that reach each strategy's exchange within STEPS steps
+STRATEGY_FLAGS: dict[str, list[str]] = {  # options that reach each strategy's exchange within STEPS steps
     "ddp": [],
     "demo": [],
     "local_sgd": ["--sync-every", "4"],
@@ -53,8 +54,8 @@ STRATEGY_FLAGS: dict[str, list[str]] = {      # options that reach each strategy
 }
 STEPS = 10
 TRAIN_FLAGS = ["--model", "tiny", "--batch-size", "8", "--seq-len", "64", "--eval-batches", "2", "--quiet"]
-RUN_TIMEOUT_S = 90                  # one CLI run: a hung NCCL group must not eat the whole budget
-KERNEL_VALUES = 64 * 2 ** 20        # 64M float32 values: 256 MB of input
+RUN_TIMEOUT_S = 90  # one CLI run: a hung NCCL group must not eat the whole budget
+KERNEL_VALUES = 64 * 2**20  # 64M float32 values: 256 MB of input
 KERNEL_REPEATS = 5
 # ~1.0B parameters with a 32,000-token vocabulary and the tied head (LMShape.param_count): LLaMA-1B-like.
 BIG_SHAPE = dict(dim=2048, n_layers=18, n_heads=16, ffn_hidden=5632, max_seq_len=2048)
@@ -94,7 +95,7 @@ def guarded(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         part.setdefault("status", "failed" if bad else "ok")
         if bad:
             part.setdefault("reason", f"{len(bad)} of {len(rows)} failed: " + ", ".join(str(r["name"]) for r in bad))
-    except Exception as e:       # noqa: BLE001 - the point is to keep going and record why
+    except Exception as e:  # noqa: BLE001 - the point is to keep going and record why
         part = {"status": "failed", "reason": one_line(e), "rows": []}
     part["seconds"] = round(time.monotonic() - t0, 2)
     if torch.cuda.is_available():
@@ -108,13 +109,14 @@ def row(name: str, fn: Callable[[], dict[str, Any]], budget: Budget) -> dict[str
     try:
         budget.check()
         out = {"name": name, "status": "ok", **fn()}
-    except Exception as e:       # noqa: BLE001
+    except Exception as e:  # noqa: BLE001
         out = {"name": name, "status": "failed", "reason": one_line(e)}
     out["seconds"] = round(time.monotonic() - t0, 2)
     return out
 
 
 # -- parts 1 and 2: the CLI on NCCL -------------------------------------------------------------------
+
 
 def run_group(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     """`cmd` in a session of its own, so that a run past `timeout` is ended with its worker processes (a
@@ -132,8 +134,20 @@ def run_group(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
 def train(flags: list[str], budget: Budget) -> dict[str, Any]:
     """One `wansync train --backend nccl` in a fresh process (as a user runs it); its summary's figures."""
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as d:
-        cmd = [sys.executable, "-m", "wansync", "train", "--backend", "nccl", "--steps", str(STEPS),
-               *TRAIN_FLAGS, *flags, "--out", os.path.join(d, "run")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "wansync",
+            "train",
+            "--backend",
+            "nccl",
+            "--steps",
+            str(STEPS),
+            *TRAIN_FLAGS,
+            *flags,
+            "--out",
+            os.path.join(d, "run"),
+        ]
         timeout = max(5.0, min(RUN_TIMEOUT_S, budget.left()))
         r = run_group(cmd, timeout)
         if r.returncode:
@@ -149,9 +163,16 @@ def train(flags: list[str], budget: Budget) -> dict[str, Any]:
 def part_strategies(gpus: int, budget: Budget) -> dict[str, Any]:
     """Every registered strategy a few steps on NCCL: 2 workers where there are 2 GPUs, else 1."""
     from wansync.strategies import STRATEGIES
+
     workers = str(min(2, gpus))
-    rows = [row(name, lambda n=name: train(["--strategy", n, "--workers", workers, *STRATEGY_FLAGS.get(n, [])],
-                                           budget), budget) for name in STRATEGIES]
+    rows = [
+        row(
+            name,
+            lambda n=name: train(["--strategy", n, "--workers", workers, *STRATEGY_FLAGS.get(n, [])], budget),
+            budget,
+        )
+        for name in STRATEGIES
+    ]
     return {"workers": int(workers), "steps": STEPS, "rows": rows}
 
 
@@ -164,16 +185,37 @@ def part_precision_fsdp(gpus: int, budget: Budget) -> dict[str, Any]:
     cases = {
         f"diloco bf16, {workers} worker(s)": [*base, "--workers", str(workers), "--precision", "bf16"],
         f"diloco fsdp fp32, {fsdp_workers}x{per_worker}": [
-            *base, "--workers", str(fsdp_workers), "--inside", "fsdp", "--ranks-per-worker", str(per_worker),
-            "--precision", "fp32", "--outer-state-device", "cpu"],
+            *base,
+            "--workers",
+            str(fsdp_workers),
+            "--inside",
+            "fsdp",
+            "--ranks-per-worker",
+            str(per_worker),
+            "--precision",
+            "fp32",
+            "--outer-state-device",
+            "cpu",
+        ],
         f"diloco fsdp bf16, {fsdp_workers}x{per_worker}": [
-            *base, "--workers", str(fsdp_workers), "--inside", "fsdp", "--ranks-per-worker", str(per_worker),
-            "--precision", "bf16", "--outer-state-device", "cpu"],
+            *base,
+            "--workers",
+            str(fsdp_workers),
+            "--inside",
+            "fsdp",
+            "--ranks-per-worker",
+            str(per_worker),
+            "--precision",
+            "bf16",
+            "--outer-state-device",
+            "cpu",
+        ],
     }
     return {"rows": [row(name, lambda f=flags: train(f, budget), budget) for name, flags in cases.items()]}
 
 
 # -- part 3: the kernels on CUDA tensors -------------------------------------------------------------
+
 
 def timed_gbps(fn: Callable[[], Any], input_bytes: int) -> dict[str, Any]:
     """GB/s of input of `fn` on the GPU: one warm-up call, then the median of KERNEL_REPEATS, synchronized."""
@@ -194,6 +236,7 @@ def kernel_cases(x: torch.Tensor) -> dict[str, tuple[Callable[[], Any], int]]:
     from wansync.comm import bitpack, codecs, quantize
     from wansync.comm.dct import BlockDCT
     from wansync.comm.topk import chunk_topk, kept_per_chunk
+
     n = x.numel()
     cases: dict[str, tuple[Callable[[], Any], int]] = {}
     for name in ("bf16", "int8", "fp4"):
@@ -201,14 +244,14 @@ def kernel_cases(x: torch.Tensor) -> dict[str, tuple[Callable[[], Any], int]]:
         enc = codec.encode(x)
         cases[f"codec {name} encode"] = (lambda c=codec: c.encode(x), 4 * n)
         cases[f"codec {name} decode"] = (lambda c=codec, e=enc: c.decode(e), enc.nbytes)
-    chunk = 4096                                        # SparseLoCo's 64 x 64 blocks, 32 of 4096 kept
+    chunk = 4096  # SparseLoCo's 64 x 64 blocks, 32 of 4096 kept
     chunks = x.view(-1, chunk)
     k = kept_per_chunk(chunk, 32 / 4096)
     cases[f"top-k {k} of {chunk} per chunk"] = (lambda: chunk_topk(chunks, k), 4 * n)
     dct = BlockDCT(64, 64, device=x.device)
     cases["DCT forward, 64x64 blocks"] = (lambda: dct.forward(chunks), 4 * n)
     cases["DCT inverse, 64x64 blocks"] = (lambda: dct.inverse(chunks), 4 * n)
-    m = n // 8                                          # packing and quantizing see only the kept values
+    m = n // 8  # packing and quantizing see only the kept values
     codes = torch.randint(0, 4, (m,), device=x.device, dtype=torch.uint8)
     packed = bitpack.pack(codes, 2)
     cases["bitpack pack 2-bit"] = (lambda: bitpack.pack(codes, 2), m)
@@ -232,9 +275,11 @@ def part_kernels(budget: Budget) -> dict[str, Any]:
 
 # -- part 4: a ~1B model's step and the FLOP/s it implies ---------------------------------------------
 
+
 def big_model() -> tuple[torch.nn.Module, int]:
     """The ~1B LLaMA-style LM on the GPU (fp32 master weights) and its parameter count."""
     from wansync.workloads.lm.model import LMShape, TransformerLM
+
     shape = LMShape(**BIG_SHAPE)
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -268,6 +313,7 @@ def part_throughput(budget: Budget) -> dict[str, Any]:
     """Effective FLOP/s of a ~1B model's bf16 step by 6·N·tokens/time, beside the planner's assumption;
     the batch halves until it fits."""
     from wansync.planner.sizes import FLOPS_PER_ACCELERATOR
+
     budget.check(30)
     torch.cuda.reset_peak_memory_stats()
     model, n = big_model()
@@ -277,7 +323,7 @@ def part_throughput(budget: Budget) -> dict[str, Any]:
             t = step_time(model, batch)
             break
         except torch.cuda.OutOfMemoryError as e:
-            last, batch = one_line(e), batch // 2     # the line only: the traceback would pin the step's tensors
+            last, batch = one_line(e), batch // 2  # the line only: the traceback would pin the step's tensors
         torch.cuda.empty_cache()
     else:
         raise RuntimeError(f"out of memory at batch 1: {last}")
@@ -287,20 +333,36 @@ def part_throughput(budget: Budget) -> dict[str, Any]:
     peak = torch.cuda.max_memory_allocated()
     del model
     torch.cuda.empty_cache()
-    return {"rows": [{"name": "~1B LM, bf16 autocast, AdamW", "status": "ok", "params": n, "batch": batch,
-                      "seq_len": BIG_SEQ, "tokens": tokens, "step_s": round(t, 4),
-                      "effective_TFLOP/s": round(effective / 1e12, 1), "planner_TFLOP/s": round(planned / 1e12, 1),
-                      "measured/planner": round(effective / planned, 3), "peak_GB": round(peak / 1e9, 2)}]}
+    return {
+        "rows": [
+            {
+                "name": "~1B LM, bf16 autocast, AdamW",
+                "status": "ok",
+                "params": n,
+                "batch": batch,
+                "seq_len": BIG_SEQ,
+                "tokens": tokens,
+                "step_s": round(t, 4),
+                "effective_TFLOP/s": round(effective / 1e12, 1),
+                "planner_TFLOP/s": round(planned / 1e12, 1),
+                "measured/planner": round(effective / planned, 3),
+                "peak_GB": round(peak / 1e9, 2),
+            }
+        ]
+    }
 
 
 # -- part 5: the CUDA allocator against the planner's memory bill ------------------------------------
+
 
 def planned_memory(strategy: str, options: dict[str, Any], workers: int) -> dict[str, int]:
     """The planner's bill for the same model, strategy and options (memory_bill.py's `planned`)."""
     from wansync.net.wan import PRESETS
     from wansync.planner import of_name, predict, setting
-    s = setting(strategy, options, of_name(MEMORY_MODEL), workers, PRESETS["lan"], 0.1,
-                ranks_per_worker=1, inside="ddp")
+
+    s = setting(
+        strategy, options, of_name(MEMORY_MODEL), workers, PRESETS["lan"], 0.1, ranks_per_worker=1, inside="ddp"
+    )
     return predict(s).memory
 
 
@@ -310,13 +372,14 @@ def measure_memory(strategy: str, options: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
     import wansync as ws
     from wansync.workloads.lm.model import TransformerLM, lm_shape
+
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
     model = TransformerLM(lm_shape(MEMORY_MODEL), 256).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    with warnings.catch_warnings():         # RegimeWarning: short rounds are chosen to reach every state, not to train
+    with warnings.catch_warnings():  # RegimeWarning: short rounds are chosen to reach every state, not to train
         warnings.simplefilter("ignore")
         sync = ws.strategy(strategy, model, opt, **options)
     x = torch.randint(0, 256, (4, 129), device="cuda")
@@ -333,14 +396,18 @@ def measure_memory(strategy: str, options: dict[str, Any]) -> dict[str, Any]:
     peak = torch.cuda.max_memory_allocated() - base
     plan = planned_memory(strategy, options, dist.get_world_size())
     del sync, model, opt
-    return {"measured_MB": round(held / 1e6, 2), "planner_MB": round(plan["total"] / 1e6, 2),
-            "planner-measured_%": round(100 * (plan["total"] - held) / held, 2) if held else None,
-            "peak_MB": round(peak / 1e6, 2)}
+    return {
+        "measured_MB": round(held / 1e6, 2),
+        "planner_MB": round(plan["total"] / 1e6, 2),
+        "planner-measured_%": round(100 * (plan["total"] - held) / held, 2) if held else None,
+        "peak_MB": round(peak / 1e6, 2),
+    }
 
 
 def part_memory(budget: Budget) -> dict[str, Any]:
     """`MEMORY_CASES` on the `small` LM in this process, one rank on NCCL (`ws.init`'s one-process group)."""
     import wansync as ws
+
     torch.cuda.set_device(0)
     ws.init(backend="nccl")
     rows = [row(name, lambda n=name, o=opts: measure_memory(n, o), budget) for name, opts in MEMORY_CASES.items()]
@@ -349,20 +416,28 @@ def part_memory(budget: Budget) -> dict[str, Any]:
 
 # -- the whole check, its JSON and its table -----------------------------------------------------------
 
+
 def no_cuda_line() -> str:
-    return (f"gpu-check: no CUDA device here (torch {torch.__version__}, "
-            f"{'built without CUDA' if torch.version.cuda is None else 'no driver or no visible GPU'}); "
-            "nothing to check")
+    return (
+        f"gpu-check: no CUDA device here (torch {torch.__version__}, "
+        f"{'built without CUDA' if torch.version.cuda is None else 'no driver or no visible GPU'}); "
+        "nothing to check"
+    )
 
 
 def machine() -> dict[str, Any]:
     """What ran the check: the GPU, how many, torch and its CUDA and NCCL."""
     props = torch.cuda.get_device_properties(0)
     nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
-    return {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
-            "memory_GB": round(props.total_memory / 1e9, 1), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "gpus": torch.cuda.device_count(),
+        "memory_GB": round(props.total_memory / 1e9, 1),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def run_check(budget_s: float) -> dict[str, Any]:
@@ -391,10 +466,15 @@ def _cell(v: Any) -> str:
 
 def render(result: dict[str, Any]) -> str:
     """The markdown table of a recorded check: the machine, one line per part, then each part's rows."""
-    lines = [f"# gpu-check: {result.get('device', '?')} x{result.get('gpus', '?')}",
-             "", f"torch {result.get('torch')}, CUDA {result.get('cuda')}, NCCL {result.get('nccl')}, "
-             f"{result.get('date', '')}, {result.get('seconds', '?')} s", "",
-             "| part | status | seconds | reason |", "|---|---|---|---|"]
+    lines = [
+        f"# gpu-check: {result.get('device', '?')} x{result.get('gpus', '?')}",
+        "",
+        f"torch {result.get('torch')}, CUDA {result.get('cuda')}, NCCL {result.get('nccl')}, "
+        f"{result.get('date', '')}, {result.get('seconds', '?')} s",
+        "",
+        "| part | status | seconds | reason |",
+        "|---|---|---|---|",
+    ]
     parts = result.get("parts", {})
     for name, part in parts.items():
         lines.append(f"| {name} | {part.get('status')} | {_cell(part.get('seconds'))} | {_cell(part.get('reason'))} |")

@@ -20,6 +20,7 @@ the recorded figures are in benchmarks/README.md.
 Run it with nothing else on the machine: at 1 Gbit/s the bed's figures move by up to ±10 ms (of ~60)
 when another process competes for the cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,24 @@ import netns  # noqa: E402 - the test suite's bed, not a second copy
 
 PORT = 29555
 SIZES = {"4 B": 4, "7.28 MB": 7_280_000}
-OPS = {"4 B": 300, "7.28 MB": 9}                 # all-reduces per repetition (the median is kept)
-TRAIN = ["--model", "tiny", "--batch-size", "4", "--seq-len", "64", "--eval-batches", "2", "--eval-every", "1000",
-         "--threads", "1", "--quiet", "--seed", "0"]
+OPS = {"4 B": 300, "7.28 MB": 9}  # all-reduces per repetition (the median is kept)
+TRAIN = [
+    "--model",
+    "tiny",
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "64",
+    "--eval-batches",
+    "2",
+    "--eval-every",
+    "1000",
+    "--threads",
+    "1",
+    "--quiet",
+    "--seed",
+    "0",
+]
 STRATEGIES = {"ddp": ["--steps", "30"], "diloco": ["--steps", "40", "--sync-every", "2"]}
 CLEAN = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_")
 
@@ -51,12 +67,14 @@ def probe(rank: int, addr: str, wan: str | None) -> None:
     """One rank of the collectives' probe: prints {size: median seconds} as JSON on rank 0."""
     import torch
     import torch.distributed as dist
+
     torch.set_num_threads(1)
     kwargs = dict(init_method=f"tcp://{addr}:{PORT}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
     if wan is None:
         dist.init_process_group("gloo", **kwargs)
     else:
         from wansync import net
+
         dist.init_process_group(net.install(), pg_options=net.Emulator(net.parse_wan(wan)), **kwargs)
     plain = dist.new_group(backend="gloo")
     out = {}
@@ -84,18 +102,31 @@ def in_bed(bed: netns.Bed, mode: str, timeout: float = 600) -> str:
     """Run this script's `mode` (the probe) as rank 0 on host A and rank 1 on host B; rank 0's output."""
     a, b = bed.hosts
     meet = a.address
-    procs = [bed.start(h, [sys.executable, __file__, f"--{mode}", str(r), meet],
-                       env=dict(env(), GLOO_SOCKET_IFNAME=h.ifname), stdout=subprocess.PIPE, text=True)
-             for r, h in enumerate((a, b))]
+    procs = [
+        bed.start(
+            h,
+            [sys.executable, __file__, f"--{mode}", str(r), meet],
+            env=dict(env(), GLOO_SOCKET_IFNAME=h.ifname),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r, h in enumerate((a, b))
+    ]
     out = procs[0].communicate(timeout=timeout)[0]
     procs[1].wait(timeout=60)
     return out.strip().splitlines()[-1]
 
 
 def emulated_probe(wan: str) -> dict[str, float]:
-    procs = [subprocess.Popen([sys.executable, __file__, "--probe", str(r), "127.0.0.1", "--wan", wan],
-                              env=dict(env(), GLOO_SOCKET_IFNAME="lo"), stdout=subprocess.PIPE, text=True)
-             for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--probe", str(r), "127.0.0.1", "--wan", wan],
+            env=dict(env(), GLOO_SOCKET_IFNAME="lo"),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     out = procs[0].communicate(timeout=600)[0]
     procs[1].wait(timeout=60)
     return json.loads(out.strip().splitlines()[-1])
@@ -110,10 +141,26 @@ def train_in_bed(bed: netns.Bed, args: list[str], work: Path) -> Path:
     """`wansync train ARGS` under torchrun on both hosts, as docs/multinode.md says; the first host's run."""
     a, b = bed.hosts
     torchrun = Path(sys.executable).parent / "torchrun"
-    procs = {h: bed.start(h, [str(torchrun), *netns.documented_torchrun(a.address), "-m", "wansync", "train", *args,
-                              "--out", str(work / h.name)], env=env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-             for h in (a, b)}
+    procs = {
+        h: bed.start(
+            h,
+            [
+                str(torchrun),
+                *netns.documented_torchrun(a.address),
+                "-m",
+                "wansync",
+                "train",
+                *args,
+                "--out",
+                str(work / h.name),
+            ],
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for h in (a, b)
+    }
     for h, p in procs.items():
         out = p.communicate(timeout=900)[0]
         if p.returncode != 0:
@@ -122,15 +169,37 @@ def train_in_bed(bed: netns.Bed, args: list[str], work: Path) -> Path:
 
 
 def exposed_real(bed: netns.Bed, strategy: str, corpus: Path, work: Path) -> float:
-    return exposed(train_in_bed(bed, ["--strategy", strategy, *STRATEGIES[strategy], *TRAIN, "--data", str(corpus)],
-                                work))
+    return exposed(
+        train_in_bed(bed, ["--strategy", strategy, *STRATEGIES[strategy], *TRAIN, "--data", str(corpus)], work)
+    )
 
 
 def exposed_emulated(strategy: str, wan: str, corpus: Path, work: Path) -> float:
     out = work / "emulated"
-    r = subprocess.run([sys.executable, "-m", "wansync", "train", "--strategy", strategy, *STRATEGIES[strategy],
-                        *TRAIN, "--data", str(corpus), "--workers", "2", "--wan", wan, "--out", str(out)],
-                       env=env(), capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wansync",
+            "train",
+            "--strategy",
+            strategy,
+            *STRATEGIES[strategy],
+            *TRAIN,
+            "--data",
+            str(corpus),
+            "--workers",
+            "2",
+            "--wan",
+            wan,
+            "--out",
+            str(out),
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"{strategy} under --wan {wan} failed: {r.stderr[-2000:]}")
     return exposed(out)
@@ -151,8 +220,11 @@ def main() -> None:
     p.add_argument("--probe", type=int, metavar="RANK")
     p.add_argument("addr", nargs="?")
     p.add_argument("--wan")
-    p.add_argument("--slow-start-after-idle", choices=("0", "1"),
-                   help="set the bed's net.ipv4.tcp_slow_start_after_idle (default: the kernel's, 1)")
+    p.add_argument(
+        "--slow-start-after-idle",
+        choices=("0", "1"),
+        help="set the bed's net.ipv4.tcp_slow_start_after_idle (default: the kernel's, 1)",
+    )
     args = p.parse_args()
     if args.probe is not None:
         return probe(args.probe, args.addr, args.wan)
@@ -160,12 +232,14 @@ def main() -> None:
     if why:
         sys.exit(f"hosts_fidelity: {why}")
     from wansync.workloads.lm.corpus import shakespeare_text
+
     print(f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     print("\n| line rate | what | real (bed) | emulated | emulated/real | emulated - real |")
     print("|---|---|---|---|---|---|", flush=True)
 
     def row(*cells: str) -> None:
         print("| " + " | ".join(cells) + " |", flush=True)
+
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "plays.txt"
         corpus.write_text(shakespeare_text()[:400_000])
@@ -173,7 +247,7 @@ def main() -> None:
             with netns.Bed(2, rate=rate) as bed:
                 for host in bed.hosts if args.slow_start_after_idle else ():
                     bed.run(host, ["sysctl", "-qw", f"net.ipv4.tcp_slow_start_after_idle={args.slow_start_after_idle}"])
-                rtt = bed.rtt(0, 1)                      # a TCP ping-pong across the bed (`netns.Bed.rtt`)
+                rtt = bed.rtt(0, 1)  # a TCP ping-pong across the bed (`netns.Bed.rtt`)
                 wan = f"rtt={rtt * 1e6:.0f}us,bw={rate}"
                 if args.only in (None, "collectives"):
                     real = [json.loads(in_bed(bed, "probe")) for _ in range(args.reps)]
@@ -181,8 +255,14 @@ def main() -> None:
                     for label in SIZES:
                         r, e = [x[label] for x in real], [x[label] for x in emu]
                         ratio = f"{statistics.median(e) / statistics.median(r):.3f}"
-                        row(rate, f"all-reduce {label} (ms)", spread(r, 1e3), spread(e, 1e3), ratio,
-                            f"{(statistics.median(e) - statistics.median(r)) * 1e3:+.2f} ms")
+                        row(
+                            rate,
+                            f"all-reduce {label} (ms)",
+                            spread(r, 1e3),
+                            spread(e, 1e3),
+                            ratio,
+                            f"{(statistics.median(e) - statistics.median(r)) * 1e3:+.2f} ms",
+                        )
                 if args.only in (None, "training"):
                     for strategy in STRATEGIES:
                         real, emu = [], []
@@ -191,9 +271,16 @@ def main() -> None:
                             real.append(exposed_real(bed, strategy, corpus, work))
                             emu.append(exposed_emulated(strategy, wan, corpus, work))
                         ratio = f"{statistics.median(emu) / statistics.median(real):.3f}"
-                        row(rate, f"{strategy}: exposed comm per sync (ms)", spread(real, 1e3), spread(emu, 1e3), ratio,
-                            f"{(statistics.median(emu) - statistics.median(real)) * 1e3:+.1f} ms")
+                        row(
+                            rate,
+                            f"{strategy}: exposed comm per sync (ms)",
+                            spread(real, 1e3),
+                            spread(emu, 1e3),
+                            ratio,
+                            f"{(statistics.median(emu) - statistics.median(real)) * 1e3:+.1f} ms",
+                        )
                 print(f"({rate}: bed RTT {rtt * 1e3:.3f} ms, emulated as --wan {wan})", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -18,6 +18,7 @@ the same bytes as one rank moving all of it), the H = 100 scaled 22.8 s steps as
 mean's two collectives (the all-to-all and all-gather of the int8 payload) through `wansync_emu` on
 the file's topology. Utilization = compute / (compute + the blocking exchange), per the report.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,6 +54,7 @@ def structure(preset: str, bw: dict[tuple[str, str], float]):
     """The topology of `preset` with the bandwidths `bw` (bit/s, by site-name pair; (s, s) inside s)."""
     from wansync.net.link import NVLINK, Link
     from wansync.net.topology import Topology
+
     sites = LAYOUTS[preset]
     names = [n for n, _ in sites]
     inside = Link(RTT_S[("usa", "usa")], bw.get(("usa", "usa"), 1e9))
@@ -62,13 +64,22 @@ def structure(preset: str, bw: dict[tuple[str, str], float]):
             if i != j:
                 key = tuple(sorted((a, b), key=names.index))
                 pairs.append((i, j, Link(RTT_S[key], bw.get(key, 1e9))))
-    return Topology(sites=len(names), name=preset, site_names=tuple(names), site_workers=tuple(n for _, n in sites),
-                    site_links=(inside,) * len(names), intra_link=inside, site_ports=("worker",) * len(names),
-                    pair_links=tuple(pairs), worker_link=NVLINK)
+    return Topology(
+        sites=len(names),
+        name=preset,
+        site_names=tuple(names),
+        site_workers=tuple(n for _, n in sites),
+        site_links=(inside,) * len(names),
+        intra_link=inside,
+        site_ports=("worker",) * len(names),
+        pair_links=tuple(pairs),
+        worker_link=NVLINK,
+    )
 
 
 def calibrated() -> dict[str, object]:
     from wansync.planner.published import REGIONS, calibrate
+
     bw: dict[tuple[str, str], float] = {}
     out = {}
     for region, links in zip(REGIONS, ([("usa", "usa")], [("usa", "europe")], [("usa", "asia"), ("europe", "asia")])):
@@ -88,23 +99,37 @@ def calibrated() -> dict[str, object]:
 def toml_of(topo, region) -> str:
     names = topo.site_names
     placement = " + ".join(f"{n} in {s}" for s, n in zip(names, topo.site_workers))
-    lines = [HEADER.format(region=region.name, placement=placement, all_reduce=region.all_reduce_s).rstrip(),
-             f'name = "{topo.name}"', ""]
+    lines = [
+        HEADER.format(region=region.name, placement=placement, all_reduce=region.all_reduce_s).rstrip(),
+        f'name = "{topo.name}"',
+        "",
+    ]
     for s, name in enumerate(names):
         link = topo.base_link(s, s)
-        lines += [f"[sites.{name}]", f"workers = {topo.site_workers[s]}", 'ports = "worker"',
-                  f'link = {{ rtt = "{link.rtt_s * 1e3:g}ms", bw = "{link.bandwidth_bps / 1e6:.6g}mbit" }}', ""]
+        lines += [
+            f"[sites.{name}]",
+            f"workers = {topo.site_workers[s]}",
+            'ports = "worker"',
+            f'link = {{ rtt = "{link.rtt_s * 1e3:g}ms", bw = "{link.bandwidth_bps / 1e6:.6g}mbit" }}',
+            "",
+        ]
     for a in range(topo.sites):
         for b in range(a + 1, topo.sites):
             link = topo.base_link(a, b)
-            lines += ["[[links]]", f'sites = ["{names[a]}", "{names[b]}"]', f'rtt = "{link.rtt_s * 1e3:g}ms"',
-                      f'bw = "{link.bandwidth_bps / 1e6:.6g}mbit"', ""]
+            lines += [
+                "[[links]]",
+                f'sites = ["{names[a]}", "{names[b]}"]',
+                f'rtt = "{link.rtt_s * 1e3:g}ms"',
+                f'bw = "{link.bandwidth_bps / 1e6:.6g}mbit"',
+                "",
+            ]
     lines += ["[worker]", 'link = "nvlink"', ""]
     return "\n".join(lines)
 
 
 def write() -> None:
     from wansync.planner.published import REGIONS
+
     topos = calibrated()
     for region in REGIONS:
         path = TOPOLOGIES / f"{region.preset}.toml"
@@ -114,12 +139,18 @@ def write() -> None:
 
 def plan_rows() -> list[dict]:
     from wansync.planner.published import CONFIGS, REGIONS, all_reduce_seconds, predicted, topology, utilization_pct
+
     label, strategy, options = CONFIGS[0]
     rows = []
     for region in REGIONS:
         topo = topology(region)
-        rows.append({"region": region, "all_reduce_s": all_reduce_seconds(topo),
-                     "utilization": utilization_pct(predicted(topo, strategy, options))})
+        rows.append(
+            {
+                "region": region,
+                "all_reduce_s": all_reduce_seconds(topo),
+                "utilization": utilization_pct(predicted(topo, strategy, options)),
+            }
+        )
     return rows
 
 
@@ -131,11 +162,21 @@ PARAMS, NODES, STEP_S, H = 10e9, 14, 22.8, 100
 def scaled(topo, scale: float, byte_scale: float):
     """Every modelled time x `scale` for buffers x `byte_scale`: each link's RTT x scale, its bandwidth
     x byte_scale / scale (a + B/b becomes scale·a + byte_scale·B / (b·byte_scale/scale))."""
+
     def s(link):
-        return dataclasses.replace(link, rtt_s=link.rtt_s * scale, bandwidth_bps=link.bandwidth_bps * byte_scale / scale)
-    return dataclasses.replace(topo, intra_link=s(topo.intra_link), site_links=tuple(s(x) for x in topo.site_links),
-                               pair_links=tuple((a, b, s(x)) for a, b, x in topo.pair_links),
-                               worker_link=None, ranks_per_worker=1, site_ports=())
+        return dataclasses.replace(
+            link, rtt_s=link.rtt_s * scale, bandwidth_bps=link.bandwidth_bps * byte_scale / scale
+        )
+
+    return dataclasses.replace(
+        topo,
+        intra_link=s(topo.intra_link),
+        site_links=tuple(s(x) for x in topo.site_links),
+        pair_links=tuple((a, b, s(x)) for a, b, x in topo.pair_links),
+        worker_link=None,
+        ranks_per_worker=1,
+        site_ports=(),
+    )
 
 
 def replay_rank(rank: int, world: int, port: int, preset: str, scale: float, byte_scale: float, rounds: int) -> dict:
@@ -143,20 +184,27 @@ def replay_rank(rank: int, world: int, port: int, preset: str, scale: float, byt
 
     from wansync import net
     from wansync.comm.mean_cost import mean_collectives
+
     dist.destroy_process_group()
     topo = scaled(net.parse_wan(preset), scale, byte_scale)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, datetime.timedelta(seconds=120))
-    dist.init_process_group(net.install(), store=store, rank=rank, world_size=world,
-                            pg_options=net.Emulator(topo, seed=0), timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        net.install(),
+        store=store,
+        rank=rank,
+        world_size=world,
+        pg_options=net.Emulator(topo, seed=0),
+        timeout=datetime.timedelta(seconds=120),
+    )
     numel = int(PARAMS * byte_scale)
-    steps = mean_collectives(numel, "int8", "reduce_scatter", world, 1)       # INTELLECT-1's int8 ring mean
+    steps = mean_collectives(numel, "int8", "reduce_scatter", world, 1)  # INTELLECT-1's int8 ring mean
     walls = []
     for _ in range(rounds + 1):
         dist.barrier()
         t0 = time.perf_counter()
-        time.sleep(H * STEP_S * scale)                    # the H inner steps (one sleep: no overshoot per step)
+        time.sleep(H * STEP_S * scale)  # the H inner steps (one sleep: no overshoot per step)
         compute = time.perf_counter() - t0
-        for c in steps:                                   # the all-to-all, then the all-gather: as modelled
+        for c in steps:  # the all-to-all, then the all-gather: as modelled
             _issue(c.op, c.nbytes, world).wait()
         walls.append((compute, time.perf_counter() - t0))
     dist.destroy_process_group()
@@ -167,10 +215,12 @@ def _issue(op: str, nbytes: int, world: int):
     """The collective `op` over a B = `nbytes` buffer (the cost model's B) of bytes."""
     import torch
     import torch.distributed as dist
+
     per = max(1, nbytes // world)
     if op == "allgather":
-        return dist.all_gather_into_tensor(torch.empty(per * world, dtype=torch.uint8),
-                                           torch.zeros(per, dtype=torch.uint8), async_op=True)
+        return dist.all_gather_into_tensor(
+            torch.empty(per * world, dtype=torch.uint8), torch.zeros(per, dtype=torch.uint8), async_op=True
+        )
     if op in ("alltoall", "reduce_scatter"):
         src = torch.zeros(per * world, dtype=torch.uint8)
         return dist.all_to_all_single(torch.empty_like(src), src, async_op=True)
@@ -180,6 +230,7 @@ def _issue(op: str, nbytes: int, world: int):
 def emulate(scale: float, byte_scale: float, rounds: int) -> list[dict]:
     from wansync.planner.published import REGIONS
     from wansync.runner.localgroup import run_ranks
+
     out = []
     for region in REGIONS:
         with socket.socket() as s:
@@ -188,8 +239,7 @@ def emulate(scale: float, byte_scale: float, rounds: int) -> list[dict]:
         ranks = run_ranks(replay_rank, NODES, port, region.preset, scale, byte_scale, rounds, timeout=600)
         shares = [compute / wall for r in ranks for compute, wall in r["rounds"]]
         exchange = statistics.median(wall - compute for r in ranks for compute, wall in r["rounds"])
-        out.append({"region": region, "utilization": 100 * statistics.median(shares),
-                    "exchange_s": exchange / scale})
+        out.append({"region": region, "utilization": 100 * statistics.median(shares), "exchange_s": exchange / scale})
     return out
 
 
@@ -211,8 +261,13 @@ def main() -> None:
     print("|---|---|---|---|---|" + ("---|" if emulated else ""))
     for i, r in enumerate(rows):
         reg = r["region"]
-        cells = [f"{reg.name} (`{reg.preset}`)", f"{r['all_reduce_s']:.0f} s", f"{reg.all_reduce_s:g} s",
-                 f"{r['utilization']:.1f} %", f"{reg.utilization_pct} %"]
+        cells = [
+            f"{reg.name} (`{reg.preset}`)",
+            f"{r['all_reduce_s']:.0f} s",
+            f"{reg.all_reduce_s:g} s",
+            f"{r['utilization']:.1f} %",
+            f"{reg.utilization_pct} %",
+        ]
         if emulated:
             cells.append(f"{emulated[i]['utilization']:.1f} % (exchange {emulated[i]['exchange_s']:.0f} s)")
         print("| " + " | ".join(cells) + " |")

@@ -11,6 +11,7 @@ Needs root. Run it with nothing else on the machine.
 
     sudo python benchmarks/link_estimate_bed.py [--rates 50mbit,200mbit] [--reps 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,11 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import netns  # noqa: E402 - the test suite's bed, not a second copy
+
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from hosts_fidelity import TRAIN, train_in_bed  # noqa: E402 - the 2-host bench's runs
 
 RUN = ["--strategy", "diloco", "--steps", "40", "--sync-every", "4", "--wan", "lan"]
-EVAL = ["--eval-every", "8"]           # small blocking means along the way: the RTT's samples
+EVAL = ["--eval-every", "8"]  # small blocking means along the way: the RTT's samples
 
 
 def run_in_bed(bed: netns.Bed, corpus: Path, work: Path) -> dict:
@@ -55,8 +57,12 @@ def main() -> None:
     if why:
         sys.exit(f"link_estimate_bed: {why}")
     from wansync.workloads.lm.corpus import shakespeare_text
-    print(f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
-          f"diloco H 4, 40 steps, tiny LM, 2 hosts, --wan lan; {args.reps} repetitions", flush=True)
+
+    print(
+        f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
+        f"diloco H 4, 40 steps, tiny LM, 2 hosts, --wan lan; {args.reps} repetitions",
+        flush=True,
+    )
     print("\n| tbf rate | estimated (summary) | per-step median | estimated / tbf | RTT estimated | RTT of the bed |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,10 +78,14 @@ def main() -> None:
             bw = statistics.median(g["bw"] for g in got)
             per_step = statistics.median(g["per_step"] for g in got)
             rtts = [g["rtt"] for g in got if g["rtt"] is not None]
-            print(f"| {rate} | {bw / 1e6:.1f} Mbit/s | {per_step / 1e6:.1f} Mbit/s | {bw / bits(rate):.3f} | "
-                  f"{statistics.median(rtts) * 1e3:.2f} ms | {rtt * 1e3:.2f} ms |" if rtts else
-                  f"| {rate} | {bw / 1e6:.1f} Mbit/s | {per_step / 1e6:.1f} Mbit/s | {bw / bits(rate):.3f} | - | "
-                  f"{rtt * 1e3:.2f} ms |", flush=True)
+            print(
+                f"| {rate} | {bw / 1e6:.1f} Mbit/s | {per_step / 1e6:.1f} Mbit/s | {bw / bits(rate):.3f} | "
+                f"{statistics.median(rtts) * 1e3:.2f} ms | {rtt * 1e3:.2f} ms |"
+                if rtts
+                else f"| {rate} | {bw / 1e6:.1f} Mbit/s | {per_step / 1e6:.1f} Mbit/s | {bw / bits(rate):.3f} | - | "
+                f"{rtt * 1e3:.2f} ms |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

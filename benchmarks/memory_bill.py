@@ -32,6 +32,7 @@ writing it anew.
     .venv/bin/python benchmarks/memory_bill.py [--models tiny,small] [--ranks 1,2,4] [--strategies ...]
     .venv/bin/python benchmarks/memory_bill.py --models tiny --ranks 1,2 --lossy --add
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ import torch
 from wansync.runner.localgroup import run_ranks
 from wansync.telemetry.memory import CATEGORIES, memory_per_rank
 
-STRATEGIES: dict[str, dict[str, Any]] = {          # options that reach every state within STEPS steps
+STRATEGIES: dict[str, dict[str, Any]] = {  # options that reach every state within STEPS steps
     "ddp": {},
     "local_sgd": {"sync_every": 2},
     "post_local_sgd": {"sync_every": 2, "switch_step": 1},
@@ -58,20 +59,38 @@ STRATEGIES: dict[str, dict[str, Any]] = {          # options that reach every st
     "cpdp": {"sync_every": 2},
     "diloco": {"sync_every": 2},
     "streaming": {"sync_every": 4, "fragments": 2, "overlap": 1},
-    "cocodc": {"sync_every": 4, "fragments": 2, "overlap": 1, "compensation": "taylor", "syncs_per_period": 2,
-               "schedule": "round_robin"},
+    "cocodc": {
+        "sync_every": 4,
+        "fragments": 2,
+        "overlap": 1,
+        "compensation": "taylor",
+        "syncs_per_period": 2,
+        "schedule": "round_robin",
+    },
 }
 PATHS = {"allgather": "ag", "reduce_scatter": "rs"}
-LOSSY = {f"{name}+int8{'+ef' * ef}+{short}":
-         (name, {**STRATEGIES[name], "codec": "int8", "error_feedback": ef, "codec_collective": path})
-         for name in ("local_sgd", "diloco", "streaming") for ef in (False, True) for path, short in PATHS.items()}
-LOSSY.update({f"{name}+{codec}+{short}": (name, {**STRATEGIES[name], "codec": codec, "codec_collective": path})
-              for codec in ("bf16", "fp4") for name in ("local_sgd", "streaming") for path, short in PATHS.items()})
+LOSSY = {
+    f"{name}+int8{'+ef' * ef}+{short}": (
+        name,
+        {**STRATEGIES[name], "codec": "int8", "error_feedback": ef, "codec_collective": path},
+    )
+    for name in ("local_sgd", "diloco", "streaming")
+    for ef in (False, True)
+    for path, short in PATHS.items()
+}
+LOSSY.update(
+    {
+        f"{name}+{codec}+{short}": (name, {**STRATEGIES[name], "codec": codec, "codec_collective": path})
+        for codec in ("bf16", "fp4")
+        for name in ("local_sgd", "streaming")
+        for path, short in PATHS.items()
+    }
+)
 CASES: dict[str, tuple[str, dict[str, Any]]] = {**{n: (n, o) for n, o in STRATEGIES.items()}, **LOSSY}
-STEPS = 8                  # two periods of streaming and cocodc: every fragment merged twice
-WARM = 6                   # the transient: steps WARM + 1 .. STEPS (every fragment merged once before)
+STEPS = 8  # two periods of streaming and cocodc: every fragment merged twice
+WARM = 6  # the transient: steps WARM + 1 .. STEPS (every fragment merged once before)
 WORKERS = 2
-SHRINKS = ("parameters", "gradients", "inner_optimizer", "outer_state")    # what sharding divides by R
+SHRINKS = ("parameters", "gradients", "inner_optimizer", "outer_state")  # what sharding divides by R
 M_MMAP_THRESHOLD = -3
 
 
@@ -88,7 +107,7 @@ def _reset_peak() -> int:
 
 
 def _live_storages() -> dict[int, int]:
-    with warnings.catch_warnings():              # isinstance() on torch's deprecated module objects warns
+    with warnings.catch_warnings():  # isinstance() on torch's deprecated module objects warns
         warnings.simplefilter("ignore")
         tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
     out = {}
@@ -106,27 +125,30 @@ def bill_rank(rank: int, world: int, model_name: str, r: int, inside: str, names
     from wansync.comm.replicas import replica_groups
     from wansync.trainer.sharding import shard_worker
     from wansync.workloads.lm.model import TransformerLM, lm_shape
+
     ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 1 << 16)
     replicas = replica_groups(r, shard_inside=inside == "fsdp")
     gc.collect()
-    gc.freeze()              # what lives now (torch, the groups) is left out of every collection and scan: faster
+    gc.freeze()  # what lives now (torch, the groups) is left out of every collection and scan: faster
     out: dict[str, Any] = {}
     for name in names:
         gc.collect()
         x = torch.randint(0, 256, (1, 17))
         baseline = _live_storages()
-        keep = [t for t in gc.get_objects() if isinstance(t, torch.Tensor)]      # their memory cannot be reused
+        keep = [t for t in gc.get_objects() if isinstance(t, torch.Tensor)]  # their memory cannot be reused
         torch.manual_seed(0)
         model = TransformerLM(lm_shape(model_name), 256)
         if inside == "fsdp":
-            shard_worker(model, replicas.mesh, "fp32",
-                         hybrid=not strategies.strategy_class(CASES[name][0]).steps_inside_workers)
+            shard_worker(
+                model, replicas.mesh, "fp32", hybrid=not strategies.strategy_class(CASES[name][0]).steps_inside_workers
+            )
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        mark: list[int] = []       # resident bytes after the inner step: the exchange's transient starts there
+        mark: list[int] = []  # resident bytes after the inner step: the exchange's transient starts there
         opt.register_step_post_hook(lambda *_: mark.append(_reset_peak()))
         strategy, options = CASES[name]
-        sync = strategies.build(strategy, model, opt, replicas=replicas,
-                                **strategies.resolve_options(strategy, options))
+        sync = strategies.build(
+            strategy, model, opt, replicas=replicas, **strategies.resolve_options(strategy, options)
+        )
         worst: dict[str, int] = {"total": -1}
         transient = unaccounted = 0
         for t in range(STEPS + 1):
@@ -142,7 +164,7 @@ def bill_rank(rank: int, world: int, model_name: str, r: int, inside: str, names
                 sync.finish()
             gc.collect()
             after, peak = _resident()
-            if WARM <= t < STEPS:                        # steady state: first allocations behind
+            if WARM <= t < STEPS:  # steady state: first allocations behind
                 transient = max(transient, peak - max(mark[-1], after))
             bill = memory_per_rank(model, opt, sync)
             live = sum(n for ptr, n in _live_storages().items() if ptr not in baseline)
@@ -151,9 +173,13 @@ def bill_rank(rank: int, world: int, model_name: str, r: int, inside: str, names
                 worst = bill
             if t < STEPS:
                 sync.zero_grad()
-        out[name] = {**worst, "transient": transient, "unaccounted": unaccounted,
-                     "p_bytes": 4 * sum(p.numel() for p in model.parameters())}
-        if inside == "fsdp":          # the whole model's parameter bytes, not this rank's shard
+        out[name] = {
+            **worst,
+            "transient": transient,
+            "unaccounted": unaccounted,
+            "p_bytes": 4 * sum(p.numel() for p in model.parameters()),
+        }
+        if inside == "fsdp":  # the whole model's parameter bytes, not this rank's shard
             out[name]["p_bytes"] = 4 * sum(p.full_tensor().numel() for p in model.parameters())
         del sync, model, opt, keep
     return out
@@ -162,9 +188,9 @@ def bill_rank(rank: int, world: int, model_name: str, r: int, inside: str, names
 def planned(model: str, name: str, r: int, inside: str) -> dict[str, int]:
     from wansync.net.wan import PRESETS
     from wansync.planner import of_name, predict, setting
+
     strategy, options = CASES[name]
-    s = setting(strategy, options, of_name(model), WORKERS, PRESETS["lan"], 0.1, ranks_per_worker=r,
-                inside=inside)
+    s = setting(strategy, options, of_name(model), WORKERS, PRESETS["lan"], 0.1, ranks_per_worker=r, inside=inside)
     return predict(s).memory
 
 
@@ -175,16 +201,32 @@ def main() -> None:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--lossy", action="store_true", help="the lossy cases (LOSSY) instead of --strategies")
     ap.add_argument("--add", action="store_true", help="merge the rows into --json instead of replacing it")
-    ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "memory_bill.json"),
-                    help="where the rows go (for tests/test_memory.py)")
+    ap.add_argument(
+        "--json",
+        default=os.path.join(os.path.dirname(__file__), "memory_bill.json"),
+        help="where the rows go (for tests/test_memory.py)",
+    )
     args = ap.parse_args()
     rows = []
     names = list(LOSSY) if args.lossy else args.strategies.split(",")
     load0 = os.getloadavg()[0]
-    print(f"# memory_bill  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
-          f"torch {torch.__version__}; load average {load0:.1f} at the start")
-    heads = ["model", "R", "inside", "strategy", *CATEGORIES, "total MB", "planner MB", "planner − measured",
-             "shrinking four / R=1's", "transient MB (planner)", "unaccounted B"]
+    print(
+        f"# memory_bill  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
+        f"torch {torch.__version__}; load average {load0:.1f} at the start"
+    )
+    heads = [
+        "model",
+        "R",
+        "inside",
+        "strategy",
+        *CATEGORIES,
+        "total MB",
+        "planner MB",
+        "planner − measured",
+        "shrinking four / R=1's",
+        "transient MB (planner)",
+        "unaccounted B",
+    ]
     print("| " + " | ".join(heads) + " |\n|" + "---|" * len(heads), flush=True)
     for model in args.models.split(","):
         base: dict[str, int] = {}
@@ -195,22 +237,46 @@ def main() -> None:
                     p = planned(model, name, r, inside)
                     four = sum(m[c] for c in SHRINKS)
                     base.setdefault(name, four)
-                    rows.append({"model": model, "ranks_per_worker": r, "inside": inside, "strategy": CASES[name][0],
-                                 "workers": WORKERS, "options": CASES[name][1],
-                                 "measured": {k: m[k] for k in (*CATEGORIES, "total", "transient", "unaccounted")}})
+                    rows.append(
+                        {
+                            "model": model,
+                            "ranks_per_worker": r,
+                            "inside": inside,
+                            "strategy": CASES[name][0],
+                            "workers": WORKERS,
+                            "options": CASES[name][1],
+                            "measured": {k: m[k] for k in (*CATEGORIES, "total", "transient", "unaccounted")},
+                        }
+                    )
                     cells = [f"{m[c] / 1e6:.3f}" for c in CATEGORIES]
-                    print(f"| {model} | {r} | {inside} | {name} | " + " | ".join(cells) +
-                          f" | {m['total'] / 1e6:.3f} | {p['total'] / 1e6:.3f} | "
-                          f"{100 * (p['total'] - m['total']) / m['total']:+.2f} % | "
-                          f"{four / base[name]:.3f} (1/R = {1 / r:.3f}) | {m['transient'] / 1e6:.2f} "
-                          f"({p['transient'] / 1e6:.2f}) | {m['unaccounted']} |", flush=True)
-    command = f".venv/bin/python benchmarks/memory_bill.py --models {args.models} --ranks {args.ranks}" + \
-        (" --lossy" if args.lossy else "" if args.strategies == ap.get_default("strategies")
-         else f" --strategies {args.strategies}") + (" --add" if args.add else "")
+                    print(
+                        f"| {model} | {r} | {inside} | {name} | "
+                        + " | ".join(cells)
+                        + f" | {m['total'] / 1e6:.3f} | {p['total'] / 1e6:.3f} | "
+                        f"{100 * (p['total'] - m['total']) / m['total']:+.2f} % | "
+                        f"{four / base[name]:.3f} (1/R = {1 / r:.3f}) | {m['transient'] / 1e6:.2f} "
+                        f"({p['transient'] / 1e6:.2f}) | {m['unaccounted']} |",
+                        flush=True,
+                    )
+    command = (
+        f".venv/bin/python benchmarks/memory_bill.py --models {args.models} --ranks {args.ranks}"
+        + (
+            " --lossy"
+            if args.lossy
+            else ""
+            if args.strategies == ap.get_default("strategies")
+            else f" --strategies {args.strategies}"
+        )
+        + (" --add" if args.add else "")
+    )
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     print(f"reproduce: {command}")
-    record = {"date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}", "machine": platform.machine(),
-              "torch": torch.__version__, "command": command}
+    record = {
+        "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}",
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "command": command,
+    }
     if args.add and os.path.exists(args.json):
         with open(args.json) as f:
             old = json.load(f)

@@ -18,6 +18,7 @@ bed's figures). Prints markdown tables; the recorded figures are in benchmarks/R
 
     sudo python benchmarks/pairs_fidelity.py [--reps 3] [--only collectives|training|sites]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import netns  # noqa: E402 - the test suite's bed, not a second copy
+
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from hosts_fidelity import STRATEGIES, TRAIN, env, exposed, spread  # noqa: E402 - the 2-host bench's runs
 
@@ -50,8 +52,14 @@ SETTINGS = {
 # fast links between the sites: gathering inside a site first costs more than it saves (flat should win)
 FAST = {(a, b): "2gbit" for a in NAMES for b in NAMES if a != b}
 # an asymmetric one, for the collectives (their ranks are placed by hand)
-ASYMMETRIC = {("a", "b"): "300mbit", ("b", "a"): "100mbit", ("b", "c"): "200mbit", ("c", "b"): "200mbit",
-              ("c", "a"): "150mbit", ("a", "c"): "400mbit"}
+ASYMMETRIC = {
+    ("a", "b"): "300mbit",
+    ("b", "a"): "100mbit",
+    ("b", "c"): "200mbit",
+    ("c", "b"): "200mbit",
+    ("c", "a"): "150mbit",
+    ("a", "c"): "400mbit",
+}
 
 
 def pairs(setting: dict[tuple[str, str], str], both: bool) -> dict[tuple[str, str], str]:
@@ -61,8 +69,9 @@ def pairs(setting: dict[tuple[str, str], str], both: bool) -> dict[tuple[str, st
     return out
 
 
-def topology_toml(rates: dict[tuple[str, str], str], rtt_s: dict[tuple[str, str], float],
-                  workers: tuple[int, int, int] = (1, 1, 1)) -> str:
+def topology_toml(
+    rates: dict[tuple[str, str], str], rtt_s: dict[tuple[str, str], float], workers: tuple[int, int, int] = (1, 1, 1)
+) -> str:
     """The bed as a topology file: sites a, b, c, each pair its rate and measured RTT, one direction each."""
     lines = ['name = "bed"']
     for name, n in zip(NAMES, workers):
@@ -74,6 +83,7 @@ def topology_toml(rates: dict[tuple[str, str], str], rtt_s: dict[tuple[str, str]
 
 # ---- the probe: one rank ------------------------------------------------------------------------------
 
+
 def probe(rank: int, world: int, addr: str, topology: str, emulated: bool, algorithm: str) -> None:
     """All-reduces of BYTES, flat or by sites: prints the median seconds until the last rank has the
     result (ranks finish at different times on a real ring: the one that waits longest counts, as
@@ -83,10 +93,12 @@ def probe(rank: int, world: int, addr: str, topology: str, emulated: bool, algor
 
     from wansync import net
     from wansync.comm.site_mean import SiteGroups
+
     torch.set_num_threads(1)
     topo = net.parse_wan(topology)
-    kwargs = dict(init_method=f"tcp://{addr}:{PORT}", rank=rank, world_size=world,
-                  timeout=datetime.timedelta(seconds=300))
+    kwargs = dict(
+        init_method=f"tcp://{addr}:{PORT}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300)
+    )
     if emulated:
         dist.init_process_group(net.install(), pg_options=net.Emulator(topo), **kwargs)
     else:
@@ -118,10 +130,26 @@ def placed(bed: netns.Bed, workers: tuple[int, ...]) -> list[netns.Host]:
 
 def probe_real(bed: netns.Bed, topology: Path, workers: tuple[int, ...], algorithm: str) -> float:
     hosts = placed(bed, workers)
-    procs = [bed.start(h, [sys.executable, __file__, "--probe", str(r), str(len(hosts)), bed.hosts[0].address,
-                           str(topology), "real", algorithm],
-                       env=dict(env(), GLOO_SOCKET_IFNAME=h.ifname), stdout=subprocess.PIPE, text=True)
-             for r, h in enumerate(hosts)]
+    procs = [
+        bed.start(
+            h,
+            [
+                sys.executable,
+                __file__,
+                "--probe",
+                str(r),
+                str(len(hosts)),
+                bed.hosts[0].address,
+                str(topology),
+                "real",
+                algorithm,
+            ],
+            env=dict(env(), GLOO_SOCKET_IFNAME=h.ifname),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r, h in enumerate(hosts)
+    ]
     out = procs[0].communicate(timeout=600)[0]
     for p in procs[1:]:
         p.wait(timeout=60)
@@ -129,9 +157,25 @@ def probe_real(bed: netns.Bed, topology: Path, workers: tuple[int, ...], algorit
 
 
 def probe_emulated(topology: Path, world: int, algorithm: str) -> float:
-    procs = [subprocess.Popen([sys.executable, __file__, "--probe", str(r), str(world), "127.0.0.1", str(topology),
-                               "emulated", algorithm], env=dict(env(), GLOO_SOCKET_IFNAME="lo"),
-                              stdout=subprocess.PIPE, text=True) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--probe",
+                str(r),
+                str(world),
+                "127.0.0.1",
+                str(topology),
+                "emulated",
+                algorithm,
+            ],
+            env=dict(env(), GLOO_SOCKET_IFNAME="lo"),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
     out = procs[0].communicate(timeout=600)[0]
     for p in procs[1:]:
         p.wait(timeout=60)
@@ -140,15 +184,34 @@ def probe_emulated(topology: Path, world: int, algorithm: str) -> float:
 
 # ---- trainings ---------------------------------------------------------------------------------------------
 
+
 def exposed_real(bed: netns.Bed, strategy: str, corpus: Path, work: Path) -> float:
     torchrun = Path(sys.executable).parent / "torchrun"
     first = bed.hosts[0]
-    launch = ["--nnodes", "3", "--nproc-per-node", "1", "--rdzv-backend", "wansync",
-              "--rdzv-endpoint", f"{first.address}:29400", "--rdzv-id", work.name]
+    launch = [
+        "--nnodes",
+        "3",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "wansync",
+        "--rdzv-endpoint",
+        f"{first.address}:29400",
+        "--rdzv-id",
+        work.name,
+    ]
     args = ["train", "--strategy", strategy, *STRATEGIES[strategy], *TRAIN, "--data", str(corpus)]
-    procs = {h: bed.start(h, [str(torchrun), *launch, "-m", "wansync", *args, "--out", str(work / h.name)],
-                          env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for h in bed.hosts}
+    procs = {
+        h: bed.start(
+            h,
+            [str(torchrun), *launch, "-m", "wansync", *args, "--out", str(work / h.name)],
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for h in bed.hosts
+    }
     for h, p in procs.items():
         out = p.communicate(timeout=900)[0]
         if p.returncode != 0:
@@ -158,9 +221,30 @@ def exposed_real(bed: netns.Bed, strategy: str, corpus: Path, work: Path) -> flo
 
 def exposed_emulated(strategy: str, topology: Path, corpus: Path, work: Path) -> float:
     out = work / "emulated"
-    r = subprocess.run([sys.executable, "-m", "wansync", "train", "--strategy", strategy, *STRATEGIES[strategy],
-                        *TRAIN, "--data", str(corpus), "--workers", "3", "--wan", str(topology), "--out", str(out)],
-                       env=env(), capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wansync",
+            "train",
+            "--strategy",
+            strategy,
+            *STRATEGIES[strategy],
+            *TRAIN,
+            "--data",
+            str(corpus),
+            "--workers",
+            "3",
+            "--wan",
+            str(topology),
+            "--out",
+            str(out),
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"{strategy} under --wan {topology} failed: {r.stderr[-2000:]}")
     return exposed(out)
@@ -189,6 +273,7 @@ def main() -> None:
     from wansync.net import parse_wan
     from wansync.net.cost import allreduce_algorithm
     from wansync.workloads.lm.corpus import shakespeare_text
+
     print(f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     print("\n| pairs (a-b, b-c, a-c) | what | real (bed) | emulated | emulated/real |")
     print("|---|---|---|---|---|", flush=True)
@@ -198,6 +283,7 @@ def main() -> None:
 
     def ratio(e: list[float], r: list[float]) -> str:
         return f"{statistics.median(e) / statistics.median(r):.3f}"
+
     with tempfile.TemporaryDirectory() as tmp, netns.Bed(3) as bed:
         corpus = Path(tmp) / "plays.txt"
         corpus.write_text(shakespeare_text()[:400_000])
@@ -219,17 +305,26 @@ def main() -> None:
                         work = Path(tmp) / f"{name}-{strategy}-{k}"
                         real.append(exposed_real(bed, strategy, corpus, work))
                         emu.append(exposed_emulated(strategy, topology, corpus, work))
-                    row(label, f"{strategy}: exposed comm per sync (ms)", spread(real, 1e3), spread(emu, 1e3),
-                        ratio(emu, real))
+                    row(
+                        label,
+                        f"{strategy}: exposed comm per sync (ms)",
+                        spread(real, 1e3),
+                        spread(emu, 1e3),
+                        ratio(emu, real),
+                    )
         if args.only in (None, "sites"):
-            print("\n| uneven sites (2 + 1 + 1 ranks) | algorithm | real (bed) | emulated | emulated/real | "
-                  "cost model |\n|---|---|---|---|---|---|", flush=True)
+            print(
+                "\n| uneven sites (2 + 1 + 1 ranks) | algorithm | real (bed) | emulated | emulated/real | "
+                "cost model |\n|---|---|---|---|---|---|",
+                flush=True,
+            )
             for name, rates in [*cases, ("fast", FAST)]:
                 shape(bed, rates)
                 topology = Path(tmp) / f"{name}-uneven.toml"
                 topology.write_text(topology_toml(rates, rtts, (2, 1, 1)))
                 modelled = {"flat": None, "sites": None}
                 from wansync.net.cost import collective_duration, hierarchical_seconds
+
                 topo = parse_wan(str(topology))
                 modelled["flat"] = collective_duration("allreduce", BYTES, 4, topo)
                 modelled["sites"] = hierarchical_seconds(BYTES, 4, topo)
@@ -239,11 +334,20 @@ def main() -> None:
                     real = [probe_real(bed, topology, (2, 1, 1), algorithm) for _ in range(args.reps)]
                     emu = [probe_emulated(topology, 4, algorithm) for _ in range(args.reps)]
                     medians[algorithm] = statistics.median(real)
-                    row(name, algorithm, spread(real, 1e3), spread(emu, 1e3), ratio(emu, real),
-                        f"{modelled[algorithm] * 1e3:.1f} ms")
+                    row(
+                        name,
+                        algorithm,
+                        spread(real, 1e3),
+                        spread(emu, 1e3),
+                        ratio(emu, real),
+                        f"{modelled[algorithm] * 1e3:.1f} ms",
+                    )
                 faster = min(medians, key=medians.__getitem__)
-                print(f"({name}: the cost model chose {choice}; the bed's faster was "
-                      f"{'hierarchical' if faster == 'sites' else 'flat'})", flush=True)
+                print(
+                    f"({name}: the cost model chose {choice}; the bed's faster was "
+                    f"{'hierarchical' if faster == 'sites' else 'flat'})",
+                    flush=True,
+                )
         print("(bed RTTs: " + ", ".join(f"{a}{b} {v * 1e6:.0f} us" for (a, b), v in rtts.items()) + ")")
 
 

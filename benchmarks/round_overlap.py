@@ -9,6 +9,7 @@ seeds with half the range, and the overlap/plain ratio of the means.
 
     python benchmarks/round_overlap.py [--wan cross-continent] [--seeds 0,1,2] [--steps 48] [--sync-every 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,22 +23,60 @@ import sys
 import tempfile
 from pathlib import Path
 
-COMMON = ["--model", "tiny", "--batch-size", "8", "--seq-len", "64", "--threads", "1", "--eval-every", "1000",
-          "--eval-batches", "2", "--quiet", "--checkpoint-every", "0"]
+COMMON = [
+    "--model",
+    "tiny",
+    "--batch-size",
+    "8",
+    "--seq-len",
+    "64",
+    "--threads",
+    "1",
+    "--eval-every",
+    "1000",
+    "--eval-batches",
+    "2",
+    "--quiet",
+    "--checkpoint-every",
+    "0",
+]
 
 
 def run_one(out: Path, wan: str, seed: int, steps: int, h: int, overlap: bool, workers: int) -> dict:
-    cmd = [sys.executable, "-m", "wansync", "train", "--strategy", "diloco", "--wan", wan, "--workers", str(workers),
-           "--steps", str(steps), "--sync-every", str(h), "--seed", str(seed), "--out", str(out), *COMMON,
-           *(["--overlap-rounds"] if overlap else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "wansync",
+        "train",
+        "--strategy",
+        "diloco",
+        "--wan",
+        wan,
+        "--workers",
+        str(workers),
+        "--steps",
+        str(steps),
+        "--sync-every",
+        str(h),
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        *COMMON,
+        *(["--overlap-rounds"] if overlap else []),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     if r.returncode != 0:
         sys.exit(f"round_overlap: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     profile = json.loads((out / "profile.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
     wall, derived = profile["wall_clock_s"], profile["derived"]
-    return {"round_s": wall / (steps / h), "exposed_pct": 100.0 * profile["categories_s"]["exposed_comm"] / wall,
-            "hidden_pct": derived.get("hidden_comm_pct"), "loss": summary["final_val_loss"]}
+    return {
+        "round_s": wall / (steps / h),
+        "exposed_pct": 100.0 * profile["categories_s"]["exposed_comm"] / wall,
+        "hidden_pct": derived.get("hidden_comm_pct"),
+        "loss": summary["final_val_loss"],
+    }
 
 
 def cell(values: list[float], fmt: str = "{:.3f}") -> str:
@@ -55,9 +94,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    print(f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
-          f"diloco, --wan {args.wan}, {args.workers} workers, H = {args.sync_every}, {args.steps} steps, "
-          f"seeds {args.seeds}", flush=True)
+    print(
+        f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
+        f"diloco, --wan {args.wan}, {args.workers} workers, H = {args.sync_every}, {args.steps} steps, "
+        f"seeds {args.seeds}",
+        flush=True,
+    )
     rows: dict[bool, list[dict]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
@@ -69,9 +111,11 @@ def main() -> None:
     for overlap in (False, True):
         r = rows[overlap]
         hidden = [x["hidden_pct"] for x in r if x["hidden_pct"] is not None]
-        print(f"| {'--overlap-rounds' if overlap else 'plain'} | {cell([x['round_s'] for x in r])} | "
-              f"{cell([x['exposed_pct'] for x in r], '{:.1f}')} | {cell(hidden, '{:.1f}') if hidden else '-'} | "
-              f"{cell([x['loss'] for x in r], '{:.4f}')} |")
+        print(
+            f"| {'--overlap-rounds' if overlap else 'plain'} | {cell([x['round_s'] for x in r])} | "
+            f"{cell([x['exposed_pct'] for x in r], '{:.1f}')} | {cell(hidden, '{:.1f}') if hidden else '-'} | "
+            f"{cell([x['loss'] for x in r], '{:.4f}')} |"
+        )
     plain, over = (statistics.mean(x["round_s"] for x in rows[o]) for o in (False, True))
     print(f"\noverlap / plain, wall clock per round: {over / plain:.3f}")
 

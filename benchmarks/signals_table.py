@@ -7,6 +7,7 @@ status, what it printed on stderr, how many processes of the run are left 5 s la
 
     .venv/bin/python benchmarks/signals_table.py            # ~1 min on 2 cores
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,20 +37,45 @@ def steps_done(run: Path) -> int:
         lines = (run / "metrics.jsonl").read_text().splitlines()
     except OSError:
         return 0
-    return max([0, *(json.loads(s)["step"] for s in lines[:-1])])     # the last line may be half-written
+    return max([0, *(json.loads(s)["step"] for s in lines[:-1])])  # the last line may be half-written
 
 
 def measure(case: str, run: Path) -> str:
-    cmd = [sys.executable, "-m", "wansync", "train", "--strategy", "ddp", "--workers", "2", "--steps", "100000",
-           "--checkpoint-every", "2", "--quiet", "--out", str(run), *TINY]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as a foreground job
+    cmd = [
+        sys.executable,
+        "-m",
+        "wansync",
+        "train",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--steps",
+        "100000",
+        "--checkpoint-every",
+        "2",
+        "--quiet",
+        "--out",
+        str(run),
+        *TINY,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # as a foreground job
     while steps_done(run) <= 2 and proc.poll() is None:
         time.sleep(0.1)
     workers = {int(rank): pid for pid, rank in run_pids(run).items() if rank}
     started = time.monotonic()
-    {CASES[0]: lambda: os.killpg(proc.pid, signal.SIGINT), CASES[1]: proc.terminate, CASES[2]: proc.kill,
-     CASES[3]: lambda: os.kill(workers[1], signal.SIGKILL)}[case]()
+    {
+        CASES[0]: lambda: os.killpg(proc.pid, signal.SIGINT),
+        CASES[1]: proc.terminate,
+        CASES[2]: proc.kill,
+        CASES[3]: lambda: os.kill(workers[1], signal.SIGKILL),
+    }[case]()
     code = proc.wait(timeout=120)
     ended = time.monotonic() - started
     os.set_blocking(proc.stderr.fileno(), False)
@@ -59,8 +85,12 @@ def measure(case: str, run: Path) -> str:
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     step = max(int(d.name[4:]) for d in (run / "checkpoints").glob("step*"))
-    resumed = subprocess.run([sys.executable, "-m", "wansync", "train", "--resume", str(run), "--steps",
-                              str(step + 1)], capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "wansync", "train", "--resume", str(run), "--steps", str(step + 1)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     resumable = f"yes, from step {step}" if resumed.returncode == 0 else f"no: {resumed.stderr.strip()[:80]}"
     message = " / ".join(f"`{line}`" for line in err.splitlines()) or "none"
     status = f"{128 + signal.SIGKILL} in a shell (killed by SIGKILL)" if code == -signal.SIGKILL else str(code)
@@ -71,8 +101,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="rows per case")
     args = parser.parse_args()
-    print(f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f}; command: {' '.join(['benchmarks/signals_table.py', *sys.argv[1:]])}\n")
+    print(
+        f"{datetime.datetime.now():%Y-%m-%d %H:%M}, {os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.1f}; command: {' '.join(['benchmarks/signals_table.py', *sys.argv[1:]])}\n"
+    )
     print("| signal | exit status | message | processes left after 5 s | resumable | launcher exit s |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:

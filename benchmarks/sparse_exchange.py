@@ -25,6 +25,7 @@ over the peer's. Communication is not timed: the same all-gather for both.
     .venv/bin/python benchmarks/sparse_exchange.py --bytes [--workers 2,4,8]
     .venv/bin/python benchmarks/sparse_exchange.py --speed [--reps 3] [--values 100e6]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,10 +53,11 @@ CASES = {
 
 
 def exchange_bytes(rank: int, world: int, steps: int) -> dict[str, Any]:
-    from lossy_mean import pseudo_gradient          # the same real pseudo-gradients, of the tiny LM
+    from lossy_mean import pseudo_gradient  # the same real pseudo-gradients, of the tiny LM
     from wansync.comm.codecs import get_codec
     from wansync.comm.exchange import Exchange
     from wansync.strategies import make_options, strategy_class
+
     delta, model = pseudo_gradient(rank, world, steps, "tiny")
     shapes = [p.shape for p in model.parameters() if p.requires_grad]
     out = {}
@@ -64,9 +66,14 @@ def exchange_bytes(rank: int, world: int, steps: int) -> dict[str, Any]:
         codec = strategy_class(strategy).wire_codec(opts, shapes)
         exchange = Exchange()
         buf = delta.clone()
-        exchange.mean(buf, "pseudo_grads", codec if codec.name != "fp32" else get_codec("fp32"), inplace=True,
-                      collective=getattr(opts, "codec_collective", "auto"),
-                      residual=torch.zeros_like(buf) if getattr(codec, "sparse", False) else None)
+        exchange.mean(
+            buf,
+            "pseudo_grads",
+            codec if codec.name != "fp32" else get_codec("fp32"),
+            inplace=True,
+            collective=getattr(opts, "codec_collective", "auto"),
+            residual=torch.zeros_like(buf) if getattr(codec, "sparse", False) else None,
+        )
         t = exchange.ledger.snapshot()["pseudo_grads"]
         out[label] = {"payload": t["bytes"], "sent": t["sent"], "parts": t.get("parts", {})}
     out["fp32_bytes"] = 4 * delta.numel()
@@ -78,23 +85,35 @@ def planned_bytes(world: int) -> dict[str, int]:
     from wansync.net.wan import PRESETS
     from wansync.planner import of_name, setting
     from wansync.planner.schedule import trace
+
     size = of_name("tiny")
     out = {}
     for label, (strategy, options) in CASES.items():
         h = {"sync_every": 1} if strategy != "demo" else {}
-        s = setting(strategy, {**options, **h, **({"drift_telemetry": False} if strategy == "diloco" else {})},
-                    size, world, PRESETS["lan"], 0.1)
+        s = setting(
+            strategy,
+            {**options, **h, **({"drift_telemetry": False} if strategy == "diloco" else {})},
+            size,
+            world,
+            PRESETS["lan"],
+            0.1,
+        )
         tr = trace(strategy, s.options, size, world, 1)
-        out[label] = sum(a.transfer.payload for a in tr.steps[0] if a.kind == "issue"
-                         and a.transfer.purpose in ("pseudo_grads", "params", "momentum"))
+        out[label] = sum(
+            a.transfer.payload
+            for a in tr.steps[0]
+            if a.kind == "issue" and a.transfer.purpose in ("pseudo_grads", "params", "momentum")
+        )
     return out
 
 
 def bytes_table(workers: list[int], steps: int) -> None:
     results = {m: run_ranks(exchange_bytes, m, steps, timeout=600)[0] for m in workers}
     fp32 = results[workers[0]]["fp32_bytes"]
-    print(f"tiny LM ({fp32 // 4:,} values, {fp32 / 1e6:.2f} MB fp32); per rank per exchange, from the ledger; "
-          f"'plan' is wansync plan's payload for the same exchange")
+    print(
+        f"tiny LM ({fp32 // 4:,} values, {fp32 / 1e6:.2f} MB fp32); per rank per exchange, from the ledger; "
+        f"'plan' is wansync plan's payload for the same exchange"
+    )
     print()
     print("| exchange | M | payload | indices / values / tables | sent per rank | of fp32 ring's sent | plan/ledger |")
     print("|---|---|---|---|---|---|---|")
@@ -103,21 +122,30 @@ def bytes_table(workers: list[int], steps: int) -> None:
         ring = results[m]["fp32 all-reduce"]["sent"]
         for label in CASES:
             r = results[m][label]
-            parts = " / ".join(f"{r['parts'][k] / 1e3:.1f}" for k in ("indices", "values", "tables")) + " kB" \
-                if r["parts"] else "–"
-            print(f"| {label} | {m} | {r['payload'] / 1e3:.1f} kB | {parts} | {r['sent'] / 1e3:.1f} kB | "
-                  f"{r['sent'] / ring:.4f} | {plan[label] / r['payload']:.4f} |")
+            parts = (
+                " / ".join(f"{r['parts'][k] / 1e3:.1f}" for k in ("indices", "values", "tables")) + " kB"
+                if r["parts"]
+                else "–"
+            )
+            print(
+                f"| {label} | {m} | {r['payload'] / 1e3:.1f} kB | {parts} | {r['sent'] / 1e3:.1f} kB | "
+                f"{r['sent'] / ring:.4f} | {plan[label] / r['payload']:.4f} |"
+            )
     first = results[workers[0]]
     print()
-    print("The M where the sparse all-gather stops beating a dense mean, M* = 2·w_dense / w_sparse "
-          "(from the payloads above; sent per rank: (M−1)·w_sparse against 2(M−1)/M·w_dense):")
+    print(
+        "The M where the sparse all-gather stops beating a dense mean, M* = 2·w_dense / w_sparse "
+        "(from the payloads above; sent per rank: (M−1)·w_sparse against 2(M−1)/M·w_dense):"
+    )
     print()
     print("| sparse payload | against fp32 ring | against int8 reduce-scatter | against fp4 reduce-scatter |")
     print("|---|---|---|---|")
     for label in [k for k in CASES if "sparseloco" in k or "demo" in k]:
         w = first[label]["payload"]
-        cells = [f"{2 * first[d]['payload'] / w:.0f}" for d in ("fp32 all-reduce", "int8 reduce-scatter",
-                                                               "fp4 reduce-scatter")]
+        cells = [
+            f"{2 * first[d]['payload'] / w:.0f}"
+            for d in ("fp32 all-reduce", "int8 reduce-scatter", "fp4 reduce-scatter")
+        ]
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 
@@ -161,23 +189,34 @@ def _peer_dct(c4: torch.Tensor, mats: dict[int, torch.Tensor], inverse: bool, ei
     """The 2-D DCT of (y, x, h, w) blocks as the reference code writes it: an einsum with the basis
     matrices (`einsum`), or as two matrix products (wansync's way, for comparison)."""
     dh, dw = mats[c4.shape[2]], mats[c4.shape[3]]
-    if einsum:     # the reference's index strings: its f = Dᵀ (forward), b = D (inverse)
-        return torch.einsum("...ijbd,bk,dl->...ijkl", c4, dh, dw) if inverse else \
-            torch.einsum("...ijkl,kb,ld->...ijbd", c4, dh.T, dw.T)
+    if einsum:  # the reference's index strings: its f = Dᵀ (forward), b = D (inverse)
+        return (
+            torch.einsum("...ijbd,bk,dl->...ijkl", c4, dh, dw)
+            if inverse
+            else torch.einsum("...ijkl,kb,ld->...ijbd", c4, dh.T, dw.T)
+        )
     return dh.T @ c4 @ dw if inverse else dh @ c4 @ dw.T
 
 
-def peer_round(buffers: list[list[torch.Tensor]], errors: list[list[torch.Tensor]], k: int, bins: int | None,
-               mats: dict[int, torch.Tensor] | None, einsum: bool = True, chunk: int = 64) -> list[torch.Tensor]:
+def peer_round(
+    buffers: list[list[torch.Tensor]],
+    errors: list[list[torch.Tensor]],
+    k: int,
+    bins: int | None,
+    mats: dict[int, torch.Tensor] | None,
+    einsum: bool = True,
+    chunk: int = 64,
+) -> list[torch.Tensor]:
     """The reference's compress / decompress, per tensor: every worker's payload and residual, then
     the mean of the M payloads (`mats`: the DCT's matrices, None without the DCT)."""
+
     def blocks4(x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
         rows, cols = (1, x.shape[0]) if x.dim() == 1 else (x.shape[0], x.shape[1])
         h, w = _side(rows, chunk), _side(cols, chunk)
-        return x.reshape(rows // h, h, cols // w, w).permute(0, 2, 1, 3), (rows, cols, h, w)    # a view
+        return x.reshape(rows // h, h, cols // w, w).permute(0, 2, 1, 3), (rows, cols, h, w)  # a view
 
     payloads = []
-    for bufs, errs in zip(buffers, errors):                   # each worker: compress, keep the rest
+    for bufs, errs in zip(buffers, errors):  # each worker: compress, keep the rest
         mine = []
         for x, e in zip(bufs, errs):
             c4, dims = blocks4(x)
@@ -200,9 +239,11 @@ def peer_round(buffers: list[list[torch.Tensor]], errors: list[list[torch.Tensor
             mine.append((idx, codes, shift, table, dims, x.shape, c4.shape))
         payloads.append(mine)
     means = []
-    for t in range(len(buffers[0])):                          # every tensor: the mean of the M payloads
+    for t in range(len(buffers[0])):  # every tensor: the mean of the M payloads
         idx = torch.cat([p[t][0] for p in payloads], dim=1)
-        vals = torch.cat([(p[t][3][p[t][1].long()] + p[t][2]) if bins is not None else p[t][1] for p in payloads], dim=1)
+        vals = torch.cat(
+            [(p[t][3][p[t][1].long()] + p[t][2]) if bins is not None else p[t][1] for p in payloads], dim=1
+        )
         dims, shape, shape4 = payloads[0][t][4], payloads[0][t][5], payloads[0][t][6]
         agg = torch.zeros(idx.shape[0], dims[2] * dims[3]).scatter_reduce_(1, idx, vals, "mean", include_self=False)
         agg4 = agg.view(shape4)
@@ -225,13 +266,18 @@ def speed(values: float, reps: int) -> None:
     from wansync.comm.chunks import ChunkLayout
     from wansync.comm.dct import dct_matrix
     from wansync.comm.sparse import SparseCodec
+
     shapes = model_shapes(values)
     layout = ChunkLayout.of_shapes(shapes)
     n = layout.numel
-    print(f"{n / 1e6:.0f}M values in {len(shapes)} tensors; torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"best of {reps}")
+    print(
+        f"{n / 1e6:.0f}M values in {len(shapes)} tensors; torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"best of {reps}"
+    )
     print()
-    print("| payload | M | wansync (s) | reference's steps (s) | wansync / reference | reference with matmul DCT (s) | wansync / that |")
+    print(
+        "| payload | M | wansync (s) | reference's steps (s) | wansync / reference | reference with matmul DCT (s) | wansync / that |"
+    )
     print("|---|---|---|---|---|---|---|")
     for label, bits, dct in (("2-bit, 32/4096 (SparseLoCo)", 2, False), ("float32, DCT, 32/4096 (DeMo)", 32, True)):
         codec = SparseCodec(layout, bits=bits, dct=dct)
@@ -239,17 +285,17 @@ def speed(values: float, reps: int) -> None:
         for m in (2, 4):
             g = torch.Generator().manual_seed(m)
             flats = [torch.randn(n, generator=g) for _ in range(m)]
-            bufs = [[f[p.offset:p.offset + p.numel].view(shapes[p.tensor]) for p in layout.pieces] for f in flats]
+            bufs = [[f[p.offset : p.offset + p.numel].view(shapes[p.tensor]) for p in layout.pieces] for f in flats]
             residuals = [torch.empty(n) for _ in range(m)]
-            errs = [[r[p.offset:p.offset + p.numel].view(shapes[p.tensor]) for p in layout.pieces] for r in residuals]
+            errs = [[r[p.offset : p.offset + p.numel].view(shapes[p.tensor]) for p in layout.pieces] for r in residuals]
             out = torch.empty(n)
             ours, theirs, matmul = [], [], []
-            for _ in range(reps):                            # alternated, so that all see the same machine
+            for _ in range(reps):  # alternated, so that all see the same machine
                 t0 = time.perf_counter()
                 ours_round(codec, flats, residuals, out)
                 ours.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                peer_round(bufs, errs, 32, 2 ** bits if bits != 32 else None, mats)
+                peer_round(bufs, errs, 32, 2**bits if bits != 32 else None, mats)
                 theirs.append(time.perf_counter() - t0)
                 if dct:
                     t0 = time.perf_counter()
@@ -268,8 +314,10 @@ def main() -> None:
     ap.add_argument("--values", type=float, default=100e6)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    print(f"{datetime.date.today().isoformat()}, {platform.machine()}, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.2f}")
+    print(
+        f"{datetime.date.today().isoformat()}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
     if args.bytes or not args.speed:
         bytes_table([int(w) for w in args.workers.split(",")], args.steps)
         print()

@@ -9,6 +9,7 @@ median per call is reported, so machine noise hits both sides alike.
 
     .venv/bin/python benchmarks/step_overhead.py [--reps 200]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,6 +26,7 @@ from wansync.runner.localgroup import run_ranks
 
 def _tiny_lm() -> torch.nn.Module:
     from wansync.workloads.lm.model import TransformerLM, lm_shape
+
     torch.manual_seed(0)
     return TransformerLM(lm_shape("tiny"), 256)
 
@@ -66,22 +68,30 @@ def bench_rank(rank: int, world: int, reps: int) -> dict[str, float]:
     lsgd = ws.strategy("local_sgd", model, opt, sync_every=1)
     lsgd_nodrift = ws.strategy("local_sgd", model, opt, sync_every=1, drift_telemetry=False)
     params = list(model.parameters())
-    _fill_grads(model)                   # the averager only averages parameters that have gradients
+    _fill_grads(model)  # the averager only averages parameters that have gradients
     for _ in range(3):
         averager.average_parameters(params)
         lsgd.boundary()
         lsgd_nodrift.boundary()
     pma, ours, ours_nodrift = [], [], []
-    calls = [(pma, lambda: averager.average_parameters(params)), (ours, lsgd.boundary),
-             (ours_nodrift, lsgd_nodrift.boundary)]
+    calls = [
+        (pma, lambda: averager.average_parameters(params)),
+        (ours, lsgd.boundary),
+        (ours_nodrift, lsgd_nodrift.boundary),
+    ]
     for i in range(max(30, reps // 4)):
-        for j in range(3):                       # rotate the order so no side always follows another
+        for j in range(3):  # rotate the order so no side always follows another
             times, fn = calls[(i + j) % 3]
             dist.barrier()
             times.append(_timed(fn))
     med = statistics.median
-    return {"bare_step_ms": 1e3 * med(bare), "sync_step_ms": 1e3 * med(wrapped),
-            "pma_ms": 1e3 * med(pma), "boundary_ms": 1e3 * med(ours), "boundary_nodrift_ms": 1e3 * med(ours_nodrift)}
+    return {
+        "bare_step_ms": 1e3 * med(bare),
+        "sync_step_ms": 1e3 * med(wrapped),
+        "pma_ms": 1e3 * med(pma),
+        "boundary_ms": 1e3 * med(ours),
+        "boundary_nodrift_ms": 1e3 * med(ours_nodrift),
+    }
 
 
 def main() -> None:
@@ -90,14 +100,22 @@ def main() -> None:
     args = ap.parse_args()
     results = run_ranks(bench_rank, 2, args.reps, timeout=900)
     r = results[0]
-    print(f"# step_overhead  {datetime.date.today()}  {platform.machine()}  torch {torch.__version__}  "
-          f"2 ranks (gloo, 127.0.0.1), tiny LM 1.82M params, 1 thread per rank")
-    print(f"non-boundary sync.step()     {r['sync_step_ms']:8.3f} ms   bare optimizer.step() {r['bare_step_ms']:8.3f} ms"
-          f"   ratio {r['sync_step_ms'] / r['bare_step_ms']:.3f}  (target <= 1.02)")
-    print(f"LocalSGD boundary            {r['boundary_ms']:8.3f} ms   PeriodicModelAverager {r['pma_ms']:8.3f} ms"
-          f"   ratio {r['boundary_ms'] / r['pma_ms']:.3f}  (with drift telemetry)")
-    print(f"LocalSGD boundary, no drift  {r['boundary_nodrift_ms']:8.3f} ms   PeriodicModelAverager {r['pma_ms']:8.3f} ms"
-          f"   ratio {r['boundary_nodrift_ms'] / r['pma_ms']:.3f}  (target <= 1.0)")
+    print(
+        f"# step_overhead  {datetime.date.today()}  {platform.machine()}  torch {torch.__version__}  "
+        f"2 ranks (gloo, 127.0.0.1), tiny LM 1.82M params, 1 thread per rank"
+    )
+    print(
+        f"non-boundary sync.step()     {r['sync_step_ms']:8.3f} ms   bare optimizer.step() {r['bare_step_ms']:8.3f} ms"
+        f"   ratio {r['sync_step_ms'] / r['bare_step_ms']:.3f}  (target <= 1.02)"
+    )
+    print(
+        f"LocalSGD boundary            {r['boundary_ms']:8.3f} ms   PeriodicModelAverager {r['pma_ms']:8.3f} ms"
+        f"   ratio {r['boundary_ms'] / r['pma_ms']:.3f}  (with drift telemetry)"
+    )
+    print(
+        f"LocalSGD boundary, no drift  {r['boundary_nodrift_ms']:8.3f} ms   PeriodicModelAverager {r['pma_ms']:8.3f} ms"
+        f"   ratio {r['boundary_nodrift_ms'] / r['pma_ms']:.3f}  (target <= 1.0)"
+    )
     print("reproduce: .venv/bin/python benchmarks/step_overhead.py")
 
 

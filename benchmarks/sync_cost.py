@@ -19,6 +19,7 @@ median per call over the rounds is printed, and the ratio is the median of the p
 
     .venv/bin/python benchmarks/sync_cost.py [--reps 15]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,7 @@ BATCH, SEQ, VOCAB, LR = 4, 64, 256, 1e-3
 
 def _tiny_lm() -> torch.nn.Module:
     from wansync.workloads.lm.model import TransformerLM, lm_shape
+
     torch.manual_seed(0)
     return TransformerLM(lm_shape("tiny"), VOCAB)
 
@@ -61,6 +63,7 @@ def _timed(fn: Callable[[], Any]) -> float:
 def _stepper(model, step: Callable[[], None], zero: Callable[[], None], gen) -> Callable[[int], float]:
     """n training steps; returns the time spent in `step` (the sync step), not forward/backward (a
     barrier after the backward: one rank's slower backward is not the other's sync cost)."""
+
     def run(n: int) -> float:
         total = 0.0
         for _ in range(n):
@@ -69,6 +72,7 @@ def _stepper(model, step: Callable[[], None], zero: Callable[[], None], gen) -> 
             total += _timed(step)
             zero()
         return total
+
     return run
 
 
@@ -76,13 +80,24 @@ def _torchft_diloco(rank: int, lighthouse: str, fragments: int, sync_every: int,
     """torchft's DiLoCo on a fresh tiny LM: one replica group per rank, world size 1 inside."""
     from torchft import Manager, ProcessGroupGloo
     from torchft.local_sgd import DiLoCo
+
     model = _tiny_lm()
     inner = torch.optim.SGD(model.parameters(), lr=LR)
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
-    manager = Manager(pg=ProcessGroupGloo(), load_state_dict=model.load_state_dict, state_dict=model.state_dict,
-                      min_replica_size=2, use_async_quorum=False, timeout=timedelta(seconds=60),
-                      rank=0, world_size=1, store_addr="127.0.0.1", store_port=store.port,
-                      lighthouse_addr=lighthouse, replica_id=f"bench{rank}_{fragments}")
+    manager = Manager(
+        pg=ProcessGroupGloo(),
+        load_state_dict=model.load_state_dict,
+        state_dict=model.state_dict,
+        min_replica_size=2,
+        use_async_quorum=False,
+        timeout=timedelta(seconds=60),
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        lighthouse_addr=lighthouse,
+        replica_id=f"bench{rank}_{fragments}",
+    )
     if fragments == 1:
         parts = [model]
     else:
@@ -99,6 +114,7 @@ def bench_rank(rank: int, world: int, reps: int, lighthouses: list[str] | None) 
     import wansync as ws
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
     from torch.nn.parallel import DistributedDataParallel
+
     gen = torch.Generator().manual_seed(rank)
     calls: dict[str, Callable[[], float]] = {}
     keep = []
@@ -114,27 +130,36 @@ def bench_rank(rank: int, world: int, reps: int, lighthouses: list[str] | None) 
             t = _timed(average)
             opt.zero_grad()
             return t
+
         return run
+
     model = _tiny_lm()
     params = list(model.parameters())
     averager = PeriodicModelAverager(period=1, warmup_steps=0)
     m_on, m_off = _tiny_lm(), _tiny_lm()
     on = ws.strategy("local_sgd", m_on, torch.optim.SGD(m_on.parameters(), lr=LR), sync_every=1)
-    off = ws.strategy("local_sgd", m_off, torch.optim.SGD(m_off.parameters(), lr=LR), sync_every=1,
-                      drift_telemetry=False)
+    off = ws.strategy(
+        "local_sgd", m_off, torch.optim.SGD(m_off.parameters(), lr=LR), sync_every=1, drift_telemetry=False
+    )
     calls["pma"] = after_inner_step(model, torch.optim.SGD(params, lr=LR), lambda: averager.average_parameters(params))
     calls["local_sgd"] = after_inner_step(m_on, on.optimizer, on.boundary)
     calls["local_sgd_nodrift"] = after_inner_step(m_off, off.optimizer, off.boundary)
 
     # diloco at H = 1 and streaming over one period, telemetry on and off
-    for key, name, opts, n in (("diloco", "diloco", {"sync_every": 1}, 1),
-                               ("diloco_nodrift", "diloco", {"sync_every": 1, "drift_telemetry": False}, 1),
-                               ("streaming", "streaming", {"sync_every": 4, "fragments": 2, "overlap": 1,
-                                                           "alpha": 0.0, "partition": "sequential"}, 4)):
+    for key, name, opts, n in (
+        ("diloco", "diloco", {"sync_every": 1}, 1),
+        ("diloco_nodrift", "diloco", {"sync_every": 1, "drift_telemetry": False}, 1),
+        (
+            "streaming",
+            "streaming",
+            {"sync_every": 4, "fragments": 2, "overlap": 1, "alpha": 0.0, "partition": "sequential"},
+            4,
+        ),
+    ):
         m = _tiny_lm()
         sync = ws.strategy(name, m, torch.optim.SGD(m.parameters(), lr=LR), **opts)
         run = _stepper(m, sync.step, sync.zero_grad, gen)
-        calls[key] = (lambda run=run, n=n: run(n))
+        calls[key] = lambda run=run, n=n: run(n)
         keep.append(sync)
 
     # ddp vs bare DDP: whole training steps
@@ -150,11 +175,12 @@ def bench_rank(rank: int, world: int, reps: int, lighthouses: list[str] | None) 
     note = None
     if lighthouses is not None:
         try:
-            for lighthouse, (key, frags, h, delay, n) in zip(lighthouses, (("torchft_diloco", 1, 1, 0, 1),
-                                                                           ("torchft_streaming", 2, 4, 1, 4))):
+            for lighthouse, (key, frags, h, delay, n) in zip(
+                lighthouses, (("torchft_diloco", 1, 1, 0, 1), ("torchft_streaming", 2, 4, 1, 4))
+            ):
                 m, inner, handles = _torchft_diloco(rank, lighthouse, frags, h, delay)
                 run = _stepper(m, inner.step, inner.zero_grad, gen)
-                calls[key] = (lambda run=run, n=n: run(n))
+                calls[key] = lambda run=run, n=n: run(n)
                 keep.append(handles)
         except Exception as e:  # noqa: BLE001 - the note says why the rows are missing
             note = f"torchft rows skipped: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -164,11 +190,11 @@ def bench_rank(rank: int, world: int, reps: int, lighthouses: list[str] | None) 
 
     names = sorted(calls)
     times: dict[str, list[float]] = {k: [] for k in names}
-    for _ in range(2):                                   # warm-up (torchft: first quorum)
+    for _ in range(2):  # warm-up (torchft: first quorum)
         for k in names:
             dist.barrier()
             calls[k]()
-    order = random.Random(0)                             # the same on every rank: the barriers pair up
+    order = random.Random(0)  # the same on every rank: the barriers pair up
     for _ in range(reps):
         for k in order.sample(names, len(names)):
             dist.barrier()
@@ -193,10 +219,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
-    os.environ.setdefault("RUST_LOG", "error")           # torchft's lighthouse and managers log every quorum
-    servers = []                                         # one torchft lighthouse per torchft configuration
+    os.environ.setdefault("RUST_LOG", "error")  # torchft's lighthouse and managers log every quorum
+    servers = []  # one torchft lighthouse per torchft configuration
     try:
         from torchft._torchft import LighthouseServer
+
         servers = [LighthouseServer(bind=f"127.0.0.1:{_free_port()}", min_replicas=2) for _ in range(2)]
     except ImportError:
         pass
@@ -208,15 +235,19 @@ def main() -> None:
         for s in servers:
             s.shutdown()
     r, times, note = results[0]["ms"], results[0]["times"], results[0]["note"]
-    print(f"# sync_cost  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
-          f"torch {torch.__version__}  2 ranks (gloo, 127.0.0.1), tiny LM 1.82M params, 1 thread per rank, "
-          f"{args.reps} rounds, load average {load[0]:.1f} before / {os.getloadavg()[0]:.1f} after")
-    rows = [("local_sgd boundary, drift on", "local_sgd", "PeriodicModelAverager", "pma", "<= 1.0"),
-            ("local_sgd boundary, drift off", "local_sgd_nodrift", "PeriodicModelAverager", "pma", "<= 1.0"),
-            ("diloco sync step (H=1), drift on", "diloco", "torchft DiLoCo", "torchft_diloco", "<= 0.5"),
-            ("diloco sync step (H=1), drift off", "diloco_nodrift", "torchft DiLoCo", "torchft_diloco", "<= 0.5"),
-            ("streaming steps of a period (P=2, H=4)", "streaming", "torchft DiLoCo P=2", "torchft_streaming", "<= 0.5"),
-            ("ddp training step", "ddp", "bare DistributedDataParallel", "bare_ddp", "<= 1.02")]
+    print(
+        f"# sync_cost  {datetime.datetime.now():%Y-%m-%d %H:%M}  {platform.machine()}  {os.cpu_count()} CPUs  "
+        f"torch {torch.__version__}  2 ranks (gloo, 127.0.0.1), tiny LM 1.82M params, 1 thread per rank, "
+        f"{args.reps} rounds, load average {load[0]:.1f} before / {os.getloadavg()[0]:.1f} after"
+    )
+    rows = [
+        ("local_sgd boundary, drift on", "local_sgd", "PeriodicModelAverager", "pma", "<= 1.0"),
+        ("local_sgd boundary, drift off", "local_sgd_nodrift", "PeriodicModelAverager", "pma", "<= 1.0"),
+        ("diloco sync step (H=1), drift on", "diloco", "torchft DiLoCo", "torchft_diloco", "<= 0.5"),
+        ("diloco sync step (H=1), drift off", "diloco_nodrift", "torchft DiLoCo", "torchft_diloco", "<= 0.5"),
+        ("streaming steps of a period (P=2, H=4)", "streaming", "torchft DiLoCo P=2", "torchft_streaming", "<= 0.5"),
+        ("ddp training step", "ddp", "bare DistributedDataParallel", "bare_ddp", "<= 1.02"),
+    ]
     print(f"| {'ours':40s} | ms | {'peer':28s} | ms | ratio | quartiles | target |")
     print("|---|---|---|---|---|---|---|")
     for label, ours, peer_label, peer, target in rows:
@@ -224,7 +255,9 @@ def main() -> None:
             print(f"| {label:40s} | {r[ours]:.2f} | {peer_label:28s} | - | - | - | {target} |")
             continue
         mid, lo, hi = paired_ratio(times[ours], times[peer])
-        print(f"| {label:40s} | {r[ours]:.2f} | {peer_label:28s} | {r[peer]:.2f} | {mid:.3f} | {lo:.3f}–{hi:.3f} | {target} |")
+        print(
+            f"| {label:40s} | {r[ours]:.2f} | {peer_label:28s} | {r[peer]:.2f} | {mid:.3f} | {lo:.3f}–{hi:.3f} | {target} |"
+        )
     if note:
         print(note)
     print(f"reproduce: .venv/bin/python benchmarks/sync_cost.py --reps {args.reps}")

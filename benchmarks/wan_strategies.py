@@ -13,6 +13,7 @@ SGD's DDP phase, scaled to a short run); every other option is the strategy's de
     python benchmarks/wan_strategies.py [--presets two-site,cross-region] [--strategies ddp,local_sgd]
                                         [--steps 40] [--workers 4] [--out runs/bench_wan]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,14 +27,46 @@ import sys
 import time
 from pathlib import Path
 
-COMMON = ["--model", "tiny", "--batch-size", "8", "--seq-len", "64", "--threads", "1", "--eval-every", "1000",
-          "--eval-batches", "2", "--sync-every", "8", "--switch-step", "8", "--quiet"]
+COMMON = [
+    "--model",
+    "tiny",
+    "--batch-size",
+    "8",
+    "--seq-len",
+    "64",
+    "--threads",
+    "1",
+    "--eval-every",
+    "1000",
+    "--eval-batches",
+    "2",
+    "--sync-every",
+    "8",
+    "--switch-step",
+    "8",
+    "--quiet",
+]
 
 
 def run_one(strategy: str, preset: str, steps: int, workers: int, out: Path) -> dict:
     run_dir = out / f"{preset}-{strategy}"
-    cmd = [sys.executable, "-m", "wansync", "train", "--strategy", strategy, "--wan", preset,
-           "--workers", str(workers), "--steps", str(steps), "--out", str(run_dir), *COMMON]
+    cmd = [
+        sys.executable,
+        "-m",
+        "wansync",
+        "train",
+        "--strategy",
+        strategy,
+        "--wan",
+        preset,
+        "--workers",
+        str(workers),
+        "--steps",
+        str(steps),
+        "--out",
+        str(run_dir),
+        *COMMON,
+    ]
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     elapsed = time.monotonic() - t0
@@ -43,11 +76,18 @@ def run_one(strategy: str, preset: str, steps: int, workers: int, out: Path) -> 
     summ = json.loads((run_dir / "summary.json").read_text())
     d, cats = prof["derived"], prof["categories_s"]
     return {
-        "strategy": strategy, "preset": preset, "wall_s": prof["wall_clock_s"], "process_s": elapsed,
-        "exposed_pct": d["exposed_comm_pct"], "hidden_pct": d["hidden_comm_pct"],
-        "compute_s": cats["compute"], "exposed_s": cats["exposed_comm"],
-        "mb_per_step": d["bytes_per_step"] / 1e6, "events": d["sync_events"],
-        "residual_pct": prof["residual_pct"], "val_loss": summ.get("final_val_loss"),
+        "strategy": strategy,
+        "preset": preset,
+        "wall_s": prof["wall_clock_s"],
+        "process_s": elapsed,
+        "exposed_pct": d["exposed_comm_pct"],
+        "hidden_pct": d["hidden_comm_pct"],
+        "compute_s": cats["compute"],
+        "exposed_s": cats["exposed_comm"],
+        "mb_per_step": d["bytes_per_step"] / 1e6,
+        "events": d["sync_events"],
+        "residual_pct": prof["residual_pct"],
+        "val_loss": summ.get("final_val_loss"),
     }
 
 
@@ -56,8 +96,10 @@ def fmt(v, spec: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| preset | strategy | wall s | exposed comm % | hidden comm % | compute s | MB/step | sync events "
-            "| residual % | final val loss |")
+    head = (
+        "| preset | strategy | wall s | exposed comm % | hidden comm % | compute s | MB/step | sync events "
+        "| residual % | final val loss |"
+    )
     lines = [head, "|" + "---|" * 10]
     for r in rows:
         if "error" in r:
@@ -66,7 +108,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['preset']} | {r['strategy']} | {r['wall_s']:.1f} | {r['exposed_pct']:.1f} | "
             f"{fmt(r['hidden_pct'], '.1f')} | {r['compute_s']:.1f} | {r['mb_per_step']:.2f} | {r['events']} | "
-            f"{r['residual_pct']:.4f} | {fmt(r['val_loss'], '.3f')} |")
+            f"{r['residual_pct']:.4f} | {fmt(r['val_loss'], '.3f')} |"
+        )
     return "\n".join(lines)
 
 
@@ -89,20 +132,32 @@ def main() -> None:
         for strategy in args.strategies.split(","):
             row = run_one(strategy, preset, args.steps, args.workers, out)
             rows.append(row)
-            print(f"  {preset:>14} {strategy:>15}: " + (f"wall {row['wall_s']:.1f} s, exposed {row['exposed_pct']:.1f} %"
-                                                       if "error" not in row else row["error"]), flush=True)
+            print(
+                f"  {preset:>14} {strategy:>15}: "
+                + (
+                    f"wall {row['wall_s']:.1f} s, exposed {row['exposed_pct']:.1f} %"
+                    if "error" not in row
+                    else row["error"]
+                ),
+                flush=True,
+            )
     import torch
+
     print()
-    print(f"{datetime.date.today()} · {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} · "
-          f"tiny LM, {args.workers} workers, {args.steps} steps, batch 8 × seq 64 per worker · "
-          f"total {time.monotonic() - t0:.0f} s · load average at start {load0:.1f}, at end {os.getloadavg()[0]:.1f}")
+    print(
+        f"{datetime.date.today()} · {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} · "
+        f"tiny LM, {args.workers} workers, {args.steps} steps, batch 8 × seq 64 per worker · "
+        f"total {time.monotonic() - t0:.0f} s · load average at start {load0:.1f}, at end {os.getloadavg()[0]:.1f}"
+    )
     print()
     print(table(rows))
     print()
     argv = " ".join(shlex.quote(a) for a in sys.argv[1:])
     print(f"reproduce: .venv/bin/python benchmarks/wan_strategies.py {argv}".rstrip())
-    print("each run:  wansync train --strategy S --wan PRESET --workers "
-          f"{args.workers} --steps {args.steps} " + " ".join(COMMON))
+    print(
+        "each run:  wansync train --strategy S --wan PRESET --workers "
+        f"{args.workers} --steps {args.steps} " + " ".join(COMMON)
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -14,6 +14,7 @@ heals from a live peer (model, inner optimizer, strategy state, its step); no ch
 The model and data are a stand-in (as in examples/own_loop.py): put yours in their place, built from
 the same seed on every worker. docs/fault_tolerance.md ("In your own loop") says what each line does.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,10 +47,11 @@ def validate(model: nn.Module) -> dict[str, float]:
 
 def train(a: argparse.Namespace) -> None:
     out = Path(a.out) / f"worker{a.worker if a.worker is not None else os.environ.get('RANK', 0)}"
-    ws.init(fault_tolerant=True)                              # this worker is a process group of its own
-    ft = ws.FaultTolerance(lighthouse=a.lighthouse, worker=a.worker, workers=a.workers,
-                           peer_timeout=a.peer_timeout, log_dir=out / "logs")
-    torch.manual_seed(0)                                      # the same initial model on every worker
+    ws.init(fault_tolerant=True)  # this worker is a process group of its own
+    ft = ws.FaultTolerance(
+        lighthouse=a.lighthouse, worker=a.worker, workers=a.workers, peer_timeout=a.peer_timeout, log_dir=out / "logs"
+    )
+    torch.manual_seed(0)  # the same initial model on every worker
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     # joins the others; a restarted worker heals here from a live peer, sync.t is then their step
@@ -59,17 +61,20 @@ def train(a: argparse.Namespace) -> None:
             x, y = batch(a.worker, sync.t)
             loss = F.cross_entropy(sync.model(x), y)
             loss.backward()
-            sync.step()                                       # at a boundary: the quorum's mean
+            sync.step()  # at a boundary: the quorum's mean
             sync.zero_grad()
             run.log(loss, items=len(x))
-            if sync.t == a.die_at and not ft.restarted:       # the fault: this process dies, as a crash would
+            if sync.t == a.die_at and not ft.restarted:  # the fault: this process dies, as a crash would
                 os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(a.step_time)                           # a stand-in for a real step's compute
-        sync.finish()                                         # the final quorum, then the last outer step if due
+            time.sleep(a.step_time)  # a stand-in for a real step's compute
+        sync.finish()  # the final quorum, then the last outer step if due
         run.evaluate(validate(model))
     torch.save(model.state_dict(), out / "final.pt")
-    print(f"worker {ft.worker}{' (restarted)' if ft.restarted else ''}: {sync.t} steps, final val_loss "
-          f"{run.evals[-1]['val_loss']:.4f}: {out}", flush=True)
+    print(
+        f"worker {ft.worker}{' (restarted)' if ft.restarted else ''}: {sync.t} steps, final val_loss "
+        f"{run.evals[-1]['val_loss']:.4f}: {out}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -86,7 +91,7 @@ def main() -> None:
     a = p.parse_args()
     try:
         train(a)
-    except WansyncError as e:                                 # a bad option, no lighthouse, no peer: one line
+    except WansyncError as e:  # a bad option, no lighthouse, no peer: one line
         sys.exit(f"ft_loop: error: {e}")
 
 

@@ -11,6 +11,7 @@ The Trainer logs `wansync/exposed_pct` and `wansync/bytes` beside its loss (Tens
 `--tensorboard`); rank 0 prints the last log line and the run's totals. With `--params-out FILE` every
 rank saves its final parameters (`FILE.rank<R>`), which the test compares across runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,11 @@ from wansync.integrations.hf import WansyncTrainer
 from wansync.workloads.lm.corpus import shakespeare_text
 
 # a few syncs in a dozen steps: the example's runs are short
-OPTIONS = {"diloco": {"sync_every": 4}, "streaming": {"sync_every": 4, "fragments": 2, "overlap": 1},
-           "sparseloco": {"sync_every": 4, "density": 0.1}}
+OPTIONS = {
+    "diloco": {"sync_every": 4},
+    "streaming": {"sync_every": 4, "fragments": 2, "overlap": 1},
+    "sparseloco": {"sync_every": 4, "density": 0.1},
+}
 
 
 class Bytes(torch.utils.data.Dataset):
@@ -45,9 +49,16 @@ class Bytes(torch.utils.data.Dataset):
 
 
 def tiny_llama(seed: int = 0) -> transformers.LlamaForCausalLM:
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
-                                      use_cache=False)
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        use_cache=False,
+    )
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(config)
 
@@ -64,17 +75,41 @@ class StopAt(transformers.TrainerCallback):
         return control
 
 
-def train(strategy: str, out: str, steps: int = 12, accumulation: int = 1, stop_at: int | None = None,
-          resume: str | None = None, tensorboard: bool = False) -> WansyncTrainer:
+def train(
+    strategy: str,
+    out: str,
+    steps: int = 12,
+    accumulation: int = 1,
+    stop_at: int | None = None,
+    resume: str | None = None,
+    tensorboard: bool = False,
+) -> WansyncTrainer:
     """Train the tiny Llama with `strategy` on the current process group; returns the trainer."""
     args = transformers.TrainingArguments(
-        output_dir=out, max_steps=steps, per_device_train_batch_size=4, gradient_accumulation_steps=accumulation,
-        learning_rate=3e-3, warmup_steps=2, lr_scheduler_type="cosine", max_grad_norm=1.0, logging_steps=1,
-        save_strategy="no", report_to=["tensorboard"] if tensorboard else [], use_cpu=True, seed=0,
-        dataloader_num_workers=0, disable_tqdm=True)
-    trainer = WansyncTrainer(model=tiny_llama(), args=args, train_dataset=Bytes(shakespeare_text()),
-                             strategy=strategy, strategy_options=OPTIONS.get(strategy, {}),
-                             callbacks=[StopAt(stop_at)] if stop_at else None)
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=3e-3,
+        warmup_steps=2,
+        lr_scheduler_type="cosine",
+        max_grad_norm=1.0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=["tensorboard"] if tensorboard else [],
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = WansyncTrainer(
+        model=tiny_llama(),
+        args=args,
+        train_dataset=Bytes(shakespeare_text()),
+        strategy=strategy,
+        strategy_options=OPTIONS.get(strategy, {}),
+        callbacks=[StopAt(stop_at)] if stop_at else None,
+    )
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 
@@ -90,17 +125,27 @@ def main() -> None:
     p.add_argument("--params-out", help="save this rank's final parameters to FILE.rank<R>")
     p.add_argument("--tensorboard", action="store_true")
     a = p.parse_args()
-    ws.init()                                    # torchrun's environment, else one process
+    ws.init()  # torchrun's environment, else one process
     trainer = train(a.strategy, a.out, a.steps, a.accumulation, a.stop_at, a.resume, a.tensorboard)
     rank = dist.get_rank()
     if a.params_out:
         torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, f"{a.params_out}.rank{rank}")
     if rank == 0:
         last = [h for h in trainer.state.log_history if "wansync/bytes" in h][-1]
-        print(json.dumps({"strategy": a.strategy, "step": trainer.state.global_step, "sync_steps": trainer.sync.t,
-                          "world": dist.get_world_size(), "trained_module": type(trainer.model_wrapped).__name__,
-                          "exposed_pct": last["wansync/exposed_pct"], "bytes": last["wansync/bytes"],
-                          "log_history": trainer.state.log_history}))
+        print(
+            json.dumps(
+                {
+                    "strategy": a.strategy,
+                    "step": trainer.state.global_step,
+                    "sync_steps": trainer.sync.t,
+                    "world": dist.get_world_size(),
+                    "trained_module": type(trainer.model_wrapped).__name__,
+                    "exposed_pct": last["wansync/exposed_pct"],
+                    "bytes": last["wansync/bytes"],
+                    "log_history": trainer.state.log_history,
+                }
+            )
+        )
     dist.destroy_process_group()
 
 

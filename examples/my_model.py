@@ -8,6 +8,7 @@
 wansync calls either under `torch.manual_seed(seed)` on every worker, so every worker starts from
 the same model.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,7 +41,7 @@ class Blobs:
     """Classify noisy points around four centres. Each worker draws its own stream of points
     (`spec.rank`); the test points and the centres are the same on every worker."""
 
-    kind = "vision"      # judged by test accuracy: evaluate returns test_loss and test_acc
+    kind = "vision"  # judged by test accuracy: evaluate returns test_loss and test_acc
 
     def __init__(self, spec) -> None:
         task = torch.Generator().manual_seed(1234)
@@ -65,8 +66,10 @@ class Blobs:
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         points, labels = self.test
         logits = model(points)
-        return {"test_loss": float(F.cross_entropy(logits, labels)),
-                "test_acc": 100.0 * float((logits.argmax(1) == labels).float().mean())}
+        return {
+            "test_loss": float(F.cross_entropy(logits, labels)),
+            "test_acc": 100.0 * float((logits.argmax(1) == labels).float().mean()),
+        }
 
 
 def workload(spec) -> Blobs:

@@ -12,6 +12,7 @@ the progress bar; `ws.strategy` warns of settings known to go wrong (docs/guards
 The model and data are a stand-in (a small classifier on synthetic data, different on every rank):
 put yours in their place. docs/your_model.md says what each line does.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,13 +34,20 @@ def batch(rank: int, step: int, n: int = 32) -> tuple[torch.Tensor, torch.Tensor
 
 
 def validate(model: nn.Module) -> dict[str, float]:
-    x, y = batch(rank=-1, step=0, n=512)                  # the same held-out batch on every rank
+    x, y = batch(rank=-1, step=0, n=512)  # the same held-out batch on every rank
     with torch.no_grad():
         return {"val_loss": F.cross_entropy(model(x), y).item()}
 
 
-def train(out: str, strategy: str = "ddp", steps: int = 30, eval_every: int = 10, tensorboard: bool = False,
-          group: Any = None, **options: Any) -> dict[str, Any]:
+def train(
+    out: str,
+    strategy: str = "ddp",
+    steps: int = 30,
+    eval_every: int = 10,
+    tensorboard: bool = False,
+    group: Any = None,
+    **options: Any,
+) -> dict[str, Any]:
     """Train on the current process group (or `group`); returns the run's summary."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
@@ -55,9 +63,9 @@ def train(out: str, strategy: str = "ddp", steps: int = 30, eval_every: int = 10
             sync.zero_grad()
             run.log(loss, items=len(x))
             if sync.t % eval_every == 0 and sync.t < steps:
-                run.evaluate(validate(model))             # on every rank: the mean over ranks is kept
-        sync.finish()                                     # every rank holds the same model
-        run.evaluate(validate(model))                     # the final evaluation, at the last step
+                run.evaluate(validate(model))  # on every rank: the mean over ranks is kept
+        sync.finish()  # every rank holds the same model
+        run.evaluate(validate(model))  # the final evaluation, at the last step
     return run.summary
 
 
@@ -74,8 +82,10 @@ def main() -> None:
     options = {} if a.sync_every is None else {"sync_every": a.sync_every}
     summary = train(a.out, a.strategy, a.steps, tensorboard=a.tensorboard, **options)
     if dist.get_rank() == 0:
-        print(f"final val_loss {summary['final_val_loss']:.4f}, exposed communication "
-              f"{summary['exposed_comm_pct']:.1f} % of {summary['wall_clock_s']:.2f} s: {a.out}")
+        print(
+            f"final val_loss {summary['final_val_loss']:.4f}, exposed communication "
+            f"{summary['exposed_comm_pct']:.1f} % of {summary['wall_clock_s']:.2f} s: {a.out}"
+        )
     dist.destroy_process_group()
 
 

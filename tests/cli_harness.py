@@ -9,6 +9,7 @@ torch import, seconds each. The test process's own threads (pytest-xdist's recei
 the CLI. `fresh=True` runs `python -m wansync` in a subprocess instead. `start()` returns while the
 CLI runs (several runs side by side, or one to look at or signal while it trains).
 """
+
 from __future__ import annotations
 
 import io
@@ -25,13 +26,24 @@ from wansync.runner.workerproc import live_workers
 TINY = ["--model", "micro", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "2", "--threads", "1"]
 
 
-def wansync(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
-            cwd: str | Path | None = None, fresh: bool = False,
-            setup: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
+def wansync(
+    *args: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    fresh: bool = False,
+    setup: Callable[[], None] | None = None,
+) -> subprocess.CompletedProcess:
     """`setup`: a module-level function the CLI's process calls first (to record what it does)."""
     if fresh:
-        return subprocess.run([sys.executable, "-m", "wansync", *args], capture_output=True, text=True,
-                              timeout=timeout, env=dict(os.environ, **(env or {})), cwd=cwd)
+        return subprocess.run(
+            [sys.executable, "-m", "wansync", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(os.environ, **(env or {})),
+            cwd=cwd,
+        )
     return start(*args, env=env, cwd=cwd, setup=setup).result(timeout)
 
 
@@ -41,6 +53,7 @@ class Running:
 
     def __init__(self, args: list[str], env: dict[str, str], cwd: str, setup: Callable[[], None] | None):
         from wansync.runner.localgroup import rank_context
+
         self.args, self._dir = args, tempfile.TemporaryDirectory()
         self._out, self._err = Path(self._dir.name, "stdout"), Path(self._dir.name, "stderr")
         self.proc = rank_context().Process(target=_cli, args=(args, env, cwd, str(self._out), str(self._err), setup))
@@ -52,8 +65,9 @@ class Running:
             if self.proc.exitcode is None:
                 self.kill()
                 raise subprocess.TimeoutExpired(["wansync", *self.args], timeout, _text(self._out), _text(self._err))
-            return subprocess.CompletedProcess(["wansync", *self.args], self.proc.exitcode, _text(self._out),
-                                               _text(self._err))
+            return subprocess.CompletedProcess(
+                ["wansync", *self.args], self.proc.exitcode, _text(self._out), _text(self._err)
+            )
         finally:
             self._dir.cleanup()
 
@@ -79,8 +93,12 @@ class Running:
             self.proc.join()
 
 
-def start(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
-          setup: Callable[[], None] | None = None) -> Running:
+def start(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    setup: Callable[[], None] | None = None,
+) -> Running:
     """Start the CLI in a process forked from the ranks' forkserver (see the module docstring) and return
     at once: several runs side by side without an interpreter start-up each."""
     return Running(list(args), dict(os.environ, **(env or {})), str(cwd or os.getcwd()), setup)
@@ -103,8 +121,7 @@ def into_files(out: str, err: str, env: dict[str, str], mode: int) -> None:
     os.environ.update(env)
 
 
-def _cli(args: list[str], env: dict[str, str], cwd: str, out: str, err: str,
-         setup: Callable[[], None] | None) -> None:
+def _cli(args: list[str], env: dict[str, str], cwd: str, out: str, err: str, setup: Callable[[], None] | None) -> None:
     """The CLI's process: its SystemExit becomes the exit status (multiprocessing does as the
     interpreter does: an int is the status, a message goes to stderr with status 1)."""
     into_files(out, err, env, os.O_TRUNC)
@@ -112,6 +129,7 @@ def _cli(args: list[str], env: dict[str, str], cwd: str, out: str, err: str,
     if setup is not None:
         setup()
     from wansync.cli import main
+
     main(args)
 
 

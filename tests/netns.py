@@ -18,6 +18,7 @@ bed's namespaces and deletes them; a bed whose owner (the pid in its name) died 
 next. Needs root; `unavailable()` says why a bed cannot be made here, for a skip. `documented_torchrun`
 gives the torchrun options of docs/multinode.md's command, which the bed's hosts run.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,8 +37,8 @@ PREFIX = "wsbed"
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 NETNS_ETC = Path("/etc/netns")
 SUBNET = "10.77.0"
-UNLIMITED = "100gbit"       # above a veth here (~10 Gbit/s); a 10gbit class held it to 9.6
-ECHO_PORT = 7               # the bed's namespaces have ports of their own
+UNLIMITED = "100gbit"  # above a veth here (~10 Gbit/s); a 10gbit class held it to 9.6
+ECHO_PORT = 7  # the bed's namespaces have ports of their own
 _count = itertools.count()
 
 
@@ -57,8 +58,9 @@ def unavailable() -> str | None:
     if made.returncode != 0:
         return f"network namespaces are unavailable: {made.stderr.strip()}"
     try:
-        inside = subprocess.run(["ip", "netns", "exec", probe, "unshare", "--uts", "true"], capture_output=True,
-                                text=True)
+        inside = subprocess.run(
+            ["ip", "netns", "exec", probe, "unshare", "--uts", "true"], capture_output=True, text=True
+        )
     finally:
         ip("netns", "del", probe, check=False)
     if inside.returncode != 0:
@@ -68,10 +70,10 @@ def unavailable() -> str | None:
 
 @dataclass(frozen=True)
 class Host:
-    ns: str                 # its network namespace
-    name: str               # its host name
-    address: str            # its address on the bed's network
-    ifname: str             # its interface there
+    ns: str  # its network namespace
+    name: str  # its host name
+    address: str  # its address on the bed's network
+    ifname: str  # its interface there
 
 
 class Bed:
@@ -81,8 +83,10 @@ class Bed:
     def __init__(self, n: int = 2, rate: str | None = None, names: tuple[str, ...] = ()):
         clean_stale()
         self.token = f"{os.getpid()}x{next(_count)}"
-        self.hosts = [Host(f"{PREFIX}{self.token}h{i}", f"host{chr(97 + i)}", f"{SUBNET}.{i + 1}",
-                           f"ws{self.token}{i}"[-15:]) for i in range(n)]
+        self.hosts = [
+            Host(f"{PREFIX}{self.token}h{i}", f"host{chr(97 + i)}", f"{SUBNET}.{i + 1}", f"ws{self.token}{i}"[-15:])
+            for i in range(n)
+        ]
         self.switch = f"{PREFIX}{self.token}sw" if n > 2 else None
         self.names = names or ("address",) * n
         self.procs: list[subprocess.Popen] = []
@@ -117,10 +121,31 @@ class Bed:
 
     def shape(self, host: Host, rate: str) -> None:
         """Limit `host`'s egress to `rate` with a token bucket (replacing any earlier limit)."""
-        burst = max(32 * 1024, int(_bits(rate) / 8 / 1000))          # a millisecond at line rate
-        subprocess.run(["ip", "netns", "exec", host.ns, "tc", "qdisc", "replace", "dev", host.ifname, "root",
-                        "tbf", "rate", rate, "burst", str(burst), "latency", "100ms"],
-                       check=True, capture_output=True, text=True)
+        burst = max(32 * 1024, int(_bits(rate) / 8 / 1000))  # a millisecond at line rate
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                host.ns,
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                host.ifname,
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                str(burst),
+                "latency",
+                "100ms",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
 
     def shape_pairs(self, rates: dict[tuple[int, int], str]) -> None:
         """Limit host i's traffic to host j to `rates[(i, j)]` (tc's syntax), each directed pair on its
@@ -128,7 +153,7 @@ class Bed:
         destination, picked by a u32 filter on the destination address. Pairs not named, and traffic
         to no host (ARP), are unlimited. Changes the classes in place, so calling it again mid-test
         (a link dropping) loses no queued packet; replaces a `shape` (tbf) limit."""
-        for (i, j) in rates:
+        for i, j in rates:
             if i == j or not (0 <= i < len(self.hosts) and 0 <= j < len(self.hosts)):
                 raise ValueError(f"pair {(i, j)}: expected two different hosts of {len(self.hosts)}")
         for i, h in enumerate(self.hosts):
@@ -138,19 +163,44 @@ class Bed:
             for j, other in enumerate(self.hosts):
                 if j != i:
                     _htb_class(h, f"1:{j + 1:x}", rates.get((i, j), UNLIMITED))
-                    tc(h, "filter", "replace", "dev", h.ifname, "parent", "1:", "protocol", "ip", "prio", "1",
-                       "handle", f"800::{j + 1:x}", "u32", "match", "ip", "dst", f"{other.address}/32",
-                       "flowid", f"1:{j + 1:x}")
+                    tc(
+                        h,
+                        "filter",
+                        "replace",
+                        "dev",
+                        h.ifname,
+                        "parent",
+                        "1:",
+                        "protocol",
+                        "ip",
+                        "prio",
+                        "1",
+                        "handle",
+                        f"800::{j + 1:x}",
+                        "u32",
+                        "match",
+                        "ip",
+                        "dst",
+                        f"{other.address}/32",
+                        "flowid",
+                        f"1:{j + 1:x}",
+                    )
 
     def rtt(self, a: int, b: int) -> float:
         """Median round trip (seconds) of a 1-byte TCP ping-pong from host `a` to host `b`: what the
         bed's links add to every exchange."""
-        server = self.start(self.hosts[b], [sys.executable, "-c", _ECHO_SERVER, str(ECHO_PORT)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        out = self.run(self.hosts[a], [sys.executable, "-c", _ECHO_CLIENT, self.hosts[b].address, str(ECHO_PORT)],
-                       timeout=30)
+        server = self.start(
+            self.hosts[b],
+            [sys.executable, "-c", _ECHO_SERVER, str(ECHO_PORT)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        out = self.run(
+            self.hosts[a], [sys.executable, "-c", _ECHO_CLIENT, self.hosts[b].address, str(ECHO_PORT)], timeout=30
+        )
         try:
-            err = server.communicate(timeout=10)[1]     # it serves one connection: the port is free again
+            err = server.communicate(timeout=10)[1]  # it serves one connection: the port is free again
         except subprocess.TimeoutExpired:
             server.kill()
             err = server.communicate()[1]
@@ -168,8 +218,20 @@ class Bed:
 
     def command(self, host: Host, args: list[str]) -> list[str]:
         """`args` as run in `host`: its namespace, its /etc/hosts, its host name."""
-        return ["ip", "netns", "exec", host.ns, "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"',
-                host.name, *args]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            host.ns,
+            "unshare",
+            "--uts",
+            "--",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            host.name,
+            *args,
+        ]
 
     def start(self, host: Host, args: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
         """Start `args` in `host`, in a session of its own; `close` ends it."""
@@ -225,7 +287,7 @@ def clean_stale() -> None:
         ns = line.split()[0] if line.split() else ""
         if not ns.startswith(PREFIX):
             continue
-        owner = ns[len(PREFIX):].split("x", 1)[0].split("probe", 1)[0]
+        owner = ns[len(PREFIX) :].split("x", 1)[0].split("probe", 1)[0]
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():
             delete_namespace(ns)
 
@@ -236,8 +298,12 @@ def tc(host: Host, *args: str) -> None:
 
 def _root_qdisc(host: Host) -> str:
     """`host`'s root qdisc as "<kind> <handle>" (e.g. "htb 1:"), to change an htb in place."""
-    out = subprocess.run(["ip", "netns", "exec", host.ns, "tc", "qdisc", "show", "dev", host.ifname, "root"],
-                         check=True, capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        ["ip", "netns", "exec", host.ns, "tc", "qdisc", "show", "dev", host.ifname, "root"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     return " ".join(out[1:3])
 
 
@@ -249,8 +315,28 @@ def _htb_class(host: Host, classid: str, rate: str) -> None:
     after). A quantum of 64 KB: the default, rate/10, exceeds htb's range above 16 Mbit/s and only
     weighs borrowing."""
     burst = str(max(32 * 1024, int(_bits(rate) / 8 / 1000)))
-    tc(host, "class", "replace", "dev", host.ifname, "parent", "1:", "classid", classid, "htb", "rate", rate,
-       "ceil", rate, "burst", burst, "cburst", burst, "quantum", str(64 * 1024))
+    tc(
+        host,
+        "class",
+        "replace",
+        "dev",
+        host.ifname,
+        "parent",
+        "1:",
+        "classid",
+        classid,
+        "htb",
+        "rate",
+        rate,
+        "ceil",
+        rate,
+        "burst",
+        burst,
+        "cburst",
+        burst,
+        "quantum",
+        str(64 * 1024),
+    )
 
 
 _ECHO_SERVER = """

@@ -6,6 +6,7 @@ rank's parameters, inner-optimizer state, ledger snapshot, and the collectives a
 a wiretap on `torch.distributed`'s Python collectives (our own, and DDP's gradient all-reduce,
 which goes through the counting comm hook registered on `sync.model`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -20,9 +21,20 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 import wansync as ws
 from strategy_harness import flat_params, rank_batch, tiny_model
 
-_TAPPED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-           "reduce_scatter_tensor", "barrier", "send", "recv", "isend", "irecv")
-WIRE: list[tuple[str, int]] = []          # (collective, bytes) issued through torch.distributed
+_TAPPED = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+)
+WIRE: list[tuple[str, int]] = []  # (collective, bytes) issued through torch.distributed
 
 
 def install_wiretap() -> None:
@@ -36,6 +48,7 @@ def install_wiretap() -> None:
             t = args[0] if args and torch.is_tensor(args[0]) else None
             WIRE.append((_name, t.numel() * t.element_size() if t is not None else 0))
             return _real(*args, **kw)
+
         setattr(dist, fname, tapped)
     dist._wansync_tapped = True
 
@@ -46,7 +59,7 @@ class HookCounts:
         self.bytes = 0
 
 
-def counting_hook(state, bucket):   # no annotations: DDP checks them, and this module's are strings
+def counting_hook(state, bucket):  # no annotations: DDP checks them, and this module's are strings
     """torch's default DDP all-reduce, counted."""
     state.calls += 1
     state.bytes += bucket.buffer().numel() * bucket.buffer().element_size()
@@ -69,8 +82,12 @@ def scalar_target(rank: int, step: int) -> float:
 
 
 def optim_state_flat(opt: torch.optim.Optimizer) -> torch.Tensor:
-    ts = [v.detach().reshape(-1).double() for st in opt.state.values() for v in st.values()
-          if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
+    ts = [
+        v.detach().reshape(-1).double()
+        for st in opt.state.values()
+        for v in st.values()
+        if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0
+    ]
     return torch.cat(ts) if ts else torch.zeros(0)
 
 
@@ -106,9 +123,20 @@ def train(rank: int, model, opt, sync, start: int, stop: int, kind: str, lr_sche
         out["hook"].append((hook.calls, hook.bytes) if hook is not None else None)
 
 
-def scenario(rank: int, name: str, options: dict[str, Any], steps: int, *, optimizer: str = "sgd",
-             lr: float = 0.05, lr_schedule: list[float] | None = None, kind: str = "tiny",
-             hook: bool = False, resume_at: int | None = None, seed: int = 0) -> dict[str, Any]:
+def scenario(
+    rank: int,
+    name: str,
+    options: dict[str, Any],
+    steps: int,
+    *,
+    optimizer: str = "sgd",
+    lr: float = 0.05,
+    lr_schedule: list[float] | None = None,
+    kind: str = "tiny",
+    hook: bool = False,
+    resume_at: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     model, opt, sync = build(name, options, kind, optimizer, lr, seed)
     counts = None
     if hook:
@@ -116,10 +144,17 @@ def scenario(rank: int, name: str, options: dict[str, Any], steps: int, *, optim
         sync.model.register_comm_hook(counts, counting_hook)
     events: list[dict[str, Any]] = []
     sync.on_event(events.append)
-    out: dict[str, Any] = {"params": [], "optim": [], "comm": [], "wire": [], "hook": [], "events": events,
-                           "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
-                           "flat_bytes": sync.flat.nbytes if hasattr(sync, "flat") else None,
-                           "comm0": sync.comm.snapshot()}
+    out: dict[str, Any] = {
+        "params": [],
+        "optim": [],
+        "comm": [],
+        "wire": [],
+        "hook": [],
+        "events": events,
+        "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "flat_bytes": sync.flat.nbytes if hasattr(sync, "flat") else None,
+        "comm0": sync.comm.snapshot(),
+    }
     stop = steps if resume_at is None else resume_at
     train(rank, model, opt, sync, 0, stop, kind, lr_schedule, counts, out)
     if resume_at is not None:
@@ -130,7 +165,7 @@ def scenario(rank: int, name: str, options: dict[str, Any], steps: int, *, optim
         saved = torch.load(buf, weights_only=False)
         out["saved_keys"] = sorted(saved["sync"])
         del model, opt, sync
-        model, opt, sync = build(name, options, kind, optimizer, lr, seed + 1)   # another init
+        model, opt, sync = build(name, options, kind, optimizer, lr, seed + 1)  # another init
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
         sync.load_state_dict(saved["sync"])

@@ -9,6 +9,7 @@ quantizer per tensor (statistics in float64, wansync's documented choice); the v
 and averaged per index over the workers that sent them (`scatter_reduce(..., "mean",
 include_self=False)`).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,16 @@ def from_chunks(c: torch.Tensor, shape: torch.Size, chunk: int) -> torch.Tensor:
 
 def dct(n: int) -> torch.Tensor:
     """The orthonormal DCT-II matrix, from its textbook definition."""
-    m = torch.tensor([[math.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2 / n) * (1 / math.sqrt(2) if k == 0 else 1)
-                       for i in range(n)] for k in range(n)], dtype=torch.float64)
+    m = torch.tensor(
+        [
+            [
+                math.cos(math.pi * (2 * i + 1) * k / (2 * n)) * math.sqrt(2 / n) * (1 / math.sqrt(2) if k == 0 else 1)
+                for i in range(n)
+            ]
+            for k in range(n)
+        ],
+        dtype=torch.float64,
+    )
     return m.float()
 
 
@@ -55,7 +64,7 @@ def quantize(v: torch.Tensor, bits: int, rng: float = 6.0) -> torch.Tensor:
     """The statistical quantizer on one tensor's values: what they decode to."""
     if bits == 32:
         return v
-    bins = 2 ** bits
+    bins = 2**bits
     v64 = v.double()
     shift = v64.mean()
     c = v64 - shift
@@ -71,8 +80,9 @@ def quantize(v: torch.Tensor, bits: int, rng: float = 6.0) -> torch.Tensor:
     return (table.float()[codes] + shift.float()).view_as(v)
 
 
-def sparse_round(tensors: list[torch.Tensor], errors: list[torch.Tensor], k: int, chunk: int, bits: int,
-                 use_dct: bool) -> list[torch.Tensor]:
+def sparse_round(
+    tensors: list[torch.Tensor], errors: list[torch.Tensor], k: int, chunk: int, bits: int, use_dct: bool
+) -> list[torch.Tensor]:
     """Every worker's chunked top-k of each tensor (quantized), removed from its error buffer; returns
     the aggregated tensors (the per-index mean over the workers that sent it)."""
     world = dist.get_world_size()
@@ -84,7 +94,7 @@ def sparse_round(tensors: list[torch.Tensor], errors: list[torch.Tensor], k: int
         kk = min(k, x.shape[1])
         idx = torch.topk(x.abs(), kk, dim=1).indices
         val = quantize(x.gather(1, idx), bits)
-        sent = torch.zeros_like(x).scatter(1, idx, val)               # what this worker's payload decodes to
+        sent = torch.zeros_like(x).scatter(1, idx, val)  # what this worker's payload decodes to
         e.copy_(t - from_chunks(transform(sent, t.shape, chunk, inverse=True) if use_dct else sent, t.shape, chunk))
         idxs = [torch.zeros_like(idx) for _ in range(world)]
         vals = [torch.zeros_like(val) for _ in range(world)]

@@ -4,6 +4,7 @@ Each rank sees different data (so replicas really drift between synchronizations
 returns every rank's flat parameters after each step, so tests can compare ranks and
 strategies step by step.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -41,6 +42,7 @@ def flat_params(model: nn.Module) -> torch.Tensor:
 
 def flat_access(tensors: list[torch.Tensor]) -> tuple[Any, Any]:
     """(read, write): `tensors` as one flat vector, for a rule written out by hand."""
+
     def read() -> torch.Tensor:
         return torch.cat([t.detach().reshape(-1) for t in tensors])
 
@@ -48,12 +50,21 @@ def flat_access(tensors: list[torch.Tensor]) -> tuple[Any, Any]:
         with torch.no_grad():
             for t, v in zip(tensors, flat.split([t.numel() for t in tensors])):
                 t.copy_(v.view_as(t))
+
     return read, write
 
 
-def run_strategy(rank: int, world: int, name: str, options: dict[str, Any], steps: int,
-                 optimizer: str = "sgd", lr: float = 0.05, seed: int = 0,
-                 lr_schedule: list[float] | None = None) -> dict[str, Any]:
+def run_strategy(
+    rank: int,
+    world: int,
+    name: str,
+    options: dict[str, Any],
+    steps: int,
+    optimizer: str = "sgd",
+    lr: float = 0.05,
+    seed: int = 0,
+    lr_schedule: list[float] | None = None,
+) -> dict[str, Any]:
     model = tiny_model(seed)
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -75,5 +86,9 @@ def run_strategy(rank: int, world: int, name: str, options: dict[str, Any], step
         sync.step()
         sync.zero_grad()
         snapshots.append(flat_params(model))
-    return {"params": snapshots, "events": events, "comm": sync.comm.snapshot(),
-            "state": {k: v for k, v in sync.state_dict().items() if k in ("t",)}}
+    return {
+        "params": snapshots,
+        "events": events,
+        "comm": sync.comm.snapshot(),
+        "state": {k: v for k, v in sync.state_dict().items() if k in ("t",)},
+    }

@@ -2,6 +2,7 @@
 the compression to keep the predicted exposed share under a target (`--adapt`, `trainer.adapt`): the
 estimate on samples of a known link, the choice against the planner's own prediction, knobs turned
 between rounds on real gloo groups, runs under a link that drops and recovers, and the refusals."""
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,14 @@ from wansync.trainer.adapt import Tuner, parse_adapt
 
 pytestmark = pytest.mark.timeout(240)
 
-WORLD = parse_wan("cross-continent")           # 2 sites, 200 ms, 200 Mbit/s between them
-SMALL = ("allreduce", 32, (0, 1, 2, 3))        # an evaluation's mean over every rank
-LARGE = ("allreduce", 4e6, (0, 2))             # the exchange across the sites' first members
+WORLD = parse_wan("cross-continent")  # 2 sites, 200 ms, 200 Mbit/s between them
+SMALL = ("allreduce", 32, (0, 1, 2, 3))  # an evaluation's mean over every rank
+LARGE = ("allreduce", 4e6, (0, 2))  # the exchange across the sites' first members
 
 
-def samples(link: Link, kinds: list[tuple], n: int, topology=WORLD, noise: float = 0.005,
-            seed: int = 0) -> list[LinkSample]:
+def samples(
+    link: Link, kinds: list[tuple], n: int, topology=WORLD, noise: float = 0.005, seed: int = 0
+) -> list[LinkSample]:
     """`n` collectives of `kinds` in turn, timed by the cost model on `link`, with a little noise."""
     rng = random.Random(seed)
     out = []
@@ -60,7 +62,7 @@ def test_the_estimate_finds_the_link_its_samples_ran_on(topology, rtt, bw):
 
 def test_one_slow_sample_moves_neither_the_rtt_nor_the_bandwidth():
     got = samples(Link(0.2, 200e6), [SMALL, LARGE], 12)
-    for i in (6, 7):                                   # one of each kind, five times as long
+    for i in (6, 7):  # one of each kind, five times as long
         got[i] = LinkSample(**{**got[i].__dict__, "seconds": 5 * got[i].seconds})
     est = estimate_link(got, WORLD, newest=3)
     assert est.rtt_s == pytest.approx(0.2, rel=0.01)
@@ -77,12 +79,12 @@ def test_the_newest_samples_follow_a_link_that_dropped():
 def test_without_small_collectives_the_rtt_is_unknown_and_the_topologys_is_used():
     est = estimate_link(samples(Link(0.2, 50e6), [LARGE], 5), WORLD)
     assert est.rtt_s is None
-    assert est.bandwidth_bps == pytest.approx(50e6, rel=0.01)      # solved at the topology's own 200 ms
+    assert est.bandwidth_bps == pytest.approx(50e6, rel=0.01)  # solved at the topology's own 200 ms
 
 
 def test_a_collective_inside_a_site_says_nothing_of_the_link_between_sites():
     inside = [LinkSample("allreduce", 4e6, (0, 1), 4, 0.01, float(i)) for i in range(5)]
-    assert estimate_link(inside, WORLD) .samples == 0
+    assert estimate_link(inside, WORLD).samples == 0
     assert estimate_link(inside, WORLD).bandwidth_bps is None
 
 
@@ -90,20 +92,29 @@ def test_a_collective_inside_a_site_says_nothing_of_the_link_between_sites():
 def fake_sync(strategy: str = "diloco", **options: Any) -> SimpleNamespace:
     model = deep_model(0)
     opts = make_options(strategy, **options)
-    return SimpleNamespace(name=strategy, module=model, opts=opts, replicas=Replicas(), world_size=4, group=None,
-                           codec=SimpleNamespace(name=getattr(opts, "codec", "sparse")))
+    return SimpleNamespace(
+        name=strategy,
+        module=model,
+        opts=opts,
+        replicas=Replicas(),
+        world_size=4,
+        group=None,
+        codec=SimpleNamespace(name=getattr(opts, "codec", "sparse")),
+    )
 
 
 def tuner(text: str, strategy: str = "diloco", **options: Any) -> Tuner:
     sync = fake_sync(strategy, **options)
     import dataclasses
+
     spec = parse_adapt(text, strategy, dataclasses.asdict(sync.opts))
     return Tuner(spec, sync, WORLD, step_times=lambda: [])
 
 
 def planner_pct(t: Tuner, knobs: dict[str, Any], link: Link, step_s: float) -> float:
-    s = setting(t.sync.name, {**t.options, **knobs}, of_module(t.sync.name, t.sync.module), 4, on_link(WORLD, link),
-                step_s)
+    s = setting(
+        t.sync.name, {**t.options, **knobs}, of_module(t.sync.name, t.sync.module), 4, on_link(WORLD, link), step_s
+    )
     return predict(s).exposed_pct
 
 
@@ -117,7 +128,7 @@ def test_the_choice_is_the_first_candidate_the_planner_puts_under_the_target():
         first = next((k for k in order if planner_pct(t, k, link, 0.05) <= 5), None)
         if first is not None:
             assert choice == first and why["within_target"]
-        else:                                          # none reaches it: the least exposed
+        else:  # none reaches it: the least exposed
             assert choice == min(order, key=lambda k: planner_pct(t, k, link, 0.05)) and not why["within_target"]
         assert why["predicted_exposed_pct"] == pytest.approx(planner_pct(t, choice, link, 0.05), abs=0.01)
     fast, _ = t.choose(10e9, 0.001, 0.05, 0.0)
@@ -130,16 +141,16 @@ def test_a_lighter_setting_must_come_well_under_the_target_to_be_taken_back():
     t = tuner("exposed=10%,h=4..4", sync_every=4)
     link = Link(0.001, 3e6)
     fp32 = {"sync_every": 4, "codec": "fp32"}
-    lo, hi = 1e-4, 100.0                     # the step at which fp32 is predicted 9.5 % exposed
+    lo, hi = 1e-4, 100.0  # the step at which fp32 is predicted 9.5 % exposed
     for _ in range(60):
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if planner_pct(t, fp32, link, mid) > 9.5 else (lo, mid)
     step = hi
     assert 9 < planner_pct(t, fp32, link, step) <= 9.5
     t.current = {"sync_every": 4, "codec": "int8"}
-    assert t.choose(3e6, 0.001, step, 0.0)[0] != fp32       # under the target, not 10 % under it
+    assert t.choose(3e6, 0.001, step, 0.0)[0] != fp32  # under the target, not 10 % under it
     t.current = fp32
-    assert t.choose(3e6, 0.001, step, 0.0)[0] == fp32       # the current one stays up to the target
+    assert t.choose(3e6, 0.001, step, 0.0)[0] == fp32  # the current one stays up to the target
 
 
 def test_sparseloco_turns_its_density_down_by_halves():
@@ -148,43 +159,50 @@ def test_sparseloco_turns_its_density_down_by_halves():
     assert [b / a for a, b in zip(t.spec.ladder, t.spec.ladder[1:])] == pytest.approx([0.5] * 3)
 
 
-@pytest.mark.parametrize("strategy, text, options, words", [
-    ("diloco", "exposed=0%", {}, "strictly between 0 and 100"),
-    ("diloco", "exposed=100", {}, "strictly between 0 and 100"),
-    ("diloco", "exposed=-3%", {}, "strictly between 0 and 100"),
-    ("diloco", "exposed=five", {}, "a percentage like 5%"),
-    ("diloco", "h=8..64", {}, "the target is missing"),
-    ("diloco", "exposed=5%,exposed=6%", {}, "given twice"),
-    ("diloco", "exposed=5%,speed=2", {}, "expected exposed=PCT"),
-    ("diloco", "exposed=5%,h=8..8,codec=int8..int8", {}, "nothing to choose"),
-    ("diloco", "exposed=5%,h=64..8", {}, "1 <= LOW <= HIGH"),
-    ("diloco", "exposed=5%,h=a..b", {}, "a value or a range"),
-    ("diloco", "exposed=5%,codec=fp32..zip", {}, "not one of fp32, bf16, int8, fp4"),
-    ("diloco", "exposed=5%,codec=fp4..fp32", {}, "lightest compression first"),
-    ("diloco", "exposed=5%,density=0.01..0.001", {}, "turns its codec, not a density"),
-    ("diloco", "exposed=5%", {"slow_policy": "balanced"}, "--slow-policy wait"),
-    ("sparseloco", "exposed=5%,codec=fp32..int8", {}, "turns its density, not a codec"),
-    ("sparseloco", "exposed=5%,density=0.01..0.00001", {}, "less than one value"),
-    ("sparseloco", "exposed=5%", {"topk": 8, "density": None}, "give --density instead of --topk"),
-    ("ddp", "exposed=5%", {}, "ddp has no knob"),
-    ("local_sgd", "exposed=5%", {}, "local_sgd has no knob"),
-    ("streaming", "exposed=5%", {}, "streaming has no knob"),
-])
+@pytest.mark.parametrize(
+    "strategy, text, options, words",
+    [
+        ("diloco", "exposed=0%", {}, "strictly between 0 and 100"),
+        ("diloco", "exposed=100", {}, "strictly between 0 and 100"),
+        ("diloco", "exposed=-3%", {}, "strictly between 0 and 100"),
+        ("diloco", "exposed=five", {}, "a percentage like 5%"),
+        ("diloco", "h=8..64", {}, "the target is missing"),
+        ("diloco", "exposed=5%,exposed=6%", {}, "given twice"),
+        ("diloco", "exposed=5%,speed=2", {}, "expected exposed=PCT"),
+        ("diloco", "exposed=5%,h=8..8,codec=int8..int8", {}, "nothing to choose"),
+        ("diloco", "exposed=5%,h=64..8", {}, "1 <= LOW <= HIGH"),
+        ("diloco", "exposed=5%,h=a..b", {}, "a value or a range"),
+        ("diloco", "exposed=5%,codec=fp32..zip", {}, "not one of fp32, bf16, int8, fp4"),
+        ("diloco", "exposed=5%,codec=fp4..fp32", {}, "lightest compression first"),
+        ("diloco", "exposed=5%,density=0.01..0.001", {}, "turns its codec, not a density"),
+        ("diloco", "exposed=5%", {"slow_policy": "balanced"}, "--slow-policy wait"),
+        ("sparseloco", "exposed=5%,codec=fp32..int8", {}, "turns its density, not a codec"),
+        ("sparseloco", "exposed=5%,density=0.01..0.00001", {}, "less than one value"),
+        ("sparseloco", "exposed=5%", {"topk": 8, "density": None}, "give --density instead of --topk"),
+        ("ddp", "exposed=5%", {}, "ddp has no knob"),
+        ("local_sgd", "exposed=5%", {}, "local_sgd has no knob"),
+        ("streaming", "exposed=5%", {}, "streaming has no knob"),
+    ],
+)
 def test_bad_adapt_specs_are_refused_in_one_line(strategy, text, options, words):
     import dataclasses
     from wansync.strategies import strategy_class
+
     opts = dataclasses.asdict(strategy_class(strategy).Options()) | options
     with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace("+", r"\+")) as e:
         parse_adapt(text, strategy, opts)
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--strategy", "diloco", "--adapt", "exposed=5%"], "give --wan"),
-    (["--strategy", "diloco", "--adapt", "exposed=150%", "--wan", "lan"], "strictly between 0 and 100"),
-    (["--strategy", "ddp", "--adapt", "exposed=5%", "--wan", "lan"], "ddp has no knob"),
-    (["--strategy", "diloco", "--adapt", "exposed=5%", "--wan", "lan", "--fault-tolerant"], "drop one of the two"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--strategy", "diloco", "--adapt", "exposed=5%"], "give --wan"),
+        (["--strategy", "diloco", "--adapt", "exposed=150%", "--wan", "lan"], "strictly between 0 and 100"),
+        (["--strategy", "ddp", "--adapt", "exposed=5%", "--wan", "lan"], "ddp has no knob"),
+        (["--strategy", "diloco", "--adapt", "exposed=5%", "--wan", "lan", "--fault-tolerant"], "drop one of the two"),
+    ],
+)
 def test_the_command_line_refuses_adapt_without_what_it_needs(tmp_path, args, words):
     r = wansync("train", *args, "--workers", "2", "--steps", "4", "--out", str(tmp_path / "run"), *TINY, timeout=60)
     assert r.returncode == 1, r.stderr
@@ -213,9 +231,11 @@ class Scripted:
         pass
 
 
-def _scripted(rank: int, world: int, name: str, options: dict[str, Any], at: dict[int, dict[str, Any]],
-              steps: int) -> dict[str, Any]:
+def _scripted(
+    rank: int, world: int, name: str, options: dict[str, Any], at: dict[int, dict[str, Any]], steps: int
+) -> dict[str, Any]:
     import wansync as ws
+
     model = deep_model(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sync = ws.strategy(name, model, opt, **options)
@@ -231,26 +251,30 @@ def _scripted(rank: int, world: int, name: str, options: dict[str, Any], at: dic
     return {"rounds": sync.tuner.rounds, "events": events, "final": flat_params(model)}
 
 
-@pytest.mark.parametrize("name, options, knob, fewer", [
-    ("diloco", {"sync_every": 4, "outer_momentum": 0.0}, {"codec": "int8"}, True),
-    ("diloco", {"sync_every": 4, "outer_momentum": 0.0, "overlap_rounds": True}, {"codec": "fp4"}, True),
-    ("sparseloco", {"sync_every": 4}, {"density": 0.25}, False),     # the tiny model's default keeps less
-])
+@pytest.mark.parametrize(
+    "name, options, knob, fewer",
+    [
+        ("diloco", {"sync_every": 4, "outer_momentum": 0.0}, {"codec": "int8"}, True),
+        ("diloco", {"sync_every": 4, "outer_momentum": 0.0, "overlap_rounds": True}, {"codec": "fp4"}, True),
+        ("sparseloco", {"sync_every": 4}, {"density": 0.25}, False),  # the tiny model's default keeps less
+    ],
+)
 def test_h_and_the_compression_change_at_a_boundary_alike_on_every_rank(name, options, knob, fewer):
     at = {8: {"sync_every": 3, **knob}}
     out = run_ranks(_scripted, 2, name, options, at, 17)
     for o in out:
-        assert o["rounds"] == [4, 8, 11, 14, 17]          # H 4 up to step 8, then 3 from there
+        assert o["rounds"] == [4, 8, 11, 14, 17]  # H 4 up to step 8, then 3 from there
     assert torch.equal(out[0]["final"], out[1]["final"])
     steps = [e[0] for e in out[0]["events"]]
     assert steps[:5] == [4, 8, 11, 14, 17]
     sent = {e[0]: e[2] for e in out[0]["events"]}
-    assert (sent[8] < sent[4]) == fewer and sent[8] != sent[4]      # from the boundary it was turned at
+    assert (sent[8] < sent[4]) == fewer and sent[8] != sent[4]  # from the boundary it was turned at
 
 
 def test_a_knob_a_strategy_lacks_is_refused():
     sync = fake_sync()
     from wansync.strategies.base import Strategy
+
     with pytest.raises(ConfigError, match="has no knob density to turn"):
         Strategy.retune(SimpleNamespace(name="diloco", knobs=("sync_every", "codec")), density=0.1)
     del sync
@@ -286,19 +310,40 @@ def test_the_controller_compresses_through_a_drop_and_goes_back_when_the_link_re
     path = tmp_path / "drop.toml"
     path.write_text(DROP.format(bw="400mbit", schedule=SCHEDULE))
     run = tmp_path / "run"
-    r = wansync("train", "--strategy", "diloco", "--sync-every", "4", "--workers", "2", "--steps", "150",
-                "--wan", str(path), "--adapt", "exposed=10%,h=4..8", "--eval-every", "1000", "--quiet",
-                "--out", str(run), *TINY, timeout=200)
+    r = wansync(
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        "4",
+        "--workers",
+        "2",
+        "--steps",
+        "150",
+        "--wan",
+        str(path),
+        "--adapt",
+        "exposed=10%,h=4..8",
+        "--eval-every",
+        "1000",
+        "--quiet",
+        "--out",
+        str(run),
+        *TINY,
+        timeout=200,
+    )
     assert r.returncode == 0, r.stderr
     steps, decisions = _records(run)
     assert decisions, "no decision was logged"
     order = ("fp32", "bf16", "int8", "fp4")
     heaviest = max(decisions, key=lambda d: (d["after"]["sync_every"], order.index(d["after"]["codec"])))
-    assert 2.5 < steps[heaviest["step"] - 1]["time"] < 5.5 + 1.0               # compressed during the drop
+    assert 2.5 < steps[heaviest["step"] - 1]["time"] < 5.5 + 1.0  # compressed during the drop
     last = decisions[-1]
-    assert steps[last["step"] - 1]["time"] > 5.0                                # and back after it
-    assert order.index(last["after"]["codec"]) < order.index(heaviest["after"]["codec"]) \
+    assert steps[last["step"] - 1]["time"] > 5.0  # and back after it
+    assert (
+        order.index(last["after"]["codec"]) < order.index(heaviest["after"]["codec"])
         or last["after"]["sync_every"] < heaviest["after"]["sync_every"]
+    )
     for d in decisions:
         assert d["reason"].startswith("predicted") and d["target_pct"] == 10.0
     during = [s["link_bw_bps"] for s in steps if "link_bw_bps" in s and 3.5 < s["time"] < 4.8]
@@ -307,7 +352,7 @@ def test_the_controller_compresses_through_a_drop_and_goes_back_when_the_link_re
     assert during and all(30e6 < bw < 55e6 for bw in during)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["comm"]["adapt"]["calls"] > 0
-    assert 0.004 <= summary["link_estimate"]["rtt_s"] < 0.012      # 4 ms, and the real backend's own time
+    assert 0.004 <= summary["link_estimate"]["rtt_s"] < 0.012  # 4 ms, and the real backend's own time
     rep = wansync("report", str(tmp_path), timeout=120)
     assert rep.returncode == 0, rep.stderr
     assert (tmp_path / "adapt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -324,9 +369,28 @@ def test_two_runs_with_one_seed_take_the_same_decisions(tmp_path):
     logs = []
     for leg in ("one", "two"):
         run = tmp_path / leg
-        r = wansync("train", "--strategy", "diloco", "--sync-every", "4", "--workers", "2", "--steps", "24",
-                    "--wan", str(path), "--adapt", "exposed=10%,h=4..16", "--eval-every", "1000", "--quiet",
-                    "--out", str(run), *TINY, timeout=200)
+        r = wansync(
+            "train",
+            "--strategy",
+            "diloco",
+            "--sync-every",
+            "4",
+            "--workers",
+            "2",
+            "--steps",
+            "24",
+            "--wan",
+            str(path),
+            "--adapt",
+            "exposed=10%,h=4..16",
+            "--eval-every",
+            "1000",
+            "--quiet",
+            "--out",
+            str(run),
+            *TINY,
+            timeout=200,
+        )
         assert r.returncode == 0, r.stderr
         logs.append([(d["step"], d["after"]) for d in _records(run)[1]])
     assert logs[0] == [(8, {"sync_every": 16, "codec": "fp4"})]
@@ -355,11 +419,16 @@ def _resumed(rank: int, world: int) -> dict[str, Any]:
 
     model, opt, sync = build()
     train(model, sync, range(8))
-    sync.tuner.apply(sync, {"sync_every": 3, "codec": "int8"}, {"predicted_exposed_pct": 1.0, "link_bw_bps": 1e6,
-                                                               "link_rtt_s": 0.1, "step_s": 0.1,
-                                                               "within_target": True})
-    saved = {"model": {k: v.clone() for k, v in model.state_dict().items()}, "opt": opt.state_dict(),
-             "sync": sync.state_dict()}
+    sync.tuner.apply(
+        sync,
+        {"sync_every": 3, "codec": "int8"},
+        {"predicted_exposed_pct": 1.0, "link_bw_bps": 1e6, "link_rtt_s": 0.1, "step_s": 0.1, "within_target": True},
+    )
+    saved = {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "opt": opt.state_dict(),
+        "sync": sync.state_dict(),
+    }
     train(model, sync, range(8, 14))
     sync.finish()
     model2, opt2, sync2 = build()
@@ -405,10 +474,19 @@ def test_on_real_tcp_the_estimate_is_the_rate_tbf_holds_the_link_to():
     import os
     import subprocess
     import sys
+
     with netns.Bed(2, rate="100mbit") as bed:
-        procs = [bed.start(h, [sys.executable, "-c", ESTIMATE, str(r), bed.hosts[0].address],
-                           env=dict(os.environ, GLOO_SOCKET_IFNAME=h.ifname), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True) for r, h in enumerate(bed.hosts)]
+        procs = [
+            bed.start(
+                h,
+                [sys.executable, "-c", ESTIMATE, str(r), bed.hosts[0].address],
+                env=dict(os.environ, GLOO_SOCKET_IFNAME=h.ifname),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r, h in enumerate(bed.hosts)
+        ]
         out, err = procs[0].communicate(timeout=90)
         for p in procs[1:]:
             p.wait(timeout=30)
@@ -416,14 +494,33 @@ def test_on_real_tcp_the_estimate_is_the_rate_tbf_holds_the_link_to():
     est = json.loads(out.strip().splitlines()[-1])
     print(est)
     assert est["bandwidth_bps"] == pytest.approx(100e6, rel=0.10)
-    assert est["rtt_s"] is not None and est["rtt_s"] < 0.005          # the bed's is a tenth of a millisecond
+    assert est["rtt_s"] is not None and est["rtt_s"] < 0.005  # the bed's is a tenth of a millisecond
 
 
 def test_sparseloco_sends_a_lower_density_on_a_link_too_slow_for_its_own(tmp_path):
     run = tmp_path / "run"
-    r = wansync("train", "--strategy", "sparseloco", "--sync-every", "4", "--workers", "2", "--steps", "24",
-                "--wan", "rtt=4ms,bw=2mbit,sites=2", "--adapt", "exposed=1%,h=4..4", "--eval-every", "1000",
-                "--quiet", "--out", str(run), *TINY, timeout=120)
+    r = wansync(
+        "train",
+        "--strategy",
+        "sparseloco",
+        "--sync-every",
+        "4",
+        "--workers",
+        "2",
+        "--steps",
+        "24",
+        "--wan",
+        "rtt=4ms,bw=2mbit,sites=2",
+        "--adapt",
+        "exposed=1%,h=4..4",
+        "--eval-every",
+        "1000",
+        "--quiet",
+        "--out",
+        str(run),
+        *TINY,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # H is held at 4, so only the density can answer; one round's ~20 ms against 1 % of four steps: a
@@ -431,7 +528,7 @@ def test_sparseloco_sends_a_lower_density_on_a_link_too_slow_for_its_own(tmp_pat
     (first, *_) = [x for x in rows if x["type"] == "adapt"]
     assert first["after"]["density"] < first["before"]["density"] and "within_target" in first
     sent = {x["step"]: x["bytes"] for x in rows if x["type"] == "sync"}
-    assert sent[max(sent)] < sent[min(sent)]                       # the payload shrank with the density
+    assert sent[max(sent)] < sent[min(sent)]  # the payload shrank with the density
     summary = json.loads((run / "summary.json").read_text())
     # a 3 KB sparse payload is mostly latency on this link: its bandwidth is measured loosely (1.69 Mbit/s
     # on a loaded machine); the estimate's accuracy is checked on exchanges that bytes dominate, above

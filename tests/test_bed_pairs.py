@@ -3,6 +3,7 @@ at a rate of its own, carry a bulk TCP transfer at that rate (its payload share:
 frames), a pair not named is not held back, and calling it again mid-test (a link dropping 10x)
 takes effect; a gloo ring across the three hosts takes what the emulator's cost model says of it on
 the same pairs. Skipped, with the reason, where no bed can be made (not root)."""
+
 from __future__ import annotations
 
 import os
@@ -16,10 +17,10 @@ import netns
 WHY = netns.unavailable()
 pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(WHY is not None, reason=WHY or "")]
 
-PAYLOAD = 1448 / 1514          # TCP's bytes of a full frame at MTU 1500 (timestamps on)
+PAYLOAD = 1448 / 1514  # TCP's bytes of a full frame at MTU 1500 (timestamps on)
 RATES = {(0, 1): "1gbit", (1, 2): "300mbit", (2, 0): "100mbit", (1, 0): "50mbit"}
-SECONDS = 0.6                  # each transfer's length at its rate: htb releases 64 KB GSO packets, 10 ms at 50mbit
-PORT = 5001                    # the bed's namespaces have ports of their own
+SECONDS = 0.6  # each transfer's length at its rate: htb releases 64 KB GSO packets, 10 ms at 50mbit
+PORT = 5001  # the bed's namespaces have ports of their own
 
 # receives one connection until EOF; prints payload bits/s after its first 20% (slow start, the bucket's burst)
 RECEIVER = """
@@ -53,8 +54,13 @@ conn.recv(1)                   # the receiver's close: all of it arrived
 
 def throughput(bed: netns.Bed, i: int, j: int, nbytes: int) -> float:
     """Payload bits/s of `nbytes` sent by host i to host j over TCP."""
-    receiver = bed.start(bed.hosts[j], [sys.executable, "-c", RECEIVER, str(PORT)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    receiver = bed.start(
+        bed.hosts[j],
+        [sys.executable, "-c", RECEIVER, str(PORT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     sender = bed.run(bed.hosts[i], [sys.executable, "-c", SENDER, bed.hosts[j].address, str(PORT), str(nbytes)])
     out, err = receiver.communicate(timeout=30)
     assert sender.returncode == 0 and receiver.returncode == 0, (sender.stderr, err)
@@ -76,12 +82,12 @@ def test_each_pair_carries_its_own_rate_and_a_reshape_takes_effect():
         assert 0 < rtt < 0.05
         for pair, rate in RATES.items():
             check(bed, pair, rate)
-        free = throughput(bed, 0, 2, 100_000_000)          # not named: only the veth's own speed
+        free = throughput(bed, 0, 2, 100_000_000)  # not named: only the veth's own speed
         print(f"(0, 2): not shaped, {free / 1e6:.0f} Mbit/s")
         assert free > 1.5e9
-        bed.shape_pairs({**RATES, (0, 1): "100mbit"})        # the 1gbit link drops 10x
+        bed.shape_pairs({**RATES, (0, 1): "100mbit"})  # the 1gbit link drops 10x
         check(bed, (0, 1), "100mbit")
-        check(bed, (1, 2), "300mbit")                       # the others stay as they were
+        check(bed, (1, 2), "300mbit")  # the others stay as they were
 
 
 # one rank per host: the 3-host ring all-reduce, timed to the last rank's completion
@@ -108,13 +114,22 @@ def test_a_ring_across_three_hosts_is_paced_by_its_slowest_pair_as_the_cost_mode
     """gloo's ring sends from each rank to the one before it: c->b, b->a, a->c; with c->b the slowest,
     the 1.82 MB all-reduce takes what the emulator's model says of it (within 10 %)."""
     from wansync.net import Link, Topology, collective_duration
+
     rates = {(2, 1): "50mbit", (1, 0): "200mbit", (0, 2): "200mbit"}
     with netns.Bed(3) as bed:
         bed.shape_pairs(rates)
         rtt = bed.rtt(0, 1)
-        procs = [bed.start(h, [sys.executable, "-c", RING, str(r), bed.hosts[0].address],
-                           env=dict(os.environ, GLOO_SOCKET_IFNAME=h.ifname), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True) for r, h in enumerate(bed.hosts)]
+        procs = [
+            bed.start(
+                h,
+                [sys.executable, "-c", RING, str(r), bed.hosts[0].address],
+                env=dict(os.environ, GLOO_SOCKET_IFNAME=h.ifname),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r, h in enumerate(bed.hosts)
+        ]
         out, err = procs[0].communicate(timeout=90)
         for p in procs[1:]:
             p.wait(timeout=30)

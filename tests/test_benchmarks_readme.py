@@ -1,5 +1,6 @@
 """benchmarks/README.md stays a short reference: each section a command, a date and the current figure,
 and every command it shows runs (the script exists and declares every flag passed to it)."""
+
 from __future__ import annotations
 
 import ast
@@ -43,8 +44,11 @@ def declared_flags(script: Path) -> set[str]:
     flags = set()
     for node in ast.walk(ast.parse(script.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "add_argument":
-            flags |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                      and a.value.startswith("-")}
+            flags |= {
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
+            }
     return flags
 
 
@@ -105,9 +109,16 @@ def test_every_command_names_a_script_or_target_that_exists_with_flags_it_declar
 
 
 def test_the_check_finds_a_bad_script_flag_target_and_subcommand():
-    page = "\n".join(["```", ".venv/bin/python benchmarks/adapt.py --no-such-flag   # --comment-flag is fine",
-                      "sudo .venv/bin/python benchmarks/no_such_benchmark.py", "make no-such-target",
-                      "wansync no-such-subcommand --x", "```"])
+    page = "\n".join(
+        [
+            "```",
+            ".venv/bin/python benchmarks/adapt.py --no-such-flag   # --comment-flag is fine",
+            "sudo .venv/bin/python benchmarks/no_such_benchmark.py",
+            "make no-such-target",
+            "wansync no-such-subcommand --x",
+            "```",
+        ]
+    )
     found = problems(page)
     assert len(found) == 4, found
     assert "--no-such-flag" in found[0] and "--comment-flag" not in found[0]

@@ -8,6 +8,7 @@ on stderr, no traceback, rank logs under 1 MB (torchft's own lines go there, and
 bounded), and no process left behind. Beside them a clean fault-tolerant run, whose stderr is empty
 (torchft's lines used to fill the terminal). The four run side by side, to keep the suite short.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,7 +44,7 @@ class BlackHole:
         try:
             while True:
                 self.conns.append(self.sock.accept()[0])
-        except OSError:                      # closed
+        except OSError:  # closed
             pass
 
     def close(self):
@@ -56,13 +57,17 @@ def greedy_lighthouse():
     """torchft's lighthouse wanting 3 replicas (the runs have 2): a quorum that cannot form. Its
     address once it listens, and the process."""
     exe = Path(sys.executable).parent / "torchft_lighthouse"
-    proc = subprocess.Popen([str(exe), "--min_replicas", "3", "--bind", "127.0.0.1:0", "--join_timeout_ms", "100"],
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, RUST_LOG="info"))
+    proc = subprocess.Popen(
+        [str(exe), "--min_replicas", "3", "--bind", "127.0.0.1:0", "--join_timeout_ms", "100"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, RUST_LOG="info"),
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         if found := re.search(r"listening on: http://[^:]+:(\d+)", line):
-            threading.Thread(target=proc.stderr.read, daemon=True).start()      # drain it
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # drain it
             return f"127.0.0.1:{found.group(1)}", proc
     proc.kill()
     raise TimeoutError("torchft's lighthouse did not start")
@@ -72,10 +77,30 @@ def run(out: Path, *extra: str, fault: str | None = None, strategy: str = "local
     """A 2-worker fault-tolerant run on a small corpus of its own (a worker starts faster on it)."""
     out.mkdir(parents=True)
     (out.parent / "corpus.txt").write_text("to be or not to be, that is the question\n" * 400)
-    return start("train", "--strategy", strategy, "--sync-every", "2", "--workers", "2", "--steps", "4",
-                 "--fault-tolerant", "--peer-timeout", str(PEER_TIMEOUT), "--eval-every", "1000", "--quiet",
-                 "--out", str(out), *TINY, "--data", str(out.parent / "corpus.txt"), *extra,
-                 env={"WANSYNC_FAULT": fault} if fault else None)
+    return start(
+        "train",
+        "--strategy",
+        strategy,
+        "--sync-every",
+        "2",
+        "--workers",
+        "2",
+        "--steps",
+        "4",
+        "--fault-tolerant",
+        "--peer-timeout",
+        str(PEER_TIMEOUT),
+        "--eval-every",
+        "1000",
+        "--quiet",
+        "--out",
+        str(out),
+        *TINY,
+        "--data",
+        str(out.parent / "corpus.txt"),
+        *extra,
+        env={"WANSYNC_FAULT": fault} if fault else None,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,18 +108,19 @@ def ended(tmp_path_factory):
     """The four runs, started side by side: name -> (result, seconds, run directory). Whatever
     happens, nothing they or the fixture started outlives it."""
     root = tmp_path_factory.mktemp("bounded")
-    warm = rank_context().Process(target=int)      # the forkserver's start (importing torch) is the
-    warm.start()                                   # harness's, not the runs'
+    warm = rank_context().Process(target=int)  # the forkserver's start (importing torch) is the
+    warm.start()  # harness's, not the runs'
     warm.join()
     hole, greedy, running = BlackHole(), None, {}
     try:
         address, greedy = greedy_lighthouse()
         t0 = time.monotonic()
-        running = {"clean": (run(root / "clean", "--outer-momentum", "0", strategy="diloco"), root / "clean"),
-                   "stopped at start-up": (run(root / "a", fault="rank=1,step=0,action=stop"), root / "a"),
-                   "a lighthouse that never answers": (run(root / "b", "--lighthouse", f"127.0.0.1:{hole.port}"),
-                                                      root / "b"),
-                   "a quorum that cannot form": (run(root / "c", "--lighthouse", address), root / "c")}
+        running = {
+            "clean": (run(root / "clean", "--outer-momentum", "0", strategy="diloco"), root / "clean"),
+            "stopped at start-up": (run(root / "a", fault="rank=1,step=0,action=stop"), root / "a"),
+            "a lighthouse that never answers": (run(root / "b", "--lighthouse", f"127.0.0.1:{hole.port}"), root / "b"),
+            "a quorum that cannot form": (run(root / "c", "--lighthouse", address), root / "c"),
+        }
         ends = ended_at({name: proc for name, (proc, _) in running.items()}, timeout=120)
         return {name: (proc.result(timeout=10), ends[name] - t0, out) for name, (proc, out) in running.items()}
     finally:
@@ -117,8 +143,11 @@ def ended_at(procs: dict, timeout: float) -> dict[str, float]:
 
 
 CASES = ("stopped at start-up", "a lighthouse that never answers", "a quorum that cannot form")
-CAUSES = {"stopped at start-up": "only 1 of 2 workers joined", "a lighthouse that never answers": "formed no quorum",
-          "a quorum that cannot form": "formed no quorum"}
+CAUSES = {
+    "stopped at start-up": "only 1 of 2 workers joined",
+    "a lighthouse that never answers": "formed no quorum",
+    "a quorum that cannot form": "formed no quorum",
+}
 
 
 @pytest.mark.timeout(240)
@@ -142,4 +171,3 @@ def test_a_clean_fault_tolerant_run_leaves_torchfts_lines_to_the_rank_logs(ended
     assert result.stderr == "", result.stderr[-3000:]
     assert max(p.stat().st_size for p in (out / "logs").glob("rank*.log")) < 1 << 20
     assert no_process_left(out)
-

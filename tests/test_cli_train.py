@@ -1,4 +1,5 @@
 """`wansync train` as a user runs it: a real run, and every way to get it wrong."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,20 @@ def trained(tmp_path_factory):
     cfg = root / "c.toml"
     cfg.write_text("[run]\nstrategy = 'local_sgd'\nsteps = 12\n[strategy]\nsync_every = 3\n")
     out = root / "run"
-    r = wansync("train", "--config", str(cfg), "--sync-every", "4", "--workers", "2", "--eval-every", "6",
-                "--out", str(out), *TINY)
+    r = wansync(
+        "train",
+        "--config",
+        str(cfg),
+        "--sync-every",
+        "4",
+        "--workers",
+        "2",
+        "--eval-every",
+        "6",
+        "--out",
+        str(out),
+        *TINY,
+    )
     assert r.returncode == 0, r.stderr
     return out, r
 
@@ -35,7 +48,7 @@ def test_train_writes_the_run_directory(trained):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     kinds = {r["type"] for r in records}
     assert kinds == {"step", "eval", "sync"}
-    assert all(r["drift"] > 0 for r in records if r["type"] == "sync")     # each boundary's drift
+    assert all(r["drift"] > 0 for r in records if r["type"] == "sync")  # each boundary's drift
     assert [r["step"] for r in records if r["type"] == "sync"] == [4, 8, 12]
     assert [r["step"] for r in records if r["type"] == "eval"] == [6, 12]
     config = (out / "config.toml").read_text()
@@ -46,21 +59,24 @@ def test_train_writes_the_run_directory(trained):
 def test_config_file_then_flags_override(trained):
     out, _ = trained
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["options"]["sync_every"] == 4 and summary["steps"] == 12       # flag over file; file
-    assert summary["strategy"] == "local_sgd"                                       # file only
+    assert summary["options"]["sync_every"] == 4 and summary["steps"] == 12  # flag over file; file
+    assert summary["strategy"] == "local_sgd"  # file only
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--sync-every", "0", "--strategy", "local_sgd"], "sync_every must be >= 1, got 0"),
-    (["--strategy", "nope"], "unknown strategy 'nope'"),
-    (["--workers", "0"], "workers must be >= 1, got 0"),
-    (["--steps", "abc"], "steps must be an integer, got 'abc'"),
-    (["--data", "/no/such/corpus.txt"], "data path not found: /no/such/corpus.txt"),
-    (["--model", "gpt5"], "unknown model 'gpt5'"),
-    (["--lr", "-1"], "lr must be > 0, got -1.0"),
-    (["--config", "/no/such.toml"], "config file not found: /no/such.toml"),
-    (["--bogus-flag", "1"], "unrecognized arguments: --bogus-flag"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sync-every", "0", "--strategy", "local_sgd"], "sync_every must be >= 1, got 0"),
+        (["--strategy", "nope"], "unknown strategy 'nope'"),
+        (["--workers", "0"], "workers must be >= 1, got 0"),
+        (["--steps", "abc"], "steps must be an integer, got 'abc'"),
+        (["--data", "/no/such/corpus.txt"], "data path not found: /no/such/corpus.txt"),
+        (["--model", "gpt5"], "unknown model 'gpt5'"),
+        (["--lr", "-1"], "lr must be > 0, got -1.0"),
+        (["--config", "/no/such.toml"], "config file not found: /no/such.toml"),
+        (["--bogus-flag", "1"], "unrecognized arguments: --bogus-flag"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_nonzero(tmp_path, capsys, args, message):
     """Through `main` in-process (the launcher rejects these before any worker exists); the same
     from a real process: test_bad_config_file_key."""
@@ -84,13 +100,30 @@ def test_bad_config_file_key(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("action, expect", [("kill", "rank 1 was killed by SIGKILL"),
-                                            ("exit", "rank 1 failed during step 3: RuntimeError: injected failure at step 3")])
+@pytest.mark.parametrize(
+    "action, expect",
+    [
+        ("kill", "rank 1 was killed by SIGKILL"),
+        ("exit", "rank 1 failed during step 3: RuntimeError: injected failure at step 3"),
+    ],
+)
 def test_a_worker_crashing_mid_run_ends_all_with_one_message(tmp_path, action, expect):
     out = tmp_path / "run"
     t0 = time.monotonic()
-    r = wansync("train", "--strategy", "ddp", "--workers", "2", "--steps", "50", "--out", str(out), *TINY,
-                env={"WANSYNC_FAULT": f"rank=1,step=3,action={action}"}, timeout=120)
+    r = wansync(
+        "train",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--steps",
+        "50",
+        "--out",
+        str(out),
+        *TINY,
+        env={"WANSYNC_FAULT": f"rank=1,step=3,action={action}"},
+        timeout=120,
+    )
     assert r.returncode != 0
     assert expect in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -102,14 +135,43 @@ def test_under_torchrun_it_adopts_the_environment(tmp_path):
     import socket
     import subprocess
     import sys
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-                        "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "wansync", "train",
-                        "--strategy", "local_sgd", "--sync-every", "2", "--steps", "4", "--eval-every", "4",
-                        "--out", str(out), *TINY], capture_output=True, text=True, timeout=150)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "-m",
+            "wansync",
+            "train",
+            "--strategy",
+            "local_sgd",
+            "--sync-every",
+            "2",
+            "--steps",
+            "4",
+            "--eval-every",
+            "4",
+            "--out",
+            str(out),
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["sync_events"] == 2

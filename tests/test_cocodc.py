@@ -1,5 +1,6 @@
 """CoCoDC (spec §7): delay compensation (§7a), adaptive transmission (§7b), the matched-frequency
 ablation identity, agreement between ranks, and resuming."""
+
 from __future__ import annotations
 
 import io
@@ -30,7 +31,7 @@ def constant_velocity(n: int = 50, seed: int = 0):
 @pytest.mark.parametrize("tau, t_p", [(5, 100), (1, 7), (3, 0)])
 def test_constant_velocity_gives_anchor_plus_tau_c_when_lambda_is_zero(tau, t_p):
     theta0, c, anchor = constant_velocity()
-    theta = lambda t: theta0 + c * t                                  # noqa: E731
+    theta = lambda t: theta0 + c * t  # noqa: E731
     new, rel = delay_compensate(theta(t_p), theta(t_p + tau), anchor, tau, 100, lam=0.0)
     torch.testing.assert_close(new, anchor + tau * c, rtol=1e-5, atol=1e-5)
     assert rel == 0.0
@@ -42,7 +43,7 @@ def test_the_printed_sign_of_eq_4_fails_the_constant_velocity_check():
     theta_p, theta_l = theta0 + c * t_p, theta0 + c * (t_p + tau)
     printed, _ = delay_compensate(theta_p, theta_l, anchor, tau, 100, lam=0.0, printed_sign=True)
     assert not torch.allclose(printed, anchor + tau * c, rtol=1e-3, atol=1e-3)
-    torch.testing.assert_close(printed, anchor - tau * c, rtol=1e-5, atol=1e-5)   # it walks backwards
+    torch.testing.assert_close(printed, anchor - tau * c, rtol=1e-5, atol=1e-5)  # it walks backwards
 
 
 def test_lambda_term_is_g_squared_times_drift_and_its_relative_size_is_reported():
@@ -54,7 +55,7 @@ def test_lambda_term_is_g_squared_times_drift_and_its_relative_size_is_reported(
     term = lam * g * g * (theta_p - anchor) / H
     torch.testing.assert_close(new, anchor + tau * (g + term))
     assert rel == pytest.approx(float(term.norm() / g.norm()), rel=1e-5)
-    same, _ = delay_compensate(theta_p, theta_p, anchor, 0, H, lam)            # τ = 0: the anchor
+    same, _ = delay_compensate(theta_p, theta_p, anchor, 0, H, lam)  # τ = 0: the anchor
     assert torch.equal(same, anchor)
 
 
@@ -66,31 +67,34 @@ def test_alpha_merge():
 
 
 # ---- §7b: the transmission count --------------------------------------------------------------
-def test_syncs_per_period_formula_of_the_paper():                     # per_fragment=0: no c·P cap
-    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=5.0, per_fragment=0) == 8      # the paper's N = 8
-    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=50.0, per_fragment=0) == 4     # never below P
-    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=1e-4, per_fragment=0) == 100   # one start per step
+def test_syncs_per_period_formula_of_the_paper():  # per_fragment=0: no c·P cap
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=5.0, per_fragment=0) == 8  # the paper's N = 8
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=50.0, per_fragment=0) == 4  # never below P
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=1e-4, per_fragment=0) == 100  # one start per step
     assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=0.0, per_fragment=0) == 100
 
 
 def test_syncs_per_period_is_capped_at_c_fragments_and_keeps_the_papers_n():
-    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=5.0, per_fragment=2) == 8      # the paper's N = 8
-    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=1e-4, per_fragment=2) == 8     # a fast link: 2P
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=5.0, per_fragment=2) == 8  # the paper's N = 8
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=1e-4, per_fragment=2) == 8  # a fast link: 2P
     assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=0.0, per_fragment=2) == 8
-    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=50.0, per_fragment=2) == 4     # never below P
-    assert syncs_per_period(0.4, 20, 2, t_c=0.88, t_s=0.017, per_fragment=2) == 4    # the issue's run: not 20
-    assert syncs_per_period(0.4, 6, 4, t_c=1.0, t_s=1e-4, per_fragment=2) == 6       # and never above H
+    assert syncs_per_period(0.4, 100, 4, t_c=1.0, t_s=50.0, per_fragment=2) == 4  # never below P
+    assert syncs_per_period(0.4, 20, 2, t_c=0.88, t_s=0.017, per_fragment=2) == 4  # the issue's run: not 20
+    assert syncs_per_period(0.4, 6, 4, t_c=1.0, t_s=1e-4, per_fragment=2) == 6  # and never above H
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(gamma=0.0), "gamma must be > 0, got 0.0"),
-    (dict(gamma=-1.0), "gamma must be > 0, got -1.0"),
-    (dict(lam=float("nan")), "lam must be >= 0, got nan"),
-    (dict(schedule="random"), "schedule must be one of adaptive, adaptive_fair, round_robin, got 'random'"),
-    (dict(max_syncs_per_fragment=-1), "max_syncs_per_fragment must be >= 0, got -1"),
-    (dict(outer_scaling="sqrt"), "outer_scaling must be none or interval, got 'sqrt'"),
-    (dict(compensation="none"), "compensation must be one of taylor, alpha, damped, got 'none'"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(gamma=0.0), "gamma must be > 0, got 0.0"),
+        (dict(gamma=-1.0), "gamma must be > 0, got -1.0"),
+        (dict(lam=float("nan")), "lam must be >= 0, got nan"),
+        (dict(schedule="random"), "schedule must be one of adaptive, adaptive_fair, round_robin, got 'random'"),
+        (dict(max_syncs_per_fragment=-1), "max_syncs_per_fragment must be >= 0, got -1"),
+        (dict(outer_scaling="sqrt"), "outer_scaling must be none or interval, got 'sqrt'"),
+        (dict(compensation="none"), "compensation must be one of taylor, alpha, damped, got 'none'"),
+    ],
+)
 def test_bad_cocodc_options(options, message):
     with pytest.raises(ConfigError) as e:
         make_options("cocodc", **options)
@@ -137,19 +141,20 @@ def test_round_robin_alpha_cocodc_equals_streaming_with_the_same_syncs_per_perio
         assert torch.equal(a["final"], s["final"])
         keys = ("fragment", "started", "step", "bytes", "syncs_per_period")
         assert [{k: e[k] for k in keys} for e in a["events"]] == [{k: e[k] for k in keys} for e in s["events"]]
-        assert len([e for e in a["events"] if e.get("kind") == "fragment"]) == 10     # 4 per 8 steps, 20 steps
+        assert len([e for e in a["events"] if e.get("kind") == "fragment"]) == 10  # 4 per 8 steps, 20 steps
     assert not torch.equal(ranks[0]["ablation"]["params"][-1], ranks[1]["ablation"]["params"][-1])
 
 
 def test_all_ranks_choose_the_same_fragments_with_different_data(ranks):
     a, b = (r["adaptive"] for r in ranks)
-    picks = [[(e["fragment"], e["started"], e["reason"]) for e in r["events"] if e.get("kind") == "fragment"]
-             for r in (a, b)]
+    picks = [
+        [(e["fragment"], e["started"], e["reason"]) for e in r["events"] if e.get("kind") == "fragment"] for r in (a, b)
+    ]
     assert picks[0] == picks[1] and len(picks[0]) >= 7
     assert {reason for _, _, reason in picks[0]} <= {"rate", "stale"}
-    assert sorted({p for p, _, _ in picks[0][:2]}) == [0, 1]              # first slots: every fragment once
-    assert a["comm"]["debug"]["calls"] == 10                             # one check per slot (debug mode)
-    assert not torch.equal(a["params"][-1], b["params"][-1])             # the data really differ
+    assert sorted({p for p, _, _ in picks[0][:2]}) == [0, 1]  # first slots: every fragment once
+    assert a["comm"]["debug"]["calls"] == 10  # one check per slot (debug mode)
+    assert not torch.equal(a["params"][-1], b["params"][-1])  # the data really differ
     assert torch.equal(a["final"], b["final"])
     rels = [e["lam_term_rel"] for e in a["events"] if e.get("kind") == "fragment"]
     assert all(r >= 0 for r in rels) and any(r > 0 for r in rels)
@@ -181,15 +186,15 @@ def test_n_from_gamma_is_agreed_once_and_then_followed(ranks):
     n = a["syncs_per_period"]
     assert P <= n <= H
     starts = sorted({e["started"] for e in ranks[0]["measured"]["events"] if e.get("kind") == "fragment"})
-    assert [t for t in starts if t <= H] == [4, 8]                        # N = P in the first period
+    assert [t for t in starts if t <= H] == [4, 8]  # N = P in the first period
     expected = [t for t in range(H + 1, STEPS + 1) if slot_index(t, H, n) is not None]
     later = [t for t in starts if t > H]
-    assert set(later) <= set(expected) and len(later) >= len(expected) - 2   # the last may still be in flight
+    assert set(later) <= set(expected) and len(later) >= len(expected) - 2  # the last may still be in flight
 
 
 def test_the_damped_merge_keeps_the_local_steps_and_damps_only_the_outer_step():
     theta_p, anchor, tau = torch.tensor([1.0, 2.0]), torch.tensor([3.0, -2.0]), 4
-    theta_l = theta_p + torch.tensor([0.4, -0.8])                     # τ local steps of velocity (0.1, -0.2)
+    theta_l = theta_p + torch.tensor([0.4, -0.8])  # τ local steps of velocity (0.1, -0.2)
     undamped, _ = damped_compensate(theta_p, theta_l, anchor, tau, 100, 0.0, alpha=0.0)
     assert torch.equal(undamped, delay_compensate(theta_p, theta_l, anchor, tau, 100, 0.0)[0])
     damped, _ = damped_compensate(theta_p, theta_l, anchor, tau, 100, 0.0, alpha=0.5)
@@ -203,9 +208,10 @@ def _agree_with_a_late_peer(rank: int, world: int) -> dict[str, Any]:
 
     from wansync.comm.exchange import Exchange
     from wansync.strategies.transmission import agree
+
     exchange = Exchange()
     if rank == 1:
-        time.sleep(0.3)                              # rank 0 waits for it inside the agreement
+        time.sleep(0.3)  # rank 0 waits for it inside the agreement
     n, _, _ = agree(0.1, 0.05, 0.4, 10, 2, 2, exchange)
     return {"n": n, "schedule": exchange.ledger.snapshot()["schedule"]}
 
@@ -215,5 +221,5 @@ def test_the_agreement_on_n_is_booked_as_a_wait_so_the_profiler_counts_it_as_exp
     `exposed_comm`), not sync math. One float64 pair, nothing else: every rank computes the same
     N from the same mean."""
     r0, r1 = run_ranks(_agree_with_a_late_peer, 2)
-    assert r0["n"] == r1["n"] == 4                              # ⌊0.4·10·0.1/0.05⌋ = 8, capped at 2·P
+    assert r0["n"] == r1["n"] == 4  # ⌊0.4·10·0.1/0.05⌋ = 8, capped at 2·P
     assert r0["schedule"]["bytes"] == 16 and r0["schedule"]["waited_s"] >= 0.2

@@ -1,5 +1,6 @@
 """CoCoDC with its defaults on a fast link (no emulated WAN): the automatic N must not turn every step
 into an outer step, and the run must train (the loss goes down, the run is not marked diverged)."""
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,25 @@ H, P, STEPS = 8, 2, 32
 
 
 def fast_link_run(root: Path, **options) -> Path:
-    return Path(lay_out({"strategy": "cocodc", "workers": 2, "steps": STEPS, "eval_every": H, "quiet": True,
-                         "sync_every": H, "fragments": P, "overlap": 1, "codec": "int8", "warmup_steps": 4,
-                         **TINY_KEYS, **options, "out": str(root)}))
+    return Path(
+        lay_out(
+            {
+                "strategy": "cocodc",
+                "workers": 2,
+                "steps": STEPS,
+                "eval_every": H,
+                "quiet": True,
+                "sync_every": H,
+                "fragments": P,
+                "overlap": 1,
+                "codec": "int8",
+                "warmup_steps": 4,
+                **TINY_KEYS,
+                **options,
+                "out": str(root),
+            }
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +56,7 @@ def records(run_dir: Path, kind: str) -> list[dict]:
 def test_the_automatic_n_on_a_fast_link_is_capped_at_two_syncs_per_fragment(default_run):
     (schedule,) = records(default_run, "schedule")
     assert schedule["step"] == H and schedule["max_syncs_per_fragment"] == 2
-    assert P <= schedule["syncs_per_period"] <= 2 * P                # the paper's rule alone picks about H
+    assert P <= schedule["syncs_per_period"] <= 2 * P  # the paper's rule alone picks about H
     starts = [r["started"] for r in records(default_run, "sync") if r.get("kind") == "fragment"]
     later = [t for t in starts if t > H]
     assert later and all(b - a >= H // (2 * P) for a, b in zip(later, later[1:]))

@@ -239,6 +239,7 @@ def test_codec_objects_pass_through_get_codec() -> None:
 
 # ---- blocked encode and decode: the exchange's, whose temporaries stay one block ---------------
 
+
 @pytest.mark.parametrize("block", [1 << 20, 3 * CHUNK, 3000])
 @pytest.mark.parametrize("codec", [*CODECS.values(), Int8Codec(7), Fp4Codec(7)], ids=lambda c: f"{c.name}-{c.chunk}")
 def test_blocked_encode_and_decode_give_the_whole_buffers_bytes_and_bits(monkeypatch, codec, block) -> None:
@@ -248,11 +249,11 @@ def test_blocked_encode_and_decode_give_the_whole_buffers_bytes_and_bits(monkeyp
         x = torch.randn(n, generator=g) * torch.rand(n, generator=g) ** 3
         whole = codec.encode(x).data
         assert torch.equal(encode_into(codec, x, torch.empty(codec.wire_bytes(n) + 3, dtype=torch.uint8)), whole)
-        padded = codec.encode(torch.cat([x, x.new_zeros(9)])).data          # as if zero-padded to n + 9
+        padded = codec.encode(torch.cat([x, x.new_zeros(9)])).data  # as if zero-padded to n + 9
         assert torch.equal(encode_into(codec, x, torch.full((len(padded),), 255, dtype=torch.uint8), n + 9), padded)
         decoded = codec.decode(Encoded(codec.name, n, whole))
         assert torch.equal(decode_into(codec, whole, n, torch.empty(n)), decoded)
-        k = max(1, n - 3)                                                      # a prefix, added to what is there
+        k = max(1, n - 3)  # a prefix, added to what is there
         assert torch.equal(decode_into(codec, whole, n, torch.ones(k), add=True), 1 + decoded[:k])
 
 

@@ -3,6 +3,7 @@
 Every training runs in one process group (`several`), except a repeat of one of them in a
 second group: same seed, same bits, across processes.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,7 +16,7 @@ from strategy_harness import run_strategy
 
 pytestmark = pytest.mark.timeout(120)
 
-RUNS: dict[str, tuple[Any, ...]] = {          # run_strategy's arguments after (rank, world)
+RUNS: dict[str, tuple[Any, ...]] = {  # run_strategy's arguments after (rank, world)
     "ddp": ("ddp", {}, 6),
     "local_sgd_h1": ("local_sgd", {"sync_every": 1}, 6),
     "local_sgd_h5": ("local_sgd", {"sync_every": 5}, 15),
@@ -38,7 +39,7 @@ def test_ddp_keeps_parameters_identical_on_all_ranks(runs):
     a, b = (r["ddp"] for r in runs)
     for pa, pb in zip(a["params"], b["params"]):
         assert torch.equal(pa, pb)
-    assert not torch.equal(a["params"][0], a["params"][-1])      # it did train
+    assert not torch.equal(a["params"][0], a["params"][-1])  # it did train
 
 
 def test_local_sgd_every_step_with_plain_sgd_equals_ddp(runs):
@@ -55,13 +56,13 @@ def test_local_sgd_identical_right_after_each_boundary_and_different_between(run
         assert same == (t % 5 == 0), f"step {t}: identical={same}"
     syncs = [e for e in a["events"] if e["type"] == "sync"]
     assert [e["step"] for e in syncs] == [5, 10, 15]
-    assert all(e["drift"] > 0 for e in syncs)                     # each boundary's drift
+    assert all(e["drift"] > 0 for e in syncs)  # each boundary's drift
     assert a["comm"]["params"]["calls"] == 3
 
 
 def test_same_seed_same_final_parameters(runs):
     first = runs[0]["local_sgd_h3"]
-    second = run_ranks(several, 2, {"again": RUNS["local_sgd_h3"]})[0]["again"]     # another group
+    second = run_ranks(several, 2, {"again": RUNS["local_sgd_h3"]})[0]["again"]  # another group
     assert torch.equal(first["params"][-1], second["params"][-1])
     other = runs[0]["local_sgd_h3_seed1"]
     assert not torch.equal(first["params"][-1], other["params"][-1])

@@ -1,4 +1,5 @@
 """benchmarks/demo_time.py: the README's demo time is the figure that script measured and wrote."""
+
 from __future__ import annotations
 
 import datetime
@@ -19,8 +20,10 @@ def test_the_readme_holds_the_one_sentence_the_script_rewrites():
 
 def test_the_figure_is_rounded_to_the_half_minute_and_dated():
     day = datetime.date(2026, 12, 5)
-    assert demo_time.phrase(7 * 60 + 28, 2, day) == \
-        "The demo (about 7.5 min on a fresh clone with 2 cores, setup included, measured 2026-12-05)"
+    assert (
+        demo_time.phrase(7 * 60 + 28, 2, day)
+        == "The demo (about 7.5 min on a fresh clone with 2 cores, setup included, measured 2026-12-05)"
+    )
     assert demo_time.phrase(5 * 60 + 49, 1, day).startswith("The demo (about 6 min on a fresh clone with 1 core,")
     assert demo_time.FIGURE.fullmatch(demo_time.phrase(400, 2, day))
 
@@ -38,5 +41,7 @@ def test_a_rewrite_changes_only_the_figure(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("head\n" + demo_time.phrase(400, 2, datetime.date(2026, 1, 1)) + " runs each strategy.\n")
     demo_time.rewrite(readme, demo_time.phrase(300, 2, datetime.date(2026, 1, 2)))
-    assert readme.read_text() == ("head\nThe demo (about 5 min on a fresh clone with 2 cores, setup included, "
-                                  "measured 2026-01-02) runs each strategy.\n")
+    assert readme.read_text() == (
+        "head\nThe demo (about 5 min on a fresh clone with 2 cores, setup included, "
+        "measured 2026-01-02) runs each strategy.\n"
+    )

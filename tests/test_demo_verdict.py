@@ -1,5 +1,6 @@
 """The demo's verdict: one plain sentence that names a winner only where the gap is wider than seeds
 alone move one run (its spread recorded from the results page's seeds), issue 50."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,8 @@ PAGE = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 def page_spread(table: str = "sparse-demo", column: str = "val loss at equal wall clock") -> tuple[float, int]:
     """The pooled standard deviation over seeds behind a results table's 95 % intervals, and its cells."""
     text = PAGE.read_text()
-    section = text[text.index(f"### {table}:"):]
-    section = section[:section.index("\n### ", 1)]
+    section = text[text.index(f"### {table}:") :]
+    section = section[: section.index("\n### ", 1)]
     lines = section.splitlines()
     head = [c.strip() for c in next(line for line in lines if line.startswith("| setting")).split("|")]
     sds = []
@@ -37,8 +38,9 @@ def page_spread(table: str = "sparse-demo", column: str = "val loss at equal wal
 def test_the_recorded_spread_is_the_one_the_results_page_measured():
     sd, cells = page_spread()
     assert cells >= 5
-    assert abs(demo.SPREAD["sd"] - sd) / sd < 0.03, (
-        f"docs/results.md's sparse-demo seeds now give {sd:.4f}: set runner/demo.py SPREAD to it")
+    assert (
+        abs(demo.SPREAD["sd"] - sd) / sd < 0.03
+    ), f"docs/results.md's sparse-demo seeds now give {sd:.4f}: set runner/demo.py SPREAD to it"
 
 
 def _single_seed_demo(root: Path, spread: dict | None) -> Path:

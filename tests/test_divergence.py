@@ -1,5 +1,6 @@
 """The `diverged` flag: one rule over the evaluation records (divergence.py), carried by summary.json,
 the report and the runner's printout."""
+
 from __future__ import annotations
 
 import csv
@@ -11,7 +12,7 @@ from wansync.analysis import report as R
 from wansync.rundir.divergence import chance_level, diverged, warning
 from test_report import fake_run
 
-BYTES = math.log(256)          # byte-level chance, 5.545 nats
+BYTES = math.log(256)  # byte-level chance, 5.545 nats
 
 
 def evals_of(path: Path) -> list[dict]:
@@ -19,7 +20,7 @@ def evals_of(path: Path) -> list[dict]:
 
 
 def test_a_synthetic_diverging_metrics_file_is_flagged_and_a_converging_one_is_not(tmp_path):
-    up = fake_run(tmp_path / "up", "cocodc", 1, [3.58, 4.2, 5.45])          # the issue's CoCoDC run
+    up = fake_run(tmp_path / "up", "cocodc", 1, [3.58, 4.2, 5.45])  # the issue's CoCoDC run
     down = fake_run(tmp_path / "down", "diloco", 1, [3.58, 3.1, 2.9])
     assert diverged(evals_of(up / "metrics.jsonl"), BYTES)
     assert not diverged(evals_of(down / "metrics.jsonl"), BYTES)
@@ -28,7 +29,7 @@ def test_a_synthetic_diverging_metrics_file_is_flagged_and_a_converging_one_is_n
 def test_ending_at_chance_or_not_finite_is_diverged_even_below_the_first_evaluation():
     assert diverged([{"val_loss": 6.0}, {"val_loss": 5.6}], BYTES)
     assert diverged([{"val_loss": 3.0}, {"val_loss": float("nan")}], BYTES)
-    assert not diverged([{"val_loss": 5.0}], BYTES)                           # one evaluation: chance only
+    assert not diverged([{"val_loss": 5.0}], BYTES)  # one evaluation: chance only
     assert not diverged([], BYTES)
 
 
@@ -43,7 +44,7 @@ def test_vision_judges_accuracy_against_the_first_evaluation_and_chance():
 def test_the_report_marks_a_diverged_setting_and_run(tmp_path):
     root = tmp_path / "exp"
     fake_run(root / "cocodc" / "seed0", "cocodc", 0, [3.58, 3.2, 3.0])
-    fake_run(root / "cocodc" / "seed1", "cocodc", 1, [3.58, 4.2, 5.45])    # no flag in summary: the rule
+    fake_run(root / "cocodc" / "seed1", "cocodc", 1, [3.58, 4.2, 5.45])  # no flag in summary: the rule
     fake_run(root / "diloco" / "seed0", "diloco", 0, [3.58, 3.1, 2.9])
     rep = R.report(root, plots=False)
     with open(root / "summary.csv", newline="") as f:

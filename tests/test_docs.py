@@ -1,4 +1,5 @@
 """The documentation stays a short front door with pages that point inside the repository."""
+
 from __future__ import annotations
 
 import re
@@ -62,14 +63,17 @@ def outside_references(files: list[Path]) -> list[str]:
     hits = []
     for f in files:
         text = f.read_text(encoding="utf-8")
-        hits += [f"{f.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
-                 for m in OUTSIDE.finditer(text)]
+        hits += [
+            f"{f.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+            for m in OUTSIDE.finditer(text)
+        ]
     return hits
 
 
 def test_no_page_or_benchmark_cites_files_outside_the_repository():
-    hits = outside_references([*PAGES, *sorted((ROOT / "benchmarks").glob("*.md")),
-                               *sorted((ROOT / "benchmarks").glob("*.py"))])
+    hits = outside_references(
+        [*PAGES, *sorted((ROOT / "benchmarks").glob("*.md")), *sorted((ROOT / "benchmarks").glob("*.py"))]
+    )
     assert not hits, "\n".join(hits)
 
 
@@ -96,15 +100,23 @@ def named_modules(text: str) -> set[str]:
             elif re.fullmatch(r"[a-z_]+/", token):
                 names.add(package + token)
                 package = package or token
-            elif re.fullmatch(r"[a-z_]+(/[a-z_]+)*\.py", token) and not token.startswith(("docs/", "tests/", "benchmarks/")):
+            elif re.fullmatch(r"[a-z_]+(/[a-z_]+)*\.py", token) and not token.startswith(
+                ("docs/", "tests/", "benchmarks/")
+            ):
                 names.add(token if "/" in token else package + token)
     return names
 
 
 def test_every_module_the_architecture_page_names_exists():
-    missing = [n for n in sorted(named_modules(ARCHITECTURE.read_text(encoding="utf-8")))
-               if not ((PACKAGE / n).exists() or (PACKAGE / n.removesuffix(".py")).is_dir()
-                       or (PACKAGE / n.removesuffix(".py") / "__init__.py").exists())]
+    missing = [
+        n
+        for n in sorted(named_modules(ARCHITECTURE.read_text(encoding="utf-8")))
+        if not (
+            (PACKAGE / n).exists()
+            or (PACKAGE / n.removesuffix(".py")).is_dir()
+            or (PACKAGE / n.removesuffix(".py") / "__init__.py").exists()
+        )
+    ]
     assert not missing, missing
 
 
@@ -116,6 +128,11 @@ def test_the_architecture_page_names_every_package():
 
 def test_the_page_check_finds_a_module_that_does_not_exist():
     assert named_modules("see `runner/nowhere.py` and `wansync.comm.exchange`, not `docs/x.md`") == {
-        "runner/nowhere.py", "comm/exchange.py"}
-    assert named_modules("| `ft/` | the quorum (`quorum.py`), `trainer/loop.py` |") == {"ft/", "ft/quorum.py",
-                                                                                           "trainer/loop.py"}
+        "runner/nowhere.py",
+        "comm/exchange.py",
+    }
+    assert named_modules("| `ft/` | the quorum (`quorum.py`), `trainer/loop.py` |") == {
+        "ft/",
+        "ft/quorum.py",
+        "trainer/loop.py",
+    }

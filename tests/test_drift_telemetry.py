@@ -1,6 +1,7 @@
 """Drift telemetry rides on the parameter exchange: on a real 2-rank gloo group, the drift each
 boundary reports equals the drift computed with separate all-reduces in float64, and turning the
 telemetry on adds no collective and no buffer."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,16 +37,25 @@ def _reference_drift(theta_m: torch.Tensor) -> float:
 
 def _wide(rank: int) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 512), torch.nn.Tanh(), torch.nn.Linear(512, 128), torch.nn.Linear(128, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 512), torch.nn.Tanh(), torch.nn.Linear(512, 128), torch.nn.Linear(128, 1)
+    )
 
 
 def _train(rank: int, name: str, drift: bool, wide: bool = False) -> dict[str, Any]:
     import wansync as ws
+
     model = _wide(rank) if wide else _model(rank)
     lr = 1e-3 if wide else LR
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    sync = ws.strategy(name, model, opt, sync_every=H, drift_telemetry=drift,
-                       **({"outer_lr": 0.7, "outer_momentum": 0.9} if name == "diloco" else {}))
+    sync = ws.strategy(
+        name,
+        model,
+        opt,
+        sync_every=H,
+        drift_telemetry=drift,
+        **({"outer_lr": 0.7, "outer_momentum": 0.9} if name == "diloco" else {}),
+    )
     records: list[dict[str, Any]] = []
     sync.on_event(records.append)
     gen = torch.Generator().manual_seed(rank + 1)
@@ -54,15 +64,20 @@ def _train(rank: int, name: str, drift: bool, wide: bool = False) -> dict[str, A
         x = torch.randn(16, 8, generator=gen)
         loss = (sync.model(x) - x.sum(1, keepdim=True) * (rank + 1)).pow(2).mean()
         loss.backward()
-        if t % H == 0 or t == STEPS:              # a boundary (or finish's), after this inner step
+        if t % H == 0 or t == STEPS:  # a boundary (or finish's), after this inner step
             theta_m = torch.cat([p.detach().reshape(-1) - lr * p.grad.reshape(-1) for p in model.parameters()])
             reference.append(_reference_drift(theta_m))
         sync.step()
         sync.zero_grad()
     before_finish = sync.comm.snapshot()
     sync.finish()
-    return {"records": records, "reference": reference, "before_finish": before_finish,
-            "after_finish": sync.comm.snapshot(), "params": [p.detach().clone() for p in model.parameters()]}
+    return {
+        "records": records,
+        "reference": reference,
+        "before_finish": before_finish,
+        "after_finish": sync.comm.snapshot(),
+        "params": [p.detach().clone() for p in model.parameters()],
+    }
 
 
 def _both(rank: int, world: int) -> dict[str, Any]:
@@ -84,7 +99,7 @@ def test_piggybacked_drift_equals_a_separate_all_reduce(runs, name):
     for r in runs:
         run = r[(name, True)]
         reported = [e["drift"] for e in run["records"] if e["type"] == "sync"]
-        assert len(reported) == len(run["reference"]) == 4            # t = 2, 4, 6 and finish's 7
+        assert len(reported) == len(run["reference"]) == 4  # t = 2, 4, 6 and finish's 7
         assert reported == pytest.approx(run["reference"], rel=1e-6)
         assert all(0 < d < 1 for d in reported)
 
@@ -110,7 +125,7 @@ def test_telemetry_adds_no_collective_and_one_element_per_boundary(runs, name):
             for key in ("calls", "bytes"):
                 assert on[snap]["params"][key] == off[snap]["params"][key]
         telemetry = on["after_finish"]["telemetry"]
-        assert (telemetry["calls"], telemetry["bytes"], telemetry["waited_s"]) == (0, 4 * 4, 0.0)   # 4 B a boundary
+        assert (telemetry["calls"], telemetry["bytes"], telemetry["waited_s"]) == (0, 4 * 4, 0.0)  # 4 B a boundary
         assert "telemetry" not in off["after_finish"] or off["after_finish"]["telemetry"]["bytes"] == 0
         assert all("drift" not in e for e in off["records"])
 
@@ -125,18 +140,20 @@ def test_telemetry_changes_no_parameter_bit(runs, name):
 def _storages_across_boundaries(rank: int, world: int) -> dict[str, Any]:
     """Where the model's tensors live, boundary after boundary."""
     import wansync as ws
+
     out: dict[str, Any] = {}
     for name, drift in (("local_sgd", True), ("local_sgd", False), ("diloco", True)):
         model = _model(rank)
-        sync = ws.strategy(name, model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=1,
-                           drift_telemetry=drift)
+        sync = ws.strategy(name, model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=1, drift_telemetry=drift)
         seen = []
         for _ in range(4):
             model(torch.randn(4, 8)).sum().backward()
             sync.step()
             sync.zero_grad()
             packed = sync.flat.packed()
-            seen.append((packed is not None and packed.data_ptr(), packed is not None and packed.untyped_storage().nbytes()))
+            seen.append(
+                (packed is not None and packed.data_ptr(), packed is not None and packed.untyped_storage().nbytes())
+            )
         out[(name, drift)] = seen
     return out
 
@@ -154,6 +171,7 @@ def test_a_boundary_averages_in_the_models_own_buffer_without_fresh_memory():
 def _channels_last_local_sgd(rank: int, world: int) -> dict[str, Any]:
     """A model with a channels-last weight (non-contiguous: it cannot move into a flat buffer)."""
     import wansync as ws
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(16, 1))
     model[0].weight.data = model[0].weight.data.contiguous(memory_format=torch.channels_last)
@@ -161,24 +179,28 @@ def _channels_last_local_sgd(rank: int, world: int) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(rank + 1)
     model(torch.randn(2, 3, 4, 4, generator=gen)).sum().backward()
     sync.step()
-    return {"home": sync.home() is not None, "params": [p.detach().clone() for p in model.parameters()],
-            "channels_last": model[0].weight.is_contiguous(memory_format=torch.channels_last),
-            "contiguous": model[0].weight.is_contiguous()}
+    return {
+        "home": sync.home() is not None,
+        "params": [p.detach().clone() for p in model.parameters()],
+        "channels_last": model[0].weight.is_contiguous(memory_format=torch.channels_last),
+        "contiguous": model[0].weight.is_contiguous(),
+    }
 
 
 def test_a_tensor_that_cannot_move_is_gathered_and_written_back_keeping_its_layout():
     r0, r1 = run_ranks(_channels_last_local_sgd, 2)
     assert not r0["home"] and r0["channels_last"] and not r0["contiguous"]
-    assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))     # averaged all the same
+    assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))  # averaged all the same
 
 
 def _resumed_from_an_old_checkpoint(rank: int, world: int) -> dict[str, Any]:
     import wansync as ws
+
     model = _model(rank)
     sync = ws.strategy("local_sgd", model, torch.optim.SGD(model.parameters(), lr=LR), sync_every=1)
     state = sync.state_dict()
     state.pop("drift_ref")
-    state["drift_side"] = [0.25, 5.0, 4]                     # as saved by the side band of before
+    state["drift_side"] = [0.25, 5.0, 4]  # as saved by the side band of before
     sync.load_state_dict(state)
     none_yet = sync._ref_sq is None
     records: list[dict[str, Any]] = []
@@ -189,8 +211,12 @@ def _resumed_from_an_old_checkpoint(rank: int, world: int) -> dict[str, Any]:
     theta_m = torch.cat([p.detach().reshape(-1) - LR * p.grad.reshape(-1) for p in model.parameters()])
     reference = _reference_drift(theta_m)
     sync.step()
-    return {"none_yet": none_yet, "reference": reference, "after": sync._ref_sq is not None,
-            "drift": [e["drift"] for e in records if e["type"] == "sync"]}
+    return {
+        "none_yet": none_yet,
+        "reference": reference,
+        "after": sync._ref_sq is not None,
+        "drift": [e["drift"] for e in records if e["type"] == "sync"],
+    }
 
 
 def test_a_checkpoint_from_before_the_reference_resumes_and_measures_the_next_boundary():

@@ -2,6 +2,7 @@
 DiLoCo and CoCoDC: the look-ahead and the correction in isolation, then on real gloo groups
 the rule written out by hand, the identities (one worker, no overlap, CoCoDC's round robin), every
 rank's anchors, a resume with an exchange in flight, and the planner's schedule."""
+
 from __future__ import annotations
 
 import io
@@ -29,9 +30,9 @@ pytestmark = pytest.mark.timeout(180)
 # ---- the pure parts ------------------------------------------------------------------------------
 def _anchor_with_momentum() -> Anchor:
     torch.manual_seed(0)
-    tensors = [nn.Parameter(torch.randn(5, 3)), torch.randn(4)]          # a parameter and a buffer
+    tensors = [nn.Parameter(torch.randn(5, 3)), torch.randn(4)]  # a parameter and a buffer
     anchor = Anchor(tensors, lr=0.7, momentum=0.9, nesterov=True)
-    anchor.outer_step(torch.randn(19))                                    # a momentum buffer to look ahead from
+    anchor.outer_step(torch.randn(19))  # a momentum buffer to look ahead from
     return anchor
 
 
@@ -43,7 +44,7 @@ def test_the_look_ahead_is_the_outer_step_bit_for_bit_and_changes_no_state():
     assert torch.equal(anchor.optimizer.state[anchor.value]["momentum_buffer"], buf)
     anchor.outer_step(grad.clone(), lr=0.3)
     assert torch.equal(ahead, anchor.value)
-    fresh = Anchor([torch.nn.Parameter(torch.ones(3))], lr=0.7, momentum=0.9, nesterov=True)   # no buffer yet
+    fresh = Anchor([torch.nn.Parameter(torch.ones(3))], lr=0.7, momentum=0.9, nesterov=True)  # no buffer yet
     g = torch.tensor([0.5, -1.0, 2.0])
     ahead = fresh.lookahead(g)
     fresh.outer_step(g.clone())
@@ -53,8 +54,8 @@ def test_the_look_ahead_is_the_outer_step_bit_for_bit_and_changes_no_state():
 def test_the_correction_swaps_the_proxy_for_the_true_step_and_keeps_the_steps_since():
     theta_now, eager, anchor = torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.5]), torch.tensor([0.25, 1.0])
     assert torch.equal(eager_correct(theta_now.clone(), eager, anchor, 3), torch.tensor([0.75, 2.5]))
-    assert torch.equal(eager_correct(theta_now.clone(), eager, anchor, 0), anchor)     # nothing trained on θ̂
-    tiny = torch.tensor([1e-8, -3e-9])                                    # θ̂ = θ̃_p: θ(t_l)'s exact bits
+    assert torch.equal(eager_correct(theta_now.clone(), eager, anchor, 0), anchor)  # nothing trained on θ̂
+    tiny = torch.tensor([1e-8, -3e-9])  # θ̂ = θ̃_p: θ(t_l)'s exact bits
     assert torch.equal(eager_correct(tiny.clone(), torch.ones(2), torch.ones(2), 2), tiny)
     assert lands_on_anchor("eager", 0.5, 0) and not lands_on_anchor("eager", 0.0, 1)
 
@@ -123,13 +124,13 @@ def direct_eager(rank: int, world: int, H: int, tau: int, steps: int, seed: int 
 
 
 EAGER = dict(eager=True)
-CKPT = dict(sync_every=6, fragments=2, overlap=2, **EAGER)   # fragment 1 in flight at step 7: started 6, merges 8
+CKPT = dict(sync_every=6, fragments=2, overlap=2, **EAGER)  # fragment 1 in flight at step 7: started 6, merges 8
 ROUND_ROBIN = dict(sync_every=8, fragments=2, overlap=2, syncs_per_period=4, **EAGER)
 
 
 def eager_runs(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    solo = [dist.new_group([r]) for r in range(world)][rank]       # every rank a worker of its own: M = 1
+    solo = [dist.new_group([r]) for r in range(world)][rank]  # every rank a worker of its own: M = 1
     one = dict(sync_every=4, fragments=1, group=solo)
     out["solo_eager"] = train(rank, "streaming", dict(one, overlap=2, **EAGER), 13)
     out["solo_plain"] = train(rank, "streaming", dict(one, overlap=0, alpha=0.0), 13)
@@ -161,12 +162,12 @@ def test_eager_on_real_ranks_is_the_rule_written_out_with_torchs_sgd(runs):
     for r in runs:
         _equal_runs(r["strategy"], r["direct"])
     a, b = runs
-    assert not torch.equal(a["strategy"]["params"][4], b["strategy"]["params"][4])   # each its own proxy at a start
+    assert not torch.equal(a["strategy"]["params"][4], b["strategy"]["params"][4])  # each its own proxy at a start
     assert torch.equal(a["strategy"]["final"], b["strategy"]["final"])
 
 
 def test_with_one_worker_eager_at_overlap_2_is_the_outer_step_without_delay_bit_for_bit(runs):
-    for r in runs:              # overlap 0 with alpha 0 and one fragment: DiLoCo (test_streaming's identity)
+    for r in runs:  # overlap 0 with alpha 0 and one fragment: DiLoCo (test_streaming's identity)
         _equal_runs(r["solo_eager"], r["solo_plain"])
         assert [e["merge"] for e in r["solo_eager"]["events"] if e.get("kind") == "fragment"] == ["eager"] * 3
 
@@ -190,7 +191,7 @@ def test_every_rank_holds_the_same_anchors_and_its_own_proxy_in_flight(runs):
     assert a["anchors"][0]["optimizer"]["state"], "fragment 0 has merged once: its outer momentum is compared"
     (fa,), (fb,) = a["in_flight"], b["in_flight"]
     assert (fa["fragment"], fa["start"], fa["merge_at"]) == (1, 6, 8)
-    assert fa["theta_start"] is not None and not torch.equal(fa["theta_start"], fb["theta_start"])   # θ̂: per worker
+    assert fa["theta_start"] is not None and not torch.equal(fa["theta_start"], fb["theta_start"])  # θ̂: per worker
 
 
 def test_a_checkpoint_with_an_exchange_in_flight_resumes_eager_bit_exactly(runs):
@@ -207,20 +208,46 @@ def test_the_planner_predicts_eager_with_the_same_transfers_as_the_alpha_merge()
     base = dict(size=of_params(1e8), workers=4, topology=PRESETS["cross-region"], step_s=0.3, ranks_per_worker=1)
     opts = dict(sync_every=40, fragments=4, overlap=5)
     alpha, eager = (predict(setting("streaming", dict(opts, eager=e), **base)) for e in (False, True))
-    assert (eager.bytes_per_step, eager.sent_per_step, eager.wall_per_1000_s, eager.exposed_pct) == \
-        (alpha.bytes_per_step, alpha.sent_per_step, alpha.wall_per_1000_s, alpha.exposed_pct)
+    assert (eager.bytes_per_step, eager.sent_per_step, eager.wall_per_1000_s, eager.exposed_pct) == (
+        alpha.bytes_per_step,
+        alpha.sent_per_step,
+        alpha.wall_per_1000_s,
+        alpha.exposed_pct,
+    )
     assert eager.bytes_per_step > 0
-    assert eager.memory["outer_state"] > alpha.memory["outer_state"]       # θ̂ of each fragment in flight
+    assert eager.memory["outer_state"] > alpha.memory["outer_state"]  # θ̂ of each fragment in flight
 
 
 def test_wansync_plan_takes_eager(capsys):
     from wansync.cli import main
+
     printed = {}
     for merge in ("--no-eager", "--eager"):
         with pytest.raises(SystemExit) as done:
-            main(["plan", "--model", "tiny", "--workers", "4", "--wan", "cross-region", "--strategy", "streaming",
-                  "--sync-every", "40", "--overlap", "5", merge, "--step-time", "0.3"])
+            main(
+                [
+                    "plan",
+                    "--model",
+                    "tiny",
+                    "--workers",
+                    "4",
+                    "--wan",
+                    "cross-region",
+                    "--strategy",
+                    "streaming",
+                    "--sync-every",
+                    "40",
+                    "--overlap",
+                    "5",
+                    merge,
+                    "--step-time",
+                    "0.3",
+                ]
+            )
         assert done.value.code == 0
-        printed[merge] = [line for line in capsys.readouterr().out.splitlines()
-                          if line.startswith(("wall clock", "exposed communication", "bytes per worker"))]
+        printed[merge] = [
+            line
+            for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("wall clock", "exposed communication", "bytes per worker"))
+        ]
     assert len(printed["--eager"]) == 3 and printed["--eager"] == printed["--no-eager"]

@@ -100,12 +100,19 @@ def _guard_cases(rank: int) -> dict:
         skip.ledger.on_wait.append(lambda purpose, s: waits.append((purpose, s)))
         handle = skip.mean(bad, "pseudo_grads", codec, async_op=True)
         mean = handle.wait()
-        out[("skip", codec)] = {"mean": mean, "ledger": skip.ledger.snapshot(), "dropped": skip.ledger.dropped,
-                                "wire_bytes": handle.wire_bytes, "waits": waits, "waited_s": handle.waited_s}
+        out[("skip", codec)] = {
+            "mean": mean,
+            "ledger": skip.ledger.snapshot(),
+            "dropped": skip.ledger.dropped,
+            "wire_bytes": handle.wire_bytes,
+            "waits": waits,
+            "waited_s": handle.waited_s,
+        }
         out[("all_valid", codec)] = {
             "skip": Exchange(nonfinite="skip").mean(clean, "pseudo_grads", codec).wait(),
             "abort": Exchange(nonfinite="abort").mean(clean, "pseudo_grads", codec).wait(),
-            "none": Exchange().mean(clean, "pseudo_grads", codec).wait()}
+            "none": Exchange().mean(clean, "pseudo_grads", codec).wait(),
+        }
     buf = bad.clone()
     result = Exchange(nonfinite="skip").mean(buf, "params", inplace=True).wait()
     out["inplace"] = {"same_tensor": result is buf, "buf": buf}
@@ -122,7 +129,7 @@ def _guard_cases(rank: int) -> dict:
         except NonFiniteError as e:
             out["abort"] = str(e)
         out["abort_ledger"] = abort.ledger.snapshot()
-    side = torch.cat([clean, torch.tensor([rank + 1.0])])          # the values and one side-band scalar
+    side = torch.cat([clean, torch.tensor([rank + 1.0])])  # the values and one side-band scalar
     handle = Exchange().mean(side, "params", inplace=True, extra=1, mean_sq=True)
     out["mean_sq"] = {"mean": side.clone(), "mean_sq": handle.mean_sq, "norm": handle.norm}
     side = torch.cat([bad, torch.zeros(1)])
@@ -134,10 +141,9 @@ def _guard_cases(rank: int) -> dict:
     except NonFiniteError as e:
         out["mean_sq_nan"] = str(e)
     after = torch.tensor([rank + 1.0])
-    dist.all_reduce(after)                  # pairs with the other rank's: nothing stray was sent
+    dist.all_reduce(after)  # pairs with the other rank's: nothing stray was sent
     out["after_abort"] = float(after[0])
-    for case, policy, x in (("all_invalid", "skip", torch.full((4,), float("nan"))),
-                            ("unguarded_nan", None, bad)):
+    for case, policy, x in (("all_invalid", "skip", torch.full((4,), float("nan"))), ("unguarded_nan", None, bad)):
         try:
             Exchange(nonfinite=policy).mean(x, "pseudo_grads").wait()
             out[case] = None
@@ -226,8 +232,11 @@ def test_extra_scalars_ride_along_exactly_and_cost_no_call(policy) -> None:
         assert handle.payload_bytes == 3001 * 4 and handle.wire_bytes == codec.wire_bytes(3001)
         ledger = exchange.ledger.snapshot()
         assert ledger["params"]["calls"] == 1 and ledger["params"]["bytes"] == codec.wire_bytes(3001)
-        assert {k: ledger["telemetry"][k] for k in ("calls", "bytes", "waited_s")} == {"calls": 0, "bytes": 8,
-                                                                                    "waited_s": 0.0}
+        assert {k: ledger["telemetry"][k] for k in ("calls", "bytes", "waited_s")} == {
+            "calls": 0,
+            "bytes": 8,
+            "waited_s": 0.0,
+        }
 
 
 def test_extra_scalars_are_not_model_state_for_the_guard() -> None:
@@ -254,7 +263,7 @@ def test_skip_leaves_out_a_non_finite_worker_and_books_the_bytes_once(results: l
     a, b = (r["guard"][("skip", codec)] for r in results)
     valid = results[0]["guard"]["clean0"]
     c = CODECS[codec]
-    assert torch.equal(a["mean"], c.decode(c.encode(valid)))         # the mean of the one valid worker
+    assert torch.equal(a["mean"], c.decode(c.encode(valid)))  # the mean of the one valid worker
     assert torch.equal(a["mean"], b["mean"])
     assert (a["dropped"], b["dropped"]) == (0, 1)
     for r in (a, b):
@@ -262,8 +271,11 @@ def test_skip_leaves_out_a_non_finite_worker_and_books_the_bytes_once(results: l
         assert r["ledger"]["pseudo_grads"]["calls"] == 1
         assert r["ledger"]["pseudo_grads"]["bytes"] == r["wire_bytes"]
         guard = r["ledger"]["nonfinite_guard"]
-        assert {k: guard[k] for k in ("calls", "bytes", "waited_s")} == {"calls": 1, "waited_s": 0.0,
-                                                                         "bytes": 4 if codec == "fp32" else 1}
+        assert {k: guard[k] for k in ("calls", "bytes", "waited_s")} == {
+            "calls": 1,
+            "waited_s": 0.0,
+            "bytes": 4 if codec == "fp32" else 1,
+        }
 
 
 @pytest.mark.parametrize("codec", GUARD_CODECS)
@@ -312,7 +324,6 @@ def test_an_unknown_policy_is_a_config_error() -> None:
         Exchange(nonfinite="ignore")
 
 
-
 def test_mean_sq_is_the_means_float64_square_norm_and_its_non_finite_check(results: list[dict]) -> None:
     exact = (_rank_input(0, GUARD_N) + _rank_input(1, GUARD_N)) / 2
     valid = results[0]["guard"]["clean0"]
@@ -320,7 +331,7 @@ def test_mean_sq_is_the_means_float64_square_norm_and_its_non_finite_check(resul
         o = r["guard"]["mean_sq"]
         assert torch.equal(o["mean"][:GUARD_N], exact) and o["mean"][GUARD_N:].tolist() == [1.5]
         assert o["mean_sq"] == pytest.approx(float(exact.double().square().sum()), rel=1e-12) and o["norm"] is None
-        skip = r["guard"]["mean_sq_skip"]               # rank 1 sent NaN and was left out, side band too
+        skip = r["guard"]["mean_sq_skip"]  # rank 1 sent NaN and was left out, side band too
         assert torch.equal(skip["mean"][:GUARD_N], valid) and skip["mean"][GUARD_N:].tolist() == [0.0]
         assert skip["mean_sq"] == pytest.approx(float(valid.double().square().sum()), rel=1e-12)
         assert r["guard"]["mean_sq_nan"].startswith("the mean of the workers' params is non-finite")
@@ -332,13 +343,14 @@ def _transformer_like(n: int, seed: int) -> torch.Tensor:
     torch.manual_seed(seed)
     x = torch.randn(n) * 0.02
     for a in range(0, n - 256, 100_000):
-        x[a:a + 256] = 1.0 + 1e-3 * torch.randn(256)
+        x[a : a + 256] = 1.0 + 1e-3 * torch.randn(256)
     return x
 
 
 @pytest.mark.parametrize("n", [1000, 70_000, 1_000_000])
 def test_exact_sq_norm_is_within_1e_9_of_float64_where_a_float32_dot_is_not(n: int) -> None:
     from wansync.comm.norms import exact_sq_norm
+
     errors, dot_errors = [], []
     for seed in range(5):
         x = _transformer_like(n, seed)
@@ -347,23 +359,25 @@ def test_exact_sq_norm_is_within_1e_9_of_float64_where_a_float32_dot_is_not(n: i
         dot_errors.append(abs(float(torch.dot(x, x)) - ref) / ref)
     assert max(errors) < 1e-9
     if n == 1_000_000:
-        assert max(dot_errors) > 1e-8                   # what the drift's identity cannot afford
+        assert max(dot_errors) > 1e-8  # what the drift's identity cannot afford
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
 def test_exact_sq_norm_of_other_float_types_is_their_float64_norm(dtype: torch.dtype) -> None:
     from wansync.comm.norms import exact_sq_norm
+
     x = _transformer_like(70_000, 0).to(dtype)
     assert exact_sq_norm(x) == pytest.approx(float(x.double().square().sum()), rel=1e-12)
 
 
 def test_exact_sq_norm_of_non_finite_values() -> None:
     from wansync.comm.norms import exact_sq_norm
+
     for n in (10, 100_000):
         x = torch.ones(n)
         x[n // 2] = float("nan")
         assert math.isnan(exact_sq_norm(x))
-        x[n // 2] = 1e30                                # finite, its square beyond float32's range
+        x[n // 2] = 1e30  # finite, its square beyond float32's range
         assert exact_sq_norm(x) == pytest.approx(1e60, rel=1e-6)
         x[n // 2] = float("inf")
         assert exact_sq_norm(x) == math.inf

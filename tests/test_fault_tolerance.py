@@ -1,5 +1,6 @@
 """--fault-tolerant: a worker killed mid-run is left out, restarted, healed from a live peer, and the
 run ends with every worker holding the same parameters (torchft on gloo, 127.0.0.1)."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,20 @@ def test_without_torchft_the_error_says_how_to_install_it(monkeypatch):
 
 
 def test_the_cli_refuses_an_unsupported_strategy_in_one_line(tmp_path):
-    r = wansync("train", "--strategy", "ddp", "--fault-tolerant", "--workers", "2", "--steps", "2",
-                "--out", str(tmp_path / "run"), *TINY, timeout=60)
+    r = wansync(
+        "train",
+        "--strategy",
+        "ddp",
+        "--fault-tolerant",
+        "--workers",
+        "2",
+        "--steps",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+        *TINY,
+        timeout=60,
+    )
     assert r.returncode != 0
     assert "Traceback" not in r.stderr and "all-reduces gradients every step" in r.stderr
 
@@ -73,8 +86,9 @@ def _wait_for_a_peer_that_never_comes(rank, world_size, peer_timeout):
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=500, heartbeat_timeout_ms=2000)
     quorum = Quorum(0, f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}", peer_timeout, hostname="127.0.0.1")
     model = torch.nn.Linear(3, 2)
-    sync = ws.strategy("diloco", model, torch.optim.SGD(model.parameters(), lr=0.1), replicas=Replicas(1, 0, 2, 0),
-                       quorum=quorum)
+    sync = ws.strategy(
+        "diloco", model, torch.optim.SGD(model.parameters(), lr=0.1), replicas=Replicas(1, 0, 2, 0), quorum=quorum
+    )
     outcome = []
 
     def join():
@@ -83,10 +97,11 @@ def _wait_for_a_peer_that_never_comes(rank, world_size, peer_timeout):
             outcome.append("joined")
         except BaseException as exc:  # noqa: BLE001 - the test inspects whatever ended the wait
             outcome.append(exc)
+
     waiting = threading.Thread(target=join, daemon=True)
     try:
         waiting.start()
-        waiting.join(3 * peer_timeout + 30)          # three peer timeouts, and slack for a loaded machine
+        waiting.join(3 * peer_timeout + 30)  # three peer timeouts, and slack for a loaded machine
         return "never gave up" if waiting.is_alive() else (type(outcome[0]).__name__, str(outcome[0]))
     finally:
         quorum.shutdown()
@@ -104,6 +119,7 @@ def wait_for_one_quorum_request(lighthouse, timeout=60.0):
     """Until the lighthouse's status page says one worker asks for a quorum. (A quorum that all the
     previous one's members ask for forms at once, without a worker that only heartbeats.)"""
     import urllib.request
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with urllib.request.urlopen(f"{lighthouse}/status", timeout=5) as page:
@@ -125,14 +141,15 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
     from wansync.comm.replicas import Replicas
 
     lighthouse = None
-    if rank == 0:           # waits for every heartbeating worker: worker 1 is in the quorum it starts in
-        lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=60_000,
-                                      heartbeat_timeout_ms=5000)
+    if rank == 0:  # waits for every heartbeating worker: worker 1 is in the quorum it starts in
+        lighthouse = LighthouseServer(
+            bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=60_000, heartbeat_timeout_ms=5000
+        )
     address = [f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}" if lighthouse else None]
     dist.broadcast_object_list(address)
-    own = [dist.new_group([r]) for r in range(2)][rank]     # each worker a group of its own, as in a run
+    own = [dist.new_group([r]) for r in range(2)][rank]  # each worker a group of its own, as in a run
     torch.manual_seed(rank)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))     # two blocks: two fragments
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))  # two blocks: two fragments
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     def build():
@@ -140,20 +157,25 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
         quorum = Quorum(rank, address[0], 10, hostname="127.0.0.1")
         real_mean = quorum.mean
 
-        def mean(values, valid):              # how many workers each exchange counted
+        def mean(values, valid):  # how many workers each exchange counted
             averaged, contributors = real_mean(values, valid)
             counted.append(contributors)
             return averaged, contributors
+
         quorum.mean = mean
-        sync = ws.strategy(strategy, model, optimizer, group=own, replicas=Replicas(1, rank, 2, 0), quorum=quorum,
-                           **options)
+        sync = ws.strategy(
+            strategy, model, optimizer, group=own, replicas=Replicas(1, rank, 2, 0), quorum=quorum, **options
+        )
 
         def load(state):
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             sync.load_heal_state(state["strategy"])
-        quorum.serve(lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                              "strategy": sync.heal_state()}, load)
+
+        quorum.serve(
+            lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "strategy": sync.heal_state()},
+            load,
+        )
         return sync, quorum
 
     quorum, trained_bytes, counted = None, 0, []
@@ -166,9 +188,9 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
                 sync.step()
                 sync.zero_grad()
             trained_bytes = sync.comm.bytes
-            counted.clear()                      # its exchanges alone
-            dist.barrier()                       # worker 1 may start
-            wait_for_one_quorum_request(address[0])      # worker 1's: the lighthouse waits for worker 0 in it
+            counted.clear()  # its exchanges alone
+            dist.barrier()  # worker 1 may start
+            wait_for_one_quorum_request(address[0])  # worker 1's: the lighthouse waits for worker 0 in it
             meet_final_quorum(sync)
         else:
             dist.barrier()
@@ -176,8 +198,13 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
             join_quorum(sync, quorum, 1)
         sync.finish()
         dist.barrier()
-        return {"t": sync.t, "heals": quorum.heals, "final_bytes": sync.comm.bytes - trained_bytes, "counted": counted,
-                "state": {k: v.clone() for k, v in model.state_dict().items()}}
+        return {
+            "t": sync.t,
+            "heals": quorum.heals,
+            "final_bytes": sync.comm.bytes - trained_bytes,
+            "counted": counted,
+            "state": {k: v.clone() for k, v in model.state_dict().items()},
+        }
     finally:
         if quorum is not None:
             quorum.shutdown()
@@ -185,19 +212,23 @@ def _heal_in_the_final_quorum(rank, world_size, strategy, steps, options):
             lighthouse.shutdown()
 
 
-@pytest.mark.parametrize("strategy,steps,options,finish_exchanges", [
-    ("diloco", 4, {"sync_every": 2}, False),                     # the last step exchanged: finish has nothing to do
-    ("streaming", 5, {"sync_every": 4, "fragments": 2, "overlap": 1}, True),   # finish syncs the fragments
-])
+@pytest.mark.parametrize(
+    "strategy,steps,options,finish_exchanges",
+    [
+        ("diloco", 4, {"sync_every": 2}, False),  # the last step exchanged: finish has nothing to do
+        ("streaming", 5, {"sync_every": 4, "fragments": 2, "overlap": 1}, True),  # finish syncs the fragments
+    ],
+)
 def test_a_worker_healed_in_the_final_quorum_makes_no_exchange_again_and_finishes_with_the_others(
-        strategy, steps, options, finish_exchanges):
+    strategy, steps, options, finish_exchanges
+):
     """A worker that arrives as the others meet for the final synchronization heals to their state
     after the last step's exchanges: it must not make them again (the CI failure of a run whose
     stopped worker came back just then: it exchanged alone and ended with other parameters)."""
     first, late = run_ranks(_heal_in_the_final_quorum, 2, strategy, steps, options, timeout=120)
     assert (first["heals"], late["heals"]) == (0, 1) and late["t"] == first["t"] == steps
     assert all(torch.equal(first["state"][k], late["state"][k]) for k in first["state"])
-    assert late["final_bytes"] == first["final_bytes"]          # only the final synchronization's exchanges
+    assert late["final_bytes"] == first["final_bytes"]  # only the final synchronization's exchanges
     assert (first["final_bytes"] > 0) == finish_exchanges
     # worker 1 holds a copy of worker 0's state: its values would count worker 0's work twice
     assert first["counted"] == late["counted"] == ([1] * len(first["counted"]))
@@ -223,14 +254,14 @@ def test_a_quorum_all_reduce_under_the_emulator_takes_the_modelled_time_of_its_p
     first.wait()
     second.wait()
     expected = collective_duration("allreduce", 4 * 2501, 4, topology, [0, 1, 3])
-    assert expected > 0.04                                   # two sites: at least a round trip
+    assert expected > 0.04  # two sites: at least a round trip
     records = emulator.records()
     assert [r.modelled_s for r in records] == [expected, expected]
-    assert records[1].start >= records[0].modelled_end       # one link, first in first out
+    assert records[1].start >= records[0].modelled_end  # one link, first in first out
     assert all(r.end >= r.modelled_end and r.waited is not None for r in records)
 
 
-WAN = "rtt=40ms,bw=100mbit,sites=2"          # worker 0 on one site, worker 1 on the other; no jitter
+WAN = "rtt=40ms,bw=100mbit,sites=2"  # worker 0 on one site, worker 1 on the other; no jitter
 
 
 @pytest.mark.parametrize("ranks_per_worker", [1, 2])
@@ -243,23 +274,46 @@ def test_under_wan_every_quorum_exchange_books_the_link_models_time_for_its_part
     from wansync.net import collective_duration, parse_wan
 
     r_, out = ranks_per_worker, tmp_path / "run"
-    r = wansync("train", "--strategy", "diloco", "--sync-every", "5", "--workers", "2", "--ranks-per-worker", str(r_),
-                "--steps", "10", "--eval-every", "1000", "--fault-tolerant", "--peer-timeout", "60", "--wan", WAN,
-                "--quiet", "--out", str(out), *TINY, timeout=240)
+    r = wansync(
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        "5",
+        "--workers",
+        "2",
+        "--ranks-per-worker",
+        str(r_),
+        "--steps",
+        "10",
+        "--eval-every",
+        "1000",
+        "--fault-tolerant",
+        "--peer-timeout",
+        "60",
+        "--wan",
+        WAN,
+        "--quiet",
+        "--out",
+        str(out),
+        *TINY,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     profile = json.loads((out / "profile.json").read_text())
     assert profile["wan"]["spec"] == WAN and profile["wan"]["emulated"]
     collectives = [c for ev in profile["events"] for c in ev["per_collective"]]
-    on_link = [c for c in collectives if c["modelled_s"] > 0.02]           # between the sites: 40 ms RTT
-    assert len(on_link) == len(sync_participants(out)) == 2             # steps 5 and 10 (the drift rides on them)
+    on_link = [c for c in collectives if c["modelled_s"] > 0.02]  # between the sites: 40 ms RTT
+    assert len(on_link) == len(sync_participants(out)) == 2  # steps 5 and 10 (the drift rides on them)
     topology = dataclasses.replace(parse_wan(WAN), ranks_per_worker=r_)
     for c in on_link:
         assert c["op"] == "allreduce"
-        assert c["modelled_s"] == pytest.approx(collective_duration("allreduce", c["bytes"], 2 * r_, topology,
-                                                                    [0, r_], parallel=r_))
+        assert c["modelled_s"] == pytest.approx(
+            collective_duration("allreduce", c["bytes"], 2 * r_, topology, [0, r_], parallel=r_)
+        )
     modelled = sum(c["modelled_s"] for c in collectives)
     assert profile["derived"]["comm_modelled_s"] == pytest.approx(modelled)
-    assert profile["categories_s"]["exposed_comm"] >= modelled          # an exchange ends after the link says
+    assert profile["categories_s"]["exposed_comm"] >= modelled  # an exchange ends after the link says
     assert abs(sum(profile["categories_s"].values()) - profile["wall_clock_s"]) <= 0.02 * profile["wall_clock_s"]
     assert no_process_left(out)
 
@@ -269,31 +323,73 @@ def test_under_wan_cocodc_takes_its_sync_time_from_the_link_model_of_every_worke
     """T_s is the modelled time of a fragment's mean between the workers, for workers of several
     ranks too (each rank's shard at once over the sites' uplink; sharded inside, the rank's own)."""
     out = tmp_path / "run"
-    r = wansync("train", "--strategy", "cocodc", "--sync-every", "4", "--fragments", "2", "--overlap", "1",
-                "--workers", "2", "--ranks-per-worker", str(ranks_per_worker), "--inside", inside, "--steps", "8",
-                "--eval-every", "1000", "--fault-tolerant", "--peer-timeout", "60",
-                "--wan", WAN, "--quiet", "--out", str(out), *TINY, timeout=240)
+    r = wansync(
+        "train",
+        "--strategy",
+        "cocodc",
+        "--sync-every",
+        "4",
+        "--fragments",
+        "2",
+        "--overlap",
+        "1",
+        "--workers",
+        "2",
+        "--ranks-per-worker",
+        str(ranks_per_worker),
+        "--inside",
+        inside,
+        "--steps",
+        "8",
+        "--eval-every",
+        "1000",
+        "--fault-tolerant",
+        "--peer-timeout",
+        "60",
+        "--wan",
+        WAN,
+        "--quiet",
+        "--out",
+        str(out),
+        *TINY,
+        timeout=240,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     schedule = next(rec for rec in records if rec["type"] == "schedule")
     profile = json.loads((out / "profile.json").read_text())
-    fragment_syncs = [c["modelled_s"] for ev in profile["events"] for c in ev["per_collective"]
-                      if c["modelled_s"] > 0.02 and c["bytes"] > 64]           # between the sites: 40 ms RTT
+    fragment_syncs = [
+        c["modelled_s"]
+        for ev in profile["events"]
+        for c in ev["per_collective"]
+        if c["modelled_s"] > 0.02 and c["bytes"] > 64
+    ]  # between the sites: 40 ms RTT
     assert schedule["t_s_source"] == "model" and fragment_syncs
-    assert schedule["t_s"] == pytest.approx(min(fragment_syncs), rel=0.05)   # not one worker's (zero) link
+    assert schedule["t_s"] == pytest.approx(min(fragment_syncs), rel=0.05)  # not one worker's (zero) link
     assert no_process_left(out)
 
 
 # ---- the must-show scenarios: 4 workers, worker 2 fails (micro LM, few steps) ---------------------
-STEPS, EVERY, FAILS_AT = 25, 5, 12          # the last exchange worker 2 takes part in is at step 10
+STEPS, EVERY, FAILS_AT = 25, 5, 12  # the last exchange worker 2 takes part in is at step 10
 FOUR = ("--workers", "4", "--steps", str(STEPS), "--eval-every", "1000", "--quiet", *TINY)
 
 
 def run_four(out, strategy, *extra, fault=None, peer_timeout=10, timeout=240):
     env = {"WANSYNC_FAULT": fault} if fault else None
-    return wansync("train", "--strategy", strategy, "--fault-tolerant", "--peer-timeout", str(peer_timeout),
-                   "--out", str(out),
-                   *FOUR, *extra, env=env, timeout=timeout)
+    return wansync(
+        "train",
+        "--strategy",
+        strategy,
+        "--fault-tolerant",
+        "--peer-timeout",
+        str(peer_timeout),
+        "--out",
+        str(out),
+        *FOUR,
+        *extra,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def quorums(out, rank):
@@ -314,8 +410,9 @@ def all_equal(models):
 def killed_for_good(tmp_path_factory):
     root = tmp_path_factory.mktemp("ft4")
     clean = run_four(root / "clean", "diloco", "--sync-every", str(EVERY))
-    killed = run_four(root / "killed", "diloco", "--sync-every", str(EVERY),
-                      fault=f"rank=2,step={FAILS_AT},action=kill")
+    killed = run_four(
+        root / "killed", "diloco", "--sync-every", str(EVERY), fault=f"rank=2,step={FAILS_AT},action=kill"
+    )
     return clean, root / "clean", killed, root / "killed"
 
 
@@ -353,8 +450,16 @@ def killed_and_healed(tmp_path_factory):
     # the restarted worker, forked by the launcher's zygote, is usually back for the next slot (15);
     # worker 0 straggles at step 18 (alive, so the others wait for it at step 20) long enough for it
     # to be back by step 20 on a loaded machine too
-    r = run_four(out, "diloco", "--sync-every", str(EVERY), "--max-restarts", "1", peer_timeout=90,
-                 fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=10")
+    r = run_four(
+        out,
+        "diloco",
+        "--sync-every",
+        str(EVERY),
+        "--max-restarts",
+        "1",
+        peer_timeout=90,
+        fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=10",
+    )
     return r, out
 
 
@@ -400,7 +505,8 @@ def test_a_healed_worker_reads_its_shard_on_from_where_it_would_have_been(killed
     def data_position(run):
         final = sorted((run / "checkpoints").glob("step*"))[-1]
         return torch.load(final / "rank2.pt", weights_only=False)["workload"]
-    assert data_position(out) == data_position(clean)          # the fault-free run's, not 25 - heal step batches in
+
+    assert data_position(out) == data_position(clean)  # the fault-free run's, not 25 - heal step batches in
 
 
 def test_after_healing_every_rank_ends_with_identical_parameters(killed_and_healed):
@@ -413,6 +519,7 @@ def first_slot_after(strategy_args, after):
     """The first step after `after` where the fragment schedule starts an exchange (cocodc may
     change the schedule after its agreement: the fault then strikes its first exchange after)."""
     from wansync.strategies.fragments import Schedule
+
     h, p = int(strategy_args[1]), int(strategy_args[3])
     schedule = Schedule(h, p, p)
     return next(t for t in range(after + 1, STEPS) if schedule.is_slot(t))
@@ -425,11 +532,11 @@ def test_a_worker_killed_inside_a_fragment_exchange_is_left_out_of_it_and_the_ot
     out = tmp_path / "run"
     r = run_four(out, strategy, *args, fault=f"rank=2,step={slot},action=kill_in_exchange")
     assert r.returncode == 0, r.stderr[-2000:]
-    died_in = quorums(out, 2)[-1]["step"]                 # the exchange it was killed inside
+    died_in = quorums(out, 2)[-1]["step"]  # the exchange it was killed inside
     assert died_in >= slot
     at_slot = [q["participants"] for q in quorums(out, 0) if q["step"] == died_in]
-    assert at_slot[0] == 4 and at_slot[-1] == 3          # retried without it, inside that exchange
-    assert all(p == 3 for s, p in sync_participants(out, by="started") if s >= died_in)   # merged later
+    assert at_slot[0] == 4 and at_slot[-1] == 3  # retried without it, inside that exchange
+    assert all(p == 3 for s, p in sync_participants(out, by="started") if s >= died_in)  # merged later
     assert all_equal(final_models(out, [0, 1, 3]))
     assert no_process_left(out)
 
@@ -440,9 +547,20 @@ def worker_pid(out, rank):
 
 def test_a_stopped_worker_is_left_out_and_when_continued_rejoins_or_exits_in_one_line(tmp_path):
     out = tmp_path / "run"
-    proc = start("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--fault-tolerant", "--peer-timeout",
-                 "60", "--out", str(out), *FOUR,                          # left out by heartbeat (2 s)
-                 env={"WANSYNC_FAULT": f"rank=2,step={FAILS_AT},action=stop"})
+    proc = start(
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        str(EVERY),
+        "--fault-tolerant",
+        "--peer-timeout",
+        "60",
+        "--out",
+        str(out),
+        *FOUR,  # left out by heartbeat (2 s)
+        env={"WANSYNC_FAULT": f"rank=2,step={FAILS_AT},action=stop"},
+    )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.running():
@@ -452,9 +570,9 @@ def test_a_stopped_worker_is_left_out_and_when_continued_rejoins_or_exits_in_one
                 break
             time.sleep(0.5)
         pid = worker_pid(out, 2)
-        assert pid is not None and Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"   # stopped, left out
+        assert pid is not None and Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"  # stopped, left out
         os.kill(pid, signal.SIGCONT)
-        r = proc.result(timeout=180)                                                       # never a hang
+        r = proc.result(timeout=180)  # never a hang
     finally:
         proc.kill()
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
@@ -470,12 +588,24 @@ def test_a_stopped_worker_is_left_out_and_when_continued_rejoins_or_exits_in_one
 
 def test_a_stopped_worker_continued_after_the_others_ended_exits_in_one_line_instead_of_training_alone(tmp_path):
     out = tmp_path / "run"
-    proc = start("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--fault-tolerant", "--peer-timeout",
-                 "60", "--out", str(out), *FOUR, env={"WANSYNC_FAULT": f"rank=2,step={FAILS_AT},action=stop"})
+    proc = start(
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        str(EVERY),
+        "--fault-tolerant",
+        "--peer-timeout",
+        "60",
+        "--out",
+        str(out),
+        *FOUR,
+        env={"WANSYNC_FAULT": f"rank=2,step={FAILS_AT},action=stop"},
+    )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.running() and not (out / "summary.json").is_file():
-            time.sleep(0.5)                                      # rank 0 wrote its summary: the others ended
+            time.sleep(0.5)  # rank 0 wrote its summary: the others ended
         pid = worker_pid(out, 2)
         assert pid is not None and Path(f"/proc/{pid}/stat").read_text().split()[2] == "T"
         os.kill(pid, signal.SIGCONT)
@@ -493,6 +623,7 @@ def test_a_stopped_worker_continued_after_the_others_ended_exits_in_one_line_ins
 
 def test_steps_lost_run_from_the_last_slot_taken_part_in_to_the_heal_or_the_end():
     from wansync.ft.quorums import short_exchanges, steps_lost
+
     slots = [5, 10, 15, 20, 25, 30]
     lost = steps_lost({0: slots, 1: [5, 10, 20, 25, 30], 2: [5, 10], 3: []}, end=30)
     assert lost == {0: 0, 1: 10, 2: 20, 3: 30}
@@ -504,10 +635,29 @@ def test_steps_lost_run_from_the_last_slot_taken_part_in_to_the_heal_or_the_end(
 
 def test_a_worker_stopped_for_good_is_ended_one_peer_timeout_after_the_others_finished(tmp_path):
     out = tmp_path / "run"
-    r = wansync("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--fault-tolerant", "--peer-timeout",
-                "10", "--out", str(out), "--workers", "3", "--steps", "20", "--eval-every", "1000", "--quiet", *TINY,
-                env={"WANSYNC_FAULT": "rank=2,step=7,action=stop"}, timeout=240)     # never continued
-    assert r.returncode == 0, r.stderr[-2000:]                 # the workers still in the run ended well
+    r = wansync(
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        str(EVERY),
+        "--fault-tolerant",
+        "--peer-timeout",
+        "10",
+        "--out",
+        str(out),
+        "--workers",
+        "3",
+        "--steps",
+        "20",
+        "--eval-every",
+        "1000",
+        "--quiet",
+        *TINY,
+        env={"WANSYNC_FAULT": "rank=2,step=7,action=stop"},
+        timeout=240,
+    )  # never continued
+    assert r.returncode == 0, r.stderr[-2000:]  # the workers still in the run ended well
     warnings = [line for line in r.stderr.splitlines() if "rank 2 was stopped (it hung)" in line]
     assert len(warnings) == 1 and "launcher ended it" in warnings[0] and "Traceback" not in r.stderr
     assert (out / "logs" / "rank2.err").read_text().strip() == warnings[0].removeprefix("wansync: warning: ")
@@ -519,8 +669,18 @@ def test_a_worker_stopped_for_good_is_ended_one_peer_timeout_after_the_others_fi
 
 # ---- workers of two ranks (DDP inside): one worker lives and dies whole ------------------------------
 STEPS_2x2 = 20
-TWO_BY_TWO = ("--workers", "2", "--ranks-per-worker", "2", "--steps", str(STEPS_2x2), "--eval-every", "1000", "--quiet",
-              *TINY)
+TWO_BY_TWO = (
+    "--workers",
+    "2",
+    "--ranks-per-worker",
+    "2",
+    "--steps",
+    str(STEPS_2x2),
+    "--eval-every",
+    "1000",
+    "--quiet",
+    *TINY,
+)
 
 
 def test_fault_tolerant_workers_of_two_ranks_train_what_the_fixed_group_trains_bit_for_bit(tmp_path):
@@ -529,8 +689,18 @@ def test_fault_tolerant_workers_of_two_ranks_train_what_the_fixed_group_trains_b
     runs = {}
     for name, extra in (("fixed", ()), ("ft", ("--fault-tolerant", "--peer-timeout", "30"))):
         runs[name] = tmp_path / name
-        r = wansync("train", "--strategy", "diloco", "--sync-every", str(EVERY), *extra, *TWO_BY_TWO,
-                    "--out", str(runs[name]), timeout=180)
+        r = wansync(
+            "train",
+            "--strategy",
+            "diloco",
+            "--sync-every",
+            str(EVERY),
+            *extra,
+            *TWO_BY_TWO,
+            "--out",
+            str(runs[name]),
+            timeout=180,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
     models = final_models(runs["fixed"], range(4)) + final_models(runs["ft"], range(4))
     assert all_equal(models)
@@ -541,6 +711,7 @@ def test_fault_tolerant_workers_of_two_ranks_train_what_the_fixed_group_trains_b
 def sharded_model(run, worker):
     """A worker's final model (FSDP inside) as its DCP checkpoint holds it, read offline."""
     from test_sharded_workers import sharded_state
+
     return sharded_state(run, STEPS_2x2, worker)["model"]
 
 
@@ -550,12 +721,30 @@ def test_workers_sharded_inside_fail_and_heal_shard_by_shard(tmp_path):
     model's and the inner optimizer's local shards, DTensors again on arrival)."""
     runs = {}
     for name, extra, env in (
-            ("fixed", (), None), ("ft", ("--fault-tolerant", "--peer-timeout", "30"), None),
-            ("killed", ("--fault-tolerant", "--peer-timeout", "60", "--max-restarts", "1"),
-             {"WANSYNC_FAULT": "rank=3,step=7,action=kill;rank=0,step=13,action=pause,seconds=10"})):
+        ("fixed", (), None),
+        ("ft", ("--fault-tolerant", "--peer-timeout", "30"), None),
+        (
+            "killed",
+            ("--fault-tolerant", "--peer-timeout", "60", "--max-restarts", "1"),
+            {"WANSYNC_FAULT": "rank=3,step=7,action=kill;rank=0,step=13,action=pause,seconds=10"},
+        ),
+    ):
         runs[name] = tmp_path / name
-        r = wansync("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--inside", "fsdp", *extra,
-                    *TWO_BY_TWO, "--out", str(runs[name]), env=env, timeout=240)
+        r = wansync(
+            "train",
+            "--strategy",
+            "diloco",
+            "--sync-every",
+            str(EVERY),
+            "--inside",
+            "fsdp",
+            *extra,
+            *TWO_BY_TWO,
+            "--out",
+            str(runs[name]),
+            env=env,
+            timeout=240,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
     fixed = [sharded_model(runs["fixed"], w) for w in (0, 1)]
     assert all_equal(fixed + [sharded_model(runs["ft"], w) for w in (0, 1)])
@@ -569,9 +758,23 @@ def test_a_worker_of_two_ranks_with_one_killed_is_restarted_whole_and_heals_rank
     """Rank 3 (worker 1's second) is killed: the launcher ends rank 2 with it and restarts both; each
     heals from the same rank of worker 0, and all four ranks end with the same parameters."""
     out = tmp_path / "run"
-    r = wansync("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--fault-tolerant", "--peer-timeout",
-                "60", "--max-restarts", "1", *TWO_BY_TWO, "--out", str(out), timeout=240,
-                env={"WANSYNC_FAULT": "rank=3,step=7,action=kill;rank=0,step=13,action=pause,seconds=10"})
+    r = wansync(
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        str(EVERY),
+        "--fault-tolerant",
+        "--peer-timeout",
+        "60",
+        "--max-restarts",
+        "1",
+        *TWO_BY_TWO,
+        "--out",
+        str(out),
+        timeout=240,
+        env={"WANSYNC_FAULT": "rank=3,step=7,action=kill;rank=0,step=13,action=pause,seconds=10"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["worker_failures"], summary["rejoins"], summary["heals"]) == (1, 1, 1), summary
@@ -587,8 +790,21 @@ def test_a_worker_of_two_ranks_killed_inside_an_exchange_is_left_out_of_it_by_bo
     """Rank 2 (worker 1's first: its manager and store) dies inside the exchange of step 10: worker 0's
     two ranks, whose all-reduces may fail at different moments, retry it together without worker 1."""
     out = tmp_path / "run"
-    r = wansync("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--fault-tolerant", "--peer-timeout",
-                "20", *TWO_BY_TWO, "--out", str(out), timeout=240, env={"WANSYNC_FAULT": "rank=2,step=10,action=kill_in_exchange"})
+    r = wansync(
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        str(EVERY),
+        "--fault-tolerant",
+        "--peer-timeout",
+        "20",
+        *TWO_BY_TWO,
+        "--out",
+        str(out),
+        timeout=240,
+        env={"WANSYNC_FAULT": "rank=2,step=10,action=kill_in_exchange"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert [p for s, p in sync_participants(out)] == [2, 1, 1, 1]
     summary = json.loads((out / "summary.json").read_text())
@@ -605,8 +821,18 @@ def test_fault_tolerant_sparseloco_trains_what_the_fixed_group_trains_bit_for_bi
     two = ("--workers", "2", "--steps", "12", "--eval-every", "1000", "--quiet", *TINY)
     for name, extra in (("fixed", ()), ("ft", ("--fault-tolerant", "--peer-timeout", "30"))):
         runs[name] = tmp_path / name
-        r = wansync("train", "--strategy", "sparseloco", "--sync-every", "4", *extra, *two,
-                    "--out", str(runs[name]), timeout=180)
+        r = wansync(
+            "train",
+            "--strategy",
+            "sparseloco",
+            "--sync-every",
+            "4",
+            *extra,
+            *two,
+            "--out",
+            str(runs[name]),
+            timeout=180,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
     assert all_equal(final_models(runs["fixed"], range(2)) + final_models(runs["ft"], range(2)))
     comm = [json.loads((runs[n] / "summary.json").read_text())["comm"]["pseudo_grads"] for n in ("fixed", "ft")]
@@ -615,8 +841,16 @@ def test_fault_tolerant_sparseloco_trains_what_the_fixed_group_trains_bit_for_bi
 
 def test_a_sparseloco_worker_killed_heals_with_a_zero_error_buffer_and_every_rank_ends_alike(tmp_path):
     out = tmp_path / "run"
-    r = run_four(out, "sparseloco", "--sync-every", str(EVERY), "--max-restarts", "1", peer_timeout=90,
-                 fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=10")
+    r = run_four(
+        out,
+        "sparseloco",
+        "--sync-every",
+        str(EVERY),
+        "--max-restarts",
+        "1",
+        peer_timeout=90,
+        fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=10",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["worker_failures"] == 1 and summary["heals"] == 1

@@ -1,4 +1,5 @@
 """Fragments (partition) and the fragment schedule shared by Streaming DiLoCo and CoCoDC (spec §6, §7b)."""
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,8 @@ def covers_every_tensor_once(model: nn.Module, frags) -> None:
     ids = [id(t) for f in frags for t in f.tensors]
     assert len(ids) == len(set(ids))
     assert set(ids) == {id(p) for p in model.parameters()} | {
-        id(b) for n, b in model.named_buffers() if n in model.state_dict() and b.is_floating_point()}
+        id(b) for n, b in model.named_buffers() if n in model.state_dict() and b.is_floating_point()
+    }
 
 
 def test_lm_strided_partition_puts_embeddings_first_and_final_norm_last():
@@ -30,7 +32,7 @@ def test_lm_strided_partition_puts_embeddings_first_and_final_norm_last():
     frags = partition(model, 2, "strided")
     assert [f.stages for f in frags] == [["embed", "blocks.0", "blocks.2"], ["blocks.1", "blocks.3", "norm"]]
     covers_every_tensor_once(model, frags)
-    assert sum(f.numel for f in frags) == sum(p.numel() for p in model.parameters())   # tied head once
+    assert sum(f.numel for f in frags) == sum(p.numel() for p in model.parameters())  # tied head once
 
 
 def test_lm_sequential_partition_and_four_fragments():
@@ -38,8 +40,12 @@ def test_lm_sequential_partition_and_four_fragments():
     seq = partition(model, 2, "sequential")
     assert [f.stages for f in seq] == [["embed", "blocks.0", "blocks.1", "blocks.2"], ["blocks.3", "blocks.4", "norm"]]
     four = partition(model, 4, "strided")
-    assert [f.stages for f in four] == [["embed", "blocks.0", "blocks.4"], ["blocks.1"], ["blocks.2"],
-                                        ["blocks.3", "norm"]]
+    assert [f.stages for f in four] == [
+        ["embed", "blocks.0", "blocks.4"],
+        ["blocks.1"],
+        ["blocks.2"],
+        ["blocks.3", "norm"],
+    ]
     for frags in (seq, four):
         covers_every_tensor_once(model, frags)
 
@@ -55,19 +61,26 @@ def test_vision_stages_and_buffers_and_children_fallback():
     cnn = SmallCNN(1, 10, width=0.25)
     frags = partition(cnn, 2)
     assert [f.stages for f in frags] == [["block1", "block2"], ["block3", "head"]]
-    covers_every_tensor_once(cnn, frags)                 # BatchNorm running stats included
+    covers_every_tensor_once(cnn, frags)  # BatchNorm running stats included
     seq = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
-    assert [s.name for s in model_stages(seq)] == ["0", "2"]           # parameter-free stages dropped
-    assert [f.stages for f in partition(seq, 2)] == [["0"], ["2"]]     # < 3 stages: all are blocks
+    assert [s.name for s in model_stages(seq)] == ["0", "2"]  # parameter-free stages dropped
+    assert [f.stages for f in partition(seq, 2)] == [["0"], ["2"]]  # < 3 stages: all are blocks
 
 
-NO_BLOCKS = (": it defines no stages() and has no repeated blocks (a ModuleList or nn.Sequential of modules of "
-             "one type); define model.stages() (docs/strategies.md) or use at most 2 fragments")
+NO_BLOCKS = (
+    ": it defines no stages() and has no repeated blocks (a ModuleList or nn.Sequential of modules of "
+    "one type); define model.stages() (docs/strategies.md) or use at most 2 fragments"
+)
 
 
-@pytest.mark.parametrize("model, p, blocks, hint", [(lambda: tiny_lm(4), 5, 4, ""), (lambda: tiny_lm(2), 99, 2, ""),
-                                                    (lambda: nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), 3, 2,
-                                                     NO_BLOCKS)])
+@pytest.mark.parametrize(
+    "model, p, blocks, hint",
+    [
+        (lambda: tiny_lm(4), 5, 4, ""),
+        (lambda: tiny_lm(2), 99, 2, ""),
+        (lambda: nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), 3, 2, NO_BLOCKS),
+    ],
+)
 def test_more_fragments_than_blocks_is_one_line(model, p, blocks, hint):
     with pytest.raises(ConfigError) as e:
         partition(model(), p)
@@ -95,7 +108,7 @@ def test_round_robin_with_n_equal_p_starts_each_fragment_at_its_offset(H, P):
             starts[p].append(t)
     for p in range(P):
         assert starts[p] == [t for t in range(1, 3 * H + 1) if (t - o[p]) % H == 0]
-        assert len(starts[p]) == 3                       # once per period
+        assert len(starts[p]) == 3  # once per period
 
 
 @pytest.mark.parametrize("H, N", [(100, 8), (10, 3), (50, 50), (7, 4)])
@@ -120,12 +133,13 @@ def test_round_robin_with_more_syncs_visits_every_fragment_equally():
 def test_round_robin_skips_a_slot_whose_fragment_is_in_flight():
     sched = Schedule(8, 2, 4, "round_robin")
     assert sched.choose(2) == (0, "round_robin")
-    assert sched.choose(4, {1}) is None                  # fragment 1 still in flight: skipped
-    assert sched.choose(6) == (1, "round_robin")         # the pointer did not move
+    assert sched.choose(4, {1}) is None  # fragment 1 still in flight: skipped
+    assert sched.choose(6) == (1, "round_robin")  # the pointer did not move
 
 
-def simulate_adaptive(H: int, P: int, N: int, steps: int, rate_of,
-                      mode: str = "adaptive") -> list[tuple[int, int, str]]:
+def simulate_adaptive(
+    H: int, P: int, N: int, steps: int, rate_of, mode: str = "adaptive"
+) -> list[tuple[int, int, str]]:
     """Drive an adaptive schedule with merges right after each start; rate_of(p) = ‖Δθ̃_p‖ per step."""
     sched = Schedule(H, P, N, mode)
     out = []
@@ -140,18 +154,18 @@ def simulate_adaptive(H: int, P: int, N: int, steps: int, rate_of,
 
 def test_adaptive_visits_every_fragment_first_then_follows_the_rate():
     picks = simulate_adaptive(H=40, P=3, N=6, steps=30, rate_of=lambda p: [1.0, 5.0, 2.0][p])
-    assert [(p, r) for _, p, r in picks[:3]] == [(0, "rate"), (1, "rate"), (2, "rate")]   # R = +inf first
+    assert [(p, r) for _, p, r in picks[:3]] == [(0, "rate"), (1, "rate"), (2, "rate")]  # R = +inf first
     assert all(p == 1 for _, p, r in picks[3:] if r == "rate")
 
 
 def test_staleness_rule_forces_a_fragment_unsynced_for_h_steps():
-    H, P, N = 20, 3, 10                       # a slot every 2 steps
+    H, P, N = 20, 3, 10  # a slot every 2 steps
     picks = simulate_adaptive(H, P, N, steps=200, rate_of=lambda p: [10.0, 1.0, 0.0][p])
     last = {0: 0, 1: 0, 2: 0}
     for t, p, reason in picks:
         if reason == "stale":
             assert t - last[p] >= H
-        for q in range(P):                    # nothing ever waits more than H + one slot spacing
+        for q in range(P):  # nothing ever waits more than H + one slot spacing
             assert t - last[q] <= H + H // N
         last[p] = t
     stale = [(t, p) for t, p, r in picks if r == "stale"]
@@ -173,31 +187,53 @@ def test_adaptive_ties_go_to_the_lowest_fragment_and_in_flight_is_excluded():
 
 
 def test_adaptive_fair_never_syncs_a_fragment_twice_before_every_fragment_had_a_turn():
-    rate = lambda p: [10.0, 1.0, 0.0][p]                                       # noqa: E731
+    rate = lambda p: [10.0, 1.0, 0.0][p]  # noqa: E731
     locked = [p for _, p, _ in simulate_adaptive(20, 3, 10, steps=60, rate_of=rate)]
-    assert locked[:8] == [0, 1, 2, 0, 0, 0, 0, 0]                              # plain adaptive locks in
+    assert locked[:8] == [0, 1, 2, 0, 0, 0, 0, 0]  # plain adaptive locks in
     fair = simulate_adaptive(20, 3, 10, steps=60, rate_of=rate, mode="adaptive_fair")
-    rounds = [[p for _, p, _ in fair[i:i + 3]] for i in range(0, len(fair) - 2, 3)]
+    rounds = [[p for _, p, _ in fair[i : i + 3]] for i in range(0, len(fair) - 2, 3)]
     assert all(sorted(r) == [0, 1, 2] for r in rounds)
-    assert all(r[0] == 0 for r in rounds[1:])                                  # the rate still orders a round
+    assert all(r[0] == 0 for r in rounds[1:])  # the rate still orders a round
 
 
 def test_the_paper_preset_keeps_n_8_and_the_papers_schedule():
     from wansync.presets import get
     from wansync.strategies import resolve_options
     from wansync.strategies.transmission import syncs_per_period
+
     o = resolve_options("cocodc", get("cocodc-paper").values)
     assert (o["sync_every"], o["fragments"], o["schedule"], o["outer_scaling"], o["compensation"]) == (
-        100, 4, "adaptive", "none", "taylor")                  # the paper's rules, not the defaults
-    for t_s in (5.0, 1e-3, 0.0):                          # the paper's link, a fast one, an instant one
+        100,
+        4,
+        "adaptive",
+        "none",
+        "taylor",
+    )  # the paper's rules, not the defaults
+    for t_s in (5.0, 1e-3, 0.0):  # the paper's link, a fast one, an instant one
         assert syncs_per_period(o["gamma"], 100, 4, t_c=1.0, t_s=t_s, per_fragment=o["max_syncs_per_fragment"]) == 8
     sched = Schedule(100, 4, 8, o["schedule"])
-    assert [t for t in range(1, 201) if sched.is_slot(t)] == [12, 25, 37, 50, 62, 75, 87, 100,
-                                                               112, 125, 137, 150, 162, 175, 187, 200]
-    rate = lambda p: [1.0, 4.0, 2.0, 3.0][p]                                   # noqa: E731
+    assert [t for t in range(1, 201) if sched.is_slot(t)] == [
+        12,
+        25,
+        37,
+        50,
+        62,
+        75,
+        87,
+        100,
+        112,
+        125,
+        137,
+        150,
+        162,
+        175,
+        187,
+        200,
+    ]
+    rate = lambda p: [1.0, 4.0, 2.0, 3.0][p]  # noqa: E731
     picks = [(t, p, r) for t, p, r in simulate_adaptive(100, 4, 8, steps=200, rate_of=rate)]
     assert picks[:4] == [(12, 0, "rate"), (25, 1, "rate"), (37, 2, "rate"), (50, 3, "rate")]
-    assert [p for _, p, _ in picks[4:]] == [1, 1, 1, 1, 0, 1, 2, 3, 1, 1, 1, 1]   # argmax R_p, then stale
+    assert [p for _, p, _ in picks[4:]] == [1, 1, 1, 1, 0, 1, 2, 3, 1, 1, 1, 1]  # argmax R_p, then stale
 
 
 def test_schedule_state_round_trips():
@@ -213,7 +249,9 @@ def test_schedule_state_round_trips():
 
 
 def test_bad_syncs_per_period():
-    with pytest.raises(ConfigError, match=r"syncs per period must be between fragments \(4\) and sync_every \(10\), got 11"):
+    with pytest.raises(
+        ConfigError, match=r"syncs per period must be between fragments \(4\) and sync_every \(10\), got 11"
+    ):
         Schedule(10, 4, 11)
     with pytest.raises(ConfigError, match="schedule must be one of adaptive, adaptive_fair, round_robin"):
         Schedule(10, 4, 4, "random")
@@ -224,7 +262,8 @@ def test_bad_syncs_per_period():
 def test_a_fragment_count_the_model_cannot_take_is_refused_before_any_worker_starts(strategy, model, p, blocks):
     from wansync.config import build_config
     from wansync.runner.run import check_run
+
     cfg = build_config(None, {"strategy": strategy, "model": model, "fragments": p, "sync_every": 100})
     with pytest.raises(ConfigError, match=rf"^fragments must be between 1 and the model's {blocks} blocks"):
-        check_run(cfg)                      # the check the launcher and --dry-run make: nothing is spawned
+        check_run(cfg)  # the check the launcher and --dry-run make: nothing is spawned
     check_run(build_config(None, {"strategy": strategy, "model": model, "fragments": blocks, "sync_every": 100}))

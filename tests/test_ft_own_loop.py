@@ -3,6 +3,7 @@ two workers on gloo/127.0.0.1 and torchft's lighthouse; worker 1 SIGKILLs itself
 restarted as its supervisor would (WANSYNC_RESTARTED=1), heals from worker 0 and trains on; both end
 with the same parameters. Each worker is forked from the ranks' forkserver (torch preloaded) and runs
 the example's own `__main__`, so a restart costs no interpreter start-up."""
+
 from __future__ import annotations
 
 import json
@@ -29,6 +30,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ft_loop.py"
 def _example(argv: list[str], env: dict[str, str], out: str, err: str) -> None:
     """A worker process: its own process group (the test ends it whole), the example's `__main__`."""
     from cli_harness import into_files
+
     os.setsid()
     into_files(out, err, env, os.O_APPEND)
     sys.argv = [str(EXAMPLE), *argv]
@@ -43,8 +45,9 @@ class Workers:
 
     def start(self, worker: int, *argv: str, restarted: bool = False):
         env = dict(os.environ, WANSYNC_RESTARTED="1" if restarted else "0", RUST_LOG="warn")
-        proc = rank_context().Process(target=_example, args=(list(argv), env, str(self.log(worker, "out")),
-                                                              str(self.log(worker, "err"))))
+        proc = rank_context().Process(
+            target=_example, args=(list(argv), env, str(self.log(worker, "out")), str(self.log(worker, "err")))
+        )
         proc.start()
         self.procs[worker] = proc
         self.started.append(proc)
@@ -77,11 +80,26 @@ def _alive(pid: int) -> bool:
 
 def test_a_worker_killed_in_a_users_loop_is_restarted_heals_from_its_peer_and_training_goes_on(tmp_path):
     from torchft.coordination import LighthouseServer
+
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=5000, heartbeat_timeout_ms=1000)
     address = "127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
     out = tmp_path / "runs"
-    common = ["--workers", "2", "--lighthouse", address, "--out", str(out), "--steps", "32", "--sync-every", "4",
-              "--peer-timeout", "5", "--step-time", "0.1"]
+    common = [
+        "--workers",
+        "2",
+        "--lighthouse",
+        address,
+        "--out",
+        str(out),
+        "--steps",
+        "32",
+        "--sync-every",
+        "4",
+        "--peer-timeout",
+        "5",
+        "--step-time",
+        "0.1",
+    ]
     workers = Workers(tmp_path)
     t0 = time.monotonic()
     try:
@@ -90,7 +108,7 @@ def test_a_worker_killed_in_a_users_loop_is_restarted_heals_from_its_peer_and_tr
         w1.join(60)
         assert w1.exitcode == -signal.SIGKILL, workers.text(1, "err")
         assert w0.exitcode is None, "the survivor must still be training when the restart comes"
-        w1 = workers.start(1, "--worker", "1", *common, "--die-at", "6", restarted=True)    # the supervisor
+        w1 = workers.start(1, "--worker", "1", *common, "--die-at", "6", restarted=True)  # the supervisor
         for proc in (w0, w1):
             proc.join(60)
         assert (w0.exitcode, w1.exitcode) == (0, 0), workers.text(0, "err") + workers.text(1, "err")
@@ -111,8 +129,11 @@ def test_a_worker_killed_in_a_users_loop_is_restarted_heals_from_its_peer_and_tr
     ids = [q["quorum_id"] for q in quorums if q["step"] > 0]
     assert ids[-1] > ids[0] and counts[-1] == 2 and quorums[-1]["step"] == 32, quorums
     # training went on in the restarted worker (its metrics continue from the healed step) ...
-    steps = [json.loads(line)["step"] for line in (out / "worker1" / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["type"] == "step"]
+    steps = [
+        json.loads(line)["step"]
+        for line in (out / "worker1" / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["type"] == "step"
+    ]
     assert steps[-1] == 32 and steps[steps.index(6) + 1] > 7, steps
     assert "worker 1 (restarted): 32 steps" in workers.text(1, "out")
     # ... and both end with the same parameters, those of a model that learned
@@ -124,14 +145,25 @@ def test_a_worker_killed_in_a_users_loop_is_restarted_heals_from_its_peer_and_tr
 
 
 def test_an_unreachable_lighthouse_is_one_line_and_a_non_zero_exit_within_the_peer_timeout(tmp_path):
-    with socket.socket() as s:                   # a port nothing listens on
+    with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     workers = Workers(tmp_path)
     t0 = time.monotonic()
     try:
-        proc = workers.start(0, "--worker", "0", "--workers", "2", "--lighthouse", f"127.0.0.1:{port}",
-                             "--peer-timeout", "1", "--out", str(tmp_path / "runs"))
+        proc = workers.start(
+            0,
+            "--worker",
+            "0",
+            "--workers",
+            "2",
+            "--lighthouse",
+            f"127.0.0.1:{port}",
+            "--peer-timeout",
+            "1",
+            "--out",
+            str(tmp_path / "runs"),
+        )
         proc.join(30)
         elapsed = time.monotonic() - t0
     finally:

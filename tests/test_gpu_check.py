@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py (`make gpu-check`) where CI runs: without CUDA it says so in one line, exits 0 and
 writes nothing; its table, rendered from a recorded JSON (a made-up fixture), shows each part's figures and
 a failed part or row as failed with its reason."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,17 +45,22 @@ def _section(table: str, name: str) -> str:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour where there is no CUDA")
 def test_without_cuda_it_prints_one_line_exits_0_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True,
-                       timeout=60, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpu-check: no CUDA device here (torch ") and \
-        lines[0].endswith("nothing to check")
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("gpu-check: no CUDA device here (torch ")
+        and lines[0].endswith("nothing to check")
+    )
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_render_shows_the_parts_and_their_figures():
     import json
+
     table = gpu_check.render(json.loads(SAMPLE.read_text()))
     assert table.startswith("# gpu-check: NVIDIA H100 80GB HBM3 x1")
     assert "torch 2.13.0+cu128, CUDA 12.8, NCCL 2.27.3" in table
@@ -67,9 +73,14 @@ def test_render_shows_the_parts_and_their_figures():
 
 def test_a_failed_part_and_a_failed_row_render_as_failed_with_their_reason():
     import json
+
     table = gpu_check.render(json.loads(SAMPLE.read_text()))
-    assert _cells(table, "throughput") == ["throughput", "failed", "14.8",
-                                           "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+    assert _cells(table, "throughput") == [
+        "throughput",
+        "failed",
+        "14.8",
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    ]
     assert _cells(table, "strategies")[1:] == ["failed", "101.3", "1 of 2 failed: sparseloco"]
     row = _cells(table, "sparseloco")
     assert row[1] == "failed" and row[-1] == "RuntimeError: exit 1: wansync: error: NCCL all_gather timed out"
@@ -77,8 +88,10 @@ def test_a_failed_part_and_a_failed_row_render_as_failed_with_their_reason():
 
 def test_render_from_the_command_line_prints_the_same_table():
     import json
-    r = subprocess.run([sys.executable, str(SCRIPT), "--render", str(SAMPLE)], capture_output=True, text=True,
-                       timeout=60)
+
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--render", str(SAMPLE)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == gpu_check.render(json.loads(SAMPLE.read_text()))
 
@@ -86,6 +99,7 @@ def test_render_from_the_command_line_prints_the_same_table():
 def test_a_part_that_raises_is_recorded_failed_and_the_check_goes_on():
     def broken():
         raise ValueError("no such kernel\nsecond line")
+
     part = gpu_check.guarded(broken)
     assert part["status"] == "failed" and part["reason"] == "ValueError: no such kernel | second line"
     budget = gpu_check.Budget(0)

@@ -1,4 +1,5 @@
 """Regime guards: each fires on its bad setting, and none fires on a preset or the demo."""
+
 import pytest
 
 from wansync.runner import demo, experiments
@@ -16,11 +17,16 @@ def warnings_for(strategy: str, **values) -> list[str]:
 
 @pytest.mark.parametrize("strategy", ["diloco", "streaming", "cocodc"])
 def test_outer_nesterov_on_a_short_interval_is_warned_about(strategy):
-    [line] = [w for w in warnings_for(strategy, sync_every=8, overlap=1) if "Nesterov" in w] \
-        if strategy != "diloco" else warnings_for(strategy, sync_every=8)
+    [line] = (
+        [w for w in warnings_for(strategy, sync_every=8, overlap=1) if "Nesterov" in w]
+        if strategy != "diloco"
+        else warnings_for(strategy, sync_every=8)
+    )
     assert line.startswith(f"{strategy}: outer Nesterov momentum 0.9") and "\n" not in line
-    assert warnings_for(strategy, sync_every=8, outer_momentum=0.0, **({} if strategy == "diloco" else
-                                                                       {"overlap": 1})) == []
+    assert (
+        warnings_for(strategy, sync_every=8, outer_momentum=0.0, **({} if strategy == "diloco" else {"overlap": 1}))
+        == []
+    )
 
 
 def test_the_outer_step_interval_is_per_fragment():
@@ -28,7 +34,7 @@ def test_the_outer_step_interval_is_per_fragment():
     streaming = {"sync_every": 100, "fragments": 4, "syncs_per_period": 0, "outer_momentum": 0.9}
     assert outer_step_interval("streaming", streaming) == 100
     assert outer_step_interval("streaming", {**streaming, "syncs_per_period": 8}) == 50
-    assert outer_step_interval("cocodc", {**streaming, "max_syncs_per_fragment": 2}) == 50   # automatic N <= 2P
+    assert outer_step_interval("cocodc", {**streaming, "max_syncs_per_fragment": 2}) == 50  # automatic N <= 2P
     assert outer_step_interval("local_sgd", {"sync_every": 8}) is None
 
 
@@ -42,8 +48,8 @@ def test_an_overlap_close_to_the_fragment_interval_is_warned_about():
 def test_a_slowmo_gain_above_five_is_warned_about(strategy):
     [line] = warnings_for(strategy, slowmo_beta=0.9)
     assert line.startswith(f"{strategy}: SlowMo gain") and "= 10 (> 5)" in line
-    assert warnings_for(strategy, slowmo_beta=0.8) == []                     # gain 5: the edge, inside
-    assert warnings_for(strategy, slowmo_beta=0.5, slowmo_lr=3.0) != []      # the gain, not beta alone
+    assert warnings_for(strategy, slowmo_beta=0.8) == []  # gain 5: the edge, inside
+    assert warnings_for(strategy, slowmo_beta=0.5, slowmo_lr=3.0) != []  # the gain, not beta alone
 
 
 # The one preset cell outside a regime on purpose: the CPDP paper's beta = 0.9 collapse (gain 10).

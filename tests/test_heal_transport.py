@@ -1,5 +1,6 @@
 """The healing fetch waits for its source: torchft's transport refuses a request that comes before the
 source stages the step (a race on a loaded machine); ours asks again until the timeout."""
+
 from __future__ import annotations
 
 import threading
@@ -29,7 +30,7 @@ def serve_later(source, step: int, after_s: float) -> threading.Thread:
 def test_a_fetch_before_the_source_serves_that_step_is_refused_by_torchfts_transport():
     source, receiver = HTTPTransport(TIMEOUT, num_chunks=0), HTTPTransport(TIMEOUT, num_chunks=0)
     try:
-        source.send_checkpoint([1], 75, STATE, TIMEOUT)             # still serving its previous heal
+        source.send_checkpoint([1], 75, STATE, TIMEOUT)  # still serving its previous heal
         with pytest.raises(urllib.error.HTTPError, match="invalid checkpoint requested"):
             receiver.recv_checkpoint(0, source.metadata(), 80, TIMEOUT)
     finally:
@@ -57,7 +58,7 @@ def test_ours_gives_up_at_the_timeout_when_the_source_never_serves_it():
         t0 = time.monotonic()
         with pytest.raises(urllib.error.HTTPError, match="invalid checkpoint requested"):
             receiver.recv_checkpoint(0, source.metadata(), 80, timedelta(seconds=1))
-        assert time.monotonic() - t0 < 15                         # bounded by the timeout, not forever
+        assert time.monotonic() - t0 < 15  # bounded by the timeout, not forever
     finally:
         source.shutdown(wait=False)
         receiver.shutdown(wait=False)

@@ -2,6 +2,7 @@
 examples/hf_trainer.py): one `sync.step()` per optimizer step, the exposed share and bytes in the
 Trainer's logs, the same model on every rank at the end, a checkpoint that resumes bit for bit, the
 Trainer's own DDP never wrapped around the model under torchrun, conflicting settings refused."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,6 +40,7 @@ def _refused(ex: Any, root: str, **settings: Any) -> str:
     import transformers
 
     from wansync.errors import ConfigError
+
     args = transformers.TrainingArguments(output_dir=root, use_cpu=True, report_to=[], max_steps=1, **settings)
     try:
         ex.WansyncTrainer(model=ex.tiny_llama(), args=args, train_dataset=ex.Bytes("abcd" * 5000), strategy="diloco")
@@ -64,14 +66,16 @@ def _runs(rank: int, world: int, root: str) -> dict[str, Any]:
         out[s]["resumed_t"] = resumed.sync.t
     # ddp, 2 micro-batches a step: the first under no_sync(), so the link carries what one batch's step does
     out["ddp"] = {n: ex.train("ddp", f"{root}/ddp{n}", steps=4, accumulation=n).state.log_history for n in (1, 2)}
-    out["refused"] = [_refused(ex, f"{root}/refused", load_best_model_at_end=True, eval_strategy="steps",
-                               save_strategy="steps"),
-                      _refused(ex, f"{root}/refused", fsdp="full_shard")]
+    out["refused"] = [
+        _refused(ex, f"{root}/refused", load_best_model_at_end=True, eval_strategy="steps", save_strategy="steps"),
+        _refused(ex, f"{root}/refused", fsdp="full_shard"),
+    ]
     return out
 
 
 def equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
     import torch
+
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -92,8 +96,10 @@ def test_strategies_log_their_exposed_share_and_bytes_and_resume_bit_for_bit(tmp
         assert [r["stopped_at"] for r in mine] == [8, 8] and [r["resumed_t"] for r in mine] == [12, 12]
         for r in mine:
             assert equal(r["resumed"], r["params"]), f"{s}: the resumed run's parameters differ"
-        assert sorted(p.name for p in (tmp_path / f"{s}-resumed" / "checkpoint-8").glob("wansync_rank*.pt")) == \
-            ["wansync_rank0.pt", "wansync_rank1.pt"]
+        assert sorted(p.name for p in (tmp_path / f"{s}-resumed" / "checkpoint-8").glob("wansync_rank*.pt")) == [
+            "wansync_rank0.pt",
+            "wansync_rank1.pt",
+        ]
     ddp = {n: [h["wansync/bytes"] for h in logs if "loss" in h] for n, logs in ranks[0]["ddp"].items()}
     assert ddp[1] == ddp[2] and len(ddp[2]) == 4 and ddp[2][0] > 0, ddp
     for refused in ranks[0]["refused"]:
@@ -104,11 +110,32 @@ def test_strategies_log_their_exposed_share_and_bytes_and_resume_bit_for_bit(tmp
 def test_under_torchrun_with_accumulation_the_strategy_steps_once_per_optimizer_step(tmp_path):
     """torchrun's environment: accelerate sees two processes, shards the data, and would wrap the model
     in its own DDP; the adapter hands it the strategy's module instead."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
-           "--strategy", "diloco", "--accumulation", "2", "--out", str(tmp_path / "run"),
-           "--params-out", str(tmp_path / "params")]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(EXAMPLE),
+        "--strategy",
+        "diloco",
+        "--accumulation",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+        "--params-out",
+        str(tmp_path / "params"),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     try:
         stdout, stderr = proc.communicate(timeout=120)
     finally:
@@ -117,9 +144,10 @@ def test_under_torchrun_with_accumulation_the_strategy_steps_once_per_optimizer_
             proc.wait()
     assert proc.returncode == 0, stderr[-3000:]
     result = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
-    assert result["world"] == 2 and result["step"] == 12 and result["sync_steps"] == 12   # 24 micro-batches
-    assert result["trained_module"] == "StrategyModule"                                    # not accelerate's DDP
+    assert result["world"] == 2 and result["step"] == 12 and result["sync_steps"] == 12  # 24 micro-batches
+    assert result["trained_module"] == "StrategyModule"  # not accelerate's DDP
     steps = [h for h in result["log_history"] if "loss" in h]
     assert len(steps) == 12 and steps[-1]["wansync/bytes"] > steps[3]["wansync/bytes"] > 0
     import torch
+
     assert equal(torch.load(tmp_path / "params.rank0"), torch.load(tmp_path / "params.rank1"))

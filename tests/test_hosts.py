@@ -3,6 +3,7 @@ A's name resolving to 127.0.0.1 (the default of many Linux images) and host B's 
 each running a torchrun agent with the command docs/multinode.md gives (read from the page). Each
 host writes its own run directory: no shared file system. Skipped, with the reason, where namespaces
 cannot be made (not root); CI runs as root and runs them."""
+
 from __future__ import annotations
 
 import json
@@ -30,21 +31,46 @@ NOT_INHERITED = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELAST
 
 def train_flags(corpus: Path, strategy: str, *extra: str) -> list[str]:
     every = [] if strategy == "ddp" else ["--sync-every", "3"]
-    return ["--strategy", strategy, *every, "--steps", "8", "--quiet", "--data", str(corpus), "--eval-every", "100",
-            *TINY, *extra]
+    return [
+        "--strategy",
+        strategy,
+        *every,
+        "--steps",
+        "8",
+        "--quiet",
+        "--data",
+        str(corpus),
+        "--eval-every",
+        "100",
+        *TINY,
+        *extra,
+    ]
 
 
-def on_hosts(bed: netns.Bed, endpoint: netns.Host, args: dict[netns.Host, list[str]],
-             env: dict[netns.Host, dict[str, str]] | None = None,
-             timeout: float = 150, nproc: int = 1) -> dict[netns.Host, tuple[int, str]]:
+def on_hosts(
+    bed: netns.Bed,
+    endpoint: netns.Host,
+    args: dict[netns.Host, list[str]],
+    env: dict[netns.Host, dict[str, str]] | None = None,
+    timeout: float = 150,
+    nproc: int = 1,
+) -> dict[netns.Host, tuple[int, str]]:
     """Run the documented torchrun command on every host of `args` (its `wansync` arguments), the
     rendezvous endpoint at `endpoint`, `nproc` processes per node; (exit status, output) per host."""
     options = netns.documented_torchrun(endpoint.address)
     options[options.index("--nproc-per-node") + 1] = str(nproc)
     base = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
-    procs = {h: bed.start(h, [str(TORCHRUN), *options, "-m", "wansync", *a], env=dict(base, **(env or {}).get(h, {})),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for h, a in args.items()}
+    procs = {
+        h: bed.start(
+            h,
+            [str(TORCHRUN), *options, "-m", "wansync", *a],
+            env=dict(base, **(env or {}).get(h, {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for h, a in args.items()
+    }
     deadline = time.monotonic() + timeout
     out = {}
     for h, p in procs.items():
@@ -95,10 +121,14 @@ def test_the_bed_gives_each_host_its_own_name_and_resolution(bed):
 
 
 def test_three_hosts_meet_on_a_bridge_and_a_shaped_line_holds_its_rate():
-    listen = ("import socket, sys; s = socket.create_server(('', 7001)); c = s.accept()[0]; n = 0\n"
-              "while (b := c.recv(1 << 16)): n += len(b)\nprint(n)")
-    send = ("import socket, time; time.sleep(0.3); c = socket.create_connection(('{addr}', 7001)); "
-            "c.sendall(bytes(2_000_000)); c.close()")
+    listen = (
+        "import socket, sys; s = socket.create_server(('', 7001)); c = s.accept()[0]; n = 0\n"
+        "while (b := c.recv(1 << 16)): n += len(b)\nprint(n)"
+    )
+    send = (
+        "import socket, time; time.sleep(0.3); c = socket.create_connection(('{addr}', 7001)); "
+        "c.sendall(bytes(2_000_000)); c.close()"
+    )
     with netns.Bed(3, rate="100mbit") as three:
         a, _, c = three.hosts
         server = three.start(c, [sys.executable, "-c", listen], stdout=subprocess.PIPE, text=True)
@@ -106,7 +136,7 @@ def test_three_hosts_meet_on_a_bridge_and_a_shaped_line_holds_its_rate():
         r = three.run(a, [sys.executable, "-c", send.format(addr=c.address)])
         assert r.returncode == 0, r.stderr
         assert server.communicate(timeout=30)[0].strip() == "2000000"
-        assert time.monotonic() - t0 >= 0.3 + 2e6 * 8 / 100e6 * 0.8      # 160 ms of payload at 100 Mbit/s
+        assert time.monotonic() - t0 >= 0.3 + 2e6 * 8 / 100e6 * 0.8  # 160 ms of payload at 100 Mbit/s
 
 
 def test_ddp_across_two_hosts_trains_what_one_host_trains_bit_for_bit(bed, corpus, tmp_path):
@@ -129,8 +159,10 @@ def test_diloco_stopped_on_both_hosts_resumes_on_each_without_a_shared_directory
     ranks' files and config.toml; rank 0 deleted nothing it could not see. The result is the one-host run's."""
     a, b = bed.hosts
     runs = {h: tmp_path / h.name for h in bed.hosts}
-    flags = {h: ["train", *train_flags(corpus, "diloco", "--checkpoint-every", "2"), "--out", str(runs[h])]
-             for h in bed.hosts}
+    flags = {
+        h: ["train", *train_flags(corpus, "diloco", "--checkpoint-every", "2"), "--out", str(runs[h])]
+        for h in bed.hosts
+    }
     killed = on_hosts(bed, a, flags, env={b: {"WANSYNC_FAULT": "rank=1,step=5,action=kill"}})
     assert all(code != 0 for code, _ in killed.values()), killed
     assert f"rendezvous {a.address}:" in killed[a][1]
@@ -148,16 +180,27 @@ def test_diloco_stopped_on_both_hosts_resumes_on_each_without_a_shared_directory
 def test_nodes_started_with_different_flags_refuse_in_one_line_naming_the_keys(bed, corpus, tmp_path):
     a, b = bed.hosts
     t0 = time.monotonic()
-    results = on_hosts(bed, a, {
-        a: ["train", *train_flags(corpus, "diloco"), "--out", str(tmp_path / "a")],
-        b: ["train", *train_flags(corpus, "local_sgd", "--model", "tiny", "--lr", "0.002"), "--sync-every", "4",
-            "--out", str(tmp_path / "b")]})
+    results = on_hosts(
+        bed,
+        a,
+        {
+            a: ["train", *train_flags(corpus, "diloco"), "--out", str(tmp_path / "a")],
+            b: [
+                "train",
+                *train_flags(corpus, "local_sgd", "--model", "tiny", "--lr", "0.002"),
+                "--sync-every",
+                "4",
+                "--out",
+                str(tmp_path / "b"),
+            ],
+        },
+    )
     for code, output in results.values():
         assert code != 0
         lines = wansync_lines(output)
         assert len(lines) == 1 and "different training flags" in lines[0], output[-3000:]
         assert all(key in lines[0] for key in ("lr", "model", "strategy", "sync_every")), lines[0]
-    assert time.monotonic() - t0 < 60                       # at start-up, not after a timeout
+    assert time.monotonic() - t0 < 60  # at start-up, not after a timeout
     assert not (tmp_path / "a" / "checkpoints").exists()
 
 
@@ -168,11 +211,33 @@ def test_a_fault_tolerant_run_across_two_hosts_heals_a_killed_worker(bed, corpus
     pytest.importorskip("torchft")
     a, b = bed.hosts
     runs = {h: tmp_path / h.name for h in bed.hosts}
-    flags = ["train", "--strategy", "diloco", "--sync-every", "4", "--steps", "16", "--fault-tolerant",
-             "--max-restarts", "1", "--quiet", "--data", str(corpus), "--eval-every", "100", *TINY]
-    results = on_hosts(bed, a, {h: [*flags, "--out", str(runs[h])] for h in bed.hosts},
-                       env={a: {"WANSYNC_FAULT": "rank=0,step=10,action=pause,seconds=8"},
-                            b: {"WANSYNC_FAULT": "rank=1,step=6,action=kill"}})
+    flags = [
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        "4",
+        "--steps",
+        "16",
+        "--fault-tolerant",
+        "--max-restarts",
+        "1",
+        "--quiet",
+        "--data",
+        str(corpus),
+        "--eval-every",
+        "100",
+        *TINY,
+    ]
+    results = on_hosts(
+        bed,
+        a,
+        {h: [*flags, "--out", str(runs[h])] for h in bed.hosts},
+        env={
+            a: {"WANSYNC_FAULT": "rank=0,step=10,action=pause,seconds=8"},
+            b: {"WANSYNC_FAULT": "rank=1,step=6,action=kill"},
+        },
+    )
     for code, output in results.values():
         assert code == 0, output[-3000:]
     summary = json.loads((runs[a] / "summary.json").read_text())
@@ -196,12 +261,36 @@ def test_a_fault_tolerant_worker_of_two_ranks_per_host_is_restarted_whole_and_he
     pytest.importorskip("torchft")
     a, b = bed.hosts
     runs = {h: tmp_path / h.name for h in bed.hosts}
-    flags = ["train", "--strategy", "diloco", "--sync-every", "4", "--steps", "16", "--fault-tolerant",
-             "--ranks-per-worker", "2", "--max-restarts", "1", "--quiet", "--data", str(corpus), "--eval-every", "100",
-             *TINY]
-    results = on_hosts(bed, a, {h: [*flags, "--out", str(runs[h])] for h in bed.hosts}, nproc=2,
-                       env={a: {"WANSYNC_FAULT": "rank=0,step=10,action=pause,seconds=8"},
-                            b: {"WANSYNC_FAULT": "rank=3,step=6,action=kill"}})
+    flags = [
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        "4",
+        "--steps",
+        "16",
+        "--fault-tolerant",
+        "--ranks-per-worker",
+        "2",
+        "--max-restarts",
+        "1",
+        "--quiet",
+        "--data",
+        str(corpus),
+        "--eval-every",
+        "100",
+        *TINY,
+    ]
+    results = on_hosts(
+        bed,
+        a,
+        {h: [*flags, "--out", str(runs[h])] for h in bed.hosts},
+        nproc=2,
+        env={
+            a: {"WANSYNC_FAULT": "rank=0,step=10,action=pause,seconds=8"},
+            b: {"WANSYNC_FAULT": "rank=3,step=6,action=kill"},
+        },
+    )
     for code, output in results.values():
         assert code == 0, output[-3000:]
     summary = json.loads((runs[a] / "summary.json").read_text())
@@ -209,6 +298,6 @@ def test_a_fault_tolerant_worker_of_two_ranks_per_host_is_restarted_whole_and_he
     assert (summary["worker_failures"], summary["rejoins"], summary["heals"]) == (1, 1, 1), summary
     assert summary["steps_lost"][0] == 0 and summary["steps_lost"][1] > 0
     heals = [json.loads(line) for line in (runs[b] / "logs" / "heals.jsonl").read_text().splitlines()]
-    assert [h["rank"] for h in heals] == [1]                    # worker 1, healed once (both its ranks)
+    assert [h["rank"] for h in heals] == [1]  # worker 1, healed once (both its ranks)
     params = [newest_params(runs[h], r) for h, r in ((a, 0), (a, 1), (b, 2), (b, 3))]
     assert all(torch.equal(params[0], p) for p in params[1:])

@@ -5,6 +5,7 @@ still ties the two modules together, only later. An edge goes to the module an i
 (`from wansync.net import records` names `wansync.net.records`); the parent packages Python
 initializes on the way are not edges, since a package's `__init__` only re-exports its modules.
 """
+
 from __future__ import annotations
 
 import ast
@@ -19,8 +20,24 @@ MUTABLE_ALLOWED = {
     "wansync.strategies.STRATEGIES",
     "wansync.comm.codecs.CODECS",
 }
-MUTABLE_CALLS = {"dict", "list", "set", "bytearray", "defaultdict", "OrderedDict", "deque", "Counter",
-                 "Lock", "RLock", "Event", "Condition", "Semaphore", "Queue", "SimpleQueue", "local"}
+MUTABLE_CALLS = {
+    "dict",
+    "list",
+    "set",
+    "bytearray",
+    "defaultdict",
+    "OrderedDict",
+    "deque",
+    "Counter",
+    "Lock",
+    "RLock",
+    "Event",
+    "Condition",
+    "Semaphore",
+    "Queue",
+    "SimpleQueue",
+    "local",
+}
 
 
 def module_files() -> dict[str, Path]:
@@ -137,8 +154,9 @@ def test_strategies_and_the_exchange_take_a_quorum_without_importing_fault_toler
 
 
 def test_net_knows_nothing_about_training():
-    outside = [e for e in edges(("wansync.net",), (PACKAGE,))
-               if not _in(e.split(" -> ")[1], "wansync.net", "wansync.errors")]
+    outside = [
+        e for e in edges(("wansync.net",), (PACKAGE,)) if not _in(e.split(" -> ")[1], "wansync.net", "wansync.errors")
+    ]
     assert outside == []
 
 
@@ -149,39 +167,53 @@ def test_net_knows_nothing_about_training():
 STACK = (
     ("wansync.__main__",),
     ("wansync.cli",),
-    ("wansync.integrations.*",),                    # adapters to other loops (HF Trainer): the public API's users
-    ("wansync",),                                   # the public API: init, strategy
-    ("wansync.planner", "wansync.planner.tables", "wansync.planner.measure",   # `wansync plan`: what it prints,
-     "wansync.planner.published"),                  # measures and reproduces
+    ("wansync.integrations.*",),  # adapters to other loops (HF Trainer): the public API's users
+    ("wansync",),  # the public API: init, strategy
+    (
+        "wansync.planner",
+        "wansync.planner.tables",
+        "wansync.planner.measure",  # `wansync plan`: what it prints,
+        "wansync.planner.published",
+    ),  # measures and reproduces
     ("wansync.results.*",),
     ("wansync.runner.demo",),
     ("wansync.runner.experiments",),
-    ("wansync.runner.grid",),                       # the grid as the user writes it
+    ("wansync.runner.grid",),  # the grid as the user writes it
     ("wansync.analysis.*",),
     ("wansync.presets",),
     ("wansync.runner",),
     ("wansync.runner.run",),
-    ("wansync.runner.agreement",),                  # torchrun's ranks agree on what they train
+    ("wansync.runner.agreement",),  # torchrun's ranks agree on what they train
     ("wansync.runner.launch",),
-    ("wansync.ft.supervisor", "wansync.ft.lighthouse"),   # the launcher's side of a fault-tolerant run
+    ("wansync.ft.supervisor", "wansync.ft.lighthouse"),  # the launcher's side of a fault-tolerant run
     ("wansync.runner.workerproc",),
     ("wansync.runner.worker",),
     ("wansync.runner.interrupts",),
     ("wansync.trainer.*",),
-    ("wansync.planner.*",),                         # its predictions: the CLI's, and --adapt's (trainer.adapt)
-    ("wansync.ft.own_loop",),                       # fault tolerance in a user's own loop (ws.FaultTolerance)
-    ("wansync.ft.member",),                         # the worker's side of a fault-tolerant run
+    ("wansync.planner.*",),  # its predictions: the CLI's, and --adapt's (trainer.adapt)
+    ("wansync.ft.own_loop",),  # fault tolerance in a user's own loop (ws.FaultTolerance)
+    ("wansync.ft.member",),  # the worker's side of a fault-tolerant run
     ("wansync.config",),
     ("wansync.strategies.*", "wansync.workloads.*"),  # side by side: neither imports the other
-    ("wansync.ft", "wansync.ft.quorum", "wansync.ft.transport", "wansync.ft.quorums", "wansync.ft.support",
-     "wansync.ft.nodes"),
-    ("wansync.telemetry.run",),                     # one loop's run (ws.Run): times a strategy and its exchange
+    (
+        "wansync.ft",
+        "wansync.ft.quorum",
+        "wansync.ft.transport",
+        "wansync.ft.quorums",
+        "wansync.ft.support",
+        "wansync.ft.nodes",
+    ),
+    ("wansync.telemetry.run",),  # one loop's run (ws.Run): times a strategy and its exchange
     ("wansync.comm.*",),
     ("wansync.telemetry.*",),
     ("wansync.rundir.*",),
     ("wansync.net.*",),
-    ("wansync.runner.torchrun", "wansync.runner.localgroup",    # process groups on this machine or torchrun's,
-     "wansync.runner.rendezvous", "wansync.runner.route"),      # and the routes between hosts
+    (
+        "wansync.runner.torchrun",
+        "wansync.runner.localgroup",  # process groups on this machine or torchrun's,
+        "wansync.runner.rendezvous",
+        "wansync.runner.route",
+    ),  # and the routes between hosts
     ("wansync.rules", "wansync.units"),
     ("wansync.errors",),
 )
@@ -211,23 +243,47 @@ def test_a_module_off_the_map_is_found():
 
 
 def test_imports_point_down_the_stack():
-    up = sorted(f"{a} -> {b}" for a, bs in GRAPH.items() for b in bs
-                if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) < layer_of(a))
+    up = sorted(
+        f"{a} -> {b}"
+        for a, bs in GRAPH.items()
+        for b in bs
+        if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) < layer_of(a)
+    )
     assert up == []
 
 
 def test_the_library_never_imports_the_application():
-    library = ("wansync.strategies", "wansync.comm", "wansync.net", "wansync.telemetry", "wansync.workloads",
-               "wansync.config", "wansync.rundir", "wansync.errors")
-    application = ("wansync.cli", "wansync.runner", "wansync.trainer", "wansync.analysis", "wansync.results",
-                   "wansync.presets", "wansync.planner")
+    library = (
+        "wansync.strategies",
+        "wansync.comm",
+        "wansync.net",
+        "wansync.telemetry",
+        "wansync.workloads",
+        "wansync.config",
+        "wansync.rundir",
+        "wansync.errors",
+    )
+    application = (
+        "wansync.cli",
+        "wansync.runner",
+        "wansync.trainer",
+        "wansync.analysis",
+        "wansync.results",
+        "wansync.presets",
+        "wansync.planner",
+    )
     assert edges(library, application) == []
 
 
 def test_only_the_cli_and_the_controller_import_the_planner():
     """The planner's predictions serve `wansync plan` and `--adapt` (no second model of the run's time)."""
-    assert [e for e in edges((PACKAGE,), ("wansync.planner",)) if not _in(e.split(" -> ")[0], "wansync.planner")
-            and not e.startswith("wansync.cli ") and not e.startswith("wansync.trainer.adapt ")] == []
+    assert [
+        e
+        for e in edges((PACKAGE,), ("wansync.planner",))
+        if not _in(e.split(" -> ")[0], "wansync.planner")
+        and not e.startswith("wansync.cli ")
+        and not e.startswith("wansync.trainer.adapt ")
+    ] == []
 
 
 def test_the_planner_never_imports_the_application():
@@ -241,13 +297,15 @@ def test_only_the_entry_point_imports_the_cli():
 
 # ---------------------------------------------------------------- module-level state
 
+
 def _frozen_dataclasses(tree: ast.Module) -> set[str]:
     out = set()
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
             for d in node.decorator_list:
-                if isinstance(d, ast.Call) and any(k.arg == "frozen" and getattr(k.value, "value", False)
-                                                   for k in d.keywords):
+                if isinstance(d, ast.Call) and any(
+                    k.arg == "frozen" and getattr(k.value, "value", False) for k in d.keywords
+                ):
                     out.add(node.name)
     return out
 
@@ -274,7 +332,7 @@ def module_state(name: str) -> list[str]:
         elif isinstance(node, ast.AnnAssign):
             targets, value = [node.target], node.value
         elif isinstance(node, ast.AugAssign):
-            targets, value = [node.target], ast.List()       # `X += ...` at module level mutates X
+            targets, value = [node.target], ast.List()  # `X += ...` at module level mutates X
         else:
             continue
         for t in targets:
@@ -283,10 +341,14 @@ def module_state(name: str) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Global):
             found += [f"{name}.{n} (global statement)" for n in node.names]
-        elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-              and isinstance(node.value.func, ast.Attribute) and node in tree.body
-              and isinstance(node.value.func.value, ast.Name)
-              and node.value.func.attr in ("update", "append", "extend", "add", "setdefault", "insert")):
+        elif (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute)
+            and node in tree.body
+            and isinstance(node.value.func.value, ast.Name)
+            and node.value.func.attr in ("update", "append", "extend", "add", "setdefault", "insert")
+        ):
             found.append(f"{name}.{node.value.func.value.id} (mutated at import)")
     return found
 
@@ -297,11 +359,19 @@ def test_no_module_level_mutable_state_outside_the_strategy_registry():
 
 
 def test_the_state_check_sees_containers_globals_and_instances():
-    TREES["<probe>"] = ast.parse("import threading\nA = {}\nB: list = []\nC = (1,)\nD = threading.Lock()\n"
-                                 "class K: pass\nE = K()\nF = frozenset()\nA.update(x=1)\n"
-                                 "def f():\n    global C\n")
+    TREES["<probe>"] = ast.parse(
+        "import threading\nA = {}\nB: list = []\nC = (1,)\nD = threading.Lock()\n"
+        "class K: pass\nE = K()\nF = frozenset()\nA.update(x=1)\n"
+        "def f():\n    global C\n"
+    )
     try:
-        assert sorted(module_state("<probe>")) == ["<probe>.A", "<probe>.A (mutated at import)", "<probe>.B",
-                                                   "<probe>.C (global statement)", "<probe>.D", "<probe>.E"]
+        assert sorted(module_state("<probe>")) == [
+            "<probe>.A",
+            "<probe>.A (mutated at import)",
+            "<probe>.B",
+            "<probe>.C (global statement)",
+            "<probe>.D",
+            "<probe>.E",
+        ]
     finally:
         del TREES["<probe>"]

@@ -1,6 +1,7 @@
 """A fault-tolerant run's lighthouse serves from a child of the launcher, so the launcher stays
 single-threaded and forks its workers (a restarted one from its zygote); the child ends with the
 launcher, whatever ends it."""
+
 from __future__ import annotations
 
 import signal
@@ -70,11 +71,19 @@ def _call(fn, send):
 def _serve_and_end():
     forkable_before = workerproc.can_fork()
     served = lighthouse.start(join_timeout_ms=1000, heartbeat_timeout_ms=2000)
-    seen = {"forkable before": forkable_before, "served by a child": isinstance(served, lighthouse.ServedLighthouse),
-            "forkable with it": workerproc.can_fork(), "reachable": _port_open(served.address())}
+    seen = {
+        "forkable before": forkable_before,
+        "served by a child": isinstance(served, lighthouse.ServedLighthouse),
+        "forkable with it": workerproc.can_fork(),
+        "reachable": _port_open(served.address()),
+    }
     served.shutdown()
-    seen.update({"ended by SIGTERM": served.process.returncode == -signal.SIGTERM,
-                 "port closed": not _port_open(served.address())})
+    seen.update(
+        {
+            "ended by SIGTERM": served.process.returncode == -signal.SIGTERM,
+            "port closed": not _port_open(served.address()),
+        }
+    )
     return seen
 
 
@@ -123,14 +132,34 @@ def _record_starts() -> None:
         with open(Path(env["WANSYNC_RUN_DIR"], "logs", "started.txt"), "a") as f:
             f.write(f"{env['RANK']} {'forked' if isinstance(worker, ForkedWorker) else 'fresh'}\n")
         return worker
+
     workerproc.start = start
 
 
 def test_a_fault_tolerant_run_forks_its_first_workers_and_leaves_no_process(tmp_path):
     out = tmp_path / "run"
-    r = wansync("train", "--strategy", "diloco", "--sync-every", "2", "--workers", "2", "--steps", "4",
-                "--eval-every", "1000", "--fault-tolerant", "--peer-timeout", "60", "--quiet",
-                "--out", str(out), *TINY, timeout=240, setup=_record_starts)
+    r = wansync(
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        "2",
+        "--workers",
+        "2",
+        "--steps",
+        "4",
+        "--eval-every",
+        "1000",
+        "--fault-tolerant",
+        "--peer-timeout",
+        "60",
+        "--quiet",
+        "--out",
+        str(out),
+        *TINY,
+        timeout=240,
+        setup=_record_starts,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted((out / "logs" / "started.txt").read_text().splitlines()) == ["0 forked", "1 forked"]
     assert no_process_left(out)
@@ -139,10 +168,31 @@ def test_a_fault_tolerant_run_forks_its_first_workers_and_leaves_no_process(tmp_
 def test_a_restarted_worker_is_forked_by_the_launchers_zygote(tmp_path):
     """Once the store's threads run the launcher may not fork; the restart comes from its zygote."""
     out = tmp_path / "run"
-    r = wansync("train", "--strategy", "diloco", "--sync-every", "2", "--workers", "2", "--steps", "8",
-                "--eval-every", "1000", "--fault-tolerant", "--peer-timeout", "60", "--max-restarts", "1", "--quiet",
-                "--out", str(out), *TINY, timeout=240, setup=_record_starts,
-                env={"WANSYNC_FAULT": "rank=1,step=3,action=kill"})
+    r = wansync(
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        "2",
+        "--workers",
+        "2",
+        "--steps",
+        "8",
+        "--eval-every",
+        "1000",
+        "--fault-tolerant",
+        "--peer-timeout",
+        "60",
+        "--max-restarts",
+        "1",
+        "--quiet",
+        "--out",
+        str(out),
+        *TINY,
+        timeout=240,
+        setup=_record_starts,
+        env={"WANSYNC_FAULT": "rank=1,step=3,action=kill"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted((out / "logs" / "started.txt").read_text().splitlines()) == ["0 forked", "1 forked", "1 forked"]
     assert no_process_left(out)

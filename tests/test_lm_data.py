@@ -1,4 +1,5 @@
 """Corpora, tokenizers, shards and the resumable sampler of the LM workload."""
+
 import math
 import sys
 
@@ -7,7 +8,12 @@ import pytest
 
 from wansync.errors import ConfigError, DataError
 from wansync.workloads.lm import (
-    ByteTokenizer, build_lm_workload, build_tokenizer, load_corpus, shakespeare_plays, strip_markdown,
+    ByteTokenizer,
+    build_lm_workload,
+    build_tokenizer,
+    load_corpus,
+    shakespeare_plays,
+    strip_markdown,
 )
 from wansync.runner.localgroup import run_ranks
 from wansync.workloads import leader_first
@@ -102,10 +108,12 @@ def test_byte_and_bpe_tokenizers_round_trip(tmp_path):
 
 def test_bpe_workload_uses_the_trained_vocabulary(small_corpus, tmp_path):
     pytest.importorskip("tokenizers")
-    w = build_lm_workload(data=small_corpus, tokenizer="bpe", bpe_vocab=300, cache_dir=str(tmp_path),
-                          batch_size=4, seq_len=16)
-    again = build_lm_workload(data=small_corpus, tokenizer="bpe", bpe_vocab=300, cache_dir=str(tmp_path),
-                              batch_size=4, seq_len=16)
+    w = build_lm_workload(
+        data=small_corpus, tokenizer="bpe", bpe_vocab=300, cache_dir=str(tmp_path), batch_size=4, seq_len=16
+    )
+    again = build_lm_workload(
+        data=small_corpus, tokenizer="bpe", bpe_vocab=300, cache_dir=str(tmp_path), batch_size=4, seq_len=16
+    )
     assert w.describe()["vocab"] == w.model.vocab_size <= 300
     assert np.array_equal(w.train_tokens, again.train_tokens)
 
@@ -122,7 +130,7 @@ def test_validation_of_a_corpus_directory_samples_every_file(tmp_path):
     w = build_lm_workload(data=str(tmp_path), batch_size=2, seq_len=16, val_fraction=0.1)
     val = ByteTokenizer().decode(w.val_tokens)
     assert {c for c in val if c.isalpha()} == {"x", "y", "z"}
-    assert all(abs(val.count(c) - 280) <= 8 for c in "xyz")        # a tenth of each file's 2800 letters
+    assert all(abs(val.count(c) - 280) <= 8 for c in "xyz")  # a tenth of each file's 2800 letters
 
 
 def test_bits_per_byte_is_the_byte_loss_in_bits(small_corpus):
@@ -137,11 +145,18 @@ def test_bpe_bits_per_byte_count_the_bytes_its_tokens_stand_for(small_corpus, tm
     text = "Wörds — “quoted” 日本語, and plain ones.\nA second line\n" * 40
     bpe = build_tokenizer("bpe", text, bpe_vocab=300)
     assert bpe.token_bytes()[bpe.encode(text)].sum() == len(text.encode("utf-8"))
-    w = build_lm_workload(data=small_corpus, tokenizer="bpe", bpe_vocab=300, cache_dir=str(tmp_path),
-                          batch_size=4, seq_len=16, eval_batches=2)
+    w = build_lm_workload(
+        data=small_corpus,
+        tokenizer="bpe",
+        bpe_vocab=300,
+        cache_dir=str(tmp_path),
+        batch_size=4,
+        seq_len=16,
+        eval_batches=2,
+    )
     e, per_token = w.evaluate(w.model), w.describe()["val_bytes_per_token"]
-    assert per_token > 1.5            # the BPE packs several bytes per token ...
-    assert e["val_bpb"] == pytest.approx(e["val_loss"] / math.log(2) / per_token, rel=0.1)   # ... and bpb says so
+    assert per_token > 1.5  # the BPE packs several bytes per token ...
+    assert e["val_bpb"] == pytest.approx(e["val_loss"] / math.log(2) / per_token, rel=0.1)  # ... and bpb says so
 
 
 def build_bpe_counting_trainings(rank: int, world: int, corpus: str, cache_dir: str) -> tuple[int, list[int]]:
@@ -154,8 +169,17 @@ def build_bpe_counting_trainings(rank: int, world: int, corpus: str, cache_dir: 
         return train(text, vocab)
 
     BPETokenizer.train = counting
-    w = build_lm_workload(data=corpus, tokenizer="bpe", bpe_vocab=300, cache_dir=cache_dir, rank=rank,
-                          world_size=world, batch_size=4, seq_len=16, leader_first=leader_first)
+    w = build_lm_workload(
+        data=corpus,
+        tokenizer="bpe",
+        bpe_vocab=300,
+        cache_dir=cache_dir,
+        rank=rank,
+        world_size=world,
+        batch_size=4,
+        seq_len=16,
+        leader_first=leader_first,
+    )
     return len(trainings), w.train_tokens[:50].tolist()
 
 
@@ -186,7 +210,7 @@ def test_workload_batches_come_from_its_own_shard(small_corpus):
     ranks = [build_lm_workload(data=small_corpus, rank=r, world_size=2, batch_size=4, seq_len=16) for r in range(2)]
     assert not set(ranks[0].shard_indices.tolist()) & set(ranks[1].shard_indices.tolist())
     w = ranks[1]
-    windows = {tuple(w.train_tokens[i * 17:(i + 1) * 17].tolist()) for i in w.shard_indices}
+    windows = {tuple(w.train_tokens[i * 17 : (i + 1) * 17].tolist()) for i in w.shard_indices}
     for _ in range(5):
         inputs, targets = w.next_batch()
         assert inputs.shape == targets.shape == (4, 16) and w.batch_size_items((inputs, targets)) == 64
@@ -211,7 +235,7 @@ def test_skipping_to_a_step_serves_what_a_run_trained_that_far_would(small_corpu
     expected = [straight.next_batch() for _ in range(2 * per_epoch + 2)]
     for steps in (0, 1, per_epoch, 2 * per_epoch - 1):
         healed = build()
-        healed.next_batch()                                   # a position of its own, before the heal
+        healed.next_batch()  # a position of its own, before the heal
         healed.skip_to(steps)
         assert healed.epoch_progress() == pytest.approx(steps / per_epoch)
         for (x, y), (xe, ye) in zip((healed.next_batch() for _ in range(3)), expected[steps:]):
@@ -227,7 +251,7 @@ def test_resume_continues_with_the_exact_next_batch(small_corpus):
     for _ in range(per_epoch - 2):
         straight.next_batch()
     state = straight.state_dict()
-    expected = [straight.next_batch() for _ in range(5)]   # crosses an epoch boundary
+    expected = [straight.next_batch() for _ in range(5)]  # crosses an epoch boundary
     resumed = build()
     resumed.load_state_dict(state)
     assert resumed.state_dict() == state

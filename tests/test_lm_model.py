@@ -1,4 +1,5 @@
 """The LLaMA-style decoder: shapes, causality, sizes, tied head, stages, deterministic init."""
+
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
 
 MICRO = LMShape(dim=32, n_layers=2, n_heads=4, ffn_hidden=64, max_seq_len=32)
 
@@ -52,7 +54,7 @@ def test_named_sizes_have_the_stated_parameter_counts():
 def test_output_head_is_the_input_embedding():
     model = make()
     shapes = [p.shape for p in model.parameters()]
-    assert shapes.count(torch.Size([256, 32])) == 1            # no separate head matrix
+    assert shapes.count(torch.Size([256, 32])) == 1  # no separate head matrix
     tokens = torch.randint(0, 256, (1, 8))
     model(tokens).sum().backward()
     assert model.embed.weight.grad[tokens.unique()].abs().sum() > 0
@@ -91,6 +93,9 @@ def test_sequence_longer_than_max_seq_len_is_refused():
 def test_a_seq_len_beyond_the_models_tables_is_refused_before_any_worker_starts(model, longest):
     from wansync.config import build_config
     from wansync.runner.run import check_run
-    with pytest.raises(ConfigError, match=rf"^seq_len must be in \[1, {longest}\] for model '{model}', got {longest + 1}$"):
-        check_run(build_config(None, {"model": model, "seq_len": longest + 1}))   # the launcher's and --dry-run's check
+
+    with pytest.raises(
+        ConfigError, match=rf"^seq_len must be in \[1, {longest}\] for model '{model}', got {longest + 1}$"
+    ):
+        check_run(build_config(None, {"model": model, "seq_len": longest + 1}))  # the launcher's and --dry-run's check
     check_run(build_config(None, {"model": model, "seq_len": longest}))

@@ -1,4 +1,5 @@
 """The LM workload under the training loop's contract: protocol, evaluation, DDP, a short training run."""
+
 import math
 
 import pytest
@@ -34,7 +35,7 @@ def test_satisfies_the_workload_protocol(workload):
 def test_loss_is_next_token_cross_entropy(workload):
     batch = workload.next_batch()
     loss = workload.loss(workload.model, batch)
-    assert loss.shape == () and abs(loss.item() - math.log(256)) < 0.5   # untrained ≈ uniform
+    assert loss.shape == () and abs(loss.item() - math.log(256)) < 0.5  # untrained ≈ uniform
 
 
 def test_evaluation_is_fixed_and_restores_the_mode(workload):
@@ -44,7 +45,7 @@ def test_evaluation_is_fixed_and_restores_the_mode(workload):
     other_rank = build_lm_workload(rank=1, world_size=2, batch_size=4, seq_len=32, eval_batches=3)
     assert workload.evaluate(model) == first == other_rank.evaluate(model)
     assert first["val_ppl"] == pytest.approx(math.exp(first["val_loss"]))
-    assert first["val_bpb"] == pytest.approx(first["val_loss"] / math.log(2))      # bytes: one per token
+    assert first["val_bpb"] == pytest.approx(first["val_loss"] / math.log(2))  # bytes: one per token
     model.eval()
     workload.evaluate(model)
     assert not model.training

@@ -1,6 +1,7 @@
 """LocalSGD is torch's `PeriodicModelAverager`, bit for bit: on 3 gloo ranks (where the order of
 dividing and summing shows in the last bit) both divide each worker's parameters by M and then sum
 them, and the drift telemetry riding on the exchange changes no bit."""
+
 from __future__ import annotations
 
 import warnings
@@ -18,6 +19,7 @@ H, STEPS = 2, 6
 def _trained(rank: int, world: int) -> dict[str, list[torch.Tensor]]:
     import wansync as ws
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
     out = {}
     for kind in ("torch", "drift off", "drift on"):
         torch.manual_seed(0)
@@ -26,7 +28,7 @@ def _trained(rank: int, world: int) -> dict[str, list[torch.Tensor]]:
         if kind == "torch":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                averager = PeriodicModelAverager(period=H, warmup_steps=1)   # averages after steps 2, 4, 6
+                averager = PeriodicModelAverager(period=H, warmup_steps=1)  # averages after steps 2, 4, 6
         else:
             sync = ws.strategy("local_sgd", model, opt, sync_every=H, drift_telemetry=kind == "drift on")
         gen = torch.Generator().manual_seed(rank + 1)

@@ -6,6 +6,7 @@ the wire stays about 2(M−1)/M of a payload on the reduce-scatter path (it grow
 all-gather path) and below fp32's ring all-reduce at every M; the mean is close to the exact one;
 a worker dropped under "skip" and the side band ride along as on the other paths.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -57,10 +58,10 @@ def test_the_reduce_scatter_sends_about_two_payloads_whatever_the_workers(runs, 
         rs = runs[m][0][(codec, "reduce_scatter")]["comm"]
         ag = runs[m][0][(codec, "allgather")]["comm"]
         fp32 = runs[m][0]["fp32"]
-        assert rs["bytes"] == ag["bytes"] == payload                  # the payload: one encoded buffer
-        assert ag["sent"] == (m - 1) * payload                        # grows with M
-        assert rs["sent"] <= 2 * (m - 1) / m * payload * 1.01 + 64 * m   # does not (chunk scales: ~1 %)
-        assert rs["sent"] < fp32["sent"]                               # below fp32's ring all-reduce
+        assert rs["bytes"] == ag["bytes"] == payload  # the payload: one encoded buffer
+        assert ag["sent"] == (m - 1) * payload  # grows with M
+        assert rs["sent"] <= 2 * (m - 1) / m * payload * 1.01 + 64 * m  # does not (chunk scales: ~1 %)
+        assert rs["sent"] < fp32["sent"]  # below fp32's ring all-reduce
 
 
 @pytest.mark.parametrize("codec, bound", [("int8", 0.03), ("fp4", 0.3)])
@@ -75,12 +76,13 @@ def test_both_paths_come_close_to_the_exact_mean(runs, codec, bound):
 def test_auto_on_a_modelled_link_takes_the_path_the_link_model_times_shorter():
     from wansync.comm.mean_cost import lossy_path, mean_seconds
     from wansync.net.wan import PRESETS
+
     link = PRESETS["cross-region"]
-    assert lossy_path("int8", "auto", 2, 10**8, link) == "allgather"          # 2 workers: the same bytes
-    assert lossy_path("int8", "auto", 4, 10**5, link) == "allgather"          # latency-bound: one collective
-    assert lossy_path("int8", "auto", 4, 10**8, link) == "reduce_scatter"     # bandwidth-bound: fewer bytes
-    assert lossy_path("int8", "auto", 4, 10**5) == "reduce_scatter"           # no link model: fewer bytes
-    assert lossy_path("int8", "allgather", 4, 10**8, link) == "allgather"     # a path asked for is kept
+    assert lossy_path("int8", "auto", 2, 10**8, link) == "allgather"  # 2 workers: the same bytes
+    assert lossy_path("int8", "auto", 4, 10**5, link) == "allgather"  # latency-bound: one collective
+    assert lossy_path("int8", "auto", 4, 10**8, link) == "reduce_scatter"  # bandwidth-bound: fewer bytes
+    assert lossy_path("int8", "auto", 4, 10**5) == "reduce_scatter"  # no link model: fewer bytes
+    assert lossy_path("int8", "allgather", 4, 10**8, link) == "allgather"  # a path asked for is kept
     for m in (3, 4, 8, 16):
         for n in (10**3, 10**5, 10**6, 10**7, 10**8):
             for r, shards in ((1, False), (2, False), (2, True)):
@@ -103,9 +105,9 @@ def test_auto_takes_the_all_gather_for_two_workers_and_the_reduce_scatter_beyond
 def skip_and_side_band(rank: int, world: int) -> dict[str, Any]:
     ex = Exchange(nonfinite="skip")
     buf = torch.full((1001,), float(rank + 1))
-    buf[-1] = 10.0 * rank                               # a side-band scalar
+    buf[-1] = 10.0 * rank  # a side-band scalar
     if rank == 1:
-        buf[3] = float("nan")                           # this worker is left out
+        buf[3] = float("nan")  # this worker is left out
     mean = ex.mean(buf, "pseudo_grads", "int8", extra=1, collective="reduce_scatter").wait()
     return {"mean": mean, "dropped": ex.ledger.dropped}
 
@@ -150,7 +152,7 @@ def feedback_on_the_reduce_scatter(rank: int, world: int) -> dict[str, Any]:
     q = -(-3001 // world)
     padded = torch.zeros(q * world)
     padded[:3001] = sending
-    own = torch.cat([codec.decode(codec.encode(padded[j * q:(j + 1) * q])) for j in range(world)])[:3001]
+    own = torch.cat([codec.decode(codec.encode(padded[j * q : (j + 1) * q])) for j in range(world)])[:3001]
     return {"residual": residual, "expected": sending - own}
 
 
@@ -169,22 +171,42 @@ def test_diloco_trains_compressed_and_the_planner_books_what_the_ledger_does(tmp
     from wansync.net.wan import PRESETS
     from wansync.planner import of_name, predict, setting
     from wansync.strategies import resolve_options
+
     ledgers = {}
     for codec in ("fp32", "int8"):
-        r = wansync("train", "--strategy", "diloco", "--sync-every", "4", "--codec", codec, "--workers", "4",
-                    "--steps", "12", "--wan", "lan", *TINY, "--out", str(tmp_path / codec), timeout=300)
+        r = wansync(
+            "train",
+            "--strategy",
+            "diloco",
+            "--sync-every",
+            "4",
+            "--codec",
+            codec,
+            "--workers",
+            "4",
+            "--steps",
+            "12",
+            "--wan",
+            "lan",
+            *TINY,
+            "--out",
+            str(tmp_path / codec),
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr
         logs = r.stderr + "".join(f.read_text() for f in (tmp_path / codec / "logs").glob("*"))
-        assert "Warning" not in logs and "deprecated" not in logs     # torch's all_gather deprecation: not shown
+        assert "Warning" not in logs and "deprecated" not in logs  # torch's all_gather deprecation: not shown
         ledgers[codec] = json.loads((tmp_path / codec / "summary.json").read_text())["comm"]
     sent = ledgers["int8"]["params"]
     assert sent["bytes"] < 0.26 * ledgers["fp32"]["params"]["bytes"]
-    side_band = ledgers["int8"]["telemetry"]["bytes"]                    # the drift's 4 bytes, in every payload
-    assert sent["sent"] == 3 * (sent["bytes"] + side_band)                # the all-gather: (M − 1) payloads
+    side_band = ledgers["int8"]["telemetry"]["bytes"]  # the drift's 4 bytes, in every payload
+    assert sent["sent"] == 3 * (sent["bytes"] + side_band)  # the all-gather: (M − 1) payloads
     options = resolve_options("diloco", {"sync_every": 4, "codec": "int8"})
     p = predict(setting("diloco", options, of_name("micro"), 4, PRESETS["lan"], 0.1))
-    booked = {k: sum(v[k] for purpose, v in ledgers["int8"].items() if purpose in ("params", "telemetry"))
-              for k in ("bytes", "sent")}
+    booked = {
+        k: sum(v[k] for purpose, v in ledgers["int8"].items() if purpose in ("params", "telemetry"))
+        for k in ("bytes", "sent")
+    }
     assert p.bytes_per_step == pytest.approx(booked["bytes"] / 12, rel=0.02)
     assert p.sent_per_step == pytest.approx(booked["sent"] / 12, rel=0.02)
 
@@ -193,7 +215,7 @@ def advanced_or_not(rank: int, world: int) -> dict[str, Any]:
     x = torch.randn(4000, generator=torch.Generator().manual_seed(rank))
     ex = Exchange()
     early = ex.mean(x.clone(), "pseudo_grads", "int8", async_op=True, collective="reduce_scatter")
-    early.advance()                                   # the all-gather starts now, in the background
+    early.advance()  # the all-gather starts now, in the background
     late = ex.mean(x.clone(), "pseudo_grads", "int8", async_op=True, collective="reduce_scatter")
     return {"early": early.wait(), "late": late.wait()}
 

@@ -18,6 +18,7 @@
 - `wansync plan --gpu-memory` says in one line whether a setting fits, and refuses a size it
   cannot read in one line.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,15 +38,19 @@ pytestmark = pytest.mark.timeout(300)
 
 LOSSY = {"codec": "int8", "error_feedback": True}
 #: case -> (strategy, options): a lossy exchange's state too (the last mean, the residuals, the chunks in flight)
-OPTIONS = {"diloco": ("diloco", {"sync_every": 2}),
-           "local_sgd+int8+ef": ("local_sgd", {"sync_every": 2, **LOSSY, "codec_collective": "allgather"}),
-           "streaming+int8+ef+rs": ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1, **LOSSY,
-                                                  "codec_collective": "reduce_scatter"}),
-           "sparseloco": ("sparseloco", {"sync_every": 2}),          # the error buffer beside θ̃
-           "demo": ("demo", {})}                                      # its momentum, the optimizer's state
+OPTIONS = {
+    "diloco": ("diloco", {"sync_every": 2}),
+    "local_sgd+int8+ef": ("local_sgd", {"sync_every": 2, **LOSSY, "codec_collective": "allgather"}),
+    "streaming+int8+ef+rs": (
+        "streaming",
+        {"sync_every": 4, "fragments": 2, "overlap": 1, **LOSSY, "codec_collective": "reduce_scatter"},
+    ),
+    "sparseloco": ("sparseloco", {"sync_every": 2}),  # the error buffer beside θ̃
+    "demo": ("demo", {}),
+}  # its momentum, the optimizer's state
 SHRINKING = ("parameters", "gradients", "inner_optimizer", "outer_state")
-WORLD = 2                  # 2 workers of one rank, then one worker of 2 ranks (the bill does not depend on M)
-STEPS = 4                  # two boundaries: the anchor's momentum exists
+WORLD = 2  # 2 workers of one rank, then one worker of 2 ranks (the bill does not depend on M)
+STEPS = 4  # two boundaries: the anchor's momentum exists
 
 
 def bills(rank: int, world: int) -> dict[tuple[str, int, str], dict[str, Any]]:
@@ -57,6 +62,7 @@ def bills(rank: int, world: int) -> dict[tuple[str, int, str], dict[str, Any]]:
     from wansync.telemetry.memory import memory_per_rank
     from wansync.trainer.sharding import shard_worker
     from wansync.workloads.lm.model import TransformerLM, lm_shape
+
     out = {}
     for r, inside in ((1, "ddp"), (2, "fsdp")):
         replicas = replica_groups(r, shard_inside=inside == "fsdp")
@@ -64,22 +70,29 @@ def bills(rank: int, world: int) -> dict[tuple[str, int, str], dict[str, Any]]:
             torch.manual_seed(0)
             model = TransformerLM(lm_shape("micro"), 256)
             if inside == "fsdp":
-                shard_worker(model, replicas.mesh, "fp32",
-                             hybrid=not strategies.strategy_class(strategy).steps_inside_workers)
-            carrier = not strategies.strategy_class(strategy).steps_optimizer       # demo: a plain SGD
+                shard_worker(
+                    model, replicas.mesh, "fp32", hybrid=not strategies.strategy_class(strategy).steps_inside_workers
+                )
+            carrier = not strategies.strategy_class(strategy).steps_optimizer  # demo: a plain SGD
             opt = (torch.optim.SGD if carrier else torch.optim.AdamW)(model.parameters(), lr=1e-3)
-            sync = strategies.build(strategy, model, opt, replicas=replicas,
-                                    **strategies.resolve_options(strategy, options))
+            sync = strategies.build(
+                strategy, model, opt, replicas=replicas, **strategies.resolve_options(strategy, options)
+            )
             x = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(rank))
             worst: dict[str, int] = {"total": -1}
-            for _ in range(STEPS + 2 * ("fragments" in options)):   # streaming: a fragment in flight
-                torch.nn.functional.cross_entropy(sync.model(x[:, :-1]).reshape(-1, 256), x[:, 1:].reshape(-1)).backward()
+            for _ in range(STEPS + 2 * ("fragments" in options)):  # streaming: a fragment in flight
+                torch.nn.functional.cross_entropy(
+                    sync.model(x[:, :-1]).reshape(-1, 256), x[:, 1:].reshape(-1)
+                ).backward()
                 sync.step()
                 bill = memory_per_rank(model, opt, sync)
                 worst = bill if bill["total"] > worst["total"] else worst
                 sync.zero_grad()
-            out[(name, r, inside)] = {**worst, "freed_grads": memory_per_rank(model, opt, sync)["gradients"],
-                                      "workers": replicas.workers}
+            out[(name, r, inside)] = {
+                **worst,
+                "freed_grads": memory_per_rank(model, opt, sync)["gradients"],
+                "workers": replicas.workers,
+            }
     return out
 
 
@@ -119,32 +132,50 @@ def test_the_planner_predicts_the_measured_bill(measured, key):
         assert abs(want[c] - got[c]) <= 0.02 * got["total"], f"{key} {c}: planned {want[c]}, measured {got[c]}"
 
 
-BACKEND = 2e6          # gloo's own working buffers (0.7-1.9 MB measured, whatever the size): not in the bill
+BACKEND = 2e6  # gloo's own working buffers (0.7-1.9 MB measured, whatever the size): not in the bill
 RECORDED = json.loads((Path(__file__).parent.parent / "benchmarks" / "memory_bill.json").read_text())
 
 
-@pytest.mark.parametrize("row", RECORDED["rows"],
-                         ids=lambda r: f"{r['model']}-R{r['ranks_per_worker']}-{r['inside']}-{r['strategy']}"
-                         + "".join(f"-{r['options'][k]}" for k in ("codec", "error_feedback", "codec_collective")
-                                   if k in r["options"]))
+@pytest.mark.parametrize(
+    "row",
+    RECORDED["rows"],
+    ids=lambda r: f"{r['model']}-R{r['ranks_per_worker']}-{r['inside']}-{r['strategy']}"
+    + "".join(f"-{r['options'][k]}" for k in ("codec", "error_feedback", "codec_collective") if k in r["options"]),
+)
 def test_the_planner_is_within_two_percent_of_the_benchmark_in_every_row(row):
     got = row["measured"]
-    want = planned(row["model"], row["strategy"], row["options"], row["workers"], row["ranks_per_worker"],
-                   row["inside"])
+    want = planned(
+        row["model"], row["strategy"], row["options"], row["workers"], row["ranks_per_worker"], row["inside"]
+    )
     for c in (*CATEGORIES, "total"):
         assert abs(want[c] - got[c]) <= 0.02 * got["total"], f"{c}: planned {want[c]}, measured {got[c]}"
-    assert abs(want["transient"] - got["transient"]) <= 0.02 * (got["total"] + got["transient"]) + BACKEND, \
-        f"transient: planned {want['transient']}, measured {got['transient']}"
+    assert (
+        abs(want["transient"] - got["transient"]) <= 0.02 * (got["total"] + got["transient"]) + BACKEND
+    ), f"transient: planned {want['transient']}, measured {got['transient']}"
 
 
 # ---- the capacity check ------------------------------------------------------------------------
 
-PLAN_70B = ["plan", "--params", "70e9", "--ranks-per-worker", "8", "--workers", "8", "--wan", "cross-region",
-            "--strategy", "streaming", "--precision", "bf16"]
+PLAN_70B = [
+    "plan",
+    "--params",
+    "70e9",
+    "--ranks-per-worker",
+    "8",
+    "--workers",
+    "8",
+    "--wan",
+    "cross-region",
+    "--strategy",
+    "streaming",
+    "--precision",
+    "bf16",
+]
 
 
 def plan(capsys, *argv: str) -> tuple[int, str, str]:
     from wansync.cli import main
+
     with pytest.raises(SystemExit) as done:
         main(list(argv))
     out = capsys.readouterr()
@@ -158,8 +189,18 @@ def test_a_setting_that_does_not_fit_says_so_in_one_line(capsys):
 
 
 def test_a_setting_that_fits_says_so(capsys):
-    code, out, _ = plan(capsys, *PLAN_70B, "--inside", "fsdp", "--ranks-per-worker", "16", "--outer-state-device",
-                        "cpu", "--gpu-memory", "80GB")
+    code, out, _ = plan(
+        capsys,
+        *PLAN_70B,
+        "--inside",
+        "fsdp",
+        "--ranks-per-worker",
+        "16",
+        "--outer-state-device",
+        "cpu",
+        "--gpu-memory",
+        "80GB",
+    )
     assert code == 0 and "\nfits on 80 GB: " in out
 
 
@@ -170,5 +211,5 @@ def test_a_gpu_memory_it_cannot_read_is_one_line(capsys, size):
 
 
 def test_sizes_read_as_a_person_writes_them():
-    assert parse_bytes("80GB") == 80e9 and parse_bytes("141 GB") == 141e9 and parse_bytes("24GiB") == 24 * 2 ** 30
-    assert parse_bytes("1.5tb") == 1.5e12 and parse_bytes("512 MiB") == 512 * 2 ** 20
+    assert parse_bytes("80GB") == 80e9 and parse_bytes("141 GB") == 141e9 and parse_bytes("24GiB") == 24 * 2**30
+    assert parse_bytes("1.5tb") == 1.5e12 and parse_bytes("512 MiB") == 512 * 2**20

@@ -38,6 +38,7 @@ def _scenario(rank: int, world: int, name: str, port: int) -> dict:
     """A rank of `forked` (forked from the forkserver, torch imported): its plain gloo group gives way
     to the scenario's own."""
     import torch.distributed as dist
+
     dist.destroy_process_group()
     return {"timing": _timing, "training": _training}[name](rank, world, port)
 
@@ -53,7 +54,9 @@ def run_ranks(scenario: str, tmp: Path, timeout: float = 90.0) -> list[dict]:
         procs.append(
             subprocess.Popen(
                 [sys.executable, __file__, scenario, str(rank), str(WORLD), str(port), str(tmp)],
-                stdout=log, stderr=subprocess.STDOUT, env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
             )
         )
         log.close()
@@ -110,7 +113,7 @@ def test_a_collective_completes_no_earlier_than_modelled_and_not_much_later(timi
         # not much later than modelled, counted from the collective's start (its last member's
         # arrival): a loaded host may wake the ranks apart after the barrier, which is not the emulator's
         assert rec["end"] - rec["start"] < s["modelled"] + SLACK
-        assert rec["waited"] == pytest.approx(s["elapsed"] - s["issued"], abs=0.02)   # the time in wait()
+        assert rec["waited"] == pytest.approx(s["elapsed"] - s["issued"], abs=0.02)  # the time in wait()
 
 
 @pytest.mark.timeout(120)
@@ -136,13 +139,13 @@ def test_compute_overlapping_a_collective_hides_it(timing):
 def test_a_transfer_starts_when_its_last_member_issues_it_so_an_early_rank_waits_for_both(timing):
     early, late = (out["straggler"] for out in timing)
     (e1, e2), (l1, l2) = early["records"], late["records"]
-    assert l1["issue"] > e1["issue"] + LATE / 2       # the scenario: rank 1 came late
+    assert l1["issue"] > e1["issue"] + LATE / 2  # the scenario: rank 1 came late
     # one clock for both processes (one kernel): the early rank's transfer started at the late one's start
     assert e1["ready"] == l1["ready"] == l1["start"] == e1["start"]
     assert e1["modelled_end"] == l1["modelled_end"] == pytest.approx(l1["start"] + D, abs=1e-3)
-    assert e2["start"] == l2["start"] == e1["modelled_end"]   # the second queues behind it on both
+    assert e2["start"] == l2["start"] == e1["modelled_end"]  # the second queues behind it on both
     assert e2["modelled_end"] == l2["modelled_end"]
-    for rank in (early, late):                                  # both finish when the model says, together
+    for rank in (early, late):  # both finish when the model says, together
         last = rank["records"][-1]
         assert last["modelled_end"] <= last["end"] < last["modelled_end"] + SLACK
     # the early rank was blocked for the straggler's lateness plus both transfers, not the larger of them
@@ -186,8 +189,14 @@ def test_other_collectives_compute_what_gloo_computes(training):
     for out in training:
         assert out["collectives"] == {k: True for k in out["collectives"]}, out["collectives"]
         assert set(out["collectives"]) >= {
-            "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-            "reduce_scatter_tensor", "barrier", "subgroup_all_reduce", "all_reduce_coalesced",
+            "broadcast",
+            "all_gather",
+            "all_gather_into_tensor",
+            "reduce_scatter",
+            "reduce_scatter_tensor",
+            "barrier",
+            "subgroup_all_reduce",
+            "all_reduce_coalesced",
         }
         assert out["emulator"] == [True, True]  # the default group's; none on a plain gloo group
 
@@ -205,6 +214,7 @@ def _without_an_emulator(rank: int, world: int, store_path: str) -> str:
 
     from wansync import net
     from wansync.errors import ConfigError
+
     dist.destroy_process_group()
     try:
         dist.init_process_group(net.install(), store=dist.FileStore(store_path, 1), rank=0, world_size=1)
@@ -226,6 +236,7 @@ def _short(rank: int, world: int, port: int) -> dict:
 
     from wansync import net
     from wansync.net.work import CallerWork
+
     dist.destroy_process_group()
     emulator, plain = _init(rank, world, port, net.parse_wan("rtt=0.02ms,bw=10gbit"))
     out = {}
@@ -234,8 +245,12 @@ def _short(rank: int, world: int, port: int) -> dict:
     out["caller"] = isinstance(work, CallerWork)
     work.wait()
     rec = work.record
-    out["waited"] = {"sum": t.tolist(), "after_modelled": rec.end >= rec.modelled_end, "booked": rec.waited > 0,
-                     "done": work.is_completed() and work.is_success()}
+    out["waited"] = {
+        "sum": t.tolist(),
+        "after_modelled": rec.end >= rec.modelled_end,
+        "booked": rec.waited > 0,
+        "done": work.is_completed() and work.is_success(),
+    }
     u = torch.full((4,), float(rank + 1))
     fut = dist.all_reduce(u, async_op=True).get_future()
     out["future"] = {"sum": fut.wait()[0].tolist(), "recorded": emulator.records()[-1].end is not None}
@@ -267,8 +282,12 @@ def _init(rank: int, world: int, port: int, topology, seed: int = 0):
 
     emulator = net.Emulator(topology, seed=seed)
     dist.init_process_group(
-        net.install(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-        timeout=timedelta(seconds=60), pg_options=emulator,
+        net.install(),
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+        pg_options=emulator,
     )
     return emulator, dist.new_group(backend="gloo")  # a plain group, for syncing and reference results
 
@@ -295,8 +314,13 @@ def _timing(rank: int, world: int, port: int) -> dict:
     work.wait()
     elapsed = time.perf_counter() - t0
     (rec,) = emulator.records()
-    out["single"] = {"elapsed": elapsed, "issued": issued, "modelled": rec.modelled_s, "value": t.tolist(),
-                     "record": rec.as_dict()}
+    out["single"] = {
+        "elapsed": elapsed,
+        "issued": issued,
+        "modelled": rec.modelled_s,
+        "value": t.tolist(),
+        "record": rec.as_dict(),
+    }
 
     fresh()
     t0 = time.perf_counter()
@@ -469,6 +493,7 @@ def test_sleep_until_never_returns_before_its_end():
     import time
 
     from wansync.net.emulator import WAKE_EARLY_S, sleep_until
+
     for ahead in (-1e-3, 0.0, WAKE_EARLY_S / 2, WAKE_EARLY_S, 2e-3, 1e-2):
         end = time.perf_counter() + ahead
         sleep_until(end)

@@ -64,17 +64,20 @@ def test_the_link_inside_a_worker_is_the_sites_unless_the_spec_names_one():
 
 
 def test_a_group_inside_one_worker_runs_on_the_worker_link_and_its_hops_across_workers_do_not():
-    topo = replace(parse_wan("two-site,worker=nvlink"), ranks_per_worker=2)      # 2 workers of 2 ranks
+    topo = replace(parse_wan("two-site,worker=nvlink"), ranks_per_worker=2)  # 2 workers of 2 ranks
     lan = replace(PRESETS["two-site"], ranks_per_worker=2)
     inside = [collective_duration("allgather", 1e6, 4, t, [0, 1]) for t in (topo, lan)]
     assert inside[0] < inside[1] / 10
     # one rank per worker: no hop inside a worker, the same links either way
-    assert collective_duration("allreduce", 1e6, 4, topo, [0, 2]) == collective_duration("allreduce", 1e6, 4, lan,
-                                                                                        [0, 2])
+    assert collective_duration("allreduce", 1e6, 4, topo, [0, 2]) == collective_duration(
+        "allreduce", 1e6, 4, lan, [0, 2]
+    )
     # every rank: the ring's hops 0->1 and 2->3 are inside a worker (NVLink, not the site's LAN), 1->2
     # and 3->0 cross the sites, which pace the ring: NVLink saves a little latency, nothing more
     every = [collective_duration("allreduce", 1e6, 4, t) for t in (topo, lan)]
     assert every[0] < every[1] < every[0] * 1.05
+
+
 @pytest.mark.parametrize(
     "text, seconds", [("16.6ms", 0.0166), ("2s", 2.0), ("250us", 250e-6), ("0ms", 0.0), ("1e2 ms", 0.1)]
 )
@@ -84,8 +87,17 @@ def test_time_units(text, seconds):
 
 @pytest.mark.parametrize(
     "text, bps",
-    [("1gbit", 1e9), ("800mbit", 800e6), ("10gbps", 10e9), ("100kbit", 1e5), ("5bit", 5.0),
-     ("125MB/s", 1e9), ("1GB/s", 8e9), ("2kB/s", 16e3), ("1.5Gbit", 1.5e9)],
+    [
+        ("1gbit", 1e9),
+        ("800mbit", 800e6),
+        ("10gbps", 10e9),
+        ("100kbit", 1e5),
+        ("5bit", 5.0),
+        ("125MB/s", 1e9),
+        ("1GB/s", 8e9),
+        ("2kB/s", 16e3),
+        ("1.5Gbit", 1.5e9),
+    ],
 )
 def test_rate_units(text, bps):
     assert parse_rate(text) == pytest.approx(bps)
@@ -94,10 +106,23 @@ def test_rate_units(text, bps):
 @pytest.mark.parametrize(
     "text",
     [
-        "", "nowhere", "rtt=16.6ms", "bw=1gbit", "rtt=16.6,bw=1gbit", "rtt=16.6ms,bw=1",
-        "rtt=16.6ms,bw=0gbit", "rtt=-1ms,bw=1gbit", "rtt=1ms,bw=-5mbit", "rtt=1ms,bw=1gbit,color=red",
-        "rtt=1ms,bw=1gbit,sites=0", "rtt=1ms,bw=1gbit,sites=1.5", "rtt=1ms,,bw=1gbit", "rtt=1ms,bw",
-        "rtt=1ms,rtt=2ms,bw=1gbit", "two-site,bw=1mb/s", "lan,jitter=-1ms",
+        "",
+        "nowhere",
+        "rtt=16.6ms",
+        "bw=1gbit",
+        "rtt=16.6,bw=1gbit",
+        "rtt=16.6ms,bw=1",
+        "rtt=16.6ms,bw=0gbit",
+        "rtt=-1ms,bw=1gbit",
+        "rtt=1ms,bw=-5mbit",
+        "rtt=1ms,bw=1gbit,color=red",
+        "rtt=1ms,bw=1gbit,sites=0",
+        "rtt=1ms,bw=1gbit,sites=1.5",
+        "rtt=1ms,,bw=1gbit",
+        "rtt=1ms,bw",
+        "rtt=1ms,rtt=2ms,bw=1gbit",
+        "two-site,bw=1mb/s",
+        "lan,jitter=-1ms",
     ],
 )
 def test_bad_specs_are_one_line_config_errors(text):
@@ -156,9 +181,9 @@ TWO_SITE = PRESETS["two-site"]  # inter: a = 8.3 ms, b = B10G; intra: a = 0.1 ms
 
 
 def test_the_bandwidth_is_the_line_rate_and_tcp_moves_its_framed_share():
-    assert Link(0.0, 1e9).bytes_per_s == pytest.approx(1.25e8 * 0.9564, rel=1e-4)      # 956 Mbit/s of payload
+    assert Link(0.0, 1e9).bytes_per_s == pytest.approx(1.25e8 * 0.9564, rel=1e-4)  # 956 Mbit/s of payload
     assert Link(0.0, 1e9).ring_bytes_per_s == pytest.approx(1.25e8 * 0.9165, rel=1e-4)  # and the ACKs coming back
-    assert Link(0.0, 1e9, mtu=9000).payload_share == pytest.approx(8948 / 9014)          # jumbo frames: 99.3 %
+    assert Link(0.0, 1e9, mtu=9000).payload_share == pytest.approx(8948 / 9014)  # jumbo frames: 99.3 %
     assert parse_wan("rtt=1ms,bw=1gbit,mtu=9000").inter_link.mtu == 9000
     for bad in ("mtu=12", "mtu=big"):
         with pytest.raises(ConfigError, match="mtu"):
@@ -201,8 +226,9 @@ def test_a_ring_of_identical_hops_is_the_textbook_ring():
 
 def test_a_ring_is_paced_by_its_slowest_hop():
     from wansync.net.cost import _Hop, ring_phase
+
     fast, slow = Link(2 * MS, 1e9), Link(40 * MS, 100e6)
-    b_fast, b_slow = fast.bytes_per_s, slow.bytes_per_s            # one way: no flow back on their lines
+    b_fast, b_slow = fast.bytes_per_s, slow.bytes_per_s  # one way: no flow back on their lines
     chunk = 1e6
     # three hops, one slow: 2 steps (a reduce-scatter over 3): every chunk crosses the slow hop in turn
     # (2·chunk at its rate), and a chain of 2 hops pays its latency once
@@ -259,17 +285,18 @@ def test_all_ranks_of_two_sites_all_reducing_flat_cross_the_uplink_on_every_step
     # moving B/4 over the 1 Gbit/s link: 2·3 steps of 2.5 MB = 1.5·B over it, more than one rank
     # all-reducing the whole model across (B): the hierarchical all-reduce (inside, across, back) wins
     from wansync.net.cost import allreduce_algorithm, hierarchical_seconds
+
     flat = collective_duration("allreduce", MODEL, 4, CROSS_R2)
     chunk = MODEL / 4 / B1G
     # pipelined, not in lockstep: at least every chunk over a crossing hop and a chain of 6 steps
     # crossing the WAN every other hop (3 latencies), at most 6 steps of both
     assert max(6 * chunk + 50 * MS, 3 * (50 * MS + chunk)) < flat < 6 * (chunk + 50 * MS)
     hier = hierarchical_seconds(MODEL, 4, CROSS_R2)
-    inside = 2 * 0.1 * MS + MODEL / B10G                            # AR(2, B, lan)
-    back = 0.1 * MS + MODEL / O10G                                   # a broadcast inside
+    inside = 2 * 0.1 * MS + MODEL / B10G  # AR(2, B, lan)
+    back = 0.1 * MS + MODEL / O10G  # a broadcast inside
     assert hier == pytest.approx(inside + ACROSS + back)
     assert allreduce_algorithm(MODEL, 4, CROSS_R2) == "hierarchical"
-    assert allreduce_algorithm(MODEL, 4, CROSS_R2, [0, 2]) == "flat"          # one rank per site: nothing to gain
+    assert allreduce_algorithm(MODEL, 4, CROSS_R2, [0, 2]) == "flat"  # one rank per site: nothing to gain
     rs_across = 50 * MS + 0.5 * MODEL / B1G
     assert collective_duration("allgather", MODEL / 2, 4, CROSS_R2, [0, 2], parallel=2) == pytest.approx(rs_across)
 
@@ -279,7 +306,8 @@ def test_broadcast_and_point_to_point_share_the_uplink_only_with_parallel_copies
     inside = 0.1 * MS + MODEL / O10G
     assert collective_duration("broadcast", MODEL, 4, CROSS_R2) == pytest.approx(50 * MS + MODEL / O1G + inside)
     assert collective_duration("broadcast", MODEL, 4, CROSS_R2, [0, 2], parallel=2) == pytest.approx(
-        50 * MS + 2 * MODEL / O1G)
+        50 * MS + 2 * MODEL / O1G
+    )
     sent = collective_duration("send", MODEL, 4, CROSS_R2, [0, 2], parallel=2)
     assert sent == pytest.approx(50 * MS + 2 * MODEL / O1G)
     assert collective_duration("send", MODEL, 4, CROSS_R2, [0, 1], parallel=2) == pytest.approx(inside)

@@ -23,7 +23,7 @@ WORLD = 4
 MS = 1e-3
 MODEL_BYTES = 8_000_000
 HALF = MODEL_BYTES // 2
-B1G, B10G = 1.25e8 * 1448 / 1580, 1.25e9 * 1448 / 1580     # a ring's payload bytes/s on a 1 and a 10 Gbit/s line
+B1G, B10G = 1.25e8 * 1448 / 1580, 1.25e9 * 1448 / 1580  # a ring's payload bytes/s on a 1 and a 10 Gbit/s line
 SHARED = 100 * MS + 2 * 0.5 * 2 * HALF / B1G  # 169.8 ms: {0, 2} and {1, 3} at once
 ALONE = 100 * MS + 2 * 0.5 * HALF / B1G  # 134.9 ms: a group made without options
 
@@ -42,6 +42,7 @@ def _free_port() -> int:
 def _replicas_rank(rank: int, world: int, port: int) -> dict:
     """A rank of `run_ranks` (forked, torch imported): its plain gloo group gives way to the emulated one."""
     import torch.distributed as dist
+
     dist.destroy_process_group()
     return _replicas(rank, port)
 
@@ -77,8 +78,10 @@ def test_all_ranks_all_reducing_are_one_flat_ring_that_crosses_the_sites_on_ever
     from dataclasses import replace
 
     from wansync import net
-    expected = net.collective_duration("allreduce", MODEL_BYTES, WORLD,
-                                       replace(net.parse_wan("cross-region"), ranks_per_worker=2))
+
+    expected = net.collective_duration(
+        "allreduce", MODEL_BYTES, WORLD, replace(net.parse_wan("cross-region"), ranks_per_worker=2)
+    )
     for out in replicas:
         assert out["world"]["modelled_s"] == pytest.approx(expected, rel=1e-12)
         assert out["world"]["modelled_s"] > ALL_RANKS_FLOOR
@@ -110,15 +113,22 @@ def _replicas(rank: int, port: int) -> dict:
     topology = replace(net.parse_wan("cross-region"), ranks_per_worker=2)
     emulator = net.Emulator(topology, seed=0)
     dist.init_process_group(
-        net.install(), init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-        timeout=timedelta(seconds=60), pg_options=emulator,
+        net.install(),
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=60),
+        pg_options=emulator,
     )
     plain = dist.new_group(backend="gloo")
     options = net.shared_uplink(2)
     out: dict = {
         "sites": [topology.site_of(r, WORLD) for r in range(WORLD)],
-        "options": {"carries_the_emulator": options.emulator is emulator, "copies": options.copies,
-                    "plain_group": net.shared_uplink(2, group=plain)},
+        "options": {
+            "carries_the_emulator": options.emulator is emulator,
+            "copies": options.copies,
+            "plain_group": net.shared_uplink(2, group=plain),
+        },
     }
     cross = [dist.new_group(ranks, pg_options=net.shared_uplink(2)) for ranks in ([0, 2], [1, 3])]
     alone = [dist.new_group(ranks) for ranks in ([0, 2], [1, 3])]
@@ -134,8 +144,12 @@ def _replicas(rank: int, port: int) -> dict:
     dist.all_reduce(shard, group=mine)
     elapsed = time.perf_counter() - t0
     (rec,) = emulator.records()
-    out["shared"] = {"parallel": mine.parallel, "record": rec.as_dict(), "elapsed": elapsed,
-                     "value_ok": bool(torch.all(shard == float(rank + (rank + 2) % WORLD)))}
+    out["shared"] = {
+        "parallel": mine.parallel,
+        "record": rec.as_dict(),
+        "elapsed": elapsed,
+        "value_ok": bool(torch.all(shard == float(rank + (rank + 2) % WORLD))),
+    }
 
     fresh()
     dist.all_reduce(torch.ones(HALF // 4), group=mine_alone)

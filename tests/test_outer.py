@@ -1,4 +1,5 @@
 """The shared anchor + outer optimizer (strategies/outer.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ def test_outer_step_is_torch_sgd_on_parameters():
     ref = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     opt = torch.optim.SGD([ref], lr=0.7, momentum=0.9, nesterov=True)
     for g in (torch.tensor([0.1, 0.2]), torch.tensor([-0.3, 0.05])):
-        a.outer_step(g.clone())                      # the outer step overwrites its Δ̄
+        a.outer_step(g.clone())  # the outer step overwrites its Δ̄
         ref.grad = g
         opt.step()
     assert torch.equal(a.value, ref.detach())
@@ -63,14 +64,14 @@ def test_a_step_from_the_average_loaded_into_the_model_is_torch_sgd_on_the_pseud
     model = torch.nn.Module()
     model.w = torch.nn.Parameter(torch.randn(n, generator=gen))
     model.register_buffer("running", torch.rand(7, generator=gen))
-    flat = torch.cat([model.w.detach(), model.running])        # the model moved into one flat buffer
+    flat = torch.cat([model.w.detach(), model.running])  # the model moved into one flat buffer
     model.w.data, model.running.data = flat[:n], flat[n:]
     a = Anchor([model.w, model.running], lr=0.7, momentum=momentum, nesterov=nesterov)
     ref = torch.nn.Parameter(a.value[:n].clone())
     opt = torch.optim.SGD([ref], lr=0.7 if divide is None else 0.5 * divide, momentum=momentum, nesterov=nesterov)
     for step in range(3):
         avg = a.value + torch.randn(n + 7, generator=gen) * 1e-2
-        flat.copy_(avg)                                        # the model holds θ̄ after the exchange
+        flat.copy_(avg)  # the model holds θ̄ after the exchange
         ref.grad = a.value[:n] - avg[:n] if divide is None else (a.value[:n] - avg[:n]) / divide
         opt.step()
         if divide is None:
@@ -89,13 +90,13 @@ def test_the_pseudo_gradient_is_one_pass_over_the_tensors_where_they_lie():
     w, b = torch.nn.Parameter(torch.randn(5, 7, generator=gen)), torch.nn.Parameter(torch.randn(3, generator=gen))
     a = Anchor([w, b], lr=0.7, momentum=0.9)
     with torch.no_grad():
-        w.data = torch.randn(7, 5, generator=gen).t()          # non-contiguous
+        w.data = torch.randn(7, 5, generator=gen).t()  # non-contiguous
         b.add_(1.0)
     expected = a.value - torch.cat([w.detach().reshape(-1), b.detach()])
     assert torch.equal(a.pseudo_gradient(), expected)
     assert torch.equal(a.pseudo_gradient(a.local()), expected)
     flat = torch.cat([w.detach().reshape(-1), b.detach()])
-    w.data, b.data = flat[:35].view(5, 7), flat[35:]           # packed
+    w.data, b.data = flat[:35].view(5, 7), flat[35:]  # packed
     assert a.flat.packed() is not None and torch.equal(a.pseudo_gradient(), expected)
 
 

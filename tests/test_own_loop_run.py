@@ -1,6 +1,7 @@
 """Your own loop gets what `wansync train` has (`ws.Run`, run through examples/own_loop.py): the
 profiler that adds up, DDP's exposed communication, the run directory `wansync report` reads, the
 guards at construction, TensorBoard (also from the CLI's `--tensorboard`) and the progress line."""
+
 from __future__ import annotations
 
 import csv
@@ -35,6 +36,7 @@ def example() -> Any:
 def scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar series in `log_dir`, read back by TensorBoard's own reader."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(log_dir))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
@@ -47,6 +49,7 @@ def _two_loops(rank: int, world: int, root: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from wansync import net
+
     lan = dist.new_group(backend=net.install(), pg_options=net.Emulator(net.parse_wan("lan"), seed=0))
     train = example().train
     with warnings.catch_warnings(record=True) as caught:
@@ -55,8 +58,10 @@ def _two_loops(rank: int, world: int, root: str) -> dict[str, Any]:
         built = len(caught)
         train(f"{root}/diloco", "diloco", steps=12, eval_every=6, tensorboard=True, sync_every=5)
         train(f"{root}/sparseloco", "sparseloco", steps=12, eval_every=6, tensorboard=True, sync_every=3, density=0.1)
-    return {"ddp": [str(w.message) for w in caught[:built]],
-            "diloco": [(w.category.__name__, str(w.message), Path(w.filename).name) for w in caught[built:]]}
+    return {
+        "ddp": [str(w.message) for w in caught[:built]],
+        "diloco": [(w.category.__name__, str(w.message), Path(w.filename).name) for w in caught[built:]],
+    }
 
 
 def test_a_user_loop_gets_the_profile_run_directory_guards_and_tensorboard_of_the_cli(tmp_path):
@@ -64,8 +69,9 @@ def test_a_user_loop_gets_the_profile_run_directory_guards_and_tensorboard_of_th
     # the guard, at construction, once (rank 0), pointing at the user's line; nothing else to say
     assert warned[0]["ddp"] == [] and warned[1] == {"ddp": [], "diloco": []}
     assert [(c, f) for c, m, f in warned[0]["diloco"]] == [("RegimeWarning", "own_loop.py")]
-    assert warned[0]["diloco"][0][1].startswith("diloco: outer Nesterov momentum 0.9 (gain 7) applied as often "
-                                                "as every 5 inner steps")
+    assert warned[0]["diloco"][0][1].startswith(
+        "diloco: outer Nesterov momentum 0.9 (gain 7) applied as often " "as every 5 inner steps"
+    )
     for name in ("ddp", "diloco", "sparseloco"):
         run = tmp_path / name
         prof = json.loads((run / "profile.json").read_text())
@@ -74,7 +80,7 @@ def test_a_user_loop_gets_the_profile_run_directory_guards_and_tensorboard_of_th
         assert abs(sum(prof["categories_s"].values()) - wall) <= 0.01 * wall, prof["categories_s"]
         assert summary["wall_clock_s"] == wall and summary["steps"] == 12 and summary["workers"] == 2
         assert summary["strategy"] == name and summary["final_val_loss"] < summary["first_eval"]
-        for rank in (0, 1):                           # every rank's step times, for the planner
+        for rank in (0, 1):  # every rank's step times, for the planner
             steps_s = json.loads((run / "logs" / f"profile_rank{rank}.json").read_text())["steps_s"]
             assert len(steps_s["compute"]) == len(steps_s["other"]) == 12
         tags = scalars(run / "tensorboard")
@@ -90,21 +96,43 @@ def test_a_user_loop_gets_the_profile_run_directory_guards_and_tensorboard_of_th
     assert diloco["sync_events"] >= 2 and diloco["wan"] is None
     assert SYNC_TAGS <= set(scalars(tmp_path / "diloco" / "tensorboard"))
     sparse = json.loads((tmp_path / "sparseloco" / "summary.json").read_text())
-    assert sparse["sync_events"] == 4 and set(sparse["comm"]["pseudo_grads"]["parts"]) == {"indices", "values", "tables"}
+    assert sparse["sync_events"] == 4 and set(sparse["comm"]["pseudo_grads"]["parts"]) == {
+        "indices",
+        "values",
+        "tables",
+    }
     assert {"sync/events", "sync/bytes"} <= set(scalars(tmp_path / "sparseloco" / "tensorboard"))
     # `wansync report` reads both like any other runs
     r = wansync("report", str(tmp_path), "--no-plots")
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "summary.csv", newline="") as f:
         rows = {row["setting"]: row for row in csv.DictReader(f)}
-    assert {k: (row["status"], row["exposed_comm_pct_mean"] != "") for k, row in rows.items()} == \
-        {"ddp": ("ok", True), "diloco": ("ok", True), "sparseloco": ("ok", True)}, r.stdout
+    assert {k: (row["status"], row["exposed_comm_pct_mean"] != "") for k, row in rows.items()} == {
+        "ddp": ("ok", True),
+        "diloco": ("ok", True),
+        "sparseloco": ("ok", True),
+    }, r.stdout
 
 
 def test_tensorboard_from_the_command_line(tmp_path):
     out = tmp_path / "run"
-    r = wansync("train", "--strategy", "local_sgd", "--sync-every", "2", "--workers", "2", "--steps", "4",
-                "--eval-every", "2", "--tensorboard", "--out", str(out), *TINY)
+    r = wansync(
+        "train",
+        "--strategy",
+        "local_sgd",
+        "--sync-every",
+        "2",
+        "--workers",
+        "2",
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--tensorboard",
+        "--out",
+        str(out),
+        *TINY,
+    )
     assert r.returncode == 0, r.stderr
     tags = scalars(out / "tensorboard")
     assert STEP_TAGS | SYNC_TAGS | {"train/lr", "eval/val_loss", "eval/val_ppl", "eval/val_bpb"} <= set(tags)
@@ -122,8 +150,9 @@ def _no_tensorboard() -> None:
 def test_tensorboard_missing_is_one_line_before_any_work(tmp_path):
     r = wansync("train", "--tensorboard", "--out", str(tmp_path / "run"), *TINY, setup=_no_tensorboard)
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines() == ["wansync: error: TensorBoard scalars need the tensorboard package: "
-                                             "pip install 'wansync[tensorboard]'"]
+    assert r.stderr.strip().splitlines() == [
+        "wansync: error: TensorBoard scalars need the tensorboard package: " "pip install 'wansync[tensorboard]'"
+    ]
     assert not (tmp_path / "run").exists()
 
 
@@ -141,13 +170,17 @@ def test_progress_is_a_tqdm_bar_on_a_terminal_and_plain_lines_elsewhere():
         p.close()
         return stream.getvalue()
 
-    plain = ["[ddp] step 10/25 loss 1.000 512 tok/s", "[ddp] step 20/25 loss 1.000 512 tok/s",
-             "[ddp] step 25/25 loss 1.000 512 tok/s", "[ddp] step 25: val_loss 1.0000"]
-    assert drive(io.StringIO()).splitlines() == plain              # a log file, CI: as before tqdm
-    assert drive(Terminal(), quiet=True).splitlines() == plain     # --quiet on a terminal
-    assert drive(Terminal(), enabled=False) == ""                  # ranks but the first
+    plain = [
+        "[ddp] step 10/25 loss 1.000 512 tok/s",
+        "[ddp] step 20/25 loss 1.000 512 tok/s",
+        "[ddp] step 25/25 loss 1.000 512 tok/s",
+        "[ddp] step 25: val_loss 1.0000",
+    ]
+    assert drive(io.StringIO()).splitlines() == plain  # a log file, CI: as before tqdm
+    assert drive(Terminal(), quiet=True).splitlines() == plain  # --quiet on a terminal
+    assert drive(Terminal(), enabled=False) == ""  # ranks but the first
     bar = drive(Terminal())
-    assert "25/25" in bar and "step/s" in bar and "<00:00" in bar and "loss 1.000 512 tok/s" in bar   # rate, ETA
+    assert "25/25" in bar and "step/s" in bar and "<00:00" in bar and "loss 1.000 512 tok/s" in bar  # rate, ETA
     assert "[ddp] step 25: val_loss 1.0000\n" in bar and "step 10/25 loss" not in bar
 
 
@@ -161,9 +194,18 @@ def _hf_loops(rank: int, world: int, root: str) -> dict[str, Any]:
 
     import wansync as ws
     from wansync import net
+
     lan = dist.new_group(backend=net.install(), pg_options=net.Emulator(net.parse_wan("lan"), seed=0))
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        use_cache=False,
+    )
     tokens = torch.randint(0, 64, (8, 4, 16), generator=torch.Generator().manual_seed(rank))
     lrs = {}
     for name, group, steps in (("ddp", lan, 8), ("cpdp", None, 8)):
@@ -194,7 +236,7 @@ def _hf_loops(rank: int, world: int, root: str) -> dict[str, Any]:
 def test_a_hugging_face_model_in_the_users_loop(tmp_path):
     pytest.importorskip("transformers")
     lrs = run_ranks(_hf_loops, 2, str(tmp_path), timeout=150)
-    assert lrs[0]["cpdp"][0] == 0.0 and 0.0 in lrs[0]["cpdp"][4:]      # boundaries at lr 0 finished
+    assert lrs[0]["cpdp"][0] == 0.0 and 0.0 in lrs[0]["cpdp"][4:]  # boundaries at lr 0 finished
     ddp = json.loads((tmp_path / "ddp" / "profile.json").read_text())
     wall = ddp["wall_clock_s"]
     assert abs(sum(ddp["categories_s"].values()) - wall) <= 0.01 * wall, ddp["categories_s"]
@@ -211,6 +253,7 @@ def _second_run_into(rank: int, world: int, root: str) -> dict[str, Any]:
     import torch
     import wansync as ws
     from wansync.errors import ConfigError
+
     model = torch.nn.Linear(4, 1)
     sync = ws.strategy("local_sgd", model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2)
     with ws.Run(sync, out=root, quiet=True) as run:
@@ -221,7 +264,7 @@ def _second_run_into(rank: int, world: int, root: str) -> dict[str, Any]:
             run.log(0.5)
         sync.finish()
         run.evaluate({"val_loss": 0.5})
-    torch.distributed.barrier()         # rank 0 has written summary.json: a second program would start after it
+    torch.distributed.barrier()  # rank 0 has written summary.json: a second program would start after it
     before = (Path(root) / "metrics.jsonl").read_text() if rank == 0 else ""
     try:
         ws.Run(sync, out=root, quiet=True)

@@ -1,5 +1,6 @@
 """Peer wait: the part of a rank's exposed communication spent waiting for later-arriving peers,
 from durations on each rank's own clock (the last rank to arrive at an exchange waits for no one)."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,12 @@ from wansync.telemetry.peerwait import PROFILE, peer_waits, record
 
 
 def profile(exposed: dict[int, float], compute: float = 1.0, wall: float = 2.0) -> dict:
-    return {"wall_clock_s": wall, "categories_s": {"compute": compute, "exposed_comm": sum(exposed.values())},
-            "derived": {"exposed_comm_pct": 100 * sum(exposed.values()) / wall},
-            "events": [{"step": s, "exposed_s": e} for s, e in exposed.items()]}
+    return {
+        "wall_clock_s": wall,
+        "categories_s": {"compute": compute, "exposed_comm": sum(exposed.values())},
+        "derived": {"exposed_comm_pct": 100 * sum(exposed.values()) / wall},
+        "events": [{"step": s, "exposed_s": e} for s, e in exposed.items()],
+    }
 
 
 def test_ranks_taking_turns_to_arrive_late_each_wait_beyond_the_last_arrivers_time():
@@ -28,7 +32,7 @@ def test_identical_ranks_wait_for_no_one():
 def test_only_steps_every_rank_exchanged_at_count():
     waits = peer_waits({0: profile({5: 0.5, 7: 9.0}), 1: profile({5: 0.2}), 2: profile({5: 0.3, 7: 0.0})})
     assert waits == pytest.approx({0: 0.3, 1: 0.0, 2: 0.1})
-    assert peer_waits({0: profile({5: 0.5})}) is None                        # one rank: nothing to compare
+    assert peer_waits({0: profile({5: 0.5})}) is None  # one rank: nothing to compare
     assert peer_waits({0: profile({5: 0.5}), 1: profile({6: 0.5})}) is None  # no exchange in common
 
 
@@ -62,7 +66,7 @@ def test_an_unreadable_ranks_profile_leaves_profile_json_as_rank_0_wrote_it(tmp_
     logs.mkdir()
     (tmp_path / "profile.json").write_text(json.dumps(profile({5: 0.5})))
     (logs / PROFILE.format(0)).write_text(json.dumps(profile({5: 0.5})))
-    (logs / PROFILE.format(1)).write_text('{"events": [')                    # cut off mid-write
+    (logs / PROFILE.format(1)).write_text('{"events": [')  # cut off mid-write
     before = (tmp_path / "profile.json").read_text()
     record(tmp_path, logs, world=2)
     assert (tmp_path / "profile.json").read_text() == before

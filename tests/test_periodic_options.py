@@ -1,4 +1,5 @@
 """Options of SlowMo, CPDP, DiLoCo and post-local SGD: defaults, one-line errors, the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -15,20 +16,57 @@ pytestmark = pytest.mark.timeout(180)
 MINE = ("slowmo", "cpdp", "diloco", "post_local_sgd")
 
 
-PACE = {"slow_policy": "wait", "deadline": 0.0}        # workers of different speeds (`strategies.pace`)
+PACE = {"slow_policy": "wait", "deadline": 0.0}  # workers of different speeds (`strategies.pace`)
 
 
 def test_registered_with_spec_defaults():
     assert set(MINE) <= set(STRATEGIES)
     outer = {"outer_state_device": "model", **PACE}
-    assert vars(make_options("slowmo")) == {"sync_every": 8, "slowmo_beta": 0.5, "slowmo_lr": 1.0,
-                                            "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **outer}
-    assert vars(make_options("cpdp")) == {"sync_every": 4, "slowmo_beta": 0.3, "slowmo_lr": 1.0, "grad_phase": True,
-                                          "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **outer}
-    assert vars(make_options("diloco")) == {"sync_every": 100, "outer_lr": 0.7, "outer_momentum": 0.9,
-                                            "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **outer,
-                                            "overlap_rounds": False}
-    assert vars(make_options("post_local_sgd")) == {"sync_every": 8, "switch_step": 100, "sync_optimizer_state": False, "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, **PACE}
+    assert vars(make_options("slowmo")) == {
+        "sync_every": 8,
+        "slowmo_beta": 0.5,
+        "slowmo_lr": 1.0,
+        "sync_optimizer_state": False,
+        "drift_telemetry": True,
+        "codec": "fp32",
+        "codec_collective": "auto",
+        "error_feedback": False,
+        **outer,
+    }
+    assert vars(make_options("cpdp")) == {
+        "sync_every": 4,
+        "slowmo_beta": 0.3,
+        "slowmo_lr": 1.0,
+        "grad_phase": True,
+        "sync_optimizer_state": False,
+        "drift_telemetry": True,
+        "codec": "fp32",
+        "codec_collective": "auto",
+        "error_feedback": False,
+        **outer,
+    }
+    assert vars(make_options("diloco")) == {
+        "sync_every": 100,
+        "outer_lr": 0.7,
+        "outer_momentum": 0.9,
+        "sync_optimizer_state": False,
+        "drift_telemetry": True,
+        "codec": "fp32",
+        "codec_collective": "auto",
+        "error_feedback": False,
+        **outer,
+        "overlap_rounds": False,
+    }
+    assert vars(make_options("post_local_sgd")) == {
+        "sync_every": 8,
+        "switch_step": 100,
+        "sync_optimizer_state": False,
+        "drift_telemetry": True,
+        "codec": "fp32",
+        "codec_collective": "auto",
+        "error_feedback": False,
+        **PACE,
+    }
 
 
 @pytest.mark.parametrize("name", MINE)
@@ -37,21 +75,24 @@ def test_every_option_is_a_config_key(name):
     assert "sync_optimizer_state" in option_names(name) and "drift_telemetry" in option_names(name)
 
 
-@pytest.mark.parametrize("name, options, message", [
-    ("slowmo", {"sync_every": 0}, "sync_every must be >= 1, got 0"),
-    ("cpdp", {"sync_every": 0}, "sync_every must be >= 1, got 0"),
-    ("diloco", {"sync_every": -3}, "sync_every must be >= 1, got -3"),
-    ("post_local_sgd", {"sync_every": 0}, "sync_every must be >= 1, got 0"),
-    ("slowmo", {"slowmo_beta": 1.0}, "slowmo_beta must be in [0, 1), got 1.0"),
-    ("cpdp", {"slowmo_beta": -0.1}, "slowmo_beta must be in [0, 1), got -0.1"),
-    ("cpdp", {"slowmo_beta": 1.0}, "slowmo_beta must be in [0, 1), got 1.0"),
-    ("slowmo", {"slowmo_lr": 0.0}, "slowmo_lr must be > 0, got 0.0"),
-    ("cpdp", {"slowmo_lr": -1.0}, "slowmo_lr must be > 0, got -1.0"),
-    ("diloco", {"outer_lr": 0.0}, "outer_lr must be > 0, got 0.0"),
-    ("diloco", {"outer_momentum": 1.0}, "outer_momentum must be in [0, 1), got 1.0"),
-    ("post_local_sgd", {"switch_step": -1}, "switch_step must be >= 0, got -1"),
-    ("cpdp", {"outer_lr": 0.5}, "strategy cpdp has no option 'outer_lr'"),
-])
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("slowmo", {"sync_every": 0}, "sync_every must be >= 1, got 0"),
+        ("cpdp", {"sync_every": 0}, "sync_every must be >= 1, got 0"),
+        ("diloco", {"sync_every": -3}, "sync_every must be >= 1, got -3"),
+        ("post_local_sgd", {"sync_every": 0}, "sync_every must be >= 1, got 0"),
+        ("slowmo", {"slowmo_beta": 1.0}, "slowmo_beta must be in [0, 1), got 1.0"),
+        ("cpdp", {"slowmo_beta": -0.1}, "slowmo_beta must be in [0, 1), got -0.1"),
+        ("cpdp", {"slowmo_beta": 1.0}, "slowmo_beta must be in [0, 1), got 1.0"),
+        ("slowmo", {"slowmo_lr": 0.0}, "slowmo_lr must be > 0, got 0.0"),
+        ("cpdp", {"slowmo_lr": -1.0}, "slowmo_lr must be > 0, got -1.0"),
+        ("diloco", {"outer_lr": 0.0}, "outer_lr must be > 0, got 0.0"),
+        ("diloco", {"outer_momentum": 1.0}, "outer_momentum must be in [0, 1), got 1.0"),
+        ("post_local_sgd", {"switch_step": -1}, "switch_step must be >= 0, got -1"),
+        ("cpdp", {"outer_lr": 0.5}, "strategy cpdp has no option 'outer_lr'"),
+    ],
+)
 def test_bad_options_are_one_line_config_errors(name, options, message):
     with pytest.raises(ConfigError) as e:
         make_options(name, **options)
@@ -69,15 +110,43 @@ def test_cli_bad_beta_is_one_line_and_nonzero(tmp_path):
 
 def test_cli_cpdp_run_without_gradient_phase_and_with_optimizer_state_sync(tmp_path):
     out = tmp_path / "run"
-    r = wansync("train", "--strategy", "cpdp", "--workers", "2", "--steps", "8", "--sync-every", "4",
-                "--slowmo-beta", "0.3", "--slowmo-lr", "1", "--no-grad-phase", "--sync-optimizer-state",
-                "--eval-every", "8", "--out", str(out), *TINY)
+    r = wansync(
+        "train",
+        "--strategy",
+        "cpdp",
+        "--workers",
+        "2",
+        "--steps",
+        "8",
+        "--sync-every",
+        "4",
+        "--slowmo-beta",
+        "0.3",
+        "--slowmo-lr",
+        "1",
+        "--no-grad-phase",
+        "--sync-optimizer-state",
+        "--eval-every",
+        "8",
+        "--out",
+        str(out),
+        *TINY,
+    )
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["options"] == {"sync_every": 4, "slowmo_beta": 0.3, "slowmo_lr": 1.0, "grad_phase": False,
-                                  "sync_optimizer_state": True, "drift_telemetry": True, "codec": "fp32",
-                                  "codec_collective": "auto", "error_feedback": False, "outer_state_device": "model",
-                                  **PACE}
+    assert summary["options"] == {
+        "sync_every": 4,
+        "slowmo_beta": 0.3,
+        "slowmo_lr": 1.0,
+        "grad_phase": False,
+        "sync_optimizer_state": True,
+        "drift_telemetry": True,
+        "codec": "fp32",
+        "codec_collective": "auto",
+        "error_feedback": False,
+        "outer_state_device": "model",
+        **PACE,
+    }
     assert summary["sync_events"] == 2 and "grads" not in summary["comm"]
     assert summary["comm"]["params"]["calls"] == 2 and summary["comm"]["optim_state"]["calls"] == 2
     syncs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

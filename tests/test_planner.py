@@ -1,6 +1,7 @@
 """The planner predicts from the strategies' real schedules: for the same knobs, the transfers it
 plans (which step, which purpose, which fragment, how many bytes, when waited for) are the ones the
 strategy makes on a real 2-rank gloo group. No timing is asserted."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,14 +53,16 @@ def run_cases(rank: int, world: int) -> list[dict[str, Any]]:
     out = []
     for name, options in CASES:
         m = model()
-        opt = (torch.optim.SGD if name == "demo" else torch.optim.AdamW)(m.parameters(), lr=1e-2)   # demo: a carrier
+        opt = (torch.optim.SGD if name == "demo" else torch.optim.AdamW)(m.parameters(), lr=1e-2)  # demo: a carrier
         sync = ws.strategy(name, m, opt, **options)
         events: list[dict[str, Any]] = []
         sync.on_event(events.append)
         per_step, before = [], _ledger(sync)
         for step in range(STEPS):
             g = torch.Generator().manual_seed(97 * rank + step)
-            nn.functional.mse_loss(sync.model(torch.randn(8, 6, generator=g)), torch.randn(8, 3, generator=g)).backward()
+            nn.functional.mse_loss(
+                sync.model(torch.randn(8, 6, generator=g)), torch.randn(8, 3, generator=g)
+            ).backward()
             sync.step()
             sync.zero_grad()
             now = _ledger(sync)
@@ -67,8 +70,11 @@ def run_cases(rank: int, world: int) -> list[dict[str, Any]]:
             before = now
         sync.finish()
         finish = dict(_ledger(sync) - before)
-        frags = sorted((e["started"], e["fragment"], e["bytes"], e["step"]) for e in events
-                       if e["type"] == "sync" and e.get("kind") == "fragment")
+        frags = sorted(
+            (e["started"], e["fragment"], e["bytes"], e["step"])
+            for e in events
+            if e["type"] == "sync" and e.get("kind") == "fragment"
+        )
         finals = sorted((e["fragment"], e["bytes"]) for e in events if e["type"] == "sync" and e.get("kind") == "final")
         out.append({"per_step": per_step, "finish": finish, "fragments": frags, "finals": finals})
     return out
@@ -90,12 +96,23 @@ def planned(name: str, options: dict[str, Any]) -> dict[str, Any]:
         return dict(+c)
 
     waited = {id(a.transfer): t for t, acts in enumerate(tr.steps, 1) for a in acts if a.kind == "wait"}
-    frags = sorted((a.transfer.step, a.transfer.fragment, a.transfer.payload, waited.get(id(a.transfer), STEPS))
-                   for acts in tr.steps for a in acts if a.kind == "issue" and a.transfer.fragment is not None)
-    finals = sorted((a.transfer.fragment, a.transfer.payload) for a in tr.finish
-                    if a.kind == "issue" and a.transfer.fragment is not None)
-    return {"per_step": [payloads(acts) for acts in tr.steps], "finish": payloads(tr.finish), "fragments": frags,
-            "finals": finals}
+    frags = sorted(
+        (a.transfer.step, a.transfer.fragment, a.transfer.payload, waited.get(id(a.transfer), STEPS))
+        for acts in tr.steps
+        for a in acts
+        if a.kind == "issue" and a.transfer.fragment is not None
+    )
+    finals = sorted(
+        (a.transfer.fragment, a.transfer.payload)
+        for a in tr.finish
+        if a.kind == "issue" and a.transfer.fragment is not None
+    )
+    return {
+        "per_step": [payloads(acts) for acts in tr.steps],
+        "finish": payloads(tr.finish),
+        "fragments": frags,
+        "finals": finals,
+    }
 
 
 def test_every_strategy_has_a_case():
@@ -106,14 +123,14 @@ def test_every_strategy_has_a_case():
 def test_the_planned_transfers_are_the_ones_the_strategy_makes(measured, case):
     name, options = CASES[case]
     got, want = measured[case], planned(name, options)
-    assert got["per_step"] == want["per_step"]          # every step's bytes, by purpose
-    assert got["fragments"] == want["fragments"]        # (start step, fragment, bytes, merge step)
+    assert got["per_step"] == want["per_step"]  # every step's bytes, by purpose
+    assert got["fragments"] == want["fragments"]  # (start step, fragment, bytes, merge step)
     assert got["finals"] == want["finals"]
     assert got["finish"] == want["finish"]
 
 
 def test_ddp_buckets_close_at_their_caps_in_backward_order():
-    assert ddp_buckets([10, 20, 30], first_cap=100, cap=100) == [120, 120]     # bytes: 4 per element
+    assert ddp_buckets([10, 20, 30], first_cap=100, cap=100) == [120, 120]  # bytes: 4 per element
     assert ddp_buckets([5, 1, 300_000], first_cap=8, cap=100) == [1_200_000, 24]
 
 
@@ -132,6 +149,7 @@ def test_an_exchange_sharded_over_a_workers_ranks_moves_the_whole_model_over_the
     from wansync.planner.schedule import Transfer
     from wansync.net import NVLINK
     from wansync.planner.simulate import transfer_seconds
+
     link, b = dataclasses.replace(PRESETS["cross-region"], worker_link=NVLINK), 10_000_000
     exchange = Transfer(0, "params", "allreduce", b, b)
     in_worker = Topology(sites=1, intra_link=NVLINK, inter_link=NVLINK)
@@ -144,23 +162,49 @@ def test_an_exchange_sharded_over_a_workers_ranks_moves_the_whole_model_over_the
 
 def test_cocodc_picks_its_automatic_n_within_its_caps():
     base = dict(size=of_params(1e9), workers=8, topology=PRESETS["cross-region"], step_s=0.5, ranks_per_worker=8)
-    n = predict(setting("cocodc", {}, **base)).syncs_per_period   # defaults: P = 4, c = 2, H = 100
+    n = predict(setting("cocodc", {}, **base)).syncs_per_period  # defaults: P = 4, c = 2, H = 100
     assert 4 <= n <= 8
 
 
 def test_plan_rejects_a_missing_link():
     from wansync.config import build_config
     from wansync.planner import plan_command
+
     with pytest.raises(ConfigError, match="--wan"):
-        plan_command(build_config(None, {}), params=1e6, step_s=0.1, measure=False,
-                     target_pct=None, tokens_per_step=None, flops=4e14)
+        plan_command(
+            build_config(None, {}),
+            params=1e6,
+            step_s=0.1,
+            measure=False,
+            target_pct=None,
+            tokens_per_step=None,
+            flops=4e14,
+        )
 
 
 def test_plan_prints_one_screen_with_the_recommended_period(capsys):
     from wansync.cli import main
+
     with pytest.raises(SystemExit) as done:
-        main(["plan", "--model", "tiny", "--workers", "4", "--wan", "cross-region", "--strategy", "diloco",
-              "--sync-every", "50", "--step-time", "0.3", "--target-exposed", "10"])
+        main(
+            [
+                "plan",
+                "--model",
+                "tiny",
+                "--workers",
+                "4",
+                "--wan",
+                "cross-region",
+                "--strategy",
+                "diloco",
+                "--sync-every",
+                "50",
+                "--step-time",
+                "0.3",
+                "--target-exposed",
+                "10",
+            ]
+        )
     out = capsys.readouterr().out
     assert done.value.code == 0
     assert "wall clock per 1000 steps" in out and "exposed communication" in out
@@ -175,7 +219,7 @@ def _ddp_buckets_by_step(rank: int, world: int) -> list[list[int]]:
     seen = []
     for step in range(3):
         g = torch.Generator().manual_seed(rank + step)
-        sync.model(torch.randn(4, 512, generator=g)).sum().backward()    # a rebuild happens in forward
+        sync.model(torch.randn(4, 512, generator=g)).sum().backward()  # a rebuild happens in forward
         seen.append([4 * b.buffer().numel() for b in sync.model.reducer._get_zeros_like_grad_buckets()])
         sync.step()
         sync.zero_grad()
@@ -184,8 +228,15 @@ def _ddp_buckets_by_step(rank: int, world: int) -> list[list[int]]:
 
 def wide_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(512, 2048), nn.Tanh(), nn.Linear(2048, 2048), nn.Tanh(), nn.Linear(2048, 2048),
-                         nn.Tanh(), nn.Linear(2048, 8))
+    return nn.Sequential(
+        nn.Linear(512, 2048),
+        nn.Tanh(),
+        nn.Linear(2048, 2048),
+        nn.Tanh(),
+        nn.Linear(2048, 2048),
+        nn.Tanh(),
+        nn.Linear(2048, 8),
+    )
 
 
 def test_the_planned_ddp_buckets_are_ddps_own_in_every_step():
@@ -194,8 +245,9 @@ def test_the_planned_ddp_buckets_are_ddps_own_in_every_step():
     the same, step by step (38 MB of gradients: one bucket, then two; not two 25 MiB ones at first)."""
     seen = run_ranks(_ddp_buckets_by_step, 2)[0]
     tr = trace("ddp", {}, of_module("wide", wide_model()), 2, 3)
-    planned = [[a.transfer.payload for a in acts if a.kind == "issue" and a.transfer.purpose == "grads"]
-               for acts in tr.steps]
+    planned = [
+        [a.transfer.payload for a in acts if a.kind == "issue" and a.transfer.purpose == "grads"] for acts in tr.steps
+    ]
     assert planned == seen and len(seen[0]) == 1 and len(seen[1]) == 2
 
 
@@ -218,24 +270,39 @@ def test_an_early_worker_waits_for_the_straggler_and_then_for_the_transfer():
     0.05 s longer per step, so at each of diloco's exchanges (H = 5) worker 0 is blocked for 5 x 0.05 s
     plus the transfer itself."""
     from wansync.planner.predict import run_trace, seconds_of
+
     s = setting("diloco", {"sync_every": 5}, of_params(1e7), 2, PRESETS["cross-region"], 0.1)
     transfer = sum(map(seconds_of(s), run_trace(s, 20).transfers())) / 4
     fast, slow = ((0.1, 0.0),) * 20, ((0.15, 0.0),) * 20
     tl = predict(dataclasses.replace(s, step_times=(fast, slow)), steps=20).timeline
     assert tl.exposed_s == pytest.approx(4 * (5 * 0.05 + transfer))
-    assert tl.wall_s == pytest.approx(20 * 0.15 + 4 * transfer)            # the straggler sets the pace
+    assert tl.wall_s == pytest.approx(20 * 0.15 + 4 * transfer)  # the straggler sets the pace
     late = predict(dataclasses.replace(s, step_times=(slow, fast)), steps=20).timeline
-    assert late.exposed_s == pytest.approx(4 * transfer)                   # the last to arrive waits for no one
+    assert late.exposed_s == pytest.approx(4 * transfer)  # the last to arrive waits for no one
 
 
 def test_plan_replays_a_runs_step_times_and_rejects_a_directory_without_them(tmp_path, capsys):
     from wansync.cli import main
+
     logs = tmp_path / "run" / "logs"
     logs.mkdir(parents=True)
     for rank, step in enumerate((0.1, 0.12)):
-        (logs / f"profile_rank{rank}.json").write_text(json.dumps(
-            {"steps_s": {"compute": [step] * 10, "other": [0.001] * 10}}))
-    flags = ["plan", "--model", "tiny", "--workers", "2", "--wan", "two-site", "--strategy", "diloco", "--sync-every", "5"]
+        (logs / f"profile_rank{rank}.json").write_text(
+            json.dumps({"steps_s": {"compute": [step] * 10, "other": [0.001] * 10}})
+        )
+    flags = [
+        "plan",
+        "--model",
+        "tiny",
+        "--workers",
+        "2",
+        "--wan",
+        "two-site",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        "5",
+    ]
     with pytest.raises(SystemExit) as done:
         main([*flags, "--step-times", str(tmp_path / "run")])
     out = capsys.readouterr().out
@@ -249,27 +316,33 @@ def test_plan_replays_a_runs_step_times_and_rejects_a_directory_without_them(tmp
 def _fake_run(tmp_path, model: str, compute: list[float]) -> str:
     """A run directory as `wansync plan --step-times` reads it: its config and rank 0's step times."""
     import json
+
     run = tmp_path / f"run-{model}"
     (run / "logs").mkdir(parents=True)
     (run / "config.toml").write_text(f'[model]\nmodel = "{model}"\n')
-    (run / "logs" / "profile_rank0.json").write_text(json.dumps({"steps_s": {"compute": compute,
-                                                                             "other": [0.0] * len(compute)}}))
+    (run / "logs" / "profile_rank0.json").write_text(
+        json.dumps({"steps_s": {"compute": compute, "other": [0.0] * len(compute)}})
+    )
     return str(run)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--params", "0"], "--params must be in [1, 1e+15], got 0.0"),
-    (["--params", "-3"], "--params must be in [1, 1e+15], got -3.0"),
-    (["--params", "nan"], "--params must be a finite number, got nan"),
-    (["--params", "1e30"], "--params must be in [1, 1e+15], got 1e+30"),
-    (["--throughput", "0"], "--throughput must be > 0, got 0.0"),
-    (["--throughput=-4e14"], "--throughput must be > 0, got -400000000000000.0"),
-    (["--target-exposed", "0"], "--target-exposed must be in (0, 100], got 0.0"),
-    (["--target-exposed", "101"], "--target-exposed must be in (0, 100], got 101.0"),
-    (["--step-time", "inf"], "--step-time must be a finite number, got inf"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--params", "0"], "--params must be in [1, 1e+15], got 0.0"),
+        (["--params", "-3"], "--params must be in [1, 1e+15], got -3.0"),
+        (["--params", "nan"], "--params must be a finite number, got nan"),
+        (["--params", "1e30"], "--params must be in [1, 1e+15], got 1e+30"),
+        (["--throughput", "0"], "--throughput must be > 0, got 0.0"),
+        (["--throughput=-4e14"], "--throughput must be > 0, got -400000000000000.0"),
+        (["--target-exposed", "0"], "--target-exposed must be in (0, 100], got 0.0"),
+        (["--target-exposed", "101"], "--target-exposed must be in (0, 100], got 101.0"),
+        (["--step-time", "inf"], "--step-time must be a finite number, got inf"),
+    ],
+)
 def test_plan_refuses_numbers_out_of_range_in_one_line(flags, message, capsys):
     from wansync.cli import main
+
     with pytest.raises(SystemExit) as e:
         main(["plan", "--strategy", "diloco", "--wan", "cross-region", *flags])
     err = capsys.readouterr().err.strip().splitlines()
@@ -278,9 +351,15 @@ def test_plan_refuses_numbers_out_of_range_in_one_line(flags, message, capsys):
 
 def test_plan_refuses_replayed_times_it_cannot_trust_in_one_line(tmp_path, capsys):
     from wansync.cli import main
-    cases = [(_fake_run(tmp_path, "micro", [0.1, -0.2]), ["--model", "micro"], "holds a step time of -0.2 s at step 2"),
-             (_fake_run(tmp_path, "small", [0.1, 0.1]), ["--model", "micro"],
-              "is a run of model 'small', this plan is for 'micro'")]
+
+    cases = [
+        (_fake_run(tmp_path, "micro", [0.1, -0.2]), ["--model", "micro"], "holds a step time of -0.2 s at step 2"),
+        (
+            _fake_run(tmp_path, "small", [0.1, 0.1]),
+            ["--model", "micro"],
+            "is a run of model 'small', this plan is for 'micro'",
+        ),
+    ]
     for run, flags, message in cases:
         with pytest.raises(SystemExit) as e:
             main(["plan", "--strategy", "diloco", "--wan", "cross-region", "--step-times", run, *flags])
@@ -294,6 +373,7 @@ def test_the_planner_replays_intellect_1s_reported_utilization_within_a_point_fr
     with int8 gives the reported compute utilization; an overlapped configuration gives more."""
     from wansync.net import parse_wan
     from wansync.planner.published import CONFIGS, REGIONS, all_reduce_seconds, predicted, utilization_pct
+
     label, strategy, options = CONFIGS[0]
     for region in REGIONS:
         topology = parse_wan(region.preset)
@@ -307,10 +387,33 @@ def test_the_planner_replays_intellect_1s_reported_utilization_within_a_point_fr
 def test_plan_on_the_intellect_1_file_from_the_command_line(capsys):
     """`wansync plan --wan intellect-1-global` with INTELLECT-1's setting prints its utilization."""
     from wansync.cli import main
+
     with pytest.raises(SystemExit) as e:
-        main(["plan", "--wan", "intellect-1-global", "--strategy", "diloco", "--sync-every", "100", "--codec", "int8",
-              "--codec-collective", "reduce_scatter", "--params", "10e9", "--step-time", "22.8", "--workers", "14",
-              "--ranks-per-worker", "8", "--inside", "fsdp"])
+        main(
+            [
+                "plan",
+                "--wan",
+                "intellect-1-global",
+                "--strategy",
+                "diloco",
+                "--sync-every",
+                "100",
+                "--codec",
+                "int8",
+                "--codec-collective",
+                "reduce_scatter",
+                "--params",
+                "10e9",
+                "--step-time",
+                "22.8",
+                "--workers",
+                "14",
+                "--ranks-per-worker",
+                "8",
+                "--inside",
+                "fsdp",
+            ]
+        )
     out = capsys.readouterr().out
     assert e.value.code == 0, out
     assert "intellect-1-global" in out
@@ -320,38 +423,56 @@ def test_the_large_tables_summary_sentences_follow_from_its_rows():
     """The "Read:" lines under `plan --table` are computed from the rows: change a row and the
     sentence about it changes."""
     from wansync.planner.tables import TableRow, render_table, table_summary
-    gb = 10 ** 9
-    rows = [TableRow("7B", 8, "lan", "ddp", 6.9, 7e3, 21.0, 28 * gb, 140 * gb, 28 * gb, ("fsdp",), None),
-            TableRow("7B", 8, "cross-region", "ddp", 6.9, 9e4, 97.0, 28 * gb, 140 * gb, 28 * gb, ("fsdp",), None),
-            TableRow("7B", 8, "cross-region", "diloco", 6.9, 7.5e3, 9.3, 280 * 10 ** 6, 259 * gb, 30 * gb,
-                     ("fsdp",), 100),
-            TableRow("7B", 64, "cross-continent", "diloco", 6.9, 9e3, 2.4, 280 * 10 ** 6, 259 * gb, 30 * gb,
-                     ("fsdp",), 8)]
+
+    gb = 10**9
+    rows = [
+        TableRow("7B", 8, "lan", "ddp", 6.9, 7e3, 21.0, 28 * gb, 140 * gb, 28 * gb, ("fsdp",), None),
+        TableRow("7B", 8, "cross-region", "ddp", 6.9, 9e4, 97.0, 28 * gb, 140 * gb, 28 * gb, ("fsdp",), None),
+        TableRow("7B", 8, "cross-region", "diloco", 6.9, 7.5e3, 9.3, 280 * 10**6, 259 * gb, 30 * gb, ("fsdp",), 100),
+        TableRow("7B", 64, "cross-continent", "diloco", 6.9, 9e3, 2.4, 280 * 10**6, 259 * gb, 30 * gb, ("fsdp",), 8),
+    ]
     read = table_summary(rows)
-    assert read[1] == ("- ddp: exposed 97.0 % across sites, 21.0 % on lan (most: 7B, 8 workers, cross-region); "
-                       "28 GB per worker per step.")
-    assert read[2] == ("- diloco: exposed 2.4–9.3 % across sites (most: 7B, 8 workers, cross-region); smallest H for "
-                       "<= 10 %: 8–100; 280 MB per worker per step.")
-    assert read[3] == ("- 7B on 80 GB: DDP inside fits in 0 of 4 rows (140 GB–259 GB per GPU), FSDP inside in 4 "
-                       "(28 GB–30 GB); every row fits one way or the other.")
+    assert read[1] == (
+        "- ddp: exposed 97.0 % across sites, 21.0 % on lan (most: 7B, 8 workers, cross-region); "
+        "28 GB per worker per step."
+    )
+    assert read[2] == (
+        "- diloco: exposed 2.4–9.3 % across sites (most: 7B, 8 workers, cross-region); smallest H for "
+        "<= 10 %: 8–100; 280 MB per worker per step."
+    )
+    assert read[3] == (
+        "- 7B on 80 GB: DDP inside fits in 0 of 4 rows (140 GB–259 GB per GPU), FSDP inside in 4 "
+        "(28 GB–30 GB); every row fits one way or the other."
+    )
     rows[3] = dataclasses.replace(rows[3], exposed_pct=62.6, smallest_h=None, mem_fsdp=90 * gb, fits=())
     changed = table_summary(rows)
-    assert changed[2] == ("- diloco: exposed 9.3–62.6 % across sites (most: 7B, 64 workers, cross-continent); "
-                          "smallest H for <= 10 %: 100 (none up to 5000 in 1 of 2 rows); 280 MB per worker per step.")
+    assert changed[2] == (
+        "- diloco: exposed 9.3–62.6 % across sites (most: 7B, 64 workers, cross-continent); "
+        "smallest H for <= 10 %: 100 (none up to 5000 in 1 of 2 rows); 280 MB per worker per step."
+    )
     assert changed[3].endswith("FSDP inside in 3 (28 GB–90 GB); 1 of them fit neither way.")
-    assert "| 7B | 64 | cross-continent | diloco | 6.9 | 2.5 h | 62.6 | 280 MB | 259 GB | 90 GB | no | > 5000 |" \
+    assert (
+        "| 7B | 64 | cross-continent | diloco | 6.9 | 2.5 h | 62.6 | 280 MB | 259 GB | 90 GB | no | > 5000 |"
         in render_table(rows)
+    )
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--intellect-1", "--gpu-memory", "24GB"], "plan --intellect-1 prints its own settings and would ignore --gpu-memory"),
-    (["--intellect-1", "--strategy", "ddp", "--params", "1e9"], "would ignore --params, --strategy: drop them"),
-    (["--table", "--workers", "4"], "plan --table prints its own settings and would ignore --workers"),
-    (["--table", "--gpu-memory", "80GB"], "would ignore --gpu-memory"),
-    (["--intellect-1", "--table"], "--intellect-1 and --table are two tables"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (
+            ["--intellect-1", "--gpu-memory", "24GB"],
+            "plan --intellect-1 prints its own settings and would ignore --gpu-memory",
+        ),
+        (["--intellect-1", "--strategy", "ddp", "--params", "1e9"], "would ignore --params, --strategy: drop them"),
+        (["--table", "--workers", "4"], "plan --table prints its own settings and would ignore --workers"),
+        (["--table", "--gpu-memory", "80GB"], "would ignore --gpu-memory"),
+        (["--intellect-1", "--table"], "--intellect-1 and --table are two tables"),
+    ],
+)
 def test_a_flag_the_fixed_tables_would_ignore_is_refused(argv, words, capsys):
     from wansync.cli import main
+
     with pytest.raises(SystemExit) as e:
         main(["plan", *argv])
     err = capsys.readouterr().err

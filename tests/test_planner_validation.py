@@ -1,4 +1,5 @@
 """benchmarks/planner_validation.py's grid: what the validation runs."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,4 +32,6 @@ def test_the_full_grid_is_tiny_and_small_by_two_four_eight_workers_by_every_pres
     rows = validation.grid(True)
     assert len(rows) == 2 * 3 * len(PRESETS) * len(STRATEGIES) == len(set(rows))
     assert validation.grid(False, models="small", workers="8", presets="lan", strategies="ddp,diloco") == [
-        ("small", 8, "lan", "ddp"), ("small", 8, "lan", "diloco")]
+        ("small", 8, "lan", "ddp"),
+        ("small", 8, "lan", "diloco"),
+    ]

@@ -4,6 +4,7 @@ Unit tests of the accounting, DDP's arithmetic unchanged by the timing hook (2 g
 real `wansync train` runs (2 ranks, micro LM) under emulated links, launched side by side. Tests
 state ratios and sums, never absolute speed.
 """
+
 from __future__ import annotations
 
 import gc
@@ -81,8 +82,11 @@ def _ddp_rank(rank: int, world: int) -> dict:
             sync.step()
             sync.zero_grad()
             timer.end(sync.comm.bytes, 0.0)
-        result[str(instrumented)] = {"params": flat_params(model).tolist(), "exposed": exposed,
-                                     "events": timer.events()}
+        result[str(instrumented)] = {
+            "params": flat_params(model).tolist(),
+            "exposed": exposed,
+            "events": timer.events(),
+        }
     # DDP must go while the group still holds its gloo threads: if DDP held the last reference,
     # freeing it at exit joins those threads under the GIL ("terminate called without an active exception")
     del sync, model
@@ -112,8 +116,17 @@ RUNS = {
     "ddp_two_site": ["--strategy", "ddp", "--steps", "6", "--wan", "two-site"],
     "lsgd_two_site": ["--strategy", "local_sgd", "--sync-every", "3", "--steps", "6", "--wan", "two-site"],
     "ddp_slow": ["--strategy", "ddp", "--steps", "6", "--wan", SLOW],
-    "lsgd_slow": ["--strategy", "local_sgd", "--sync-every", "16", "--no-drift-telemetry", "--steps", "32",
-                  "--wan", SLOW],
+    "lsgd_slow": [
+        "--strategy",
+        "local_sgd",
+        "--sync-every",
+        "16",
+        "--no-drift-telemetry",
+        "--steps",
+        "32",
+        "--wan",
+        SLOW,
+    ],
     "ddp_plain": ["--strategy", "ddp", "--steps", "4"],
 }
 
@@ -131,15 +144,28 @@ def runs(tmp_path_factory):
         running = {}
         try:
             for name in wave:
-                running[name] = start("train", "--workers", "2", "--eval-every", "1000", "--quiet",
-                                      "--out", str(root / name), *TINY, *RUNS[name])
+                running[name] = start(
+                    "train",
+                    "--workers",
+                    "2",
+                    "--eval-every",
+                    "1000",
+                    "--quiet",
+                    "--out",
+                    str(root / name),
+                    *TINY,
+                    *RUNS[name],
+                )
             for name, run in running.items():
                 r = run.result(timeout=200)
                 assert r.returncode == 0, f"{name}: {r.stderr}"
-                out[name] = {"profile": json.loads((root / name / "profile.json").read_text()),
-                             "summary": json.loads((root / name / "summary.json").read_text()),
-                             "per_rank": [json.loads((root / name / "logs" / f"profile_rank{r}.json").read_text())
-                                          for r in range(2)]}
+                out[name] = {
+                    "profile": json.loads((root / name / "profile.json").read_text()),
+                    "summary": json.loads((root / name / "summary.json").read_text()),
+                    "per_rank": [
+                        json.loads((root / name / "logs" / f"profile_rank{r}.json").read_text()) for r in range(2)
+                    ],
+                }
         finally:
             for run in running.values():
                 run.kill()
@@ -170,8 +196,9 @@ def test_sync_events_account_for_exposed_communication(runs, name):
     # the per-event exposed parts, and the evaluations' waits in their mean, are what exposed_comm holds
     evals = sum(prof["eval_waits"].values())
     assert len(prof["eval_waits"]) >= 1 and evals >= 0
-    assert d["comm_exposed_in_events_s"] + evals == pytest.approx(prof["categories_s"]["exposed_comm"],
-                                                                  abs=0.01 * prof["wall_clock_s"] + 0.005)
+    assert d["comm_exposed_in_events_s"] + evals == pytest.approx(
+        prof["categories_s"]["exposed_comm"], abs=0.01 * prof["wall_clock_s"] + 0.005
+    )
     for ev in events:
         assert ev["exposed_s"] >= 0 and ev["bytes"] > 0
         if ev["measured_s"] is not None:

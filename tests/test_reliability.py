@@ -7,6 +7,7 @@ trains every strategy whole and stopped two steps past its checkpoint, a fresh g
 them all. One end-to-end case does the same through the command line with a real SIGKILL of one
 rank of a worker of two ranks.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,12 +27,14 @@ from wansync.strategies import STRATEGIES, option_names
 
 pytestmark = pytest.mark.timeout(240)
 
-N = 4                                                   # checkpoint after N of 2N steps
-STOP_AT = N + 2                    # in-process stop: step N+1 is on disk, so resume must drop it
-EXTRA = {"streaming": {"fragments": 2, "overlap": 1, "sync_every": 4},    # an exchange is in flight at N
-         # N fixed: the automatic N depends on measured step times, which differ between two runs
-         "cocodc": {"fragments": 2, "overlap": 1, "sync_every": 4, "syncs_per_period": 3},
-         "post_local_sgd": {"switch_step": 3}}
+N = 4  # checkpoint after N of 2N steps
+STOP_AT = N + 2  # in-process stop: step N+1 is on disk, so resume must drop it
+EXTRA = {
+    "streaming": {"fragments": 2, "overlap": 1, "sync_every": 4},  # an exchange is in flight at N
+    # N fixed: the automatic N depends on measured step times, which differ between two runs
+    "cocodc": {"fragments": 2, "overlap": 1, "sync_every": 4, "syncs_per_period": 3},
+    "post_local_sgd": {"switch_step": 3},
+}
 TINY_KEYS = {flag[2:].replace("-", "_"): value for flag, value in zip(TINY[::2], TINY[1::2])}
 NAN_SKIP = ["local_sgd", "ddp"] + (["diloco"] if "diloco" in STRATEGIES else [])
 NAN_FAULT = "rank=1,step=3,action=nan"
@@ -66,7 +69,7 @@ def steps_recorded(run: Path) -> list[int]:
 
 
 def assert_resumed_run_equals_whole_run(name: str, whole: Path, broken: Path, ranks: int = 2) -> None:
-    assert steps_recorded(broken) == list(range(1, 2 * N + 1))     # resumed at N, nothing twice
+    assert steps_recorded(broken) == list(range(1, 2 * N + 1))  # resumed at N, nothing twice
     for rank in range(ranks):
         a, b = final_state(whole, rank, 2 * N), final_state(broken, rank, 2 * N)
         for key in a["model"]:
@@ -84,34 +87,58 @@ def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("reliability")
     dirs: dict = {}
     for name in sorted(STRATEGIES):
-        common = {"strategy": name, **strategy_options(name), "workers": 2, "steps": 2 * N,
-                  "checkpoint_every": N, "eval_every": 2, "quiet": True, **TINY_KEYS}
+        common = {
+            "strategy": name,
+            **strategy_options(name),
+            "workers": 2,
+            "steps": 2 * N,
+            "checkpoint_every": N,
+            "eval_every": 2,
+            "quiet": True,
+            **TINY_KEYS,
+        }
         dirs[name] = {leg: Path(lay_out({**common, "out": str(root / name / leg)})) for leg in ("whole", "broken")}
     for name in NAN_SKIP:
-        dirs["nan_" + name] = Path(lay_out({"strategy": name, **strategy_options(name), "workers": 2, "steps": 8,
-                                            "on_nonfinite": "skip", "quiet": True, **TINY_KEYS,
-                                            "out": str(root / "nan" / name)}))
+        dirs["nan_" + name] = Path(
+            lay_out(
+                {
+                    "strategy": name,
+                    **strategy_options(name),
+                    "workers": 2,
+                    "steps": 8,
+                    "on_nonfinite": "skip",
+                    "quiet": True,
+                    **TINY_KEYS,
+                    "out": str(root / "nan" / name),
+                }
+            )
+        )
     first = [{"run_dir": str(d["whole"])} for d in (dirs[n] for n in sorted(STRATEGIES))]
     first += [{"run_dir": str(dirs[n]["broken"]), "stop_at": STOP_AT} for n in sorted(STRATEGIES)]
     first += [{"run_dir": str(dirs["nan_" + n]), "fault": NAN_FAULT} for n in NAN_SKIP]
     stopped = run_ranks(run_legs, 2, first, timeout=600)
-    on_disk = {n: {"newest": checkpoint.latest_step_dir(dirs[n]["broken"]).name,
-                   "summary": (dirs[n]["broken"] / "summary.json").exists(),
-                   "last_step": json.loads((dirs[n]["broken"] / "metrics.jsonl").read_text().splitlines()[-1])["step"],
-                   "stopped": [r[len(STRATEGIES) + i] for r in stopped]}
-               for i, n in enumerate(sorted(STRATEGIES))}
-    run_ranks(run_legs, 2, [{"run_dir": str(dirs[n]["broken"]), "resume": True} for n in sorted(STRATEGIES)],
-              timeout=600)
+    on_disk = {
+        n: {
+            "newest": checkpoint.latest_step_dir(dirs[n]["broken"]).name,
+            "summary": (dirs[n]["broken"] / "summary.json").exists(),
+            "last_step": json.loads((dirs[n]["broken"] / "metrics.jsonl").read_text().splitlines()[-1])["step"],
+            "stopped": [r[len(STRATEGIES) + i] for r in stopped],
+        }
+        for i, n in enumerate(sorted(STRATEGIES))
+    }
+    run_ranks(
+        run_legs, 2, [{"run_dir": str(dirs[n]["broken"]), "resume": True} for n in sorted(STRATEGIES)], timeout=600
+    )
     return {"dirs": dirs, "stopped": on_disk}
 
 
-@pytest.mark.timeout(600)                               # the first one waits for `runs`
+@pytest.mark.timeout(600)  # the first one waits for `runs`
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_resume_is_bit_exact(runs, name):
     stopped = runs["stopped"][name]
     assert stopped["stopped"] == [{"stopped": f"injected failure at step {STOP_AT}"}] * 2
     assert stopped["newest"] == f"step{N:08d}" and not stopped["summary"]
-    assert stopped["last_step"] > N                       # records the resume must drop and redo
+    assert stopped["last_step"] > N  # records the resume must drop and redo
     assert_resumed_run_equals_whole_run(name, runs["dirs"][name]["whole"], runs["dirs"][name]["broken"])
 
 
@@ -126,8 +153,20 @@ def test_cli_resume_after_a_rank_is_killed_is_bit_exact_with_workers_of_two_rank
     """Through the command line with a real SIGKILL of one rank of a worker of two ranks (DDP inside
     a worker, the strategy between workers): the resumed run equals the whole run on every rank."""
     name = "cocodc" if "cocodc" in STRATEGIES else "diloco"
-    common = [*strategy_args(name), "--workers", "2", "--ranks-per-worker", "2", "--steps", str(2 * N),
-              "--checkpoint-every", str(N), "--eval-every", "2", *TINY]
+    common = [
+        *strategy_args(name),
+        "--workers",
+        "2",
+        "--ranks-per-worker",
+        "2",
+        "--steps",
+        str(2 * N),
+        "--checkpoint-every",
+        str(N),
+        "--eval-every",
+        "2",
+        *TINY,
+    ]
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     r = wansync("train", *common, "--out", str(whole))
     assert r.returncode == 0, r.stderr
@@ -141,8 +180,22 @@ def test_cli_resume_after_a_rank_is_killed_is_bit_exact_with_workers_of_two_rank
 def test_a_hung_peer_ends_the_run_within_the_timeout(tmp_path):
     out = tmp_path / "run"
     t0 = time.monotonic()
-    r = wansync("train", "--strategy", "ddp", "--workers", "2", "--steps", "40", "--peer-timeout", "5",
-                "--out", str(out), *TINY, env={"WANSYNC_FAULT": "rank=1,step=3,action=stop"}, timeout=120)
+    r = wansync(
+        "train",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--steps",
+        "40",
+        "--peer-timeout",
+        "5",
+        "--out",
+        str(out),
+        *TINY,
+        env={"WANSYNC_FAULT": "rank=1,step=3,action=stop"},
+        timeout=120,
+    )
     elapsed = time.monotonic() - t0
     assert r.returncode != 0
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -153,8 +206,21 @@ def test_a_hung_peer_ends_the_run_within_the_timeout(tmp_path):
 
 
 def test_nan_gradient_abort_stops_with_a_clear_message(tmp_path):
-    r = wansync("train", "--strategy", "local_sgd", "--sync-every", "2", "--workers", "2", "--steps", "10",
-                "--out", str(tmp_path / "run"), *TINY, env={"WANSYNC_FAULT": "rank=1,step=3,action=nan"})
+    r = wansync(
+        "train",
+        "--strategy",
+        "local_sgd",
+        "--sync-every",
+        "2",
+        "--workers",
+        "2",
+        "--steps",
+        "10",
+        "--out",
+        str(tmp_path / "run"),
+        *TINY,
+        env={"WANSYNC_FAULT": "rank=1,step=3,action=nan"},
+    )
     assert r.returncode != 0
     assert "rank 1: non-finite gradient on rank 1 at step 3" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -163,13 +229,15 @@ def test_nan_gradient_abort_stops_with_a_clear_message(tmp_path):
 @pytest.mark.parametrize("order", ["the crash exited first", "the peer exited first"])
 def test_the_launcher_reports_a_crash_not_the_lost_contact_it_caused(tmp_path, order):
     from wansync.runner.launch import error_file, first_cause
+
     error_file(tmp_path, 0).parent.mkdir()
-    error_file(tmp_path, 0).write_text("rank 0 lost contact with a peer during step 4 (synchronization): "
-                                       "RuntimeError: Connection closed by peer\n")
+    error_file(tmp_path, 0).write_text(
+        "rank 0 lost contact with a peer during step 4 (synchronization): " "RuntimeError: Connection closed by peer\n"
+    )
     error_file(tmp_path, 1).write_text("rank 1: non-finite gradient on rank 1 at step 3\n")
     codes = [1, 1] if order == "the crash exited first" else [1, None]
     assert first_cause(tmp_path, codes) == "rank 1: non-finite gradient on rank 1 at step 3"
-    assert first_cause(tmp_path, [1, None, None]).startswith("rank 1: ")      # rank 2 wrote nothing yet
+    assert first_cause(tmp_path, [1, None, None]).startswith("rank 1: ")  # rank 2 wrote nothing yet
 
 
 @pytest.mark.timeout(600)
@@ -209,7 +277,7 @@ def _listening_addresses(pids: list[int]) -> list[str]:
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             cols = line.split()
-            if cols[3] == "0A" and cols[9] in inodes:        # 0A = LISTEN
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A = LISTEN
                 found.append(cols[1].split(":")[0])
     return found
 
@@ -241,5 +309,3 @@ def _child_of(pid: int, parent: int) -> bool:
     except OSError:
         return False
     return int(stat.rsplit(")", 1)[-1].split()[1]) == parent
-
-

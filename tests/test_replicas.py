@@ -7,6 +7,7 @@ The specification, on real gloo groups and the micro LM:
 - a worker puts one model's worth of bytes between workers per exchange, whatever R is.
 (A run of workers of two ranks resuming bit-exact after one rank is killed: test_reliability.)
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,7 +35,10 @@ CASES: dict[str, tuple[dict[str, Any], int]] = {
     "diloco": ({"sync_every": 2}, 6),
     "streaming": ({"sync_every": 4, "fragments": 2, "overlap": 1}, 12),
     "cocodc": ({"sync_every": 4, "fragments": 2, "overlap": 1, "syncs_per_period": 2}, 12),
-    "sparseloco": ({"sync_every": 2, "density": 1.0, "bits": 32}, 6),   # the sharded path (sparse: test_sparse_strategies)
+    "sparseloco": (
+        {"sync_every": 2, "density": 1.0, "bits": 32},
+        6,
+    ),  # the sharded path (sparse: test_sparse_strategies)
     "demo": ({"density": 0.05}, 4),
 }
 # A sparse choice turns the last bits of a gradient DDP averaged in another order into another entry
@@ -52,14 +56,20 @@ def train_every_strategy(rank: int, world: int, ranks_per_worker: int, names: li
     for name in names:
         options, steps = CASES[name]
         replicas = replica_groups(ranks_per_worker)
-        worker_batch = 2 * PER_RANK_BATCH            # R = 1: one rank takes the whole worker batch
-        cfg = Config(strategy=name, model="micro", data=corpus, seq_len=16, batch_size=worker_batch // ranks_per_worker,
-                     lr=1e-3, seed=0)
+        worker_batch = 2 * PER_RANK_BATCH  # R = 1: one rank takes the whole worker batch
+        cfg = Config(
+            strategy=name,
+            model="micro",
+            data=corpus,
+            seq_len=16,
+            batch_size=worker_batch // ranks_per_worker,
+            lr=1e-3,
+            seed=0,
+        )
         torch.manual_seed(0)
         wl = build_workload(cfg, replicas.worker, replicas.workers, replicas.local_rank, ranks_per_worker)
         opt = build_optimizer(cfg, wl.model)
-        sync = strategies.build(name, wl.model, opt, replicas=replicas,
-                                **strategies.resolve_options(name, options))
+        sync = strategies.build(name, wl.model, opt, replicas=replicas, **strategies.resolve_options(name, options))
         identical = True
         for _ in range(steps):
             wl.loss(sync.model, wl.next_batch()).backward()
@@ -71,19 +81,25 @@ def train_every_strategy(rank: int, world: int, ranks_per_worker: int, names: li
                 dist.all_gather(every, mine, group=replicas.inside)
                 identical &= all(torch.equal(every[0], e) for e in every)
         sync.finish()
-        out[name] = {"params": torch.cat([p.detach().reshape(-1) for p in wl.model.parameters()]),
-                     "identical": identical, "comm": sync.comm.snapshot(), "worker": replicas.worker}
+        out[name] = {
+            "params": torch.cat([p.detach().reshape(-1) for p in wl.model.parameters()]),
+            "identical": identical,
+            "comm": sync.comm.snapshot(),
+            "worker": replicas.worker,
+        }
     return out
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[int, list[dict[str, Any]]]:
-    corpus = tmp_path_factory.mktemp("corpus") / "plays.txt"     # small: tokenizing is per strategy and rank
+    corpus = tmp_path_factory.mktemp("corpus") / "plays.txt"  # small: tokenizing is per strategy and rank
     corpus.write_text(shakespeare_text()[:200_000])
     names, per_exchange = list(CASES), ["local_sgd", "diloco", "streaming"]
-    return {1: run_ranks(train_every_strategy, 2, 1, names, str(corpus), timeout=240),
-            2: run_ranks(train_every_strategy, 4, 2, names, str(corpus), timeout=240),
-            4: run_ranks(train_every_strategy, 8, 4, per_exchange, str(corpus), timeout=240)}
+    return {
+        1: run_ranks(train_every_strategy, 2, 1, names, str(corpus), timeout=240),
+        2: run_ranks(train_every_strategy, 4, 2, names, str(corpus), timeout=240),
+        4: run_ranks(train_every_strategy, 8, 4, per_exchange, str(corpus), timeout=240),
+    }
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if n not in SIGN_STEPS])
@@ -106,6 +122,7 @@ def test_a_worker_sends_one_model_between_workers_per_exchange_whatever_its_rank
     def between(rank_results: list[dict[str, Any]], worker: int) -> int:
         comm = [r[name]["comm"] for r in rank_results if r[name]["worker"] == worker]
         return sum(v["bytes"] for c in comm for k, v in c.items() if k in ("params", "pseudo_grads"))
+
     for worker in range(2):
         # a sparse payload cut between ranks at tensors: the same chunks and tables, the same bytes
         assert between(runs[2], worker) == between(runs[1], worker) > 0

@@ -1,5 +1,6 @@
 """`make results` (wansync results): every table, cell and seed is listed by the dry run, nothing is
 trained; the page's verdicts come from the intervals over seeds."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,20 @@ def test_the_dry_run_lists_every_table_every_cell_and_every_seed_without_trainin
 
 def test_the_dry_run_covers_the_tables_the_issue_asks_for():
     names = {t.name for t in results.TABLES}
-    assert {"cpdp-k-sweep", "cpdp-beta", "cpdp-lr-protocol", "cpdp-ablation", "cpdp-profile", "cocodc-main",
-            "cocodc-matched", "cocodc-merge", "cocodc-schedule", "cocodc-outer-lr", "staleness", "slow-worker"} <= names
+    assert {
+        "cpdp-k-sweep",
+        "cpdp-beta",
+        "cpdp-lr-protocol",
+        "cpdp-ablation",
+        "cpdp-profile",
+        "cocodc-main",
+        "cocodc-matched",
+        "cocodc-merge",
+        "cocodc-schedule",
+        "cocodc-outer-lr",
+        "staleness",
+        "slow-worker",
+    } <= names
     assert all(len(t.cells) >= 2 for t in results.TABLES)
 
 
@@ -59,10 +72,12 @@ def test_a_table_trained_alone_takes_its_target_from_its_own_runs(monkeypatch):
     def runs(name: str, finals: list[float]) -> list[SettingRuns]:
         done = [Run(Path(name), name, "cocodc", seed, {}, "ok", {"final_val_loss": v}) for seed, v in enumerate(finals)]
         return [SettingRuns(name, "cocodc", {}, done)] if done else []
+
     monkeypatch.setattr(measures, "load", lambda root, name: runs(name, {"staleness": [3.1, 3.4]}.get(name, [])))
     assert measures.lm_target(Path("root")) == 3.4
-    monkeypatch.setattr(measures, "load", lambda root, name: runs(name, {"staleness": [3.1, 3.4],
-                                                                         "cocodc-main": [2.9]}.get(name, [])))
+    monkeypatch.setattr(
+        measures, "load", lambda root, name: runs(name, {"staleness": [3.1, 3.4], "cocodc-main": [2.9]}.get(name, []))
+    )
     assert measures.lm_target(Path("root")) == 2.9
 
 
@@ -85,8 +100,8 @@ def test_the_cocodc_tables_measure_the_papers_taylor_merge_not_the_default():
 def test_a_cell_two_tables_share_is_trained_once():
     planned = results.table_runs(results.TABLES, Path("runs/results"), 3, None)
     shared = {t.name: sum(s) for t, _, s in planned}
-    assert shared["cpdp-k-sweep"] == 0 and shared["cpdp-beta"] == 3      # beta 0.3 at K = 4 is the sweep's K = 4
-    assert shared["cocodc-matched"] == 3                                   # CoCoDC at N = 8 is cocodc-main's
+    assert shared["cpdp-k-sweep"] == 0 and shared["cpdp-beta"] == 3  # beta 0.3 at K = 4 is the sweep's K = 4
+    assert shared["cocodc-matched"] == 3  # CoCoDC at N = 8 is cocodc-main's
 
 
 def test_an_unknown_table_is_one_line_and_a_nonzero_exit(capsys):
@@ -102,7 +117,10 @@ def test_only_one_table_also_lists_the_table_it_reads(capsys, tmp_path):
 
 
 def _setting(label: str, values: list[float], strategy: str = "cpdp") -> SettingRuns:
-    runs = [Run(Path(f"/x/{label}/seed{i}"), label, strategy, i, {}, "ok", {"peak_test_acc": v}) for i, v in enumerate(values)]
+    runs = [
+        Run(Path(f"/x/{label}/seed{i}"), label, strategy, i, {}, "ok", {"peak_test_acc": v})
+        for i, v in enumerate(values)
+    ]
     return SettingRuns(label, strategy, {}, runs)
 
 
@@ -120,9 +138,15 @@ def test_separated_intervals_name_the_better_setting():
 
 def test_the_best_setting_lists_the_ones_it_cannot_be_told_from():
     q = results.Question("best?", "peak_acc", "")
-    line = results.answer(q, [_setting("a", [80.0, 80.2, 80.1]), _setting("b", [85.0, 85.1, 85.2]),
-                              _setting("c", [84.0, 86.0, 85.0])], None)
-    assert line.startswith("*Best?* b: 85.1 ± 0.25 (peak test acc %). It is") and "not distinguishable at this scale from c (Welch p = 0.88)" in line
+    line = results.answer(
+        q,
+        [_setting("a", [80.0, 80.2, 80.1]), _setting("b", [85.0, 85.1, 85.2]), _setting("c", [84.0, 86.0, 85.0])],
+        None,
+    )
+    assert (
+        line.startswith("*Best?* b: 85.1 ± 0.25 (peak test acc %). It is")
+        and "not distinguishable at this scale from c (Welch p = 0.88)" in line
+    )
     alone = results.answer(q, [_setting("a", [80.0, 80.2, 80.1]), _setting("b", [85.0, 85.1, 85.2])], None)
     assert alone.endswith("It is better than every other setting (Welch's t-test against each: p < 0.001).")
 
@@ -153,6 +177,7 @@ def test_a_table_with_no_runs_here_keeps_the_section_the_page_recorded(tmp_path)
     recorded = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
     text = results.document(results.TABLES, tmp_path / "none", old=recorded)
     from wansync.results.page import old_sections
+
     before, after = old_sections(recorded), old_sections(text)
     assert before and all(after[name] == lines for name, lines in before.items())
     fresh = results.document(results.TABLES, tmp_path / "none")
@@ -162,8 +187,10 @@ def test_a_table_with_no_runs_here_keeps_the_section_the_page_recorded(tmp_path)
 def test_the_fragment_sequence_and_its_longest_repeat_come_from_the_sync_events(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
-    recs = [{"type": "sync", "kind": "fragment", "step": i + 5, "fragment": p, "lam_term_rel": 0.002}
-            for i, p in enumerate([0, 0, 0, 1, 2, 3])] + [{"type": "sync", "kind": "final", "step": 99, "fragment": 1}]
+    recs = [
+        {"type": "sync", "kind": "fragment", "step": i + 5, "fragment": p, "lam_term_rel": 0.002}
+        for i, p in enumerate([0, 0, 0, 1, 2, 3])
+    ] + [{"type": "sync", "kind": "final", "step": 99, "fragment": 1}]
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     run = Run(d, "cocodc", "cocodc", 0, {}, "ok")
     assert [e["fragment"] for e in results.sync_events(run)] == [0, 0, 0, 1, 2, 3]
@@ -176,15 +203,16 @@ def test_a_smoke_run_writes_its_page_into_its_own_out_never_the_real_one(tmp_pat
     """`results --steps 1 --seeds 1` (a smoke test of the pipeline) used to rewrite docs/results.md with empty
     rows; it now writes OUT/results.md, and the full tables' page stays as it was."""
     import wansync.results as R
+
     monkeypatch.chdir(tmp_path)
     (tmp_path / "docs").mkdir()
     real = tmp_path / "docs" / "results.md"
     real.write_text("# the recorded page\n")
-    monkeypatch.setattr(R, "run_tables", lambda *a, **k: [])            # nothing trains: the page's rule alone
+    monkeypatch.setattr(R, "run_tables", lambda *a, **k: [])  # nothing trains: the page's rule alone
     assert R.run_results(["cpdp-k-sweep"], str(tmp_path / "runs"), None, seeds=1, steps=1) == 0
     assert real.read_text() == "# the recorded page\n"
     assert (tmp_path / "runs" / "results.md").read_text().startswith(R.BEGIN)
-    assert R.run_results(["cpdp-k-sweep"], str(tmp_path / "runs"), None) == 0         # the full tables: the page
+    assert R.run_results(["cpdp-k-sweep"], str(tmp_path / "runs"), None) == 0  # the full tables: the page
     assert real.read_text().startswith("# the recorded page\n") and R.BEGIN in real.read_text()
 
 
@@ -192,6 +220,7 @@ def test_a_smoke_run_writes_its_page_into_its_own_out_never_the_real_one(tmp_pat
 def test_results_refuses_an_out_that_holds_the_users_files(tmp_path, dry):
     from wansync.errors import WansyncError
     import wansync.results as R
+
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("mine\n")

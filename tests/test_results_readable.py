@@ -1,5 +1,6 @@
 """The results page as a person reads it: short human labels in place of run keys, one claim per
 sentence and none over 60 words, and a figure beside each table (issue 50)."""
+
 from __future__ import annotations
 
 import random
@@ -26,7 +27,7 @@ def sentences(markdown: str) -> list[str]:
             continue
         if fenced or line.startswith(("|", "![", "#", "<!--")) or not line.strip():
             continue
-        prose.append(line.lstrip("- "))          # a generated line is a paragraph or an item: never wrapped
+        prose.append(line.lstrip("- "))  # a generated line is a paragraph or an item: never wrapped
     return [s for line in prose for s in re.split(r"(?<=[.?!*])\s+(?=[*A-Z(β])", line) if s.strip()]
 
 
@@ -42,13 +43,23 @@ def _runs(t: results.Table, tmp: Path, rng: random.Random) -> list[SettingRuns]:
         runs = []
         for seed in range(3):
             wall = 60 + 20 * rng.random()
-            evals = [{"step": 25 * i, "time": wall * i / 8, "val_loss": 3.0 - 0.1 * i - 0.05 * rng.random()}
-                     for i in range(1, 9)]
-            profile = {"wall_clock_s": wall, "sum_s": wall, "residual_pct": 0.1,
-                       "categories_s": {"compute": 0.7 * wall, "exposed_comm": 0.1 * wall, "data": 0.2 * wall},
-                       "derived": {"sync_events": 4, "sync_events_per_epoch": 4, "peer_wait_pct": 1.0}}
-            summary = {"peak_test_acc": 85 + 3 * rng.random(), "wall_clock_s": wall, "bytes_sent": 4e7,
-                       "final_val_loss": evals[-1]["val_loss"]}
+            evals = [
+                {"step": 25 * i, "time": wall * i / 8, "val_loss": 3.0 - 0.1 * i - 0.05 * rng.random()}
+                for i in range(1, 9)
+            ]
+            profile = {
+                "wall_clock_s": wall,
+                "sum_s": wall,
+                "residual_pct": 0.1,
+                "categories_s": {"compute": 0.7 * wall, "exposed_comm": 0.1 * wall, "data": 0.2 * wall},
+                "derived": {"sync_events": 4, "sync_events_per_epoch": 4, "peer_wait_pct": 1.0},
+            }
+            summary = {
+                "peak_test_acc": 85 + 3 * rng.random(),
+                "wall_clock_s": wall,
+                "bytes_sent": 4e7,
+                "final_val_loss": evals[-1]["val_loss"],
+            }
             runs.append(Run(tmp / key / f"seed{seed}", key, strategy, seed, setting, "ok", summary, profile, evals))
         out.append(SettingRuns(key, strategy, setting, runs))
     return out
@@ -84,7 +95,7 @@ def test_a_label_reads_as_the_literature_writes_it():
     assert human_label("cpdp", {"sync_every": 4}) == "CPDP, K = 4"
     assert human_label("diloco", {"sync_every": 50, "codec": "int8"}) == "DiLoCo, H = 50, int8"
     assert label_of_key("streaming__sync_every=50__fragments=2__overlap=5") == "Streaming DiLoCo, H = 50, P = 2, τ = 5"
-    assert human_label("nova", {"odd_knob": 3}) == "nova, odd knob 3"        # unknown: shown, never dropped
+    assert human_label("nova", {"odd_knob": 3}) == "nova, odd knob 3"  # unknown: shown, never dropped
 
 
 def test_no_sentence_of_the_page_is_longer_than_60_words(page):
@@ -96,15 +107,17 @@ def test_no_sentence_of_the_page_is_longer_than_60_words(page):
 def test_no_run_key_appears_in_the_prose(page):
     text, _ = page
     keys = {k for t in results.TABLES for s, setting in _cells(t) if "=" in (k := results.label(s, **setting))}
-    prose = "\n".join(line for line in text.splitlines() if not line.startswith(("|", "```", "wansync ", "The same runs as")))
+    prose = "\n".join(
+        line for line in text.splitlines() if not line.startswith(("|", "```", "wansync ", "The same runs as"))
+    )
     assert not [k for k in keys if k in prose]
 
 
 def test_every_table_has_its_figure_beside_it(page):
     text, figures = page
     for t in results.TABLES:
-        section = text[text.index(f"### {t.name}:"):]
-        section = section[:section.index("\n### ", 1)] if "\n### " in section[1:] else section
+        section = text[text.index(f"### {t.name}:") :]
+        section = section[: section.index("\n### ", 1)] if "\n### " in section[1:] else section
         assert f"![{t.name}: mean and 95 % interval per setting](results_figures/{t.name}.png)" in section
         assert (figures / f"{t.name}.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -119,6 +132,7 @@ def test_each_answer_is_an_item_of_its_own(page):
 def test_a_figure_is_drawn_in_place_of_a_link_never_through_it(tmp_path):
     from wansync.analysis.interval_plot import interval_figure
     from wansync.analysis.stats import interval
+
     outside = tmp_path / "mine.png"
     outside.write_text("the user's")
     (tmp_path / "figs").mkdir()
@@ -130,6 +144,7 @@ def test_a_figure_is_drawn_in_place_of_a_link_never_through_it(tmp_path):
 
 def test_a_linked_figures_directory_is_refused_before_anything_runs(tmp_path):
     from wansync.errors import ConfigError
+
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "results_figures").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(ConfigError, match="results_figures: it is a link, not a directory"):
@@ -140,12 +155,12 @@ def test_the_committed_page_reads_so_in_every_section_generated_since(tmp_path):
     """docs/results.md as committed: every section the current generator wrote (those with a figure)
     keeps the rules; the figure it links to is there."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
-    body = text[text.index(results.BEGIN):text.index("<!-- results:end")]
+    body = text[text.index(results.BEGIN) : text.index("<!-- results:end")]
     sections = ["### " + s for s in body.split("\n### ")[1:]]
     new = [s for s in sections if "](results_figures/" in s]
     assert new, "no section of docs/results.md was generated with its figure"
     for s in new:
-        name = s[4:s.index(":")]
+        name = s[4 : s.index(":")]
         assert (Path(__file__).resolve().parents[1] / "docs" / "results_figures" / f"{name}.png").is_file()
         long = [x for x in sentences(s) if len(x.split()) > MAX_WORDS]
         assert not long, f"{name}: {long[0]}"

@@ -2,6 +2,7 @@
 `strategies.round_overlap` written out by hand with torch's own SGD, one worker training as it would
 alone, SparseLoCo's identity with DiLoCo carried over, every worker's bits after the run, a checkpoint
 with a mean in flight, and the one-line refusals."""
+
 from __future__ import annotations
 
 import io
@@ -21,7 +22,7 @@ from test_streaming import deep_model, resume, train
 
 pytestmark = pytest.mark.timeout(180)
 
-H, STEPS = 4, 14                   # 3 rounds, then 2 steps averaged at the end
+H, STEPS = 4, 14  # 3 rounds, then 2 steps averaged at the end
 OVERLAP = dict(sync_every=H, overlap_rounds=True)
 
 
@@ -81,22 +82,26 @@ def alone(rank: int) -> dict[str, Any]:
     return {"params": snapshots, "final": flat_params(model)}
 
 
-CKPT_AT = 6                        # round 1's mean launched at step 4, landing at step 8
+CKPT_AT = 6  # round 1's mean launched at step 4, landing at step 8
 
 
 def overlap_runs(rank: int, world: int) -> dict[str, Any]:
     out: dict[str, Any] = {"direct": direct_overlap(rank, world), "alone": alone(rank)}
     out["diloco"] = train(rank, "diloco", OVERLAP, STEPS)
     out["plain"] = train(rank, "diloco", dict(sync_every=H), STEPS)
-    solo = [dist.new_group([r]) for r in range(world)][rank]                 # every rank a worker of its own
+    solo = [dist.new_group([r]) for r in range(world)][rank]  # every rank a worker of its own
     out["solo"] = train(rank, "diloco", dict(OVERLAP, outer_lr=1.0, outer_momentum=0.0, group=solo), STEPS)
     sgd = dict(OVERLAP, outer_lr=0.8, outer_momentum=0.0)
     out["diloco_sgd"] = train(rank, "diloco", sgd, STEPS)
-    out["sparse_identity"] = train(rank, "sparseloco", dict(OVERLAP, density=1.0, bits=32, error_decay=0.0,
-                                                            outer_lr=0.8, aggregate="all"), STEPS)
+    out["sparse_identity"] = train(
+        rank, "sparseloco", dict(OVERLAP, density=1.0, bits=32, error_decay=0.0, outer_lr=0.8, aggregate="all"), STEPS
+    )
     out["sparse"] = train(rank, "sparseloco", dict(OVERLAP, chunk=4, density=0.25), STEPS)
-    for name, options in (("diloco", OVERLAP), ("sparseloco", dict(OVERLAP, chunk=4, density=0.25)),
-                          ("diloco_q", dict(OVERLAP, codec="int8", error_feedback=True))):
+    for name, options in (
+        ("diloco", OVERLAP),
+        ("sparseloco", dict(OVERLAP, chunk=4, density=0.25)),
+        ("diloco_q", dict(OVERLAP, codec="int8", error_feedback=True)),
+    ):
         strategy = name.split("_")[0]
         out[f"{name}_full"] = train(rank, strategy, options, STEPS)
         saved = train(rank, strategy, options, STEPS, checkpoint_at=CKPT_AT)["saved"]
@@ -121,9 +126,9 @@ def test_diloco_with_overlap_rounds_is_the_one_round_delayed_rule_written_out_wi
     for r in runs:
         _close(r["diloco"], r["direct"])
     a, b = runs
-    assert torch.equal(a["diloco"]["final"], b["diloco"]["final"])           # every worker the same bits at the end
-    assert not torch.equal(a["diloco"]["params"][H], b["diloco"]["params"][H])   # each its own round on top
-    assert not torch.allclose(a["diloco"]["final"], a["plain"]["final"], atol=1e-4)   # not DiLoCo without delay
+    assert torch.equal(a["diloco"]["final"], b["diloco"]["final"])  # every worker the same bits at the end
+    assert not torch.equal(a["diloco"]["params"][H], b["diloco"]["params"][H])  # each its own round on top
+    assert not torch.allclose(a["diloco"]["final"], a["plain"]["final"], atol=1e-4)  # not DiLoCo without delay
 
 
 def test_one_worker_under_outer_sgd_at_lr_1_trains_as_it_would_alone(runs):
@@ -152,14 +157,17 @@ def test_a_checkpoint_with_a_mean_in_flight_resumes_bit_for_bit(runs, name):
             assert torch.equal(x, y), f"{name} step {CKPT_AT + step + 1}"
         assert torch.equal(full["final"], resumed["final"])
         state = torch.load(io.BytesIO(r[f"{name}_saved"]), weights_only=False)["sync"]["overlap"]
-        assert state["landing"] is not None and state["start"] is not None    # the checkpoint waited for it
+        assert state["landing"] is not None and state["start"] is not None  # the checkpoint waited for it
 
 
-@pytest.mark.parametrize("strategy, options, message", [
-    ("local_sgd", {"overlap_rounds": True}, "overlap_rounds"),
-    ("streaming", {"overlap_rounds": True}, "overlap_rounds"),
-    ("diloco", {"overlap_rounds": "yes"}, "^overlap_rounds must be true or false, got 'yes'$"),
-])
+@pytest.mark.parametrize(
+    "strategy, options, message",
+    [
+        ("local_sgd", {"overlap_rounds": True}, "overlap_rounds"),
+        ("streaming", {"overlap_rounds": True}, "overlap_rounds"),
+        ("diloco", {"overlap_rounds": "yes"}, "^overlap_rounds must be true or false, got 'yes'$"),
+    ],
+)
 def test_overlap_rounds_where_it_cannot_be_is_one_line(strategy, options, message):
     with pytest.raises(ConfigError, match=message):
         make_options(strategy, **options)
@@ -167,6 +175,7 @@ def test_overlap_rounds_where_it_cannot_be_is_one_line(strategy, options, messag
 
 def test_fault_tolerance_refuses_overlap_rounds():
     from wansync.ft.support import check_supported
+
     with pytest.raises(ConfigError, match="--fault-tolerant does not take overlap_rounds"):
         check_supported("diloco", overlap_rounds=True)
 
@@ -193,14 +202,35 @@ def test_the_profiler_books_an_overlapped_exchange_as_hidden(tmp_path):
     when overlapped; every step padded to 100 ms, so a round (400 ms) outlasts the exchange."""
     import json
     from cli_harness import TINY, wansync
+
     topology = tmp_path / "two-sites.toml"
     topology.write_text(TWO_SITES)
     runs = {}
     for overlap in (False, True):
         out = tmp_path / str(overlap)
-        r = wansync("train", "--strategy", "diloco", "--sync-every", "4", "--workers", "4", "--steps", "12",
-                    "--wan", str(topology), "--eval-every", "100", "--quiet", "--checkpoint-every", "0",
-                    "--out", str(out), *TINY, *(["--overlap-rounds"] if overlap else []), timeout=240)
+        r = wansync(
+            "train",
+            "--strategy",
+            "diloco",
+            "--sync-every",
+            "4",
+            "--workers",
+            "4",
+            "--steps",
+            "12",
+            "--wan",
+            str(topology),
+            "--eval-every",
+            "100",
+            "--quiet",
+            "--checkpoint-every",
+            "0",
+            "--out",
+            str(out),
+            *TINY,
+            *(["--overlap-rounds"] if overlap else []),
+            timeout=240,
+        )
         assert r.returncode == 0, r.stderr
         runs[overlap] = (json.loads((out / "profile.json").read_text()), json.loads((out / "summary.json").read_text()))
     (plain, plain_summary), (over, summary) = runs[False], runs[True]
@@ -214,10 +244,11 @@ def test_the_profiler_books_an_overlapped_exchange_as_hidden(tmp_path):
 def test_the_planner_hides_a_round_that_fits_in_the_next_and_bills_two_more_copies():
     from wansync.net.wan import PRESETS
     from wansync.planner import of_params, predict, setting
+
     base = dict(size=of_params(1e8), workers=4, topology=PRESETS["cross-region"], step_s=0.5)
     plain, over = (predict(setting("diloco", {"sync_every": 10, "overlap_rounds": o}, **base)) for o in (False, True))
-    assert plain.exposed_pct > 30 and over.exposed_pct == 0.0          # a 4.3 s exchange inside a 5 s round
-    assert [t.purpose for t in over.timeline.held_in_flight] == ["pseudo_grads"]   # the last, at the end of the run
-    assert over.memory["outer_state"] - plain.memory["outer_state"] == 2 * 4 * 10 ** 8
-    slow = dict(base, step_s=0.1)                                       # a round of 1 s: 3.3 s of each exposed
+    assert plain.exposed_pct > 30 and over.exposed_pct == 0.0  # a 4.3 s exchange inside a 5 s round
+    assert [t.purpose for t in over.timeline.held_in_flight] == ["pseudo_grads"]  # the last, at the end of the run
+    assert over.memory["outer_state"] - plain.memory["outer_state"] == 2 * 4 * 10**8
+    slow = dict(base, step_s=0.1)  # a round of 1 s: 3.3 s of each exposed
     assert predict(setting("diloco", {"sync_every": 10, "overlap_rounds": True}, **slow)).exposed_pct > 0

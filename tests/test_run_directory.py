@@ -1,5 +1,6 @@
 """A run directory is never destroyed by accident, has one writer at a time, and resumes only
 what was checkpointed (issue 16, items 1, 2 and 8)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,23 @@ from cli_harness import start, wansync
 
 pytestmark = pytest.mark.timeout(180)
 
-SMALL = ["--model", "tiny", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1", "--threads", "1",
-         "--quiet", "--workers", "1", "--strategy", "local_sgd"]
+SMALL = [
+    "--model",
+    "tiny",
+    "--batch-size",
+    "2",
+    "--seq-len",
+    "16",
+    "--eval-batches",
+    "1",
+    "--threads",
+    "1",
+    "--quiet",
+    "--workers",
+    "1",
+    "--strategy",
+    "local_sgd",
+]
 
 
 def cli(capsys, *argv: str) -> tuple[int, str]:
@@ -26,6 +42,7 @@ def cli(capsys, *argv: str) -> tuple[int, str]:
 def cli_here(capsys, *argv: str) -> tuple[int, str]:
     """The CLI in this process, for a test that replaces a piece of it."""
     from wansync.cli import main
+
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main(list(argv))
@@ -55,6 +72,7 @@ def one_error_line(err: str, expect: str) -> None:
 
 # ---- item 1 ------------------------------------------------------------------------------------
 
+
 def test_a_folder_that_is_not_a_run_is_refused_and_left_alone(tmp_path, capsys):
     theirs = tmp_path / "work" / "checkpoints" / "my_model.pt"
     theirs.parent.mkdir(parents=True)
@@ -72,17 +90,19 @@ def test_an_earlier_run_is_kept_unless_force_and_force_replaces_it_only_after_va
     code, err = cli(capsys, "train", *SMALL, "--steps", "1", "--out", str(run))
     assert code != 0
     one_error_line(err, f"--resume {run} continues it, --force replaces it")
-    code, err = cli(capsys, "train", *SMALL, "--steps", "1", "--force", "--data", str(tmp_path / "nope.txt"),
-                    "--out", str(run))
+    code, err = cli(
+        capsys, "train", *SMALL, "--steps", "1", "--force", "--data", str(tmp_path / "nope.txt"), "--out", str(run)
+    )
     assert code != 0
     one_error_line(err, "data path not found")
-    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before     # nothing lost
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before  # nothing lost
     code, err = cli(capsys, "train", *SMALL, "--steps", "1", "--force", "--out", str(run))
     assert code == 0, err
     assert json.loads((run / "summary.json").read_text())["steps"] == 1
 
 
 # ---- item 2 ------------------------------------------------------------------------------------
+
 
 def test_a_second_command_on_a_running_directory_is_refused_with_the_holders_pid(finished, tmp_path, capsys):
     out = tmp_path / "busy"
@@ -108,12 +128,14 @@ def test_a_second_command_on_a_running_directory_is_refused_with_the_holders_pid
 
 def test_workers_take_their_config_from_the_launcher_not_the_file(tmp_path, capsys):
     from wansync.runner import launch
+
     seen = {}
 
     def spawn(cfg, run_dir, config, resume=False):
-        (run_dir / "config.toml").write_text("[run]\nstrategy = 'ddp'\n")      # another process rewrites it
+        (run_dir / "config.toml").write_text("[run]\nstrategy = 'ddp'\n")  # another process rewrites it
         seen["config"] = config
         return 1, "stopped by the test"
+
     real = launch.spawn
     launch.spawn = spawn
     try:
@@ -126,8 +148,17 @@ def test_workers_take_their_config_from_the_launcher_not_the_file(tmp_path, caps
 
 # ---- item 8 ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("edit, changed", [("lr = 0.003", "lr = 0.5", ), ("strategy = \"local_sgd\"",
-                                                                              "strategy = \"ddp\"")])
+
+@pytest.mark.parametrize(
+    "edit, changed",
+    [
+        (
+            "lr = 0.003",
+            "lr = 0.5",
+        ),
+        ('strategy = "local_sgd"', 'strategy = "ddp"'),
+    ],
+)
 def test_a_hand_edited_config_is_refused_on_resume_naming_the_keys(finished, tmp_path, capsys, edit, changed):
     run = copy_of(finished, tmp_path)
     text = (run / "config.toml").read_text()
@@ -148,8 +179,10 @@ def test_resuming_a_finished_run_says_so_and_appends_nothing(finished, tmp_path,
     assert (run / "metrics.jsonl").read_text() == metrics
 
 
-@pytest.mark.parametrize("extra, flag", [(["--config", "c.toml"], "--config"), (["--preset", "cpdp-wan"], "--preset"),
-                                         (["--out", "elsewhere"], "--out")])
+@pytest.mark.parametrize(
+    "extra, flag",
+    [(["--config", "c.toml"], "--config"), (["--preset", "cpdp-wan"], "--preset"), (["--out", "elsewhere"], "--out")],
+)
 def test_options_resume_would_ignore_are_refused(finished, tmp_path, capsys, extra, flag):
     run = copy_of(finished, tmp_path)
     (tmp_path / "c.toml").write_text("[optim]\nlr = 0.5\n")

@@ -8,6 +8,7 @@ The specification, on real gloo groups and the micro LM, 2 workers of 2 ranks:
 - the outer state lives where `outer_state_device` says, and a run stopped with an exchange in
   flight resumes bit for bit from its sharded (torch.distributed.checkpoint) checkpoint.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -43,8 +44,10 @@ CASES: dict[str, tuple[str, dict[str, Any], int]] = {
 def full_flat(model: torch.nn.Module) -> torch.Tensor:
     """The whole model as one flat tensor (a sharded parameter gathered over its mesh)."""
     from torch.distributed.tensor import DTensor
-    return torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).detach().reshape(-1)
-                      for p in model.parameters()])
+
+    return torch.cat(
+        [(p.full_tensor() if isinstance(p, DTensor) else p).detach().reshape(-1) for p in model.parameters()]
+    )
 
 
 def train_both_ways(rank: int, world: int, names: list[str], corpus: str) -> dict[str, Any]:
@@ -55,16 +58,26 @@ def train_both_ways(rank: int, world: int, names: list[str], corpus: str) -> dic
         strategy, options, steps = CASES[name] if name in CASES else (name, *STRATEGY_CASES[name])
         for inside in ("ddp", "fsdp"):
             replicas = replica_groups(2, shard_inside=inside == "fsdp")
-            cfg = Config(strategy=strategy, model="micro", data=corpus, seq_len=16, batch_size=PER_RANK_BATCH, lr=1e-3,
-                         seed=0, inside=inside)
+            cfg = Config(
+                strategy=strategy,
+                model="micro",
+                data=corpus,
+                seq_len=16,
+                batch_size=PER_RANK_BATCH,
+                lr=1e-3,
+                seed=0,
+                inside=inside,
+            )
             torch.manual_seed(0)
             wl = build_workload(cfg, replicas.worker, replicas.workers, replicas.local_rank, 2)
             if inside == "fsdp":
-                shard_worker(wl.model, replicas.mesh, "fp32",
-                             hybrid=not strategies.strategy_class(strategy).steps_inside_workers)
+                shard_worker(
+                    wl.model, replicas.mesh, "fp32", hybrid=not strategies.strategy_class(strategy).steps_inside_workers
+                )
             opt = build_optimizer(cfg, wl.model)
-            sync = strategies.build(strategy, wl.model, opt, replicas=replicas,
-                                    **strategies.resolve_options(strategy, options))
+            sync = strategies.build(
+                strategy, wl.model, opt, replicas=replicas, **strategies.resolve_options(strategy, options)
+            )
             after_steps = []
             for _ in range(steps):
                 wl.loss(sync.model, wl.next_batch()).backward()
@@ -75,10 +88,15 @@ def train_both_ways(rank: int, world: int, names: list[str], corpus: str) -> dic
             final = full_flat(wl.model)
             every = [torch.empty_like(final) for _ in range(world)]
             dist.all_gather(every, final)
-            out[(name, inside)] = {"steps": after_steps, "final": final, "comm": sync.comm.snapshot(),
-                                   "worker": replicas.worker, "alike": all(torch.equal(every[0], e) for e in every),
-                                   "outer_devices": sorted({str(a.value.device) for a in _anchors(sync)}),
-                                   "local_state": sum(t.numel() for ts in sync.state_tensors().values() for t in ts)}
+            out[(name, inside)] = {
+                "steps": after_steps,
+                "final": final,
+                "comm": sync.comm.snapshot(),
+                "worker": replicas.worker,
+                "alike": all(torch.equal(every[0], e) for e in every),
+                "outer_devices": sorted({str(a.value.device) for a in _anchors(sync)}),
+                "local_state": sum(t.numel() for ts in sync.state_tensors().values() for t in ts),
+            }
     return out
 
 
@@ -112,7 +130,7 @@ def test_a_sparse_exchange_chunks_each_ranks_own_shard(runs, name):
     purpose = strategies.strategy_class(name).exchange_purpose
     for r in runs:
         ddp, fsdp = (r[(name, way)]["comm"][purpose]["bytes"] for way in ("ddp", "fsdp"))
-        assert 0.3 * 2 * ddp < fsdp < 0.7 * 2 * ddp, (ddp, fsdp)       # DDP inside: half of the worker's too
+        assert 0.3 * 2 * ddp < fsdp < 0.7 * 2 * ddp, (ddp, fsdp)  # DDP inside: half of the worker's too
         assert r[(name, "fsdp")]["local_state"] * 2 == pytest.approx(r[(name, "ddp")]["local_state"], rel=0.1)
 
 
@@ -121,6 +139,7 @@ def test_a_worker_sends_the_same_bytes_between_workers_whether_ddp_or_fsdp_is_in
     def between(inside: str, worker: int) -> int:
         comm = [r[(name, inside)]["comm"] for r in runs if r[(name, inside)]["worker"] == worker]
         return sum(v["bytes"] for c in comm for k, v in c.items() if k in ("params", "pseudo_grads"))
+
     for worker in range(2):
         assert between("fsdp", worker) == between("ddp", worker) > 0
     assert all(not any(k.startswith("inside/grads") for k in r[(name, "fsdp")]["comm"]) for r in runs)
@@ -136,6 +155,7 @@ def test_outer_state_in_host_memory_is_the_same_outer_step():
     a device move in name only; on a GPU it is a copy each way), the same arithmetic."""
     from wansync.strategies.outer import Anchor
     from wansync.strategies.options import anchor_device
+
     torch.manual_seed(0)
     ps = [torch.nn.Parameter(torch.randn(300)), torch.nn.Parameter(torch.randn(7, 5))]
     results = []
@@ -157,6 +177,7 @@ def test_outer_state_in_host_memory_is_the_same_outer_step():
 def user_loops(rank: int, world: int, cases: list[tuple[str, dict[str, Any], bool]]) -> list[Any]:
     """`user_loop` for each (strategy, options, hybrid), one after the other in one group."""
     from torch.distributed.device_mesh import init_device_mesh
+
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     return [user_loop(rank, world, mesh, *case) for case in cases]
 
@@ -166,6 +187,7 @@ def user_loop(rank: int, world: int, mesh: Any, name: str, options: dict[str, An
     import wansync as ws
     from torch.distributed.fsdp import fully_shard
     from wansync.errors import ConfigError
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(5)])
     for layer in model:
@@ -185,23 +207,29 @@ def user_loop(rank: int, world: int, mesh: Any, name: str, options: dict[str, An
     final = full_flat(model)
     every = [torch.empty_like(final) for _ in range(world)]
     dist.all_gather(every, final)
-    return {"alike": all(torch.equal(every[0], e) for e in every),
-            "moved": not torch.equal(final, _initial(model)), "workers": sync.replicas.workers}
+    return {
+        "alike": all(torch.equal(every[0], e) for e in every),
+        "moved": not torch.equal(final, _initial(model)),
+        "workers": sync.replicas.workers,
+    }
 
 
 def _initial(model: torch.nn.Module) -> torch.Tensor:
     torch.manual_seed(0)
-    return torch.cat([p.detach().reshape(-1) for p in torch.nn.Sequential(
-        *[torch.nn.Linear(8, 8) for _ in range(5)]).parameters()])
+    return torch.cat(
+        [p.detach().reshape(-1) for p in torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(5)]).parameters()]
+    )
 
 
-USER_CASES = [("diloco", {"sync_every": 4}, False),
-              ("streaming", {"sync_every": 6, "fragments": 2, "overlap": 1}, False),
-              ("cocodc", {"sync_every": 6, "fragments": 2, "overlap": 1}, False),
-              ("diloco", {"sync_every": 4}, True),          # hybrid sharding: refused for local steps
-              ("ddp", {}, True),                             # ... and taken by ddp
-              ("sparseloco", {"sync_every": 4, "chunk": 4}, False),
-              ("demo", {"chunk": 4}, False)]
+USER_CASES = [
+    ("diloco", {"sync_every": 4}, False),
+    ("streaming", {"sync_every": 6, "fragments": 2, "overlap": 1}, False),
+    ("cocodc", {"sync_every": 6, "fragments": 2, "overlap": 1}, False),
+    ("diloco", {"sync_every": 4}, True),  # hybrid sharding: refused for local steps
+    ("ddp", {}, True),  # ... and taken by ddp
+    ("sparseloco", {"sync_every": 4, "chunk": 4}, False),
+    ("demo", {"chunk": 4}, False),
+]
 TRAINED = (0, 1, 2, 5, 6)
 
 
@@ -228,6 +256,7 @@ def sharded_state(run: Any, step: int, worker: int) -> dict[str, Any]:
     import tempfile
     from pathlib import Path
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "state.pt"
         dcp_to_torch_save(str(Path(run) / "checkpoints" / f"step{step:08d}" / f"worker{worker}"), str(out))
@@ -244,33 +273,61 @@ def _flat_tensors(x: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     return {}
 
 
-@pytest.mark.parametrize("name, options", [("diloco", {"sync_every": 3}),
-                                           ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1}),
-                                           ("sparseloco", {"sync_every": 3}),
-                                           ("diloco", {"sync_every": 3, "overlap_rounds": True})])
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("diloco", {"sync_every": 3}),
+        ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1}),
+        ("sparseloco", {"sync_every": 3}),
+        ("diloco", {"sync_every": 3, "overlap_rounds": True}),
+    ],
+)
 def test_a_sharded_run_stopped_with_an_exchange_in_flight_resumes_bit_for_bit(tmp_path, name, options):
     import json
     from trainer_harness import lay_out, run_legs
     from test_reliability import TINY_KEYS
-    common = {"strategy": name, **options, "workers": 2, "ranks_per_worker": 2, "inside": "fsdp", "steps": 8,
-              "checkpoint_every": 4, "eval_every": 2, "quiet": True, **TINY_KEYS}
+
+    common = {
+        "strategy": name,
+        **options,
+        "workers": 2,
+        "ranks_per_worker": 2,
+        "inside": "fsdp",
+        "steps": 8,
+        "checkpoint_every": 4,
+        "eval_every": 2,
+        "quiet": True,
+        **TINY_KEYS,
+    }
     whole, broken = (lay_out({**common, "out": str(tmp_path / leg)}) for leg in ("whole", "broken"))
-    legs = run_ranks(run_legs, 4, [{"run_dir": whole}, {"run_dir": broken, "stop_at": 6},
-                                   {"run_dir": broken, "resume": True}], timeout=300)
+    legs = run_ranks(
+        run_legs,
+        4,
+        [{"run_dir": whole}, {"run_dir": broken, "stop_at": 6}, {"run_dir": broken, "resume": True}],
+        timeout=300,
+    )
     assert all("stopped" in rank[1] for rank in legs)
-    ranks = [torch.load(tmp_path / "broken" / "checkpoints" / "step00000004" / f"rank{r}.pt", weights_only=True)
-             for r in range(4)]                            # the checkpoint the resume started from
+    ranks = [
+        torch.load(tmp_path / "broken" / "checkpoints" / "step00000004" / f"rank{r}.pt", weights_only=True)
+        for r in range(4)
+    ]  # the checkpoint the resume started from
     if name == "streaming":
-        assert all(r["strategy"]["in_flight"] for r in ranks)        # the checkpoint holds an exchange in flight
-    if options.get("overlap_rounds"):                                # round 1's mean, waited for and recorded
+        assert all(r["strategy"]["in_flight"] for r in ranks)  # the checkpoint holds an exchange in flight
+    if options.get("overlap_rounds"):  # round 1's mean, waited for and recorded
         assert all(r["strategy"]["overlap"]["landing"] is not None for r in ranks)
-    assert all(r["model"] is None and r["inside"] == "fsdp" for r in ranks)   # the model: the DCP checkpoint
+    assert all(r["model"] is None and r["inside"] == "fsdp" for r in ranks)  # the model: the DCP checkpoint
     for worker in range(2):
         a, b = (_flat_tensors(sharded_state(d, 8, worker)) for d in (whole, broken))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"worker {worker} differs"
     for rank in range(4):
-        a, b = (_flat_tensors(torch.load(tmp_path / leg / "checkpoints" / "step00000008" / f"rank{rank}.pt",
-                                         weights_only=True)["strategy"]) for leg in ("whole", "broken"))
+        a, b = (
+            _flat_tensors(
+                torch.load(tmp_path / leg / "checkpoints" / "step00000008" / f"rank{rank}.pt", weights_only=True)[
+                    "strategy"
+                ]
+            )
+            for leg in ("whole", "broken")
+        )
         assert all(torch.equal(a[k], b[k]) for k in a)
     s_whole, s_broken = (json.loads((tmp_path / leg / "summary.json").read_text()) for leg in ("whole", "broken"))
     assert all(s_whole[k] == s_broken[k] for k in ("final_val_loss", "bytes_sent", "sync_events"))
@@ -284,6 +341,7 @@ def shard_a_scalar(rank: int, world: int) -> str:
         def __init__(self) -> None:
             super().__init__()
             self.w = torch.nn.Parameter(torch.tensor(1.0))
+
     try:
         shard_worker(Scalar(), replica_groups(2, shard_inside=True).mesh, "fp32")
     except ConfigError as e:
@@ -293,13 +351,20 @@ def shard_a_scalar(rank: int, world: int) -> str:
 
 def test_a_model_fsdp_cannot_shard_is_one_line():
     out = run_ranks(shard_a_scalar, 2, timeout=120)
-    assert all(o.startswith("--inside fsdp cannot shard this model with FSDP2 (ValueError: fully_shard doesn't "
-                            "support scalar parameters") and o.endswith("use --inside ddp") for o in out), out
+    assert all(
+        o.startswith(
+            "--inside fsdp cannot shard this model with FSDP2 (ValueError: fully_shard doesn't "
+            "support scalar parameters"
+        )
+        and o.endswith("use --inside ddp")
+        for o in out
+    ), out
 
 
 def test_bf16_on_a_gpu_without_it_is_one_line(monkeypatch):
     from wansync.errors import ConfigError
     from wansync.trainer.sharding import check_precision
+
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     with pytest.raises(ConfigError, match=r"^--precision bf16: this GPU does not support bfloat16"):
         check_precision("bf16", "cuda")
@@ -309,31 +374,69 @@ def test_bf16_on_a_gpu_without_it_is_one_line(monkeypatch):
 
 def test_what_a_sharded_worker_cannot_do_is_refused_in_one_line(tmp_path):
     from cli_harness import TINY, wansync
+
     r = wansync("train", "--inside", "zero3", *TINY, "--out", str(tmp_path / "bad"))
     assert r.stderr.strip().splitlines() == ["wansync: error: inside must be ddp or fsdp, got 'zero3'"]
 
 
 def test_a_run_resumes_only_with_the_inside_it_was_started_with(tmp_path):
     from cli_harness import TINY, wansync
+
     run = tmp_path / "run"
-    first = wansync("train", "--strategy", "local_sgd", "--workers", "1", "--steps", "2", "--checkpoint-every", "1",
-                    *TINY, "--out", str(run))
+    first = wansync(
+        "train",
+        "--strategy",
+        "local_sgd",
+        "--workers",
+        "1",
+        "--steps",
+        "2",
+        "--checkpoint-every",
+        "1",
+        *TINY,
+        "--out",
+        str(run),
+    )
     assert first.returncode == 0, first.stderr
     r = wansync("train", "--resume", str(run), "--inside", "fsdp", "--steps", "3")
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
     assert "cannot change inside when resuming" in r.stderr
 
 
-@pytest.mark.parametrize("strategy, inside, ranks, extra", [("diloco", "ddp", 1, ()), ("diloco", "fsdp", 2, ()),
-                                                            ("sparseloco", "fsdp", 2, ("--density", "0.1"))])
+@pytest.mark.parametrize(
+    "strategy, inside, ranks, extra",
+    [("diloco", "ddp", 1, ()), ("diloco", "fsdp", 2, ()), ("sparseloco", "fsdp", 2, ("--density", "0.1"))],
+)
 def test_a_bf16_run_learns(tmp_path, strategy, inside, ranks, extra):
     """bf16 compute (autocast with DDP inside, whatever its ranks; FSDP2's mixed-precision policy
     sharded), fp32 masters: the loss falls and summary.json says how the run computed."""
     import json
     from cli_harness import TINY, wansync
-    r = wansync("train", "--strategy", strategy, "--sync-every", "5", "--workers", "2", "--ranks-per-worker", str(ranks),
-                "--inside", inside, "--precision", "bf16", "--steps", "15", "--eval-every", "5", *TINY, *extra,
-                "--out", str(tmp_path / "run"), timeout=300)
+
+    r = wansync(
+        "train",
+        "--strategy",
+        strategy,
+        "--sync-every",
+        "5",
+        "--workers",
+        "2",
+        "--ranks-per-worker",
+        str(ranks),
+        "--inside",
+        inside,
+        "--precision",
+        "bf16",
+        "--steps",
+        "15",
+        "--eval-every",
+        "5",
+        *TINY,
+        *extra,
+        "--out",
+        str(tmp_path / "run"),
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["precision"] == "bf16" and summary["inside"] == inside

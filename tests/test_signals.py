@@ -1,5 +1,6 @@
 """Nothing orphaned: a signal to the launcher, or to a worker, ends the whole run in one line,
 leaves no process behind, and the run resumes from its last checkpoint."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ def steps_done(run: Path) -> int:
     for line in lines:
         try:
             steps.append(json.loads(line)["step"])
-        except ValueError:                      # a line being written
+        except ValueError:  # a line being written
             pass
     return max(steps)
 
@@ -64,10 +65,31 @@ def long_run(tmp_path):
     """A 2-worker run that would take hours, in a session of its own (so a signal to its group
     reaches no one else), past its first checkpoint; everything it started is killed at the end."""
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "wansync", "train", "--strategy", "ddp", "--workers", "2",
-                             "--steps", "100000", "--checkpoint-every", str(CHECKPOINT_EVERY), "--quiet",
-                             "--out", str(run), *TINY], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, preexec_fn=as_a_foreground_job)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wansync",
+            "train",
+            "--strategy",
+            "ddp",
+            "--workers",
+            "2",
+            "--steps",
+            "100000",
+            "--checkpoint-every",
+            str(CHECKPOINT_EVERY),
+            "--quiet",
+            "--out",
+            str(run),
+            *TINY,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=as_a_foreground_job,
+    )
     try:
         wait_for(lambda: steps_done(run) > CHECKPOINT_EVERY or proc.poll() is not None, 120, "a checkpoint")
         assert proc.poll() is None, proc.stderr.read()
@@ -82,7 +104,7 @@ def long_run(tmp_path):
         proc.wait()
 
 
-CASES = {   # case -> (exit status, stderr)
+CASES = {  # case -> (exit status, stderr)
     "SIGINT to the process group": (130, "wansync: interrupted"),
     "SIGTERM to the launcher": (143, "wansync: terminated (SIGTERM)"),
     "SIGKILL to the launcher": (-signal.SIGKILL, ""),
@@ -101,12 +123,12 @@ def test_a_signal_ends_the_run_in_one_line_and_leaves_nothing_behind(long_run, c
         proc.kill()
     else:
         os.kill(worker_pids(run)[1], signal.SIGKILL)
-    proc.wait(timeout=60)                   # the launcher exits (a child holding its stderr open must not hide that)
+    proc.wait(timeout=60)  # the launcher exits (a child holding its stderr open must not hide that)
     err = read_available(proc.stderr)
     assert (proc.returncode, err.strip()) == CASES[case], err
     wait_for(lambda: no_process_left(run), 15, "the workers to end")
     assert not (run / "summary.json").exists()
-    if case == "SIGKILL to the launcher":            # the harshest end still resumes
+    if case == "SIGKILL to the launcher":  # the harshest end still resumes
         steps = max(int(d.name[4:]) for d in (run / "checkpoints").glob("step*")) + 1
         r = wansync("train", "--resume", str(run), "--steps", str(steps))
         assert r.returncode == 0, r.stderr
@@ -156,10 +178,29 @@ def test_a_sigint_inside_the_launchers_bookkeeping_still_ends_the_run_in_one_lin
     took its waitpid lock (a launcher with a second thread starts its workers with Popen). Raised there, it left the lock held and the launcher waited for ever to
     reap that worker; the launcher must take the signal between polls instead."""
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_INSIDE_POLL, "train", "--strategy", "ddp", "--workers",
-                             "2", "--steps", "100000", "--quiet", "--out", str(run), *TINY],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=as_a_foreground_job)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            SIGNAL_INSIDE_POLL,
+            "train",
+            "--strategy",
+            "ddp",
+            "--workers",
+            "2",
+            "--steps",
+            "100000",
+            "--quiet",
+            "--out",
+            str(run),
+            *TINY,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=as_a_foreground_job,
+    )
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
@@ -171,23 +212,23 @@ def test_a_sigint_inside_the_launchers_bookkeeping_still_ends_the_run_in_one_lin
             except OSError:
                 pass
         proc.wait()
-    assert read_available(proc.stdout).strip() == "SIGINT inside poll"     # the window was hit
+    assert read_available(proc.stdout).strip() == "SIGINT inside poll"  # the window was hit
     err = read_available(proc.stderr)
     assert (proc.returncode, err.strip()) == (130, "wansync: interrupted"), err
     wait_for(lambda: no_process_left(run), 15, "the workers to end")
 
 
 def test_a_deferred_sigint_is_raised_where_the_launcher_checks_and_an_ignored_one_stays_ignored():
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)     # as in a foreground job
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a foreground job
     try:
         with signals_deferred() as check:
-            os.kill(os.getpid(), signal.SIGINT)         # no KeyboardInterrupt here, in the middle of anything
+            os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt here, in the middle of anything
             with pytest.raises(KeyboardInterrupt):
                 check()
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         with signals_deferred() as check:
             os.kill(os.getpid(), signal.SIGINT)
-            check()                                     # a background job's ignored Ctrl-C stays ignored
+            check()  # a background job's ignored Ctrl-C stays ignored
     finally:
         signal.signal(signal.SIGINT, previous)

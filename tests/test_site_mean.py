@@ -33,11 +33,18 @@ def _means(rank: int, world: int, port: int, wan: str, ranks_per_worker: int) ->
     from wansync import net
     from wansync.comm.exchange import Exchange
     from wansync.comm.replicas import replica_groups
+
     dist.destroy_process_group()
     topology = replace(net.parse_wan(wan), ranks_per_worker=ranks_per_worker)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60))
-    dist.init_process_group(net.install(), store=store, rank=rank, world_size=world,
-                            pg_options=net.Emulator(topology, seed=0), timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        net.install(),
+        store=store,
+        rank=rank,
+        world_size=world,
+        pg_options=net.Emulator(topology, seed=0),
+        timeout=timedelta(seconds=60),
+    )
     replicas = replica_groups(ranks_per_worker)
     exchange = Exchange(replicas=replicas)
     worker = rank // ranks_per_worker
@@ -53,10 +60,14 @@ def _means(rank: int, world: int, port: int, wan: str, ranks_per_worker: int) ->
     dist.all_gather(everyone, blocking, group=plain)
     workers = world // ranks_per_worker
     expected = sum(torch.randn(NUMEL, generator=torch.Generator().manual_seed(w)) for w in range(workers)) / workers
-    return {"same_bits": all(torch.equal(everyone[0], e) for e in everyone),
-            "error": float((blocking - expected).abs().max()), "async_equal": torch.equal(blocking, later),
-            "algorithm": exchange.ledger.snapshot()["params"].get("algorithm"),
-            "records": records, "chosen": exchange.sites.algorithm(4 * NUMEL)}
+    return {
+        "same_bits": all(torch.equal(everyone[0], e) for e in everyone),
+        "error": float((blocking - expected).abs().max()),
+        "async_equal": torch.equal(blocking, later),
+        "algorithm": exchange.ledger.snapshot()["params"].get("algorithm"),
+        "records": records,
+        "chosen": exchange.sites.algorithm(4 * NUMEL),
+    }
 
 
 def test_uneven_sites_average_by_sites_and_every_rank_holds_the_same_bits():
@@ -65,6 +76,7 @@ def test_uneven_sites_average_by_sites_and_every_rank_holds_the_same_bits():
     sites' first members' ring, the broadcast inside us-east."""
     from wansync.net import parse_wan
     from wansync.net.cost import allreduce_algorithm
+
     assert allreduce_algorithm(4 * NUMEL, 4, parse_wan("uneven-3-region")) == "hierarchical"
     out = run_ranks(_means, 4, _free_port(), "uneven-3-region", 1, timeout=120)
     for r in out:
@@ -72,11 +84,13 @@ def test_uneven_sites_average_by_sites_and_every_rank_holds_the_same_bits():
         assert r["algorithm"] == "hierarchical" and r["chosen"] == "hierarchical"
     # rank 0 (us-east's first member) takes part in all three phases; rank 2 (alone in eu-west) only in the
     # sites' ring; rank 1 in its site's sum and broadcast
-    ops = {rank: [(rec["op"], rec["group"]) for rec in r["records"] if rec["nbytes"] >= 4 * NUMEL]
-           for rank, r in enumerate(out)}
+    ops = {
+        rank: [(rec["op"], rec["group"]) for rec in r["records"] if rec["nbytes"] >= 4 * NUMEL]
+        for rank, r in enumerate(out)
+    }
     assert [op for op, _ in ops[0][:3]] == ["allreduce", "allreduce", "broadcast"]
     assert [op for op, _ in ops[1][:2]] == ["allreduce", "broadcast"]
-    assert [op for op, _ in ops[2][:1]] == ["allreduce"] and len(ops[2]) == 2      # one per mean
+    assert [op for op, _ in ops[2][:1]] == ["allreduce"] and len(ops[2]) == 2  # one per mean
 
 
 def test_one_worker_per_site_stays_flat():
@@ -92,6 +106,7 @@ def test_workers_of_two_ranks_average_their_shards_by_sites():
 
     from wansync.net import parse_wan
     from wansync.net.cost import allreduce_algorithm
+
     topo = replace(parse_wan("cross-region"), ranks_per_worker=2)
     assert allreduce_algorithm(2 * NUMEL, 6, topo, [0, 2, 4], parallel=2) == "hierarchical"
     out = run_ranks(_means, 6, _free_port(), "cross-region", 2, timeout=150)

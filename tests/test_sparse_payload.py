@@ -1,6 +1,7 @@
 """The pieces of a sparse exchange as plain functions: chunking (comm/chunks.py), top-k (comm/topk.py),
 the DCT (comm/dct.py), bit packing (comm/bitpack.py), the statistical quantizer (comm/quantize.py) and
 the payload built from them (comm/sparse.py), each against a direct transcription of its rule."""
+
 from __future__ import annotations
 
 import math
@@ -45,10 +46,10 @@ def test_take_and_put_move_every_value_of_every_chunk_exactly_once():
 
 
 def test_a_chunk_is_a_whole_block_of_its_matrix():
-    layout = ChunkLayout.of_shapes([(8, 6)], chunk=4)          # blocks of 4 x 3
+    layout = ChunkLayout.of_shapes([(8, 6)], chunk=4)  # blocks of 4 x 3
     m = torch.arange(48, dtype=torch.float32).view(8, 6)
     chunks = layout.groups[0].take(m.reshape(-1))
-    expected = torch.stack([m[i:i + 4, j:j + 3].reshape(-1) for i in (0, 4) for j in (0, 3)])
+    expected = torch.stack([m[i : i + 4, j : j + 3].reshape(-1) for i in (0, 4) for j in (0, 3)])
     assert torch.equal(chunks, expected)
 
 
@@ -98,20 +99,26 @@ def test_the_dct_is_orthonormal_and_matches_the_textbook_formula():
     d = dct_matrix(8, torch.float64)
     torch.testing.assert_close(d @ d.T, torch.eye(8, dtype=torch.float64), rtol=0, atol=1e-12)
     x = torch.randn(8, dtype=torch.float64)
-    y = [sum(x[i] * math.cos(math.pi * (2 * i + 1) * k / 16) for i in range(8)) * math.sqrt(2 / 8) *
-         (1 / math.sqrt(2) if k == 0 else 1) for k in range(8)]
+    y = [
+        sum(x[i] * math.cos(math.pi * (2 * i + 1) * k / 16) for i in range(8))
+        * math.sqrt(2 / 8)
+        * (1 / math.sqrt(2) if k == 0 else 1)
+        for k in range(8)
+    ]
     torch.testing.assert_close(d @ x, torch.tensor(y, dtype=torch.float64), rtol=0, atol=1e-12)
     block = BlockDCT(4, 6, torch.float64)
     chunks = torch.randn(5, 24, dtype=torch.float64)
     torch.testing.assert_close(block.inverse(block.forward(chunks)), chunks, rtol=0, atol=1e-12)
     two_d = block.forward(chunks).view(5, 4, 6)
-    torch.testing.assert_close(two_d, dct_matrix(4, torch.float64) @ chunks.view(5, 4, 6) @ dct_matrix(6, torch.float64).T)
+    torch.testing.assert_close(
+        two_d, dct_matrix(4, torch.float64) @ chunks.view(5, 4, 6) @ dct_matrix(6, torch.float64).T
+    )
 
 
 @pytest.mark.parametrize("bits", [0, 1, 2, 6, 9, 11, 12, 13, 16, 24, 32])
 def test_bit_packing_round_trips_in_the_bytes_it_promises(bits):
     for n in (0, 1, 7, 8, 33, 1000):
-        values = torch.randint(0, 2 ** bits if bits else 1, (n,))
+        values = torch.randint(0, 2**bits if bits else 1, (n,))
         data = pack(values, bits)
         assert data.dtype == torch.uint8 and data.numel() == packed_bytes(n, bits) == -(-n * bits // 8)
         assert torch.equal(unpack(data, n, bits), values)
@@ -129,12 +136,17 @@ def test_the_quantizer_is_the_reference_rule_per_segment(bits):
     segment = torch.cat([torch.zeros(50), torch.ones(7), torch.full((1,), 2.0)]).long()
     q = quantize(values, segment, 3, bits)
     decoded = dequantize(q.codes, segment, q.shift, q.table)
-    expected = torch.cat([reference_quantize(values[:50], bits), reference_quantize(values[50:57], bits),
-                          reference_quantize(values[57:], bits)])
+    expected = torch.cat(
+        [
+            reference_quantize(values[:50], bits),
+            reference_quantize(values[50:57], bits),
+            reference_quantize(values[57:], bits),
+        ]
+    )
     torch.testing.assert_close(decoded, expected, rtol=0, atol=1e-6)
-    assert q.codes.dtype == torch.uint8 and int(q.codes.max()) < 2 ** bits
-    assert decoded[-1] == 2.5                                  # one value: decoded exactly
-    assert table_bytes(3, bits) == 3 * 4 * (2 ** bits + 1)
+    assert q.codes.dtype == torch.uint8 and int(q.codes.max()) < 2**bits
+    assert decoded[-1] == 2.5  # one value: decoded exactly
+    assert table_bytes(3, bits) == 3 * 4 * (2**bits + 1)
 
 
 def test_a_non_finite_value_makes_its_segment_decode_non_finite():
@@ -166,14 +178,14 @@ def test_what_is_sent_plus_what_is_kept_is_the_buffer(dct, bits):
     assert payload.numel() == codec.wire_bytes() == sum(codec.parts.values())
     sent = _decoded(codec, payload)
     if bits == 32 and not dct:
-        assert torch.equal(sent + residual, x)                 # exact: a sent value leaves 0 behind
+        assert torch.equal(sent + residual, x)  # exact: a sent value leaves 0 behind
         assert int((residual == 0).sum()) == codec.kept
     else:
         torch.testing.assert_close(sent + residual, x, rtol=0, atol=1e-5)
 
 
 def test_a_payload_sends_the_top_k_of_every_chunk():
-    layout = ChunkLayout.of_shapes([(128, 64)])                  # two blocks of 64 x 64
+    layout = ChunkLayout.of_shapes([(128, 64)])  # two blocks of 64 x 64
     codec = SparseCodec(layout, topk=5, bits=32)
     x = torch.randn(layout.numel, generator=torch.Generator().manual_seed(2))
     sent = _decoded(codec, _encode(codec, x)[0])
@@ -206,7 +218,7 @@ def test_at_density_one_both_rules_are_the_plain_mean():
 
 def test_the_bytes_at_the_reference_defaults():
     layout = ChunkLayout.of_shapes([(4096, 4096)])
-    codec = SparseCodec(layout)                                  # 64 x 64 blocks, 32 kept, 2 bits
+    codec = SparseCodec(layout)  # 64 x 64 blocks, 32 kept, 2 bits
     blocks = 4096 * 4096 // 4096
     assert codec.parts == {"indices": blocks * 32 * 12 // 8, "values": blocks * 32 * 2 // 8, "tables": 4 * 5}
     assert codec.wire_bytes() / (4 * 4096 * 4096) < 0.0035
@@ -226,7 +238,7 @@ def test_a_sharded_payload_covers_its_shard_only():
 
 
 def test_any_run_of_chunks_is_taken_and_put_back_in_place():
-    layout = ChunkLayout.of_shapes([(8, 12), (4, 12)], chunk=4)      # one group: 3 x 4 blocks, 6 + 3 chunks
+    layout = ChunkLayout.of_shapes([(8, 12), (4, 12)], chunk=4)  # one group: 3 x 4 blocks, 6 + 3 chunks
     flat = torch.arange(layout.numel, dtype=torch.float32)
     g = layout.groups[0]
     whole = g.take(flat)
@@ -242,6 +254,7 @@ def test_any_run_of_chunks_is_taken_and_put_back_in_place():
 @pytest.mark.parametrize("bits,chunk", [(2, 64), (32, 64), (3, 5), (8, 11)])
 def test_a_payload_and_its_mean_are_the_same_bytes_whatever_the_run_of_chunks(monkeypatch, bits, chunk):
     import wansync.comm.sparse as sparse
+
     shapes = [(256, 64), (64,), (192, 64), (64, 160), (7,), (121, 55)]
     layout = ChunkLayout.of_shapes(shapes, chunk)
     xs = [torch.randn(layout.numel, generator=torch.Generator().manual_seed(s)) for s in range(2)]

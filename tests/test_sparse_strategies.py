@@ -1,6 +1,7 @@
 """SparseLoCo and DeMo (strategies/sparseloco.py, strategies/demo.py) on real gloo groups (spec §10, §11):
 their identities with DiLoCo and with sign descent, the error feedback's conservation, the published
 rules written out directly (tests/sparse_reference.py), resume, and replicas that stay identical."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,21 +25,42 @@ IDENTITY = {"density": 1.0, "bits": 32, "error_decay": 0.0, "outer_lr": ALPHA}
 
 def _scenarios() -> dict[str, dict]:
     s = {
-        "diloco_sgd": dict(name="diloco", options={"sync_every": H, "outer_lr": ALPHA, "outer_momentum": 0.0},
-                           steps=7, optimizer="adamw", lr=0.01),
+        "diloco_sgd": dict(
+            name="diloco",
+            options={"sync_every": H, "outer_lr": ALPHA, "outer_momentum": 0.0},
+            steps=7,
+            optimizer="adamw",
+            lr=0.01,
+        ),
         "sparseloco": dict(name="sparseloco", options={"sync_every": H}, steps=7, optimizer="adamw", lr=0.01),
-        "sparseloco_resume": dict(name="sparseloco", options={"sync_every": H, "chunk": 4, "density": 0.25}, steps=8,
-                                  optimizer="adamw", lr=0.01, resume_at=4),
-        "sparseloco_full": dict(name="sparseloco", options={"sync_every": H, "chunk": 4, "density": 0.25}, steps=8,
-                                optimizer="adamw", lr=0.01),
-        "demo_resume": dict(name="demo", options={"chunk": 4, "density": 0.25}, steps=6, optimizer="sgd", lr=0.01,
-                            resume_at=3),
+        "sparseloco_resume": dict(
+            name="sparseloco",
+            options={"sync_every": H, "chunk": 4, "density": 0.25},
+            steps=8,
+            optimizer="adamw",
+            lr=0.01,
+            resume_at=4,
+        ),
+        "sparseloco_full": dict(
+            name="sparseloco",
+            options={"sync_every": H, "chunk": 4, "density": 0.25},
+            steps=8,
+            optimizer="adamw",
+            lr=0.01,
+        ),
+        "demo_resume": dict(
+            name="demo", options={"chunk": 4, "density": 0.25}, steps=6, optimizer="sgd", lr=0.01, resume_at=3
+        ),
         "demo_full": dict(name="demo", options={"chunk": 4, "density": 0.25}, steps=6, optimizer="sgd", lr=0.01),
     }
     for rule in ("chosen", "all"):
-        s[f"sparseloco_identity_{rule}"] = dict(name="sparseloco", options={"sync_every": H, **IDENTITY,
-                                                                            "aggregate": rule},
-                                                steps=7, optimizer="adamw", lr=0.01)
+        s[f"sparseloco_identity_{rule}"] = dict(
+            name="sparseloco",
+            options={"sync_every": H, **IDENTITY, "aggregate": rule},
+            steps=7,
+            optimizer="adamw",
+            lr=0.01,
+        )
     return s
 
 
@@ -50,8 +72,9 @@ def two():
 @pytest.mark.parametrize("rule", ["chosen", "all"])
 def test_sparseloco_at_density_one_unquantized_without_feedback_is_diloco_with_outer_sgd(two, rule):
     for rank in range(2):
-        for step, (a, b) in enumerate(zip(two[rank][f"sparseloco_identity_{rule}"]["params"],
-                                          two[rank]["diloco_sgd"]["params"])):
+        for step, (a, b) in enumerate(
+            zip(two[rank][f"sparseloco_identity_{rule}"]["params"], two[rank]["diloco_sgd"]["params"])
+        ):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=lambda m: f"rank {rank} step {step + 1}: {m}")
 
 
@@ -59,7 +82,7 @@ def test_every_worker_holds_the_same_model_after_each_outer_step(two):
     for key in ("sparseloco", "sparseloco_full"):
         for step in (H, 2 * H):
             assert torch.equal(two[0][key]["params"][step - 1], two[1][key]["params"][step - 1]), (key, step)
-        assert not torch.equal(two[0][key]["params"][H], two[1][key]["params"][H])   # they drift between
+        assert not torch.equal(two[0][key]["params"][H], two[1][key]["params"][H])  # they drift between
 
 
 def test_demo_workers_stay_identical_at_every_step(two):
@@ -81,7 +104,7 @@ def test_the_ledger_books_a_sparse_payload_by_kind(two):
     comm = two[0]["sparseloco"]["comm"][-1]["pseudo_grads"]
     assert comm["calls"] == 2 and set(comm["parts"]) == {"indices", "values", "tables"}
     assert sum(comm["parts"].values()) == comm["bytes"]
-    assert comm["sent"] == comm["bytes"]                        # an all-gather at M = 2: one payload to the peer
+    assert comm["sent"] == comm["bytes"]  # an all-gather at M = 2: one payload to the peer
     assert two[0]["demo_full"]["comm"][-1]["momentum"]["calls"] == 6
 
 
@@ -91,8 +114,18 @@ def conservation(rank: int, world: int, density: float, bits: int) -> dict:
     pseudo-gradients the workers formed."""
     torch.manual_seed(0)
     model = tiny_model()
-    sync = ws.strategy("sparseloco", model, torch.optim.AdamW(model.parameters(), lr=0.01), sync_every=2,
-                       error_decay=1.0, aggregate="all", density=density, bits=bits, chunk=4, outer_lr=ALPHA)
+    sync = ws.strategy(
+        "sparseloco",
+        model,
+        torch.optim.AdamW(model.parameters(), lr=0.01),
+        sync_every=2,
+        error_decay=1.0,
+        aggregate="all",
+        density=density,
+        bits=bits,
+        chunk=4,
+        outer_lr=ALPHA,
+    )
     start = sync.anchor.value.clone()
     formed = torch.zeros_like(start)
     real = sync.anchor.pseudo_gradient
@@ -101,6 +134,7 @@ def conservation(rank: int, world: int, density: float, bits: int) -> dict:
         delta = real(*args)
         formed.add_(delta)
         return delta
+
     sync.anchor.pseudo_gradient = recorded
     for step in range(10):
         x, y = rank_batch(rank, step)
@@ -125,8 +159,14 @@ def test_what_was_sent_plus_what_is_left_is_every_pseudo_gradient(density, bits)
 def reference_rule(rank: int, world: int, options: dict) -> dict:
     """3 outer rounds of `sparseloco` beside the published update written out (`sparse_reference`),
     from the same start on the same batches."""
-    beta, alpha, chunk, k, bits, use_dct = (options["error_decay"], options["outer_lr"], options["chunk"],
-                                            options["topk"], options["bits"], options["dct"])
+    beta, alpha, chunk, k, bits, use_dct = (
+        options["error_decay"],
+        options["outer_lr"],
+        options["chunk"],
+        options["topk"],
+        options["bits"],
+        options["dct"],
+    )
     torch.manual_seed(0)
     ours, theirs = tiny_model(), tiny_model()
     sync = ws.strategy("sparseloco", ours, torch.optim.AdamW(ours.parameters(), lr=0.02), sync_every=H, **options)
@@ -142,25 +182,29 @@ def reference_rule(rank: int, world: int, options: dict) -> dict:
         nn.functional.mse_loss(theirs(x), y).backward()
         opt.step()
         opt.zero_grad()
-        if (step + 1) % H == 0:                                   # the outer round, as published
+        if (step + 1) % H == 0:  # the outer round, as published
             with torch.no_grad():
                 for e, a, p in zip(errors, anchor, theirs.parameters()):
-                    e.mul_(beta).add_(a - p)                      # e ← β·e + Δ
+                    e.mul_(beta).add_(a - p)  # e ← β·e + Δ
                 sent = ref.sparse_round(errors, errors, k, chunk, bits, use_dct)
                 for a, s, p in zip(anchor, sent, theirs.parameters()):
-                    a.sub_(alpha * s)                             # θ̃ ← θ̃ − α·Δ̄
-                    p.copy_(a)                                    # θ_r ← θ̃
+                    a.sub_(alpha * s)  # θ̃ ← θ̃ − α·Δ̄
+                    p.copy_(a)  # θ_r ← θ̃
             diffs.append(float((flat_params(ours) - flat_params(theirs)).abs().max()))
     return {"diffs": diffs, "error": float((sync.error - torch.cat([e.reshape(-1) for e in errors])).abs().max())}
 
 
-@pytest.mark.parametrize("options", [
-    {"error_decay": 0.999, "outer_lr": 1.0, "chunk": 4, "topk": 3, "bits": 2, "dct": False},
-    {"error_decay": 0.9, "outer_lr": 0.7, "chunk": 8, "topk": 5, "bits": 32, "dct": True},
-    {"error_decay": 0.999, "outer_lr": 1.0, "chunk": 64, "topk": 32, "bits": 4, "dct": False},
-], ids=["2bit", "dct", "defaults"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"error_decay": 0.999, "outer_lr": 1.0, "chunk": 4, "topk": 3, "bits": 2, "dct": False},
+        {"error_decay": 0.9, "outer_lr": 0.7, "chunk": 8, "topk": 5, "bits": 32, "dct": True},
+        {"error_decay": 0.999, "outer_lr": 1.0, "chunk": 64, "topk": 32, "bits": 4, "dct": False},
+    ],
+    ids=["2bit", "dct", "defaults"],
+)
 def test_sparseloco_is_the_published_rule_written_out(options):
-    tolerance = 1e-6 if options["dct"] else 0.0          # the DCT: the same matrices, multiplied in another order
+    tolerance = 1e-6 if options["dct"] else 0.0  # the DCT: the same matrices, multiplied in another order
     for out in run_ranks(reference_rule, 2, options, timeout=120):
         assert len(out["diffs"]) == 3 and max(out["diffs"]) <= tolerance, out
         assert out["error"] <= tolerance, out
@@ -182,7 +226,7 @@ def sign_descent(rank: int, world: int) -> dict:
         before = flat_params(model)
         sync.step()
         sync.zero_grad()
-        clear = g.abs() > 1e-6 * g.abs().max()                     # where the DCT round trip cannot flip a sign
+        clear = g.abs() > 1e-6 * g.abs().max()  # where the DCT round trip cannot flip a sign
         expected = before - lr * torch.sign(g)
         worst = max(worst, float((flat_params(model) - expected)[clear].abs().max()))
         residual = max(residual, float(sync.momentum.abs().max()))
@@ -198,7 +242,10 @@ def test_demo_keeping_every_coefficient_is_sign_descent_on_the_mean_gradient():
 def carriers(rank: int, world: int) -> list[str]:
     model = tiny_model()
     errors = []
-    for opt in (torch.optim.AdamW(model.parameters(), lr=0.01), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)):
+    for opt in (
+        torch.optim.AdamW(model.parameters(), lr=0.01),
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+    ):
         try:
             ws.strategy("demo", model, opt)
         except ConfigError as e:
@@ -218,25 +265,31 @@ def sharded_mean(rank: int, world: int, ranks_per_worker: int) -> dict:
     from wansync.comm.replicas import replica_groups
     from wansync.comm.sparse import SparseCodec
     from wansync.planner.sizes import of_name
+
     replicas = replica_groups(ranks_per_worker)
     exchange = Exchange(replicas=replicas)
-    codec = SparseCodec(ChunkLayout.of_shapes(of_name("micro").shapes))       # the defaults: 2-bit, k = 32 of 4096
+    codec = SparseCodec(ChunkLayout.of_shapes(of_name("micro").shapes))  # the defaults: 2-bit, k = 32 of 4096
     g = torch.Generator().manual_seed(replicas.worker)
     buf = torch.randn(codec.layout.numel, generator=g)
     residual = torch.randn(codec.layout.numel, generator=g) * 0.1
     exchange.mean(buf, "pseudo_grads", codec, inplace=True, residual=residual)
     bounds = codec.layout.bounds(ranks_per_worker)
     mine = slice(bounds[replicas.local_rank], bounds[replicas.local_rank + 1])
-    return {"mean": buf, "residual": residual[mine], "mine": mine, "worker": replicas.worker,
-            "comm": exchange.ledger.snapshot()}
+    return {
+        "mean": buf,
+        "residual": residual[mine],
+        "mine": mine,
+        "worker": replicas.worker,
+        "comm": exchange.ledger.snapshot(),
+    }
 
 
 def test_a_sparse_mean_sharded_over_a_workers_ranks_is_the_whole_workers_mean():
     one, two = run_ranks(sharded_mean, 2, 1, timeout=120), run_ranks(sharded_mean, 4, 2, timeout=120)
     for r in two:
         whole = one[r["worker"]]
-        assert torch.equal(r["mean"], whole["mean"])                        # every rank: the whole mean
-        assert torch.equal(r["residual"], whole["residual"][r["mine"]])     # its own shard's residual
+        assert torch.equal(r["mean"], whole["mean"])  # every rank: the whole mean
+        assert torch.equal(r["residual"], whole["residual"][r["mine"]])  # its own shard's residual
     for worker in range(2):
         parts = [r["comm"]["pseudo_grads"]["parts"] for r in two if r["worker"] == worker]
         assert {k: sum(p[k] for p in parts) for k in parts[0]} == one[worker]["comm"]["pseudo_grads"]["parts"]
@@ -256,8 +309,12 @@ def heal(rank: int, world: int) -> dict:
     b.error.fill_(1.0)
     state = a.heal_state()
     b.load_heal_state(state)
-    return {"keys": sorted(state), "source_error": float(a.error.abs().sum()), "healed_error": float(b.error.abs().sum()),
-            "anchor": torch.equal(a.anchor.value, b.anchor.value)}
+    return {
+        "keys": sorted(state),
+        "source_error": float(a.error.abs().sum()),
+        "healed_error": float(b.error.abs().sum()),
+        "anchor": torch.equal(a.anchor.value, b.anchor.value),
+    }
 
 
 def test_a_healed_worker_takes_its_peers_anchor_and_starts_with_a_zero_error_buffer():
@@ -272,6 +329,7 @@ def bytes_per_round(rank: int, world: int) -> dict:
     from wansync.comm.exchange import Exchange
     from wansync.planner.sizes import of_name
     from wansync.strategies import make_options, strategy_class
+
     shapes = of_name("micro").shapes
     codec = strategy_class("sparseloco").wire_codec(make_options("sparseloco"), shapes)
     out = {}
@@ -294,6 +352,7 @@ def skipped_contribution(rank: int, world: int) -> dict:
     from wansync.comm.chunks import ChunkLayout
     from wansync.comm.exchange import Exchange
     from wansync.comm.sparse import SparseCodec
+
     codec = SparseCodec(ChunkLayout.of_shapes([(64, 64), (64,)]), bits=32, aggregate="all")
     n = codec.layout.numel
     buf = torch.cat([torch.randn(n, generator=torch.Generator().manual_seed(rank)), torch.tensor([float(rank + 1)])])
@@ -306,13 +365,17 @@ def skipped_contribution(rank: int, world: int) -> dict:
     payload = torch.empty(codec.wire_bytes(), dtype=torch.uint8)
     codec.encode_into(mine[:n], payload)
     codec.aggregate_into([payload], alone, 1)
-    return {"mean": buf, "alone": alone, "dropped": exchange.ledger.dropped,
-            "guard": exchange.ledger.snapshot().get("nonfinite_guard", {}).get("bytes", 0)}
+    return {
+        "mean": buf,
+        "alone": alone,
+        "dropped": exchange.ledger.dropped,
+        "guard": exchange.ledger.snapshot().get("nonfinite_guard", {}).get("bytes", 0),
+    }
 
 
 def test_sparse_mean_leaves_out_a_skipped_contribution_side_band_and_all():
     zero, one = run_ranks(skipped_contribution, 2, timeout=60)
-    assert torch.equal(zero["mean"], one["mean"])                          # every rank the same bits
-    assert torch.equal(zero["mean"][:-1], zero["alone"])                   # rank 0's payload alone
-    assert float(zero["mean"][-1]) == 1.0                                  # its side band, not (1 + 2) / 2
+    assert torch.equal(zero["mean"], one["mean"])  # every rank the same bits
+    assert torch.equal(zero["mean"][:-1], zero["alone"])  # rank 0's payload alone
+    assert float(zero["mean"][-1]) == 1.0  # its side band, not (1 + 2) / 2
     assert (zero["dropped"], one["dropped"]) == (0, 1) and zero["guard"] == 1

@@ -7,6 +7,7 @@ the part (data, compute), long before the test would give up, and nothing left r
 steps are slow (each one's data longer than --peer-timeout, under the bound of twice it) trains to the
 end; and under torchrun the ranks say their own line. The runs go side by side, to keep the file short.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.timeout(240)
 
 PEER_TIMEOUT = 3
 BOUND_S = 2 * PEER_TIMEOUT
-ENDS_WITHIN_S = 90               # start-up, the first step, the bound and the teardown on a loaded machine
+ENDS_WITHIN_S = 90  # start-up, the first step, the bound and the teardown on a loaded machine
 
 STALLING = '''
 import time
@@ -89,9 +90,28 @@ def slow_data(spec):
 
 
 def flags(plugin: Path, factory: str, out: Path, steps: int = 4) -> list[str]:
-    return ["train", "--data", f"{plugin}:{factory}", "--strategy", "ddp", "--workers", "2", "--steps", str(steps),
-            "--peer-timeout", str(PEER_TIMEOUT), "--eval-every", "100", "--batch-size", "4", "--threads", "1",
-            "--quiet", "--out", str(out)]
+    return [
+        "train",
+        "--data",
+        f"{plugin}:{factory}",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--steps",
+        str(steps),
+        "--peer-timeout",
+        str(PEER_TIMEOUT),
+        "--eval-every",
+        "100",
+        "--batch-size",
+        "4",
+        "--threads",
+        "1",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
 
 
 def torchrun(plugin: Path, out: Path) -> subprocess.Popen:
@@ -99,9 +119,24 @@ def torchrun(plugin: Path, out: Path) -> subprocess.Popen:
     args = flags(plugin, "data_hangs", out)
     args.remove("--workers")
     args.remove("2")
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "wansync", *args], env=dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "wansync",
+            *args,
+        ],
+        env=dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,31 +146,47 @@ def ended(tmp_path_factory):
     root = tmp_path_factory.mktemp("stall")
     plugin = root / "stalling.py"
     plugin.write_text(STALLING)
-    warm = rank_context().Process(target=int)      # the forkserver's start is the harness's, not the runs'
+    warm = rank_context().Process(target=int)  # the forkserver's start is the harness's, not the runs'
     warm.start()
     warm.join()
     t0 = time.monotonic()
     agent = torchrun(plugin, root / "torchrun")
-    runs = {name: (start(*flags(plugin, factory, root / name, **extra)), root / name)
-            for name, factory, extra in (("data", "data_hangs", {}), ("compute", "compute_hangs", {}),
-                                         ("slow", "slow_data", {"steps": 3}))}
+    runs = {
+        name: (start(*flags(plugin, factory, root / name, **extra)), root / name)
+        for name, factory, extra in (
+            ("data", "data_hangs", {}),
+            ("compute", "compute_hangs", {}),
+            ("slow", "slow_data", {"steps": 3}),
+        )
+    }
     try:
         ends = {}
         while len(ends) < len(runs) + 1 and time.monotonic() - t0 < ENDS_WITHIN_S:
-            ends.update({name: time.monotonic() - t0 for name, (proc, _) in runs.items()
-                         if name not in ends and not proc.running()})
+            ends.update(
+                {
+                    name: time.monotonic() - t0
+                    for name, (proc, _) in runs.items()
+                    if name not in ends and not proc.running()
+                }
+            )
             if "torchrun" not in ends and agent.poll() is not None:
                 ends["torchrun"] = time.monotonic() - t0
             time.sleep(0.05)
         output, _ = agent.communicate(timeout=max(1.0, ENDS_WITHIN_S - (time.monotonic() - t0)))
-        results = {name: (proc.result(timeout=10), ends.get(name, float("inf")), out) for name, (proc, out) in runs.items()}
-        results["torchrun"] = (agent.returncode, output, ends.get("torchrun", float("inf")),
-                               processes_naming(root / "torchrun"))
+        results = {
+            name: (proc.result(timeout=10), ends.get(name, float("inf")), out) for name, (proc, out) in runs.items()
+        }
+        results["torchrun"] = (
+            agent.returncode,
+            output,
+            ends.get("torchrun", float("inf")),
+            processes_naming(root / "torchrun"),
+        )
         return results
     finally:
         for proc, _ in runs.values():
             proc.kill()
-        for pid in [agent.pid, *processes_naming(root / "torchrun")]:     # torchrun's workers: sessions of their own
+        for pid in [agent.pid, *processes_naming(root / "torchrun")]:  # torchrun's workers: sessions of their own
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -185,17 +236,17 @@ def processes_naming(path: Path) -> list[int]:
 
 def test_the_watchdog_fires_once_past_the_bound_and_never_after_a_stop():
     phase, fired = Phase(), []
-    assert overdue(phase, PEER_TIMEOUT, 0, time.monotonic()) is None               # start-up: not watched
+    assert overdue(phase, PEER_TIMEOUT, 0, time.monotonic()) is None  # start-up: not watched
     phase.begin("data", 5)
     since = phase.part[2]
     assert overdue(phase, PEER_TIMEOUT, 0, since + BOUND_S - 0.1) is None
     assert "rank 0 stalled in step 5 (data)" in overdue(phase, PEER_TIMEOUT, 0, since + BOUND_S + 0.1)
-    phase.begin("compute", 1, first=True)                                         # warm-up: a longer bound
+    phase.begin("compute", 1, first=True)  # warm-up: a longer bound
     assert bound_s(PEER_TIMEOUT, True) == 10 * PEER_TIMEOUT
     assert overdue(phase, PEER_TIMEOUT, 0, phase.part[2] + BOUND_S + 0.1) is None
     phase.end()
-    assert overdue(phase, PEER_TIMEOUT, 0, time.monotonic() + 1e6) is None         # the exchange, an evaluation
-    dog = Watchdog(phase, 0.2, 3, fired.append).start()                           # a bound of 0.4 s
+    assert overdue(phase, PEER_TIMEOUT, 0, time.monotonic() + 1e6) is None  # the exchange, an evaluation
+    dog = Watchdog(phase, 0.2, 3, fired.append).start()  # a bound of 0.4 s
     phase.begin("compute", 7)
     deadline = time.monotonic() + 30
     while not fired and time.monotonic() < deadline:

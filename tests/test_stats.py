@@ -1,4 +1,5 @@
 """Mean ± 95% t-interval over seeds, Welch's t-test, and the phrase they support."""
+
 from __future__ import annotations
 
 import math
@@ -6,8 +7,7 @@ import random
 
 import pytest
 
-from wansync.analysis.stats import (ALPHA, NO_DIFFERENCE, Interval, compare, compare_in_words, interval, t_975,
-                                    welch_p)
+from wansync.analysis.stats import ALPHA, NO_DIFFERENCE, Interval, compare, compare_in_words, interval, t_975, welch_p
 
 
 def test_the_t_quantile_is_the_tables_for_few_seeds_and_approaches_the_normal():
@@ -40,8 +40,10 @@ def test_overlapping_intervals_are_no_difference_at_this_scale():
 def test_disjoint_intervals_name_the_better_one_by_the_metrics_direction():
     low, high = interval([1.0, 1.1, 1.05]), interval([2.0, 2.1, 2.05])
     assert compare(high, low, higher_is_better=True) == 1 and compare(high, low, higher_is_better=False) == -1
-    assert compare_in_words("a", low, "b", high, higher_is_better=False) == \
-        "a is better than b (Welch's t-test p < 0.001; the 95 % intervals do not overlap)"
+    assert (
+        compare_in_words("a", low, "b", high, higher_is_better=False)
+        == "a is better than b (Welch's t-test p < 0.001; the 95 % intervals do not overlap)"
+    )
 
 
 def test_a_single_seed_never_counts_as_a_difference():
@@ -58,11 +60,13 @@ def test_welchs_p_value_is_the_known_one():
 
 
 def test_overlapping_intervals_can_still_differ_by_welchs_test():
-    a, b = interval([0.0, 1.0, 2.0]), interval([2.887, 3.887, 4.887])     # 5 standard errors apart
+    a, b = interval([0.0, 1.0, 2.0]), interval([2.887, 3.887, 4.887])  # 5 standard errors apart
     assert a.overlaps(b) and welch_p(a, b) == pytest.approx(0.0241, abs=1e-4)
     assert compare(b, a, higher_is_better=True) == 1
-    assert compare_in_words("a", a, "b", b, True) == \
-        "b is better than a (Welch's t-test p = 0.024 < 0.05; the 95 % intervals overlap)"
+    assert (
+        compare_in_words("a", a, "b", b, True)
+        == "b is better than a (Welch's t-test p = 0.024 < 0.05; the 95 % intervals overlap)"
+    )
 
 
 def test_welchs_test_rejects_whenever_the_intervals_do_not_overlap():
@@ -79,8 +83,10 @@ def test_welchs_test_rejects_whenever_the_intervals_do_not_overlap():
 
 def test_a_p_value_at_or_above_alpha_is_no_difference_and_says_so():
     a, b = interval([85.0, 86.0, 85.5]), interval([85.4, 86.2, 85.1])
-    assert compare_in_words("K=16", a, "K=4", b, True) == \
-        f"{NO_DIFFERENCE} (Welch's t-test p = 0.89 ≥ 0.05; the 95 % intervals overlap)"
+    assert (
+        compare_in_words("K=16", a, "K=4", b, True)
+        == f"{NO_DIFFERENCE} (Welch's t-test p = 0.89 ≥ 0.05; the 95 % intervals overlap)"
+    )
     assert compare_in_words("x", interval([1.0]), "y", b, True) == f"{NO_DIFFERENCE} (one seed: no test)"
 
 

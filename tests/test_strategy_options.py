@@ -1,4 +1,5 @@
 """Strategy options declared once: the registry derives the flags, config keys, help and checks."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,7 @@ def _strategy_flags() -> dict[str, list[str]]:
 
 
 def test_the_registry_finds_every_strategy_module_with_ddp_first():
-    assert set(STRATEGIES) >= {"ddp", "local_sgd", "post_local_sgd", "slowmo", "cpdp", "diloco", "streaming",
-                               "cocodc"}
+    assert set(STRATEGIES) >= {"ddp", "local_sgd", "post_local_sgd", "slowmo", "cpdp", "diloco", "streaming", "cocodc"}
     assert next(iter(STRATEGIES)) == "ddp" and option_names("ddp") == []
 
 
@@ -38,8 +38,8 @@ def test_every_option_of_every_strategy_is_a_flag_and_a_config_key_with_help(nam
     for key in option_names(name):
         assert KEYS[key].metadata["section"] == "strategy" and name in OPTIONS[key].strategies
         assert KEYS[key].metadata["help"] == OPTIONS[key].help
-        assert flags["--" + key.replace("_", "-")] == [OPTIONS[key].help]   # listed once, with its help
-        assert f"{name} " in OPTIONS[key].help                              # the strategy and its default
+        assert flags["--" + key.replace("_", "-")] == [OPTIONS[key].help]  # listed once, with its help
+        assert f"{name} " in OPTIONS[key].help  # the strategy and its default
 
 
 def test_the_strategy_flags_are_exactly_the_registry_options():
@@ -51,7 +51,7 @@ def test_the_help_of_a_shared_knob_lists_each_strategy_with_its_default():
     text = OPTIONS["sync_every"].help
     assert text.startswith("H (K in CPDP): inner steps between synchronizations (default: ")
     assert "local_sgd 8" in text and "cpdp 4" in text and "diloco 100" in text and "cocodc 100" in text
-    both = OPTIONS["syncs_per_period"].help         # CoCoDC gives the knob another meaning
+    both = OPTIONS["syncs_per_period"].help  # CoCoDC gives the knob another meaning
     assert "one per fragment" in both and "from gamma" in both
 
 
@@ -78,16 +78,42 @@ def test_an_option_without_help_is_refused():
 
 
 def test_defaults_are_unchanged():
-    assert vars(make_options("local_sgd")) == {"sync_every": 8, "sync_optimizer_state": False, "drift_telemetry": True,
-                                               "codec": "fp32", "codec_collective": "auto", "error_feedback": False,
-                                               "slow_policy": "wait", "deadline": 0.0}
-    assert vars(make_options("streaming")) == {"sync_every": 100, "fragments": 4, "overlap": 5, "alpha": 0.5,
-                                               "outer_lr": 0.7, "outer_momentum": 0.9, "outer_state_device": "model",
-                                               "codec": "fp32", "codec_collective": "auto", "error_feedback": False, "partition": "strided", "syncs_per_period": 0,
-                                               "eager": False, "slow_policy": "wait", "deadline": 0.0}
-    assert vars(make_options("cocodc")) == {**vars(make_options("streaming")), "lam": 0.5, "gamma": 0.4,
-                                            "schedule": "adaptive_fair", "compensation": "damped",
-                                            "max_syncs_per_fragment": 2, "outer_scaling": "none"}
+    assert vars(make_options("local_sgd")) == {
+        "sync_every": 8,
+        "sync_optimizer_state": False,
+        "drift_telemetry": True,
+        "codec": "fp32",
+        "codec_collective": "auto",
+        "error_feedback": False,
+        "slow_policy": "wait",
+        "deadline": 0.0,
+    }
+    assert vars(make_options("streaming")) == {
+        "sync_every": 100,
+        "fragments": 4,
+        "overlap": 5,
+        "alpha": 0.5,
+        "outer_lr": 0.7,
+        "outer_momentum": 0.9,
+        "outer_state_device": "model",
+        "codec": "fp32",
+        "codec_collective": "auto",
+        "error_feedback": False,
+        "partition": "strided",
+        "syncs_per_period": 0,
+        "eager": False,
+        "slow_policy": "wait",
+        "deadline": 0.0,
+    }
+    assert vars(make_options("cocodc")) == {
+        **vars(make_options("streaming")),
+        "lam": 0.5,
+        "gamma": 0.4,
+        "schedule": "adaptive_fair",
+        "compensation": "damped",
+        "max_syncs_per_fragment": 2,
+        "outer_scaling": "none",
+    }
 
 
 # One knob's check, written once, gives the same line in every strategy that has it.
@@ -105,25 +131,37 @@ OUTER_CHECKS = [
 ]
 
 
-@pytest.mark.parametrize("name, options, message", [(s, o, m) for s in STRATEGIES for o, m in OUTER_CHECKS
-                                                    if all(k in option_names(s) for k in o)])
+@pytest.mark.parametrize(
+    "name, options, message",
+    [(s, o, m) for s in STRATEGIES for o, m in OUTER_CHECKS if all(k in option_names(s) for k in o)],
+)
 def test_outer_optimizer_checks_are_the_same_lines_everywhere(name, options, message):
     with pytest.raises(ConfigError) as e:
         make_options(name, **options)
     assert str(e.value) == message
 
 
-@pytest.mark.parametrize("name, options, message", [
-    ("streaming", dict(sync_every=4, fragments=5), "fragments (5) must be <= sync_every (4)"),
-    ("cocodc", dict(sync_every=4, fragments=5), "fragments (5) must be <= sync_every (4)"),
-    ("local_sgd", dict(sync_every="8"), "sync_every must be an integer, got '8'"),
-    ("cpdp", dict(grad_phase=1), "grad_phase must be true or false, got 1"),
-    ("diloco", dict(outer_lr=True), "outer_lr must be a number, got True"),
-    ("cocodc", dict(lam=float("inf")), "lam must be >= 0, got inf"),
-    *((s, dict(codec_collective=c), f"codec_collective {c} is how a lossy codec's mean travels; an fp32 mean is one "
-       "all-reduce, so it would be ignored: drop it, or choose a lossy codec (bf16, int8 or fp4)")
-      for s in ("local_sgd", "diloco", "streaming") for c in ("reduce_scatter", "allgather")),
-])
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("streaming", dict(sync_every=4, fragments=5), "fragments (5) must be <= sync_every (4)"),
+        ("cocodc", dict(sync_every=4, fragments=5), "fragments (5) must be <= sync_every (4)"),
+        ("local_sgd", dict(sync_every="8"), "sync_every must be an integer, got '8'"),
+        ("cpdp", dict(grad_phase=1), "grad_phase must be true or false, got 1"),
+        ("diloco", dict(outer_lr=True), "outer_lr must be a number, got True"),
+        ("cocodc", dict(lam=float("inf")), "lam must be >= 0, got inf"),
+        *(
+            (
+                s,
+                dict(codec_collective=c),
+                f"codec_collective {c} is how a lossy codec's mean travels; an fp32 mean is one "
+                "all-reduce, so it would be ignored: drop it, or choose a lossy codec (bf16, int8 or fp4)",
+            )
+            for s in ("local_sgd", "diloco", "streaming")
+            for c in ("reduce_scatter", "allgather")
+        ),
+    ],
+)
 def test_bad_options_are_one_line_config_errors(name, options, message):
     with pytest.raises(ConfigError) as e:
         make_options(name, **options)
@@ -159,10 +197,19 @@ def test_cross_field_rules_run_after_the_field_rules():
 
 def test_resolve_options_fills_defaults_and_ignores_keys_of_other_strategies():
     given = {"sync_every": 16, "overlap": 1, "slowmo_beta": None}
-    assert resolve_options("slowmo", given) == {"sync_every": 16, "sync_optimizer_state": False,
-                                                 "drift_telemetry": True, "codec": "fp32", "codec_collective": "auto", "error_feedback": False, "slowmo_beta": 0.5,
-                                                 "slowmo_lr": 1.0, "outer_state_device": "model", "slow_policy": "wait",
-                                                 "deadline": 0.0}
+    assert resolve_options("slowmo", given) == {
+        "sync_every": 16,
+        "sync_optimizer_state": False,
+        "drift_telemetry": True,
+        "codec": "fp32",
+        "codec_collective": "auto",
+        "error_feedback": False,
+        "slowmo_beta": 0.5,
+        "slowmo_lr": 1.0,
+        "outer_state_device": "model",
+        "slow_policy": "wait",
+        "deadline": 0.0,
+    }
     assert resolve_options("ddp", given) == {}
 
 

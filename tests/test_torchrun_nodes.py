@@ -1,6 +1,7 @@
 """Real launches: two `torchrun` processes on this host acting as two nodes (c10d rendezvous on
 127.0.0.1), each node one worker of two ranks, train exactly what the local launcher trains
 with `--workers 2 --ranks-per-worker 2`: the same final parameters, bit for bit."""
+
 from __future__ import annotations
 
 import os
@@ -29,13 +30,32 @@ def free_port() -> int:
 
 
 def train_flags(corpus: Path, out: Path) -> list[str]:
-    return ["train", "--strategy", "diloco", "--sync-every", "3", "--steps", "6", "--quiet",
-            "--ranks-per-worker", str(R), "--data", str(corpus), "--eval-every", "100", *TINY, "--out", str(out)]
+    return [
+        "train",
+        "--strategy",
+        "diloco",
+        "--sync-every",
+        "3",
+        "--steps",
+        "6",
+        "--quiet",
+        "--ranks-per-worker",
+        str(R),
+        "--data",
+        str(corpus),
+        "--eval-every",
+        "100",
+        *TINY,
+        "--out",
+        str(out),
+    ]
 
 
 def final_params(run: Path, world: int) -> list[torch.Tensor]:
-    return [torch.cat([v.reshape(-1).float() for v in checkpoint.load_rank(run, rank, world)["model"].values()])
-            for rank in range(world)]
+    return [
+        torch.cat([v.reshape(-1).float() for v in checkpoint.load_rank(run, rank, world)["model"].values()])
+        for rank in range(world)
+    ]
 
 
 def torchrun_nodes(flags: list[str], timeout: float) -> list[tuple[int, str]]:
@@ -43,12 +63,36 @@ def torchrun_nodes(flags: list[str], timeout: float) -> list[tuple[int, str]]:
     started is killed if they outlive `timeout`."""
     port = free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n),
-                               "--nproc-per-node", str(R), "--rdzv-backend", "c10d",
-                               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "wansync-test",
-                               "-m", "wansync", *flags],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True) for n in range(2)]
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(n),
+                "--nproc-per-node",
+                str(R),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "wansync-test",
+                "-m",
+                "wansync",
+                *flags,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for n in range(2)
+    ]
     try:
         return [(p.wait(timeout=timeout), p.stdout.read()) for p in nodes]
     finally:

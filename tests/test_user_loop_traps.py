@@ -5,6 +5,7 @@ before or after `ws.strategy()`, frozen parameters, and communication counters a
 Every check runs in one spawned 2-rank gloo group (`_traps`, tiny models); the tests read its
 results.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +42,10 @@ def _lr_zero(rank: int) -> dict[str, Any]:
     a cosine that reaches 0 at the last step (read by `finish()`), and a warmup from 0 (the first
     step's learning rate is 0) with a boundary at every step."""
     total = 10
-    schedules = {"cosine": (4, lambda k: 0.5 * (1 + math.cos(math.pi * min(k, total) / total))),
-                 "warmup": (1, lambda k: min(1.0, k / 4))}
+    schedules = {
+        "cosine": (4, lambda k: 0.5 * (1 + math.cos(math.pi * min(k, total) / total))),
+        "warmup": (1, lambda k: min(1.0, k / 4)),
+    }
     out = {}
     for name in ("slowmo", "cpdp"):
         for kind, (every, lam) in schedules.items():
@@ -58,15 +61,20 @@ def _lr_zero(rank: int) -> dict[str, Any]:
             _train(sync, rank, 1, total, schedule)
             before_finish = flat_params(model)
             sync.finish()
-            out[f"{name}/{kind}"] = {"start": start, "after_first": after_first, "before_finish": before_finish,
-                                     "final": flat_params(model),
-                                     "lrs": [(e["step"], e["inner_lr"]) for e in events if e["type"] == "sync"]}
+            out[f"{name}/{kind}"] = {
+                "start": start,
+                "after_first": after_first,
+                "before_finish": before_finish,
+                "final": flat_params(model),
+                "lrs": [(e["step"], e["inner_lr"]) for e in events if e["type"] == "sync"],
+            }
     return out
 
 
 # ---- gradient accumulation under the emulated link -----------------------------------------------
 def _accumulation(rank: int) -> dict[str, Any]:
     from wansync import net
+
     emulator = net.Emulator(net.parse_wan("lan"))
     group = dist.new_group([0, 1], backend=net.install(), pg_options=emulator)
     out = {}
@@ -74,7 +82,7 @@ def _accumulation(rank: int) -> dict[str, Any]:
         for paused in (False, True):
             model = tiny_model(0)
             sync = ws.strategy(name, model, torch.optim.SGD(model.parameters(), lr=0.05), group=group, **options)
-            cursor = emulator.record_count()                 # after the construction's broadcasts
+            cursor = emulator.record_count()  # after the construction's broadcasts
             for step in range(4):
                 batches = [rank_batch(rank, ACCUMULATE * step + i) for i in range(ACCUMULATE)]
                 with sync.no_sync() if paused else contextlib.nullcontext():
@@ -87,8 +95,10 @@ def _accumulation(rank: int) -> dict[str, Any]:
             sync.finish()
             records = [r for r in emulator.records_since(cursor) if r.op == "allreduce"]
             out[f"{name}/{'no_sync' if paused else 'plain'}"] = {
-                "link": sum(r.nbytes for r in records), "ledger": sync.comm.snapshot(),
-                "trainable": sum(p.numel() * p.element_size() for p in model.parameters())}
+                "link": sum(r.nbytes for r in records),
+                "ledger": sync.comm.snapshot(),
+                "trainable": sum(p.numel() * p.element_size() for p in model.parameters()),
+            }
     return out
 
 
@@ -99,7 +109,7 @@ def _restore(rank: int) -> dict[str, Any]:
         model = tiny_model(0)
         opt = torch.optim.AdamW(model.parameters(), lr=0.01)
         sync = ws.strategy(name, model, opt, **options)
-        _train(sync, rank, 0, 6)                               # step 6: between two boundaries
+        _train(sync, rank, 0, 6)  # step 6: between two boundaries
         buf = io.BytesIO()
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "strategy": sync.state_dict()}, buf)
         saved_at = flat_params(model)
@@ -107,7 +117,7 @@ def _restore(rank: int) -> dict[str, Any]:
         runs = {"straight": (flat_params(model), sync.comm.snapshot())}
         for order in ("after", "before"):
             ckpt = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
-            fresh = tiny_model(1 + rank)                       # each rank a different fresh start
+            fresh = tiny_model(1 + rank)  # each rank a different fresh start
             opt = torch.optim.AdamW(fresh.parameters(), lr=0.01)
             if order == "before":
                 fresh.load_state_dict(ckpt["model"])
@@ -148,34 +158,45 @@ class FrozenBase(nn.Module):
 
 
 def _frozen(rank: int) -> dict[str, Any]:
-    cases = {"diloco": {"sync_every": 2}, "slowmo": {"sync_every": 2},
-             "local_sgd": {"sync_every": 2, "sync_optimizer_state": True},
-             "streaming": {"sync_every": 4, "fragments": 2, "overlap": 1},
-             "cocodc": {"sync_every": 4, "fragments": 2, "overlap": 1, "syncs_per_period": 2}, "ddp": {}}
+    cases = {
+        "diloco": {"sync_every": 2},
+        "slowmo": {"sync_every": 2},
+        "local_sgd": {"sync_every": 2, "sync_optimizer_state": True},
+        "streaming": {"sync_every": 4, "fragments": 2, "overlap": 1},
+        "cocodc": {"sync_every": 4, "fragments": 2, "overlap": 1, "syncs_per_period": 2},
+        "ddp": {},
+    }
     out = {}
     for name, options in cases.items():
         model = FrozenBase()
         frozen_before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters() if not p.requires_grad])
-        sync = ws.strategy(name, model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                                          lr=0.01), **options)
+        sync = ws.strategy(
+            name, model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01), **options
+        )
         events: list[dict[str, Any]] = []
         sync.on_event(events.append)
         _train(sync, rank, 0, 8)
         sync.finish()
         out[name] = {
-            "events": [e for e in events if e["type"] == "sync"], "ledger": sync.comm.snapshot(),
+            "events": [e for e in events if e["type"] == "sync"],
+            "ledger": sync.comm.snapshot(),
             "trainable": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
             "frozen": sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad),
             "buffers": sum(b.numel() * b.element_size() for b in model.buffers() if b.is_floating_point()),
             "frozen_before": frozen_before,
             "frozen_after": torch.cat([p.detach().reshape(-1) for p in model.parameters() if not p.requires_grad]),
-            "params": flat_params(model)}
+            "params": flat_params(model),
+        }
     return out
 
 
 def _traps(rank: int, world: int) -> dict[str, Any]:
-    return {"lr_zero": _lr_zero(rank), "accumulation": _accumulation(rank), "restore": _restore(rank),
-            "frozen": _frozen(rank)}
+    return {
+        "lr_zero": _lr_zero(rank),
+        "accumulation": _accumulation(rank),
+        "restore": _restore(rank),
+        "frozen": _frozen(rank),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +208,7 @@ def ranks() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("name", ["slowmo", "cpdp"])
 def test_a_cosine_schedule_to_zero_finishes_with_the_filters_limit_the_plain_average(ranks, name):
     r0, r1 = (r["lr_zero"][f"{name}/cosine"] for r in ranks)
-    assert r0["lrs"][-1] == (10, 0.0)                    # finish() read the schedule's 0
+    assert r0["lrs"][-1] == (10, 0.0)  # finish() read the schedule's 0
     assert torch.equal(r0["final"], r1["final"]) and torch.isfinite(r0["final"]).all()
     # η → 0 with α = 1: θ̃ ← θ̄, the workers' plain average
     assert torch.allclose(r0["final"], (r0["before_finish"] + r1["before_finish"]) / 2, rtol=0, atol=1e-7)
@@ -200,7 +221,7 @@ def test_a_warmup_from_zero_finishes_and_its_first_boundary_moves_nothing(ranks,
     assert r0["lrs"][0] == (1, 0.0) and all(lr > 0 for _, lr in r0["lrs"][1:])
     assert torch.equal(r0["after_first"], r0["start"]) and torch.equal(r1["after_first"], r1["start"])
     assert torch.equal(r0["final"], r1["final"]) and torch.isfinite(r0["final"]).all()
-    assert not torch.equal(r0["final"], r0["start"])      # the later boundaries trained
+    assert not torch.equal(r0["final"], r0["start"])  # the later boundaries trained
 
 
 @pytest.mark.parametrize("name", ["ddp", "cpdp", "local_sgd"])
@@ -213,7 +234,7 @@ def test_accumulation_the_ledger_books_what_the_emulated_link_carried(ranks, nam
             booked = sum(run["ledger"].get(k, {}).get("bytes", 0) for k in ("grads", "params", "telemetry"))
             assert booked == pytest.approx(run["link"], rel=0.01)
         grads = [run["ledger"].get("grads", {"bytes": 0, "calls": 0}) for run in (plain, paused)]
-        if name == "local_sgd":                       # a plain module: no_sync() is a no-op, no gradient traffic
+        if name == "local_sgd":  # a plain module: no_sync() is a no-op, no gradient traffic
             assert grads == [{"bytes": 0, "calls": 0}] * 2 and plain["link"] == paused["link"] > 0
             continue
         synced_steps = {"ddp": 4, "cpdp": 2}[name]
@@ -224,7 +245,7 @@ def test_accumulation_the_ledger_books_what_the_emulated_link_carried(ranks, nam
 @pytest.mark.parametrize("name", list(RESTORED))
 def test_restoring_before_or_after_building_the_strategy_gives_bitwise_the_same_run(ranks, name):
     r0, r1 = (r["restore"][name] for r in ranks)
-    assert not torch.equal(r0["saved_at"], r1["saved_at"])     # mid-period: the broadcast had something to overwrite
+    assert not torch.equal(r0["saved_at"], r1["saved_at"])  # mid-period: the broadcast had something to overwrite
     for r in (r0, r1):
         assert torch.equal(r["before"][0], r["after"][0])
         assert torch.equal(r["after"][0], r["straight"][0])
@@ -234,7 +255,7 @@ def test_restoring_before_or_after_building_the_strategy_gives_bitwise_the_same_
 def test_comm_counters_continue_across_a_resume_through_the_strategy_state_alone(ranks, name):
     for rank in ranks:
         straight = {k: (v["calls"], v["bytes"], v["sent"]) for k, v in rank["restore"][name]["straight"][1].items()}
-        assert straight["params"][0] == 4                     # boundaries 4, 8, 12, 16: the first before the save
+        assert straight["params"][0] == 4  # boundaries 4, 8, 12, 16: the first before the save
         for order in ("before", "after"):
             resumed = {k: (v["calls"], v["bytes"], v["sent"]) for k, v in rank["restore"][name][order][1].items()}
             assert resumed == straight
@@ -244,7 +265,7 @@ def test_comm_counters_continue_across_a_resume_through_the_strategy_state_alone
 def test_a_frozen_base_is_not_exchanged_bytes_per_sync_are_the_trainable_parameters_and_buffers(ranks, name):
     r0, r1 = (r["frozen"][name] for r in ranks)
     trainable, buffers = r0["trainable"], r0["buffers"]
-    assert r0["frozen"] > trainable and buffers > 0           # a base bigger than what is trained
+    assert r0["frozen"] > trainable and buffers > 0  # a base bigger than what is trained
     ledger, events = r0["ledger"], r0["events"]
     if name == "ddp":
         assert ledger["grads"]["bytes"] == 8 * trainable
@@ -255,10 +276,10 @@ def test_a_frozen_base_is_not_exchanged_bytes_per_sync_are_the_trainable_paramet
     else:
         assert events and all(e["bytes"] == trainable + buffers for e in events)
         assert ledger["params"]["bytes"] == len(events) * (trainable + buffers)
-        if name == "local_sgd":                               # AdamW's two moments of the trainable ones
+        if name == "local_sgd":  # AdamW's two moments of the trainable ones
             assert ledger["optim_state"]["bytes"] == len(events) * 2 * trainable
     assert torch.equal(r0["frozen_after"], r0["frozen_before"]) and torch.equal(r1["frozen_after"], r0["frozen_after"])
-    assert torch.equal(r0["params"], r1["params"])            # the trainable ones synchronized at the end
+    assert torch.equal(r0["params"], r1["params"])  # the trainable ones synchronized at the end
 
 
 def _handed(rank: int, world: int) -> list[str]:
@@ -266,11 +287,16 @@ def _handed(rank: int, world: int) -> list[str]:
     import torch
     import wansync as ws
     from wansync.errors import ConfigError
+
     model, other = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
     said = []
-    for args in [(model, "adamw"), (model, None), ("a model", torch.optim.SGD(model.parameters(), lr=0.1)),
-                 (model, torch.optim.SGD(other.parameters(), lr=0.1)),
-                 (model, torch.optim.SGD([*model.parameters(), torch.nn.Parameter(torch.ones(1))], lr=0.1))]:
+    for args in [
+        (model, "adamw"),
+        (model, None),
+        ("a model", torch.optim.SGD(model.parameters(), lr=0.1)),
+        (model, torch.optim.SGD(other.parameters(), lr=0.1)),
+        (model, torch.optim.SGD([*model.parameters(), torch.nn.Parameter(torch.ones(1))], lr=0.1)),
+    ]:
         try:
             ws.strategy("diloco", *args)
             said.append("accepted")

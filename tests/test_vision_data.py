@@ -1,4 +1,5 @@
 """Vision data: loaders, augmentation, sharding, exact resume, evaluation, errors."""
+
 import gc
 import gzip
 import pickle
@@ -11,22 +12,33 @@ from PIL import Image
 
 from wansync.errors import ConfigError, DataError
 from wansync.workloads.base import Workload
-from wansync.workloads.vision import (ImageData, VisionWorkload, build_model, build_vision_workload,
-                                      load_dataset, random_crop_flip)
+from wansync.workloads.vision import (
+    ImageData,
+    VisionWorkload,
+    build_model,
+    build_vision_workload,
+    load_dataset,
+    random_crop_flip,
+)
 from wansync.workloads.vision.datasets import FASHION_MNIST_DIR
 
 HAVE_FMNIST = (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").is_file()
-needs_fmnist = pytest.mark.skipif(not HAVE_FMNIST, reason="Fashion-MNIST not installed "
-                                  "(apt-get install dataset-fashion-mnist); CI installs it")
+needs_fmnist = pytest.mark.skipif(
+    not HAVE_FMNIST, reason="Fashion-MNIST not installed " "(apt-get install dataset-fashion-mnist); CI installs it"
+)
 
 
 # --- helpers that write tiny datasets -------------------------------------------------------
 
+
 def write_cifar(d: Path, n_train=40, n_test=20, classes=100, skip=()):
     d.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    splits = {"train": n_train, "test": n_test} if classes == 100 else \
-        {**{f"data_batch_{i}": n_train // 5 for i in range(1, 6)}, "test_batch": n_test}
+    splits = (
+        {"train": n_train, "test": n_test}
+        if classes == 100
+        else {**{f"data_batch_{i}": n_train // 5 for i in range(1, 6)}, "test_batch": n_test}
+    )
     key = b"fine_labels" if classes == 100 else b"labels"
     written = {}
     for name, n in splits.items():
@@ -53,7 +65,7 @@ def write_folder(root: Path, classes=("cat", "dog"), per_class=3, tiny_val=False
         for i in range(per_class):
             # differing sizes: everything is resized to the first image's size
             write_png(root / "train" / c / f"{c}_{i}.png", size=(12 + i, 12 + i), color=(80 * ci, 10 * i, 0))
-    if tiny_val:   # TinyImageNet: val/images/*.JPEG + val/val_annotations.txt
+    if tiny_val:  # TinyImageNet: val/images/*.JPEG + val/val_annotations.txt
         lines = []
         (root / "val" / "images").mkdir(parents=True)
         for ci, c in enumerate(classes):
@@ -68,10 +80,14 @@ def write_folder(root: Path, classes=("cat", "dog"), per_class=3, tiny_val=False
 
 def tiny_data(n=100, n_test=30, shape=(3, 8, 8), classes=5, seed=0) -> ImageData:
     g = torch.Generator().manual_seed(seed)
-    return ImageData("tiny", torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=g),
-                     torch.arange(n) % classes,
-                     torch.randint(0, 256, (n_test, *shape), dtype=torch.uint8, generator=g),
-                     torch.arange(n_test) % classes, classes)
+    return ImageData(
+        "tiny",
+        torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=g),
+        torch.arange(n) % classes,
+        torch.randint(0, 256, (n_test, *shape), dtype=torch.uint8, generator=g),
+        torch.arange(n_test) % classes,
+        classes,
+    )
 
 
 def tiny_workload(**kw) -> VisionWorkload:
@@ -81,6 +97,7 @@ def tiny_workload(**kw) -> VisionWorkload:
 
 
 # --- loaders -------------------------------------------------------------------------------
+
 
 def test_cifar100_loader(tmp_path):
     written = write_cifar(tmp_path)
@@ -108,10 +125,12 @@ def test_cifar_missing_file_names_it(tmp_path):
 
 def test_fashion_mnist_from_path_idx_files(tmp_path):
     rng = np.random.default_rng(0)
+
     def idx(name, arr):
         header = bytes([0, 0, 8, arr.ndim]) + b"".join(int(s).to_bytes(4, "big") for s in arr.shape)
         with gzip.open(tmp_path / name, "wb") as f:
             f.write(header + arr.tobytes())
+
     labels = rng.integers(0, 10, 30).astype(np.uint8)
     idx("train-images-idx3-ubyte.gz", rng.integers(0, 256, (30, 28, 28), dtype=np.uint8))
     idx("train-labels-idx1-ubyte.gz", labels)
@@ -134,7 +153,7 @@ def test_imagefolder_loader(tmp_path):
     assert ds.train_x.shape == (6, 3, 12, 12) and ds.test_x.shape == (2, 3, 12, 12)
     assert ds.train_y.tolist() == [0, 0, 0, 1, 1, 1] and ds.test_y.tolist() == [0, 1]
     assert ds.class_names == ["cat", "dog"] and ds.num_classes == 2
-    assert ds.test_x[1, 0, 0, 0] == 80                                    # pixel content survives
+    assert ds.test_x[1, 0, 0, 0] == 80  # pixel content survives
 
 
 def test_imagefolder_tinyimagenet_val_layout(tmp_path):
@@ -144,13 +163,16 @@ def test_imagefolder_tinyimagenet_val_layout(tmp_path):
     assert ds.test_x.shape == (2, 3, 12, 12) and ds.test_y.tolist() == [0, 1]
 
 
-@pytest.mark.parametrize("breakage,match", [
-    ("empty", "no train/"),
-    ("no_classes", "no class directories"),
-    ("class_without_images", "holds no images"),
-    ("unreadable_image", "cannot read image"),
-    ("no_val", "no val/"),
-])
+@pytest.mark.parametrize(
+    "breakage,match",
+    [
+        ("empty", "no train/"),
+        ("no_classes", "no class directories"),
+        ("class_without_images", "holds no images"),
+        ("unreadable_image", "cannot read image"),
+        ("no_val", "no val/"),
+    ],
+)
 def test_imagefolder_malformed(tmp_path, breakage, match):
     if breakage == "no_classes":
         (tmp_path / "train").mkdir()
@@ -181,6 +203,7 @@ def test_unknown_dataset_is_config_error(spec):
 
 # --- augmentation --------------------------------------------------------------------------
 
+
 def test_augment_shape_dtype_and_determinism():
     x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
     a = random_crop_flip(x, torch.Generator().manual_seed(1))
@@ -194,37 +217,38 @@ def test_augment_matches_per_image_reference():
     x = torch.randint(0, 256, (8, 1, 28, 28), dtype=torch.uint8)
     pad = 3
     out = random_crop_flip(x, torch.Generator().manual_seed(5), pad=pad)
-    g = torch.Generator().manual_seed(5)               # replay the same draws
+    g = torch.Generator().manual_seed(5)  # replay the same draws
     oy, ox = torch.randint(0, 7, (8,), generator=g), torch.randint(0, 7, (8,), generator=g)
     flip = torch.rand(8, generator=g) < 0.5
     padded = torch.nn.functional.pad(x, (pad,) * 4)
     for i in range(8):
-        ref = padded[i, :, oy[i]:oy[i] + 28, ox[i]:ox[i] + 28]
+        ref = padded[i, :, oy[i] : oy[i] + 28, ox[i] : ox[i] + 28]
         assert torch.equal(out[i], ref.flip(2) if flip[i] else ref)
 
 
 # --- sharding, batches, resume -------------------------------------------------------------
+
 
 def test_shards_disjoint_covering_and_deterministic():
     data = tiny_data(n=100)
     shards = [tiny_workload(data=data, rank=r, world_size=3, seed=4).shard_indices for r in range(3)]
     flat = torch.cat(shards)
     assert all(len(s) == 33 for s in shards)
-    assert len(set(flat.tolist())) == 99 and flat.max() < 100        # disjoint, covering all but the remainder
+    assert len(set(flat.tolist())) == 99 and flat.max() < 100  # disjoint, covering all but the remainder
     again = tiny_workload(data=data, rank=1, world_size=3, seed=4).shard_indices
     assert torch.equal(again, shards[1])
     assert not torch.equal(tiny_workload(data=data, rank=1, world_size=3, seed=5).shard_indices, shards[1])
 
 
 def test_batches_stay_in_shard_and_epochs_reshuffle():
-    wl = tiny_workload(rank=1, world_size=2, batch_size=10)        # shard of 50 → 5 batches/epoch
+    wl = tiny_workload(rank=1, world_size=2, batch_size=10)  # shard of 50 → 5 batches/epoch
     x, y = wl.next_batch()
     assert x.shape == (10, 3, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.long
     assert wl.batch_size_items((x, y)) == 10
     seen = []
     wl = tiny_workload(rank=1, world_size=2, batch_size=10)
     for _ in range(10):
-        seen.append(wl.sampler._epoch_order(wl.sampler.epoch)[wl.sampler.offset:wl.sampler.offset + 10])
+        seen.append(wl.sampler._epoch_order(wl.sampler.epoch)[wl.sampler.offset : wl.sampler.offset + 10])
         wl.next_batch()
     e0, e1 = torch.cat(seen[:5]), torch.cat(seen[5:])
     assert sorted(e0.tolist()) == sorted(wl.shard_indices.tolist()) == sorted(e1.tolist())
@@ -233,31 +257,31 @@ def test_batches_stay_in_shard_and_epochs_reshuffle():
 
 
 def test_resume_continues_at_the_exact_batch():
-    ref = tiny_workload(rank=0, world_size=2, batch_size=15, seed=3)   # 50/15: batches straddle epochs
+    ref = tiny_workload(rank=0, world_size=2, batch_size=15, seed=3)  # 50/15: batches straddle epochs
     expected = [ref.next_batch() for _ in range(12)]
     first = tiny_workload(rank=0, world_size=2, batch_size=15, seed=3)
     for _ in range(7):
         first.next_batch()
-    state = pickle.loads(pickle.dumps(first.state_dict()))           # survives a checkpoint round trip
+    state = pickle.loads(pickle.dumps(first.state_dict()))  # survives a checkpoint round trip
     resumed = tiny_workload(rank=0, world_size=2, batch_size=15, seed=3)
     resumed.load_state_dict(state)
     assert resumed.epoch_progress() == pytest.approx(first.epoch_progress()) == pytest.approx(7 * 15 / 50)
     for xe, ye in expected[7:]:
         x, y = resumed.next_batch()
-        assert torch.equal(x, xe) and torch.equal(y, ye)              # same images, same augmentation
+        assert torch.equal(x, xe) and torch.equal(y, ye)  # same images, same augmentation
 
 
 def test_skipping_to_a_step_serves_what_a_run_trained_that_far_would():
-    ref = tiny_workload(rank=1, world_size=2, batch_size=15, seed=3)   # batches straddle epochs
+    ref = tiny_workload(rank=1, world_size=2, batch_size=15, seed=3)  # batches straddle epochs
     expected = [ref.next_batch() for _ in range(12)]
     for steps in (0, 3, 7, 10):
         healed = tiny_workload(rank=1, world_size=2, batch_size=15, seed=3)
-        healed.next_batch()                                  # a position of its own, before the heal
+        healed.next_batch()  # a position of its own, before the heal
         healed.skip_to(steps)
         assert healed.epoch_progress() == pytest.approx(steps * 15 / 50)
         for xe, ye in expected[steps:]:
             x, y = healed.next_batch()
-            assert torch.equal(x, xe) and torch.equal(y, ye)          # same images, same augmentation
+            assert torch.equal(x, xe) and torch.equal(y, ye)  # same images, same augmentation
 
 
 def test_resume_refuses_another_rank():
@@ -267,6 +291,7 @@ def test_resume_refuses_another_rank():
 
 
 # --- evaluation and the protocol -----------------------------------------------------------
+
 
 def test_evaluate_restores_mode_and_limits_batches():
     wl = tiny_workload(batch_size=8, eval_batches=2)
@@ -283,6 +308,7 @@ def test_evaluate_restores_mode_and_limits_batches():
 
 def test_evaluate_unwraps_ddp(tmp_path):
     import torch.distributed as dist
+
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
@@ -300,8 +326,9 @@ def test_evaluate_unwraps_ddp(tmp_path):
 
 def test_build_from_cifar_dir(tmp_path):
     write_cifar(tmp_path)
-    wl = build_vision_workload("resnet18", f"cifar100:{tmp_path}", rank=1, world_size=2, batch_size=4,
-                               width=0.125, eval_batches=1)
+    wl = build_vision_workload(
+        "resnet18", f"cifar100:{tmp_path}", rank=1, world_size=2, batch_size=4, width=0.125, eval_batches=1
+    )
     d = wl.describe()
     assert d["classes"] == 100 and d["image_shape"] == [3, 32, 32] and d["train_size"] == 40
     assert d["test_size"] == 20 and d["shard_size"] == 20 and d["params"] > 0
@@ -310,6 +337,7 @@ def test_build_from_cifar_dir(tmp_path):
 
 
 # --- the real Fashion-MNIST (Debian package) -----------------------------------------------
+
 
 @needs_fmnist
 def test_fashion_mnist_debian_package():
@@ -321,16 +349,15 @@ def test_fashion_mnist_debian_package():
 
 
 @needs_fmnist
-@pytest.mark.timeout(900)               # 250 CNN steps on one core: minutes when the machine is loaded
+@pytest.mark.timeout(900)  # 250 CNN steps on one core: minutes when the machine is loaded
 def test_small_cnn_learns_fashion_mnist():
     torch.manual_seed(0)
     full = load_dataset("fashion-mnist")
-    data = ImageData("fmnist-2k", full.train_x[:2000], full.train_y[:2000], full.test_x[:1000],
-                     full.test_y[:1000], 10)
+    data = ImageData("fmnist-2k", full.train_x[:2000], full.train_y[:2000], full.test_x[:1000], full.test_y[:1000], 10)
     model = build_model("cnn", in_channels=1, num_classes=10, image_size=28, width=0.5)
     wl = VisionWorkload(model, data, batch_size=32, augment=False)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(150):                           # 76 % at 100 steps, 79 % at 150 (measured)
+    for _ in range(150):  # 76 % at 100 steps, 79 % at 150 (measured)
         loss = wl.loss(model, wl.next_batch())
         opt.zero_grad()
         loss.backward()

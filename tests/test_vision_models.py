@@ -1,4 +1,5 @@
 """Vision models: forward shapes, stage partitioning, width, patch size, determinism."""
+
 import pytest
 import torch
 
@@ -6,7 +7,7 @@ from wansync.errors import ConfigError
 from wansync.workloads.vision import VISION_MODELS, build_model
 from wansync.workloads.vision.vit import choose_patch_size
 
-INPUTS = {"gray28": (1, 28, 10), "rgb32": (3, 32, 100)}   # channels, size, classes
+INPUTS = {"gray28": (1, 28, 10), "rgb32": (3, 32, 100)}  # channels, size, classes
 
 
 def _build(name, key, width=1.0, seed=0):
@@ -42,16 +43,17 @@ def test_stages_cover_every_parameter_once(models, name):
 
 
 def test_stage_order_and_counts(models):
-    assert len(models[("resnet18", "rgb32")].stages()) == 6          # stem, 4 stages, head
-    assert len(models[("vit_s", "rgb32")].stages()) == 14            # embed, 12 blocks, head
+    assert len(models[("resnet18", "rgb32")].stages()) == 6  # stem, 4 stages, head
+    assert len(models[("vit_s", "rgb32")].stages()) == 14  # embed, 12 blocks, head
 
 
 def test_known_sizes(models):
     def count(m):
         return sum(p.numel() for p in m.parameters())
-    assert 11.0e6 < count(models[("resnet18", "rgb32")]) < 11.3e6   # ResNet-18, 100 classes
-    assert 23.4e6 < count(models[("resnet50", "rgb32")]) < 23.8e6   # ResNet-50, 100 classes
-    assert 21.0e6 < count(models[("vit_s", "rgb32")]) < 21.7e6      # ViT-S
+
+    assert 11.0e6 < count(models[("resnet18", "rgb32")]) < 11.3e6  # ResNet-18, 100 classes
+    assert 23.4e6 < count(models[("resnet50", "rgb32")]) < 23.8e6  # ResNet-50, 100 classes
+    assert 21.0e6 < count(models[("vit_s", "rgb32")]) < 21.7e6  # ViT-S
     assert count(models[("cnn", "gray28")]) < 0.5e6
 
 

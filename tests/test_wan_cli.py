@@ -4,6 +4,7 @@ Each invocation runs the command line's `main` in-process, as test_bad_inputs.py
 in the launcher before any worker is spawned. A successful `--wan` run and its run files are
 covered in test_profiler.py.
 """
+
 from __future__ import annotations
 
 import pytest

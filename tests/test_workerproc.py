@@ -4,6 +4,7 @@ interpreter otherwise. The specification:
 - forked and fresh workers train the same bits, and the launcher records every worker's pid;
 - a zygote forks workers later (a fault-tolerant run's restarts) that are the launcher's children.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,7 @@ def test_a_forked_worker_reports_its_end_as_popen_does():
     running = forked()
     running.kill()
     assert running.wait(timeout=30) == -signal.SIGKILL
-    running.kill()                                       # already reaped: nothing is signalled
+    running.kill()  # already reaped: nothing is signalled
 
 
 THREADED = """
@@ -57,24 +58,44 @@ main(sys.argv[1:])
 
 
 def test_forked_and_fresh_workers_train_the_same_bits(tmp_path):
-    args = ["train", "--strategy", "local_sgd", "--sync-every", "2", "--workers", "2", "--steps", "4",
-            "--checkpoint-every", "4", *TINY]
+    args = [
+        "train",
+        "--strategy",
+        "local_sgd",
+        "--sync-every",
+        "2",
+        "--workers",
+        "2",
+        "--steps",
+        "4",
+        "--checkpoint-every",
+        "4",
+        *TINY,
+    ]
     forked_run, fresh_run = tmp_path / "forked", tmp_path / "fresh"
-    forked = start(*args, "--out", str(forked_run))     # a CLI process of its own forks its workers
-    try:                                                  # ... beside a threaded one, which cannot
-        r = subprocess.run([sys.executable, "-c", THREADED, *args, "--out", str(fresh_run)], capture_output=True,
-                           text=True, timeout=120)
+    forked = start(*args, "--out", str(forked_run))  # a CLI process of its own forks its workers
+    try:  # ... beside a threaded one, which cannot
+        r = subprocess.run(
+            [sys.executable, "-c", THREADED, *args, "--out", str(fresh_run)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         r = forked.result(timeout=120)
         assert r.returncode == 0, r.stderr
     finally:
         forked.kill()
-    losses = [[json.loads(line).get("loss") for line in (run / "metrics.jsonl").read_text().splitlines()]
-              for run in (forked_run, fresh_run)]
+    losses = [
+        [json.loads(line).get("loss") for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for run in (forked_run, fresh_run)
+    ]
     assert losses[0] == losses[1] and any(v is not None for v in losses[0])
     for rank in (0, 1):
-        a, b = (torch.load(run / "checkpoints" / "step00000004" / f"rank{rank}.pt", weights_only=False)
-                for run in (forked_run, fresh_run))
+        a, b = (
+            torch.load(run / "checkpoints" / "step00000004" / f"rank{rank}.pt", weights_only=False)
+            for run in (forked_run, fresh_run)
+        )
         assert a["model"].keys() == b["model"].keys()
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     for run in (forked_run, fresh_run):
@@ -99,6 +120,7 @@ def test_a_launcher_forks_only_without_other_threads_and_before_an_openmp_team()
     assert r.stdout.split() == ["[True,", "False]"], r.stderr
     import threading
     from wansync.runner.workerproc import can_fork
+
     waiting = threading.Event()
     thread = threading.Thread(target=waiting.wait, daemon=True)
     thread.start()
@@ -114,13 +136,14 @@ def _from_a_zygote(out: str) -> None:
     this process (the launcher) sees of them, into `out` (their stderr is this process's)."""
     from wansync.runner.interrupts import LAUNCHER_PID_ENV
     from wansync.runner.workerproc import Zygote
+
     err = os.open(out + ".err", os.O_WRONLY | os.O_CREAT)
     os.dup2(err, 2)
     zygote = Zygote()
     env = {LAUNCHER_PID_ENV: str(os.getpid()), "WANSYNC_RUN_DIR": os.path.dirname(out), "WANSYNC_CONFIG": "["}
-    codes = [zygote.start(env).wait(timeout=60) for _ in range(2)]       # waitpid: they are this process's children
+    codes = [zygote.start(env).wait(timeout=60) for _ in range(2)]  # waitpid: they are this process's children
     zygote.close()
-    ended = not os.path.exists(f"/proc/{zygote.pid}")                  # reaped by close()
+    ended = not os.path.exists(f"/proc/{zygote.pid}")  # reaped by close()
     with open(out, "w") as f:
         json.dump({"codes": codes, "zygote_ended": ended}, f)
 
@@ -128,6 +151,7 @@ def _from_a_zygote(out: str) -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the zygote hands workers over as a subreaper (Linux)")
 def test_a_zygote_forks_workers_that_are_the_launchers_children_and_ends_when_closed(tmp_path):
     from wansync.runner.localgroup import rank_context
+
     out = str(tmp_path / "seen.json")
     probe = rank_context().Process(target=_from_a_zygote, args=(out,))
     probe.start()

@@ -12,6 +12,7 @@ synchronization, so the group stays consistent and the next leg can use it). Wha
 stopped run left on disk is all a later resume leg sees; run resume legs in a fresh group so
 that nothing of the stopped run survives in memory either.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,6 +26,7 @@ from wansync.trainer.loop import train_worker
 def lay_out(overrides: dict[str, Any]) -> str:
     """Validate the config and write the run directory (config.toml) as `wansync train` does."""
     from wansync.config import build_config
+
     run_dir, _ = prepare(build_config(overrides=overrides))
     return str(run_dir)
 
@@ -34,13 +36,14 @@ def run_legs(rank: int, world: int, legs: list[dict[str, Any]]) -> list[dict[str
     "fault": WANSYNC_FAULT text}; returns per leg {"summary"} or {"stopped": message}."""
     from wansync.config import from_sections
     import tomllib
+
     out = []
     for leg in legs:
         run_dir = Path(leg["run_dir"])
         if leg.get("resume"):
             cfg = resume_config(run_dir, {})
         else:
-            cfg = from_sections(tomllib.loads((run_dir / "config.toml").read_text()))   # as a worker reads it
+            cfg = from_sections(tomllib.loads((run_dir / "config.toml").read_text()))  # as a worker reads it
         fault = leg.get("fault")
         if leg.get("stop_at") is not None:
             fault = f"rank={rank},step={leg['stop_at']},action=exit"

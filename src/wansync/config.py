@@ -7,6 +7,7 @@ into TOML sections for readability. The run/model/data/optim keys are declared h
 strategy's own default"; the training loop resolves them and writes the fully resolved config to
 the run directory. Validation errors are one line: `sync_every must be >= 1, got 0`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,17 +37,23 @@ INSIDE = ("ddp", "fsdp")
 PRECISIONS = ("fp32", "bf16")
 
 
-MAX_RESTARTS = 1000          # a worker that fails at once every time must not be restarted for ever
+MAX_RESTARTS = 1000  # a worker that fails at once every time must not be restarted for ever
 
 
 @dataclass
 class GeneralKeys:
     """The keys of every run, whatever the strategy; `Config` adds the strategies' options."""
+
     # [run]
     strategy: str = _f("ddp", "run", "synchronization strategy")
     workers: int = _f(2, "run", "workers (model replicas; each averages with the others by the strategy)", at_least(1))
-    ranks_per_worker: int = _f(1, "run", "processes per worker (one per GPU): DDP inside a worker every step, "
-                               "the strategy between workers; the world size is workers x this", at_least(1))
+    ranks_per_worker: int = _f(
+        1,
+        "run",
+        "processes per worker (one per GPU): DDP inside a worker every step, "
+        "the strategy between workers; the world size is workers x this",
+        at_least(1),
+    )
     steps: int = _f(300, "run", "training steps (the total budget, also when resuming)", at_least(1))
     seed: int = _f(0, "run", "seed for model init, data order and jitter", at_least(0))
     out: str = _f("runs/latest", "run", "run directory", not_blank("a run directory"))
@@ -54,50 +61,113 @@ class GeneralKeys:
     eval_every: int = _f(50, "run", "evaluate every N steps (and at the end)", at_least(1))
     log_every: int = _f(10, "run", "print a log line every N steps", at_least(1))
     quiet: bool = _f(False, "run", "plain log lines, no progress bar")
-    tensorboard: bool = _f(False, "run", "TensorBoard scalars in the run directory's tensorboard/ (loss, evaluation, "
-                           "exposed communication, bytes, drift, sync events; needs wansync[tensorboard])")
-    wan: str = _f("", "run", "emulated link: a preset (lan, two-site, cross-region, cross-continent) or a spec "
-                  "like rtt=16.6ms,bw=1gbit,sites=2; empty = no emulation")
-    adapt: str = _f("", "run", "diloco, sparseloco: before each round, the H and compression whose predicted exposed "
-                    "communication stays under a target on the link the run measures: exposed=5%[,h=8..64]"
-                    "[,codec=fp32..fp4 | ,density=0.008..0.001] (needs --wan; docs/adapt.md)")
+    tensorboard: bool = _f(
+        False,
+        "run",
+        "TensorBoard scalars in the run directory's tensorboard/ (loss, evaluation, "
+        "exposed communication, bytes, drift, sync events; needs wansync[tensorboard])",
+    )
+    wan: str = _f(
+        "",
+        "run",
+        "emulated link: a preset (lan, two-site, cross-region, cross-continent) or a spec "
+        "like rtt=16.6ms,bw=1gbit,sites=2; empty = no emulation",
+    )
+    adapt: str = _f(
+        "",
+        "run",
+        "diloco, sparseloco: before each round, the H and compression whose predicted exposed "
+        "communication stays under a target on the link the run measures: exposed=5%[,h=8..64]"
+        "[,codec=fp32..fp4 | ,density=0.008..0.001] (needs --wan; docs/adapt.md)",
+    )
     checkpoint_every: int = _f(0, "run", "write a checkpoint every N steps (0 = only at the end)", at_least(0))
-    on_nonfinite: str = _f("abort", "run", "what to do with a NaN/Inf loss, gradient or pseudo-gradient: abort|skip",
-                           one_of(("abort", "skip")))
-    peer_timeout: float = _f(60.0, "run", "seconds before a silent peer is declared dead; a step's data or compute "
-                             "stuck twice as long ends the run (1 to 86400)",
-                             in_range(1, 86400, high_included=True))
-    fault_tolerant: bool = _f(False, "run", "keep training when a worker fails: quorum exchanges through torchft, "
-                              f"a restarted worker heals from a live peer ({', '.join(ft_support.STRATEGIES)}; "
-                              "needs wansync[ft]; see docs/fault_tolerance.md)")
-    lighthouse: str = _f("", "run", "fault-tolerant runs: torchft lighthouse HOST:PORT; empty = the launcher "
-                         "starts one on 127.0.0.1", host_port)
-    max_restarts: int = _f(0, "run", "fault-tolerant runs: the launcher restarts a dead worker (all its ranks) up to N times",
-                           in_range(0, MAX_RESTARTS, high_included=True))
-    backend: str = _f("gloo", "run", "torch.distributed backend under the strategy: gloo|nccl",
-                      one_of(("gloo", "nccl")))
-    inside: str = _f("ddp", "run", "how a worker's ranks hold its model: ddp (each the whole model, DDP every "
-                     "step) | fsdp (sharded with FSDP2; the strategy exchanges each rank's shard)", one_of(INSIDE))
-    precision: str = _f("fp32", "run", "compute precision: fp32 | bf16 (bf16 compute, fp32 master parameters, "
-                        "gradient reduction and outer state)", one_of(PRECISIONS))
-    target_loss: float | None = _f(None, "run", "validation loss target: summary.json and the report give the "
-                                   "step and second each run first reached it (default in compare/sweep: "
-                                   "DDP's final x 1.01; a single run without it: none)", positive)
-    target_acc: float | None = _f(None, "run", "test accuracy target in percent (vision), like target_loss "
-                                  "(default in compare/sweep: DDP's final x 0.99)",
-                                  in_range(0, 100, low_included=False, high_included=True))
+    on_nonfinite: str = _f(
+        "abort",
+        "run",
+        "what to do with a NaN/Inf loss, gradient or pseudo-gradient: abort|skip",
+        one_of(("abort", "skip")),
+    )
+    peer_timeout: float = _f(
+        60.0,
+        "run",
+        "seconds before a silent peer is declared dead; a step's data or compute "
+        "stuck twice as long ends the run (1 to 86400)",
+        in_range(1, 86400, high_included=True),
+    )
+    fault_tolerant: bool = _f(
+        False,
+        "run",
+        "keep training when a worker fails: quorum exchanges through torchft, "
+        f"a restarted worker heals from a live peer ({', '.join(ft_support.STRATEGIES)}; "
+        "needs wansync[ft]; see docs/fault_tolerance.md)",
+    )
+    lighthouse: str = _f(
+        "",
+        "run",
+        "fault-tolerant runs: torchft lighthouse HOST:PORT; empty = the launcher " "starts one on 127.0.0.1",
+        host_port,
+    )
+    max_restarts: int = _f(
+        0,
+        "run",
+        "fault-tolerant runs: the launcher restarts a dead worker (all its ranks) up to N times",
+        in_range(0, MAX_RESTARTS, high_included=True),
+    )
+    backend: str = _f(
+        "gloo", "run", "torch.distributed backend under the strategy: gloo|nccl", one_of(("gloo", "nccl"))
+    )
+    inside: str = _f(
+        "ddp",
+        "run",
+        "how a worker's ranks hold its model: ddp (each the whole model, DDP every "
+        "step) | fsdp (sharded with FSDP2; the strategy exchanges each rank's shard)",
+        one_of(INSIDE),
+    )
+    precision: str = _f(
+        "fp32",
+        "run",
+        "compute precision: fp32 | bf16 (bf16 compute, fp32 master parameters, " "gradient reduction and outer state)",
+        one_of(PRECISIONS),
+    )
+    target_loss: float | None = _f(
+        None,
+        "run",
+        "validation loss target: summary.json and the report give the "
+        "step and second each run first reached it (default in compare/sweep: "
+        "DDP's final x 1.01; a single run without it: none)",
+        positive,
+    )
+    target_acc: float | None = _f(
+        None,
+        "run",
+        "test accuracy target in percent (vision), like target_loss " "(default in compare/sweep: DDP's final x 0.99)",
+        in_range(0, 100, low_included=False, high_included=True),
+    )
     # [model]
-    model: str = _f("tiny", "model", "model: micro|tiny|small|150m (LM), cnn|resnet18|resnet50|vit_s (vision), "
-                    "pkg.module:factory or file.py:factory (yours), hf:PATH (a Hugging Face causal LM; "
-                    "docs/your_model.md)", not_blank("a model (tiny, pkg.module:factory, hf:PATH, ...)"))
+    model: str = _f(
+        "tiny",
+        "model",
+        "model: micro|tiny|small|150m (LM), cnn|resnet18|resnet50|vit_s (vision), "
+        "pkg.module:factory or file.py:factory (yours), hf:PATH (a Hugging Face causal LM; "
+        "docs/your_model.md)",
+        not_blank("a model (tiny, pkg.module:factory, hf:PATH, ...)"),
+    )
     width: float = _f(1.0, "model", "channel-width multiplier for ResNets", positive)
     # [data]
-    data: str = _f("shakespeare", "data", "LM: shakespeare | PATH | hf:NAME; vision: fashion-mnist | "
-                   "cifar100:PATH | imagefolder:PATH; your whole workload: pkg.module:factory (default: "
-                   "shakespeare for LM models, fashion-mnist for vision models)",
-                   not_blank("a dataset (shakespeare, a path, hf:NAME, ...)"))
-    batch_size: int = _f(16, "data", "per-rank batch size (sequences or images; vision default 64); a worker of "
-                         "R ranks trains on R x this", at_least(1))
+    data: str = _f(
+        "shakespeare",
+        "data",
+        "LM: shakespeare | PATH | hf:NAME; vision: fashion-mnist | "
+        "cifar100:PATH | imagefolder:PATH; your whole workload: pkg.module:factory (default: "
+        "shakespeare for LM models, fashion-mnist for vision models)",
+        not_blank("a dataset (shakespeare, a path, hf:NAME, ...)"),
+    )
+    batch_size: int = _f(
+        16,
+        "data",
+        "per-rank batch size (sequences or images; vision default 64); a worker of " "R ranks trains on R x this",
+        at_least(1),
+    )
     seq_len: int = _f(128, "data", "LM context length in tokens", at_least(2))
     tokenizer: str = _f("byte", "data", "LM tokenizer: byte|bpe", one_of(("byte", "bpe")))
     bpe_vocab: int = _f(2048, "data", "vocabulary size of the locally trained BPE", at_least(257))
@@ -106,14 +176,24 @@ class GeneralKeys:
     augment: bool = _f(True, "data", "training augmentation for images")
     # [optim]
     optimizer: str = _f("adamw", "optim", "inner optimizer: adamw|sgd (vision default sgd)", one_of(("adamw", "sgd")))
-    lr: float = _f(3e-3, "optim", "inner learning rate (peak; vision+sgd default 0.1); under --lr-scaling "
-                   "linear the base lr at global batch 256", positive)
-    lr_scaling: str = _f("none", "optim", "LR rule: none (lr as given, fixed) | linear (peak lr = lr x "
-                         "workers x batch_size / 256)", one_of(("none", "linear")))
+    lr: float = _f(
+        3e-3,
+        "optim",
+        "inner learning rate (peak; vision+sgd default 0.1); under --lr-scaling "
+        "linear the base lr at global batch 256",
+        positive,
+    )
+    lr_scaling: str = _f(
+        "none",
+        "optim",
+        "LR rule: none (lr as given, fixed) | linear (peak lr = lr x " "workers x batch_size / 256)",
+        one_of(("none", "linear")),
+    )
     lr_schedule: str = _f("cosine", "optim", "constant|cosine (with linear warmup)", one_of(("constant", "cosine")))
     warmup_steps: int = _f(20, "optim", "linear warmup steps (vision default 0)", at_least(0))
-    weight_decay: float = _f(0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay (vision+sgd default 5e-4)",
-                             at_least(0))
+    weight_decay: float = _f(
+        0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay (vision+sgd default 5e-4)", at_least(0)
+    )
     momentum: float = _f(0.9, "optim", "SGD momentum", in_range(0, 1))
     grad_clip: float = _f(1.0, "optim", "clip the local gradient norm (0 = off)", at_least(0))
 
@@ -121,6 +201,7 @@ class GeneralKeys:
     def topology(self) -> Topology | None:
         """The emulated link `wan` names, parsed once (None without --wan); a bad spec is a ConfigError."""
         from .net.wan import parse_wan
+
         if not self.wan:
             return None
         return dataclasses.replace(parse_wan(self.wan), ranks_per_worker=self.ranks_per_worker)
@@ -130,15 +211,20 @@ class GeneralKeys:
 if clash := sorted({f.name for f in fields(GeneralKeys)} & set(OPTIONS)):
     raise TypeError(f"strategy options may not reuse general config keys: {', '.join(clash)}")
 if TYPE_CHECKING:
+
     class Config(GeneralKeys):
         """What a type checker sees of the class made below: the general keys, typed; every strategy
         option (made from the registry at import) as Any."""
+
         def __init__(self, **keys: Any) -> None: ...
         def __getattr__(self, name: str) -> Any: ...
 else:
     Config = dataclasses.make_dataclass(
-        "Config", [(name, spec.type | None, _f(None, "strategy", spec.help)) for name, spec in OPTIONS.items()],
-        bases=(GeneralKeys,), namespace={"__module__": __name__, "__doc__": "Every key of a run (see the module)."})
+        "Config",
+        [(name, spec.type | None, _f(None, "strategy", spec.help)) for name, spec in OPTIONS.items()],
+        bases=(GeneralKeys,),
+        namespace={"__module__": __name__, "__doc__": "Every key of a run (see the module)."},
+    )
 
 SECTIONS = ("run", "model", "data", "optim", "strategy")
 _TYPES = get_type_hints(Config)
@@ -165,7 +251,7 @@ def coerce(name: str, value: Any, where: str = "") -> Any:
     if value is None:
         return None
     if isinstance(value, str) and value.strip().lower() == "none" and getattr(Config, name, None) == "":
-        return ""                                   # a key unset by default (wan, lighthouse): "none" unsets it
+        return ""  # a key unset by default (wan, lighthouse): "none" unsets it
     if isinstance(value, str) and t is not str:
         return parse_scalar(name, value, t)
     if t is float and isinstance(value, int) and not isinstance(value, bool):
@@ -210,7 +296,7 @@ def config_text(p: Path) -> str:
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a config file: keys at top level or inside [run]/[model]/[data]/[optim]/[strategy]."""
-    check(bool(str(path).strip()), "config must name a TOML file, got an empty value")   # Path("") is "."
+    check(bool(str(path).strip()), "config must name a TOML file, got an empty value")  # Path("") is "."
     p = Path(path)
     try:
         raw = tomllib.loads(config_text(p))
@@ -240,6 +326,7 @@ VISION_SGD_DEFAULTS = MappingProxyType({"lr": 0.1, "weight_decay": 5e-4})
 def kind_defaults(values: dict[str, Any]) -> dict[str, Any]:
     """The model-kind defaults for the keys `values` lacks (empty for LM models)."""
     from .workloads import model_kind
+
     if model_kind(values.get("model", Config.model), values.get("data", "")) != "vision":
         return {}
     out = {k: v for k, v in VISION_DEFAULTS.items() if k not in values}
@@ -251,7 +338,7 @@ def kind_defaults(values: dict[str, Any]) -> dict[str, Any]:
 def build_config(file: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Defaults (the model kind's for vision), then the TOML file, then explicit overrides."""
     values: dict[str, Any] = {}
-    if file is not None:                            # --config '' is refused, not ignored
+    if file is not None:  # --config '' is refused, not ignored
         values.update(load_toml(file))
     for k, v in (overrides or {}).items():
         values[k] = coerce(k, v)
@@ -269,13 +356,19 @@ def validate(cfg: Config) -> None:
         if value is None:
             continue
         check_key(f.name, value)
-    check(cfg.workers * cfg.ranks_per_worker <= MAX_PROCESSES, f"workers x ranks_per_worker is too large: "
-          f"{cfg.workers} x {cfg.ranks_per_worker} processes (at most {MAX_PROCESSES})")
+    check(
+        cfg.workers * cfg.ranks_per_worker <= MAX_PROCESSES,
+        f"workers x ranks_per_worker is too large: "
+        f"{cfg.workers} x {cfg.ranks_per_worker} processes (at most {MAX_PROCESSES})",
+    )
     if cfg.fault_tolerant:
         ft_support.check_fault_tolerant(cfg)
     ft_only = [f"--{k.replace('_', '-')}" for k in ("lighthouse", "max_restarts") if getattr(cfg, k)]
-    check(cfg.fault_tolerant or not ft_only, f"{' and '.join(ft_only)} apply to fault-tolerant runs only: add "
-          f"--fault-tolerant, or drop {'them' if len(ft_only) > 1 else 'it'}")
+    check(
+        cfg.fault_tolerant or not ft_only,
+        f"{' and '.join(ft_only)} apply to fault-tolerant runs only: add "
+        f"--fault-tolerant, or drop {'them' if len(ft_only) > 1 else 'it'}",
+    )
 
 
 def check_key(name: str, value: Any) -> None:
@@ -300,23 +393,36 @@ def check_bounds(f: dataclasses.Field, value: Any) -> None:
 # Integers go to C++ (torch, gloo): counts and sizes as 32-bit, seeds and strategy counters as 64-bit.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-MAX_PROCESSES = 4096          # workers x ranks_per_worker: the processes of one run
+MAX_PROCESSES = 4096  # workers x ranks_per_worker: the processes of one run
 # Keys that control how a run is carried out, not what it computes: --resume may change them, and
 # they are left out of the configuration a checkpoint records.
-RUN_CONTROL_KEYS = ("steps", "checkpoint_every", "eval_every", "log_every", "quiet", "tensorboard", "peer_timeout",
-                    "threads",
-                    "lighthouse", "max_restarts",
-                    "target_loss", "target_acc")
+RUN_CONTROL_KEYS = (
+    "steps",
+    "checkpoint_every",
+    "eval_every",
+    "log_every",
+    "quiet",
+    "tensorboard",
+    "peer_timeout",
+    "threads",
+    "lighthouse",
+    "max_restarts",
+    "target_loss",
+    "target_acc",
+)
 
 
 def check_combinations(cfg: Config, given: Iterable[str]) -> None:
     """Combinations of keys the user gave (`given`) that make no sense together."""
     if "warmup_steps" in given:
-        check(cfg.warmup_steps <= cfg.steps, f"warmup_steps ({cfg.warmup_steps}) must not exceed steps ({cfg.steps}): "
-              f"the learning rate would never reach its peak")
+        check(
+            cfg.warmup_steps <= cfg.steps,
+            f"warmup_steps ({cfg.warmup_steps}) must not exceed steps ({cfg.steps}): "
+            f"the learning rate would never reach its peak",
+        )
 
 
-OPTIMIZER_KEYS = ("optimizer", "momentum")     # the inner optimizer's own update: what DeMo replaces
+OPTIMIZER_KEYS = ("optimizer", "momentum")  # the inner optimizer's own update: what DeMo replaces
 
 
 def check_options_apply(strategies: Iterable[str], given: Iterable[str]) -> None:
@@ -326,20 +432,24 @@ def check_options_apply(strategies: Iterable[str], given: Iterable[str]) -> None
     names = list(dict.fromkeys(strategies))
     for key in given:
         if key in OPTIMIZER_KEYS and not any(strategy_class(s).steps_optimizer for s in names):
-            raise ConfigError(f"{' and '.join(names)} replace{'s' if len(names) == 1 else ''} the inner optimizer's "
-                              f"update (sign descent on its own momentum, momentum_decay), so --{key} would be "
-                              f"ignored: drop it (the learning rate and weight decay still apply)")
+            raise ConfigError(
+                f"{' and '.join(names)} replace{'s' if len(names) == 1 else ''} the inner optimizer's "
+                f"update (sign descent on its own momentum, momentum_decay), so --{key} would be "
+                f"ignored: drop it (the learning rate and weight decay still apply)"
+            )
         if key in OPTIONS and not any(key in option_names(s) for s in names):
-            raise ConfigError(f"{' and '.join(names)} {'has' if len(names) == 1 else 'have'} no option {key} "
-                              f"(it would be ignored): drop --{key.replace('_', '-')}, or choose a strategy that "
-                              f"has it ({', '.join(s for s in STRATEGIES if key in option_names(s))})")
+            raise ConfigError(
+                f"{' and '.join(names)} {'has' if len(names) == 1 else 'have'} no option {key} "
+                f"(it would be ignored): drop --{key.replace('_', '-')}, or choose a strategy that "
+                f"has it ({', '.join(s for s in STRATEGIES if key in option_names(s))})"
+            )
 
 
 def fingerprint(cfg: Config, strategy_options: dict[str, Any]) -> dict[str, Any]:
     """Every resolved key that changes what a run computes (all but RUN_CONTROL_KEYS and out), flat."""
     flat = {k: v for sec in to_sections(cfg, strategy_options).values() for k, v in sec.items()}
-    if cfg.wan and cfg.topology is not None and cfg.topology.workers is not None:    # a topology file: what
-        flat["wan"] = f"topology {cfg.topology.digest()}"        # it says, not where it was read from
+    if cfg.wan and cfg.topology is not None and cfg.topology.workers is not None:  # a topology file: what
+        flat["wan"] = f"topology {cfg.topology.digest()}"  # it says, not where it was read from
     return {k: v for k, v in sorted(flat.items()) if k not in RUN_CONTROL_KEYS and k != "out"}
 
 
@@ -348,7 +458,7 @@ def to_sections(cfg: Config, strategy_options: dict[str, Any] | None = None) -> 
     out: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
     for f in fields(Config):
         sec = f.metadata["section"]
-        if sec == "strategy" or getattr(cfg, f.name) is None:      # TOML has no null: absent = unset
+        if sec == "strategy" or getattr(cfg, f.name) is None:  # TOML has no null: absent = unset
             continue
         out[sec][f.name] = getattr(cfg, f.name)
     out["strategy"] = dict(strategy_options or {k: v for k in OPTIONS if (v := getattr(cfg, k)) is not None})
@@ -369,6 +479,7 @@ def replace(cfg: Config, **changes: Any) -> Config:
     old kind's default dataset, the data follows to the new kind's default."""
     if "model" in changes and "data" not in changes:
         from .workloads import DEFAULT_DATA, model_kind
+
         old, new_kind = model_kind(cfg.model, cfg.data), model_kind(str(changes["model"]), cfg.data)
         if old != new_kind and cfg.data == DEFAULT_DATA[old]:
             changes = {**changes, "data": DEFAULT_DATA[new_kind]}

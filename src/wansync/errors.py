@@ -1,4 +1,5 @@
 """Errors a user can cause. The CLI prints them as one line and exits non-zero."""
+
 from __future__ import annotations
 
 import os
@@ -46,7 +47,7 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-MAX_LINE = 1000              # characters of an error line: it may echo a value a user gave, of any size
+MAX_LINE = 1000  # characters of an error line: it may echo a value a user gave, of any size
 
 
 def one_line(message: str) -> str:
@@ -59,11 +60,17 @@ def one_line(message: str) -> str:
 def path_kind(path: object) -> str:
     """What is at `path`, for a message that says why it cannot be used: "a directory", "a FIFO"..."""
     try:
-        mode = os.stat(path).st_mode                  # type: ignore[arg-type]
+        mode = os.stat(path).st_mode  # type: ignore[arg-type]
     except OSError:
         return "missing or unreadable"
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 

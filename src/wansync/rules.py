@@ -1,6 +1,7 @@
 """The rules a value a user gives must obey, declared beside the value: config keys (`config.py`)
 and strategy options (`strategies/options.py`) name them in their field declarations, and each
 fails with the same one-line ConfigError the user sees, e.g. `sync_every must be >= 1, got 0`."""
+
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ from typing import Any, Callable
 
 from .errors import check
 
-Rule = Callable[[str, Any], None]     # (key or option name, value): raises a one-line ConfigError when broken
+Rule = Callable[[str, Any], None]  # (key or option name, value): raises a one-line ConfigError when broken
 
 
 def _finite(value: Any) -> bool:
@@ -20,6 +21,7 @@ def _finite(value: Any) -> bool:
 def at_least(low: int) -> Rule:
     def rule(name: str, value: Any) -> None:
         check(_finite(value) and value >= low, f"{name} must be >= {low}, got {value}")
+
     return rule
 
 
@@ -29,11 +31,16 @@ def positive(name: str, value: Any) -> None:
 
 def in_range(low: float, high: float, *, low_included: bool = True, high_included: bool = False) -> Rule:
     """low <= value < high; `low_included`/`high_included` say which ends belong to the range."""
+
     def rule(name: str, value: Any) -> None:
         above = low <= value if low_included else low < value
         below = value <= high if high_included else value < high
-        check(above and below, f"{name} must be in {'[' if low_included else '('}{low:g}, {high:g}"
-                               f"{']' if high_included else ')'}, got {value}")
+        check(
+            above and below,
+            f"{name} must be in {'[' if low_included else '('}{low:g}, {high:g}"
+            f"{']' if high_included else ')'}, got {value}",
+        )
+
     return rule
 
 
@@ -41,13 +48,16 @@ def one_of(choices: tuple[str, ...]) -> Rule:
     def rule(name: str, value: Any) -> None:
         allowed = " or ".join(choices) if len(choices) == 2 else f"one of {', '.join(choices)}"
         check(value in choices, f"{name} must be {allowed}, got {value!r}")
+
     return rule
 
 
 def not_blank(what: str) -> Rule:
     """A string with something in it besides white space; `what` says what it must name."""
+
     def rule(name: str, value: Any) -> None:
         check(bool(str(value).strip()), f"{name} must name {what}, got an empty value")
+
     return rule
 
 

@@ -1,4 +1,5 @@
 """Sizes and durations as a person reads and writes them, the same way in every table wansync prints."""
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,9 @@ def human_seconds(s: float) -> str:
     return f"{s:.3g} s"
 
 
-BYTE_UNITS = MappingProxyType({"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-              "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40})
+BYTE_UNITS = MappingProxyType(
+    {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+)
 
 
 def parse_bytes(text: str) -> float:
@@ -40,8 +42,10 @@ def parse_bytes(text: str) -> float:
     m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([A-Za-z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in BYTE_UNITS:
-        raise ValueError(f"{text!r} is not a size: give a number and a unit, e.g. 80GB or 24GiB "
-                         "(units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+        raise ValueError(
+            f"{text!r} is not a size: give a number and a unit, e.g. 80GB or 24GiB "
+            "(units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+        )
     try:
         value = float(m.group(1)) * BYTE_UNITS[unit]
     except ValueError:

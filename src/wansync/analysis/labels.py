@@ -3,6 +3,7 @@
 safe on disk); prose and figures use the label. A key this module does not know is shown as
 "key value", never dropped, so two settings never share a label because one was left out.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,11 +11,20 @@ from collections import Counter
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-STRATEGY_NAMES: Mapping[str, str] = MappingProxyType({
-    "ddp": "DDP", "local_sgd": "LocalSGD", "post_local_sgd": "Post-local SGD", "slowmo": "LocalSGD+SlowMo",
-    "cpdp": "CPDP", "diloco": "DiLoCo", "streaming": "Streaming DiLoCo", "cocodc": "CoCoDC",
-    "sparseloco": "SparseLoCo", "demo": "DeMo",
-})
+STRATEGY_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "ddp": "DDP",
+        "local_sgd": "LocalSGD",
+        "post_local_sgd": "Post-local SGD",
+        "slowmo": "LocalSGD+SlowMo",
+        "cpdp": "CPDP",
+        "diloco": "DiLoCo",
+        "streaming": "Streaming DiLoCo",
+        "cocodc": "CoCoDC",
+        "sparseloco": "SparseLoCo",
+        "demo": "DeMo",
+    }
+)
 # the period is K for the methods that average parameters, H for those with an outer optimizer
 _K_PERIOD = frozenset({"local_sgd", "post_local_sgd", "slowmo", "cpdp"})
 
@@ -33,45 +43,51 @@ def _eq(symbol: str) -> Callable[[Any], str]:
     return lambda v: f"{symbol} = {_num(v)}"
 
 
-_WORDS: Mapping[str, Mapping[str, str]] = MappingProxyType({
-    "compensation": MappingProxyType({"alpha": "α-merge", "taylor": "Taylor merge", "damped": "damped merge"}),
-    "schedule": MappingProxyType({"round_robin": "round-robin", "adaptive": "adaptive order",
-                                  "adaptive_fair": "adaptive-fair order"}),
-    "lr_scaling": MappingProxyType({"none": "fixed lr", "linear": "linear-scaled lr"}),
-    "aggregate": MappingProxyType({"chosen": "chosen-index mean", "all": "mean over all"}),
-    "slow_policy": MappingProxyType({"wait": "wait for the slow worker", "deadline": "deadline",
-                                     "balanced": "balanced work"}),
-    "partition": MappingProxyType({"strided": "strided fragments", "contiguous": "contiguous fragments"}),
-    "outer_scaling": MappingProxyType({"none": "unscaled outer step"}),
-})
+_WORDS: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {
+        "compensation": MappingProxyType({"alpha": "α-merge", "taylor": "Taylor merge", "damped": "damped merge"}),
+        "schedule": MappingProxyType(
+            {"round_robin": "round-robin", "adaptive": "adaptive order", "adaptive_fair": "adaptive-fair order"}
+        ),
+        "lr_scaling": MappingProxyType({"none": "fixed lr", "linear": "linear-scaled lr"}),
+        "aggregate": MappingProxyType({"chosen": "chosen-index mean", "all": "mean over all"}),
+        "slow_policy": MappingProxyType(
+            {"wait": "wait for the slow worker", "deadline": "deadline", "balanced": "balanced work"}
+        ),
+        "partition": MappingProxyType({"strided": "strided fragments", "contiguous": "contiguous fragments"}),
+        "outer_scaling": MappingProxyType({"none": "unscaled outer step"}),
+    }
+)
 
 # how each known key reads; the order here is the order in a label
-_SHOWN: Mapping[str, Callable[[Any], str]] = MappingProxyType({
-    "sync_every": _eq("H"),                 # K for the averaging methods: `human_label`
-    "switch_step": lambda v: f"local from step {_num(v)}",
-    "slowmo_beta": _eq("β"),
-    "fragments": _eq("P"),
-    "overlap": _eq("τ"),
-    "syncs_per_period": _eq("N"),
-    "alpha": _eq("α"),
-    "lam": _eq("λ"),
-    "gamma": _eq("γ"),
-    "outer_lr": lambda v: f"outer lr {_num(v)}",
-    "outer_momentum": lambda v: f"outer momentum {_num(v)}",
-    "lr": lambda v: f"lr {_num(v)}",
-    "density": lambda v: f"density {_num(v)}",
-    "topk": lambda v: f"top-{_num(v)}",
-    "chunk": lambda v: f"chunk {_num(v)}",
-    "bits": lambda v: f"{_num(v)}-bit",
-    "codec": lambda v: str(v),
-    "codec_collective": lambda v: f"{v} collective",
-    "error_feedback": _flag("error feedback", "no error feedback"),
-    "eager": _flag("eager", "not eager"),
-    "overlap_rounds": _flag("overlapped rounds", "rounds not overlapped"),
-    "dct": _flag("DCT", "no DCT"),
-    "deadline": lambda v: f"deadline {_num(v)} s",
-    "max_syncs_per_fragment": lambda v: f"≤ {_num(v)} syncs per fragment",
-})
+_SHOWN: Mapping[str, Callable[[Any], str]] = MappingProxyType(
+    {
+        "sync_every": _eq("H"),  # K for the averaging methods: `human_label`
+        "switch_step": lambda v: f"local from step {_num(v)}",
+        "slowmo_beta": _eq("β"),
+        "fragments": _eq("P"),
+        "overlap": _eq("τ"),
+        "syncs_per_period": _eq("N"),
+        "alpha": _eq("α"),
+        "lam": _eq("λ"),
+        "gamma": _eq("γ"),
+        "outer_lr": lambda v: f"outer lr {_num(v)}",
+        "outer_momentum": lambda v: f"outer momentum {_num(v)}",
+        "lr": lambda v: f"lr {_num(v)}",
+        "density": lambda v: f"density {_num(v)}",
+        "topk": lambda v: f"top-{_num(v)}",
+        "chunk": lambda v: f"chunk {_num(v)}",
+        "bits": lambda v: f"{_num(v)}-bit",
+        "codec": lambda v: str(v),
+        "codec_collective": lambda v: f"{v} collective",
+        "error_feedback": _flag("error feedback", "no error feedback"),
+        "eager": _flag("eager", "not eager"),
+        "overlap_rounds": _flag("overlapped rounds", "rounds not overlapped"),
+        "dct": _flag("DCT", "no DCT"),
+        "deadline": lambda v: f"deadline {_num(v)} s",
+        "max_syncs_per_fragment": lambda v: f"≤ {_num(v)} syncs per fragment",
+    }
+)
 
 
 def _part(strategy: str, key: str, value: Any) -> str:
@@ -92,7 +108,7 @@ def setting_words(strategy: str, setting: Mapping[str, Any]) -> list[str]:
 
 
 def human_label(strategy: str, setting: Mapping[str, Any]) -> str:
-    """"CoCoDC, N = 8, α-merge": the strategy's name, then each setting in a fixed order."""
+    """ "CoCoDC, N = 8, α-merge": the strategy's name, then each setting in a fixed order."""
     return ", ".join([STRATEGY_NAMES.get(strategy, strategy), *setting_words(strategy, setting)])
 
 

@@ -1,5 +1,6 @@
 """PNG plots for a report (matplotlib, Agg backend). Every plot has a title, axis labels with units
 and a legend; one colour per setting, the same in every plot."""
+
 from __future__ import annotations
 
 import math
@@ -17,12 +18,29 @@ from .runs import CATEGORIES, Quality, SettingRuns, number  # noqa: E402
 from ..rundir.layout import PLOTS, QUALITY_PLOTS  # noqa: E402
 from ..units import human_bytes  # noqa: E402
 
-CATEGORY_COLORS = MappingProxyType({"compute": "#4c72b0", "exposed_comm": "#c44e52", "sync_math": "#dd8452",
-                                    "data": "#8172b3", "eval": "#55a868", "checkpoint": "#937860", "other": "#bbbbbb"})
+CATEGORY_COLORS = MappingProxyType(
+    {
+        "compute": "#4c72b0",
+        "exposed_comm": "#c44e52",
+        "sync_math": "#dd8452",
+        "data": "#8172b3",
+        "eval": "#55a868",
+        "checkpoint": "#937860",
+        "other": "#bbbbbb",
+    }
+)
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")  # tell apart curves that coincide
-CATEGORY_NAMES = MappingProxyType({"compute": "compute", "exposed_comm": "exposed communication",
-                                   "sync_math": "sync math", "data": "data loading", "eval": "evaluation",
-                                   "checkpoint": "checkpoints", "other": "other"})
+CATEGORY_NAMES = MappingProxyType(
+    {
+        "compute": "compute",
+        "exposed_comm": "exposed communication",
+        "sync_math": "sync math",
+        "data": "data loading",
+        "eval": "evaluation",
+        "checkpoint": "checkpoints",
+        "other": "other",
+    }
+)
 
 
 def _colors(settings: Sequence[SettingRuns]) -> dict[str, Any]:
@@ -61,9 +79,15 @@ def _curves(s: SettingRuns, q: Quality) -> tuple[list[float], list[float], list[
 def _finish(fig: Any, ax: Any, path: Path, legend_title: str | None = None) -> Path:
     ax.grid(True, alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
-    if handles:   # outside the axes, so it never hides a curve, a bar or a label
-        ax.legend(title=legend_title, fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                  borderaxespad=0.0)
+    if handles:  # outside the axes, so it never hides a curve, a bar or a label
+        ax.legend(
+            title=legend_title,
+            fontsize=8,
+            title_fontsize=8,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            borderaxespad=0.0,
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -86,14 +110,28 @@ def quality_vs(settings: Sequence[SettingRuns], q: Quality, target: float | None
             continue
         xs = steps if x == "step" else times
         n = len(s.ok_runs)
-        ax.plot(xs, mean, marker=MARKERS[i % len(MARKERS)], markersize=4, color=colors[s.label],
-                label=names[s.label] + (f" (mean of {n} seeds)" if n > 1 else ""))
+        ax.plot(
+            xs,
+            mean,
+            marker=MARKERS[i % len(MARKERS)],
+            markersize=4,
+            color=colors[s.label],
+            label=names[s.label] + (f" (mean of {n} seeds)" if n > 1 else ""),
+        )
         if n > 1:
             ax.fill_between(xs, lo, hi, color=colors[s.label], alpha=0.15)
         short = sorted({t for r in s.ok_runs for t in r.summary.get("short_exchanges") or []})
-        if x == "step" and short:      # fault-tolerant runs: a tick on the axis where a worker was missing
-            ax.plot(short, [0.0] * len(short), transform=ax.get_xaxis_transform(), linestyle="none", marker="|",
-                    markersize=14, color=colors[s.label], label=f"{names[s.label]}: exchange with a worker missing")
+        if x == "step" and short:  # fault-tolerant runs: a tick on the axis where a worker was missing
+            ax.plot(
+                short,
+                [0.0] * len(short),
+                transform=ax.get_xaxis_transform(),
+                linestyle="none",
+                marker="|",
+                markersize=14,
+                color=colors[s.label],
+                label=f"{names[s.label]}: exchange with a worker missing",
+            )
     _target_line(ax, q, target)
     what = "Validation loss" if q.kind == "lm" else "Test accuracy"
     if x == "step":
@@ -103,8 +141,9 @@ def quality_vs(settings: Sequence[SettingRuns], q: Quality, target: float | None
         ax.set_xlabel("wall clock since training started (s)")
         ax.set_title(f"{what} vs wall clock")
     ax.set_ylabel(_ylabel(q))
-    return _finish(fig, ax, path, "setting (band: min–max over seeds)" if any(len(s.ok_runs) > 1 for s in settings)
-                   else "setting")
+    return _finish(
+        fig, ax, path, "setting (band: min–max over seeds)" if any(len(s.ok_runs) > 1 for s in settings) else "setting"
+    )
 
 
 def pareto_front(points: Sequence[tuple[float, float]], higher_is_better: bool) -> list[int]:
@@ -134,28 +173,49 @@ def pareto(settings: Sequence[SettingRuns], q: Quality, path: Path) -> Path:
     means: list[tuple[float, float]] = []
     labels: list[str] = []
     for s in settings:
-        pts = [(w, v) for r in s.ok_runs if (w := number(r.summary.get("wall_clock_s"))) is not None
-               and (v := number(r.summary.get(key))) is not None]
+        pts = [
+            (w, v)
+            for r in s.ok_runs
+            if (w := number(r.summary.get("wall_clock_s"))) is not None
+            and (v := number(r.summary.get(key))) is not None
+        ]
         if not pts:
             continue
         ws, vs = zip(*pts)
         mw, mv = sum(ws) / len(ws), sum(vs) / len(vs)
         if len(pts) > 1:
             ax.scatter(ws, vs, color=colors[s.label], alpha=0.35, s=18)
-        ax.scatter([mw], [mv], color=colors[s.label], s=60, zorder=3, edgecolor="black", linewidth=0.5,
-                   label=names[s.label] + (f" (mean of {len(pts)} seeds; faint: each seed)" if len(pts) > 1 else ""))
+        ax.scatter(
+            [mw],
+            [mv],
+            color=colors[s.label],
+            s=60,
+            zorder=3,
+            edgecolor="black",
+            linewidth=0.5,
+            label=names[s.label] + (f" (mean of {len(pts)} seeds; faint: each seed)" if len(pts) > 1 else ""),
+        )
         means.append((mw, mv))
         labels.append(names[s.label])
     front = pareto_front(means, q.higher_is_better)
     if front:
         fx = [means[i][0] for i in front]
         fy = [means[i][1] for i in front]
-        ax.plot(fx, fy, color="black", linewidth=1.5, linestyle="--", zorder=2, drawstyle="steps-post"
-                if len(front) > 1 else "default", label="Pareto front (no setting is faster and better)")
+        ax.plot(
+            fx,
+            fy,
+            color="black",
+            linewidth=1.5,
+            linestyle="--",
+            zorder=2,
+            drawstyle="steps-post" if len(front) > 1 else "default",
+            label="Pareto front (no setting is faster and better)",
+        )
         ax.scatter(fx, fy, s=220, facecolors="none", edgecolors="black", linewidths=1.5, zorder=4)
     ax.set_xlabel("wall clock of the whole run (s)")
-    ax.set_ylabel("final validation perplexity (lower is better)" if use_ppl
-                  else f"final {q.name} ({q.unit}, higher is better)")
+    ax.set_ylabel(
+        "final validation perplexity (lower is better)" if use_ppl else f"final {q.name} ({q.unit}, higher is better)"
+    )
     ax.set_title(("Final perplexity" if use_ppl else "Final accuracy") + " vs time: Pareto front (circled)")
     return _finish(fig, ax, path, "setting")
 
@@ -179,12 +239,17 @@ def time_breakdown(settings: Sequence[SettingRuns], path: Path) -> Path:
             vals.append(sum(xs) / len(xs) if xs else 0.0)
         if not any(v > 0 for v in vals):
             continue
-        ax.bar(range(len(shown)), vals, bottom=bottoms, color=CATEGORY_COLORS[cat], label=CATEGORY_NAMES[cat],
-               width=0.6)
+        ax.bar(
+            range(len(shown)), vals, bottom=bottoms, color=CATEGORY_COLORS[cat], label=CATEGORY_NAMES[cat], width=0.6
+        )
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     for i, s in enumerate(shown):
-        ex = [(number(r.profile.get("categories_s", {}).get("exposed_comm")) or 0.0) /
-              max(1e-9, number(r.profile.get("wall_clock_s")) or 1e-9) for r in s.ok_runs if r.profile]
+        ex = [
+            (number(r.profile.get("categories_s", {}).get("exposed_comm")) or 0.0)
+            / max(1e-9, number(r.profile.get("wall_clock_s")) or 1e-9)
+            for r in s.ok_runs
+            if r.profile
+        ]
         if ex:
             ax.text(i, bottoms[i], f"{100 * sum(ex) / len(ex):.1f}% exposed", ha="center", va="bottom", fontsize=8)
     _xticks(ax, [names[s.label] for s in shown])
@@ -233,13 +298,17 @@ def bytes_per_setting(settings: Sequence[SettingRuns], path: Path) -> Path:
 def exposed_share(steps: Sequence[dict[str, Any]], window: int) -> tuple[list[float], list[float]]:
     """(wall clock, exposed share in %) over the run: each point the exposed communication of the
     `window` steps up to it over the time they took (metrics.jsonl's per-step `exposed_s`, `time`)."""
-    pts = [(t, e) for r in steps if (t := number(r.get("time"))) is not None and (e := number(r.get("exposed_s"))) is not None]
+    pts = [
+        (t, e)
+        for r in steps
+        if (t := number(r.get("time"))) is not None and (e := number(r.get("exposed_s"))) is not None
+    ]
     xs, ys = [], []
     for i in range(window, len(pts)):
         span = pts[i][0] - pts[i - window][0]
         if span > 0:
             xs.append(pts[i][0])
-            ys.append(min(100.0, 100.0 * sum(e for _, e in pts[i - window + 1:i + 1]) / span))
+            ys.append(min(100.0, 100.0 * sum(e for _, e in pts[i - window + 1 : i + 1]) / span))
     return xs, ys
 
 
@@ -253,8 +322,14 @@ def exposed_over_time(settings: Sequence[SettingRuns], path: Path) -> Path:
             steps = run.steps()
             xs, ys = exposed_share(steps, max(1, len(steps) // 40))
             if xs:
-                ax.plot(xs, ys, color=colors[s.label], alpha=0.9 if k == 0 else 0.4, linewidth=1.2,
-                        label=names[s.label] if k == 0 else None)
+                ax.plot(
+                    xs,
+                    ys,
+                    color=colors[s.label],
+                    alpha=0.9 if k == 0 else 0.4,
+                    linewidth=1.2,
+                    label=names[s.label] if k == 0 else None,
+                )
     ax.set_ylim(0, 100)
     ax.set_xlabel("wall clock since training started (s)")
     ax.set_ylabel("exposed communication (% of the wall clock, rolling)")
@@ -323,7 +398,13 @@ def all_plots(root: Path, settings: Sequence[SettingRuns], q: Quality, target: f
     root = Path(root)
     by_step, by_time = (root / p.format(quality="loss" if q.kind == "lm" else "accuracy") for p in QUALITY_PLOTS)
     front, breakdown, volume, exposed, adapt = (root / p for p in PLOTS)
-    made = [quality_vs(settings, q, target, by_step, "step"), quality_vs(settings, q, target, by_time, "time"),
-            pareto(settings, q, front), time_breakdown(settings, breakdown), bytes_per_setting(settings, volume),
-            exposed_over_time(settings, exposed), adapt_over_time(settings, adapt)]
+    made = [
+        quality_vs(settings, q, target, by_step, "step"),
+        quality_vs(settings, q, target, by_time, "time"),
+        pareto(settings, q, front),
+        time_breakdown(settings, breakdown),
+        bytes_per_setting(settings, volume),
+        exposed_over_time(settings, exposed),
+        adapt_over_time(settings, adapt),
+    ]
     return [p for p in made if p is not None]

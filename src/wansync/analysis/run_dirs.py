@@ -2,6 +2,7 @@
 experiment's order, with its status: ok, failed (failed.json, or no summary: interrupted), or damaged
 (a summary.json that is not the trainer's, a metrics.jsonl cut short). `report` and `results` read
 runs through it."""
+
 from __future__ import annotations
 
 import errno
@@ -12,8 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import WansyncError
-from ..rundir.layout import (CONFIG_FILE, EXPERIMENT_FILE, FAILED_FILE, METRICS_FILE, SUMMARY_FILE, is_failure,
-                             is_run_dir, is_summary, read_summary, regular_text)
+from ..rundir.layout import (
+    CONFIG_FILE,
+    EXPERIMENT_FILE,
+    FAILED_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    is_failure,
+    is_run_dir,
+    is_summary,
+    read_summary,
+    regular_text,
+)
 from ..rundir.target import read_evals
 from .runs import Run, number
 
@@ -24,6 +35,7 @@ class ReportError(WansyncError):
 
 # ---------------------------------------------------------------- reading runs
 
+
 def read_json(path: Path) -> Any:
     """A JSON file of a run directory (a regular file only: `rundir.layout.regular_text`)."""
     return json.loads(regular_text(path))
@@ -32,7 +44,7 @@ def read_json(path: Path) -> Any:
 def _config_value(run_dir: Path, section: str, key: str) -> Any:
     try:
         return tomllib.loads(regular_text(run_dir / CONFIG_FILE)).get(section, {}).get(key)
-    except (OSError, ValueError, AttributeError):     # unreadable, not UTF-8, not TOML, not a table
+    except (OSError, ValueError, AttributeError):  # unreadable, not UTF-8, not TOML, not a table
         return None
 
 
@@ -42,8 +54,12 @@ _SEED_DIR = re.compile(r"^seed(\d+)$")
 def _is_run_dir(d: Path) -> bool:
     """A run wansync wrote, finished or not (a config.toml beside a metrics.jsonl counts too: a run
     whose config was damaged); a directory that merely holds a summary.json of another program does not."""
-    return (is_run_dir(d) or is_summary(read_summary(d)) or is_failure(d)
-            or ((d / CONFIG_FILE).is_file() and (d / METRICS_FILE).is_file()))
+    return (
+        is_run_dir(d)
+        or is_summary(read_summary(d))
+        or is_failure(d)
+        or ((d / CONFIG_FILE).is_file() and (d / METRICS_FILE).is_file())
+    )
 
 
 def find_runs(root: str | Path) -> list[Run]:
@@ -54,13 +70,21 @@ def find_runs(root: str | Path) -> list[Run]:
     if not root.is_dir():
         raise ReportError(f"report: {root} is not a directory")
     try:
-        dirs = sorted({p.parent for pat in (SUMMARY_FILE, FAILED_FILE, METRICS_FILE, CONFIG_FILE) for p in root.rglob(pat)
-                       if _is_run_dir(p.parent) and "logs" not in p.parent.relative_to(root).parts})
-    except OSError as e:                          # pseudo file systems, unreadable folders
+        dirs = sorted(
+            {
+                p.parent
+                for pat in (SUMMARY_FILE, FAILED_FILE, METRICS_FILE, CONFIG_FILE)
+                for p in root.rglob(pat)
+                if _is_run_dir(p.parent) and "logs" not in p.parent.relative_to(root).parts
+            }
+        )
+    except OSError as e:  # pseudo file systems, unreadable folders
         raise ReportError(f"report: cannot read {root}: {e.strerror or e} ({e.filename})") from None
     if not dirs:
-        raise ReportError(f"report: no runs found under {root} (expected run directories holding summary.json, "
-                          f"as written by wansync train/compare/sweep)")
+        raise ReportError(
+            f"report: no runs found under {root} (expected run directories holding summary.json, "
+            f"as written by wansync train/compare/sweep)"
+        )
     listed = {}
     try:
         for r in read_json(root / EXPERIMENT_FILE).get("runs", []):
@@ -92,15 +116,28 @@ def _load_run(d: Path, entry: dict[str, Any] | None) -> Run:
             profile = {}
         if not isinstance(profile, dict):
             profile = {}
-    strategy = (summary.get("strategy") or (entry or {}).get("strategy") or _config_value(d, "run", "strategy")
-                or label.split("__")[0])
+    strategy = (
+        summary.get("strategy")
+        or (entry or {}).get("strategy")
+        or _config_value(d, "run", "strategy")
+        or label.split("__")[0]
+    )
     seed = summary.get("seed", (entry or {}).get("seed"))
     if seed is None:
         seed = _config_value(d, "run", "seed")
     if seed is None and m:
         seed = int(m.group(1))
-    return Run(d, label, str(strategy), seed, dict((entry or {}).get("setting", {})), status, summary, profile,
-               read_evals(d / "metrics.jsonl") if status == "ok" else [])
+    return Run(
+        d,
+        label,
+        str(strategy),
+        seed,
+        dict((entry or {}).get("setting", {})),
+        status,
+        summary,
+        profile,
+        read_evals(d / "metrics.jsonl") if status == "ok" else [],
+    )
 
 
 def _status(d: Path) -> tuple[dict[str, Any], str]:

@@ -3,6 +3,7 @@
 A :class:`Run` is one run directory as read back; a :class:`SettingRuns` is the runs of one label (all
 seeds); a :class:`Quality` says which metric judges them (validation loss or test accuracy).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,7 +19,6 @@ from ..telemetry.profiler import CATEGORIES
 __all__ = ["CATEGORIES", "LM", "Quality", "Run", "SettingRuns", "VISION", "number"]
 
 
-
 @dataclass
 class Run:
     dir: Path
@@ -26,7 +26,7 @@ class Run:
     strategy: str
     seed: int | None
     setting: dict[str, Any]
-    status: str                                   # "ok" or "failed: <message>" (a diverged run is ok)
+    status: str  # "ok" or "failed: <message>" (a diverged run is ok)
     summary: dict[str, Any] = field(default_factory=dict)
     profile: dict[str, Any] = field(default_factory=dict)
     evals: list[dict[str, Any]] = field(default_factory=list)
@@ -78,12 +78,12 @@ class SettingRuns:
 
 @dataclass(frozen=True)
 class Quality:
-    kind: str             # "lm" | "vision"
-    eval_key: str         # key in eval records
-    final_key: str        # key in summary.json
+    kind: str  # "lm" | "vision"
+    eval_key: str  # key in eval records
+    final_key: str  # key in summary.json
     best_key: str
     higher_is_better: bool
-    name: str             # for axis labels
+    name: str  # for axis labels
     unit: str
 
     def reached(self, value: float, target: float) -> bool:

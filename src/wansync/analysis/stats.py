@@ -14,6 +14,7 @@ stricter and non-standard test (two intervals can overlap while p < 0.05); it is
 A difference the test does not support is reported as "no difference at this scale", not as a win
 for the larger mean. Pure functions, no I/O.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,12 +23,41 @@ from dataclasses import dataclass
 from typing import Sequence
 
 NO_DIFFERENCE = "no difference at this scale"
-ALPHA = 0.05                  # Welch's test decides at this level (two-sided)
+ALPHA = 0.05  # Welch's test decides at this level (two-sided)
 
 # t(0.975, df) for df = 1..30 (two-sided 95%), the standard table.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 _Z975 = 1.959964
 
 
@@ -45,9 +75,9 @@ def t_975(df: int) -> float:
 @dataclass(frozen=True)
 class Interval:
     mean: float
-    half: float | None            # half-width of the 95% interval; None with a single value
+    half: float | None  # half-width of the 95% interval; None with a single value
     n: int
-    sd: float | None = None       # the sample standard deviation s (n − 1 in the denominator); None with one value
+    sd: float | None = None  # the sample standard deviation s (n − 1 in the denominator); None with one value
 
     @property
     def low(self) -> float:
@@ -88,7 +118,8 @@ def welch_p(a: Interval, b: Interval) -> float | None:
         return None
     if a.sd == 0 and b.sd == 0:
         return 1.0 if a.mean == b.mean else 0.0
-    from scipy.stats import ttest_ind_from_stats       # the report extra's; only the results page tests
+    from scipy.stats import ttest_ind_from_stats  # the report extra's; only the results page tests
+
     return float(ttest_ind_from_stats(a.mean, a.sd, a.n, b.mean, b.sd, b.n, equal_var=False).pvalue)
 
 

@@ -9,6 +9,7 @@ temporary. An odd width above 8 (9, 11, 13, ... bits: a group of 8 values would 
 bit by bit (a byte per bit per value, transient), to the same bytes. The groups' bytes are
 little-endian int64 bytes, the layout of every platform torch runs on (checked: `ORDER`).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,7 +36,7 @@ def _group(bits: int) -> int:
     return g
 
 
-_BIT = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)   # a byte's bits, low first (read-only)
+_BIT = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)  # a byte's bits, low first (read-only)
 
 
 def _pack_bits(v: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Tensor:
@@ -48,7 +49,7 @@ def _pack_bits(v: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Tensor:
 
 
 def _unpack_bits(data: torch.Tensor, count: int, bits: int) -> torch.Tensor:
-    stream = ((data.view(-1, 1) & _BIT.to(data.device)) != 0).view(-1)[:count * bits].to(torch.int64)
+    stream = ((data.view(-1, 1) & _BIT.to(data.device)) != 0).view(-1)[: count * bits].to(torch.int64)
     weights = torch.ones(bits, dtype=torch.int64, device=data.device) << torch.arange(bits, device=data.device)
     return (stream.view(count, bits) * weights).sum(dim=1)
 
@@ -82,7 +83,7 @@ def pack(values: torch.Tensor, bits: int, out: torch.Tensor | None = None) -> to
         v = torch.cat([v, v.new_zeros(pad)])
     v = v.view(-1, g)
     shifts = torch.arange(g, device=v.device, dtype=torch.int64) * bits
-    words = (v << shifts).sum(dim=1)                         # disjoint bits: the sum is an OR
+    words = (v << shifts).sum(dim=1)  # disjoint bits: the sum is an OR
     out.copy_(words.view(torch.uint8).view(-1, 8)[:, :nbytes].reshape(-1)[:size])
     return out
 
@@ -93,7 +94,7 @@ def unpack(data: torch.Tensor, count: int, bits: int, start: int = 0) -> torch.T
     if start:
         if start % alignment(bits):
             raise ValueError(f"unpacking from value {start} of {bits}-bit values: not at a byte boundary of the stream")
-        data = data[start * bits // 8:]
+        data = data[start * bits // 8 :]
     if bits == 0:
         return torch.zeros(count, dtype=torch.int64, device=data.device)
     g = _group(bits)

@@ -20,6 +20,7 @@ Between the ranks of a worker with DDP inside, each rank sends its own shard of 
 else at whole rows of blocks (`bounds`, `restrict`), so every chunk lies whole in one shard and each
 shard's chunks are the whole layout's (a tensor cut in two is quantized as two, a table each).
 """
+
 from __future__ import annotations
 
 import math
@@ -54,12 +55,13 @@ def as_matrix(shape: Sequence[int]) -> tuple[int, int]:
 class Piece:
     """One tensor, or whole rows of blocks of one, in the flat buffer: values [offset, offset +
     rows·cols) as a rows × cols matrix cut into blocks of h × w."""
+
     offset: int
     rows: int
     cols: int
     h: int
     w: int
-    tensor: int                     # which of the layout's tensors (the quantizer's segment)
+    tensor: int  # which of the layout's tensors (the quantizer's segment)
 
     @property
     def numel(self) -> int:
@@ -72,13 +74,14 @@ class Piece:
     def view(self, flat: torch.Tensor) -> torch.Tensor:
         """The piece's values of the flat buffer as (rows/h, cols/w, h, w): block (i, j) at [i, j], a
         strided view (no copy)."""
-        x = flat[self.offset:self.offset + self.numel].view(self.rows // self.h, self.h, self.cols // self.w, self.w)
+        x = flat[self.offset : self.offset + self.numel].view(self.rows // self.h, self.h, self.cols // self.w, self.w)
         return x.permute(0, 2, 1, 3)
 
 
 @dataclass(frozen=True)
 class Group:
     """The pieces whose chunks have the same block h × w: one (chunks, h·w) matrix."""
+
     h: int
     w: int
     pieces: tuple[Piece, ...]
@@ -102,14 +105,14 @@ class Group:
         stop = self.chunks if stop is None else stop
         out = torch.empty(stop - start, self.size, dtype=flat.dtype, device=flat.device)
         for row, view in self._blocks(flat, start, stop):
-            out[row:row + view.shape[0] * view.shape[1]].view(view.shape).copy_(view)
+            out[row : row + view.shape[0] * view.shape[1]].view(view.shape).copy_(view)
         return out
 
     def put(self, chunks: torch.Tensor, flat: torch.Tensor, start: int = 0, stop: int | None = None) -> None:
         """Write the (chunks, h·w) matrix of chunks [start, stop) back where `take` found them."""
         stop = self.chunks if stop is None else stop
         for row, view in self._blocks(flat, start, stop):
-            view.copy_(chunks[row:row + view.shape[0] * view.shape[1]].view(view.shape))
+            view.copy_(chunks[row : row + view.shape[0] * view.shape[1]].view(view.shape))
 
     def _blocks(self, flat: torch.Tensor, start: int, stop: int) -> Iterator[tuple[int, torch.Tensor]]:
         """The chunks [start, stop) as rectangles of blocks (views of the flat buffer, (ny, nx, h, w)),
@@ -121,13 +124,13 @@ class Group:
             per_row = p.cols // p.w
             while a < b:
                 y, x = divmod(a, per_row)
-                if x == 0 and b - a >= per_row:                 # whole rows of blocks
+                if x == 0 and b - a >= per_row:  # whole rows of blocks
                     n = (b - a) // per_row
-                    yield first + a - start, p.view(flat)[y:y + n]
+                    yield first + a - start, p.view(flat)[y : y + n]
                     a += n * per_row
                 else:
                     end = min(b, (y + 1) * per_row)
-                    yield first + a - start, p.view(flat)[y:y + 1, x:x + end - a]
+                    yield first + a - start, p.view(flat)[y : y + 1, x : x + end - a]
                     a = end
             first += p.chunks
 
@@ -135,9 +138,10 @@ class Group:
 @dataclass(frozen=True)
 class ChunkLayout:
     """The pieces of a flat buffer of `numel` values (`of_shapes`), grouped by block."""
+
     pieces: tuple[Piece, ...]
     numel: int
-    tensors: int                    # how many tensors the pieces come from
+    tensors: int  # how many tensors the pieces come from
 
     @classmethod
     def of_shapes(cls, shapes: Iterable[Sequence[int]], chunk: int = DEFAULT_CHUNK) -> "ChunkLayout":
@@ -181,6 +185,7 @@ class ChunkLayout:
 
             def nearest(cuts: list[int]) -> int:
                 return min((c for c in cuts if c > out[-1]), key=lambda c: (abs(c - want), c), default=self.numel)
+
             cut = nearest(tensors)
             out.append(cut if abs(cut - want) <= self.numel / parts / 4 else nearest(rows))
         return out + [self.numel]

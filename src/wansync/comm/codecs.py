@@ -283,6 +283,7 @@ class Fp4Codec(_ChunkScaled):
 
 # ---- blocked encode and decode: the same bytes and bits, without whole-buffer temporaries ----------
 
+
 def _scale_bytes(codec: Codec, numel: int) -> int:
     """The payload's leading per-chunk scales (none for the element-wise codecs)."""
     return 4 * codec.n_chunks(numel) if isinstance(codec, _ChunkScaled) else 0
@@ -292,9 +293,9 @@ def _blocks(codec: Codec, numel: int) -> list[tuple[int, int, slice, slice]]:
     """Value ranges [a, b) of about `BLOCK_VALUES` covering `numel`, each starting on a chunk and a
     byte boundary, with the byte ranges of their scales and codes in the whole payload. Every codec
     encodes a chunk from its own values only, so a block's payload is those two ranges' bytes."""
-    chunk, bits = codec.chunk, codec.code_bits          # type: ignore[attr-defined]
+    chunk, bits = codec.chunk, codec.code_bits  # type: ignore[attr-defined]
     step = chunk * max(1, BLOCK_VALUES // chunk)
-    step += step % 2 * chunk * (bits < 8)               # fp4: two codes a byte, blocks on even values
+    step += step % 2 * chunk * (bits < 8)  # fp4: two codes a byte, blocks on even values
     head, scaled = _scale_bytes(codec, numel), isinstance(codec, _ChunkScaled)
     out = []
     for a in range(0, numel, step):
@@ -311,12 +312,12 @@ def encode_into(codec: Codec, x: torch.Tensor, out: torch.Tensor, numel: int | N
     x = _flat_f32(x)
     numel, have = x.numel() if numel is None else numel, x.numel()
     for a, b, scales, codes in _blocks(codec, numel):
-        block = x[a:b] if b <= have else torch.cat([x[a:max(a, have)], x.new_zeros(b - max(a, have))])
+        block = x[a:b] if b <= have else torch.cat([x[a : max(a, have)], x.new_zeros(b - max(a, have))])
         data = codec.encode(block).data
         n = scales.stop - scales.start
         out[scales].copy_(data[:n])
         out[codes].copy_(data[n:])
-    return out[:codec.wire_bytes(numel)]
+    return out[: codec.wire_bytes(numel)]
 
 
 def decode_into(codec: Codec, data: torch.Tensor, numel: int, out: torch.Tensor, add: bool = False) -> torch.Tensor:
@@ -325,22 +326,22 @@ def decode_into(codec: Codec, data: torch.Tensor, numel: int, out: torch.Tensor,
     payload (every codec decodes element-wise within a chunk), without its whole-buffer temporaries."""
     want = codec.wire_bytes(numel)
     if data.dtype != torch.uint8 or data.numel() != want or out.numel() > numel:
-        raise ValueError(f"{codec.name} payload for {numel} elements must be {want} uint8 bytes for at most "
-                         f"{numel} values, got {data.numel()} {data.dtype} for {out.numel()}")
+        raise ValueError(
+            f"{codec.name} payload for {numel} elements must be {want} uint8 bytes for at most "
+            f"{numel} values, got {data.numel()} {data.dtype} for {out.numel()}"
+        )
     flat, k = out.view(-1), out.numel()
     for a, b, scales, codes in _blocks(codec, numel):
         if a >= k:
             break
         piece = torch.cat([data[scales], data[codes]]) if scales.stop > scales.start else data[codes].clone()
-        values = codec.decode(Encoded(codec.name, b - a, piece))[:min(b, k) - a]
-        target = flat[a:min(b, k)]
+        values = codec.decode(Encoded(codec.name, b - a, piece))[: min(b, k) - a]
+        target = flat[a : min(b, k)]
         target.add_(values) if add else target.copy_(values)
     return out
 
 
-CODECS: dict[str, Codec] = {
-    c.name: c for c in (Fp32Codec(), Bf16Codec(), Int8Codec(), Fp4Codec())
-}
+CODECS: dict[str, Codec] = {c.name: c for c in (Fp32Codec(), Bf16Codec(), Int8Codec(), Fp4Codec())}
 
 
 def get_codec(name: str | Codec) -> Codec:
@@ -350,6 +351,4 @@ def get_codec(name: str | Codec) -> Codec:
     try:
         return CODECS[name]
     except KeyError:
-        raise ConfigError(
-            f"unknown codec {name!r}; valid codecs: {', '.join(sorted(CODECS))}"
-        ) from None
+        raise ConfigError(f"unknown codec {name!r}; valid codecs: {', '.join(sorted(CODECS))}") from None

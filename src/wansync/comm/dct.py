@@ -11,6 +11,7 @@ matrices are built in float64 and rounded once (`dct_matrix`); a transform is tw
 products on a (chunks, h, w) tensor. The reference code builds the same matrices from an FFT of the
 identity; only their last bits differ.
 """
+
 from __future__ import annotations
 
 import math

@@ -73,6 +73,7 @@ it (an fp32 all-reduce, a lossy all-gather or reduce-scatter, or the quorum's me
 Without an initialized process group the "group" is this one rank, and the mean of a lossy codec
 is `decode(encode(x))`, the same quantization a multi-rank run applies.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -101,7 +102,7 @@ from .worker_shards import WorkerShards
 GUARDED = ("params", "pseudo_grads", "optim_state", "momentum")
 POLICIES = ("abort", "skip")
 REPLICATED = ("schedule",)  # purposes whose values every rank must end with, whatever shard it holds
-QUORUM = "quorum"          # ledger purpose: the time a worker waits to agree on who takes part (`meet`)
+QUORUM = "quorum"  # ledger purpose: the time a worker waits to agree on who takes part (`meet`)
 SENT_NONFINITE = " (a worker sent NaN/Inf; --on-nonfinite abort or skip stops it before the exchange)"
 
 
@@ -110,16 +111,25 @@ class MeanHandle:
     ledger, finishes the mean and returns it; later calls return the same tensor. `blocked`: the
     exchange waited while sending (a quorum mean), so the wait is booked from `started_at`."""
 
-    def __init__(self, ledger: CommLedger, purpose: str, work: Any, finish: Callable[[], torch.Tensor],
-                 wire_bytes: int, payload_bytes: int, started_at: float, blocked: bool = False):
-        self.wire_bytes = wire_bytes          # this rank's payload on the wire
-        self.payload_bytes = payload_bytes    # the buffer's own size
-        self.started_at = started_at          # perf_counter() when the exchange was asked for
-        self.waited_s = 0.0                   # time blocked in wait()
+    def __init__(
+        self,
+        ledger: CommLedger,
+        purpose: str,
+        work: Any,
+        finish: Callable[[], torch.Tensor],
+        wire_bytes: int,
+        payload_bytes: int,
+        started_at: float,
+        blocked: bool = False,
+    ):
+        self.wire_bytes = wire_bytes  # this rank's payload on the wire
+        self.payload_bytes = payload_bytes  # the buffer's own size
+        self.started_at = started_at  # perf_counter() when the exchange was asked for
+        self.waited_s = 0.0  # time blocked in wait()
         self.participants: int | None = None  # fault-tolerant: the workers in this exchange's quorum
-        self.norm: float | None = None        # ‖mean‖₂ of the values, from the non-finite check (GUARDED
-                                              # purposes, without `mean_sq`)
-        self.mean_sq: float | None = None     # ‖mean‖₂² of the values in float64 (asked for with `mean_sq`)
+        self.norm: float | None = None  # ‖mean‖₂ of the values, from the non-finite check (GUARDED
+        # purposes, without `mean_sq`)
+        self.mean_sq: float | None = None  # ‖mean‖₂² of the values in float64 (asked for with `mean_sq`)
         self._ledger, self._purpose, self._work, self._finish = ledger, purpose, work, finish
         self._blocked = blocked
         self._advance: Callable[[], None] | None = None
@@ -169,8 +179,9 @@ class Exchange:
             group is fixed); fp32 means then run over the workers alive now.
     """
 
-    def __init__(self, group: Any = None, nonfinite: str | None = None, replicas: Replicas | None = None,
-                 quorum: Any = None):
+    def __init__(
+        self, group: Any = None, nonfinite: str | None = None, replicas: Replicas | None = None, quorum: Any = None
+    ):
         if nonfinite is not None and nonfinite not in POLICIES:
             raise ConfigError(f"on_nonfinite must be abort or skip, got {nonfinite!r}")
         self.group = self.broadcast_group = group
@@ -184,15 +195,26 @@ class Exchange:
             if group is not None:
                 raise ConfigError("an exchange between replica groups runs on the default group")
             self.group, self.world_size = self.replicas.across, self.replicas.workers
-        if self.replicas.shards:                       # each rank's shard comes from the first worker's
+        if self.replicas.shards:  # each rank's shard comes from the first worker's
             self.broadcast_group = self.replicas.across
         emulator = emulator_of(self.broadcast_group) if quorum is None else None
-        self.sites = SiteMean(emulator, self.group, self.world_size, self.replicas)   # flat or by sites
+        self.sites = SiteMean(emulator, self.group, self.world_size, self.replicas)  # flat or by sites
 
-    def mean(self, buf: torch.Tensor, purpose: str, codec: str | Codec = "fp32", async_op: bool = False,
-             inplace: bool = False, *, replay: bool = False, extra: int = 0, mean_sq: bool = False,
-             collective: str = "auto", residual: torch.Tensor | None = None,
-             weight: float | None = None) -> MeanHandle:
+    def mean(
+        self,
+        buf: torch.Tensor,
+        purpose: str,
+        codec: str | Codec = "fp32",
+        async_op: bool = False,
+        inplace: bool = False,
+        *,
+        replay: bool = False,
+        extra: int = 0,
+        mean_sq: bool = False,
+        collective: str = "auto",
+        residual: torch.Tensor | None = None,
+        weight: float | None = None,
+    ) -> MeanHandle:
         """Start averaging `buf` over the group; all ranks call it with the same purpose, codec
         and `buf.numel()`.
 
@@ -210,12 +232,24 @@ class Exchange:
         started_at = time.perf_counter()
         codec = get_codec(codec)
         if weight is not None:
-            return weighted_mean(self, MeanHandle, buf, weight, purpose, codec=codec, async_op=async_op,
-                                 inplace=inplace, extra=extra, mean_sq=mean_sq, collective=collective,
-                                 residual=residual, replay=replay)
-        if residual is not None and codec.name != "fp32":     # buf's values are replaced by the mean anyway
+            return weighted_mean(
+                self,
+                MeanHandle,
+                buf,
+                weight,
+                purpose,
+                codec=codec,
+                async_op=async_op,
+                inplace=inplace,
+                extra=extra,
+                mean_sq=mean_sq,
+                collective=collective,
+                residual=residual,
+                replay=replay,
+            )
+        if residual is not None and codec.name != "fp32":  # buf's values are replaced by the mean anyway
             sending = buf if inplace else buf.detach().clone()
-            sending.view(-1)[:buf.numel() - extra].add_(residual.view(-1))
+            sending.view(-1)[: buf.numel() - extra].add_(residual.view(-1))
             payload = self._prepare(sending, purpose, codec, extra, False)
             payload.dest, payload.residual = buf if inplace else None, residual
         else:
@@ -224,8 +258,16 @@ class Exchange:
         sent = self._send(payload)
         if not replay:
             self._book(payload, sent)
-        handle = MeanHandle(self.ledger, purpose, sent.work, lambda: self._finish(payload, sent, handle, mean_sq),
-                            sent.wire_bytes, payload.values_bytes, sent.started_at or started_at, blocked=sent.blocked)
+        handle = MeanHandle(
+            self.ledger,
+            purpose,
+            sent.work,
+            lambda: self._finish(payload, sent, handle, mean_sq),
+            sent.wire_bytes,
+            payload.values_bytes,
+            sent.started_at or started_at,
+            blocked=sent.blocked,
+        )
         handle.participants, handle._advance = sent.participants, sent.advance
         if not async_op or sent.blocked:
             handle.wait()
@@ -236,36 +278,50 @@ class Exchange:
         (`lossy_path`): `auto` times both paths on the emulated link, when there is one (every
         rank of the group has the same link and buffer size, so all pick the same path)."""
         emulator = emulator_of(self.broadcast_group) if self.quorum is None else None
-        return lossy_path(codec, choice, self.world_size, numel, emulator.topology if emulator else None,
-                          self.replicas.ranks_per_worker, shards=self.replicas.shards)
+        return lossy_path(
+            codec,
+            choice,
+            self.world_size,
+            numel,
+            emulator.topology if emulator else None,
+            self.replicas.ranks_per_worker,
+            shards=self.replicas.shards,
+        )
 
     def _prepare(self, buf: torch.Tensor, purpose: str, codec: Codec, extra: int, inplace: bool) -> Payload:
         """The payload, with the guard's verdict on its values: NonFiniteError before a NaN/Inf
         leaves this worker under "abort", a zero weight under "skip"."""
         if extra and (buf.dim() != 1 or not 0 < extra <= buf.numel()):
             raise ValueError(f"extra={extra} needs a 1-D buffer of at least that many elements")
-        values = buf[:buf.numel() - extra] if extra else buf
+        values = buf[: buf.numel() - extra] if extra else buf
         guarded = self.nonfinite is not None and purpose in GUARDED
         valid = not guarded or all_finite(values)
-        if guarded and self.nonfinite == "skip" and self.replicas.shards:   # the worker's shards alike
+        if guarded and self.nonfinite == "skip" and self.replicas.shards:  # the worker's shards alike
             valid = self.worker_sum([0.0 if valid else 1.0], "nonfinite_guard")[0] == 0.0
         if not valid and self.nonfinite == "abort":
-            raise NonFiniteError(f"non-finite values in this worker's {purpose} before the exchange "
-                                 f"(--on-nonfinite abort)")
-        return Payload(buf, purpose, codec, extra, buf if inplace else None, valid,
-                       guarded and self.nonfinite == "skip")
+            raise NonFiniteError(
+                f"non-finite values in this worker's {purpose} before the exchange " f"(--on-nonfinite abort)"
+            )
+        return Payload(
+            buf, purpose, codec, extra, buf if inplace else None, valid, guarded and self.nonfinite == "skip"
+        )
 
     def _send(self, payload: Payload) -> Sent:
         """This rank's part (its shard between replica groups) through the quorum when there is one,
         else through the codec's collective over the group."""
-        if self.replicas.shards and payload.purpose in REPLICATED:      # every rank's own values
-            if self.quorum is not None:                                  # the worker's mean, then the workers'
+        if self.replicas.shards and payload.purpose in REPLICATED:  # every rank's own values
+            if self.quorum is not None:  # the worker's mean, then the workers'
                 return self._quorum_mean(self.worker.mean(payload))
             return self._all_reduce(payload, None, dist.get_world_size())
         part = self.worker.shard(payload) if self.worker.splits(payload) else payload
-        if self.quorum is not None and is_sparse(part.codec):      # every payload, flagged
-            return sparse_mean(dataclasses.replace(part, weighted=True), None, self.quorum.participants or 1,
-                               gather=lambda wire: (self.quorum.gather(wire), None), blocked=True)
+        if self.quorum is not None and is_sparse(part.codec):  # every payload, flagged
+            return sparse_mean(
+                dataclasses.replace(part, weighted=True),
+                None,
+                self.quorum.participants or 1,
+                gather=lambda wire: (self.quorum.gather(wire), None),
+                blocked=True,
+            )
         if self.quorum is not None:
             return self._quorum_mean(part)
         if part.codec.name == "fp32":
@@ -292,8 +348,15 @@ class Exchange:
         result = sent.finish()
         if self.worker.splits(payload):
             result = self.worker.reassemble(result, payload)
-        self._measure(handle, result, payload.buf, payload.extra, payload.purpose, mean_sq,
-                      "" if self.quorum is not None else SENT_NONFINITE)
+        self._measure(
+            handle,
+            result,
+            payload.buf,
+            payload.extra,
+            payload.purpose,
+            mean_sq,
+            "" if self.quorum is not None else SENT_NONFINITE,
+        )
         return result
 
     def meet(self, t: int, final: bool = False) -> None:
@@ -323,7 +386,7 @@ class Exchange:
         groups, every rank of every worker gets rank 0's)."""
         self.ledger.count(purpose, buf.numel() * buf.element_size())
         if self.quorum is not None:
-            return      # no group across workers: theirs start from the same seed, a restarted one heals
+            return  # no group across workers: theirs start from the same seed, a restarted one heals
         group = self.broadcast_group
         src = dist.get_global_rank(group, 0) if group is not None else 0
         dist.broadcast(buf, src=src, group=group)
@@ -337,16 +400,29 @@ class Exchange:
         emulator = emulator_of(self.broadcast_group)
         if emulator is None:
             return None
-        return mean_seconds(numel, codec, emulator.topology, self.world_size, self.replicas.ranks_per_worker,
-                            shards=self.replicas.shards,
-                            collective=self.lossy_collective(get_codec(codec), collective, numel))
+        return mean_seconds(
+            numel,
+            codec,
+            emulator.topology,
+            self.world_size,
+            self.replicas.ranks_per_worker,
+            shards=self.replicas.shards,
+            collective=self.lossy_collective(get_codec(codec), collective, numel),
+        )
 
     @staticmethod
-    def _measure(handle: MeanHandle, result: torch.Tensor, whole: torch.Tensor, extra: int, purpose: str,
-                 mean_sq: bool, why: str = "") -> None:
+    def _measure(
+        handle: MeanHandle,
+        result: torch.Tensor,
+        whole: torch.Tensor,
+        extra: int,
+        purpose: str,
+        mean_sq: bool,
+        why: str = "",
+    ) -> None:
         """The mean's non-finite check (model state) and norm: its float64 square with `mean_sq`
         (finite only where every value is, unless a square overflows), else its float32 norm."""
-        mean = result.reshape(-1)[:whole.numel() - extra] if extra else result
+        mean = result.reshape(-1)[: whole.numel() - extra] if extra else result
         if mean_sq:
             handle.mean_sq = exact_sq_norm(mean)
             if math.isfinite(handle.mean_sq) or purpose not in GUARDED or bool(torch.isfinite(mean).all()):
@@ -375,14 +451,27 @@ class Exchange:
         if payload.dest is not None:
             mean = payload.dest.copy_(mean)
         item = payload.buf.element_size()
-        return Sent(None, lambda: mean, payload.values_bytes, payload.extra * item, 0, blocked=True,
-                    participants=self.quorum.participants)
+        return Sent(
+            None,
+            lambda: mean,
+            payload.values_bytes,
+            payload.extra * item,
+            0,
+            blocked=True,
+            participants=self.quorum.participants,
+        )
 
     def _all_reduce(self, payload: Payload, group: Any = ..., size: int | None = None) -> Sent:
         """fp32: SUM all-reduce of the values divided by the world size, into the destination (or a
         new tensor); weighted, of the values and the weight, divided by the weights' sum after.
         Over the exchange's group, or `group` of `size` ranks (None: every rank)."""
-        buf, purpose, weighted, valid, dest = payload.buf, payload.purpose, payload.weighted, payload.valid, payload.dest
+        buf, purpose, weighted, valid, dest = (
+            payload.buf,
+            payload.purpose,
+            payload.weighted,
+            payload.valid,
+            payload.dest,
+        )
         group, size = (self.group, self.world_size) if group is ... else (group, size)
         if weighted:
             values = buf.detach().reshape(-1) if valid else buf.new_zeros(buf.numel())
@@ -393,7 +482,7 @@ class Exchange:
                 torch.div(buf.detach(), size, out=wire)
         if not dist.is_initialized():
             work = None
-        elif group is self.group:                     # between the workers: flat or by sites (`SiteMean`)
+        elif group is self.group:  # between the workers: flat or by sites (`SiteMean`)
             work = self.sites.sum(wire, purpose, self.ledger)
         else:
             work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, group=group, async_op=True)
@@ -403,7 +492,9 @@ class Exchange:
                 return wire
             total = wire[:-1].view_as(buf)
             return (dest.copy_(total) if dest is not None else total).div_(contributors(float(wire[-1]), purpose))
+
         item = buf.element_size()
         sent = mean_collectives(buf.numel() - payload.extra, "fp32", "", size, payload.extra, weighted, item)[0].sent
-        return Sent(work, finish, (buf.numel() - payload.extra) * item, payload.extra * item, item if weighted else 0,
-                    sent=sent)
+        return Sent(
+            work, finish, (buf.numel() - payload.extra) * item, payload.extra * item, item if weighted else 0, sent=sent
+        )

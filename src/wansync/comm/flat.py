@@ -3,6 +3,7 @@
 Strategies never exchange tensor by tensor: one collective per exchange (per fragment), so
 that latency is paid once and the byte count is exact.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -45,7 +46,7 @@ class FlatTensors:
         out, offset = [], 0
         for t in self.tensors:
             n = t.numel()
-            out.append(flat[offset:offset + n].view_as(t))
+            out.append(flat[offset : offset + n].view_as(t))
             offset += n
         return out
 

@@ -7,23 +7,24 @@ themselves (`exchange.Exchange`) and DDP's gradient phase book here. Traffic tha
 worker of several ranks (its DDP gradients, the all-gather of a sharded exchange) is booked under
 `inside/<purpose>`: it never crosses the wide-area link, so `bytes` leaves it out.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-INSIDE = "inside/"      # purpose prefix of the traffic inside a worker (it never crosses the wide-area link)
+INSIDE = "inside/"  # purpose prefix of the traffic inside a worker (it never crosses the wide-area link)
 
 
 @dataclass
 class CommTotals:
     calls: int = 0
-    bytes: int = 0          # the payload: what one rank contributes (the buffer, encoded)
+    bytes: int = 0  # the payload: what one rank contributes (the buffer, encoded)
     waited_s: float = 0.0
-    sent: int = 0           # what this rank put on the wire to move it: by the collective's algorithm
-    parts: dict[str, int] = field(default_factory=dict)   # a sparse payload's bytes by kind (`comm.sparse`)
-    algorithm: str = ""     # how its all-reduces between workers ran: flat | hierarchical (`comm.site_mean`)
+    sent: int = 0  # what this rank put on the wire to move it: by the collective's algorithm
+    parts: dict[str, int] = field(default_factory=dict)  # a sparse payload's bytes by kind (`comm.sparse`)
+    algorithm: str = ""  # how its all-reduces between workers ran: flat | hierarchical (`comm.site_mean`)
 
 
 @dataclass
@@ -32,10 +33,11 @@ class CommLedger:
 
     totals: dict[str, CommTotals] = field(default_factory=lambda: defaultdict(CommTotals))
     on_wait: list[Callable[[str, float], None]] = field(default_factory=list)
-    dropped: int = 0                     # exchanges this worker sat out (non-finite, policy skip)
+    dropped: int = 0  # exchanges this worker sat out (non-finite, policy skip)
 
-    def count(self, purpose: str, nbytes: int, calls: int = 1, sent: int | None = None,
-              parts: dict[str, int] | None = None) -> None:
+    def count(
+        self, purpose: str, nbytes: int, calls: int = 1, sent: int | None = None, parts: dict[str, int] | None = None
+    ) -> None:
         """Book one exchange's bytes: its payload `nbytes`, and what this rank transmitted to move it
         (`sent`: a ring all-reduce sends about 2(M−1)/M of its buffer, an all-gather (M−1) payloads;
         default the payload). `calls=0` for bytes riding on another purpose's exchange. `parts`: the
@@ -75,15 +77,26 @@ class CommLedger:
         return sum(t.bytes for k, t in self.totals.items() if k.startswith(INSIDE))
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {k: {"calls": v.calls, "bytes": v.bytes, "waited_s": v.waited_s, "sent": v.sent,
-                    **({"parts": dict(v.parts)} if v.parts else {}),
-                    **({"algorithm": v.algorithm} if v.algorithm else {})}
-                for k, v in self.totals.items()}
+        return {
+            k: {
+                "calls": v.calls,
+                "bytes": v.bytes,
+                "waited_s": v.waited_s,
+                "sent": v.sent,
+                **({"parts": dict(v.parts)} if v.parts else {}),
+                **({"algorithm": v.algorithm} if v.algorithm else {}),
+            }
+            for k, v in self.totals.items()
+        }
 
     def restore(self, snapshot: dict[str, dict[str, Any]]) -> None:
         """Continue counting from a checkpoint's snapshot."""
         for k, v in snapshot.items():
-            self.totals[k] = CommTotals(int(v["calls"]), int(v["bytes"]), float(v["waited_s"]),
-                                        int(v.get("sent", v["bytes"])),
-                                        {kind: int(n) for kind, n in v.get("parts", {}).items()},
-                                        str(v.get("algorithm", "")))
+            self.totals[k] = CommTotals(
+                int(v["calls"]),
+                int(v["bytes"]),
+                float(v["waited_s"]),
+                int(v.get("sent", v["bytes"])),
+                {kind: int(n) for kind, n in v.get("parts", {}).items()},
+                str(v.get("algorithm", "")),
+            )

@@ -10,6 +10,7 @@ payload is w = wire(s), what a mean allocates beyond one block's temporaries (`c
 is what travels: the all-gather's payload and the M it gathers, (1 + M)·w; the reduce-scatter's send
 and receive buffers, this rank's re-encoded chunk and the M gathered ones, (3 + 1/M)·w; and, without
 a destination, the mean itself, s (`planner.memory` books the same)."""
+
 from __future__ import annotations
 
 import time
@@ -28,7 +29,13 @@ def all_gather_mean(payload: Payload, group: Any, m: int) -> Sent:
     """Every rank's encoded payload (then the side-band scalars as raw float32; weighted: then a
     validity flag) all-gathered over the `m` ranks of `group`; each decodes and accumulates the valid
     ones in fp32, in rank order, and divides by their number."""
-    codec, purpose, extra, weighted, valid = payload.codec, payload.purpose, payload.extra, payload.weighted, payload.valid
+    codec, purpose, extra, weighted, valid = (
+        payload.codec,
+        payload.purpose,
+        payload.extra,
+        payload.weighted,
+        payload.valid,
+    )
     flat = payload.sent_values()
     numel = flat.numel() - extra
     size = codec.wire_bytes(numel)
@@ -36,7 +43,7 @@ def all_gather_mean(payload: Payload, group: Any, m: int) -> Sent:
     encode_into(codec, flat[:numel], wire)
     if payload.residual is not None and valid:
         _keep_dropped(codec, flat[:numel], [(0, numel, wire[:size], numel)], payload.residual)
-    wire[size:size + 4 * extra] = flat[numel:].float().view(torch.uint8)
+    wire[size : size + 4 * extra] = flat[numel:].float().view(torch.uint8)
     if weighted:
         wire[-1] = int(valid)
     gathered, work = all_gather_rows(wire, group, m)
@@ -46,13 +53,20 @@ def all_gather_mean(payload: Payload, group: Any, m: int) -> Sent:
         for data in gathered:  # rank order: the same sum, bit for bit, on every rank
             if weighted and not int(data[-1]):
                 continue
-            if extra:     # a copy: the side band may start off a 4-byte boundary
-                acc[numel:] += data[size:size + 4 * extra].clone().view(torch.float32)
+            if extra:  # a copy: the side band may start off a 4-byte boundary
+                acc[numel:] += data[size : size + 4 * extra].clone().view(torch.float32)
             decode_into(codec, data[:size], numel, acc[:numel], add=True)
             n += 1
         return payload.land(acc.div_(contributors(n, purpose)))
-    return Sent(work, finish, size, 4 * extra, 1 if weighted else 0,
-                sent=sum(c.sent for c in mean_collectives(numel, codec, "allgather", m, extra, weighted)))
+
+    return Sent(
+        work,
+        finish,
+        size,
+        4 * extra,
+        1 if weighted else 0,
+        sent=sum(c.sent for c in mean_collectives(numel, codec, "allgather", m, extra, weighted)),
+    )
 
 
 def reduce_scatter_mean(payload: Payload, group: Any, m: int, ledger: CommLedger) -> Sent:
@@ -63,23 +77,33 @@ def reduce_scatter_mean(payload: Payload, group: Any, m: int, ledger: CommLedger
     Every rank decodes the same bytes: the same bits everywhere. The all-gather starts at
     `MeanHandle.advance` (an overlapped sync: halfway through its overlap), else when the mean is
     waited for; the time blocked on either phase is booked as waiting."""
-    codec, purpose, extra, weighted, valid = payload.codec, payload.purpose, payload.extra, payload.weighted, payload.valid
+    codec, purpose, extra, weighted, valid = (
+        payload.codec,
+        payload.purpose,
+        payload.extra,
+        payload.weighted,
+        payload.valid,
+    )
     flat = payload.sent_values()
     numel = flat.numel() - extra
-    q = -(-numel // m)                                           # chunk length
+    q = -(-numel // m)  # chunk length
     per = codec.wire_bytes(q)
     piece = per + 4 * extra + int(weighted)
     send = torch.empty(m * piece, dtype=torch.uint8, device=flat.device)
     spans = [(j * q, max(j * q, min((j + 1) * q, numel))) for j in range(m)]
     side = flat[numel:].float().view(torch.uint8)
     for j, (a, b) in enumerate(spans):
-        encode_into(codec, flat[a:b], send[j * piece:j * piece + per], numel=q)
-        send[j * piece + per:j * piece + per + 4 * extra] = side
+        encode_into(codec, flat[a:b], send[j * piece : j * piece + per], numel=q)
+        send[j * piece + per : j * piece + per + 4 * extra] = side
         if weighted:
             send[(j + 1) * piece - 1] = int(valid)
     if payload.residual is not None and valid:
-        _keep_dropped(codec, flat[:numel], [(a, b, send[j * piece:j * piece + per], q)
-                                            for j, (a, b) in enumerate(spans)], payload.residual)
+        _keep_dropped(
+            codec,
+            flat[:numel],
+            [(a, b, send[j * piece : j * piece + per], q) for j, (a, b) in enumerate(spans)],
+            payload.residual,
+        )
     recv = torch.empty_like(send)
     if dist.is_initialized():
         work = dist.all_to_all_single(recv, send, group=group, async_op=True)
@@ -87,18 +111,18 @@ def reduce_scatter_mean(payload: Payload, group: Any, m: int, ledger: CommLedger
         recv.copy_(send)
         work = None
 
-    second: dict[str, Any] = {}                      # the all-gather of the mean chunks, once started
+    second: dict[str, Any] = {}  # the all-gather of the mean chunks, once started
 
     def advance() -> None:
         if second:
             return
         acc, side_sum, n = torch.zeros(q, dtype=torch.float32, device=flat.device), None, 0
-        for i in range(m):                                       # rank order: the same sum everywhere
-            data = recv[i * piece:(i + 1) * piece]
+        for i in range(m):  # rank order: the same sum everywhere
+            data = recv[i * piece : (i + 1) * piece]
             if weighted and not int(data[-1]):
                 continue
-            if extra:     # a copy: 4-byte aligned
-                raw = data[per:per + 4 * extra].clone().view(torch.float32)
+            if extra:  # a copy: 4-byte aligned
+                raw = data[per : per + 4 * extra].clone().view(torch.float32)
                 side_sum = raw if side_sum is None else side_sum + raw
             decode_into(codec, data[:per], q, acc, add=True)
             n += 1
@@ -120,9 +144,16 @@ def reduce_scatter_mean(payload: Payload, group: Any, m: int, ledger: CommLedger
         if extra:
             mean[numel:] = second["side"].div_(second["n"])
         return payload.land(mean)
-    return Sent(work, finish, codec.wire_bytes(numel), 4 * extra, 1 if weighted else 0,
-                sent=sum(c.sent for c in mean_collectives(numel, codec, "reduce_scatter", m, extra, weighted)),
-                advance=advance)
+
+    return Sent(
+        work,
+        finish,
+        codec.wire_bytes(numel),
+        4 * extra,
+        1 if weighted else 0,
+        sent=sum(c.sent for c in mean_collectives(numel, codec, "reduce_scatter", m, extra, weighted)),
+        advance=advance,
+    )
 
 
 def all_gather_rows(data: torch.Tensor, group: Any, m: int) -> tuple[list[torch.Tensor], Any]:
@@ -136,8 +167,9 @@ def all_gather_rows(data: torch.Tensor, group: Any, m: int) -> tuple[list[torch.
     return list(out.view(m, -1).unbind(0)), work
 
 
-def _keep_dropped(codec: Codec, values: torch.Tensor, pieces: list[tuple[int, int, torch.Tensor, int]],
-                  residual: torch.Tensor) -> None:
+def _keep_dropped(
+    codec: Codec, values: torch.Tensor, pieces: list[tuple[int, int, torch.Tensor, int]], residual: torch.Tensor
+) -> None:
     """Error feedback: `residual` becomes what the codec dropped of `values`, values − decode(payload),
     from the encoded pieces (a, b, data, encoded length) that cover them."""
     r = residual.view(-1)

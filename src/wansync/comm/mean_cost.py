@@ -15,6 +15,7 @@ near-equal shards, ⌈n/R⌉ values, sets the pace) and the worker's ranks then 
 averaged fp32 shards over the link inside a worker (`Topology.inside_worker`).
 (A buffer of fewer than R values, which the exchange does not split, is costed as if it were.)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,13 +31,15 @@ LOSSY_COLLECTIVES = ("auto", "allgather", "reduce_scatter")
 @dataclass(frozen=True)
 class Collective:
     """One collective of a mean: its op, its full buffer (the cost model's B) and what this rank sends."""
-    op: str                  # allreduce | allgather | alltoall
+
+    op: str  # allreduce | allgather | alltoall
     nbytes: int
     sent: int
 
 
-def mean_collectives(numel: int, codec: str | Codec, collective: str, workers: int, extra: int = 0,
-                     weighted: bool = False, item: int = 4) -> list[Collective]:
+def mean_collectives(
+    numel: int, codec: str | Codec, collective: str, workers: int, extra: int = 0, weighted: bool = False, item: int = 4
+) -> list[Collective]:
     """The collectives one mean of `numel` values (plus `extra` side-band scalars, and a weight or
     flag when `weighted`) runs over `workers`, in order (module docstring); `collective`: the lossy
     path (`lossy_path`); `item`: an fp32 mean's element size (a float64 buffer's: 8)."""
@@ -62,8 +65,15 @@ def sparse_crossing(sparse: Codec, numel: int, dense: str | Codec) -> float:
     return 2 * w_dense / max(1, sparse.wire_bytes(numel))
 
 
-def mean_seconds(numel: int, codec: str | Codec, topology: Topology, workers: int, ranks_per_worker: int = 1,
-                 shards: bool = False, collective: str = "allgather") -> float:
+def mean_seconds(
+    numel: int,
+    codec: str | Codec,
+    topology: Topology,
+    workers: int,
+    ranks_per_worker: int = 1,
+    shards: bool = False,
+    collective: str = "allgather",
+) -> float:
     """Modelled seconds of one mean of `numel` float32 values between `workers` workers of R ranks;
     `shards` (FSDP inside): `numel` is this rank's own shard, every local rank averages its own
     across at once and nothing is gathered inside the worker. `collective`: a lossy codec's path."""
@@ -72,14 +82,22 @@ def mean_seconds(numel: int, codec: str | Codec, topology: Topology, workers: in
     steps = mean_collectives(shard, codec, collective, workers)
     seconds = 0.0
     for i, c in enumerate(steps):
-        last = i == len(steps) - 1             # the worker's ranks assemble the fp32 mean after the last
-        seconds += exchange_seconds(c.op, r * c.nbytes, topology, workers, r, assembled_bytes=r * 4 * shard,
-                                    assemble=last and not shards)
+        last = i == len(steps) - 1  # the worker's ranks assemble the fp32 mean after the last
+        seconds += exchange_seconds(
+            c.op, r * c.nbytes, topology, workers, r, assembled_bytes=r * 4 * shard, assemble=last and not shards
+        )
     return float(seconds)
 
 
-def lossy_path(codec: str | Codec, choice: str, workers: int, numel: int = 0, topology: Topology | None = None,
-               ranks_per_worker: int = 1, shards: bool = False) -> str:
+def lossy_path(
+    codec: str | Codec,
+    choice: str,
+    workers: int,
+    numel: int = 0,
+    topology: Topology | None = None,
+    ranks_per_worker: int = 1,
+    shards: bool = False,
+) -> str:
     """How a lossy codec's mean travels: `allgather` (every worker's encoded payload to every
     worker: (M−1) payloads received per rank, one quantization, one collective) or `reduce_scatter`
     (encoded chunks all-to-all, each chunk's sum in fp32 re-encoded and all-gathered: about 2(M−1)/M
@@ -94,7 +112,7 @@ def lossy_path(codec: str | Codec, choice: str, workers: int, numel: int = 0, to
     reduce-scatter. Ties go to the reduce-scatter (fewer bytes)."""
     if choice not in LOSSY_COLLECTIVES:
         raise ConfigError(f"codec_collective must be one of {', '.join(LOSSY_COLLECTIVES)}, got {choice!r}")
-    if is_sparse(codec):          # a sparse payload: only ever all-gathered (`comm.sparse_mean`)
+    if is_sparse(codec):  # a sparse payload: only ever all-gathered (`comm.sparse_mean`)
         return "allgather"
     if get_codec(codec).name == "fp32" or choice != "auto":
         return choice
@@ -102,5 +120,7 @@ def lossy_path(codec: str | Codec, choice: str, workers: int, numel: int = 0, to
         return "allgather"
     if topology is None or numel <= 0:
         return "reduce_scatter"
-    return min(("reduce_scatter", "allgather"),
-               key=lambda path: mean_seconds(numel, codec, topology, workers, ranks_per_worker, shards, path))
+    return min(
+        ("reduce_scatter", "allgather"),
+        key=lambda path: mean_seconds(numel, codec, topology, workers, ranks_per_worker, shards, path),
+    )

@@ -1,6 +1,7 @@
 """Norms and finiteness of model-state buffers, one pass each where the buffer is large: the
 exchange's non-finite guard and its check of a mean (`comm.exchange`), the drift telemetry's exact
 square norms (`strategies`)."""
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,7 @@ def exact_sq_norm(x: torch.Tensor) -> float:
     if flat.dtype != torch.float32 or flat.device.type != "cpu" or rows <= EXACT_TOP:
         # converted whole: a half type's row norms would round to its 8 or 11 bits; short or on an accelerator, it is cheap
         return float(torch.linalg.vector_norm(flat, dtype=torch.float64)) ** 2
-    head, tail = flat[:rows * EXACT_ROW].view(rows, EXACT_ROW), flat[rows * EXACT_ROW:].double()
+    head, tail = flat[: rows * EXACT_ROW].view(rows, EXACT_ROW), flat[rows * EXACT_ROW :].double()
     sums = torch.linalg.vector_norm(head, dim=1).double().square_()
     top = torch.topk(sums, EXACT_TOP, sorted=False).indices
     sums[top] = torch.linalg.vector_norm(head[top], dim=1, dtype=torch.float64).square_()

@@ -1,6 +1,7 @@
 """What one `Exchange.mean` carries through its pipeline: the payload a rank puts in (`Payload`) and
 the payload on its way (`Sent`), shared by the exchange and the collectives that move it
 (`exchange`'s fp32 all-reduce and quorum mean, `lossy_mean`'s two lossy paths)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,15 +17,16 @@ from .codecs import Codec
 class Payload:
     """What this rank puts into one `mean`: the buffer (values, then `extra` side-band scalars), where
     the mean lands, and the non-finite guard's verdict on the values."""
+
     buf: torch.Tensor
     purpose: str
     codec: Codec
     extra: int
-    dest: torch.Tensor | None       # `buf` itself with `inplace`, else None (a new tensor)
-    valid: bool                     # the values may count (finite, or not checked)
-    weighted: bool                  # a weight (fp32) or flag (lossy) rides along: "skip" may drop it
-    collective: str = "auto"        # a lossy mean's: allgather | reduce_scatter | auto (LOSSY_COLLECTIVES)
-    residual: torch.Tensor | None = None   # error feedback: what the codec dropped of this worker's values
+    dest: torch.Tensor | None  # `buf` itself with `inplace`, else None (a new tensor)
+    valid: bool  # the values may count (finite, or not checked)
+    weighted: bool  # a weight (fp32) or flag (lossy) rides along: "skip" may drop it
+    collective: str = "auto"  # a lossy mean's: allgather | reduce_scatter | auto (LOSSY_COLLECTIVES)
+    residual: torch.Tensor | None = None  # error feedback: what the codec dropped of this worker's values
 
     @property
     def values_bytes(self) -> int:
@@ -57,17 +59,18 @@ class Payload:
 class Sent:
     """A payload on its way: what to wait for, how its mean is finished once it has arrived, and
     the bytes this rank put on the wire (values, side band, guard)."""
-    work: Any                                  # the collective's Work; None: nothing to wait for
-    finish: Callable[[], torch.Tensor]         # the mean of what was sent (this rank's shard, sharded)
+
+    work: Any  # the collective's Work; None: nothing to wait for
+    finish: Callable[[], torch.Tensor]  # the mean of what was sent (this rank's shard, sharded)
     wire_bytes: int
     side_bytes: int
     guard_bytes: int
-    blocked: bool = False                      # sending waited for the mean already (the quorum's)
-    participants: int | None = None            # the workers in the quorum that averaged it
-    sent: int | None = None                    # what this rank transmits in all (None: the payload)
+    blocked: bool = False  # sending waited for the mean already (the quorum's)
+    participants: int | None = None  # the workers in the quorum that averaged it
+    sent: int | None = None  # what this rank transmits in all (None: the payload)
     advance: Callable[[], None] | None = None  # a two-phase mean: finish the first, start the second
-    parts: dict[str, int] | None = None        # a sparse payload's bytes by kind (indices, values, tables)
-    started_at: float | None = None            # blocked: when the collective began (perf_counter), after encoding
+    parts: dict[str, int] | None = None  # a sparse payload's bytes by kind (indices, values, tables)
+    started_at: float | None = None  # blocked: when the collective began (perf_counter), after encoding
 
 
 def contributors(n: float, purpose: str) -> float:

@@ -21,6 +21,7 @@ rounded once to the float32 the receiver decodes with; sender and receivers deco
 Non-finite values are not lost: a NaN or Inf makes its segment's shift or table non-finite, so the
 whole segment decodes non-finite and the exchange's check of the mean fires.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,30 +30,32 @@ import torch
 
 from ..errors import check
 
-RANGE_SIGMAS = 6.0            # the reference's quantization_range
+RANGE_SIGMAS = 6.0  # the reference's quantization_range
 BITS = (2, 3, 4, 5, 6, 7, 8)  # statistical codes; 32: the values themselves (no quantizer)
 RAW = 32
 
 
 def table_bytes(segments: int, bits: int) -> int:
     """Bytes of the segments' shifts and lookup tables (none for raw values)."""
-    return 0 if bits == RAW else 4 * segments * (2 ** bits + 1)
+    return 0 if bits == RAW else 4 * segments * (2**bits + 1)
 
 
 @dataclass(frozen=True)
 class Quantized:
     """Codes (one per value, uint8) and, per segment, the shift and the lookup table (float32)."""
-    codes: torch.Tensor          # (n,) uint8 in [0, 2**bits)
-    shift: torch.Tensor          # (segments,) float32
-    table: torch.Tensor          # (segments, 2**bits) float32
+
+    codes: torch.Tensor  # (n,) uint8 in [0, 2**bits)
+    shift: torch.Tensor  # (segments,) float32
+    table: torch.Tensor  # (segments, 2**bits) float32
 
 
-def quantize(values: torch.Tensor, segment: torch.Tensor, segments: int, bits: int,
-             range_sigmas: float = RANGE_SIGMAS) -> Quantized:
+def quantize(
+    values: torch.Tensor, segment: torch.Tensor, segments: int, bits: int, range_sigmas: float = RANGE_SIGMAS
+) -> Quantized:
     """Each value's code, and each segment's shift and table (`segment`: each value's segment id, int64)."""
     if bits not in BITS:
         raise ValueError(f"the statistical quantizer takes {BITS[0]}-{BITS[-1]} bits, got {bits}")
-    bins = 2 ** bits
+    bins = 2**bits
     v = values.reshape(-1).to(torch.float64)
     seg = segment.reshape(-1)
     count = torch.zeros(segments, dtype=torch.float64, device=v.device).index_add_(0, seg, torch.ones_like(v))
@@ -63,14 +66,14 @@ def quantize(values: torch.Tensor, segment: torch.Tensor, segments: int, bits: i
     scale = range_sigmas * sigma / bins
     scale = torch.where((scale > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
     codes = torch.round(c / scale[seg] + bins // 2).clamp_(0, bins - 1)
-    codes = torch.nan_to_num(codes, nan=0.0).to(torch.uint8)          # a NaN's code: any (its shift is NaN)
+    codes = torch.nan_to_num(codes, nan=0.0).to(torch.uint8)  # a NaN's code: any (its shift is NaN)
     slot = seg * bins + codes.long()
     sums = torch.zeros(segments * bins, dtype=torch.float64, device=v.device).index_add_(0, slot, c)
     hits = torch.zeros_like(sums).index_add_(0, slot, torch.ones_like(c))
     table = torch.where(hits > 0, sums / hits.clamp(min=1), torch.zeros_like(sums))
     nonfinite = ~torch.isfinite(shift)
     table = table.view(segments, bins)
-    if bool(nonfinite.any()):                                    # the whole segment decodes non-finite
+    if bool(nonfinite.any()):  # the whole segment decodes non-finite
         table[nonfinite] = shift[nonfinite].view(-1, 1)
     return Quantized(codes, shift.float(), table.float())
 
@@ -84,5 +87,8 @@ def dequantize(codes: torch.Tensor, segment: torch.Tensor, shift: torch.Tensor, 
 
 def check_bits(name: str, value: int) -> None:
     """An option rule: a statistical width, or 32 for the values as they are."""
-    check(value in BITS or value == RAW, f"{name} must be one of {', '.join(map(str, BITS))} (bits per value of the "
-          f"statistical quantizer) or {RAW} (values unquantized), got {value}")
+    check(
+        value in BITS or value == RAW,
+        f"{name} must be one of {', '.join(map(str, BITS))} (bits per value of the "
+        f"statistical quantizer) or {RAW} (values unquantized), got {value}",
+    )

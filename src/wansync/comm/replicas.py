@@ -24,6 +24,7 @@ Two families of process groups serve both:
 `dist.new_group` must be called by every rank for every group, in the same order, so
 `replica_groups` makes all of them on every rank and keeps its own.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,14 +38,15 @@ from ..errors import ConfigError
 @dataclass(frozen=True)
 class Replicas:
     """This rank's place: worker `worker` of `workers`, local rank `local_rank` of `ranks_per_worker`."""
+
     ranks_per_worker: int = 1
     worker: int = 0
     workers: int = 1
     local_rank: int = 0
-    inside: Any = None          # process group of this worker's ranks (None: R = 1, DDP inside)
-    across: Any = None          # process group of local rank `local_rank` of every worker (None: R = 1)
-    shards: bool = False        # FSDP inside: each rank holds its own shard of the worker's model state
-    mesh: Any = None            # with `shards`: the (across, inside) DeviceMesh the model is sharded on
+    inside: Any = None  # process group of this worker's ranks (None: R = 1, DDP inside)
+    across: Any = None  # process group of local rank `local_rank` of every worker (None: R = 1)
+    shards: bool = False  # FSDP inside: each rank holds its own shard of the worker's model state
+    mesh: Any = None  # with `shards`: the (across, inside) DeviceMesh the model is sharded on
 
     @property
     def ddp_inside(self) -> bool:
@@ -62,8 +64,10 @@ def place(rank: int, world_size: int, ranks_per_worker: int) -> tuple[int, int, 
     if ranks_per_worker < 1:
         raise ConfigError(f"ranks_per_worker must be >= 1, got {ranks_per_worker}")
     if world_size % ranks_per_worker:
-        raise ConfigError(f"--ranks-per-worker {ranks_per_worker} does not divide the world size {world_size} "
-                          f"(workers x ranks per worker must equal the number of processes)")
+        raise ConfigError(
+            f"--ranks-per-worker {ranks_per_worker} does not divide the world size {world_size} "
+            f"(workers x ranks per worker must equal the number of processes)"
+        )
     return rank // ranks_per_worker, world_size // ranks_per_worker, rank % ranks_per_worker
 
 
@@ -79,21 +83,30 @@ def replica_groups(ranks_per_worker: int, shard_inside: bool = False, device_typ
     if ranks_per_worker == 1 and not shard_inside:
         return Replicas(1, worker, workers, local)
     from ..net import shared_uplink
+
     r = ranks_per_worker
     inside = across = None
     for w in range(workers):
         g = dist.new_group([w * r + i for i in range(r)])
         if w == worker:
             inside = g
-    uplink = shared_uplink(r)          # the R across groups run at once over each site's uplink
+    uplink = shared_uplink(r)  # the R across groups run at once over each site's uplink
     for i in range(r):
         g = dist.new_group([w * r + i for w in range(workers)], pg_options=uplink)
         if i == local:
             across = g
     if not shard_inside:
         return Replicas(r, worker, workers, local, inside, across)
-    return Replicas(r, worker, workers, local, inside, across, shards=True,
-                    mesh=worker_mesh(across or dist.group.WORLD, inside, workers, r, device_type))
+    return Replicas(
+        r,
+        worker,
+        workers,
+        local,
+        inside,
+        across,
+        shards=True,
+        mesh=worker_mesh(across or dist.group.WORLD, inside, workers, r, device_type),
+    )
 
 
 def worker_mesh(across: Any, inside: Any, workers: int, ranks_per_worker: int, device_type: str) -> Any:
@@ -101,6 +114,7 @@ def worker_mesh(across: Any, inside: Any, workers: int, ranks_per_worker: int, d
     `across` stay): FSDP2 on it shards over `inside` and replicates over `across` (hybrid sharding)."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh
+
     layout = torch.arange(workers * ranks_per_worker, dtype=torch.int).view(workers, ranks_per_worker)
     return DeviceMesh.from_group([across, inside], device_type, mesh=layout, mesh_dim_names=("across", "inside"))
 
@@ -112,18 +126,21 @@ def replicas_of(model: Any, mesh: Any = None) -> Replicas | None:
     second dimension); a 1-D mesh of every rank (one worker). `mesh` gives the 2-D mesh for a
     model sharded over its second dimension otherwise."""
     from torch.distributed.tensor import DTensor
+
     sharded = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
     if sharded is None:
         return None
     if mesh is None:
         root = sharded._get_root_mesh()
-        cut_from_root = root.ndim == 2 and sharded.mesh.tolist() in root.mesh.tolist()   # one row: a worker
+        cut_from_root = root.ndim == 2 and sharded.mesh.tolist() in root.mesh.tolist()  # one row: a worker
         mesh = sharded if sharded.ndim == 2 else root if cut_from_root else None
     if mesh is None and sharded.ndim == 1 and sharded.size() == dist.get_world_size():
         return _one_worker(sharded)
     if mesh is None or mesh.ndim != 2:
-        raise ConfigError("the model is sharded on a mesh whose workers wansync cannot tell: shard it with fully_shard "
-                          "on a 2-D (workers x ranks per worker) DeviceMesh, or pass mesh= that 2-D mesh")
+        raise ConfigError(
+            "the model is sharded on a mesh whose workers wansync cannot tell: shard it with fully_shard "
+            "on a 2-D (workers x ranks per worker) DeviceMesh, or pass mesh= that 2-D mesh"
+        )
     worker, local = mesh.get_coordinate()
     workers, r = mesh.shape
     return Replicas(r, worker, workers, local, mesh.get_group(1), mesh.get_group(0), shards=True, mesh=mesh)
@@ -133,7 +150,7 @@ def _one_worker(mesh: Any) -> Replicas:
     """Every rank in one worker: each rank its own across group (nothing to exchange with)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     across = None
-    for r in range(world):                   # every rank makes every group, in the same order
+    for r in range(world):  # every rank makes every group, in the same order
         g = dist.new_group([r])
         if r == rank:
             across = g

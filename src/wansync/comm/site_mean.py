@@ -19,6 +19,7 @@ With several ranks per worker (the sharded exchange, one group per local rank ac
 `make` builds the site and leader groups of every local rank on every rank (`dist.new_group` must be
 called by all, in the same order) and keeps this rank's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,8 +59,9 @@ class SiteMean:
             return "flat"
         if nbytes not in self._chosen:
             members, world = self.members()
-            self._chosen[nbytes] = allreduce_algorithm(nbytes, world, self.placed(), members,
-                                                       self.replicas.ranks_per_worker)
+            self._chosen[nbytes] = allreduce_algorithm(
+                nbytes, world, self.placed(), members, self.replicas.ranks_per_worker
+            )
         return self._chosen[nbytes]
 
     def sum(self, buf: torch.Tensor, purpose: str, ledger: Any) -> Any:
@@ -76,8 +78,9 @@ class SiteMean:
         """The SUM of `buf` by sites, in the background (a Work)."""
         if self._groups is None:
             r = self.replicas.ranks_per_worker if self.replicas.between_workers else 1
-            self._groups = SiteGroups.make([self.members(i)[0] for i in range(r)], self.placed(),
-                                           dist.get_world_size(), r)
+            self._groups = SiteGroups.make(
+                [self.members(i)[0] for i in range(r)], self.placed(), dist.get_world_size(), r
+            )
         return self._groups.all_reduce(buf, async_op=True)
 
     def members(self, local: int | None = None) -> tuple[list[int], int]:
@@ -85,8 +88,11 @@ class SiteMean:
         world = dist.get_world_size()
         r = self.replicas.ranks_per_worker
         if not self.replicas.between_workers:
-            return ([dist.get_global_rank(self.group, i) for i in range(self.workers)]
-                    if self.group is not None else list(range(world))), world
+            return (
+                [dist.get_global_rank(self.group, i) for i in range(self.workers)]
+                if self.group is not None
+                else list(range(world))
+            ), world
         local = self.replicas.local_rank if local is None else local
         return [w * r + local for w in range(self.replicas.workers)], world
 
@@ -99,9 +105,10 @@ class SiteMean:
 class SiteGroups:
     """This rank's groups for the hierarchical all-reduce: the members of its site (None when it is
     alone there), and, on a site's first member, the first members of every site."""
+
     site: Any
     leaders: Any
-    leader_rank: int            # the global rank of this rank's site's first member (the broadcast's source)
+    leader_rank: int  # the global rank of this rank's site's first member (the broadcast's source)
 
     @classmethod
     def make(cls, groups: Sequence[Sequence[int]], topology: Any, world: int, parallel: int = 1) -> "SiteGroups":
@@ -158,7 +165,7 @@ class _ThreadWork:
     def _target(self, fn: Any) -> None:
         try:
             fn()
-        except BaseException as exc:        # re-raised in the waiting thread
+        except BaseException as exc:  # re-raised in the waiting thread
             self._error = exc
 
     def start(self) -> None:

@@ -28,6 +28,7 @@ what grows with the model is the chosen entries, a few per cent of its values (t
 int64 and their values while a group is encoded, one payload's while it is decoded), and the
 payloads: this rank's and the M gathered.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +46,7 @@ from .quantize import RANGE_SIGMAS, RAW, dequantize, quantize, table_bytes
 from .topk import chunk_topk, kept_per_chunk
 
 AGGREGATES = ("chosen", "all")
-DEFAULT_DENSITY = 32 / 4096        # the reference code's top-k of 32 in a 64 x 64 block
+DEFAULT_DENSITY = 32 / 4096  # the reference code's top-k of 32 in a 64 x 64 block
 #: values of a run of chunks taken out at once: the dense work's buffers (the chunks, their
 #: magnitudes or coefficients, the mean's accumulator and count) stay about 16 MB each
 BATCH_VALUES = 1 << 22
@@ -70,15 +71,16 @@ def is_sparse(codec: Any) -> bool:
 @dataclass(frozen=True)
 class Section:
     """One group's part of a payload: its chunks' k, and where its bytes lie."""
+
     group: Group
     k: int
     index_bits: int
-    segment: torch.Tensor          # each chunk's tensor, numbered within the group (int64)
+    segment: torch.Tensor  # each chunk's tensor, numbered within the group (int64)
     segments: int
-    floats: slice                  # the tables (quantized) or the values (raw), float32
+    floats: slice  # the tables (quantized) or the values (raw), float32
     indices: slice
-    codes: slice                   # quantized values' codes (empty for raw values)
-    batches: tuple[tuple[int, int], ...]   # runs of chunks worked on at once (`BATCH_VALUES`)
+    codes: slice  # quantized values' codes (empty for raw values)
+    batches: tuple[tuple[int, int], ...]  # runs of chunks worked on at once (`BATCH_VALUES`)
 
     @property
     def kept(self) -> int:
@@ -88,10 +90,11 @@ class Section:
 @dataclass(frozen=True)
 class SparseCodec:
     """The sparse payload of a buffer laid out as `layout` (see the module docstring)."""
+
     layout: ChunkLayout
     density: float = DEFAULT_DENSITY
-    topk: int = 0                  # values kept per chunk (0: from density)
-    bits: int = 2                  # per value: 2-8 (statistical quantizer) or 32 (float32 values)
+    topk: int = 0  # values kept per chunk (0: from density)
+    bits: int = 2  # per value: 2-8 (statistical quantizer) or 32 (float32 values)
     range_sigmas: float = RANGE_SIGMAS
     dct: bool = False
     aggregate: str = "chosen"
@@ -113,14 +116,24 @@ class SparseCodec:
             segment = torch.searchsorted(tensors, g.chunk_tensor)
             floats = 4 * g.chunks * k if raw else table_bytes(len(tensors), self.bits)
             specs.append((g, k, (g.size - 1).bit_length(), segment, len(tensors), floats))
-        out, at = [], sum(s[5] for s in specs)          # the floats of every group first, then the ints
+        out, at = [], sum(s[5] for s in specs)  # the floats of every group first, then the ints
         float_at = 0
         for g, k, ib, segment, segments, floats in specs:
             n = g.chunks * k
             idx_bytes, code_bytes = packed_bytes(n, ib), 0 if raw else packed_bytes(n, self.bits)
-            out.append(Section(g, k, ib, segment, segments, slice(float_at, float_at + floats),
-                               slice(at, at + idx_bytes), slice(at + idx_bytes, at + idx_bytes + code_bytes),
-                               batches(g.chunks, g.size, k, (ib,) if raw else (ib, self.bits))))
+            out.append(
+                Section(
+                    g,
+                    k,
+                    ib,
+                    segment,
+                    segments,
+                    slice(float_at, float_at + floats),
+                    slice(at, at + idx_bytes),
+                    slice(at + idx_bytes, at + idx_bytes + code_bytes),
+                    batches(g.chunks, g.size, k, (ib,) if raw else (ib, self.bits)),
+                )
+            )
             float_at += floats
             at += idx_bytes + code_bytes
         return tuple(out)
@@ -131,8 +144,11 @@ class SparseCodec:
         idx = sum(s.indices.stop - s.indices.start for s in self.sections)
         if self.bits == RAW:
             return {"indices": idx, "values": sum(s.floats.stop - s.floats.start for s in self.sections), "tables": 0}
-        return {"indices": idx, "values": sum(s.codes.stop - s.codes.start for s in self.sections),
-                "tables": sum(s.floats.stop - s.floats.start for s in self.sections)}
+        return {
+            "indices": idx,
+            "values": sum(s.codes.stop - s.codes.start for s in self.sections),
+            "tables": sum(s.floats.stop - s.floats.start for s in self.sections),
+        }
 
     @property
     def kept(self) -> int:
@@ -176,7 +192,7 @@ class SparseCodec:
         where a value went unquantized (with the DCT: when every coefficient did). A group's chunks
         are chosen a run at a time (`batches`), then its values quantized together (a table per
         tensor), then, for the residual, each run taken out once more."""
-        out = out[:self.wire_bytes()]
+        out = out[: self.wire_bytes()]
         for s in self.sections:
             idx = torch.empty(s.group.chunks, s.k, dtype=torch.int64, device=x.device)
             vals = torch.empty(s.group.chunks, s.k, dtype=torch.float32, device=x.device)
@@ -188,8 +204,15 @@ class SparseCodec:
                 self._keep_rest(s, x, idx, vals, sent, residual)
         return out
 
-    def _keep_rest(self, s: Section, x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, sent: torch.Tensor,
-                   residual: torch.Tensor) -> None:
+    def _keep_rest(
+        self,
+        s: Section,
+        x: torch.Tensor,
+        idx: torch.Tensor,
+        vals: torch.Tensor,
+        sent: torch.Tensor,
+        residual: torch.Tensor,
+    ) -> None:
         """The section's part of `residual` set to x less what its payload decodes to: the decoded
         values put where they came from, a run of chunks at a time (with the DCT, back from the
         coefficients: IDCT of the sent ones, as the reference code computes it), then x minus them over
@@ -225,8 +248,8 @@ class SparseCodec:
         n, start = (b - a) * s.k, a * s.k
         idx = unpack(data[s.indices], n, s.index_bits, start).view(-1, s.k)
         if self.bits == RAW:
-            return idx, data[s.floats][4 * start:4 * (start + n)].clone().view(torch.float32).view(-1, s.k)
-        tables = data[s.floats].clone().view(torch.float32).view(s.segments, 2 ** self.bits + 1)  # a copy: aligned
+            return idx, data[s.floats][4 * start : 4 * (start + n)].clone().view(torch.float32).view(-1, s.k)
+        tables = data[s.floats].clone().view(torch.float32).view(s.segments, 2**self.bits + 1)  # a copy: aligned
         seg = s.segment[a:b].to(data.device).repeat_interleave(s.k)
         codes = unpack(data[s.codes], n, self.bits, start)
         return idx, dequantize(codes, seg, tables[:, 0].contiguous(), tables[:, 1:]).view(-1, s.k)

@@ -6,6 +6,7 @@ one) or is given as a count (`topk`, the reference code's knob, clamped to a sma
 clamps it). Every value kept (k = the chunk's size) is a selection of everything, in order, with no
 top-k run.
 """
+
 from __future__ import annotations
 
 import math

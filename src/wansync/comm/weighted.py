@@ -10,6 +10,7 @@ keeps what it dropped of that product.
 The non-finite check and the norms the handle reports are the weighted mean's, measured after the
 division (`Exchange._measure`).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,9 +20,22 @@ import torch
 from ..errors import NonFiniteError
 
 
-def weighted_mean(exchange: Any, handle_type: Any, buf: torch.Tensor, weight: float, purpose: str, *, codec: Any,
-                  async_op: bool, inplace: bool, extra: int, mean_sq: bool, collective: str,
-                  residual: torch.Tensor | None, replay: bool) -> Any:
+def weighted_mean(
+    exchange: Any,
+    handle_type: Any,
+    buf: torch.Tensor,
+    weight: float,
+    purpose: str,
+    *,
+    codec: Any,
+    async_op: bool,
+    inplace: bool,
+    extra: int,
+    mean_sq: bool,
+    collective: str,
+    residual: torch.Tensor | None,
+    replay: bool,
+) -> Any:
     """`exchange.mean(buf, ...)` weighted by this worker's `weight` (module docstring): a handle of
     `handle_type` (the exchange's `MeanHandle`) whose wait gives the weighted mean."""
     if not weight >= 0:
@@ -30,10 +44,19 @@ def weighted_mean(exchange: Any, handle_type: Any, buf: torch.Tensor, weight: fl
     n = flat.numel() - extra
     wire = torch.empty(flat.numel() + 1, dtype=flat.dtype, device=flat.device)
     torch.mul(flat[:n], weight, out=wire[:n])
-    wire[n:n + extra] = flat[n:]
+    wire[n : n + extra] = flat[n:]
     wire[-1] = weight
-    inner = exchange.mean(wire, purpose, codec, async_op=async_op, inplace=True, extra=extra + 1,
-                          collective=collective, residual=residual, replay=replay)
+    inner = exchange.mean(
+        wire,
+        purpose,
+        codec,
+        async_op=async_op,
+        inplace=True,
+        extra=extra + 1,
+        collective=collective,
+        residual=residual,
+        replay=replay,
+    )
 
     def finish() -> torch.Tensor:
         mean = inner.wait()
@@ -43,13 +66,14 @@ def weighted_mean(exchange: Any, handle_type: Any, buf: torch.Tensor, weight: fl
         out = buf if inplace else torch.empty_like(buf)
         view = out.view(-1)
         torch.div(mean[:n], total, out=view[:n])
-        view[n:] = mean[n:n + extra]
+        view[n:] = mean[n : n + extra]
         exchange._measure(handle, out, buf, extra, purpose, mean_sq)
         handle.waited_s, handle.participants = inner.waited_s, inner.participants
         return out
 
-    handle = handle_type(exchange.ledger, purpose, None, finish, inner.wire_bytes, inner.payload_bytes,
-                        inner.started_at)
+    handle = handle_type(
+        exchange.ledger, purpose, None, finish, inner.wire_bytes, inner.payload_bytes, inner.started_at
+    )
     handle._advance = inner.advance
     if not async_op:
         handle.wait()

@@ -11,6 +11,7 @@ booked as `inside/<purpose>`.
   worker's whole model (a norm, the drift) is summed over its ranks (`sum`, `norm`), and values
   every rank holds on its own are averaged over them (`mean`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,8 +58,11 @@ class WorkerShards:
     def mean(self, payload: Payload) -> Payload:
         """The payload with its values averaged over the worker's ranks."""
         mean = payload.buf.detach() / self.replicas.ranks_per_worker
-        self._inside(payload.purpose, mean.numel() * mean.element_size(),
-                     lambda: dist.all_reduce(mean, group=self.replicas.inside))
+        self._inside(
+            payload.purpose,
+            mean.numel() * mean.element_size(),
+            lambda: dist.all_reduce(mean, group=self.replicas.inside),
+        )
         return dataclasses.replace(payload, buf=mean)
 
     # ---- DDP inside: a shard across workers, the whole inside the worker ---------------------------
@@ -90,8 +94,9 @@ class WorkerShards:
         shard = flat[a:] if self._last else flat[a:b]
         residual = None if payload.residual is None else payload.residual.view(-1)[a:b]
         codec = payload.codec.restrict(a, b) if is_sparse(payload.codec) else payload.codec
-        return dataclasses.replace(payload, buf=shard, extra=payload.extra if self._last else 0, dest=None,
-                                   residual=residual, codec=codec)
+        return dataclasses.replace(
+            payload, buf=shard, extra=payload.extra if self._last else 0, dest=None, residual=residual, codec=codec
+        )
 
     def reassemble(self, shard_mean: torch.Tensor, payload: Payload) -> torch.Tensor:
         """All-gather every local rank's averaged shard inside the worker (blocking) and put the
@@ -100,10 +105,13 @@ class WorkerShards:
         bounds = self._bounds(payload)
         lengths = [b - a for a, b in zip(bounds, bounds[1:])]
         lengths[-1] += extra
-        piece = shard_mean.new_zeros(max(lengths))          # equal lengths for the all-gather
-        piece[:shard_mean.numel()] = shard_mean
+        piece = shard_mean.new_zeros(max(lengths))  # equal lengths for the all-gather
+        piece[: shard_mean.numel()] = shard_mean
         pieces = [torch.empty_like(piece) for _ in lengths]
-        self._inside(payload.purpose, piece.numel() * piece.element_size(),
-                     lambda: dist.all_gather(pieces, piece, group=self.replicas.inside))
+        self._inside(
+            payload.purpose,
+            piece.numel() * piece.element_size(),
+            lambda: dist.all_gather(pieces, piece, group=self.replicas.inside),
+        )
         mean = torch.cat([p[:k] for p, k in zip(pieces, lengths)])
         return dest.copy_(mean.view_as(whole)) if dest is not None else mean.view_as(whole)

@@ -7,6 +7,7 @@ single-threaded launcher forks a child that does nothing but serve the lighthous
 address through a pipe; the child dies with the launcher (death signal) and is ended by it. A
 launcher that cannot fork (other threads, no fork) hosts the server itself, as before.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ import traceback
 from ..runner import workerproc
 from ..runner.interrupts import die_with, sigint_blocked
 
-START_TIMEOUT_S = 60.0               # for the child's torchft import and the server's bind
+START_TIMEOUT_S = 60.0  # for the child's torchft import and the server's bind
 
 
 class ServedLighthouse:
@@ -37,7 +38,7 @@ class ServedLighthouse:
         self.process.terminate()
         try:
             self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:        # it did not end on SIGTERM
+        except subprocess.TimeoutExpired:  # it did not end on SIGTERM
             self.process.kill()
             self.process.wait()
 
@@ -45,16 +46,16 @@ class ServedLighthouse:
 def start(join_timeout_ms: int, heartbeat_timeout_ms: int, bind: str = "127.0.0.1:0"):
     """A lighthouse on `bind` (127.0.0.1, any port; 0.0.0.0 for workers on other hosts) with these
     timeouts; `.address()` and `.shutdown()`."""
-    kwargs = dict(bind=bind, min_replicas=1, join_timeout_ms=join_timeout_ms,
-                  heartbeat_timeout_ms=heartbeat_timeout_ms)
+    kwargs = dict(bind=bind, min_replicas=1, join_timeout_ms=join_timeout_ms, heartbeat_timeout_ms=heartbeat_timeout_ms)
     if not workerproc.can_fork():
         from torchft.coordination import LighthouseServer
+
         return LighthouseServer(**kwargs)
     read_end, write_end = os.pipe()
     parent = os.getpid()
-    sys.stdout.flush()                           # or the child would write this buffer again
+    sys.stdout.flush()  # or the child would write this buffer again
     sys.stderr.flush()
-    with sigint_blocked():                       # ctrl-C is the launcher's: the child ignores it
+    with sigint_blocked():  # ctrl-C is the launcher's: the child ignores it
         pid = os.fork()
         if not pid:
             _serve(read_end, write_end, parent, kwargs)
@@ -66,8 +67,10 @@ def start(join_timeout_ms: int, heartbeat_timeout_ms: int, bind: str = "127.0.0.
     if not address:
         served = ServedLighthouse(pid, "")
         served.shutdown()
-        raise RuntimeError(f"torchft's lighthouse did not start within {START_TIMEOUT_S:g} s "
-                           f"(exit status {served.process.returncode})")
+        raise RuntimeError(
+            f"torchft's lighthouse did not start within {START_TIMEOUT_S:g} s "
+            f"(exit status {served.process.returncode})"
+        )
     return ServedLighthouse(pid, address)
 
 
@@ -80,6 +83,7 @@ def _serve(read_end: int, write_end: int, parent: int, kwargs: dict) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         die_with(parent)
         from torchft.coordination import LighthouseServer
+
         server = LighthouseServer(**kwargs)
         os.write(write_end, server.address().encode() + b"\n")
         os.close(write_end)

@@ -23,6 +23,7 @@ three times: `join` before the first step, `before_finish` before the final sync
 The launcher (`ft.supervisor`) tells a worker where the lighthouse is (`LIGHTHOUSE_ENV`, unless
 --lighthouse names it) and that it is a restart (`RESTARTED_ENV`).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,11 +46,11 @@ from ..strategies.base import Strategy, local_shard
 from .quorum import Quorum, digest
 from .quorums import HEALS_LOG, QUORUM_LOG
 
-LIGHTHOUSE_ENV = "WANSYNC_LIGHTHOUSE"   # the address of the lighthouse the launcher started
-RESTARTED_ENV = "WANSYNC_RESTARTED"     # "1": the launcher restarted this worker; it heals from a peer
-LIFE_ENV = "WANSYNC_LIFE"               # which life of its worker a rank is (0, then one more per restart)
-JOIN_TIMEOUTS = 3                       # at start-up the others get this many --peer-timeout to arrive
-JOIN_POLL_S = 0.2                       # between start-up quorums that came back short of workers
+LIGHTHOUSE_ENV = "WANSYNC_LIGHTHOUSE"  # the address of the lighthouse the launcher started
+RESTARTED_ENV = "WANSYNC_RESTARTED"  # "1": the launcher restarted this worker; it heals from a peer
+LIFE_ENV = "WANSYNC_LIFE"  # which life of its worker a rank is (0, then one more per restart)
+JOIN_TIMEOUTS = 3  # at start-up the others get this many --peer-timeout to arrive
+JOIN_POLL_S = 0.2  # between start-up quorums that came back short of workers
 
 
 def quorum_for(cfg: Config, rank: int, world: int) -> Quorum:
@@ -60,8 +61,15 @@ def quorum_for(cfg: Config, rank: int, world: int) -> Quorum:
     process group of this process (`runner.worker`)."""
     lighthouse = os.environ.get(LIGHTHOUSE_ENV) or f"http://{cfg.lighthouse}"
     r = cfg.ranks_per_worker
-    return Quorum(rank // r, lighthouse, cfg.peer_timeout, hostname=reached_at(lighthouse), emulator=emulator_of(),
-                  workers=world, inside=dist.group.WORLD if r > 1 else None)
+    return Quorum(
+        rank // r,
+        lighthouse,
+        cfg.peer_timeout,
+        hostname=reached_at(lighthouse),
+        emulator=emulator_of(),
+        workers=world,
+        inside=dist.group.WORLD if r > 1 else None,
+    )
 
 
 def reached_at(lighthouse: str) -> str | None:
@@ -90,12 +98,14 @@ def join_quorum(sync: Strategy, quorum: Quorum, expected: int) -> None:
                 break
             why = f"only {quorum.participants} of {expected} workers joined the fault-tolerant run {within}"
         except PeerError as e:
-            why = (f"the lighthouse at {quorum.lighthouse} formed no quorum {within} (is it there, answering, and "
-                   f"waiting for no more workers than this run has?): {e}")
+            why = (
+                f"the lighthouse at {quorum.lighthouse} formed no quorum {within} (is it there, answering, and "
+                f"waiting for no more workers than this run has?): {e}"
+            )
         if time.monotonic() >= deadline:
             raise PeerError(why)
-        time.sleep(JOIN_POLL_S)           # the others are not heartbeating yet, or the lighthouse not answering
-    if sync.t != t:                       # healed: at the others' step now
+        time.sleep(JOIN_POLL_S)  # the others are not heartbeating yet, or the lighthouse not answering
+    if sync.t != t:  # healed: at the others' step now
         sync.sync_due()
 
 
@@ -135,14 +145,24 @@ class Member:
             wherever the others are and heals there.
     """
 
-    def __init__(self, quorum: Quorum, rank: int, workers: int, log_dir: Path | None, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, sync: Strategy, faults: Any = None,
-                 skip_to: Callable[[int], None] | None = None, restarted: bool | None = None):
+    def __init__(
+        self,
+        quorum: Quorum,
+        rank: int,
+        workers: int,
+        log_dir: Path | None,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sync: Strategy,
+        faults: Any = None,
+        skip_to: Callable[[int], None] | None = None,
+        restarted: bool | None = None,
+    ):
         self.quorum, self.rank, self.workers, self.log_dir = quorum, rank, workers, log_dir
         self.model, self.optimizer, self.sync, self.skip_to = model, optimizer, sync, skip_to
         self.restarted = os.environ.get(RESTARTED_ENV) == "1" if restarted is None else restarted
         self.faults = faults
-        self._last_logged: tuple[Any, Any, int | None] = (None, None, None)   # quorum id, participants, step
+        self._last_logged: tuple[Any, Any, int | None] = (None, None, None)  # quorum id, participants, step
         quorum.serve(self._state, self._heal)
         quorum.on_quorum = self._log
         if faults is not None:
@@ -158,8 +178,9 @@ class Member:
             self.faults.at_start(self.rank)
         join_quorum(self.sync, self.quorum, 1 if self.restarted else self.workers)
         if self.restarted and self.quorum.heals == 0:
-            raise PeerError("this restarted worker found no live peer to heal from: the others ended the "
-                            "run without it")
+            raise PeerError(
+                "this restarted worker found no live peer to heal from: the others ended the " "run without it"
+            )
 
     def before_finish(self) -> None:
         meet_final_quorum(self.sync)
@@ -170,8 +191,11 @@ class Member:
     def _state(self) -> dict[str, Any]:
         """What a healing peer receives: a sharded model's (FSDP inside) and its optimizer's local
         shards, as plain tensors (`local_shards`)."""
-        return {"model": local_shards(self.model.state_dict()), "optimizer": local_shards(self.optimizer.state_dict()),
-                "strategy": self.sync.heal_state()}
+        return {
+            "model": local_shards(self.model.state_dict()),
+            "optimizer": local_shards(self.optimizer.state_dict()),
+            "strategy": self.sync.heal_state(),
+        }
 
     def _heal(self, state: dict[str, Any]) -> None:
         """Take a live peer's state; in its own shard, go where a worker that trained to the peer's
@@ -215,6 +239,7 @@ def load_model(model: torch.nn.Module, state: dict[str, Any]) -> None:
     """A peer's model state (`local_shards`) into `model`: a sharded one's into each parameter's
     local shard, in place."""
     from torch.distributed.tensor import DTensor
+
     current = model.state_dict()
     if not any(isinstance(v, DTensor) for v in current.values()):
         model.load_state_dict(state)
@@ -231,15 +256,18 @@ def load_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> N
     """A peer's optimizer state (`local_shards`) into `optimizer`: a sharded parameter's state
     tensors become DTensors again on that parameter's mesh and placements."""
     from torch.distributed.tensor import DTensor
+
     params = [p for group in optimizer.param_groups for p in group["params"]]
     per_param = {}
     for index, entry in state.get("state", {}).items():
         p = params[int(index)]
         if isinstance(p, DTensor):
             local = p.to_local()
-            entry = {k: DTensor.from_local(v, p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                                           stride=p.stride())
-                     if torch.is_tensor(v) and v.shape == local.shape and v.dim() > 0 else v
-                     for k, v in entry.items()}
+            entry = {
+                k: DTensor.from_local(v, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+                if torch.is_tensor(v) and v.shape == local.shape and v.dim() > 0
+                else v
+                for k, v in entry.items()
+            }
         per_param[index] = entry
     optimizer.load_state_dict({**state, "state": per_param})

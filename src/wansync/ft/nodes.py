@@ -15,6 +15,7 @@ any collective's path), so their supervisors meet in the store torchrun's agents
   slots it took part in, read from its own host's logs), and worker 0's adds them up into
   summary.json as the local launcher does (`ft.supervisor.record`).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,11 @@ class Nodes:
 
     def __init__(self, torchrun: TorchrunEnv, timeout_s: float, ranks_per_worker: int = 1):
         if not torchrun.agent_store:
-            raise ConfigError("--fault-tolerant with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set by hand needs "
-                              "torchrun (its agents' store is where the ranks meet): start it with torchrun, or "
-                              "unset them to launch local workers")
+            raise ConfigError(
+                "--fault-tolerant with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set by hand needs "
+                "torchrun (its agents' store is where the ranks meet): start it with torchrun, or "
+                "unset them to launch local workers"
+            )
         self.env, self.timeout_s, self.ranks_per_worker = torchrun, timeout_s, ranks_per_worker
         self._store = torchrun.store(timeout_s)
 

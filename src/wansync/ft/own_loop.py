@@ -17,6 +17,7 @@ final quorum first (`Member.before_finish`); the quorum shuts down when the inte
 restarts a worker is the user's supervisor (torchrun, systemd, a shell loop), as the launcher is the
 CLI's: the new process runs the same script, rejoins and heals; no checkpoint is read.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -39,7 +40,7 @@ from .member import LIGHTHOUSE_ENV, RESTARTED_ENV, Member, reached_at
 from .quorum import Quorum, require_torchft
 from .support import check_supported
 
-SUBJECT = "fault_tolerant="             # how the refusals name what was asked for
+SUBJECT = "fault_tolerant="  # how the refusals name what was asked for
 
 
 @dataclass
@@ -58,6 +59,7 @@ class FaultTolerance:
             one line when none is left. Default: $WANSYNC_RESTARTED is 1 or torchrun's
             $TORCHELASTIC_RESTART_COUNT > 0. Left False, a restarted worker still heals from live peers.
     """
+
     lighthouse: str | None = None
     worker: int | None = None
     workers: int | None = None
@@ -68,24 +70,32 @@ class FaultTolerance:
     def __post_init__(self) -> None:
         env = os.environ
         self.lighthouse = self.lighthouse or env.get(LIGHTHOUSE_ENV)
-        check(bool(self.lighthouse), "fault tolerance needs a lighthouse: FaultTolerance(lighthouse='HOST:PORT') "
-              f"or ${LIGHTHOUSE_ENV} (start one with torchft_lighthouse --min_replicas 1)")
+        check(
+            bool(self.lighthouse),
+            "fault tolerance needs a lighthouse: FaultTolerance(lighthouse='HOST:PORT') "
+            f"or ${LIGHTHOUSE_ENV} (start one with torchft_lighthouse --min_replicas 1)",
+        )
         assert self.lighthouse is not None
         url = self.lighthouse if "://" in self.lighthouse else f"http://{self.lighthouse}"
         try:
             port = urlsplit(url).port
         except ValueError:
             port = None
-        check(bool(urlsplit(url).hostname) and port is not None and port >= 1,
-              f"the lighthouse must be HOST:PORT, got {self.lighthouse!r}")
+        check(
+            bool(urlsplit(url).hostname) and port is not None and port >= 1,
+            f"the lighthouse must be HOST:PORT, got {self.lighthouse!r}",
+        )
         self.lighthouse = url
         self.worker = _int(self.worker, env.get("RANK"), "worker", "$RANK")
         self.workers = _int(self.workers, env.get("WORLD_SIZE"), "workers", "$WORLD_SIZE")
         check(self.workers >= 1, f"workers must be >= 1, got {self.workers}")
         check(0 <= self.worker < self.workers, f"worker must be in 0..{self.workers - 1}, got {self.worker}")
-        check(isinstance(self.peer_timeout, (int, float)) and not isinstance(self.peer_timeout, bool)
-              and 0 < self.peer_timeout < math.inf,         # an infinite wait for a late worker is a hang
-              f"peer_timeout must be a finite number of seconds > 0, got {self.peer_timeout!r}")
+        check(
+            isinstance(self.peer_timeout, (int, float))
+            and not isinstance(self.peer_timeout, bool)
+            and 0 < self.peer_timeout < math.inf,  # an infinite wait for a late worker is a hang
+            f"peer_timeout must be a finite number of seconds > 0, got {self.peer_timeout!r}",
+        )
         if self.restarted is None:
             self.restarted = env.get(RESTARTED_ENV) == "1" or int(env.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0
 
@@ -93,7 +103,7 @@ class FaultTolerance:
 def _int(given: Any, from_env: str | None, name: str, env_name: str) -> int:
     value = given if given is not None else from_env
     check(value is not None, f"FaultTolerance needs {name}= (or {env_name}, as torchrun sets it)")
-    if isinstance(value, (bool, float)):          # int() would take True as 1 and 2.5 as 2
+    if isinstance(value, (bool, float)):  # int() would take True as 1 and 2.5 as 2
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     try:
         return int(value)
@@ -101,45 +111,67 @@ def _int(given: Any, from_env: str | None, name: str, env_name: str) -> int:
         raise ConfigError(f"{name} must be an integer, got {value!r}") from None
 
 
-def fault_tolerant_strategy(name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                            ft: FaultTolerance, **options: Any) -> strategies.Strategy:
+def fault_tolerant_strategy(
+    name: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ft: FaultTolerance, **options: Any
+) -> strategies.Strategy:
     """`ws.strategy(name, model, optimizer, fault_tolerant=ft, **options)`: the strategy, joined to
     the run (a restarted worker healed); see the module docstring."""
     check(isinstance(ft, FaultTolerance), f"fault_tolerant= takes a ws.FaultTolerance(...), got {type(ft).__name__}")
     sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
-    check_supported(name, inside="fsdp" if sharded else "ddp", codec=options.get("codec"), subject=SUBJECT,
-                    slow_policy=options.get("slow_policy"), overlap_rounds=bool(options.get("overlap_rounds")))
+    check_supported(
+        name,
+        inside="fsdp" if sharded else "ddp",
+        codec=options.get("codec"),
+        subject=SUBJECT,
+        slow_policy=options.get("slow_policy"),
+        overlap_rounds=bool(options.get("overlap_rounds")),
+    )
     for given in ("group", "replicas", "mesh", "quorum"):
-        check(options.get(given) is None, f"{SUBJECT} takes no {given}=: a fault-tolerant worker is one rank in a "
-              "process group of its own, its exchanges over the quorum")
-    check(dist.is_initialized() and dist.get_world_size() == 1,
-          "a fault-tolerant worker is a process group of its own (no collective may wait on a dead worker): "
-          "call ws.init(fault_tolerant=True) first")
+        check(
+            options.get(given) is None,
+            f"{SUBJECT} takes no {given}=: a fault-tolerant worker is one rank in a "
+            "process group of its own, its exchanges over the quorum",
+        )
+    check(
+        dist.is_initialized() and dist.get_world_size() == 1,
+        "a fault-tolerant worker is a process group of its own (no collective may wait on a dead worker): "
+        "call ws.init(fault_tolerant=True) first",
+    )
     require_torchft()
     assert ft.lighthouse is not None and ft.worker is not None and ft.workers is not None
     log_dir = None if ft.log_dir is None else Path(ft.log_dir)
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-    quorum = Quorum(ft.worker, ft.lighthouse, ft.peer_timeout, hostname=reached_at(ft.lighthouse),
-                    emulator=emulator_of(), workers=ft.workers)
+    quorum = Quorum(
+        ft.worker,
+        ft.lighthouse,
+        ft.peer_timeout,
+        hostname=reached_at(ft.lighthouse),
+        emulator=emulator_of(),
+        workers=ft.workers,
+    )
     try:
         options = {k: v for k, v in options.items() if k not in ("group", "replicas", "mesh", "quorum")}
-        sync = strategies.build(name, model, optimizer, replicas=Replicas(1, ft.worker, ft.workers, 0), quorum=quorum,
-                                **options)
+        sync = strategies.build(
+            name, model, optimizer, replicas=Replicas(1, ft.worker, ft.workers, 0), quorum=quorum, **options
+        )
         member = Member(quorum, ft.worker, ft.workers, log_dir, model, optimizer, sync, restarted=ft.restarted)
-        member.join()                               # a restarted worker heals here
+        member.join()  # a restarted worker heals here
     except BaseException:
         quorum.shutdown()
         raise
     atexit.register(quorum.shutdown)
     if quorum.heals:
-        print(f"wansync: worker {ft.worker} rejoined the run and healed from a live peer at step {sync.t}",
-              file=sys.stderr, flush=True)
+        print(
+            f"wansync: worker {ft.worker} rejoined the run and healed from a live peer at step {sync.t}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def finish() -> None:
         """The final synchronization's quorum (a worker still behind heals there), then the strategy's."""
         member.before_finish()
         type(sync).finish(sync)
 
-    sync.finish = finish                            # this instance only, before the user holds it
+    sync.finish = finish  # this instance only, before the user holds it
     return sync

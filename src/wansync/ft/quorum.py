@@ -47,6 +47,7 @@ A worker lives and dies whole: its launcher ends and restarts all its ranks toge
 Exchanges are fp32 means, or a sparse payload's all-gather (`gather`: SparseLoCo), never summed on
 the wire; a lossy codec's all-gather or reduce-scatter has no quorum form here (refused in `ft.support`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -67,13 +68,13 @@ from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration,
 
 INSTALL = "fault tolerance needs torchft: pip install wansync[ft]"
 RETRIES = 3
-LINK_GROUP = "ft"                       # the quorum's collectives in the emulator's records
+LINK_GROUP = "ft"  # the quorum's collectives in the emulator's records
 # A collective gives up on a silent peer within this share of --peer-timeout. When a peer dies inside
 # an all-reduce, only its ring neighbours see the connection drop; the others wait out this timeout.
 # It must end well before the survivors' retry quorum (which waits up to --peer-timeout, like the
 # lighthouse's join timeout) gives up on them: with equal timeouts the two raced.
 COLLECTIVE_TIMEOUT_SHARE = 0.5
-EXCHANGES_PER_SLOT = 1024               # jitter draws: seq = step x this + the exchange's index in the slot
+EXCHANGES_PER_SLOT = 1024  # jitter draws: seq = step x this + the exchange's index in the slot
 
 
 def manager_step(t: int, finishing: bool) -> int:
@@ -111,39 +112,63 @@ class Quorum:
             which this process is (None: a worker of one rank). See "Workers of several ranks".
     """
 
-    def __init__(self, worker: int, lighthouse: str, timeout_s: float, hostname: str | None = None,
-                 emulator: Emulator | None = None, workers: int = 1, inside: Any = None):
+    def __init__(
+        self,
+        worker: int,
+        lighthouse: str,
+        timeout_s: float,
+        hostname: str | None = None,
+        emulator: Emulator | None = None,
+        workers: int = 1,
+        inside: Any = None,
+    ):
         require_torchft()
         import torch.distributed as dist
         from torchft import Manager
 
         from .transport import HealTransport
+
         timeout = timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         self.lighthouse = lighthouse
         self.emulator, self.workers, self.inside = emulator, workers, inside
         self.worker = worker
-        self.local_rank, self.ranks_per_worker = (0, 1) if inside is None else \
-            (dist.get_rank(inside), dist.get_world_size(inside))
+        self.local_rank, self.ranks_per_worker = (
+            (0, 1) if inside is None else (dist.get_rank(inside), dist.get_world_size(inside))
+        )
         self._pg = members_recording_gloo(timedelta(seconds=timeout_s * COLLECTIVE_TIMEOUT_SHARE))
         hostname = hostname or socket.gethostname()
         self._store = manager_store(hostname, inside)
         try:
             self.manager = Manager(
-                pg=self._pg, load_state_dict=None, state_dict=None, min_replica_size=1,
-                use_async_quorum=False, replica_id=f"worker_{worker}", store_addr=hostname,
-                store_port=self._store.port, rank=self.local_rank, world_size=self.ranks_per_worker,
+                pg=self._pg,
+                load_state_dict=None,
+                state_dict=None,
+                min_replica_size=1,
+                use_async_quorum=False,
+                replica_id=f"worker_{worker}",
+                store_addr=hostname,
+                store_port=self._store.port,
+                rank=self.local_rank,
+                world_size=self.ranks_per_worker,
                 lighthouse_addr=lighthouse,
-                hostname=hostname, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, init_sync=False,
-                checkpoint_transport=HealTransport(timeout=timeout, num_chunks=0, host=hostname))
-        except RuntimeError as exc:               # torchft's connect timeout: the cause is the address
-            raise PeerError(f"cannot reach the lighthouse at {lighthouse} within --peer-timeout ({timeout_s:g} s): "
-                            f"{first_line(exc)}") from exc
-        self.participants: int | None = None      # of the last exchange
+                hostname=hostname,
+                timeout=timeout,
+                quorum_timeout=timeout,
+                connect_timeout=timeout,
+                init_sync=False,
+                checkpoint_transport=HealTransport(timeout=timeout, num_chunks=0, host=hostname),
+            )
+        except RuntimeError as exc:  # torchft's connect timeout: the cause is the address
+            raise PeerError(
+                f"cannot reach the lighthouse at {lighthouse} within --peer-timeout ({timeout_s:g} s): "
+                f"{first_line(exc)}"
+            ) from exc
+        self.participants: int | None = None  # of the last exchange
         self.heals = 0
-        self._t = 0                               # the step of the last quorum (the peers' after a heal)
-        self.finishing = False                    # was it the final synchronization's (the peers' after a heal)
-        self.copied = False                       # healed in the last quorum: a peer's values, weight 0
+        self._t = 0  # the step of the last quorum (the peers' after a heal)
+        self.finishing = False  # was it the final synchronization's (the peers' after a heal)
+        self.copied = False  # healed in the last quorum: a peer's values, weight 0
         self._exchanges_in_slot = 0
         self._load: Callable[[dict[str, Any]], None] | None = None
         self.on_quorum: Callable[[dict[str, Any]], None] | None = None
@@ -155,15 +180,22 @@ class Quorum:
         in, which a deepcopy would copy and send) and how this worker applies a peer's (`load`)."""
         self._load = load
         self.manager.register_state_dict_fn(
-            "wansync", self._healed, lambda: map_tensors(save(), lambda t: t.detach().clone(), copy.deepcopy))
+            "wansync", self._healed, lambda: map_tensors(save(), lambda t: t.detach().clone(), copy.deepcopy)
+        )
 
     def _healed(self, state: dict[str, Any]) -> None:
         self.heals += 1
         assert self._load is not None
         self._load(state)
 
-    def quorum(self, t: int, shrink_only: bool = False, left_out_is_fatal: bool = False,
-               finishing: bool = False, timeout_s: float | None = None) -> None:
+    def quorum(
+        self,
+        t: int,
+        shrink_only: bool = False,
+        left_out_is_fatal: bool = False,
+        finishing: bool = False,
+        timeout_s: float | None = None,
+    ) -> None:
         """Agree on who takes part from step t on (`finishing`: in the final synchronization);
         heal from a peer when this worker is behind. `left_out_is_fatal` (training, not the
         start-up join): a worker the others went on without (quorums formed while it was stopped or
@@ -174,8 +206,9 @@ class Quorum:
         heals, t0, last_id = self.heals, time.perf_counter(), self._pg.quorum_id
         self.manager.load_state_dict({"step": manager_step(t, finishing), "batches_committed": 0})
         try:
-            self.manager.start_quorum(shrink_only=shrink_only,
-                                      timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
+            self.manager.start_quorum(
+                shrink_only=shrink_only, timeout=None if timeout_s is None else timedelta(seconds=timeout_s)
+            )
         except Exception as exc:  # noqa: BLE001 - torchft's quorum timeout or lost lighthouse, in one line
             # torchft re-raises a failed quorum (the same exception, its traceback one retry longer each
             # time) at every later start: forget it, so that a retry asks the lighthouse again
@@ -184,23 +217,32 @@ class Quorum:
         if self.manager.errored():
             raise PeerError(f"the fault-tolerant quorum failed: {self.manager.errored().original_exception}")
         self.participants = self.manager.num_participants()
-        if self.heals > heals:                    # now where the peers are: a retry asks for their quorum
+        if self.heals > heals:  # now where the peers are: a retry asks for their quorum
             self._t, finished = divmod(self.manager.current_step(), 2)
             self.finishing = bool(finished)
-        if not shrink_only:                       # a retry's quorum admits no joiner, so heals no one
+        if not shrink_only:  # a retry's quorum admits no joiner, so heals no one
             self.copied = self.heals > heals
         left_out = last_id is not None and (self._pg.quorum_id or 0) > last_id + 1
         if left_out_is_fatal and left_out and self.heals == heals:
-            raise PeerError("this worker was left out (stopped or cut off past the heartbeat timeout) and, back, found "
-                            "no live peer to heal from: it stops rather than train on alone")
+            raise PeerError(
+                "this worker was left out (stopped or cut off past the heartbeat timeout) and, back, found "
+                "no live peer to heal from: it stops rather than train on alone"
+            )
         if self.on_quorum is not None:
-            self.on_quorum({"step": self._t, "participants": self.participants, "quorum_id": self._pg.quorum_id,
-                            "healed": self.heals > heals,
-                            "seconds": round(time.perf_counter() - t0, 4)})
+            self.on_quorum(
+                {
+                    "step": self._t,
+                    "participants": self.participants,
+                    "quorum_id": self._pg.quorum_id,
+                    "healed": self.heals > heals,
+                    "seconds": round(time.perf_counter() - t0, 4),
+                }
+            )
 
     def mean(self, values: torch.Tensor, valid: bool) -> tuple[torch.Tensor, int]:
         """(the weighted mean of `values` over the quorum, the number of contributors)."""
         from torch.distributed import ReduceOp
+
         flat = values.detach().reshape(-1)
         if self.before_exchange is not None:
             self.before_exchange(self._t)
@@ -222,6 +264,7 @@ class Quorum:
         flag, set to 0 here for a worker that healed in this slot (its values are its source's).
         Retried as `mean` is, from the same bytes."""
         from torch.distributed.distributed_c10d import AllgatherOptions
+
         if self.before_exchange is not None:
             self.before_exchange(self._t)
         if self.copied:
@@ -250,6 +293,7 @@ class Quorum:
         if self.inside is None:
             return ok
         import torch.distributed as dist
+
         flag = torch.tensor([int(ok)], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.inside)
         return bool(flag.item())
@@ -263,9 +307,11 @@ class Quorum:
         if self.emulator is None:
             return None
         from ..comm.mean_cost import mean_seconds
+
         r = self.ranks_per_worker
-        return mean_seconds(numel + (1 if shards else r), "fp32", self.emulator.topology, self.workers // r, r,
-                            shards=shards)
+        return mean_seconds(
+            numel + (1 if shards else r), "fp32", self.emulator.topology, self.workers // r, r, shards=shards
+        )
 
     def _wait(self, work: Any, wire: torch.Tensor, op: str = "allreduce", count: int = 1) -> bool:
         """Wait for a quorum all-reduce (an all-gather of `count` members' `wire`, `op`); under the
@@ -285,21 +331,45 @@ class Quorum:
         self.manager.shutdown(wait=False)
 
 
-def on_link(emulator: Emulator, work: Any, wire: torch.Tensor, members: list[int], workers: int,
-            seq: int, parallel: int = 1, op: str = "allreduce", count: int = 1) -> EmulatedWork:
+def on_link(
+    emulator: Emulator,
+    work: Any,
+    wire: torch.Tensor,
+    members: list[int],
+    workers: int,
+    seq: int,
+    parallel: int = 1,
+    op: str = "allreduce",
+    count: int = 1,
+) -> EmulatedWork:
     """`work` (a quorum all-reduce of `wire` over the global ranks `members` of `workers`, or with `op`
     "allgather" the all-gather of `count` members' `wire`; one of `parallel` at once over the sites'
     uplinks, one per rank of a worker) as a collective of the emulated link: its modelled duration,
     FIFO on the emulator's link, recorded; the returned Work completes at max(real end, modelled end)
     (see `net.backend`)."""
     issue, topology = time.perf_counter(), emulator.topology
-    nbytes = wire.numel() * wire.element_size() * (count if op == "allgather" else 1)   # the cost model's B
-    modelled = collective_duration(op, nbytes, workers, topology, members, parallel=parallel,
-                                   at_s=emulator.run_time(issue) if topology.varies else 0.0)
+    nbytes = wire.numel() * wire.element_size() * (count if op == "allgather" else 1)  # the cost model's B
+    modelled = collective_duration(
+        op,
+        nbytes,
+        workers,
+        topology,
+        members,
+        parallel=parallel,
+        at_s=emulator.run_time(issue) if topology.varies else 0.0,
+    )
     modelled += jitter_draw(topology, workers, emulator.seed, zlib.crc32(LINK_GROUP.encode()), seq, members)
     start = emulator.reserve(issue, modelled)
-    record = CollectiveRecord(op=op, nbytes=nbytes, group=LINK_GROUP, seq=seq, issue=issue, start=start,
-                              modelled_s=modelled, modelled_end=start + modelled)
+    record = CollectiveRecord(
+        op=op,
+        nbytes=nbytes,
+        group=LINK_GROUP,
+        seq=seq,
+        issue=issue,
+        start=start,
+        modelled_s=modelled,
+        modelled_end=start + modelled,
+    )
     fut = Future(devices=[wire.device]) if wire.is_cuda else Future()
     emulator.schedule([work], record, fut, wire, wire.is_cuda)
     return EmulatedWork(fut, record, wire)
@@ -313,6 +383,7 @@ def manager_store(hostname: str, inside: Any = None) -> Any:
     (the manager's address) is read again."""
     import torch.distributed as dist
     from torch.distributed import TCPStore
+
     first = inside is None or dist.get_rank(inside) == 0
     store = TCPStore(hostname, 0, is_master=True, wait_for_workers=False) if first else None
     if inside is None:

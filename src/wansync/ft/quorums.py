@@ -8,6 +8,7 @@ in before an absence to the slot it is back at (healed from a peer, its own step
 to the end of the run when it never comes back. A worker that died inside an exchange it had
 joined counts as present there (the quorum's view, not the wire's).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ def heals(log_dir: Path, rank: int | None = None) -> int:
     return len(lines) if rank is None else sum(1 for line in lines if json.loads(line).get("rank") == rank)
 
 
-def steps_lost(present: dict[int, Iterable[int]], end: int,
-               healed: dict[int, Iterable[int]] | None = None) -> dict[int, int]:
+def steps_lost(
+    present: dict[int, Iterable[int]], end: int, healed: dict[int, Iterable[int]] | None = None
+) -> dict[int, int]:
     """Per worker, the steps lost (module docstring), given the slots (steps) each one took part in
     and those it healed at (a worker restarted in time for the next slot misses no exchange, yet
     its steps since the last one it took part in were discarded)."""

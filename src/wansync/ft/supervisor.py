@@ -22,6 +22,7 @@ a hung host) cannot, so it gets one. Past that the supervisor ends it and says s
 instead of waiting for it forever. Before any worker has finished, once a worker has failed for
 good and every one left is stopped, nothing can go on: it ends them at once (`end_stopped`).
 """
+
 from __future__ import annotations
 
 import sys
@@ -39,8 +40,8 @@ from .nodes import Nodes
 from .quorum import require_torchft
 from .quorums import heals, read_quorums, short_exchanges, steps_lost
 
-HEARTBEAT_TIMEOUT_MS = 2000           # a worker silent this long is left out of the next quorum
-LINGER_TIMEOUTS = 4                   # peer timeouts a running worker may outlive the run's end
+HEARTBEAT_TIMEOUT_MS = 2000  # a worker silent this long is left out of the next quorum
+LINGER_TIMEOUTS = 4  # peer timeouts a running worker may outlive the run's end
 POLL_S = 0.05
 
 
@@ -53,7 +54,7 @@ class Supervisor:
         self.cfg, self.run_dir = cfg, run_dir
         self.nodes = None if torchrun is None else Nodes(torchrun, cfg.peer_timeout, cfg.ranks_per_worker)
         self.lighthouse, self.address = start_lighthouse(cfg, self.nodes)
-        self.lives: dict[int, int] = {}         # worker -> its restarts so far (its ranks' LIFE_ENV)
+        self.lives: dict[int, int] = {}  # worker -> its restarts so far (its ranks' LIFE_ENV)
 
     @property
     def restarts_workers(self) -> bool:
@@ -73,18 +74,23 @@ class Supervisor:
     def worker_of(self, rank: int) -> int:
         return rank // self.cfg.ranks_per_worker
 
-    def watch(self, procs: list[Worker], restart: Callable[[int], Worker],
-              check_signals: Callable[[], None], ranks: list[int] | None = None) -> tuple[int, str]:
+    def watch(
+        self,
+        procs: list[Worker],
+        restart: Callable[[int], Worker],
+        check_signals: Callable[[], None],
+        ranks: list[int] | None = None,
+    ) -> tuple[int, str]:
         """Until every worker still in the run has ended: (exit status, the first failure). A worker
         lives and dies whole: when one of its ranks fails, the others are ended, and the worker is
         restarted in place, every rank (`restart(rank)`); the failures, one per worker's death, go
         into summary.json. `ranks`: the global ranks of `procs` (default: 0, 1, ...)."""
         ranks = list(range(len(procs))) if ranks is None else ranks
-        units: dict[int, list[int]] = {}        # worker -> its ranks' indices in procs
+        units: dict[int, list[int]] = {}  # worker -> its ranks' indices in procs
         for i, rank in enumerate(ranks):
             units.setdefault(self.worker_of(rank), []).append(i)
-        failures: dict[int, int] = {}           # per worker
-        left_behind: set[int] = set()           # workers ended by the supervisor after the run's end
+        failures: dict[int, int] = {}  # per worker
+        left_behind: set[int] = set()  # workers ended by the supervisor after the run's end
         first = ""
         finished_at: float | None = None
         max_restarts = self.cfg.max_restarts
@@ -93,17 +99,17 @@ class Supervisor:
             return failures.get(w, 0) <= max_restarts and w not in left_behind
 
         while True:
-            check_signals()                     # a signal becomes an exception here, between polls
+            check_signals()  # a signal becomes an exception here, between polls
             for w, idx in units.items():
                 codes = [procs[i].poll() for i in idx]
                 failed = [(ranks[i], c) for i, c in zip(idx, codes) if c not in (None, 0)]
                 if not failed or not in_run(w):
                     continue
                 first = first or root_cause(self.run_dir, failed)
-                end_worker([procs[i] for i in idx])     # its other ranks, whatever they are doing now
+                end_worker([procs[i] for i in idx])  # its other ranks, whatever they are doing now
                 failures[w] = failures.get(w, 0) + 1
                 if failures[w] <= max_restarts and self.nodes is not None and self.nodes.ended():
-                    failures[w] = max_restarts + 1          # the run ended without it: nothing to rejoin
+                    failures[w] = max_restarts + 1  # the run ended without it: nothing to rejoin
                 if failures[w] <= max_restarts:
                     self.lives[w] = self.lives.get(w, 0) + 1
                     for i in idx:
@@ -115,15 +121,25 @@ class Supervisor:
                 ok = bool(ended) and all(c == 0 for c in ended.values())
                 if self.nodes is not None:
                     return self.end_across_nodes(failures, ok, first)
-                record_failures(self.run_dir, failures, restarts=sum(min(n, max_restarts) for n in failures.values()),
-                                workers=len(units), steps=self.cfg.steps)
+                record_failures(
+                    self.run_dir,
+                    failures,
+                    restarts=sum(min(n, max_restarts) for n in failures.values()),
+                    workers=len(units),
+                    steps=self.cfg.steps,
+                )
                 return (0 if ok else 1), ("" if ok else first)
             if finished_at is None and 0 in ended.values():
                 finished_at = time.monotonic()
             live = [i for w, idx in units.items() if in_run(w) for i in idx]
             if finished_at is not None:
-                ended_late = end_left_behind([procs[i] for i in live], self.run_dir, time.monotonic() - finished_at,
-                                             self.cfg.peer_timeout, [ranks[i] for i in live])
+                ended_late = end_left_behind(
+                    [procs[i] for i in live],
+                    self.run_dir,
+                    time.monotonic() - finished_at,
+                    self.cfg.peer_timeout,
+                    [ranks[i] for i in live],
+                )
                 for w in sorted({self.worker_of(rank) for rank in ended_late}):
                     end_worker([procs[i] for i in units[w]])
                     left_behind.add(w)
@@ -153,7 +169,7 @@ class Supervisor:
                 return 1, first
             print(f"wansync: warning: {first}; the run went on without worker {rank}", file=sys.stderr)
         if rank == 0:
-            reports = nodes.reports(cfg.workers, cfg.peer_timeout)     # the others end with rank 0's worker
+            reports = nodes.reports(cfg.workers, cfg.peer_timeout)  # the others end with rank 0's worker
             record(self.run_dir, {r: rep or gone_report() for r, rep in reports.items()}, cfg.steps)
         return 0, ""
 
@@ -173,11 +189,17 @@ def start_lighthouse(cfg: Config, nodes: Nodes | None = None) -> tuple[object | 
         try:
             return None, nodes.lighthouse()
         except RuntimeError as e:
-            raise PeerError(f"rank 0 did not start the fault-tolerant run's lighthouse within --peer-timeout "
-                            f"{cfg.peer_timeout:g} s: {first_line(e)[:200]}") from None
+            raise PeerError(
+                f"rank 0 did not start the fault-tolerant run's lighthouse within --peer-timeout "
+                f"{cfg.peer_timeout:g} s: {first_line(e)[:200]}"
+            ) from None
     from . import lighthouse
-    server = lighthouse.start(join_timeout_ms=int(cfg.peer_timeout * 1000), heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
-                              bind="127.0.0.1:0" if nodes is None else "0.0.0.0:0")
+
+    server = lighthouse.start(
+        join_timeout_ms=int(cfg.peer_timeout * 1000),
+        heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+        bind="127.0.0.1:0" if nodes is None else "0.0.0.0:0",
+    )
     port = int(server.address().rsplit(":", 1)[1])
     if nodes is None:
         return server, f"http://127.0.0.1:{port}"
@@ -224,8 +246,9 @@ def end_stopped(procs: list[Worker], ranks: list[int], gone: set[int]) -> list[i
     return [r for r, _ in alive]
 
 
-def end_left_behind(procs: list[Worker], run_dir: Path, since_end: float, peer_timeout: float,
-                    ranks: list[int] | None = None) -> list[int]:
+def end_left_behind(
+    procs: list[Worker], run_dir: Path, since_end: float, peer_timeout: float, ranks: list[int] | None = None
+) -> list[int]:
     """Kill the workers still alive too long after the run's end (module docstring), each with one
     line in its error file and on stderr; returns their ranks (a failure each, never restarted)."""
     ended = []
@@ -236,8 +259,10 @@ def end_left_behind(procs: list[Worker], run_dir: Path, since_end: float, peer_t
         if since_end < (1 if stopped else LINGER_TIMEOUTS) * peer_timeout:
             continue
         how = "stopped (it hung)" if stopped else "still running"
-        line = (f"rank {rank} was {how} {since_end:.0f} s after the other workers ended the run; "
-                "it was left out of the run's end and the launcher ended it")
+        line = (
+            f"rank {rank} was {how} {since_end:.0f} s after the other workers ended the run; "
+            "it was left out of the run's end and the launcher ended it"
+        )
         error_file(run_dir, rank).write_text(line + "\n")
         print(f"wansync: warning: {line}", file=sys.stderr)
         p.kill()
@@ -257,9 +282,14 @@ def rank_report(log_dir: Path, rank: int, workers: int, failures: int, max_resta
     """What worker `rank` went through, from its host's logs: failures, restarts, heals, the slots
     it took part in and those it healed at."""
     mine = read_quorums(log_dir, workers)[rank]
-    return {"failures": failures, "restarts": min(failures, max_restarts), "heals": heals(log_dir, rank),
-            "present": [r["step"] for r in mine], "healed": [r["step"] for r in mine if r.get("healed")],
-            "participants": {str(r["step"]): r["participants"] for r in mine}}
+    return {
+        "failures": failures,
+        "restarts": min(failures, max_restarts),
+        "heals": heals(log_dir, rank),
+        "present": [r["step"] for r in mine],
+        "healed": [r["step"] for r in mine if r.get("healed")],
+        "participants": {str(r["step"]): r["participants"] for r in mine},
+    }
 
 
 def gone_report() -> dict[str, Any]:
@@ -273,11 +303,17 @@ def record(run_dir: Path, reports: dict[int, dict[str, Any]], steps: int, restar
     if not has_summary(run_dir):
         return
     workers = len(reports)
-    lost = steps_lost({w: r["present"] for w, r in reports.items()}, end=steps,
-                      healed={w: r["healed"] for w, r in reports.items()})
+    lost = steps_lost(
+        {w: r["present"] for w, r in reports.items()}, end=steps, healed={w: r["healed"] for w, r in reports.items()}
+    )
     quorums0 = [{"step": int(s), "participants": n} for s, n in reports[0]["participants"].items()]
-    add_to_summary(run_dir, {"worker_failures": sum(r["failures"] for r in reports.values()),
-                             "rejoins": sum(r["restarts"] for r in reports.values()) if restarts is None else restarts,
-                             "heals": sum(r["heals"] for r in reports.values()),
-                             "steps_lost": [lost[w] for w in range(workers)],
-                             "short_exchanges": short_exchanges(quorums0, workers)})
+    add_to_summary(
+        run_dir,
+        {
+            "worker_failures": sum(r["failures"] for r in reports.values()),
+            "rejoins": sum(r["restarts"] for r in reports.values()) if restarts is None else restarts,
+            "heals": sum(r["heals"] for r in reports.values()),
+            "steps_lost": [lost[w] for w in range(workers)],
+            "short_exchanges": short_exchanges(quorums0, workers),
+        },
+    )

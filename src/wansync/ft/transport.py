@@ -8,6 +8,7 @@ or meet the server while it switches steps and return a cut stream; the heal fai
 in the quorum errored, and the survivors' exchanges time out around it. Here a refused or cut fetch
 is asked again, a fresh request each time, until the transport's timeout.
 """
+
 from __future__ import annotations
 
 import time
@@ -26,7 +27,7 @@ class HealTransport(HTTPTransport):
     (which may resolve to loopback, on the peer's side too)."""
 
     def __init__(self, timeout: timedelta, num_chunks: int, host: str | None = None):
-        self._host = host                       # before the server starts: its start logs the address
+        self._host = host  # before the server starts: its start logs the address
         super().__init__(timeout=timeout, num_chunks=num_chunks)
 
     def address(self) -> str:

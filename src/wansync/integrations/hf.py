@@ -42,6 +42,7 @@ only, and the ranks' collectives would no longer match), `load_best_model_at_end
 weights on every rank behind the strategy's back). `average_tokens_across_devices` is turned off: it
 all-gathers token counts at every step, which a strategy that syncs every H steps exists to avoid.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,10 +59,10 @@ from ..errors import ConfigError
 
 try:
     import transformers
-except ImportError as e:            # pragma: no cover - depends on the environment
+except ImportError as e:  # pragma: no cover - depends on the environment
     raise ConfigError("wansync.integrations.hf needs transformers and accelerate: pip install 'wansync[hf]'") from e
 
-STATE_FILE = "wansync_rank{}.pt"     # in each checkpoint folder, one per rank
+STATE_FILE = "wansync_rank{}.pt"  # in each checkpoint folder, one per rank
 
 
 class StrategyStep(torch.optim.Optimizer):
@@ -70,7 +71,7 @@ class StrategyStep(torch.optim.Optimizer):
     `torch.optim.Optimizer` for the learning-rate schedulers' type check; its `__init__` is not called,
     as accelerate's `AcceleratedOptimizer` does, so it holds no state of its own."""
 
-    def __init__(self, sync: Any):     # no Optimizer.__init__: the inner optimizer holds it all
+    def __init__(self, sync: Any):  # no Optimizer.__init__: the inner optimizer holds it all
         self.sync = sync
         self.inner = sync.optimizer
         self.defaults = self.inner.defaults
@@ -84,7 +85,7 @@ class StrategyStep(torch.optim.Optimizer):
         self.inner.param_groups = groups
 
     @property
-    def state(self) -> Any:                                # type: ignore[override]
+    def state(self) -> Any:  # type: ignore[override]
         return self.inner.state
 
     def state_dict(self) -> dict[str, Any]:
@@ -96,7 +97,7 @@ class StrategyStep(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.sync.zero_grad(set_to_none=set_to_none)
 
-    def step(self, closure: Any = None) -> None:          # type: ignore[override]
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
         if closure is not None:
             raise ConfigError("a wansync strategy's step takes no closure (LBFGS-style optimizers are not supported)")
         self.sync.step()
@@ -112,7 +113,7 @@ class StrategyModule(nn.Module):
     def __init__(self, sync: Any):
         super().__init__()
         self.module = sync.module
-        object.__setattr__(self, "sync", sync)             # not a submodule: its DDP wrapper holds the same model
+        object.__setattr__(self, "sync", sync)  # not a submodule: its DDP wrapper holds the same model
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.sync.model(*args, **kwargs)
@@ -159,17 +160,25 @@ class WansyncTrainer(transformers.Trainer):
             output; None keeps the profiler in memory only (the logs still carry its figures).
     """
 
-    def __init__(self, *args: Any, strategy: str, strategy_options: dict[str, Any] | None = None,
-                 run_dir: str | Path | None = None, **kwargs: Any):
-        given = kwargs.get("args", args[1] if len(args) > 1 else None)   # before the Trainer's own checks
+    def __init__(
+        self,
+        *args: Any,
+        strategy: str,
+        strategy_options: dict[str, Any] | None = None,
+        run_dir: str | Path | None = None,
+        **kwargs: Any,
+    ):
+        given = kwargs.get("args", args[1] if len(args) > 1 else None)  # before the Trainer's own checks
         refused = refusals(given) if given is not None else []
         if refused:
-            raise ConfigError(f"WansyncTrainer: the strategy owns the communication; the Trainer's "
-                              f"{', '.join(refused)} cannot run under it")
+            raise ConfigError(
+                f"WansyncTrainer: the strategy owns the communication; the Trainer's "
+                f"{', '.join(refused)} cannot run under it"
+            )
         super().__init__(*args, **kwargs)
         if not dist.is_initialized():
             raise ConfigError("WansyncTrainer: torch.distributed is not initialized: call wansync.init() first")
-        self.args.average_tokens_across_devices = False     # an all-gather at every step: see the module's doc
+        self.args.average_tokens_across_devices = False  # an all-gather at every step: see the module's doc
         self.strategy_name, self.strategy_options, self.run_dir = strategy, dict(strategy_options or {}), run_dir
         self.sync: Any = None
         self.run: Any = None
@@ -181,13 +190,18 @@ class WansyncTrainer(transformers.Trainer):
             return self.optimizer
         inner = super().create_optimizer(model)
         self.sync = ws.strategy(self.strategy_name, self.model, inner, **self.strategy_options)
-        self.run = ws.Run(self.sync, out=self.run_dir, steps=self.args.max_steps if self.args.max_steps > 0 else None,
-                          quiet=True, append=self.run_dir is not None and Path(self.run_dir, "metrics.jsonl").exists())
+        self.run = ws.Run(
+            self.sync,
+            out=self.run_dir,
+            steps=self.args.max_steps if self.args.max_steps > 0 else None,
+            quiet=True,
+            append=self.run_dir is not None and Path(self.run_dir, "metrics.jsonl").exists(),
+        )
         self.optimizer = StrategyStep(self.sync)
         return self.optimizer
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
-        if not training or self.sync is None:              # evaluation: the local model, no communication
+        if not training or self.sync is None:  # evaluation: the local model, no communication
             return model.module if isinstance(model, StrategyModule) else model
         if isinstance(model, StrategyModule):
             return model
@@ -214,15 +228,20 @@ class WansyncTrainer(transformers.Trainer):
     # ---- checkpoints ------------------------------------------------------------------------
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
         super()._save_checkpoint(model, trial)
-        folder = Path(self._get_output_dir(trial=trial)) / f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-" \
-                                                            f"{self.state.global_step}"
+        folder = (
+            Path(self._get_output_dir(trial=trial)) / f"{transformers.trainer_utils.PREFIX_CHECKPOINT_DIR}-"
+            f"{self.state.global_step}"
+        )
         folder.mkdir(parents=True, exist_ok=True)
-        state = {"model": self.sync.module.state_dict(), "optimizer": self.sync.optimizer.state_dict(),
-                 "strategy": self.sync.state_dict()}
+        state = {
+            "model": self.sync.module.state_dict(),
+            "optimizer": self.sync.optimizer.state_dict(),
+            "strategy": self.sync.state_dict(),
+        }
         path = folder / STATE_FILE.format(dist.get_rank())
         torch.save(state, str(path) + ".tmp")
         os.replace(str(path) + ".tmp", path)
-        dist.barrier()                  # every rank's file is there before anyone goes on (or rotates it away)
+        dist.barrier()  # every rank's file is there before anyone goes on (or rotates it away)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -230,9 +249,11 @@ class WansyncTrainer(transformers.Trainer):
             return
         path = Path(checkpoint) / STATE_FILE.format(dist.get_rank())
         if not path.exists():
-            raise ConfigError(f"WansyncTrainer: {checkpoint} has no {path.name}: it was not saved by a "
-                              f"WansyncTrainer of {dist.get_world_size()} ranks")
-        state = torch.load(path, map_location="cpu", weights_only=True)     # tensors, numbers, dicts: nothing unpickled
+            raise ConfigError(
+                f"WansyncTrainer: {checkpoint} has no {path.name}: it was not saved by a "
+                f"WansyncTrainer of {dist.get_world_size()} ranks"
+            )
+        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors, numbers, dicts: nothing unpickled
         self.sync.module.load_state_dict(state["model"])
         self.sync.optimizer.load_state_dict(state["optimizer"])
         self.sync.load_state_dict(state["strategy"])

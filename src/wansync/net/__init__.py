@@ -51,4 +51,3 @@ __all__ = [
     "parse_wan",
     "shared_uplink",
 ]
-

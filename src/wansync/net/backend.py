@@ -44,8 +44,15 @@ from wansync.net.topology import Topology
 from wansync.net.records import CollectiveRecord
 from wansync.net.work import CallerWork, EmulatedWork
 
-__all__ = ["BACKEND_NAME", "EmulatedProcessGroup", "SharedUplink", "emulator_of", "install", "machine_identity",
-           "shared_uplink"]
+__all__ = [
+    "BACKEND_NAME",
+    "EmulatedProcessGroup",
+    "SharedUplink",
+    "emulator_of",
+    "install",
+    "machine_identity",
+    "shared_uplink",
+]
 
 BACKEND_NAME = "wansync_emu"
 _MAX = dist.AllreduceOptions()
@@ -97,12 +104,12 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         self.emulator = _emulator_for(pg_options)
         self.parallel = pg_options.copies if isinstance(pg_options, SharedUplink) else 1
         self._seq = 0
-        self._durations: dict[tuple[str, int, float], float] = {}    # the model's, per (op, bytes, links' phase)
+        self._durations: dict[tuple[str, int, float], float] = {}  # the model's, per (op, bytes, links' phase)
         timeout = opts.timeout
         store = dist.PrefixStore("gloo/", opts.store)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
         self._clock_offset = self._shared_clock_offset()
-        if not dist.is_initialized() and self.topology.varies:    # the default group: the run's time origin
+        if not dist.is_initialized() and self.topology.varies:  # the default group: the run's time origin
             self.emulator.agree_origin(self._agreed_now() - self._clock_offset)
         self._nccl = None
         if torch.cuda.is_available() and dist.is_nccl_available():
@@ -144,8 +151,10 @@ class EmulatedProcessGroup(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         copies = f", 1 of {self.parallel} parallel copies" if self.parallel > 1 else ""
-        return (f"EmulatedProcessGroup(group={self._name}, rank={self._rank}/{self._size}{copies}, "
-                f"{self.topology.describe()})")
+        return (
+            f"EmulatedProcessGroup(group={self._name}, rank={self._rank}/{self._size}{copies}, "
+            f"{self.topology.describe()})"
+        )
 
     @property
     def topology(self) -> Topology:
@@ -179,8 +188,14 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         d = self._modelled(op, nbytes, seq, peers, issue)
         start = self.emulator.reserve(issue, d)
         rec = CollectiveRecord(
-            op=op, nbytes=nbytes, group=self._name, seq=seq, issue=issue, start=start,
-            modelled_s=d, modelled_end=start + d,
+            op=op,
+            nbytes=nbytes,
+            group=self._name,
+            seq=seq,
+            issue=issue,
+            start=start,
+            modelled_s=d,
+            modelled_end=start + d,
         )
         arrival = None
         if peers is None and self._size > 1 and d >= SHORT_S:  # its start is the latest member's (SHORT_S)
@@ -203,10 +218,11 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         key = (op, nbytes, self.topology.phase_start(at_s))
         d = self._durations.get(key)
         if d is None:
-            if len(self._durations) >= 1024:      # sizes that never repeat: keep it small
+            if len(self._durations) >= 1024:  # sizes that never repeat: keep it small
                 self._durations.clear()
-            d = self._durations[key] = collective_duration(op, nbytes, self._world, self.topology, self._ranks,
-                                                           self.parallel, at_s)
+            d = self._durations[key] = collective_duration(
+                op, nbytes, self._world, self.topology, self._ranks, self.parallel, at_s
+            )
         return d + jitter_draw(self.topology, self._world, self.emulator.seed, self._group_key, seq, self._ranks)
 
     # -- collectives ------------------------------------------------------------------------------
@@ -228,15 +244,21 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
         return self._issue(
-            "allgather", _nbytes(output_tensors), input_tensors,
-            lambda b: b.allgather(output_tensors, input_tensors, opts), output_tensors,
+            "allgather",
+            _nbytes(output_tensors),
+            input_tensors,
+            lambda b: b.allgather(output_tensors, input_tensors, opts),
+            output_tensors,
         )
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
         return self._issue(
-            "allgather", _nbytes(output_lists), input_list,
-            lambda b: b.allgather_coalesced(output_lists, input_list, opts), output_lists,
+            "allgather",
+            _nbytes(output_lists),
+            input_list,
+            lambda b: b.allgather_coalesced(output_lists, input_list, opts),
+            output_lists,
         )
 
     def all_gather_single(self, output, input, opts=None):
@@ -250,8 +272,11 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
         return self._issue(
-            "allgather", _nbytes(outputs), inputs,
-            lambda b: [b._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)], outputs,
+            "allgather",
+            _nbytes(outputs),
+            inputs,
+            lambda b: [b._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)],
+            outputs,
         )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -259,8 +284,11 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         return self._issue(
-            "reduce_scatter", _nbytes(input_lists), outputs,
-            lambda b: b.reduce_scatter(outputs, input_lists, opts), outputs,
+            "reduce_scatter",
+            _nbytes(input_lists),
+            outputs,
+            lambda b: b.reduce_scatter(outputs, input_lists, opts),
+            outputs,
         )
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -274,8 +302,11 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         return self._issue(
-            "reduce_scatter", _nbytes(inputs), inputs,
-            lambda b: [b._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)], outputs,
+            "reduce_scatter",
+            _nbytes(inputs),
+            inputs,
+            lambda b: [b._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)],
+            outputs,
         )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -283,23 +314,33 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """Every rank's chunk j to rank j (a lossy mean's reduce-scatter, `comm.exchange`)."""
         opts = opts if opts is not None else dist.AllToAllOptions()
-        return self._issue("alltoall", _nbytes(input), input,
-                           lambda b: b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts),
-                           [output])
+        return self._issue(
+            "alltoall",
+            _nbytes(input),
+            input,
+            lambda b: b.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts),
+            [output],
+        )
 
     def gather(self, output_tensors, input_tensors, opts=None):
         """To one rank (torch.distributed.checkpoint's plans): costed as the all-gather of what arrives."""
         opts = opts if opts is not None else dist.GatherOptions()
         nbytes = _nbytes(input_tensors) * self._size
-        return self._issue("allgather", nbytes, input_tensors,
-                           lambda b: b.gather(output_tensors, input_tensors, opts), output_tensors)
+        return self._issue(
+            "allgather", nbytes, input_tensors, lambda b: b.gather(output_tensors, input_tensors, opts), output_tensors
+        )
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         """From one rank: costed as the all-gather of what leaves it."""
         opts = opts if opts is not None else dist.ScatterOptions()
         nbytes = _nbytes(output_tensors) * self._size
-        return self._issue("allgather", nbytes, output_tensors,
-                           lambda b: b.scatter(output_tensors, input_tensors, opts), output_tensors)
+        return self._issue(
+            "allgather",
+            nbytes,
+            output_tensors,
+            lambda b: b.scatter(output_tensors, input_tensors, opts),
+            output_tensors,
+        )
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()
@@ -343,12 +384,16 @@ def _emulator_for(pg_options: Any) -> Emulator:
     if isinstance(pg_options, SharedUplink):
         return pg_options.emulator
     if pg_options is not None:
-        raise TypeError(f"the {BACKEND_NAME} backend takes an Emulator or net.shared_uplink(...) as pg_options, "
-                        f"got {type(pg_options).__name__}")
+        raise TypeError(
+            f"the {BACKEND_NAME} backend takes an Emulator or net.shared_uplink(...) as pg_options, "
+            f"got {type(pg_options).__name__}"
+        )
     inherited = emulator_of()
     if inherited is None:
-        raise ConfigError(f"the {BACKEND_NAME} backend needs an emulator: dist.init_process_group(net.install(), "
-                          f"pg_options=net.Emulator(topology, seed))")
+        raise ConfigError(
+            f"the {BACKEND_NAME} backend needs an emulator: dist.init_process_group(net.install(), "
+            f"pg_options=net.Emulator(topology, seed))"
+        )
     return inherited
 
 

@@ -79,25 +79,44 @@ from wansync.errors import ConfigError
 from wansync.net.link import Link
 from wansync.net.topology import Topology
 
-__all__ = ["ALGORITHMS", "OPS", "allreduce_algorithm", "collective_duration", "exchange_seconds",
-           "hierarchical_seconds", "in_worker_seconds", "jitter_draw", "ring_phase", "site_members"]
+__all__ = [
+    "ALGORITHMS",
+    "OPS",
+    "allreduce_algorithm",
+    "collective_duration",
+    "exchange_seconds",
+    "hierarchical_seconds",
+    "in_worker_seconds",
+    "jitter_draw",
+    "ring_phase",
+    "site_members",
+]
 
 OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "barrier", "send", "recv")
 ALGORITHMS = ("flat", "hierarchical")
-_ALIASES = MappingProxyType({
-    "all_reduce": "allreduce", "allreduce_coalesced": "allreduce", "all_gather": "allgather",
-    "all_gather_single": "allgather", "all_gather_into_tensor": "allgather",
-    "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    # an all-to-all of a B-byte buffer moves what a reduce-scatter of it moves (each rank keeps 1/k,
-    # sends the rest in k-1 steps): the same ring phase
-    "alltoall": "reduce_scatter", "all_to_all": "reduce_scatter", "alltoall_base": "reduce_scatter",
-})
+_ALIASES = MappingProxyType(
+    {
+        "all_reduce": "allreduce",
+        "allreduce_coalesced": "allreduce",
+        "all_gather": "allgather",
+        "all_gather_single": "allgather",
+        "all_gather_into_tensor": "allgather",
+        "reduce_scatter_single": "reduce_scatter",
+        "reduce_scatter_tensor": "reduce_scatter",
+        # an all-to-all of a B-byte buffer moves what a reduce-scatter of it moves (each rank keeps 1/k,
+        # sends the rest in k-1 steps): the same ring phase
+        "alltoall": "reduce_scatter",
+        "all_to_all": "reduce_scatter",
+        "alltoall_base": "reduce_scatter",
+    }
+)
 
 
 class _Hop:
     """One edge of a ring or tree: its link, how many flows share it, and whether its line also
     carries the acknowledgements of data flowing the other way (`duplex`: the payload moves at
     `Link.ring_bytes_per_s`, else at `Link.bytes_per_s`)."""
+
     __slots__ = ("link", "flows", "duplex")
 
     def __init__(self, link: Link, flows: int, duplex: bool = False):
@@ -145,7 +164,7 @@ def ring_phase(steps: int, chunk: float, hops: list[_Hop]) -> float:
     arrive = np.zeros(len(hops))
     free = np.full(len(hops), -np.inf)
     for _ in range(steps):
-        start = np.maximum(np.roll(arrive, 1), free)     # the sender holds the last result, the hop is free
+        start = np.maximum(np.roll(arrive, 1), free)  # the sender holds the last result, the hop is free
         free = start + send
         arrive = free + latency
     return float(arrive.max())
@@ -158,8 +177,7 @@ def _ring(members: Sequence[int]) -> list[tuple[int, int]]:
     return [(order[i - 1], order[i]) for i in range(len(order))]
 
 
-def _tree(members: Sequence[int], nbytes: float, world: int, topology: Topology, parallel: int,
-          at_s: float) -> float:
+def _tree(members: Sequence[int], nbytes: float, world: int, topology: Topology, parallel: int, at_s: float) -> float:
     k = len(members)
     if k <= 1:
         return 0.0
@@ -206,8 +224,9 @@ def collective_duration(
 
 
 @functools.lru_cache(maxsize=4096)
-def _duration(op: str, nbytes: float, world_size: int, topology: Topology, members: tuple[int, ...], parallel: int,
-              at_s: float) -> float:
+def _duration(
+    op: str, nbytes: float, world_size: int, topology: Topology, members: tuple[int, ...], parallel: int, at_s: float
+) -> float:
     """`collective_duration`, remembered: `at_s` is the start of the links' phase (`Topology.phase_start`:
     every run time in it gives the same links)."""
     k = len(members)
@@ -235,8 +254,14 @@ def site_members(world_size: int, topology: Topology, ranks: Sequence[int] | Non
     return [by_site[s] for s in sorted(by_site)]
 
 
-def hierarchical_seconds(nbytes: float, world_size: int, topology: Topology, ranks: Sequence[int] | None = None,
-                         parallel: int = 1, at_s: float = 0.0) -> float:
+def hierarchical_seconds(
+    nbytes: float,
+    world_size: int,
+    topology: Topology,
+    ranks: Sequence[int] | None = None,
+    parallel: int = 1,
+    at_s: float = 0.0,
+) -> float:
     """Modelled seconds of the hierarchical all-reduce (module docstring): the sites' own all-reduces
     (at once: the slowest), the sites' first members' all-reduce, each site's broadcast."""
     sites = site_members(world_size, topology, ranks)
@@ -246,16 +271,23 @@ def hierarchical_seconds(nbytes: float, world_size: int, topology: Topology, ran
     return inside + across + back
 
 
-def allreduce_algorithm(nbytes: float, world_size: int, topology: Topology, ranks: Sequence[int] | None = None,
-                        parallel: int = 1, at_s: float = 0.0) -> str:
+def allreduce_algorithm(
+    nbytes: float,
+    world_size: int,
+    topology: Topology,
+    ranks: Sequence[int] | None = None,
+    parallel: int = 1,
+    at_s: float = 0.0,
+) -> str:
     """``hierarchical`` where the model says it beats the flat ring (sites of several members), else
     ``flat``: what the exchange runs and the planner books. Every rank decides alike (same inputs)."""
     sites = site_members(world_size, topology, ranks)
     if len(sites) < 2 or all(len(m) == 1 for m in sites):
         return "flat"
     flat = collective_duration("allreduce", nbytes, world_size, topology, ranks, parallel, at_s)
-    return "hierarchical" if hierarchical_seconds(nbytes, world_size, topology, ranks, parallel, at_s) < flat \
-        else "flat"
+    return (
+        "hierarchical" if hierarchical_seconds(nbytes, world_size, topology, ranks, parallel, at_s) < flat else "flat"
+    )
 
 
 def in_worker_seconds(op: str, nbytes: float, ranks_per_worker: int, topology: Topology) -> float:
@@ -265,9 +297,19 @@ def in_worker_seconds(op: str, nbytes: float, ranks_per_worker: int, topology: T
     return collective_duration(op, nbytes, ranks_per_worker, Topology(sites=1, intra_link=inside, inter_link=inside))
 
 
-def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, ranks_per_worker: int = 1, *,
-                     assembled_bytes: float | None = None, reduce_inside: bool = False,
-                     assemble: bool = True, algorithm: str | None = None, at_s: float = 0.0) -> float:
+def exchange_seconds(
+    op: str,
+    nbytes: float,
+    topology: Topology,
+    workers: int,
+    ranks_per_worker: int = 1,
+    *,
+    assembled_bytes: float | None = None,
+    reduce_inside: bool = False,
+    assemble: bool = True,
+    algorithm: str | None = None,
+    at_s: float = 0.0,
+) -> float:
     r"""Modelled seconds of one exchange between ``workers`` workers of R = ``ranks_per_worker`` ranks:
     the one cost of it, which the exchange (CoCoDC's T_s), the trainer's link line and the planner use.
 
@@ -299,14 +341,18 @@ def exchange_seconds(op: str, nbytes: float, topology: Topology, workers: int, r
     world = workers * r
     if reduce_inside and r > 1:
         return in_worker_seconds("reduce_scatter", nbytes, r, topology) + exchange_seconds(
-            op, nbytes, topology, workers, r, assembled_bytes=assembled_bytes, algorithm=algorithm, at_s=at_s)
+            op, nbytes, topology, workers, r, assembled_bytes=assembled_bytes, algorithm=algorithm, at_s=at_s
+        )
     members = range(0, world, r)
     parallel = r
     shard = nbytes / r
     if op == "allreduce" and algorithm != "flat":
         chosen = algorithm or allreduce_algorithm(shard, world, placed, members, parallel, at_s)
-        across = hierarchical_seconds(shard, world, placed, members, parallel, at_s) if chosen == "hierarchical" \
+        across = (
+            hierarchical_seconds(shard, world, placed, members, parallel, at_s)
+            if chosen == "hierarchical"
             else collective_duration(op, shard, world, placed, members, parallel, at_s)
+        )
     else:
         across = collective_duration(op, shard, world, placed, members, parallel, at_s)
     if r == 1 or not assemble:
@@ -319,7 +365,7 @@ def jitter_draw(
 ) -> float:
     """Extra seconds for collective ``seq`` of a group; identical on every rank that asks."""
     if not topology.jitter_s:
-        return 0.0                              # no jitter: no placement to look up (every collective asks)
+        return 0.0  # no jitter: no placement to look up (every collective asks)
     members = _members(world_size, ranks)
     if len(members) < 2:
         return 0.0

@@ -105,15 +105,25 @@ def complete_short(rec: CollectiveRecord, wait_real: Any) -> None:
 class _Job:
     """Wait for the real collective, then until the modelled end; complete the caller's Future."""
 
-    def __init__(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool,
-                 timeout: float | None, link: _Link, arrival: Arrival | None,
-                 varies: Callable[[float], float] | None = None):
+    def __init__(
+        self,
+        works: list[Any],
+        rec: CollectiveRecord,
+        fut: Future,
+        value: Any,
+        cuda: bool,
+        timeout: float | None,
+        link: _Link,
+        arrival: Arrival | None,
+        varies: Callable[[float], float] | None = None,
+    ):
         self.works, self.rec, self.fut, self.value, self.cuda = works, rec, fut, value, cuda
         self.timeout, self.link, self.arrival, self.varies = timeout, link, arrival, varies
 
     def run_on_completion(self, work: Any) -> None:
         """A short transfer on an idle link: complete the Future from the real work's own callback,
         at max(real end, modelled end), without the completer thread."""
+
         def done(real: Future) -> None:
             try:
                 complete_short(self.rec, real.value)
@@ -121,6 +131,7 @@ class _Job:
                 self.fut.set_exception(exc)
                 return
             self.fut.set_result(self.value)
+
         work.get_future().then(done)
 
     def run(self, link_end: float) -> float:
@@ -141,14 +152,16 @@ class _Job:
             if self.arrival is not None:
                 rec.ready = self.arrival.start()
                 start = max(start, rec.ready)
-            modelled = self.varies(start) if self.varies is not None else rec.modelled_s   # links that change:
-            if start > rec.start or modelled != rec.modelled_s:                              # at the agreed start
+            modelled = self.varies(start) if self.varies is not None else rec.modelled_s  # links that change:
+            if start > rec.start or modelled != rec.modelled_s:  # at the agreed start
                 rec.start, rec.modelled_s, rec.modelled_end = start, modelled, start + modelled
                 self.link.hold_until(rec.modelled_end)
             delay = rec.modelled_end - rec.real_end
             if self.timeout is not None and delay > self.timeout:
-                raise TimeoutError(f"the emulated link would hold this {rec.op} for {delay:.3g} s more, beyond "
-                                   f"the peer timeout of {self.timeout:g} s")
+                raise TimeoutError(
+                    f"the emulated link would hold this {rec.op} for {delay:.3g} s more, beyond "
+                    f"the peer timeout of {self.timeout:g} s"
+                )
             sleep_until(rec.modelled_end)
         except Exception as exc:  # a dead peer, a timeout: the caller must see it, not hang
             rec.error = describe(exc)
@@ -167,7 +180,7 @@ class _Completer:
         self._q: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._pending = 0                        # jobs submitted and not yet completed
+        self._pending = 0  # jobs submitted and not yet completed
 
     def submit(self, job: _Job) -> None:
         with self._lock:
@@ -212,7 +225,7 @@ class Emulator:
         self._log = RecordLog()
         # perf_counter + this is the wall clock: the clock ranks on different hosts share (to NTP's accuracy)
         self.clock_offset = time.time() - time.perf_counter()
-        self._origin = time.perf_counter()       # run time 0 (perf_counter), until the ranks agree on one
+        self._origin = time.perf_counter()  # run time 0 (perf_counter), until the ranks agree on one
 
     def agree_origin(self, origin: float) -> None:
         """The run's time 0 on this process's perf_counter, agreed by every rank when the default group
@@ -231,8 +244,16 @@ class Emulator:
         """When a transfer issued at ``issue`` starts on the link (after the one before it)."""
         return self._link.reserve(issue, duration)
 
-    def schedule(self, works: list[Any], rec: CollectiveRecord, fut: Future, value: Any, cuda: bool,
-                 arrival: Arrival | None = None, varies: Callable[[float], float] | None = None) -> None:
+    def schedule(
+        self,
+        works: list[Any],
+        rec: CollectiveRecord,
+        fut: Future,
+        value: Any,
+        cuda: bool,
+        arrival: Arrival | None = None,
+        varies: Callable[[float], float] | None = None,
+    ) -> None:
         """Record a collective and complete ``fut`` with ``value`` at max(real end, modelled end),
         the modelled transfer starting once ``arrival`` (when given) says every member was ready;
         ``varies`` (links that change over the run) gives its duration for the start it gets. A

@@ -18,6 +18,7 @@ ignores it. Without small collectives the RTT is not known (None) and the bandwi
 the topology's own RTT; a collective that crosses no link between sites (inside a site, inside a
 worker) says nothing of it and is left out.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,30 +33,31 @@ from wansync.net.topology import Topology
 
 __all__ = ["LinkEstimate", "LinkSample", "estimate_link", "on_link"]
 
-SPAN = 100                  # sizes (bytes per latency) this far apart tell latency and bandwidth apart
-_BW = (1e3, 1e13)           # the bandwidths searched (bit/s)
-_RTT = (0.0, 30.0)          # the round trips searched (s)
-_FAST = 1e15                # a rate at which bytes take no time
+SPAN = 100  # sizes (bytes per latency) this far apart tell latency and bandwidth apart
+_BW = (1e3, 1e13)  # the bandwidths searched (bit/s)
+_RTT = (0.0, 30.0)  # the round trips searched (s)
+_FAST = 1e15  # a rate at which bytes take no time
 
 
 @dataclass(frozen=True)
 class LinkSample:
     """One collective as the link carried it."""
+
     op: str
     nbytes: float
-    members: tuple[int, ...]   # the group's global ranks, in its order
-    world: int                 # the run's ranks (they place each rank in its site)
+    members: tuple[int, ...]  # the group's global ranks, in its order
+    world: int  # the run's ranks (they place each rank in its site)
     seconds: float
-    at_s: float = 0.0          # when it started (any clock: the estimate keeps the newest)
-    parallel: int = 1          # copies running at once on the same links (one per local rank)
+    at_s: float = 0.0  # when it started (any clock: the estimate keeps the newest)
+    parallel: int = 1  # copies running at once on the same links (one per local rank)
 
 
 @dataclass(frozen=True)
 class LinkEstimate:
-    rtt_s: float | None           # None: no small collective told it
-    bandwidth_bps: float | None   # None: no sample moved bytes over the link
+    rtt_s: float | None  # None: no small collective told it
+    bandwidth_bps: float | None  # None: no sample moved bytes over the link
     samples: int
-    newest_at: float | None = None   # when the newest sample the bandwidth rests on started
+    newest_at: float | None = None  # when the newest sample the bandwidth rests on started
 
     def link(self, default_rtt_s: float = 0.0) -> Link | None:
         """The estimate as a `Link` (None without a bandwidth)."""
@@ -84,8 +86,9 @@ def wan_link(topology: Topology) -> Link:
 def duration(sample: LinkSample, topology: Topology, rtt_s: float, bandwidth_bps: float) -> float:
     """The sample's modelled seconds with the link between sites at (rtt, bandwidth)."""
     link = Link(rtt_s=rtt_s, bandwidth_bps=bandwidth_bps)
-    return collective_duration(sample.op, sample.nbytes, sample.world, on_link(topology, link),
-                               ranks=sample.members, parallel=sample.parallel)
+    return collective_duration(
+        sample.op, sample.nbytes, sample.world, on_link(topology, link), ranks=sample.members, parallel=sample.parallel
+    )
 
 
 def _crosses(sample: LinkSample, topology: Topology) -> tuple[float, float] | None:
@@ -128,8 +131,9 @@ def _solve(f, lo: float, hi: float, target: float, tol: float = 1e-7) -> float:
     return x
 
 
-def split_by_size(samples: Sequence[LinkSample], shape: dict[int, tuple[float, float]]
-                  ) -> tuple[list[LinkSample], list[LinkSample]]:
+def split_by_size(
+    samples: Sequence[LinkSample], shape: dict[int, tuple[float, float]]
+) -> tuple[list[LinkSample], list[LinkSample]]:
     """The small collectives (they tell the RTT) and the large ones (the bandwidth), by the collective's
     own ratio of byte time to latency, not by its measured time. Only where the ratios span `SPAN` or
     more; else ([], all)."""
@@ -152,8 +156,13 @@ def _class_medians(samples: Sequence[LinkSample]) -> list[LinkSample]:
     return [replace(group[-1], seconds=statistics.median(s.seconds for s in group)) for group in kinds.values()]
 
 
-def estimate_link(samples: Sequence[LinkSample], topology: Topology, newest: int | None = None,
-                  rtt_s: float | None = None, keep: int = 200) -> LinkEstimate:
+def estimate_link(
+    samples: Sequence[LinkSample],
+    topology: Topology,
+    newest: int | None = None,
+    rtt_s: float | None = None,
+    keep: int = 200,
+) -> LinkEstimate:
     """The link between sites behind `samples` on `topology`'s shape (module docstring). `newest`: the
     bandwidth from that many of the newest large samples (a link that changes); `rtt_s`: a round trip
     known already; `keep`: the newest samples looked at."""
@@ -169,18 +178,21 @@ def estimate_link(samples: Sequence[LinkSample], topology: Topology, newest: int
             shape[id(s)] = crossing
             usable.append(s)
     small, large = split_by_size(usable, shape)
-    small = _class_medians(small)                 # the RTT: one solve per kind of small collective
+    small = _class_medians(small)  # the RTT: one solve per kind of small collective
     large = [s for s in large if shape[id(s)][1] > 0]
     rtt = rtt_s if rtt_s is not None else wan_link(topology).rtt_s
     bw = None
     newest_at = large[-1].at_s if large else None
     for _ in range(3 if small and rtt_s is None else 1):
-        rates = [1 / _solve(lambda inv, s=s: duration(s, topology, rtt, 1 / inv), 1 / _BW[1], 1 / _BW[0], s.seconds)
-                 for s in large[-newest if newest else 0:]]
+        rates = [
+            1 / _solve(lambda inv, s=s: duration(s, topology, rtt, 1 / inv), 1 / _BW[1], 1 / _BW[0], s.seconds)
+            for s in large[-newest if newest else 0 :]
+        ]
         bw = statistics.median(rates) if rates else None
         if small and rtt_s is None:
             at = bw if bw is not None else _FAST
-            rtt = statistics.median(_solve(lambda r, s=s: duration(s, topology, r, at), *_RTT, s.seconds)
-                                    for s in small)
+            rtt = statistics.median(
+                _solve(lambda r, s=s: duration(s, topology, r, at), *_RTT, s.seconds) for s in small
+            )
     known = rtt_s is not None or bool(small)
     return LinkEstimate(rtt if known else None, bw, len(usable), newest_at)

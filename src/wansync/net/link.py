@@ -52,7 +52,7 @@ class Link:
     mtu: int = 1500
 
     def __post_init__(self) -> None:
-        if not 0 <= self.rtt_s < float("inf"):          # an infinite round trip would hold a collective for ever
+        if not 0 <= self.rtt_s < float("inf"):  # an infinite round trip would hold a collective for ever
             raise ConfigError(f"rtt must be >= 0 and finite, got {self.rtt_s!r} s")
         if not self.bandwidth_bps > 0 or self.bandwidth_bps == float("inf"):
             raise ConfigError(f"bandwidth must be a positive finite rate, got {self.bandwidth_bps!r} bit/s")
@@ -88,7 +88,7 @@ class Link:
         return self.bandwidth_bps / 8 * self.ring_payload_share
 
 
-MIN_MTU, MAX_MTU = 576, 65536             # IPv4's smallest datagram every host takes; loopback's
+MIN_MTU, MAX_MTU = 576, 65536  # IPv4's smallest datagram every host takes; loopback's
 LAN_LINK = Link(rtt_s=0.2e-3, bandwidth_bps=10e9)
 #: The accelerators of one node on an NVLink-class interconnect: 10 µs round trip, 400 GB/s per rank.
 NVLINK = Link(rtt_s=10e-6, bandwidth_bps=3.2e12)
@@ -118,8 +118,4 @@ def parse_rate(text: str, key: str = "bw") -> float:
     m = re.fullmatch(_NUM + r"\s*([kmgt]?)(bit|bps|bit/s)", s.lower())
     if m:
         return float(m.group(1)) * _BIT_PREFIX[m.group(2)]
-    raise ConfigError(
-        f"{key}={text!r}: expected a rate like 800mbit, 1gbit, 10gbps (bits/s) or 125MB/s (bytes/s)"
-    )
-
-
+    raise ConfigError(f"{key}={text!r}: expected a rate like 800mbit, 1gbit, 10gbps (bits/s) or 125MB/s (bytes/s)")

@@ -15,6 +15,7 @@ Both are pure functions of t: the emulator evaluates them at a transfer's start,
 time its simulation reaches; ``phase_start`` names the run time from which the links are as they are
 now (the cost model remembers durations per phase).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,6 +32,7 @@ __all__ = ["LinkSchedule", "Step", "Traffic"]
 @dataclass(frozen=True)
 class Step:
     """From ``at_s`` on: the bandwidth (absolute, or the base one times ``scale``) and the RTT."""
+
     at_s: float
     bandwidth_bps: float | None = None
     scale: float | None = None
@@ -51,8 +53,13 @@ class Step:
             raise ConfigError(f"the schedule step at {self.at_s:g} s changes nothing: give bw, scale or rtt")
 
     def apply(self, base: Link) -> Link:
-        bw = self.bandwidth_bps if self.bandwidth_bps is not None else \
-            base.bandwidth_bps * self.scale if self.scale is not None else base.bandwidth_bps
+        bw = (
+            self.bandwidth_bps
+            if self.bandwidth_bps is not None
+            else base.bandwidth_bps * self.scale
+            if self.scale is not None
+            else base.bandwidth_bps
+        )
         return replace(base, bandwidth_bps=bw, rtt_s=base.rtt_s if self.rtt_s is None else self.rtt_s)
 
 
@@ -60,6 +67,7 @@ class Step:
 class Traffic:
     """Other flows on the link: in each period of ``period_s`` seconds the run gets a share u of the
     bandwidth, uniform in [``low``, ``high``], drawn from (``seed``, the pair, the period's index)."""
+
     seed: int
     period_s: float
     low: float
@@ -69,8 +77,10 @@ class Traffic:
         if not (math.isfinite(self.period_s) and self.period_s > 0):
             raise ConfigError(f"traffic: every must be a positive time, got {self.period_s!r} s")
         if not (0 < self.low <= self.high <= 1):
-            raise ConfigError(f"traffic: need 0 < low <= high <= 1 (shares of the bandwidth), got low "
-                              f"{self.low!r}, high {self.high!r}")
+            raise ConfigError(
+                f"traffic: need 0 < low <= high <= 1 (shares of the bandwidth), got low "
+                f"{self.low!r}, high {self.high!r}"
+            )
 
     def share(self, pair: tuple[int, int], at_s: float) -> float:
         k = int(max(at_s, 0.0) // self.period_s)
@@ -85,6 +95,7 @@ class Traffic:
 class LinkSchedule:
     """What some links are at run time t (module docstring). ``pairs``: directed site pairs (a site's
     own link is (s, s)); empty: every link of the topology."""
+
     pairs: tuple[tuple[int, int], ...] = ()
     steps: tuple[Step, ...] = ()
     traffic: Traffic | None = None
@@ -95,8 +106,10 @@ class LinkSchedule:
         times = [s.at_s for s in self.steps]
         for before, after in zip(times, times[1:]):
             if not after > before:
-                raise ConfigError(f"schedule steps go back in time: {after:g} s after {before:g} s "
-                                  f"(each step's `at` must be later than the one before)")
+                raise ConfigError(
+                    f"schedule steps go back in time: {after:g} s after {before:g} s "
+                    f"(each step's `at` must be later than the one before)"
+                )
 
     def covers(self, pair: tuple[int, int]) -> bool:
         return not self.pairs or pair in self.pairs

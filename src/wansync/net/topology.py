@@ -22,6 +22,7 @@ link); ranks in one site over the site's link (each rank has its own port at tha
 sites over the directed pair's link, which the transfers crossing it at the same time share
 (`net.cost`). ``link(a, b, at_s)`` is the one place a link is looked up, at run time ``at_s``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,13 +51,13 @@ class Topology:
     name: str = ""
     ranks_per_worker: int = 1
     worker_link: Link | None = None
-    site_names: tuple[str, ...] = ()                          # empty: site0, site1, ...
-    site_workers: tuple[int, ...] = ()                        # workers per site; empty: an even spread
-    site_links: tuple[Link, ...] = ()                         # inside each site; empty: intra_link
-    pair_links: tuple[tuple[int, int, Link], ...] = ()        # directed (src, dst, link); else inter_link
-    site_ports: tuple[str, ...] = ()                          # per site: "rank" (own port) or "worker"; empty: rank
-    speeds: tuple[float, ...] = ()                            # per worker, relative; empty: all equal
-    step_s: float = 0.0                                       # a full-speed worker's step, emulated (0: as it runs)
+    site_names: tuple[str, ...] = ()  # empty: site0, site1, ...
+    site_workers: tuple[int, ...] = ()  # workers per site; empty: an even spread
+    site_links: tuple[Link, ...] = ()  # inside each site; empty: intra_link
+    pair_links: tuple[tuple[int, int, Link], ...] = ()  # directed (src, dst, link); else inter_link
+    site_ports: tuple[str, ...] = ()  # per site: "rank" (own port) or "worker"; empty: rank
+    speeds: tuple[float, ...] = ()  # per worker, relative; empty: all equal
+    step_s: float = 0.0  # a full-speed worker's step, emulated (0: as it runs)
     schedules: tuple[LinkSchedule, ...] = ()
 
     def __post_init__(self) -> None:
@@ -64,8 +65,12 @@ class Topology:
             raise ConfigError(f"sites must be a positive integer, got {self.sites!r}")
         if not isinstance(self.ranks_per_worker, int) or self.ranks_per_worker < 1:
             raise ConfigError(f"ranks_per_worker must be a positive integer, got {self.ranks_per_worker!r}")
-        for what, values in (("site_names", self.site_names), ("site_workers", self.site_workers),
-                             ("site_links", self.site_links), ("site_ports", self.site_ports)):
+        for what, values in (
+            ("site_names", self.site_names),
+            ("site_workers", self.site_workers),
+            ("site_links", self.site_links),
+            ("site_ports", self.site_ports),
+        ):
             if values and len(values) != self.sites:
                 raise ConfigError(f"{what} has {len(values)} entries for {self.sites} sites")
         for ports in self.site_ports:
@@ -98,12 +103,16 @@ class Topology:
         """A ConfigError unless a run of `workers` workers fits this topology."""
         if self.workers is not None and workers != self.workers:
             counts = ", ".join(f"{self.site_name(i)} {n}" for i, n in enumerate(self.site_workers))
-            raise ConfigError(f"the topology {self.label} has {self.workers} workers ({counts}) but the run has "
-                              f"{workers}: launch {self.workers} workers (--workers {self.workers}, or as many "
-                              f"torchrun nodes)")
+            raise ConfigError(
+                f"the topology {self.label} has {self.workers} workers ({counts}) but the run has "
+                f"{workers}: launch {self.workers} workers (--workers {self.workers}, or as many "
+                f"torchrun nodes)"
+            )
         if self.workers is None and self.sites > workers:
-            raise ConfigError(f"--wan {self.name} has {self.sites} sites but the run has {workers} workers "
-                              f"(at least one worker per site: --workers {self.sites} or more)")
+            raise ConfigError(
+                f"--wan {self.name} has {self.sites} sites but the run has {workers} workers "
+                f"(at least one worker per site: --workers {self.sites} or more)"
+            )
 
     def worker_site(self, worker: int, workers: int) -> int:
         """The site of worker `worker` of `workers`."""
@@ -198,6 +207,7 @@ class Topology:
         """A short digest of everything this topology says (its name aside): what nodes compare, and a
         resumed run against its checkpoint, whatever path its file was read from."""
         import hashlib
+
         return hashlib.sha256(repr(dataclasses.replace(self, name="")).encode()).hexdigest()[:16]
 
     # ---- words -----------------------------------------------------------------------------
@@ -214,15 +224,18 @@ class Topology:
         if self.schedules:
             tail += f"; {len(self.schedules)} link schedule{'s' if len(self.schedules) > 1 else ''}"
         if self.site_workers:
-            sites = ", ".join(f"{self.site_name(i)} ({n} worker{'s' if n > 1 else ''}, {_fmt(self.base_link(i, i))})"
-                              for i, n in enumerate(self.site_workers))
+            sites = ", ".join(
+                f"{self.site_name(i)} ({n} worker{'s' if n > 1 else ''}, {_fmt(self.base_link(i, i))})"
+                for i, n in enumerate(self.site_workers)
+            )
             pairs = "; ".join(self._pair_words())
             plural = "s" if self.sites > 1 else ""
             return f"{head}{self.sites} site{plural}: {sites}" + (f"; {pairs}" if pairs else "") + tail
         if self.sites == 1:
             return f"{head}1 site, {_fmt(self.intra_link)}{tail}"
-        return (f"{head}{self.sites} sites, between sites {_fmt(self.inter_link)}; "
-                f"inside {_fmt(self.intra_link)}{tail}")
+        return (
+            f"{head}{self.sites} sites, between sites {_fmt(self.inter_link)}; " f"inside {_fmt(self.intra_link)}{tail}"
+        )
 
     def _pair_words(self) -> list[str]:
         words = []
@@ -230,8 +243,9 @@ class Topology:
             for b in range(a + 1, self.sites):
                 there, back = self.base_link(a, b), self.base_link(b, a)
                 names = f"{self.site_name(a)}-{self.site_name(b)}"
-                words.append(f"{names} {_fmt(there)}" if there == back else
-                             f"{names} {_fmt(there)} (back {_fmt(back)})")
+                words.append(
+                    f"{names} {_fmt(there)}" if there == back else f"{names} {_fmt(there)} (back {_fmt(back)})"
+                )
         return words
 
 

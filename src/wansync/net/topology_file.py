@@ -40,6 +40,7 @@ Every key is checked: unknown keys, a pair of sites with no link, a site with no
 is not positive, steps that go back in time, a file that does not parse (with its line) are one-line
 ``ConfigError``s naming the file and the place.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,7 +58,7 @@ __all__ = ["SUFFIXES", "load", "parse"]
 
 SUFFIXES = (".toml", ".yaml", ".yml")
 MAX_BYTES = 1 << 20
-MAX_WORKERS = 4096               # config.MAX_PROCESSES: the processes of one run
+MAX_WORKERS = 4096  # config.MAX_PROCESSES: the processes of one run
 _TOP = ("name", "sites", "links", "worker", "compute", "schedules")
 _SITE = ("workers", "link", "ports", "speeds")
 _LINK = ("rtt", "bw", "jitter", "mtu")
@@ -70,7 +71,7 @@ _TRAFFIC = ("seed", "every", "low", "high")
 def load(path: str | Path) -> Topology:
     """The topology in the file at `path` (`.toml`, `.yaml` or `.yml`)."""
     p = Path(path)
-    text = user_text(p, "topology file", MAX_BYTES)        # missing, a directory, a FIFO: said first
+    text = user_text(p, "topology file", MAX_BYTES)  # missing, a directory, a FIFO: said first
     if p.suffix.lower() not in SUFFIXES:
         raise ConfigError(f"topology file {p}: expected a .toml, .yaml or .yml file")
     return parse(text, str(p), yaml=p.suffix.lower() != ".toml", name=p.stem)
@@ -89,7 +90,7 @@ def _toml(text: str, source: str) -> dict[str, Any]:
         msg = str(e)
         m = re.search(r"\s*\(at line (\d+), column (\d+)\)", msg)
         where = f"line {m.group(1)}" if m else "?"
-        msg = msg[:m.start()] + msg[m.end():] if m else msg
+        msg = msg[: m.start()] + msg[m.end() :] if m else msg
         raise ConfigError(f"topology file {source} does not parse: {where}: {msg}") from None
 
 
@@ -97,8 +98,9 @@ def _yaml(text: str, source: str) -> dict[str, Any]:
     try:
         import yaml
     except ImportError:
-        raise ConfigError(f"topology file {source}: reading YAML needs PyYAML (pip install pyyaml), "
-                          f"or write the topology as TOML") from None
+        raise ConfigError(
+            f"topology file {source}: reading YAML needs PyYAML (pip install pyyaml), " f"or write the topology as TOML"
+        ) from None
     try:
         data = yaml.load(text, Loader=_unique_keys_loader(yaml, source))
     except yaml.YAMLError as e:
@@ -107,14 +109,17 @@ def _yaml(text: str, source: str) -> dict[str, Any]:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"topology file {source} does not parse: {where}: {problem}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"topology file {source}: expected a mapping of keys (name, sites, links, ...) at the "
-                          f"top, got {type(data).__name__}")
+        raise ConfigError(
+            f"topology file {source}: expected a mapping of keys (name, sites, links, ...) at the "
+            f"top, got {type(data).__name__}"
+        )
     return data
 
 
 def _unique_keys_loader(yaml: Any, source: str) -> Any:
     """PyYAML's safe loader, but a key given twice in a mapping is refused (PyYAML keeps the last one
     without a word; TOML refuses it too): two `[sites.a]` would silently become one site."""
+
     class Loader(yaml.SafeLoader):
         pass
 
@@ -124,12 +129,15 @@ def _unique_keys_loader(yaml: Any, source: str) -> Any:
             key = loader.construct_object(key_node, deep=deep)
             try:
                 if key in seen:
-                    raise ConfigError(f"topology file {source} does not parse: line {key_node.start_mark.line + 1}: "
-                                      f"key {key!r} given twice")
+                    raise ConfigError(
+                        f"topology file {source} does not parse: line {key_node.start_mark.line + 1}: "
+                        f"key {key!r} given twice"
+                    )
                 seen.add(key)
-            except TypeError:                   # an unhashable key: the loader's own error says so
+            except TypeError:  # an unhashable key: the loader's own error says so
                 break
         return loader.construct_mapping(node, deep)
+
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     return Loader
 
@@ -175,7 +183,7 @@ class _Reader:
         try:
             return fn(*args)
         except ConfigError as e:
-            if str(e).startswith(f"topology file {self.source}: "):     # already says where
+            if str(e).startswith(f"topology file {self.source}: "):  # already says where
                 raise
             raise self.fail(where, str(e)) from None
 
@@ -202,14 +210,24 @@ class _Reader:
         pairs = self.pairs(self.array(top.get("links", []), "[[links]]"), index)
         worker_link = self.worker(top["worker"]) if "worker" in top else None
         step_s = self.compute(top["compute"]) if "compute" in top else 0.0
-        schedules = tuple(self.schedule(s, f"[[schedules]] #{k + 1}", index, len(names))
-                          for k, s in enumerate(self.array(top.get("schedules", []), "[[schedules]]")))
-        return Topology(sites=len(names), name=name, site_names=tuple(names), site_workers=tuple(workers),
-                        site_links=tuple(links), intra_link=links[0],
-                        site_ports=tuple(ports) if "worker" in ports else (),
-                        pair_links=tuple((a, b, link) for (a, b), link in sorted(pairs.items())),
-                        speeds=tuple(speeds) if any(s != 1.0 for s in speeds) else (),
-                        worker_link=worker_link, schedules=schedules, step_s=step_s)
+        schedules = tuple(
+            self.schedule(s, f"[[schedules]] #{k + 1}", index, len(names))
+            for k, s in enumerate(self.array(top.get("schedules", []), "[[schedules]]"))
+        )
+        return Topology(
+            sites=len(names),
+            name=name,
+            site_names=tuple(names),
+            site_workers=tuple(workers),
+            site_links=tuple(links),
+            intra_link=links[0],
+            site_ports=tuple(ports) if "worker" in ports else (),
+            pair_links=tuple((a, b, link) for (a, b), link in sorted(pairs.items())),
+            speeds=tuple(speeds) if any(s != 1.0 for s in speeds) else (),
+            worker_link=worker_link,
+            schedules=schedules,
+            step_s=step_s,
+        )
 
     def workers(self, value: Any, where: str) -> int:
         if value is None:
@@ -246,12 +264,19 @@ class _Reader:
     def link_values(self, spec: dict[str, Any], where: str) -> Link:
         def text(key: str) -> str:
             return self.string(spec[key], f"{where} {key}")
+
         mtu = spec.get("mtu", 1500)
         if isinstance(mtu, bool) or not isinstance(mtu, int):
             raise self.fail(f"{where} mtu", f"expected a whole number of bytes, got {mtu!r}")
-        return self.convert(where, lambda: Link(
-            rtt_s=parse_time(text("rtt"), "rtt"), bandwidth_bps=parse_rate(text("bw"), "bw"),
-            jitter_s=parse_time(text("jitter"), "jitter") if "jitter" in spec else 0.0, mtu=mtu))
+        return self.convert(
+            where,
+            lambda: Link(
+                rtt_s=parse_time(text("rtt"), "rtt"),
+                bandwidth_bps=parse_rate(text("bw"), "bw"),
+                jitter_s=parse_time(text("jitter"), "jitter") if "jitter" in spec else 0.0,
+                mtu=mtu,
+            ),
+        )
 
     def pairs(self, entries: list[Any], index: dict[str, int]) -> dict[tuple[int, int], Link]:
         pairs: dict[tuple[int, int], Link] = {}
@@ -272,8 +297,11 @@ class _Reader:
             else:
                 raise self.fail(where, "which sites? give sites = [a, b], or from = a and to = b")
             if a == b:
-                raise self.fail(where, f"a link from site {_names(index)[a]!r} to itself: a site's own link is "
-                                       f"[sites.{_names(index)[a]}] link")
+                raise self.fail(
+                    where,
+                    f"a link from site {_names(index)[a]!r} to itself: a site's own link is "
+                    f"[sites.{_names(index)[a]}] link",
+                )
             link = self.link({k_: v for k_, v in spec.items() if k_ in _LINK}, where)
             for d in directions:
                 if d in pairs:
@@ -285,8 +313,11 @@ class _Reader:
             for b in range(len(names)):
                 if a != b and (a, b) not in pairs:
                     other = "" if (b, a) not in pairs else f" (only {names[b]} to {names[a]} is given)"
-                    raise self.fail("[[links]]", f"no link from {names[a]!r} to {names[b]!r}{other}: every pair of "
-                                                 f"sites needs one (sites = [\"{names[a]}\", \"{names[b]}\"])")
+                    raise self.fail(
+                        "[[links]]",
+                        f"no link from {names[a]!r} to {names[b]!r}{other}: every pair of "
+                        f'sites needs one (sites = ["{names[a]}", "{names[b]}"])',
+                    )
         return pairs
 
     def site(self, value: Any, where: str, index: dict[str, int]) -> int:
@@ -318,8 +349,10 @@ class _Reader:
     def schedule(self, value: Any, where: str, index: dict[str, int], sites: int) -> LinkSchedule:
         spec = self.table(value, where, _SCHEDULE)
         pairs = self.schedule_links(spec.get("links"), f"{where} links", index, sites)
-        steps = tuple(self.step(s, f"{where} steps[{i}]")
-                      for i, s in enumerate(self.array(spec.get("steps", []), f"{where} steps")))
+        steps = tuple(
+            self.step(s, f"{where} steps[{i}]")
+            for i, s in enumerate(self.array(spec.get("steps", []), f"{where} steps"))
+        )
         traffic = self.traffic(spec["traffic"], f"{where} traffic") if "traffic" in spec else None
         return self.convert(where, LinkSchedule, pairs, steps, traffic)
 
@@ -341,7 +374,9 @@ class _Reader:
                 out += [(a, b), (b, a)]
             else:
                 pair = self.table(item, here, ("from", "to"))
-                out.append((self.site(pair.get("from"), f"{here} from", index), self.site(pair.get("to"), f"{here} to", index)))
+                out.append(
+                    (self.site(pair.get("from"), f"{here} from", index), self.site(pair.get("to"), f"{here} to", index))
+                )
         return tuple(dict.fromkeys(out))
 
     def step(self, value: Any, where: str) -> Step:
@@ -349,11 +384,15 @@ class _Reader:
         if "at" not in spec:
             raise self.fail(where, 'missing at (a run time, e.g. at = "60s")')
         at = self.convert(where, parse_time, self.string(spec["at"], f"{where} at"), "at")
-        return self.convert(where, lambda: Step(
-            at_s=at,
-            bandwidth_bps=parse_rate(self.string(spec["bw"], f"{where} bw"), "bw") if "bw" in spec else None,
-            scale=self.number(spec["scale"], f"{where} scale") if "scale" in spec else None,
-            rtt_s=parse_time(self.string(spec["rtt"], f"{where} rtt"), "rtt") if "rtt" in spec else None))
+        return self.convert(
+            where,
+            lambda: Step(
+                at_s=at,
+                bandwidth_bps=parse_rate(self.string(spec["bw"], f"{where} bw"), "bw") if "bw" in spec else None,
+                scale=self.number(spec["scale"], f"{where} scale") if "scale" in spec else None,
+                rtt_s=parse_time(self.string(spec["rtt"], f"{where} rtt"), "rtt") if "rtt" in spec else None,
+            ),
+        )
 
     def traffic(self, value: Any, where: str) -> Traffic:
         spec = self.table(value, where, _TRAFFIC)
@@ -363,10 +402,15 @@ class _Reader:
         seed = spec["seed"]
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise self.fail(f"{where} seed", f"expected a whole number >= 0, got {seed!r}")
-        return self.convert(where, lambda: Traffic(
-            seed=seed, period_s=parse_time(self.string(spec["every"], f"{where} every"), "every"),
-            low=self.number(spec["low"], f"{where} low"),
-            high=self.number(spec.get("high", 1.0), f"{where} high")))
+        return self.convert(
+            where,
+            lambda: Traffic(
+                seed=seed,
+                period_s=parse_time(self.string(spec["every"], f"{where} every"), "every"),
+                low=self.number(spec["low"], f"{where} low"),
+                high=self.number(spec.get("high", 1.0), f"{where} high"),
+            ),
+        )
 
 
 def _names(index: dict[str, int]) -> list[str]:
@@ -374,6 +418,11 @@ def _names(index: dict[str, int]) -> list[str]:
 
 
 def _kind(value: Any) -> str:
-    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "a number",
-            float: "a number"}.get(type(value), type(value).__name__) + ("" if isinstance(value, (dict, list)) else
-                                                                         f" ({value!r})")
+    return {
+        dict: "a table",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+    }.get(type(value), type(value).__name__) + ("" if isinstance(value, (dict, list)) else f" ({value!r})")

@@ -45,12 +45,14 @@ def _sites(inter: Link, name: str, sites: int = 2) -> Topology:
 #: gives its 16.6 ms RTT but no bandwidth; we use 10 Gbit/s, the RENATER backbone between Grid'5000
 #: sites, because the paper attributes its result to the *number* of synchronization events
 #: (latency-bound), not to volume. For a bandwidth-starved variant pass ``two-site,bw=1gbit``.
-PRESETS: Mapping[str, Topology] = MappingProxyType({
-    "lan": Topology(sites=1, intra_link=LAN_LINK, inter_link=LAN_LINK, name="lan"),
-    "two-site": _sites(Link(16.6e-3, 10e9), "two-site"),
-    "cross-region": _sites(Link(100e-3, 1e9), "cross-region"),
-    "cross-continent": _sites(Link(200e-3, 200e6), "cross-continent"),
-})
+PRESETS: Mapping[str, Topology] = MappingProxyType(
+    {
+        "lan": Topology(sites=1, intra_link=LAN_LINK, inter_link=LAN_LINK, name="lan"),
+        "two-site": _sites(Link(16.6e-3, 10e9), "two-site"),
+        "cross-region": _sites(Link(100e-3, 1e9), "cross-region"),
+        "cross-continent": _sites(Link(200e-3, 200e6), "cross-continent"),
+    }
+)
 
 #: Presets shipped as topology files (`net/topologies/`), read when named.
 TOPOLOGIES = Path(__file__).resolve().parent / "topologies"
@@ -69,15 +71,16 @@ def is_file_spec(text: str) -> bool:
     return t.lower().endswith(topology_file.SUFFIXES) or ("=" not in t and (os.sep in t or os.path.isfile(t)))
 
 
-
 _KEYS = ("rtt", "bw", "bandwidth", "jitter", "sites", "mtu", "worker")
 
 
 def parse_wan(text: str) -> Topology:
     """A preset name or a spec string (see the module docstring) -> :class:`Topology`."""
     if not isinstance(text, str) or not text.strip():
-        raise ConfigError("--wan: empty; give a preset (" + ", ".join(preset_names()) + "), a topology file, "
-                          "or e.g. rtt=16.6ms,bw=1gbit")
+        raise ConfigError(
+            "--wan: empty; give a preset (" + ", ".join(preset_names()) + "), a topology file, "
+            "or e.g. rtt=16.6ms,bw=1gbit"
+        )
     if is_file_spec(text):
         return topology_file.load(text.strip())
     if text.strip().lower() in FILE_PRESETS:
@@ -89,11 +92,15 @@ def parse_wan(text: str) -> Topology:
     if "=" not in items[0]:
         name = items.pop(0).lower()
         if name in FILE_PRESETS:
-            raise ConfigError(f"--wan {text!r}: the preset {name!r} is a topology file and takes no overrides; "
-                              f"copy {TOPOLOGIES / (name + '.toml')} and edit it")
+            raise ConfigError(
+                f"--wan {text!r}: the preset {name!r} is a topology file and takes no overrides; "
+                f"copy {TOPOLOGIES / (name + '.toml')} and edit it"
+            )
         if name not in PRESETS:
-            raise ConfigError(f"--wan: unknown preset {name!r}; choose one of: {', '.join(preset_names())}, or "
-                              f"name a topology file (.toml, .yaml)")
+            raise ConfigError(
+                f"--wan: unknown preset {name!r}; choose one of: {', '.join(preset_names())}, or "
+                f"name a topology file (.toml, .yaml)"
+            )
         base = PRESETS[name]
         if not items:
             return base

@@ -1,5 +1,6 @@
 """The Work objects an emulated process group hands its callers (`net.backend`): completed when the
 modelled link says so, never earlier than the real collective, each with its `CollectiveRecord`."""
+
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,6 @@
 """Measured step times: a few steps of the real model on this machine (one process), or every
 step of every rank of a finished run, to replay with its stragglers."""
+
 from __future__ import annotations
 
 import json
@@ -45,16 +46,24 @@ def run_step_times(run_dir: str | Path) -> StepTimes:
             steps = json.loads(path.read_text())["steps_s"]
             series = tuple(zip(map(float, steps["compute"]), map(float, steps["other"]), strict=True))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"--step-times: {path} holds no per-step times ({type(e).__name__}: {e}); "
-                              "it needs a run of `wansync train` from this version") from None
+            raise ConfigError(
+                f"--step-times: {path} holds no per-step times ({type(e).__name__}: {e}); "
+                "it needs a run of `wansync train` from this version"
+            ) from None
         if not series:
             raise ConfigError(f"--step-times: {path} has no training steps")
-        bad = next(((i, v) for i, pair in enumerate(series, 1) for v in pair if not (math.isfinite(v) and v >= 0)), None)
+        bad = next(
+            ((i, v) for i, pair in enumerate(series, 1) for v in pair if not (math.isfinite(v) and v >= 0)), None
+        )
         if bad is not None:
-            raise ConfigError(f"--step-times: {path} holds a step time of {bad[1]} s at step {bad[0]} (a time is "
-                              "finite and >= 0): the file is damaged")
+            raise ConfigError(
+                f"--step-times: {path} holds a step time of {bad[1]} s at step {bad[0]} (a time is "
+                "finite and >= 0): the file is damaged"
+            )
         out.append(series)
     if not out:
-        raise ConfigError(f"--step-times: no {PROFILE.format(0)} under {logs}; give the directory of a "
-                          "finished `wansync train` run")
+        raise ConfigError(
+            f"--step-times: no {PROFILE.format(0)} under {logs}; give the directory of a "
+            "finished `wansync train` run"
+        )
     return tuple(out)

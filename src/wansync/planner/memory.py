@@ -72,6 +72,7 @@ With `outer_state_device=cpu` the outer state and the exchange's buffers in flig
 memory (`host`), and so are a fragment's merge temporaries: none of them count against the
 accelerator (`per_gpu`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -89,7 +90,7 @@ from ..telemetry.memory import CATEGORIES
 from ..units import parse_bytes
 from .schedule import Transfer, planned_timetable
 
-VALUE = 4                                     # bytes of an fp32 value
+VALUE = 4  # bytes of an fp32 value
 #: fragment-sized buffers alive at once in a merge
 MERGE_TEMPORARIES = MappingProxyType({"alpha": 2, "taylor": 7, "damped": 7, "eager": 2})
 ADAMW_MOMENTS = 2
@@ -111,7 +112,7 @@ def memory_bill(s: Any, held_in_flight: Sequence[Transfer] = ()) -> dict[str, in
     bill = held_bytes(s, held_in_flight)
     total, transient = sum(bill.values()), transient_bytes(s)
     fragments = "fragments" in s.options
-    on_host = s.options.get("outer_state_device") == "cpu"    # a fragment's Δ, exchange and merge run there too
+    on_host = s.options.get("outer_state_device") == "cpu"  # a fragment's Δ, exchange and merge run there too
     host = bill["outer_state"] + (bill["exchange"] if fragments else 0) if on_host else 0
     on_gpu = 0 if on_host and fragments else transient
     return {**bill, "total": total, "transient": transient, "host": host, "per_gpu": total - host + on_gpu}
@@ -128,27 +129,36 @@ def held_bytes(s: Any, held_in_flight: Sequence[Transfer]) -> dict[str, int]:
     tt = planned_timetable(s.strategy, o)
     momentum = o.get("outer_momentum", o.get("slowmo_beta", 0.0))
     anchored = "fragments" in o or "outer_lr" in o or "slowmo_beta" in o
-    wrappers = 0 if sharded else (any(tt.ddp_step(t) for t in (1, o.get("sync_every", 1)))
-                                  + (r > 1 and strategy_class(s.strategy).steps_inside_workers))
+    wrappers = (
+        0
+        if sharded
+        else (
+            any(tt.ddp_step(t) for t in (1, o.get("sync_every", 1)))
+            + (r > 1 and strategy_class(s.strategy).steps_inside_workers)
+        )
+    )
     bill = dict.fromkeys(CATEGORIES, 0)
-    bill.update(parameters=p + size.buffer_bytes, gradients=p,
-                inner_optimizer=inner_optimizer_bytes(s.optimizer, s.momentum, p, len(size.grad_numels)),
-                outer_state=(synced + (synced if momentum > 0 else 0)) if anchored else 0,
-                ddp_buckets=wrappers * VALUE * size.params)
+    bill.update(
+        parameters=p + size.buffer_bytes,
+        gradients=p,
+        inner_optimizer=inner_optimizer_bytes(s.optimizer, s.momentum, p, len(size.grad_numels)),
+        outer_state=(synced + (synced if momentum > 0 else 0)) if anchored else 0,
+        ddp_buckets=wrappers * VALUE * size.params,
+    )
     if "fragments" in o:
-        copies = 1 if tt.merge == "alpha" else 2            # Δ, and θ(t_p) for the other merges
+        copies = 1 if tt.merge == "alpha" else 2  # Δ, and θ(t_p) for the other merges
         flying = _fragments_in_flight(s, held_in_flight)
         bill["outer_state"] += sum(copies * f for f, _ in flying)
         bill["exchange"] = sum(w for _, w in flying)
-        if o.get("error_feedback") and o["codec"] != "fp32":      # a residual per fragment, once it synced
+        if o.get("error_feedback") and o["codec"] != "fp32":  # a residual per fragment, once it synced
             bill["exchange"] += VALUE * sum(s.size.local_fragments(o["fragments"], o["partition"], r if sharded else 1))
-    elif o.get("codec", "fp32") != "fp32":                  # the workers' changes from a reference
-        keeps_mean = strategy_class(s.strategy).reference is Periodic.reference      # no anchor: the last mean
+    elif o.get("codec", "fp32") != "fp32":  # the workers' changes from a reference
+        keeps_mean = strategy_class(s.strategy).reference is Periodic.reference  # no anchor: the last mean
         bill["exchange"] = synced * (int(keeps_mean) + int(bool(o.get("error_feedback"))))
-    elif o.get("drift_telemetry") and not sharded and not o.get("overlap_rounds"):   # the model moved into the
-        bill["exchange"] = VALUE * DRIFT_SIDE_BAND                                     # averaged buffer
+    elif o.get("drift_telemetry") and not sharded and not o.get("overlap_rounds"):  # the model moved into the
+        bill["exchange"] = VALUE * DRIFT_SIDE_BAND  # averaged buffer
     if o.get("overlap_rounds"):
-        bill["outer_state"] += 2 * synced                   # s_m and the Δ_m in flight
+        bill["outer_state"] += 2 * synced  # s_m and the Δ_m in flight
     return bill
 
 
@@ -166,9 +176,9 @@ def transient_bytes(s: Any) -> int:
         merge = (MERGE_TEMPORARIES[planned_timetable(s.strategy, o).merge] + reads_rates) * f
         if not ddp_inside:
             return merge
-        share = math.ceil(f / r)        # the shard's mean, held until the whole is put back together
+        share = math.ceil(f / r)  # the shard's mean, held until the whole is put back together
         return max(2 * f + share, f + merge - share)
-    if "sync_every" not in o:                               # ddp: its buckets are held, nothing more
+    if "sync_every" not in o:  # ddp: its buckets are held, nothing more
         return 0
     p, synced = _local_bytes(s)
     b = synced + (VALUE * DRIFT_SIDE_BAND if o.get("drift_telemetry") else 0)
@@ -178,7 +188,7 @@ def transient_bytes(s: Any) -> int:
         params = b if sharded else _reassembly(b, r) if ddp_inside else 0
     if not o.get("sync_optimizer_state"):
         return params
-    moments = inner_optimizer_bytes(s.optimizer, s.momentum, p, 0)     # gathered into one buffer, averaged
+    moments = inner_optimizer_bytes(s.optimizer, s.momentum, p, 0)  # gathered into one buffer, averaged
     return max(params, moments + (_reassembly(moments, r) if ddp_inside else 0))
 
 
@@ -191,23 +201,30 @@ def _lossy_periodic(s: Any, b: int) -> int:
     codec = get_codec(o["codec"])
     enc, dec = ENCODE_TEMPORARIES[codec.name], DECODE_TEMPORARIES[codec.name]
     n = b // VALUE
-    part = math.ceil(n / r) if ddp_inside else n           # the values this rank averages
-    mean = VALUE * part if ddp_inside else 0               # the shard's mean is a buffer of its own
-    if lossy_path(codec, o.get("codec_collective", "auto"), m, n, s.topology, r, s.inside == "fsdp") == "reduce_scatter":
+    part = math.ceil(n / r) if ddp_inside else n  # the values this rank averages
+    mean = VALUE * part if ddp_inside else 0  # the shard's mean is a buffer of its own
+    if (
+        lossy_path(codec, o.get("codec_collective", "auto"), m, n, s.topology, r, s.inside == "fsdp")
+        == "reduce_scatter"
+    ):
         q = math.ceil(part / m)
         w, block = codec.wire_bytes(q), min(BLOCK_VALUES, q)
-        chunks = 2 * m * w                                  # the all-to-all's send and receive buffers
-        phases = [m * w + enc * block,                      # the chunks encoded
-                  chunks + VALUE * q + dec * block,         # the received ones summed
-                  chunks + VALUE * q + w + enc * block,     # this rank's mean chunk re-encoded
-                  chunks + w + 2 * m * w,                   # all-gathered (gloo copies them once more)
-                  chunks + w + m * w + dec * block + mean]  # decoded into the mean
+        chunks = 2 * m * w  # the all-to-all's send and receive buffers
+        phases = [
+            m * w + enc * block,  # the chunks encoded
+            chunks + VALUE * q + dec * block,  # the received ones summed
+            chunks + VALUE * q + w + enc * block,  # this rank's mean chunk re-encoded
+            chunks + w + 2 * m * w,  # all-gathered (gloo copies them once more)
+            chunks + w + m * w + dec * block + mean,
+        ]  # decoded into the mean
         held = chunks + w + m * w
     else:
         w, block = codec.wire_bytes(part), min(BLOCK_VALUES, part)
-        phases = [w + enc * block,                          # the payload encoded
-                  w + 2 * m * w,                            # all-gathered (gloo copies them once more)
-                  w + m * w + dec * block + mean]           # decoded and summed into the mean
+        phases = [
+            w + enc * block,  # the payload encoded
+            w + 2 * m * w,  # all-gathered (gloo copies them once more)
+            w + m * w + dec * block + mean,
+        ]  # decoded and summed into the mean
         held = w + m * w
     peak = max(phases)
     return b + int(max(peak, held + _reassembly(b, r)) if ddp_inside else peak)
@@ -219,8 +236,10 @@ def _sparse(s: Any) -> Any:
     cls = strategy_class(s.strategy)
     opts = make_options(s.strategy, **s.options)
     r = s.ranks_per_worker if s.inside == "fsdp" else 1
-    shapes = [(math.ceil(sh[0] / r), *sh[1:]) if len(sh) > 1 else (math.ceil(sh[0] / r),) if sh else sh
-              for sh in (s.size.shapes or [(n,) for n in s.size.grad_numels])]
+    shapes = [
+        (math.ceil(sh[0] / r), *sh[1:]) if len(sh) > 1 else (math.ceil(sh[0] / r),) if sh else sh
+        for sh in (s.size.shapes or [(n,) for n in s.size.grad_numels])
+    ]
     codec = cls.wire_codec(opts, shapes)
     return codec if is_sparse(codec) else None
 
@@ -237,12 +256,18 @@ def _sparse_held(s: Any, codec: Any, p: int) -> dict[str, int]:
     """SparseLoCo: θ̃ and the error buffer (outer state, p each); DeMo: its momentum (p) in place of
     the inner optimizer it replaces; both: the payload's description."""
     bill = dict.fromkeys(CATEGORIES, 0)
-    wrappers = int(s.ranks_per_worker > 1 and s.inside != "fsdp")    # the DDP inside a worker
-    bill.update(parameters=p + s.size.buffer_bytes, gradients=p, ddp_buckets=wrappers * VALUE * s.size.params,
-                exchange=sparse_state_bytes(codec))
+    wrappers = int(s.ranks_per_worker > 1 and s.inside != "fsdp")  # the DDP inside a worker
+    bill.update(
+        parameters=p + s.size.buffer_bytes,
+        gradients=p,
+        ddp_buckets=wrappers * VALUE * s.size.params,
+        exchange=sparse_state_bytes(codec),
+    )
     if strategy_class(s.strategy).steps_optimizer:
-        bill.update(inner_optimizer=inner_optimizer_bytes(s.optimizer, s.momentum, p, len(s.size.grad_numels)),
-                    outer_state=(4 if s.options.get("overlap_rounds") else 2) * p)   # + s_m and the Δ_m in flight
+        bill.update(
+            inner_optimizer=inner_optimizer_bytes(s.optimizer, s.momentum, p, len(s.size.grad_numels)),
+            outer_state=(4 if s.options.get("overlap_rounds") else 2) * p,
+        )  # + s_m and the Δ_m in flight
     else:
         bill["inner_optimizer"] = p
     return bill
@@ -257,6 +282,7 @@ def _sparse_transient(s: Any, codec: Any) -> int:
     `BATCH_VALUES` values at most)."""
     from ..comm.quantize import RAW
     from ..comm.sparse import BATCH_VALUES
+
     p = VALUE * codec.layout.numel
     w, m = codec.wire_bytes(), s.workers
     kept = max((sec.kept for sec in codec.sections), default=0)
@@ -288,7 +314,7 @@ def _fragments_in_flight(s: Any, held: Sequence[Transfer]) -> list[tuple[int, in
     o, r, sharded = s.options, s.ranks_per_worker, s.inside == "fsdp"
     local = s.size.local_fragments(o["fragments"], o["partition"], r if sharded else 1)
     codec, m = get_codec(o["codec"]), s.workers
-    sent_copy = o.get("error_feedback") and codec.name != "fp32"     # Δ plus the residual, sent
+    sent_copy = o.get("error_feedback") and codec.name != "fp32"  # Δ plus the residual, sent
     out = []
     for x in held:
         n = local[x.fragment]
@@ -313,13 +339,15 @@ def parse_capacity(text: str | None) -> float | None:
         raise ConfigError(f"--gpu-memory: {e}") from None
 
 
-def smallest_fitting_ranks(s: Any, held_in_flight: Sequence[Transfer], capacity: float,
-                           most: int = 1024) -> int | None:
+def smallest_fitting_ranks(s: Any, held_in_flight: Sequence[Transfer], capacity: float, most: int = 1024) -> int | None:
     """The fewest ranks per worker (a power of 2, up to `most`) whose FSDP-sharded peak per GPU fits
     `capacity`; None when none does (buffers and transients do not shrink with R)."""
     r = 1
     while r <= most:
-        if memory_bill(dataclasses.replace(s, inside="fsdp", ranks_per_worker=r), held_in_flight)["per_gpu"] <= capacity:
+        if (
+            memory_bill(dataclasses.replace(s, inside="fsdp", ranks_per_worker=r), held_in_flight)["per_gpu"]
+            <= capacity
+        ):
             return r
         r *= 2
     return None

@@ -7,6 +7,7 @@ emulator's cost model (`simulate.py`): a warm-up (CoCoDC's first period, which r
 N is decided; post-local SGD's DDP phase), then two periods whose time, exposed communication and
 bytes are scaled to 1000 steps: the steady state of a long run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,31 +27,33 @@ from .sizes import ModelSize
 STEPS = 1000
 # The simulation walks every step (tens of µs each): a setting whose warm-up and two periods are longer
 # would take minutes to hours (`plan --sync-every 100000000` never answered); it is refused instead.
-MAX_SIMULATED_STEPS = 300_000       # H up to 100,000
+MAX_SIMULATED_STEPS = 300_000  # H up to 100,000
 H_CANDIDATES = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 250, 500, 1000, 2000, 5000)
 
 
 @dataclass(frozen=True)
 class Setting:
     """Everything a prediction depends on."""
+
     strategy: str
-    options: dict[str, Any]            # the strategy's options (defaults filled in by `setting`)
+    options: dict[str, Any]  # the strategy's options (defaults filled in by `setting`)
     size: ModelSize
     workers: int
     topology: Topology
-    step_s: float                      # compute per step: forward, backward, inner step
-    other_s: float = 0.0               # the rest of a step outside communication (data, averaging)
+    step_s: float  # compute per step: forward, backward, inner step
+    other_s: float = 0.0  # the rest of a step outside communication (data, averaging)
     ranks_per_worker: int = 1
-    overlap: float = DDP_OVERLAP       # share of the compute DDP's bucket all-reduces overlap
-    host_bytes_per_s: float | None = None   # the real backend's rate here (see `transfer_seconds`)
-    step_times: StepTimes | None = None     # per worker, per step (compute, other): replayed (`simulate`)
-    inside: str = "ddp"                # how a worker's ranks hold the model: ddp (whole) | fsdp (sharded)
-    optimizer: str = "adamw"           # the inner optimizer (its state is part of the memory bill)
-    momentum: float = 0.0              # SGD's momentum (a buffer when > 0)
+    overlap: float = DDP_OVERLAP  # share of the compute DDP's bucket all-reduces overlap
+    host_bytes_per_s: float | None = None  # the real backend's rate here (see `transfer_seconds`)
+    step_times: StepTimes | None = None  # per worker, per step (compute, other): replayed (`simulate`)
+    inside: str = "ddp"  # how a worker's ranks hold the model: ddp (whole) | fsdp (sharded)
+    optimizer: str = "adamw"  # the inner optimizer (its state is part of the memory bill)
+    momentum: float = 0.0  # SGD's momentum (a buffer when > 0)
 
 
-def setting(strategy: str, options: dict[str, Any], size: ModelSize, workers: int, topology: Topology,
-            step_s: float, **kw: Any) -> Setting:
+def setting(
+    strategy: str, options: dict[str, Any], size: ModelSize, workers: int, topology: Topology, step_s: float, **kw: Any
+) -> Setting:
     """A Setting with the strategy's options validated and its defaults filled in."""
     return Setting(strategy, resolve_options(strategy, options), size, workers, topology, step_s, **kw)
 
@@ -60,8 +63,8 @@ class Prediction:
     setting: Setting
     timeline: Timeline
     syncs_per_period: int | None
-    memory: dict[str, int]             # rank 0's bytes by category, total, transient, host, per_gpu (`memory.py`)
-    first: int = 0                     # steps before the measured window (warm-up)
+    memory: dict[str, int]  # rank 0's bytes by category, total, transient, host, per_gpu (`memory.py`)
+    first: int = 0  # steps before the measured window (warm-up)
 
     @property
     def wall_per_1000_s(self) -> float:
@@ -93,8 +96,18 @@ def run_trace(s: Setting, steps: int, finish: bool = False) -> Trace:
     seconds = seconds_of(s)
     # CoCoDC's T_c is the time a step spends outside the strategy's own sync work (forward,
     # backward, data, inner step): `step_s`, without the averaging `other_s` also holds.
-    return trace(s.strategy, s.options, s.size, s.workers, steps, step_s=s.step_s,
-                 fragment_sync_s=seconds, ranks_per_worker=s.ranks_per_worker, finish=finish, path_of=paths_of(s))
+    return trace(
+        s.strategy,
+        s.options,
+        s.size,
+        s.workers,
+        steps,
+        step_s=s.step_s,
+        fragment_sync_s=seconds,
+        ranks_per_worker=s.ranks_per_worker,
+        finish=finish,
+        path_of=paths_of(s),
+    )
 
 
 def paths_of(s: Setting) -> PathOf:
@@ -107,7 +120,7 @@ def warmup_steps(s: Setting) -> int:
     first gradient step (its initial buckets)."""
     o, tt = s.options, planned_timetable(s.strategy, s.options)
     if isinstance(tt, FragmentTimetable) and not tt.n_decided:
-        return tt.H                                  # N is decided at the first step >= H
+        return tt.H  # N is decided at the first step >= H
     first_grad = next((t for t in range(1, o.get("sync_every", 1) + 1) if tt.ddp_step(t)), 0)
     return max(o.get("switch_step", 0), first_grad)
 
@@ -120,18 +133,20 @@ def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Predi
     first = warmup_steps(s) if steps is None else 0
     n = steps if steps is not None else first + 2 * h
     tr = run_trace(s, n, finish)
-    tl = simulate(tr, seconds_of(s), s.step_s, s.other_s, s.overlap, include_finish=finish,
-                  step_times=workers_times(s))
-    return Prediction(s, tl, tr.syncs_per_period if "fragments" in s.options else None,
-                      memory_bill(s, tl.held_in_flight), first)
+    tl = simulate(tr, seconds_of(s), s.step_s, s.other_s, s.overlap, include_finish=finish, step_times=workers_times(s))
+    return Prediction(
+        s, tl, tr.syncs_per_period if "fragments" in s.options else None, memory_bill(s, tl.held_in_flight), first
+    )
 
 
 def check_simulated_steps(n: int, s: Setting) -> None:
     """One line when the prediction would simulate more than MAX_SIMULATED_STEPS steps."""
     if n > MAX_SIMULATED_STEPS:
         knobs = ", ".join(f"{k} {s.options[k]}" for k in ("sync_every", "switch_step") if s.options.get(k))
-        raise ConfigError(f"the planner simulates each step of the warm-up and two periods: {n:,} steps here ({knobs}), "
-                          f"at most {MAX_SIMULATED_STEPS:,}; plan a shorter period")
+        raise ConfigError(
+            f"the planner simulates each step of the warm-up and two periods: {n:,} steps here ({knobs}), "
+            f"at most {MAX_SIMULATED_STEPS:,}; plan a shorter period"
+        )
 
 
 def workers_times(s: Setting) -> StepTimes | None:
@@ -146,11 +161,18 @@ def workers_times(s: Setting) -> StepTimes | None:
     if not s.topology.speeds or s.topology.workers != s.workers:
         return None
     times = [s.step_s * s.topology.slowdown(w) for w in range(s.workers)]
-    pace = Pace(s.options.get("slow_policy", "wait"), int(s.options.get("sync_every", 1)),
-                float(s.options.get("deadline", 0.0)), None, workers=s.workers)
+    pace = Pace(
+        s.options.get("slow_policy", "wait"),
+        int(s.options.get("sync_every", 1)),
+        float(s.options.get("deadline", 0.0)),
+        None,
+        workers=s.workers,
+    )
     pace.agreed = times
-    return tuple(tuple((t if computes else 0.0, s.other_s) for computes in pace.planned_slots(w))
-                 for w, t in zip(range(s.workers), times))
+    return tuple(
+        tuple((t if computes else 0.0, s.other_s) for computes in pace.planned_slots(w))
+        for w, t in zip(range(s.workers), times)
+    )
 
 
 def recommend_h(s: Setting, target_pct: float) -> int | None:
@@ -160,8 +182,11 @@ def recommend_h(s: Setting, target_pct: float) -> int | None:
         return None
     for h in H_CANDIDATES:
         o = {**s.options, "sync_every": h}
-        if "fragments" in o and (o["fragments"] > h or o["overlap"] >= h
-                                 or (o["syncs_per_period"] and not o["fragments"] <= o["syncs_per_period"] <= h)):
+        if "fragments" in o and (
+            o["fragments"] > h
+            or o["overlap"] >= h
+            or (o["syncs_per_period"] and not o["fragments"] <= o["syncs_per_period"] <= h)
+        ):
             continue
         if predict(dataclasses.replace(s, options=o)).exposed_pct <= target_pct:
             return h

@@ -26,6 +26,7 @@ same files is the planner's answer to "what would wansync do there".
 The same planner then predicts a larger run (`large_table`): a 72B model on 20 workers, each behind
 500 Mbit/s at 100 ms, DiLoCo and Streaming DiLoCo against SparseLoCo.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,35 +44,53 @@ from .sizes import FLOPS_PER_ACCELERATOR, flops_step_s, of_params
 
 PARAMS = 10e9
 NODES, GPUS_PER_NODE = 14, 8
-INNER_STEP_S = 22.8              # 100 inner steps took about 38 minutes
+INNER_STEP_S = 22.8  # 100 inner steps took about 38 minutes
 H = 100
 
 
 @dataclass(frozen=True)
 class Region:
     name: str
-    preset: str                  # its topology file (`net/topologies/<preset>.toml`)
-    all_reduce_s: float          # reported median
-    utilization_pct: float       # reported
+    preset: str  # its topology file (`net/topologies/<preset>.toml`)
+    all_reduce_s: float  # reported median
+    utilization_pct: float  # reported
 
 
-REGIONS = (Region("USA", "intellect-1-usa", 103.0, 95.7),
-           Region("USA + Europe", "intellect-1-usa-europe", 382.0, 85.6),
-           Region("global", "intellect-1-global", 469.0, 83.0))
+REGIONS = (
+    Region("USA", "intellect-1-usa", 103.0, 95.7),
+    Region("USA + Europe", "intellect-1-usa-europe", 382.0, 85.6),
+    Region("global", "intellect-1-global", 469.0, 83.0),
+)
 
 # (label, strategy, options): INTELLECT-1's own setting first, then wansync's alternatives
 CONFIGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("DiLoCo H=100, int8 (INTELLECT-1)", "diloco", {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter"}),
+    (
+        "DiLoCo H=100, int8 (INTELLECT-1)",
+        "diloco",
+        {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter"},
+    ),
     ("DiLoCo H=100, fp4", "diloco", {"sync_every": H, "codec": "fp4", "codec_collective": "reduce_scatter"}),
     ("DiLoCo H=200, int8", "diloco", {"sync_every": 2 * H, "codec": "int8", "codec_collective": "reduce_scatter"}),
-    ("DiLoCo H=100, int8, whole-round overlap", "diloco",
-     {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter", "overlap_rounds": True}),
-    ("Streaming DiLoCo H=100, P=4, τ=5, int8", "streaming",
-     {"sync_every": H, "fragments": 4, "overlap": 5, "codec": "int8", "codec_collective": "reduce_scatter"}),
-    ("Streaming DiLoCo H=100, P=4, τ=10, int8", "streaming",
-     {"sync_every": H, "fragments": 4, "overlap": 10, "codec": "int8", "codec_collective": "reduce_scatter"}),
-    ("Streaming DiLoCo H=100, P=4, τ=10, fp4", "streaming",
-     {"sync_every": H, "fragments": 4, "overlap": 10, "codec": "fp4", "codec_collective": "reduce_scatter"}),
+    (
+        "DiLoCo H=100, int8, whole-round overlap",
+        "diloco",
+        {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter", "overlap_rounds": True},
+    ),
+    (
+        "Streaming DiLoCo H=100, P=4, τ=5, int8",
+        "streaming",
+        {"sync_every": H, "fragments": 4, "overlap": 5, "codec": "int8", "codec_collective": "reduce_scatter"},
+    ),
+    (
+        "Streaming DiLoCo H=100, P=4, τ=10, int8",
+        "streaming",
+        {"sync_every": H, "fragments": 4, "overlap": 10, "codec": "int8", "codec_collective": "reduce_scatter"},
+    ),
+    (
+        "Streaming DiLoCo H=100, P=4, τ=10, fp4",
+        "streaming",
+        {"sync_every": H, "fragments": 4, "overlap": 10, "codec": "fp4", "codec_collective": "reduce_scatter"},
+    ),
     ("SparseLoCo H=100, 0.78 %, 2-bit", "sparseloco", {"sync_every": H}),
     ("SparseLoCo H=30, 0.78 %, 2-bit", "sparseloco", {"sync_every": 30}),
     ("SparseLoCo H=100, 3 %, 2-bit", "sparseloco", {"sync_every": H, "density": 0.03}),
@@ -84,10 +103,16 @@ LARGE_PARAMS, LARGE_WORKERS = 72e9, 20
 LARGE_LINK = Link(rtt_s=0.1, bandwidth_bps=500e6)
 LARGE_CONFIGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("DiLoCo H=100, int8", "diloco", {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter"}),
-    ("DiLoCo H=100, int8, whole-round overlap", "diloco",
-     {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter", "overlap_rounds": True}),
-    ("Streaming DiLoCo H=100, P=4, τ=10, fp4", "streaming",
-     {"sync_every": H, "fragments": 4, "overlap": 10, "codec": "fp4", "codec_collective": "reduce_scatter"}),
+    (
+        "DiLoCo H=100, int8, whole-round overlap",
+        "diloco",
+        {"sync_every": H, "codec": "int8", "codec_collective": "reduce_scatter", "overlap_rounds": True},
+    ),
+    (
+        "Streaming DiLoCo H=100, P=4, τ=10, fp4",
+        "streaming",
+        {"sync_every": H, "fragments": 4, "overlap": 10, "codec": "fp4", "codec_collective": "reduce_scatter"},
+    ),
     ("SparseLoCo H=30, 0.78 %, 2-bit", "sparseloco", {"sync_every": 30}),
     ("SparseLoCo H=100, 0.78 %, 2-bit", "sparseloco", {"sync_every": H}),
     ("SparseLoCo H=30, 3 %, 2-bit", "sparseloco", {"sync_every": 30, "density": 0.03}),
@@ -111,8 +136,10 @@ def all_reduce_seconds(topo: Topology) -> float:
 def calibrate(topo: Topology, links: list[tuple[int, int]], target_s: float) -> float:
     """The bandwidth (bit/s) that, given to the links `links` of `topo` (directed site pairs; (s, s)
     is site s's own link), makes `all_reduce_seconds` the reported `target_s` (bisection)."""
+
     def seconds(bw_bps: float) -> float:
         return all_reduce_seconds(with_bandwidth(topo, links, bw_bps))
+
     low, high = 1e6, 1e13
     for _ in range(200):
         mid = (low * high) ** 0.5
@@ -129,14 +156,17 @@ def with_bandwidth(topo: Topology, links: list[tuple[int, int]], bw_bps: float) 
             site_links[a] = dataclasses.replace(site_links[a], bandwidth_bps=bw_bps)
         else:
             pairs[(a, b)] = dataclasses.replace(pairs.get((a, b), topo.inter_link), bandwidth_bps=bw_bps)
-    return dataclasses.replace(topo, site_links=tuple(site_links), intra_link=site_links[0],
-                               pair_links=tuple((a, b, link) for (a, b), link in sorted(pairs.items())))
+    return dataclasses.replace(
+        topo,
+        site_links=tuple(site_links),
+        intra_link=site_links[0],
+        pair_links=tuple((a, b, link) for (a, b), link in sorted(pairs.items())),
+    )
 
 
 def predicted(topology: Topology, strategy: str, options: dict[str, Any]) -> Prediction:
     size = of_params(PARAMS)
-    s = setting(strategy, options, size, NODES, topology, INNER_STEP_S, ranks_per_worker=GPUS_PER_NODE,
-                inside="fsdp")
+    s = setting(strategy, options, size, NODES, topology, INNER_STEP_S, ranks_per_worker=GPUS_PER_NODE, inside="fsdp")
     return predict(s)
 
 
@@ -149,13 +179,21 @@ def table() -> str:
     """The calibrated links, the replay of INTELLECT-1's setting against its reported utilization,
     and the alternatives on the same links (Markdown)."""
     topologies = [topology(r) for r in REGIONS]
-    lines = ["| sites (`--wan`) | links (calibrated bandwidth, assumed RTT) | planned all-reduce | "
-             "reported all-reduce | reported utilization |", "|---|---|---|---|---|"]
+    lines = [
+        "| sites (`--wan`) | links (calibrated bandwidth, assumed RTT) | planned all-reduce | "
+        "reported all-reduce | reported utilization |",
+        "|---|---|---|---|---|",
+    ]
     for r, topo in zip(REGIONS, topologies):
-        lines.append(f"| {r.name} (`{r.preset}`) | {links_words(topo)} | {all_reduce_seconds(topo):.0f} s | "
-                     f"{r.all_reduce_s:g} s | {r.utilization_pct} % |")
-    lines += ["", "| configuration (predicted compute utilization) | " + " | ".join(r.name for r in REGIONS) + " |",
-              "|---|" + "---|" * len(REGIONS)]
+        lines.append(
+            f"| {r.name} (`{r.preset}`) | {links_words(topo)} | {all_reduce_seconds(topo):.0f} s | "
+            f"{r.all_reduce_s:g} s | {r.utilization_pct} % |"
+        )
+    lines += [
+        "",
+        "| configuration (predicted compute utilization) | " + " | ".join(r.name for r in REGIONS) + " |",
+        "|---|" + "---|" * len(REGIONS),
+    ]
     for label, strategy, options in CONFIGS:
         cells = [f"{utilization_pct(predicted(t, strategy, options)):.1f} %" for t in topologies]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -165,28 +203,41 @@ def table() -> str:
 
 def links_words(topo: Topology) -> str:
     """`usa 1.59 Gbit/s 60 ms; usa-europe ...`: each site's own link, then each pair's."""
+
     def fmt(link: Any) -> str:
         return f"{link.bandwidth_bps / 1e9:.3g} Gbit/s, {link.rtt_s * 1e3:g} ms"
+
     words = [f"{topo.site_name(s)} {fmt(topo.base_link(s, s))}" for s in range(topo.sites)]
-    words += [f"{topo.site_name(a)}-{topo.site_name(b)} {fmt(topo.base_link(a, b))}"
-              for a in range(topo.sites) for b in range(a + 1, topo.sites)]
+    words += [
+        f"{topo.site_name(a)}-{topo.site_name(b)} {fmt(topo.base_link(a, b))}"
+        for a in range(topo.sites)
+        for b in range(a + 1, topo.sites)
+    ]
     return "; ".join(words)
 
 
 def large_table() -> str:
     """The 72B setting (`LARGE_CONFIGS`): compute utilization, exposed share and bytes per worker per
     outer round, predicted (Markdown)."""
-    topology = Topology(sites=LARGE_WORKERS, intra_link=LARGE_LINK, inter_link=LARGE_LINK,
-                        name="20 x 500 Mbit/s", worker_link=NVLINK)
+    topology = Topology(
+        sites=LARGE_WORKERS, intra_link=LARGE_LINK, inter_link=LARGE_LINK, name="20 x 500 Mbit/s", worker_link=NVLINK
+    )
     step_s = flops_step_s(LARGE_PARAMS, flops=FLOPS_PER_ACCELERATOR["bf16"])
     size = of_params(LARGE_PARAMS)
-    lines = [f"A 72B model on {LARGE_WORKERS} workers of {GPUS_PER_NODE} GPUs (FSDP2 inside), each behind 500 Mbit/s "
-             f"at 100 ms RTT, {step_s:.1f} s per inner step (the FLOPs rule in bf16): predicted, not reported.", "",
-             "| configuration | compute utilization | exposed communication | bytes per worker per step |",
-             "|---|---|---|---|"]
+    lines = [
+        f"A 72B model on {LARGE_WORKERS} workers of {GPUS_PER_NODE} GPUs (FSDP2 inside), each behind 500 Mbit/s "
+        f"at 100 ms RTT, {step_s:.1f} s per inner step (the FLOPs rule in bf16): predicted, not reported.",
+        "",
+        "| configuration | compute utilization | exposed communication | bytes per worker per step |",
+        "|---|---|---|---|",
+    ]
     for label, strategy, options in LARGE_CONFIGS:
-        p = predict(setting(strategy, options, size, LARGE_WORKERS, topology, step_s,
-                            ranks_per_worker=GPUS_PER_NODE, inside="fsdp"))
-        lines.append(f"| {label} | {utilization_pct(p):.1f} % | {p.exposed_pct:.1f} % | "
-                     f"{p.bytes_per_step / 1e6:.3g} MB |")
+        p = predict(
+            setting(
+                strategy, options, size, LARGE_WORKERS, topology, step_s, ranks_per_worker=GPUS_PER_NODE, inside="fsdp"
+            )
+        )
+        lines.append(
+            f"| {label} | {utilization_pct(p):.1f} % | {p.exposed_pct:.1f} % | " f"{p.bytes_per_step / 1e6:.3g} MB |"
+        )
     return "\n".join(lines)

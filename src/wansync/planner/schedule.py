@@ -13,6 +13,7 @@ round-robin choice (same N, same bytes, same in-flight pattern when fragments ar
 The result is a list of `Transfer`s and, per step, the ordered `Action`s the training thread
 takes: issue a transfer (in backward for DDP's gradient buckets, else in `step()`) and wait for it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,28 +30,29 @@ from ..strategies.timetable import Timetable
 from ..strategies.transmission import syncs_per_period
 from .sizes import ModelSize
 
-AGREE_BYTES = 16             # CoCoDC's agreement on N: the mean of a float64 pair (T_c, T_s)
-DRIFT_BYTES = 4              # the drift telemetry: one float32 element riding on the parameter exchange
-REBUILD_BYTES = (108, 8)     # DDP's broadcast of rank 0's rebuilt bucket order after its first backward (tiny LM)
+AGREE_BYTES = 16  # CoCoDC's agreement on N: the mean of a float64 pair (T_c, T_s)
+DRIFT_BYTES = 4  # the drift telemetry: one float32 element riding on the parameter exchange
+REBUILD_BYTES = (108, 8)  # DDP's broadcast of rank 0's rebuilt bucket order after its first backward (tiny LM)
 
 
 @dataclass
 class Transfer:
     """One collective: its purpose, op and full-buffer bytes (the cost model's B), the bytes this
     rank books on its ledger (its payload), and what a worker puts on the wire for it (`sent`)."""
+
     step: int
-    purpose: str               # grads | params | pseudo_grads | optim_state | telemetry | schedule
-    op: str                    # allreduce | allgather | alltoall | broadcast
+    purpose: str  # grads | params | pseudo_grads | optim_state | telemetry | schedule
+    op: str  # allreduce | allgather | alltoall | broadcast
     nbytes: int
     payload: int
     fragment: int | None = None
-    between_workers: bool = True   # False: DDP's gradient all-reduce (over every rank)
+    between_workers: bool = True  # False: DDP's gradient all-reduce (over every rank)
     sent: int = 0
 
 
 @dataclass
 class Action:
-    kind: str                  # "issue" | "wait" | "book" (bytes booked on the ledger, carried by another collective)
+    kind: str  # "issue" | "wait" | "book" (bytes booked on the ledger, carried by another collective)
     transfer: Transfer
     in_backward: bool = False
 
@@ -58,6 +60,7 @@ class Action:
 @dataclass
 class Trace:
     """The actions of steps 1..steps (index 0 is step 1), then `finish()`'s."""
+
     steps: list[list[Action]] = field(default_factory=list)
     finish: list[Action] = field(default_factory=list)
     syncs_per_period: int | None = None
@@ -66,11 +69,12 @@ class Trace:
         return [a.transfer for acts in [*self.steps, self.finish] for a in acts if a.kind == "issue"]
 
 
-PathOf = Callable[[int], str]   # a worker's buffer of n values -> its lossy mean's path (`lossy_paths`)
+PathOf = Callable[[int], str]  # a worker's buffer of n values -> its lossy mean's path (`lossy_paths`)
 
 
-def lossy_paths(opts: Any, workers: int, topology: Topology | None = None, ranks_per_worker: int = 1,
-                shards: bool = False) -> PathOf:
+def lossy_paths(
+    opts: Any, workers: int, topology: Topology | None = None, ranks_per_worker: int = 1, shards: bool = False
+) -> PathOf:
     """How the exchange sends a lossy mean of a worker's buffer of n values (`comm.mean_cost.lossy_path`,
     timed on `topology` when given: the emulated run's choice; with `shards`, each rank's ⌈n/R⌉)."""
     get = opts.get if isinstance(opts, dict) else lambda key, default: getattr(opts, key, default)
@@ -78,8 +82,18 @@ def lossy_paths(opts: Any, workers: int, topology: Topology | None = None, ranks
     return lambda n: lossy_path(codec, choice, workers, -(-n // r) if shards else n, topology, r, shards)
 
 
-def mean_transfers(step: int, purpose: str, numel: int, opts: Any, workers: int, *, extra: int = 0,
-                   fragment: int | None = None, path_of: PathOf | None = None, codec: Any = None) -> list[Transfer]:
+def mean_transfers(
+    step: int,
+    purpose: str,
+    numel: int,
+    opts: Any,
+    workers: int,
+    *,
+    extra: int = 0,
+    fragment: int | None = None,
+    path_of: PathOf | None = None,
+    codec: Any = None,
+) -> list[Transfer]:
     """The collectives of one `Exchange.mean` of `numel` values in the strategy's codec (or `codec`,
     a sparse payload's), in order (`comm.mean_cost.mean_collectives`: an fp32 all-reduce, a lossy
     or sparse all-gather, or a lossy all-to-all then all-gather); the first carries the payload the
@@ -88,12 +102,15 @@ def mean_transfers(step: int, purpose: str, numel: int, opts: Any, workers: int,
     path = "allgather" if is_sparse(codec) else (path_of or lossy_paths(opts, workers))(numel + extra)
     steps = mean_collectives(numel, codec, path, workers, extra)
     payload = 4 * numel if codec.name == "fp32" else codec.wire_bytes(numel)
-    return [Transfer(step, purpose, c.op, c.nbytes, payload if i == 0 else 0, fragment, sent=c.sent)
-            for i, c in enumerate(steps)]
+    return [
+        Transfer(step, purpose, c.op, c.nbytes, payload if i == 0 else 0, fragment, sent=c.sent)
+        for i, c in enumerate(steps)
+    ]
 
 
-def fragment_transfer(step: int, p: int, numel: int, opts: Any, workers: int,
-                      path_of: PathOf | None = None) -> list[Transfer]:
+def fragment_transfer(
+    step: int, p: int, numel: int, opts: Any, workers: int, path_of: PathOf | None = None
+) -> list[Transfer]:
     """The collectives of a fragment's sync (its pseudo-gradients' mean)."""
     return mean_transfers(step, "pseudo_grads", numel, opts, workers, fragment=p, path_of=path_of)
 
@@ -109,9 +126,19 @@ def planned_timetable(name: str, options: dict[str, Any]) -> Timetable:
     return timetable(name, {**options, "schedule": "round_robin"} if "schedule" in options else options)
 
 
-def trace(name: str, options: dict[str, Any], size: ModelSize, workers: int, steps: int, *,
-          step_s: float = 0.0, fragment_sync_s: Callable[[Transfer], float] | None = None,
-          ranks_per_worker: int = 1, finish: bool = False, path_of: PathOf | None = None) -> Trace:
+def trace(
+    name: str,
+    options: dict[str, Any],
+    size: ModelSize,
+    workers: int,
+    steps: int,
+    *,
+    step_s: float = 0.0,
+    fragment_sync_s: Callable[[Transfer], float] | None = None,
+    ranks_per_worker: int = 1,
+    finish: bool = False,
+    path_of: PathOf | None = None,
+) -> Trace:
     """The strategy's actions over `steps` steps (and `finish()` when asked).
 
     `step_s` (the inner step time) and `fragment_sync_s` (modelled seconds of a transfer) are
@@ -145,8 +172,9 @@ def ring_sent(nbytes: int, ranks: int) -> int:
     return mean_collectives(nbytes // 4, "fp32", "", ranks)[0].sent
 
 
-def _grad_actions(tt: Timetable, size: ModelSize, t: int, ranks_per_worker: int, first: bool,
-                  world: int) -> list[Action]:
+def _grad_actions(
+    tt: Timetable, size: ModelSize, t: int, ranks_per_worker: int, first: bool, world: int
+) -> list[Action]:
     """DDP's bucket all-reduces in step t's backward. The first gradient step uses DDP's initial
     bucket (without `find_unused_parameters`, torch puts every gradient in one bucket until it has
     seen the order backward produces them) and ends with the broadcast of the rebuilt bucket order
@@ -154,23 +182,40 @@ def _grad_actions(tt: Timetable, size: ModelSize, t: int, ranks_per_worker: int,
     rebuild: list[Action] = []
     if tt.ddp_step(t):
         sizes = [4 * size.params] if first else size.buckets
-        buckets = [Transfer(t, "grads", "allreduce", b, b, between_workers=False, sent=ring_sent(b, world))
-                   for b in sizes]
+        buckets = [
+            Transfer(t, "grads", "allreduce", b, b, between_workers=False, sent=ring_sent(b, world)) for b in sizes
+        ]
         if first:
-            rebuild = [a for n in REBUILD_BYTES for a in blocking(Transfer(t, "ddp_rebuild", "broadcast", n, 0,
-                                                                          between_workers=False))]
-    elif ranks_per_worker > 1:           # the DDP (or FSDP) inside each worker, issued as backward makes its
-        total = 4 * size.params          # gradients: IN_WORKER_CHUNKS equal parts carry the overlap (the time
-        buckets = [Transfer(t, "grads_in_worker", "allreduce", part, 0, between_workers=False)   # line needs
-                   for part in _parts(total, min(IN_WORKER_CHUNKS, len(size.buckets)))]       # their spread)
+            rebuild = [
+                a
+                for n in REBUILD_BYTES
+                for a in blocking(Transfer(t, "ddp_rebuild", "broadcast", n, 0, between_workers=False))
+            ]
+    elif ranks_per_worker > 1:  # the DDP (or FSDP) inside each worker, issued as backward makes its
+        total = 4 * size.params  # gradients: IN_WORKER_CHUNKS equal parts carry the overlap (the time
+        buckets = [
+            Transfer(t, "grads_in_worker", "allreduce", part, 0, between_workers=False)  # line needs
+            for part in _parts(total, min(IN_WORKER_CHUNKS, len(size.buckets)))
+        ]  # their spread)
     else:
         return []
-    return ([Action("issue", b, in_backward=True) for b in buckets]
-            + [Action("wait", b, in_backward=True) for b in buckets] + rebuild)
+    return (
+        [Action("issue", b, in_backward=True) for b in buckets]
+        + [Action("wait", b, in_backward=True) for b in buckets]
+        + rebuild
+    )
 
 
-def _boundary_actions(opts: Any, size: ModelSize, t: int, optim_state_numel: int, workers: int,
-                      path_of: PathOf | None = None, sparse: Any = None, purpose: str = "params") -> list[Action]:
+def _boundary_actions(
+    opts: Any,
+    size: ModelSize,
+    t: int,
+    optim_state_numel: int,
+    workers: int,
+    path_of: PathOf | None = None,
+    sparse: Any = None,
+    purpose: str = "params",
+) -> list[Action]:
     """`Periodic.average_params`: the blocking params mean in the strategy's codec (with drift
     telemetry, one more element that carries this worker's ‖θ_m‖², booked as `telemetry`), the
     optimizer state's mean (fp32) when asked. A sparse exchange (`sparse`: its payload, SparseLoCo's
@@ -191,11 +236,19 @@ def _boundary_actions(opts: Any, size: ModelSize, t: int, optim_state_numel: int
     return acts
 
 
-def _periodic_trace(tt: Timetable, size: ModelSize, workers: int, steps: int, ranks_per_worker: int,
-                    finish: bool, path_of: PathOf | None = None, sparse: tuple[Any, str] | None = None) -> Trace:
+def _periodic_trace(
+    tt: Timetable,
+    size: ModelSize,
+    workers: int,
+    steps: int,
+    ranks_per_worker: int,
+    finish: bool,
+    path_of: PathOf | None = None,
+    sparse: tuple[Any, str] | None = None,
+) -> Trace:
     out = Trace()
     payload, purpose = sparse if sparse is not None else (None, "params")
-    optim_numel = 2 * size.params                 # AdamW's two moments (the trainer's default optimizer)
+    optim_numel = 2 * size.params  # AdamW's two moments (the trainer's default optimizer)
     overlap = RoundPlan(tt.opts, size, workers, path_of, payload) if getattr(tt.opts, "overlap_rounds", False) else None
     first = True
     for t in range(1, steps + 1):
@@ -222,19 +275,21 @@ class RoundPlan:
 
     def __init__(self, opts: Any, size: ModelSize, workers: int, path_of: PathOf | None, sparse: Any):
         self.opts, self.size, self.workers, self.path_of, self.sparse = opts, size, workers, path_of, sparse
-        self.waiting: list[Transfer] = []     # issued, not yet waited for
-        self.later: list[Transfer] = []       # a two-phase mean's second phase, not yet issued
+        self.waiting: list[Transfer] = []  # issued, not yet waited for
+        self.later: list[Transfer] = []  # a two-phase mean's second phase, not yet issued
 
     def _mean(self, t: int) -> list[Transfer]:
         numel = self.sparse.layout.numel if self.sparse is not None else self.size.sync_numel
-        return mean_transfers(t, "pseudo_grads", numel, self.opts, self.workers, path_of=self.path_of,
-                              codec=self.sparse)
+        return mean_transfers(
+            t, "pseudo_grads", numel, self.opts, self.workers, path_of=self.path_of, codec=self.sparse
+        )
 
     def _buffers(self, t: int) -> list[Action]:
         if self.sparse is None or self.size.sync_numel <= self.size.params:
             return []
-        return blocking(mean_transfers(t, "params", self.size.sync_numel - self.size.params, self.opts,
-                                       self.workers, codec="fp32"))
+        return blocking(
+            mean_transfers(t, "params", self.size.sync_numel - self.size.params, self.opts, self.workers, codec="fp32")
+        )
 
     def _optimizer_state(self, t: int) -> list[Action]:
         if not getattr(self.opts, "sync_optimizer_state", False):
@@ -249,7 +304,7 @@ class RoundPlan:
 
     def step(self, t: int, boundary: bool) -> list[Action]:
         h = self.opts.sync_every
-        if self.later and h >= 2 and t % h == h // 2:            # `RoundOverlap.halfway`
+        if self.later and h >= 2 and t % h == h // 2:  # `RoundOverlap.halfway`
             acts = [*(Action("wait", x) for x in self.waiting), *(Action("issue", x) for x in self.later)]
             self.waiting, self.later = self.later, []
             return acts
@@ -269,13 +324,20 @@ class FragmentPlan:
     transfer for every sync it starts, a wait for every merge, a blocking transfer for every final
     sync, and CoCoDC's N from the modelled sync time of a mean-sized fragment."""
 
-    def __init__(self, tt: FragmentTimetable, numels: list[int], workers: int, step_s: float,
-                 fragment_sync_s: Callable[[Transfer], float] | None, path_of: PathOf | None = None):
+    def __init__(
+        self,
+        tt: FragmentTimetable,
+        numels: list[int],
+        workers: int,
+        step_s: float,
+        fragment_sync_s: Callable[[Transfer], float] | None,
+        path_of: PathOf | None = None,
+    ):
         self.tt, self.numels, self.workers, self.path_of = tt, numels, workers, path_of
         self.step_s, self.fragment_sync_s = step_s, fragment_sync_s
-        self.acts: list[Action] = []                 # the actions of the step (or finish) being planned
+        self.acts: list[Action] = []  # the actions of the step (or finish) being planned
         self.flying: dict[int, list[Transfer | None]] = {}  # fragment -> its sync's collectives in flight
-                                                            # (None: one already waited for)
+        # (None: one already waited for)
 
     def transfer(self, t: int, p: int, numel: int) -> list[Transfer]:
         return fragment_transfer(t, p, numel, self.tt.opts, self.workers, self.path_of)
@@ -294,11 +356,11 @@ class FragmentPlan:
         first, *rest = self.flying[sync.fragment]
         if rest:
             self.acts += [Action("wait", first), *(Action("issue", x) for x in rest)]
-            self.flying[sync.fragment] = [None, *rest]     # the first done
+            self.flying[sync.fragment] = [None, *rest]  # the first done
 
     def merge(self, sync: InFlight, t: int, exact: bool) -> None:
         first, *rest = self.flying.pop(sync.fragment)
-        if first is None:                                   # the rest issued halfway: wait for them
+        if first is None:  # the rest issued halfway: wait for them
             self.acts += [Action("wait", x) for x in rest]
         else:
             self.acts += [Action("wait", first), *blocking(rest)]
@@ -318,9 +380,16 @@ class FragmentPlan:
         return acts
 
 
-def _fragment_trace(tt: FragmentTimetable, size: ModelSize, workers: int, steps: int, step_s: float,
-                    fragment_sync_s: Callable[[Transfer], float] | None, finish: bool,
-                    path_of: PathOf | None = None) -> Trace:
+def _fragment_trace(
+    tt: FragmentTimetable,
+    size: ModelSize,
+    workers: int,
+    steps: int,
+    step_s: float,
+    fragment_sync_s: Callable[[Transfer], float] | None,
+    finish: bool,
+    path_of: PathOf | None = None,
+) -> Trace:
     plan = FragmentPlan(tt, size.fragments(tt.P, tt.opts.partition), workers, step_s, fragment_sync_s, path_of)
     out = Trace()
     for t in range(1, steps + 1):

@@ -14,6 +14,7 @@ links as they are at its start (a topology's link schedules: the run's time is t
 left out (the presets have none); so is the real backend's own time, which the emulator takes
 when it is slower than the model (on a loaded CPU, for the fast presets).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,8 +29,9 @@ DDP_OVERLAP = 2 / 3
 StepTimes = tuple[tuple[tuple[float, float], ...], ...]
 
 
-def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1,
-                     host_bytes_per_s: float | None = None) -> Callable[..., float]:
+def transfer_seconds(
+    topology: Topology, workers: int, ranks_per_worker: int = 1, host_bytes_per_s: float | None = None
+) -> Callable[..., float]:
     """Modelled seconds of a transfer: `net.cost.exchange_seconds` with the ranks of a worker (R > 1)
     on the topology's link inside a worker (`Topology.inside_worker`, as the emulator). DDP's gradient all-reduce (over every rank) is the hierarchical one; the DDP
     inside a worker (the other strategies) is an all-reduce over its R ranks.
@@ -37,6 +39,7 @@ def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1
     `host_bytes_per_s`: the emulator completes a collective at max(real, modelled); given the rate at
     which the real backend moves a buffer on the machine at hand, the real part is modelled as
     B / rate (for validating against emulated runs on a loaded CPU; None: the link model alone)."""
+
     def seconds(x: Transfer, at_s: float = 0.0) -> float:
         modelled = link_seconds(x, at_s)
         return modelled if host_bytes_per_s is None else max(modelled, x.nbytes / host_bytes_per_s)
@@ -44,8 +47,10 @@ def transfer_seconds(topology: Topology, workers: int, ranks_per_worker: int = 1
     def link_seconds(x: Transfer, at_s: float) -> float:
         if x.purpose == "grads_in_worker":
             return in_worker_seconds(x.op, x.nbytes, ranks_per_worker, topology)
-        return exchange_seconds(x.op, x.nbytes, topology, workers, ranks_per_worker,
-                                reduce_inside=not x.between_workers, at_s=at_s)
+        return exchange_seconds(
+            x.op, x.nbytes, topology, workers, ranks_per_worker, reduce_inside=not x.between_workers, at_s=at_s
+        )
+
     return seconds
 
 
@@ -54,6 +59,7 @@ class Timeline:
     """What a trace costs: wall clock, exposed communication, bytes, and the fragment syncs held in
     flight between steps (the end of the step with the most bytes in flight: their buffers are
     what a rank holds for them, `planner.memory`)."""
+
     wall_s: float
     exposed_s: float
     compute_s: float
@@ -61,8 +67,8 @@ class Timeline:
     payload_bytes: int
     held_in_flight: tuple[Transfer, ...]
     events: int
-    marks: list[tuple[float, float, int]]     # after each step: (time, exposed so far, payload so far)
-    sent_marks: list[int]                     # after each step: bytes a worker sent so far (`Transfer.sent`)
+    marks: list[tuple[float, float, int]]  # after each step: (time, exposed so far, payload so far)
+    sent_marks: list[int]  # after each step: bytes a worker sent so far (`Transfer.sent`)
 
     def window(self, first: int) -> tuple[float, float, int]:
         """(seconds, exposed seconds, payload bytes) of steps first+1 .. the last."""
@@ -81,17 +87,17 @@ class Simulation:
 
     def __init__(self, seconds: Callable[..., float], workers: int, overlap: float = DDP_OVERLAP):
         self.seconds, self.workers, self.overlap = seconds, workers, overlap
-        self.link_free = [0.0] * workers            # when each worker's link is free again
-        self.exposed = [0.0] * workers              # seconds each worker has waited on the link
-        self.ends: dict[int, float] = {}            # id(transfer) -> when it is done
-        self.in_flight: dict[int, Transfer] = {}    # id(fragment sync) -> it, until waited for
-        self.held: tuple[Transfer, ...] = ()         # in flight at the end of the step with the most bytes so
+        self.link_free = [0.0] * workers  # when each worker's link is free again
+        self.exposed = [0.0] * workers  # seconds each worker has waited on the link
+        self.ends: dict[int, float] = {}  # id(transfer) -> when it is done
+        self.in_flight: dict[int, Transfer] = {}  # id(fragment sync) -> it, until waited for
+        self.held: tuple[Transfer, ...] = ()  # in flight at the end of the step with the most bytes so
         self.payload = self.events = self.sent = 0
 
     def issue(self, x: Transfer, at: list[float]) -> None:
         """Worker w issues `x` at `at[w]`: it starts once the last has issued it and the link is free."""
         start = max(max(a, f) for a, f in zip(at, self.link_free))
-        end = start + self.seconds(x, start)          # the links as they are when it starts (their schedules)
+        end = start + self.seconds(x, start)  # the links as they are when it starts (their schedules)
         self.link_free[:] = [end] * self.workers
         self.ends[id(x)] = end
         self.payload += x.payload
@@ -123,8 +129,7 @@ class Simulation:
         done = 0
         for x in issued:
             done += x.nbytes
-            self.issue(x, [s0 + b * (1 - self.overlap) + b * self.overlap * done / total
-                           for s0, b in zip(start, busy)])
+            self.issue(x, [s0 + b * (1 - self.overlap) + b * self.overlap * done / total for s0, b in zip(start, busy)])
         t = [s0 + b for s0, b in zip(start, busy)]
         for a in backward:
             if a.kind == "wait":
@@ -134,7 +139,7 @@ class Simulation:
                 continue
             if a.kind == "issue":
                 self.issue(a.transfer, t)
-            elif a.kind == "book":                 # carried by another collective: bytes only
+            elif a.kind == "book":  # carried by another collective: bytes only
                 self.payload += a.transfer.payload
                 self.sent += a.transfer.sent
             else:
@@ -142,9 +147,15 @@ class Simulation:
         return t
 
 
-def simulate(trace: Trace, seconds: Callable[..., float], compute_s: float, other_s: float = 0.0,
-             overlap: float = DDP_OVERLAP, include_finish: bool = False,
-             step_times: StepTimes | None = None) -> Timeline:
+def simulate(
+    trace: Trace,
+    seconds: Callable[..., float],
+    compute_s: float,
+    other_s: float = 0.0,
+    overlap: float = DDP_OVERLAP,
+    include_finish: bool = False,
+    step_times: StepTimes | None = None,
+) -> Timeline:
     """Worker 0's time line. Identical workers (every step `compute_s`, then `other_s`) arrive at
     every exchange together; with `step_times` (per worker, per step: (compute, other), e.g. a
     measured run's, replayed cyclically), each worker runs its own time line and a transfer starts
@@ -163,5 +174,6 @@ def simulate(trace: Trace, seconds: Callable[..., float], compute_s: float, othe
         sent_marks.append(sim.sent)
     if include_finish:
         now = sim.run_step(trace.finish, now, [0.0] * sim.workers)
-    return Timeline(now[0], sim.exposed[0], computed, len(trace.steps), sim.payload, sim.held, sim.events, marks,
-                    sent_marks)
+    return Timeline(
+        now[0], sim.exposed[0], computed, len(trace.steps), sim.payload, sim.held, sim.events, marks, sent_marks
+    )

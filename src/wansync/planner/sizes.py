@@ -22,6 +22,7 @@ per accelerator in bf16 (about 40% of an H100's dense bf16 peak, 989 TFLOP/s), 2
 defaults: 8 accelerators per worker (one node), 524,288 tokens per worker per step (32 sequences
 of 2,048 tokens per accelerator).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,22 +36,27 @@ from ..errors import ConfigError
 from ..strategies.base import sync_tensors
 from ..strategies.fragments import partition
 
-FLOPS_PER_ACCELERATOR = MappingProxyType({"bf16": 400e12, "fp32": 27e12})    # effective, by --precision
+FLOPS_PER_ACCELERATOR = MappingProxyType({"bf16": 400e12, "fp32": 27e12})  # effective, by --precision
 ACCELERATORS_PER_WORKER = 8
-TOKENS_PER_WORKER_STEP = 2 ** 19
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024            # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-DDP_BUCKET_BYTES = 25 * 1024 * 1024             # DistributedDataParallel(bucket_cap_mb=25)
-_STAND_IN_TENSOR = 2 ** 20
+TOKENS_PER_WORKER_STEP = 2**19
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel(bucket_cap_mb=25)
+_STAND_IN_TENSOR = 2**20
 
 
-def flops_step_s(params: float, tokens: float = TOKENS_PER_WORKER_STEP,
-                 accelerators: int = ACCELERATORS_PER_WORKER, flops: float = FLOPS_PER_ACCELERATOR["bf16"]) -> float:
+def flops_step_s(
+    params: float,
+    tokens: float = TOKENS_PER_WORKER_STEP,
+    accelerators: int = ACCELERATORS_PER_WORKER,
+    flops: float = FLOPS_PER_ACCELERATOR["bf16"],
+) -> float:
     """Seconds per step by the FLOPs rule: 6·N·tokens / (accelerators · throughput)."""
     return 6.0 * params * tokens / (accelerators * flops)
 
 
-def ddp_buckets(grad_numels: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
-                cap: int = DDP_BUCKET_BYTES) -> list[int]:
+def ddp_buckets(
+    grad_numels: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES, cap: int = DDP_BUCKET_BYTES
+) -> list[int]:
     """DDP's fp32 gradient buckets in bytes, in the order backward fills them (parameters reversed):
     a bucket closes once it holds at least its cap (the first one's cap is 1 MiB)."""
     out, size = [], 0
@@ -67,13 +73,14 @@ def ddp_buckets(grad_numels: list[int], first_cap: int = DDP_FIRST_BUCKET_BYTES,
 @dataclass(frozen=True)
 class ModelSize:
     """The sizes a plan needs: trainable tensors (registration order), the exchanged flat buffer, fragments."""
+
     name: str
     grad_numels: tuple[int, ...]
-    sync_numel: int                       # parameters + float persistent buffers
-    model: nn.Module | None = None        # the meta-device model (None for a bare size)
-    rows: tuple[int, ...] = ()            # each trainable tensor's first dimension (empty: 1-D, as numels)
-    buffer_bytes: int = 0                 # every buffer, persistent or not: each rank holds them whole
-    shapes: tuple[tuple[int, ...], ...] = ()   # each trainable tensor's shape (what a sparse exchange chunks)
+    sync_numel: int  # parameters + float persistent buffers
+    model: nn.Module | None = None  # the meta-device model (None for a bare size)
+    rows: tuple[int, ...] = ()  # each trainable tensor's first dimension (empty: 1-D, as numels)
+    buffer_bytes: int = 0  # every buffer, persistent or not: each rank holds them whole
+    shapes: tuple[tuple[int, ...], ...] = ()  # each trainable tensor's shape (what a sparse exchange chunks)
 
     @property
     def params(self) -> int:
@@ -88,8 +95,15 @@ class ModelSize:
         (buffers whole)."""
         if self.model is None:
             return [math.ceil(n / ranks) for n in self.fragments(count, mode)]
-        return [sum(shard_numel(t.numel(), t.shape[0] if t.dim() else 1, ranks) if isinstance(t, nn.Parameter)
-                    else t.numel() for t in f.tensors) for f in partition(self.model, count, mode)]
+        return [
+            sum(
+                shard_numel(t.numel(), t.shape[0] if t.dim() else 1, ranks)
+                if isinstance(t, nn.Parameter)
+                else t.numel()
+                for t in f.tensors
+            )
+            for f in partition(self.model, count, mode)
+        ]
 
     def fragments(self, count: int, mode: str = "strided") -> list[int]:
         """Elements of each of `count` fragments: the strategy's own partition, or equal shares."""
@@ -112,10 +126,15 @@ def shard_numel(numel: int, rows: int, ranks: int) -> int:
 
 def of_module(name: str, model: nn.Module) -> ModelSize:
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return ModelSize(name, tuple(p.numel() for p in trainable), sum(t.numel() for t in sync_tensors(model)), model,
-                     rows=tuple(p.shape[0] if p.dim() else 1 for p in trainable),
-                     buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-                     shapes=tuple(tuple(p.shape) for p in trainable))
+    return ModelSize(
+        name,
+        tuple(p.numel() for p in trainable),
+        sum(t.numel() for t in sync_tensors(model)),
+        model,
+        rows=tuple(p.shape[0] if p.dim() else 1 for p in trainable),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+        shapes=tuple(tuple(p.shape) for p in trainable),
+    )
 
 
 def of_params(params: float) -> ModelSize:
@@ -134,7 +153,10 @@ def of_params(params: float) -> ModelSize:
 def of_name(name: str, vocab_size: int = 256) -> ModelSize:
     """A named model (or an hf:PATH one) built on the meta device (`workloads.meta_model`)."""
     from ..workloads import HF_PREFIX, VISION_MODELS, lm_model_names, meta_model
+
     if name not in lm_model_names() and name not in VISION_MODELS and not name.startswith(HF_PREFIX):
-        raise ConfigError(f"unknown model {name!r} (LM: {', '.join(lm_model_names())}; "
-                          f"vision: {', '.join(VISION_MODELS)}; hf:PATH); or give --params N")
+        raise ConfigError(
+            f"unknown model {name!r} (LM: {', '.join(lm_model_names())}; "
+            f"vision: {', '.join(VISION_MODELS)}; hf:PATH); or give --params N"
+        )
     return of_module(name, meta_model(name, vocab_size))

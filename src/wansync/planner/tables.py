@@ -1,4 +1,5 @@
 """What `wansync plan` prints: one setting on one screen, or the large-scale table."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,21 +17,29 @@ from ..telemetry.memory import CATEGORIES
 from .measure import measure_step_s, run_step_times
 from .memory import memory_bill, parse_capacity, smallest_fitting_ranks
 from .predict import Prediction, predict, recommend_h, setting
-from .sizes import (ACCELERATORS_PER_WORKER, FLOPS_PER_ACCELERATOR, TOKENS_PER_WORKER_STEP, ModelSize,
-                    flops_step_s, of_name, of_params)
+from .sizes import (
+    ACCELERATORS_PER_WORKER,
+    FLOPS_PER_ACCELERATOR,
+    TOKENS_PER_WORKER_STEP,
+    ModelSize,
+    flops_step_s,
+    of_name,
+    of_params,
+)
 
 TABLE_SIZES = (150e6, 1e9, 7e9, 70e9)
 TABLE_WORKERS = (8, 64, 512)
 TABLE_STRATEGIES = ("ddp", "diloco", "streaming", "cocodc")
 TARGET_PCT = 10.0
-TABLE_PRECISION = "bf16"             # what people train these sizes in
-TABLE_GPU_MEMORY = 80e9              # the table's capacity check: an 80 GB accelerator
+TABLE_PRECISION = "bf16"  # what people train these sizes in
+TABLE_GPU_MEMORY = 80e9  # the table's capacity check: an 80 GB accelerator
 
 
 def algorithm_lines(s: Any) -> list[str]:
     """How an fp32 mean between workers crosses a topology of several sites: flat or by sites, the
     cost model's choice (`net.cost.allreduce_algorithm`), which the exchange makes too."""
     from ..net.cost import collective_duration, hierarchical_seconds
+
     r = s.ranks_per_worker
     if s.topology.sites < 2 or s.options.get("codec", "fp32") != "fp32" or s.strategy in ("ddp", "demo", "sparseloco"):
         return []
@@ -40,8 +49,10 @@ def algorithm_lines(s: Any) -> list[str]:
     flat = collective_duration("allreduce", nbytes, world, placed, members, r)
     sites = hierarchical_seconds(nbytes, world, placed, members, r)
     chosen = "by sites (inside each, then between them, then back)" if sites < flat else "flat (one ring)"
-    return [f"mean between workers: {chosen}: {human_seconds(min(flat, sites))} per exchange "
-            f"(flat {human_seconds(flat)}, by sites {human_seconds(sites)})"]
+    return [
+        f"mean between workers: {chosen}: {human_seconds(min(flat, sites))} per exchange "
+        f"(flat {human_seconds(flat)}, by sites {human_seconds(sites)})"
+    ]
 
 
 def straggler_words(s: Any) -> str:
@@ -50,13 +61,19 @@ def straggler_words(s: Any) -> str:
         return "the run's, replayed: a worker that arrives early at an exchange waits for the last"
     if s.topology.speeds and s.topology.workers == s.workers:
         policy = s.options.get("slow_policy", "wait")
-        what = {"wait": "the others wait for the slowest at each exchange",
-                "balanced": "each computes its share of every round (slow_policy balanced)",
-                "deadline": "each computes the steps it finishes before the round's deadline (slow_policy deadline)"}
-        return (f"the topology's worker speeds ({', '.join(f'{v:g}' for v in s.topology.speeds)}): "
-                f"{what.get(policy, policy)}")
-    return ("none (identical workers arrive at every exchange together; --step-times RUN replays a run's ranks, "
-            "stragglers included; a topology file's speeds too)")
+        what = {
+            "wait": "the others wait for the slowest at each exchange",
+            "balanced": "each computes its share of every round (slow_policy balanced)",
+            "deadline": "each computes the steps it finishes before the round's deadline (slow_policy deadline)",
+        }
+        return (
+            f"the topology's worker speeds ({', '.join(f'{v:g}' for v in s.topology.speeds)}): "
+            f"{what.get(policy, policy)}"
+        )
+    return (
+        "none (identical workers arrive at every exchange together; --step-times RUN replays a run's ranks, "
+        "stragglers included; a topology file's speeds too)"
+    )
 
 
 def describe(p: Prediction, step_source: str, target_pct: float | None, capacity: float | None = None) -> str:
@@ -84,8 +101,10 @@ def describe(p: Prediction, step_source: str, target_pct: float | None, capacity
         if "sync_every" not in s.options:
             lines.append(f"{s.strategy} has no period H to tune")
         else:
-            lines.append(f"smallest H (sync_every) with exposed communication <= {target_pct:g} %: "
-                         + (str(h) if h is not None else "none up to 5000"))
+            lines.append(
+                f"smallest H (sync_every) with exposed communication <= {target_pct:g} %: "
+                + (str(h) if h is not None else "none up to 5000")
+            )
     return "\n".join(lines)
 
 
@@ -93,15 +112,18 @@ def sparse_lines(s: Any) -> list[str]:
     """A sparse exchange's payload and the workers up to which its all-gather beats a dense mean."""
     from ..comm.mean_cost import sparse_crossing
     from ..planner.schedule import planned_timetable, sparse_exchange
+
     sparse = sparse_exchange(s.strategy, planned_timetable(s.strategy, s.options), s.size)
     if sparse is None:
         return []
     codec, n = sparse[0], sparse[0].layout.numel
     cross = {d: sparse_crossing(codec, n, d) for d in ("fp32", "int8", "fp4")}
-    return [f"sparse exchange: a payload of {human_bytes(codec.wire_bytes())} per worker ({100 * codec.wire_bytes() / (4 * n):.2g} % "
-            f"of fp32), all-gathered: each rank receives M - 1 = {s.workers - 1} of them; it moves fewer bytes than fp32's "
-            f"ring all-reduce while M < {cross['fp32']:.0f}, than int8's reduce-scatter while M < {cross['int8']:.0f}, "
-            f"fp4's while M < {cross['fp4']:.0f}"]
+    return [
+        f"sparse exchange: a payload of {human_bytes(codec.wire_bytes())} per worker ({100 * codec.wire_bytes() / (4 * n):.2g} % "
+        f"of fp32), all-gathered: each rank receives M - 1 = {s.workers - 1} of them; it moves fewer bytes than fp32's "
+        f"ring all-reduce while M < {cross['fp32']:.0f}, than int8's reduce-scatter while M < {cross['int8']:.0f}, "
+        f"fp4's while M < {cross['fp4']:.0f}"
+    ]
 
 
 def memory_lines(p: Prediction, capacity: float | None) -> list[str]:
@@ -109,28 +131,41 @@ def memory_lines(p: Prediction, capacity: float | None) -> list[str]:
     (`--gpu-memory`) one line that says whether it fits, and what would."""
     s, m = p.setting, p.memory
     r = s.ranks_per_worker
-    how = (f"FSDP inside: sharded over {r} ranks" if s.inside == "fsdp" else
-           f"DDP inside: each of {r} ranks holds the whole model" if r > 1 else "one rank per worker")
+    how = (
+        f"FSDP inside: sharded over {r} ranks"
+        if s.inside == "fsdp"
+        else f"DDP inside: each of {r} ranks holds the whole model"
+        if r > 1
+        else "one rank per worker"
+    )
     host = f"; in host memory (outer_state_device=cpu): {human_bytes(m['host'])}" if m["host"] else ""
     held = m["total"] - m["host"]
-    lines = [f"memory per GPU (rank 0, {how}): {human_bytes(held)} held + {human_bytes(m['per_gpu'] - held)} "
-             f"transient at an exchange = {human_bytes(m['per_gpu'])} at the peak (activations not included)",
-             "  held: " + ", ".join(f"{c.replace('_', ' ')} {human_bytes(m[c])}" for c in CATEGORIES) + host]
+    lines = [
+        f"memory per GPU (rank 0, {how}): {human_bytes(held)} held + {human_bytes(m['per_gpu'] - held)} "
+        f"transient at an exchange = {human_bytes(m['per_gpu'])} at the peak (activations not included)",
+        "  held: " + ", ".join(f"{c.replace('_', ' ')} {human_bytes(m[c])}" for c in CATEGORIES) + host,
+    ]
     if capacity is not None:
         if m["per_gpu"] <= capacity:
-            lines.append(f"fits on {human_bytes(capacity)}: {human_bytes(m['per_gpu'])} per GPU at the peak "
-                         f"({100 * m['per_gpu'] / capacity:.0f} %)")
+            lines.append(
+                f"fits on {human_bytes(capacity)}: {human_bytes(m['per_gpu'])} per GPU at the peak "
+                f"({100 * m['per_gpu'] / capacity:.0f} %)"
+            )
         else:
             flying = p.timeline.held_in_flight
             r_fit = smallest_fitting_ranks(s, flying, capacity)
-            hint = (f"; --inside fsdp fits from --ranks-per-worker {r_fit}" if r_fit else
-                    "; no --ranks-per-worker up to 1024 fits it with --inside fsdp")
+            hint = (
+                f"; --inside fsdp fits from --ranks-per-worker {r_fit}"
+                if r_fit
+                else "; no --ranks-per-worker up to 1024 fits it with --inside fsdp"
+            )
             if s.options.get("outer_state_device") == "model":
                 on_host = dataclasses.replace(s, options={**s.options, "outer_state_device": "cpu"})
                 r_host = smallest_fitting_ranks(on_host, flying, capacity)
                 hint += f" ({r_host} with --outer-state-device cpu)" if r_host and r_host != r_fit else ""
-            lines.append(f"does not fit on {human_bytes(capacity)}: {human_bytes(m['per_gpu'])} per GPU at the "
-                         f"peak{hint}")
+            lines.append(
+                f"does not fit on {human_bytes(capacity)}: {human_bytes(m['per_gpu'])} per GPU at the " f"peak{hint}"
+            )
     return lines
 
 
@@ -141,21 +176,32 @@ def check_same_model(run_dir: str, model: str, params: float | None) -> None:
     try:
         ran = tomllib.loads((Path(run_dir) / "config.toml").read_text()).get("model", {}).get("model")
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return                                    # run_step_times says what is wrong with the directory
+        return  # run_step_times says what is wrong with the directory
     if ran is not None and ran != model:
-        raise ConfigError(f"--step-times {run_dir} is a run of model {ran!r}, this plan is for {model!r}: pass "
-                          f"--model {ran}, or replay a run of {model}")
+        raise ConfigError(
+            f"--step-times {run_dir} is a run of model {ran!r}, this plan is for {model!r}: pass "
+            f"--model {ran}, or replay a run of {model}"
+        )
 
 
-def plan_command(cfg: Any, *, params: float | None, step_s: float | None,
-                 measure: bool, target_pct: float | None, tokens_per_step: float | None,
-                 flops: float | None = None, step_times: str | None = None, gpu_memory: str | None = None) -> str:
+def plan_command(
+    cfg: Any,
+    *,
+    params: float | None,
+    step_s: float | None,
+    measure: bool,
+    target_pct: float | None,
+    tokens_per_step: float | None,
+    flops: float | None = None,
+    step_times: str | None = None,
+    gpu_memory: str | None = None,
+) -> str:
     """The one-screen answer for a Config (strategy, options, model, workers, wan) and the plan flags
     (`flops` None: the throughput of the config's precision; `gpu_memory`: '80GB', the capacity check)."""
     capacity = parse_capacity(gpu_memory)
     if not cfg.wan:
         raise ConfigError("plan needs a link: --wan PRESET or a spec (" + ", ".join(PRESETS) + ")")
-    ranks_per_worker = cfg.ranks_per_worker             # >= 1: a config rule
+    ranks_per_worker = cfg.ranks_per_worker  # >= 1: a config rule
     vocab = cfg.bpe_vocab if cfg.tokenizer == "bpe" else 256
     size: ModelSize = of_params(params) if params is not None else of_name(cfg.model, vocab)
     replay, other_s = None, 0.0
@@ -168,8 +214,10 @@ def plan_command(cfg: Any, *, params: float | None, step_s: float | None,
         replay = run_step_times(step_times)
         step_s = sum(c for c, _ in replay[0]) / len(replay[0])
         other_s = sum(o for _, o in replay[0]) / len(replay[0])
-        source = (f"mean of rank 0's; replayed step by step from {step_times}: {len(replay)} rank(s), "
-                  f"{len(replay[0])} steps each, worker w taking rank w mod {len(replay)}")
+        source = (
+            f"mean of rank 0's; replayed step by step from {step_times}: {len(replay)} rank(s), "
+            f"{len(replay[0])} steps each, worker w taking rank w mod {len(replay)}"
+        )
     elif step_s is not None:
         if not step_s > 0:
             raise ConfigError(f"--step-time must be > 0 seconds, got {step_s}")
@@ -183,21 +231,35 @@ def plan_command(cfg: Any, *, params: float | None, step_s: float | None,
         given = flops is not None
         flops = flops if given else FLOPS_PER_ACCELERATOR[cfg.precision]
         step_s = flops_step_s(size.params, tokens, ranks_per_worker, flops)
-        source = (f"FLOPs rule 6*N*tokens/throughput: {tokens:,.0f} tokens per worker step, "
-                  f"{ranks_per_worker} accelerator(s) at {flops / 1e12:g} TFLOP/s"
-                  + ("" if given else f" ({cfg.precision}; --throughput to change it)"))
+        source = (
+            f"FLOPs rule 6*N*tokens/throughput: {tokens:,.0f} tokens per worker step, "
+            f"{ranks_per_worker} accelerator(s) at {flops / 1e12:g} TFLOP/s"
+            + ("" if given else f" ({cfg.precision}; --throughput to change it)")
+        )
     options = resolve_options(cfg.strategy, vars(cfg))
     topology = parse_wan(cfg.wan)
-    topology.check_workers(cfg.workers)                # `train` refuses more sites than workers: so does its plan
-    s = setting(cfg.strategy, options, size, cfg.workers, topology, step_s,
-                ranks_per_worker=ranks_per_worker, other_s=other_s, step_times=replay, inside=cfg.inside,
-                optimizer=cfg.optimizer, momentum=cfg.momentum)
+    topology.check_workers(cfg.workers)  # `train` refuses more sites than workers: so does its plan
+    s = setting(
+        cfg.strategy,
+        options,
+        size,
+        cfg.workers,
+        topology,
+        step_s,
+        ranks_per_worker=ranks_per_worker,
+        other_s=other_s,
+        step_times=replay,
+        inside=cfg.inside,
+        optimizer=cfg.optimizer,
+        momentum=cfg.momentum,
+    )
     return describe(predict(s), source, target_pct, capacity)
 
 
 @dataclasses.dataclass(frozen=True)
 class TableRow:
     """One row of the large table, as numbers (`table_summary` reads these, not the printed text)."""
+
     size: str
     workers: int
     link: str
@@ -209,7 +271,7 @@ class TableRow:
     mem_ddp: int
     mem_fsdp: int
     fits: tuple[str, ...]
-    smallest_h: int | None        # None: ddp (no H), or none up to 5000
+    smallest_h: int | None  # None: ddp (no H), or none up to 5000
 
 
 def large_table(target_pct: float = TARGET_PCT) -> str:
@@ -231,21 +293,39 @@ def table_rows(target_pct: float = TARGET_PCT) -> list[TableRow]:
         p = predict(s)
         sharded = memory_bill(dataclasses.replace(s, inside="fsdp"), p.timeline.held_in_flight)["per_gpu"]
         fits = tuple(way for way, need in (("ddp", p.memory["per_gpu"]), ("fsdp", sharded)) if need <= TABLE_GPU_MEMORY)
-        rows.append(TableRow(size.name, m, link, name, step, p.wall_per_1000_s, p.exposed_pct, p.bytes_per_step,
-                             p.memory["per_gpu"], sharded, fits, recommend_h(s, target_pct) if name != "ddp" else None))
+        rows.append(
+            TableRow(
+                size.name,
+                m,
+                link,
+                name,
+                step,
+                p.wall_per_1000_s,
+                p.exposed_pct,
+                p.bytes_per_step,
+                p.memory["per_gpu"],
+                sharded,
+                fits,
+                recommend_h(s, target_pct) if name != "ddp" else None,
+            )
+        )
     return rows
 
 
 def render_table(rows: list[TableRow], target_pct: float = TARGET_PCT) -> str:
     gb = f"{TABLE_GPU_MEMORY / 1e9:g} GB"
-    head = ("| params | workers | link | strategy | step (s) | wall / 1000 steps | exposed % | bytes/worker/step "
-            f"| mem/GPU DDP inside | mem/GPU FSDP inside | fits on {gb} | smallest H for <= {target_pct:g}% |")
+    head = (
+        "| params | workers | link | strategy | step (s) | wall / 1000 steps | exposed % | bytes/worker/step "
+        f"| mem/GPU DDP inside | mem/GPU FSDP inside | fits on {gb} | smallest H for <= {target_pct:g}% |"
+    )
     out = [head, "|" + "---|" * 12]
     for r in rows:
         h = "-" if r.strategy == "ddp" else (r.smallest_h or "> 5000")
-        out.append(f"| {r.size} | {r.workers} | {r.link} | {r.strategy} | {r.step_s:.3g} | {human_seconds(r.wall_s)} "
-                   f"| {r.exposed_pct:.1f} | {human_bytes(r.bytes_per_step)} | {human_bytes(r.mem_ddp)} "
-                   f"| {human_bytes(r.mem_fsdp)} | {', '.join(r.fits) or 'no'} | {h} |")
+        out.append(
+            f"| {r.size} | {r.workers} | {r.link} | {r.strategy} | {r.step_s:.3g} | {human_seconds(r.wall_s)} "
+            f"| {r.exposed_pct:.1f} | {human_bytes(r.bytes_per_step)} | {human_bytes(r.mem_ddp)} "
+            f"| {human_bytes(r.mem_fsdp)} | {', '.join(r.fits) or 'no'} | {h} |"
+        )
     return "\n".join(out)
 
 
@@ -266,16 +346,21 @@ def table_summary(rows: list[TableRow], target_pct: float = TARGET_PCT) -> list[
     for name in dict.fromkeys(r.strategy for r in rows):
         mine = [r for r in rows if r.strategy == name]
         lan, wide = [r for r in mine if r.link == "lan"], [r for r in mine if r.link != "lan"]
-        parts = [f"{_span([r.exposed_pct for r in wide])} % across sites" if wide else "",
-                 f"{_span([r.exposed_pct for r in lan])} % on lan" if lan else ""]
+        parts = [
+            f"{_span([r.exposed_pct for r in wide])} % across sites" if wide else "",
+            f"{_span([r.exposed_pct for r in lan])} % on lan" if lan else "",
+        ]
         line = f"- {name}: exposed " + ", ".join(p for p in parts if p)
         worst = max(mine, key=lambda r: r.exposed_pct)
         line += f" (most: {worst.size}, {worst.workers} workers, {worst.link})"
         if name != "ddp":
             hs = [r.smallest_h for r in mine]
             found = [h for h in hs if h is not None]
-            line += (f"; smallest H for <= {target_pct:g} %: {_span(found, '{:d}')}" if found else
-                     f"; no H up to 5000 keeps it under {target_pct:g} %")
+            line += (
+                f"; smallest H for <= {target_pct:g} %: {_span(found, '{:d}')}"
+                if found
+                else f"; no H up to 5000 keeps it under {target_pct:g} %"
+            )
             if None in hs:
                 line += f" (none up to 5000 in {hs.count(None)} of {len(hs)} rows)"
         line += f"; {_bytes_span([r.bytes_per_step for r in mine])} per worker per step."
@@ -284,18 +369,20 @@ def table_summary(rows: list[TableRow], target_pct: float = TARGET_PCT) -> list[
         mine = [r for r in rows if r.size == size]
         ways = {way: sum(way in r.fits for r in mine) for way in ("ddp", "fsdp")}
         neither = sum(not r.fits for r in mine)
-        out.append(f"- {size} on {gb}: DDP inside fits in {ways['ddp']} of {len(mine)} rows "
-                   f"({_bytes_span([r.mem_ddp for r in mine])} per GPU), FSDP inside in {ways['fsdp']} "
-                   f"({_bytes_span([r.mem_fsdp for r in mine])}); "
-                   + (f"{neither} of them fit neither way." if neither else "every row fits one way or the other."))
+        out.append(
+            f"- {size} on {gb}: DDP inside fits in {ways['ddp']} of {len(mine)} rows "
+            f"({_bytes_span([r.mem_ddp for r in mine])} per GPU), FSDP inside in {ways['fsdp']} "
+            f"({_bytes_span([r.mem_fsdp for r in mine])}); "
+            + (f"{neither} of them fit neither way." if neither else "every row fits one way or the other.")
+        )
     return out
 
 
 def table_preamble() -> str:
-    return (f"step time = 6*N*{TOKENS_PER_WORKER_STEP:,} tokens per worker step / ({ACCELERATORS_PER_WORKER} "
-            f"accelerators x {FLOPS_PER_ACCELERATOR[TABLE_PRECISION] / 1e12:g} TFLOP/s, {TABLE_PRECISION}); "
-            f"{ACCELERATORS_PER_WORKER} ranks per worker on NVLink (each preset with worker=nvlink); "
-            "strategies at their defaults; steady state; memory per GPU "
-            "at the peak, rank 0's, AdamW inside, fp32 masters (see docs/planner.md)")
-
-
+    return (
+        f"step time = 6*N*{TOKENS_PER_WORKER_STEP:,} tokens per worker step / ({ACCELERATORS_PER_WORKER} "
+        f"accelerators x {FLOPS_PER_ACCELERATOR[TABLE_PRECISION] / 1e12:g} TFLOP/s, {TABLE_PRECISION}); "
+        f"{ACCELERATORS_PER_WORKER} ranks per worker on NVLink (each preset with worker=nvlink); "
+        "strategies at their defaults; steady state; memory per GPU "
+        "at the peak, rank 0's, AdamW inside, fp32 masters (see docs/planner.md)"
+    )

@@ -1,4 +1,5 @@
 """Reading the tables' runs back: the metrics a table reports per run and their interval over seeds."""
+
 from __future__ import annotations
 
 import json
@@ -46,6 +47,7 @@ def longest_repeat(sequence: Sequence[int]) -> int:
 class Context:
     """What a table's metrics are read against: its target, and the clock of "at equal wall clock"
     (`analysis.verdict.equal_time`: when its fastest setting's last evaluation happened)."""
+
     target: Target | None = None
     equal_time_s: float | None = None
 
@@ -61,6 +63,7 @@ def _to_target(index: int) -> Callable[[Run, Context], float | None]:
     def f(run: Run, ctx: Context) -> float | None:
         hit = first_reached(run.evals, ctx.target) if ctx.target is not None else None
         return None if hit is None or hit[index] is None else float(hit[index])
+
     return f
 
 
@@ -78,20 +81,25 @@ def _repeat(run: Run, _: Context) -> float | None:
     return float(longest_repeat(seq)) if seq else None
 
 
-METRICS: Mapping[str, Metric] = MappingProxyType({
-    "peak_acc": Metric("peak test acc %", True, lambda r, _: number(r.summary.get("peak_test_acc"))),
-    "wall_clock_s": Metric("wall clock (s)", False, lambda r, _: number(r.summary.get("wall_clock_s"))),
-    "exposed_pct": Metric("exposed comm %", False, lambda r, _: exposed_pct(r)),
-    "peer_wait_pct": Metric("waiting for a slower peer %", False, lambda r, _: peer_wait_pct(r)),
-    "final_loss": Metric("final val loss", False, lambda r, _: number(r.summary.get("final_val_loss"))),
-    "loss_at_equal_time": Metric("val loss at equal wall clock", False, _at_equal_time),
-    "bytes_sent": Metric("MB sent per worker", False,
-                         lambda r, _: None if (b := number(r.summary.get("bytes_sent"))) is None else b / 1e6),
-    "steps_to_target": Metric("steps to target", False, _to_target(0)),
-    "time_to_target": Metric("wall clock to target (s)", False, _to_target(1)),
-    "lam_term_rel": Metric("‖λ term‖ / ‖g‖ (mean over merges)", False, _lam),
-    "longest_repeat": Metric("longest run of one fragment", False, _repeat),
-})
+METRICS: Mapping[str, Metric] = MappingProxyType(
+    {
+        "peak_acc": Metric("peak test acc %", True, lambda r, _: number(r.summary.get("peak_test_acc"))),
+        "wall_clock_s": Metric("wall clock (s)", False, lambda r, _: number(r.summary.get("wall_clock_s"))),
+        "exposed_pct": Metric("exposed comm %", False, lambda r, _: exposed_pct(r)),
+        "peer_wait_pct": Metric("waiting for a slower peer %", False, lambda r, _: peer_wait_pct(r)),
+        "final_loss": Metric("final val loss", False, lambda r, _: number(r.summary.get("final_val_loss"))),
+        "loss_at_equal_time": Metric("val loss at equal wall clock", False, _at_equal_time),
+        "bytes_sent": Metric(
+            "MB sent per worker",
+            False,
+            lambda r, _: None if (b := number(r.summary.get("bytes_sent"))) is None else b / 1e6,
+        ),
+        "steps_to_target": Metric("steps to target", False, _to_target(0)),
+        "time_to_target": Metric("wall clock to target (s)", False, _to_target(1)),
+        "lam_term_rel": Metric("‖λ term‖ / ‖g‖ (mean over merges)", False, _lam),
+        "longest_repeat": Metric("longest run of one fragment", False, _repeat),
+    }
+)
 
 
 def load(root: Path, name: str) -> list[SettingRuns]:
@@ -122,9 +130,16 @@ def lm_target(root: Path) -> float | None:
     one of them reaches it by its last evaluation. Before those runs exist (a table trained on its own,
     `wansync results --only staleness`), the same rule over every LM table's runs on disk; None when
     there are none."""
+
     def finals(names: Sequence[str]) -> list[float]:
-        return [v for name in names for s in load(root, name) for r in s.ok_runs
-                if (v := number(r.summary.get("final_val_loss"))) is not None]
+        return [
+            v
+            for name in names
+            for s in load(root, name)
+            for r in s.ok_runs
+            if (v := number(r.summary.get("final_val_loss"))) is not None
+        ]
+
     first = finals([TARGET_TABLE])
     if first:
         return max(first)

@@ -1,6 +1,7 @@
 """Training the tables: each is a small experiment (cells x seeds) in `<root>/<table>/`, run with the
 experiment runner (a finished run is skipped, so an interrupted `make results` resumes); a cell that two
 tables share (the same resolved config) is trained once and copied."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,11 @@ def table_specs(table: Table, root: Path, seeds: int = SEEDS, steps: int | None 
         return []
     values = dict(table.values)
     if steps is not None:
-        values.update(steps=steps, eval_every=min(values.get("eval_every", steps), steps),
-                      warmup_steps=min(values.get("warmup_steps", 0), steps // 5))
+        values.update(
+            steps=steps,
+            eval_every=min(values.get("eval_every", steps), steps),
+            warmup_steps=min(values.get("warmup_steps", 0), steps // 5),
+        )
     base = presets.layered_config(values, None, {})
     return experiments.grid_runs(base, [], seeds, None, root / table.name, cells=table.cells)
 
@@ -46,12 +50,14 @@ def run_cost(spec: experiments.RunSpec, kind: str) -> float:
 
 def _key(spec: experiments.RunSpec) -> str:
     """What the run computes (its resolved config without out and run-control keys)."""
-    return json.dumps(fingerprint(spec.cfg, resolve_options(spec.cfg.strategy, vars(spec.cfg))), sort_keys=True,
-                      default=str)
+    return json.dumps(
+        fingerprint(spec.cfg, resolve_options(spec.cfg.strategy, vars(spec.cfg))), sort_keys=True, default=str
+    )
 
 
-def table_runs(tables: Sequence[Table], root: Path, seeds: int, steps: int | None
-             ) -> list[tuple[Table, list[experiments.RunSpec], list[bool]]]:
+def table_runs(
+    tables: Sequence[Table], root: Path, seeds: int, steps: int | None
+) -> list[tuple[Table, list[experiments.RunSpec], list[bool]]]:
     """Per table its runs and, per run, whether an earlier table already trains the same config."""
     seen: set[str] = set()
     out = []
@@ -96,12 +102,16 @@ def list_tables(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: 
         experiments.check_and_list(specs, None)
         cost = sum(run_cost(s, t.kind) for s, dup in zip(specs, shared) if not dup)
         dups = sum(shared)
-        print(f"   {len(specs)} runs ({len({s.label for s in specs})} cells x {seeds} seeds)"
-              + (f", {dups} shared with an earlier table (trained once, copied)" if dups else "")
-              + f"; estimated {cost / 60:.0f} min on 2 idle cores")
+        print(
+            f"   {len(specs)} runs ({len({s.label for s in specs})} cells x {seeds} seeds)"
+            + (f", {dups} shared with an earlier table (trained once, copied)" if dups else "")
+            + f"; estimated {cost / 60:.0f} min on 2 idle cores"
+        )
         total, n_runs, n_shared = total + cost, n_runs + len(specs), n_shared + dups
-    print(f"total: {n_runs} runs in {len(tables)} tables, {n_runs - n_shared} to train; estimated "
-          f"{total / 60:.0f} min on 2 idle cores (dry run: nothing trained)")
+    print(
+        f"total: {n_runs} runs in {len(tables)} tables, {n_runs - n_shared} to train; estimated "
+        f"{total / 60:.0f} min on 2 idle cores (dry run: nothing trained)"
+    )
     return 0
 
 
@@ -111,8 +121,14 @@ def _copy_run(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock"))
 
 
-def run_tables(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: int | None = None,
-               force: bool = False, log: Callable[[str], None] = print) -> list[experiments.Outcome]:
+def run_tables(
+    tables: Sequence[Table],
+    root: Path,
+    seeds: int = SEEDS,
+    steps: int | None = None,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> list[experiments.Outcome]:
     """Train what is not finished (a config shared with an earlier table: copied), report each table.
     Every table's directory is checked before the first run (`experiments.check_experiment`), and
     held (its lock) while it is written."""
@@ -131,13 +147,18 @@ def run_tables(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: i
             if t.kind == "lm" and not t.own_target:
                 target = target if target is not None else lm_target(root)
             own = table_context(t, root, None)[1] if t.own_target else None
-            report(out, target_loss=own if t.own_target else target if t.kind == "lm" else None, record_targets=True,
-                   force=force)
+            report(
+                out,
+                target_loss=own if t.own_target else target if t.kind == "lm" else None,
+                record_targets=True,
+                force=force,
+            )
     return outcomes
 
 
-def _train_table(specs: Sequence[experiments.RunSpec], done: dict[str, experiments.RunSpec], force: bool,
-                 log: Callable[[str], None]) -> list[experiments.Outcome]:
+def _train_table(
+    specs: Sequence[experiments.RunSpec], done: dict[str, experiments.RunSpec], force: bool, log: Callable[[str], None]
+) -> list[experiments.Outcome]:
     """One table's runs: trained, or copied from an earlier table's run of the same config (`done`)."""
     outcomes: list[experiments.Outcome] = []
     for spec in specs:

@@ -15,6 +15,7 @@ cannot see. Files
 hold only tensors, numbers, strings, lists and dicts and load with
 `torch.load(weights_only=True)`: nothing is unpickled.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,7 +32,7 @@ from ..errors import ConfigError, DataError, StorageError
 
 KEEP = 2
 TMP = ".tmp"
-DONE = "DONE"                           # in a step directory: every rank's file was durable (the barrier passed)
+DONE = "DONE"  # in a step directory: every rank's file was durable (the barrier passed)
 
 
 def ckpt_root(run_dir: Path) -> Path:
@@ -98,6 +99,7 @@ def compact(state: Any) -> Any:
         nbytes = t.numel() * t.element_size()
         covered.setdefault(t.untyped_storage().data_ptr(), {})[(t.data_ptr(), nbytes)] = nbytes
         return t
+
     map_tensors(state, count)
 
     def own(t: torch.Tensor) -> torch.Tensor:
@@ -106,11 +108,18 @@ def compact(state: Any) -> Any:
         storage = t.untyped_storage().nbytes()
         used = sum(covered[t.untyped_storage().data_ptr()].values())
         return t.clone() if storage > used + max(used // 8, 4096) else t
+
     return map_tensors(state, own)
 
 
-def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any],
-              config: dict[str, Any] | None = None, sharded: dict[str, str] | None = None) -> Path:
+def save_rank(
+    run_dir: Path,
+    step: int,
+    rank: int,
+    state: dict[str, Any],
+    config: dict[str, Any] | None = None,
+    sharded: dict[str, str] | None = None,
+) -> Path:
     """Write this rank's state for `step`, durably, with its checksum and `config` (what the run
     computes, checked on resume); `sharded`: the SHA-256 of the files this rank wrote into its worker's
     DCP checkpoint (`save_sharded`), checked with its own. A failure (a full disk) leaves nothing of this
@@ -120,8 +129,13 @@ def save_rank(run_dir: Path, step: int, rank: int, state: dict[str, Any],
     buf = io.BytesIO()
     torch.save(compact(state), buf)
     data = buf.getvalue()
-    meta = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "world_size": state["world_size"],
-            "config": config, **({"sharded": sharded} if sharded else {})}
+    meta = {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "bytes": len(data),
+        "world_size": state["world_size"],
+        "config": config,
+        **({"sharded": sharded} if sharded else {}),
+    }
     try:
         d.mkdir(parents=True, exist_ok=True)
         fsync_dir(d.parent)
@@ -152,8 +166,7 @@ def is_complete(d: Path) -> bool:
         metas = [json.loads((d / f"rank{r}.json").read_text()) for r in range(world)]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return (all(m.get("world_size") == world for m in metas)
-            and all((d / f"rank{r}.pt").is_file() for r in range(world)))
+    return all(m.get("world_size") == world for m in metas) and all((d / f"rank{r}.pt").is_file() for r in range(world))
 
 
 def prune(run_dir: Path, step: int) -> None:
@@ -190,8 +203,10 @@ def latest_step_dir(run_dir: Path) -> Path:
     for d in reversed(dirs):
         if is_complete(d):
             return d
-    raise DataError(f"cannot resume: no complete checkpoint in {ckpt_root(run_dir)} "
-                    f"(a rank's file or checksum is missing from each of {', '.join(d.name for d in dirs)})")
+    raise DataError(
+        f"cannot resume: no complete checkpoint in {ckpt_root(run_dir)} "
+        f"(a rank's file or checksum is missing from each of {', '.join(d.name for d in dirs)})"
+    )
 
 
 def recorded_config(step_dir: Path) -> dict[str, Any]:
@@ -242,7 +257,7 @@ def resume_dir(run_dir: Path, rank: int, lowest: Callable[[int], int] = lambda s
     `lowest(step)`: the lowest of every rank's `step` (an all-reduce MIN; alone: itself), so that all
     ranks settle on the same checkpoint: each proposes its newest intact one at or below the last
     proposal until every rank holds the one proposed. DataError when none is intact everywhere."""
-    latest_step_dir(run_dir)                                   # one-line errors: no directory, no checkpoint
+    latest_step_dir(run_dir)  # one-line errors: no directory, no checkpoint
     complete = [d for d in reversed(step_dirs(run_dir)) if is_complete(d)]
     verdicts = {int(d.name[4:]): (d, damage(d, rank)) for d in complete}
     intact = sorted((s for s, (_, why) in verdicts.items() if why is None), reverse=True)
@@ -255,8 +270,10 @@ def resume_dir(run_dir: Path, rank: int, lowest: Callable[[int], int] = lambda s
             return verdicts[step][0], [why for s, (_, why) in verdicts.items() if s > step and why is not None]
         proposal = next((s for s in intact if s < step), -1)
     mine = [why for _, why in verdicts.values() if why is not None]
-    raise DataError(f"cannot resume: {mine[0] if mine else 'another rank found every checkpoint damaged'}"
-                    + (" (and no older checkpoint is intact on every rank)" if len(verdicts) > 1 else ""))
+    raise DataError(
+        f"cannot resume: {mine[0] if mine else 'another rank found every checkpoint damaged'}"
+        + (" (and no older checkpoint is intact on every rank)" if len(verdicts) > 1 else "")
+    )
 
 
 def load_rank(run_dir: Path, rank: int, world_size: int, step_dir: Path | None = None) -> dict[str, Any]:
@@ -281,8 +298,10 @@ def load_rank(run_dir: Path, rank: int, world_size: int, step_dir: Path | None =
     if not isinstance(state, dict) or "step" not in state:
         raise DataError(f"cannot resume: {path} is not a wansync checkpoint")
     if state.get("world_size") != world_size:
-        raise ConfigError(f"cannot resume: checkpoint was written by {state.get('world_size')} processes, "
-                          f"this run has {world_size}")
+        raise ConfigError(
+            f"cannot resume: checkpoint was written by {state.get('world_size')} processes, "
+            f"this run has {world_size}"
+        )
     return state
 
 
@@ -291,7 +310,7 @@ def checkpoint_step(run_dir: Path) -> int:
 
 
 # ---- a worker sharded inside (FSDP): its model and optimizer through torch.distributed.checkpoint
-SHARDED_DIR = "worker{worker}"          # in a step directory: one DCP checkpoint per worker
+SHARDED_DIR = "worker{worker}"  # in a step directory: one DCP checkpoint per worker
 
 
 def save_sharded(run_dir: Path, step: int, worker: int, model: Any, optimizer: Any, group: Any) -> dict[str, str]:
@@ -304,6 +323,7 @@ def save_sharded(run_dir: Path, step: int, worker: int, model: Any, optimizer: A
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_sd, optim_sd = get_state_dict(model, optimizer)
     d = ckpt_root(run_dir) / f"step{step:08d}" / SHARDED_DIR.format(worker=worker)
     try:
@@ -313,7 +333,7 @@ def save_sharded(run_dir: Path, step: int, worker: int, model: Any, optimizer: A
         return {f"{d.name}/{f.name}": _sha256(f) for f in mine}
     except OSError as e:
         raise StorageError(f"cannot write checkpoint {d}: {e.strerror or e}") from None
-    except dcp.api.CheckpointException as e:     # a BaseException: what failed on which rank, a full disk among them
+    except dcp.api.CheckpointException as e:  # a BaseException: what failed on which rank, a full disk among them
         raise StorageError(f"cannot write checkpoint {d}: {dcp_failure(e)}") from None
 
 
@@ -328,12 +348,14 @@ def dcp_failure(e: Any) -> str:
     return f"{text or type(exc).__name__} (rank {rank} of the worker; {len(failures)} of its ranks failed)"
 
 
-def load_sharded(run_dir: Path, worker: int, model: Any, optimizer: Any, group: Any,
-                 step_dir: Path | None = None) -> None:
+def load_sharded(
+    run_dir: Path, worker: int, model: Any, optimizer: Any, group: Any, step_dir: Path | None = None
+) -> None:
     """Restore what `save_sharded` wrote for this worker in `step_dir` (default: the newest complete
     checkpoint); its files were checked against their digests with the rank's own (`damage`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     d = (latest_step_dir(run_dir) if step_dir is None else step_dir) / SHARDED_DIR.format(worker=worker)
     if not (d / ".metadata").is_file():
         raise DataError(f"cannot resume: {d} holds no sharded checkpoint (was the run started with --inside fsdp?)")

@@ -9,6 +9,7 @@ A run *diverged* when its final evaluation is worse than its first one, or no be
 
 With a single evaluation only the chance level applies.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,11 @@ def warning(summary: dict[str, Any]) -> str:
     else:
         what = f"final test accuracy {summary['final_test_acc']:.2f}%"
         chance = f"chance {summary['chance_level']:.2f}%" if summary.get("chance_level") else ""
-    return (f"wansync: warning: the run diverged ({what}, first evaluation {summary['first_eval']:.4g}"
-            + (f", {chance}" if chance else "") + "): marked diverged in summary.json")
+    return (
+        f"wansync: warning: the run diverged ({what}, first evaluation {summary['first_eval']:.4g}"
+        + (f", {chance}" if chance else "")
+        + "): marked diverged in summary.json"
+    )
 
 
 def quality_fields(evals: Sequence[dict[str, Any]], chance: float | None) -> dict[str, Any]:
@@ -62,21 +66,21 @@ def quality_fields(evals: Sequence[dict[str, Any]], chance: float | None) -> dic
     out: dict[str, Any] = {}
     if "val_loss" in final:
         losses = [e["val_loss"] for e in evals if "val_loss" in e]
-        out.update(final_val_loss=final["val_loss"],
-                   final_val_ppl=final.get("val_ppl", math.exp(min(final["val_loss"], 80.0))),
-                   best_val_loss=min(losses), best_val_ppl=math.exp(min(losses)))
-        if "val_bpb" in final:          # bits per byte: comparable across tokenizers
-            out.update(final_val_bpb=final["val_bpb"], best_val_bpb=min(e["val_bpb"] for e in evals
-                                                                        if "val_bpb" in e))
+        out.update(
+            final_val_loss=final["val_loss"],
+            final_val_ppl=final.get("val_ppl", math.exp(min(final["val_loss"], 80.0))),
+            best_val_loss=min(losses),
+            best_val_ppl=math.exp(min(losses)),
+        )
+        if "val_bpb" in final:  # bits per byte: comparable across tokenizers
+            out.update(final_val_bpb=final["val_bpb"], best_val_bpb=min(e["val_bpb"] for e in evals if "val_bpb" in e))
         key = "val_loss"
     elif "test_acc" in final:
-        out.update(final_test_acc=final["test_acc"], peak_test_acc=max(e["test_acc"] for e in evals
-                                                                      if "test_acc" in e))
+        out.update(final_test_acc=final["test_acc"], peak_test_acc=max(e["test_acc"] for e in evals if "test_acc" in e))
         if "test_loss" in final:
             out["final_test_loss"] = final["test_loss"]
         key = "test_acc"
     else:
         return {}
-    out.update(first_eval=evals[0].get(key), chance_level=chance,
-               diverged=diverged(evals, chance))
+    out.update(first_eval=evals[0].get(key), chance_level=chance, diverged=diverged(evals, chance))
     return out

@@ -3,6 +3,7 @@
 Python's `json.dumps` writes bare `NaN` and `Infinity`, which are not JSON (strict parsers, jq and
 browsers refuse the whole file); a diverged run must still leave readable files.
 """
+
 from __future__ import annotations
 
 import json

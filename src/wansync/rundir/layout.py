@@ -31,6 +31,7 @@ wansync wrote, and may read back or replace, it recognises by its content (`is_r
 `is_summary`, `is_failure`, `is_experiment_dir`): a file of the same name written by anyone else is not
 taken for a run.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,23 +54,39 @@ EXPERIMENT_FILE = "experiment.json"
 # What a run writes into its directory: `train --force` replaces these and touches nothing else.
 #: A copy of the topology file `--wan FILE` named, with its suffix (`runner.run.keep_topology`).
 TOPOLOGY_FILES = ("topology.toml", "topology.yaml", "topology.yml")
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, PROFILE_FILE, CHECKPOINTS_DIR, LOGS_DIR, FAILED_FILE,
-             TENSORBOARD_DIR, *TOPOLOGY_FILES)
+RUN_FILES = (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    PROFILE_FILE,
+    CHECKPOINTS_DIR,
+    LOGS_DIR,
+    FAILED_FILE,
+    TENSORBOARD_DIR,
+    *TOPOLOGY_FILES,
+)
 # Inside its directories, the names a run writes there (fnmatch patterns): `train --force` removes these
 # and leaves anything else (a user's notes in logs/), and the directory with it.
-RUN_DIR_CONTENTS = MappingProxyType({
-    LOGS_DIR: ("rank*.err", "rank*.log", "rank*.pid", "profile_rank*.json", "quorum_rank*.jsonl", "heals.jsonl"),
-    CHECKPOINTS_DIR: ("step[0-9]*",),
-    TENSORBOARD_DIR: ("events.out.tfevents.*",),
-})
+RUN_DIR_CONTENTS = MappingProxyType(
+    {
+        LOGS_DIR: ("rank*.err", "rank*.log", "rank*.pid", "profile_rank*.json", "quorum_rank*.jsonl", "heals.jsonl"),
+        CHECKPOINTS_DIR: ("step[0-9]*",),
+        TENSORBOARD_DIR: ("events.out.tfevents.*",),
+    }
+)
 REPORT_FILE = "report.md"
 SUMMARY_CSV = "summary.csv"
 RUNS_CSV = "runs.csv"
-QUALITY_PLOTS = ("{quality}_vs_step.png", "{quality}_vs_wallclock.png")     # quality: loss or accuracy
+QUALITY_PLOTS = ("{quality}_vs_step.png", "{quality}_vs_wallclock.png")  # quality: loss or accuracy
 PLOTS = ("pareto.png", "time_breakdown.png", "bytes.png", "exposed_over_time.png", "adapt.png")
 # What a report writes beside the runs, in a directory that may hold files of others.
-REPORT_FILES = (REPORT_FILE, SUMMARY_CSV, RUNS_CSV,
-                *(p.format(quality=q) for q in ("loss", "accuracy") for p in QUALITY_PLOTS), *PLOTS)
+REPORT_FILES = (
+    REPORT_FILE,
+    SUMMARY_CSV,
+    RUNS_CSV,
+    *(p.format(quality=q) for q in ("loss", "accuracy") for p in QUALITY_PLOTS),
+    *PLOTS,
+)
 
 
 def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:

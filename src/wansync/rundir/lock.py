@@ -4,6 +4,7 @@ The lock belongs to the launching process (or rank 0 under torchrun) and dies wi
 crashed run never leaves a stale lock behind. The file holds the holder's PID, which a second
 command names in its one-line refusal.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -39,15 +40,16 @@ class RunLock:
     def __enter__(self) -> "RunLock":
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:                    # read-only and pseudo file systems, a missing permission
+        except OSError as e:  # read-only and pseudo file systems, a missing permission
             raise StorageError(f"cannot write into {self.path.parent}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = _holder_pid(fd)
             os.close(fd)
-            raise RunBusy(f"cannot {self.what} {self.path.parent}: another wansync process (PID {pid}) "
-                          f"is running in it") from None
+            raise RunBusy(
+                f"cannot {self.what} {self.path.parent}: another wansync process (PID {pid}) " f"is running in it"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
@@ -55,7 +57,7 @@ class RunLock:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.fd is not None:
-            os.close(self.fd)                   # closing releases the lock; the file stays (harmless)
+            os.close(self.fd)  # closing releases the lock; the file stays (harmless)
             self.fd = None
 
 
@@ -69,7 +71,8 @@ def check_unlocked(run_dir: Path, what: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise RunBusy(f"cannot {what} {path.parent}: another wansync process (PID {_holder_pid(fd)}) "
-                      f"is running in it") from None
+        raise RunBusy(
+            f"cannot {what} {path.parent}: another wansync process (PID {_holder_pid(fd)}) " f"is running in it"
+        ) from None
     finally:
         os.close(fd)

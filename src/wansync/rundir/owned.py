@@ -6,6 +6,7 @@ one of those names that the record lacks, or whose content changed since (a repo
 a CSV edited by hand, a link to somewhere else), is not wansync's: it is refused in one line,
 before any work, unless `force`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,8 +30,10 @@ def check_replaceable(directory: Path, names: Iterable[str], force: bool) -> Non
     for name in names:
         path = directory / name
         if os.path.lexists(path) and (path.is_symlink() or not path.is_file() or record.get(name) != _sha256(path)):
-            raise ConfigError(f"refusing to replace {path}: wansync did not write it (or it changed since); move it "
-                              f"away, choose another directory, or pass --force to replace it")
+            raise ConfigError(
+                f"refusing to replace {path}: wansync did not write it (or it changed since); move it "
+                f"away, choose another directory, or pass --force to replace it"
+            )
 
 
 def unlink_links(directory: Path, names: Iterable[str]) -> None:

@@ -5,6 +5,7 @@ to a loss worth having: the step and the wall-clock second (the evaluation recor
 training started) of the first evaluation that reaches the target. Its resolution is the evaluation
 interval. A run that never reaches it says so ("not reached"), it is not dropped.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,10 @@ from .jsonout import number
 
 @dataclass(frozen=True)
 class Target:
-    metric: str                 # the eval record's key: "val_loss" or "test_acc"
+    metric: str  # the eval record's key: "val_loss" or "test_acc"
     value: float
     higher_is_better: bool
-    source: str                 # why this value: "given (--target-loss)", "DDP's final ..."
+    source: str  # why this value: "given (--target-loss)", "DDP's final ..."
 
     def reached(self, value: float) -> bool:
         return value >= self.value if self.higher_is_better else value <= self.value
@@ -45,8 +46,14 @@ def first_reached(evals: Sequence[dict[str, Any]], target: Target) -> tuple[int,
 def target_record(evals: Sequence[dict[str, Any]], target: Target) -> dict[str, Any]:
     """What summary.json says about the target: metric, value, source, and step/time_s (null: not reached)."""
     hit = first_reached(evals, target)
-    return {"metric": target.metric, "value": target.value, "source": target.source, "reached": hit is not None,
-            "step": hit[0] if hit else None, "time_s": hit[1] if hit else None}
+    return {
+        "metric": target.metric,
+        "value": target.value,
+        "source": target.source,
+        "reached": hit is not None,
+        "step": hit[0] if hit else None,
+        "time_s": hit[1] if hit else None,
+    }
 
 
 def read_evals(path: str | Path) -> list[dict[str, Any]]:
@@ -58,7 +65,7 @@ def read_records(path: str | Path, kind: str) -> list[dict[str, Any]]:
     """The records of type `kind` (eval, step, sync) of a metrics.jsonl, with a step number; torn or
     damaged lines (a killed run) are skipped."""
     out: list[dict[str, Any]] = []
-    if not Path(path).is_file():                      # missing, or a FIFO that would block the reader
+    if not Path(path).is_file():  # missing, or a FIFO that would block the reader
         return out
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -72,4 +79,3 @@ def read_records(path: str | Path, kind: str) -> list[dict[str, Any]]:
     except OSError:
         pass
     return out
-

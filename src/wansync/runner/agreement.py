@@ -14,6 +14,7 @@ would otherwise train until one of them left and the others died waiting for it.
 The machines give each rank its share of the cores: nodes started on one machine (a workstation, the
 test bed's namespaces) would otherwise each take all of them, and ran 12 times slower.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,17 +28,17 @@ from ..errors import ConfigError, PeerError, first_line
 from ..net import machine_identity
 from .torchrun import TorchrunEnv
 
-SHOWN_KEYS = 4                          # keys named in the one line
+SHOWN_KEYS = 4  # keys named in the one line
 SCHEDULE_KEYS = ("steps", "eval_every", "checkpoint_every")
-SHOWN_CHARS = 40                        # of each value
+SHOWN_CHARS = 40  # of each value
 
 
 @dataclass(frozen=True)
 class Agreement:
     """What the ranks agreed on besides the configuration."""
 
-    ranks_here: int                     # ranks of the launch on this machine, co-located nodes included
-    round: int = 0                      # this run's number in the launch (a grid trains several)
+    ranks_here: int  # ranks of the launch on this machine, co-located nodes included
+    round: int = 0  # this run's number in the launch (a grid trains several)
 
     @property
     def threads(self) -> int:
@@ -69,8 +70,9 @@ def plugin_digests(cfg: Any) -> dict[str, str]:
     return out
 
 
-def agree(env: TorchrunEnv, config: dict[str, Any], start: int, timeout_s: float,
-          refused: str | None = None) -> Agreement:
+def agree(
+    env: TorchrunEnv, config: dict[str, Any], start: int, timeout_s: float, refused: str | None = None
+) -> Agreement:
     """Publish this rank's `config` (a fingerprint) and `start` (0, or the checkpoint step it resumes
     from), read every rank's, and refuse a difference in one line (module docstring). `refused`: rank
     0 will not start (its run directory), and every other rank stops with its reason. Without
@@ -87,9 +89,11 @@ def agree(env: TorchrunEnv, config: dict[str, Any], start: int, timeout_s: float
     for rank in range(env.world_size):
         try:
             records.append(json.loads(store.get(f"agree/rank{rank}")))
-        except (RuntimeError, ValueError) as e:       # DistStoreError is a RuntimeError: the wait timed out
-            raise PeerError(f"rank {rank} did not say what it trains within --peer-timeout {timeout_s:g} s (is its "
-                            f"node started, with the same --nnodes?): {first_line(e)[:200]}") from None
+        except (RuntimeError, ValueError) as e:  # DistStoreError is a RuntimeError: the wait timed out
+            raise PeerError(
+                f"rank {rank} did not say what it trains within --peer-timeout {timeout_s:g} s (is its "
+                f"node started, with the same --nnodes?): {first_line(e)[:200]}"
+            ) from None
     first = records[0]
     if first.get("refused") and env.rank != 0:
         raise ConfigError(f"rank 0 will not start: {first['refused']}")
@@ -100,16 +104,21 @@ def agree(env: TorchrunEnv, config: dict[str, Any], start: int, timeout_s: float
 
 def check_same(first: dict[str, Any], other: dict[str, Any], rank: int) -> None:
     """Rank `rank`'s record against rank 0's: the same configuration, the same start."""
-    keys = sorted(k for k in set(first["config"]) | set(other["config"])
-                  if first["config"].get(k) != other["config"].get(k))
+    keys = sorted(
+        k for k in set(first["config"]) | set(other["config"]) if first["config"].get(k) != other["config"].get(k)
+    )
     if keys:
         shown = keys[:SHOWN_KEYS] + (["..."] if len(keys) > SHOWN_KEYS else [])
-        raise ConfigError(f"the nodes were started with different training flags ({', '.join(keys)}): rank {rank} has "
-                          f"{_values(other['config'], shown)} where rank 0 has {_values(first['config'], shown)}; "
-                          f"start every node with the same flags")
+        raise ConfigError(
+            f"the nodes were started with different training flags ({', '.join(keys)}): rank {rank} has "
+            f"{_values(other['config'], shown)} where rank 0 has {_values(first['config'], shown)}; "
+            f"start every node with the same flags"
+        )
     if first["start"] != other["start"]:
-        raise ConfigError(f"rank {rank} {_start(other['start'])} but rank 0 {_start(first['start'])}: resume on every "
-                          f"node (--resume) from the same checkpoint, or on none")
+        raise ConfigError(
+            f"rank {rank} {_start(other['start'])} but rank 0 {_start(first['start'])}: resume on every "
+            f"node (--resume) from the same checkpoint, or on none"
+        )
 
 
 def _values(config: dict[str, Any], keys: list[str]) -> str:

@@ -6,6 +6,7 @@ as a training step, so DDP spends about half its wall clock communicating). Each
 settings inside its working regime (`SETTINGS`: none trips a regime guard, `guards.py`), then the
 report leads with the decision figures and ends with one computed sentence (`verdict.py`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,18 +23,20 @@ WORKERS = 2
 # H = 50 (the guard wants >= 25 steps between two outer steps on the same parameters; cocodc may sync
 # a fragment twice per period), two fragments with an overlap of 5 steps for the streaming ones;
 # SparseLoCo at H = 10 (30 rounds: its error feedback pays back over many), DeMo at its defaults.
-SETTINGS = MappingProxyType({
-    "ddp": {},
-    "local_sgd": {"sync_every": 25},
-    "post_local_sgd": {"sync_every": 25, "switch_step": 50},
-    "slowmo": {"sync_every": 25},
-    "cpdp": {"sync_every": 4},
-    "diloco": {"sync_every": 50},
-    "streaming": {"sync_every": 50, "fragments": 2, "overlap": 5},
-    "cocodc": {"sync_every": 50, "fragments": 2, "overlap": 5},
-    "sparseloco": {"sync_every": 10},        # many rounds: its error feedback sends a little every time
-    "demo": {},
-})
+SETTINGS = MappingProxyType(
+    {
+        "ddp": {},
+        "local_sgd": {"sync_every": 25},
+        "post_local_sgd": {"sync_every": 25, "switch_step": 50},
+        "slowmo": {"sync_every": 25},
+        "cpdp": {"sync_every": 4},
+        "diloco": {"sync_every": 50},
+        "streaming": {"sync_every": 50, "fragments": 2, "overlap": 5},
+        "cocodc": {"sync_every": 50, "fragments": 2, "overlap": 5},
+        "sparseloco": {"sync_every": 10},  # many rounds: its error feedback sends a little every time
+        "demo": {},
+    }
+)
 STEPS = 300
 # How far seeds alone move one run's validation loss at equal wall clock on this workload: the pooled
 # standard deviation over the 3 seeds of each of the 7 cells of the results page's sparse-demo table
@@ -44,8 +47,18 @@ SPREAD = MappingProxyType({"sd": 0.0334, "source": "seeds measured on the result
 
 def demo_values(steps: int = STEPS) -> dict:
     """The demo's workload: what every strategy trains on (the results page's sparse tables too)."""
-    return {"model": "tiny", "workers": WORKERS, "batch_size": 8, "seq_len": 64, "threads": 1, "steps": steps,
-            "eval_every": max(1, steps // 12), "eval_batches": 4, "warmup_steps": min(20, steps // 5), "wan": WAN}
+    return {
+        "model": "tiny",
+        "workers": WORKERS,
+        "batch_size": 8,
+        "seq_len": 64,
+        "threads": 1,
+        "steps": steps,
+        "eval_every": max(1, steps // 12),
+        "eval_batches": 4,
+        "warmup_steps": min(20, steps // 5),
+        "wan": WAN,
+    }
 
 
 def demo_config(steps: int, out: str) -> Config:
@@ -63,8 +76,11 @@ def run_demo(out: str, steps: int, force: bool) -> int:
     """Plan, train and report the demo; prints what it does."""
     strategies = grid.available_strategies()
     base = demo_config(steps, out)
-    print(f"demo: {', '.join(strategies)} on the tiny LM (Shakespeare), {WORKERS} workers, link {WAN} "
-          f"(100 ms RTT, 1 Gbit/s), {steps} steps; runs in {out}")
+    print(
+        f"demo: {', '.join(strategies)} on the tiny LM (Shakespeare), {WORKERS} workers, link {WAN} "
+        f"(100 ms RTT, 1 Gbit/s), {steps} steps; runs in {out}"
+    )
     specs = experiments.grid_runs(base, strategies, 1, None, Path(out), cells=demo_cells(strategies))
-    return experiments.run_and_report(specs, Path(out), force, 1, None, None, target_rule="common",
-                                      extra={"spread": dict(SPREAD)})
+    return experiments.run_and_report(
+        specs, Path(out), force, 1, None, None, target_rule="common", extra={"spread": dict(SPREAD)}
+    )

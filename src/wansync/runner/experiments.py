@@ -19,6 +19,7 @@ needs is checked (`check_experiment`: every run's config, data and model; the di
 directory in it are new, empty or wansync's; the report's files there are wansync's, unless `force`),
 and the experiment holds its directory's lock to the end (`rundir.lock`).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,35 +44,51 @@ from .torchrun import TorchrunEnv, torchrun_env
 from ..trainer.optim import peak_lr
 from ..presets import Preset, check_available, layered_config, preset_cells
 from ..analysis.report import Report, report
-from ..rundir.layout import (CONFIG_FILE, EXPERIMENT_FILE, FAILED_FILE, REPORT_FILES, SUMMARY_FILE, has_summary,
-                             is_experiment_dir, json_object, read_summary, regular_text)
+from ..rundir.layout import (
+    CONFIG_FILE,
+    EXPERIMENT_FILE,
+    FAILED_FILE,
+    REPORT_FILES,
+    SUMMARY_FILE,
+    has_summary,
+    is_experiment_dir,
+    json_object,
+    read_summary,
+    regular_text,
+)
 from ..rundir.lock import LOCK_FILE, RunBusy, RunLock
 from ..rundir.owned import WRITTEN_FILE, check_replaceable
 from ..rules import in_range
+
 # Keys that change how a run is shown or where it lives, not what it computes.
 PRESENTATION_KEYS = ("out", "quiet", "log_every", "tensorboard", "threads", "target_loss", "target_acc")
 MAX_SEEDS = 1000
-MAX_RUNS = 10_000             # runs of one grid: more is a typo, and would take memory before any work
+MAX_RUNS = 10_000  # runs of one grid: more is a typo, and would take memory before any work
 
 
 @dataclass
 class RunSpec:
     strategy: str
-    setting: dict[str, Any]          # grid values other than strategy and seed, in grid order
+    setting: dict[str, Any]  # grid values other than strategy and seed, in grid order
     seed: int
     cfg: Config
-    label: str                        # "<strategy>[__key=value...]": one setting, all seeds
+    label: str  # "<strategy>[__key=value...]": one setting, all seeds
     run_dir: Path
 
     def describe(self) -> dict[str, Any]:
-        return {"label": self.label, "strategy": self.strategy, "setting": self.setting, "seed": self.seed,
-                "dir": str(self.run_dir)}
+        return {
+            "label": self.label,
+            "strategy": self.strategy,
+            "setting": self.setting,
+            "seed": self.seed,
+            "dir": str(self.run_dir),
+        }
 
 
 @dataclass
 class Outcome:
     spec: RunSpec
-    status: str                       # "ok" | "skipped" | "failed"
+    status: str  # "ok" | "skipped" | "failed"
     message: str = ""
     seconds: float = 0.0
     summary: dict[str, Any] | None = field(default=None, repr=False)
@@ -79,9 +96,18 @@ class Outcome:
 
 # ---------------------------------------------------------------- the grid of runs
 
-def command_runs(command: str, preset: Preset | None, config_file: str | None, flags: Mapping[str, Any],
-                 grid_items: Sequence[str], strategies_text: str | None, seeds: int | None,
-                 parallel: int, given: Iterable[str] = ()) -> tuple[list[RunSpec], Path, TorchrunEnv | None]:
+
+def command_runs(
+    command: str,
+    preset: Preset | None,
+    config_file: str | None,
+    flags: Mapping[str, Any],
+    grid_items: Sequence[str],
+    strategies_text: str | None,
+    seeds: int | None,
+    parallel: int,
+    given: Iterable[str] = (),
+) -> tuple[list[RunSpec], Path, TorchrunEnv | None]:
     """The runs of `wansync compare|sweep` from its flags, the experiment directory, and the torchrun
     environment the runs adopt (read once, here: a stale or contradicting one is refused).
 
@@ -127,23 +153,35 @@ def command_runs(command: str, preset: Preset | None, config_file: str | None, f
     return specs, out, env
 
 
-def check_inputs_used(grid: Mapping[str, Any], flags: Mapping[str, Any], strategies_text: str | None,
-                      seeds: int | None) -> None:
+def check_inputs_used(
+    grid: Mapping[str, Any], flags: Mapping[str, Any], strategies_text: str | None, seeds: int | None
+) -> None:
     """Two inputs one of which would be dropped without a word: refused in one line."""
     if strategies_text is not None and ("strategy" in grid or "strategy" in flags):
-        raise ConfigError("--strategies and --" + ("grid strategy=..." if "strategy" in grid else "strategy") +
-                          " both name the strategies: give one of them")
+        raise ConfigError(
+            "--strategies and --"
+            + ("grid strategy=..." if "strategy" in grid else "strategy")
+            + " both name the strategies: give one of them"
+        )
     if seeds is not None and "seed" in grid:
         raise ConfigError("--seeds and --grid seed=... both set the seeds: give one of them")
     clash = [k for k in grid if k in flags]
     if clash:
-        raise ConfigError(f"--{clash[0].replace('_', '-')} is also swept by --grid {clash[0]}=...: give its values "
-                          f"in the grid only")
+        raise ConfigError(
+            f"--{clash[0].replace('_', '-')} is also swept by --grid {clash[0]}=...: give its values "
+            f"in the grid only"
+        )
 
 
-def grid_runs(base: Config, strategies: Sequence[str], seeds: int | Sequence[int] = 1,
-         grid: dict[str, list[Any]] | None = None, out: str | Path | None = None,
-         threads: int | None = None, cells: Sequence[dict[str, Any]] | None = None) -> list[RunSpec]:
+def grid_runs(
+    base: Config,
+    strategies: Sequence[str],
+    seeds: int | Sequence[int] = 1,
+    grid: dict[str, list[Any]] | None = None,
+    out: str | Path | None = None,
+    threads: int | None = None,
+    cells: Sequence[dict[str, Any]] | None = None,
+) -> list[RunSpec]:
     """Every (strategy, setting, seed) as a RunSpec; nothing is written.
 
     `cells` (a preset's explicit list of runs, each a dict of config values with a "strategy") replaces
@@ -204,15 +242,18 @@ def own_settings(strategy: str, settings: Sequence[dict[str, Any]]) -> list[dict
     return out
 
 
-def expand_cells(cells: Sequence[dict[str, Any]], grid: dict[str, list[Any]] | None = None
-                 ) -> list[tuple[str, dict[str, Any]]]:
+def expand_cells(
+    cells: Sequence[dict[str, Any]], grid: dict[str, list[Any]] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
     """[(strategy, the cell's other values)], keys that `grid` sweeps dropped, duplicates merged."""
     out: list[tuple[str, dict[str, Any]]] = []
     for cell in cells:
         if "strategy" not in cell:
             raise ConfigError(f"a run cell must name its strategy: {cell}")
-        item = (str(cell["strategy"]), {k: coerce(k, v) for k, v in cell.items()
-                                         if k != "strategy" and k not in (grid or {})})
+        item = (
+            str(cell["strategy"]),
+            {k: coerce(k, v) for k, v in cell.items() if k != "strategy" and k not in (grid or {})},
+        )
         if item not in out:
             out.append(item)
     return out
@@ -220,10 +261,11 @@ def expand_cells(cells: Sequence[dict[str, Any]], grid: dict[str, list[Any]] | N
 
 # ---------------------------------------------------------------- resume
 
+
 def _comparable(sections: dict[str, Any]) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for name, sec in sections.items():
-        for k, v in (sec.items() if isinstance(sec, dict) else ()):
+        for k, v in sec.items() if isinstance(sec, dict) else ():
             if k not in PRESENTATION_KEYS:
                 flat[f"{name}.{k}"] = v
     return flat
@@ -244,6 +286,7 @@ def is_finished(spec: RunSpec) -> bool:
 
 
 # ---------------------------------------------------------------- running
+
 
 def write_experiment(out: Path, specs: Sequence[RunSpec], extra: dict[str, Any] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -267,14 +310,15 @@ def run_one(spec: RunSpec, force: bool = False, torchrun: TorchrunEnv | None = N
     (spec.run_dir / FAILED_FILE).unlink(missing_ok=True)
     t0 = time.monotonic()
     try:
-        summary = run.train(spec.cfg, force=True, torchrun=torchrun)     # the experiment decided to (re-)run it
-    except RunBusy as e:                      # another process's run: nothing of it is touched
+        summary = run.train(spec.cfg, force=True, torchrun=torchrun)  # the experiment decided to (re-)run it
+    except RunBusy as e:  # another process's run: nothing of it is touched
         return Outcome(spec, "failed", str(e), time.monotonic() - t0)
     except WansyncError as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         (spec.run_dir / SUMMARY_FILE).unlink(missing_ok=True)
-        (spec.run_dir / FAILED_FILE).write_text(jsonout.dumps(
-            {**spec.describe(), "status": "failed", "message": message}, indent=2))
+        (spec.run_dir / FAILED_FILE).write_text(
+            jsonout.dumps({**spec.describe(), "status": "failed", "message": message}, indent=2)
+        )
         return Outcome(spec, "failed", message, time.monotonic() - t0)
     return Outcome(spec, "ok", "", time.monotonic() - t0, summary)
 
@@ -283,8 +327,14 @@ def default_threads(parallel: int, workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, parallel * workers))
 
 
-def execute(specs: Sequence[RunSpec], *, force: bool = False, parallel: int = 1,
-            log: Callable[[str], None] = print, torchrun: TorchrunEnv | None = None) -> list[Outcome]:
+def execute(
+    specs: Sequence[RunSpec],
+    *,
+    force: bool = False,
+    parallel: int = 1,
+    log: Callable[[str], None] = print,
+    torchrun: TorchrunEnv | None = None,
+) -> list[Outcome]:
     """Run every spec (one at a time unless parallel > 1), on local workers or under `torchrun`'s
     ranks; never raises for a failed run."""
     n = len(specs)
@@ -310,11 +360,12 @@ def execute(specs: Sequence[RunSpec], *, force: bool = False, parallel: int = 1,
     pool = ThreadPoolExecutor(max_workers=parallel)
     try:
         return list(pool.map(one, enumerate(specs)))
-    finally:            # on a signal, do not wait for the runs in flight (their workers die with us)
+    finally:  # on a signal, do not wait for the runs in flight (their workers die with us)
         pool.shutdown(wait=False, cancel_futures=True)
 
 
 # ---------------------------------------------------------------- the commands' output
+
 
 def _lr_rule(c: Config) -> str:
     if c.lr_scaling == "linear":
@@ -330,7 +381,7 @@ def check_experiment(specs: Sequence[RunSpec], out: Path, force: bool, local: bo
     check_runs(specs, local)
     try:
         check_experiment_dir(out, specs, force)
-    except OSError as e:                          # a name too long, a path through a file
+    except OSError as e:  # a name too long, a path through a file
         raise StorageError(f"cannot create experiment directory {out}: {e.strerror or e}") from None
 
 
@@ -354,16 +405,19 @@ def check_experiment_dir(out: Path, specs: Sequence[RunSpec], force: bool) -> No
     if out.is_dir() and not is_experiment_dir(out):
         entries = sorted(p.name for p in out.iterdir() if p.name not in (LOCK_FILE, WRITTEN_FILE))
         if entries:
-            raise ConfigError(f"refusing to run an experiment in {out}: it is not empty and not a wansync experiment "
-                              f"directory (it holds {entries[0]!r}); choose another --out")
+            raise ConfigError(
+                f"refusing to run an experiment in {out}: it is not empty and not a wansync experiment "
+                f"directory (it holds {entries[0]!r}); choose another --out"
+            )
     for s in specs:
         run.check_target(s.run_dir, force=True)
     if out.is_dir():
         check_replaceable(out, REPORT_FILES, force)
 
 
-def check_and_list(specs: Sequence[RunSpec], preset: Preset | None, out: Path | None = None,
-                   force: bool = False) -> int:
+def check_and_list(
+    specs: Sequence[RunSpec], preset: Preset | None, out: Path | None = None, force: bool = False
+) -> int:
     """Print the resolved runs and validate each one; train nothing. Raises when one is invalid, or
     (given `out`) when the experiment could not start there (`check_experiment`)."""
     if preset:
@@ -371,14 +425,17 @@ def check_and_list(specs: Sequence[RunSpec], preset: Preset | None, out: Path | 
         for note in preset.notes:
             print(f"  note: {note}")
     c = specs[0].cfg
-    print(f"{len(specs)} runs: model {c.model}, data {c.data}, {c.workers} workers, wan {c.wan or 'none'}, "
-          f"{c.steps} steps, batch {c.batch_size}/worker, {c.optimizer} {_lr_rule(c)}")
+    print(
+        f"{len(specs)} runs: model {c.model}, data {c.data}, {c.workers} workers, wan {c.wan or 'none'}, "
+        f"{c.steps} steps, batch {c.batch_size}/worker, {c.optimizer} {_lr_rule(c)}"
+    )
     errors = []
     for s in specs:
         try:
             options = run.check_run(s.cfg)
-            status = ("ok  " + (", ".join(f"{k}={v}" for k, v in options.items()) or "(no options)")
-                      + f"; {_lr_rule(s.cfg)}")
+            status = (
+                "ok  " + (", ".join(f"{k}={v}" for k, v in options.items()) or "(no options)") + f"; {_lr_rule(s.cfg)}"
+            )
             warnings = regime_warnings(s.cfg.strategy, options)
         except WansyncError as e:
             errors.append(f"{s.label} seed {s.seed}: {e}")
@@ -394,15 +451,23 @@ def check_and_list(specs: Sequence[RunSpec], preset: Preset | None, out: Path | 
     return 0
 
 
-def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: int, target_loss: float | None,
-                   target_acc: float | None, target_rule: str = "ddp", torchrun: TorchrunEnv | None = None,
-                   extra: dict[str, Any] | None = None) -> int:
+def run_and_report(
+    specs: Sequence[RunSpec],
+    out: Path,
+    force: bool,
+    parallel: int,
+    target_loss: float | None,
+    target_acc: float | None,
+    target_rule: str = "ddp",
+    torchrun: TorchrunEnv | None = None,
+    extra: dict[str, Any] | None = None,
+) -> int:
     """Write the grid (experiment.json), run what is not finished, write the report and print its table.
     `target_rule`: the default target when none is given (report.default_target); `extra`: more for
     experiment.json (the demo's recorded spread of seeds, `analysis.verdict.recorded_spread`).
     Raises (after the report) when a run failed. Under torchrun the ranks train every run together and
     rank 0 alone holds the directory and writes the experiment's files, as it does a run's."""
-    if torchrun is not None and torchrun.rank != 0:        # rank 0 checks the directory it writes
+    if torchrun is not None and torchrun.rank != 0:  # rank 0 checks the directory it writes
         check_runs(specs, local=False)
         failed = [o for o in execute(specs, force=force, parallel=parallel, torchrun=torchrun) if o.status == "failed"]
         if failed:
@@ -410,12 +475,21 @@ def run_and_report(specs: Sequence[RunSpec], out: Path, force: bool, parallel: i
         return 0
     check_experiment(specs, out, force, local=torchrun is None)
     with RunLock(run.make_run_dir(out, "experiment directory"), "run an experiment in"):
-        write_experiment(out, specs, {"target_loss": target_loss, "target_acc": target_acc, "target_rule": target_rule,
-                                      **(extra or {})})
+        write_experiment(
+            out,
+            specs,
+            {"target_loss": target_loss, "target_acc": target_acc, "target_rule": target_rule, **(extra or {})},
+        )
         t0 = time.monotonic()
         outcomes = execute(specs, force=force, parallel=parallel, torchrun=torchrun)
-        rep = report(out, target_loss=target_loss, target_acc=target_acc, record_targets=True, target_rule=target_rule,
-                     force=force)
+        rep = report(
+            out,
+            target_loss=target_loss,
+            target_acc=target_acc,
+            record_targets=True,
+            target_rule=target_rule,
+            force=force,
+        )
     print_outcome(rep, outcomes, time.monotonic() - t0)
     return 0
 
@@ -431,8 +505,10 @@ def print_outcome(rep: Report, outcomes: Sequence[Outcome], seconds: float) -> N
     print(f"{ran} runs trained, {skipped} skipped (finished earlier), {len(failed)} failed, in {seconds:.0f} s")
     for row in rep.rows:
         if row["diverged"]:
-            print(f"warning: {row['setting']} diverged in {row['diverged']}/{row['seeds_ok']} seeds (final "
-                  f"{rep.quality.name} worse than at the first evaluation, or at chance)")
+            print(
+                f"warning: {row['setting']} diverged in {row['diverged']}/{row['seeds_ok']} seeds (final "
+                f"{rep.quality.name} worse than at the first evaluation, or at chance)"
+            )
     print(f"report: {rep.path}")
     if len(rep.rows) > 1:
         print()
@@ -440,5 +516,7 @@ def print_outcome(rep: Report, outcomes: Sequence[Outcome], seconds: float) -> N
         print()
         print(rep.verdict)
     if failed:
-        raise WansyncError(f"{len(failed)} of {len(outcomes)} runs failed (marked in {rep.path}); "
-                           f"first: {failed[0].spec.label} seed {failed[0].spec.seed}: {failed[0].message}")
+        raise WansyncError(
+            f"{len(failed)} of {len(outcomes)} runs failed (marked in {rep.path}); "
+            f"first: {failed[0].spec.label} seed {failed[0].spec.seed}: {failed[0].message}"
+        )

@@ -1,6 +1,7 @@
 """An experiment's grid as a user writes it: strategy names checked against the registry, lists of
 values (`a,b,c`, or `;` between values that hold commas), `--grid key=v1,v2` typed by the config key,
 and the label a setting's run directory is named by (`runner.experiments` runs the grid)."""
+
 from __future__ import annotations
 
 import re
@@ -40,8 +41,10 @@ def split_values(text: str, what: str) -> list[str]:
     if not any(values):
         raise ConfigError(f"{what}: no values given")
     if "" in values:
-        raise ConfigError(f"{what}: an empty value in {text!r} (values are separated by {sep!r}; write none for "
-                          f"a key's unset value)")
+        raise ConfigError(
+            f"{what}: an empty value in {text!r} (values are separated by {sep!r}; write none for "
+            f"a key's unset value)"
+        )
     return values
 
 
@@ -73,7 +76,7 @@ _SAFE = re.compile(r"[^A-Za-z0-9._+\-=]")
 
 
 def _fmt(v: Any) -> str:
-    if v == "":                                     # a key's unset value (wan=none)
+    if v == "":  # a key's unset value (wan=none)
         return "none"
     if isinstance(v, bool):
         return "true" if v else "false"

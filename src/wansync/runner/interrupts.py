@@ -8,6 +8,7 @@ blocks it around the spawn and the mask survives exec), dies at once on the SIGT
 launcher forwards, and asks the kernel to SIGKILL it when the launcher dies (Linux
 PR_SET_PDEATHSIG), checking afterwards that the launcher had not died already.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +19,7 @@ import sys
 import threading
 from typing import Callable, Iterator
 
-PR_SET_PDEATHSIG = 1                     # from <linux/prctl.h>
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 LAUNCHER_PID_ENV = "WANSYNC_LAUNCHER_PID"
 
 
@@ -37,7 +38,7 @@ def exit_status(exc: BaseException) -> int:
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
-    signal.signal(signum, signal.SIG_IGN)        # a second SIGTERM must not cut the reaping short
+    signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM must not cut the reaping short
     raise Terminated(signum)
 
 
@@ -73,6 +74,7 @@ def signals_deferred() -> Iterator[Callable[[], None]]:
     def check() -> None:
         if received:
             raise KeyboardInterrupt if received[0] == signal.SIGINT else Terminated(received[0])
+
     try:
         yield check
     finally:

@@ -19,6 +19,7 @@ would restart every node's workers).
 A launch is a short pipeline (`Launch`): prepare the log directory, open the rendezvous, start
 every worker, watch them, tear everything down.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -55,8 +56,9 @@ def _terminate(procs: list[workerproc.Worker], grace: float = 3.0) -> None:
             p.wait()
 
 
-def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False,
-          torchrun: TorchrunEnv | None = None) -> tuple[int, str]:
+def spawn(
+    cfg: Config, run_dir: Path, config: str, resume: bool = False, torchrun: TorchrunEnv | None = None
+) -> tuple[int, str]:
     """Run cfg.workers × cfg.ranks_per_worker processes (ranks w·R … w·R+R−1 are worker w), or
     under torchrun (fault tolerant) the worker whose first rank is torchrun's; returns (exit status,
     message of the first failure).
@@ -69,7 +71,7 @@ def spawn(cfg: Config, run_dir: Path, config: str, resume: bool = False,
             launch.open_rendezvous()
             launch.start_all(check_signals)
             return launch.watch(check_signals)
-        finally:                                # also on KeyboardInterrupt and Terminated
+        finally:  # also on KeyboardInterrupt and Terminated
             launch.teardown()
 
 
@@ -83,16 +85,15 @@ class Launch:
         self.torchrun = torchrun
         # the ones started here: every rank, or under torchrun this rank's worker (its first rank's process
         # supervises the worker's ranks, `runner.run.run_rank`)
-        self.ranks = range(self.world) if torchrun is None else \
-            [torchrun.rank + i for i in range(cfg.ranks_per_worker)]
-        self.threads = cfg.threads or max(1, (os.cpu_count() or 1) // self.world)     # torch's, per worker
+        self.ranks = range(self.world) if torchrun is None else [torchrun.rank + i for i in range(cfg.ranks_per_worker)]
+        self.threads = cfg.threads or max(1, (os.cpu_count() or 1) // self.world)  # torch's, per worker
         self.procs: list[workerproc.Worker] = []
         self.supervisor: Supervisor | None = None
         self.sock: socket.socket | None = None
-        self.port = 0                           # the rendezvous's, on 127.0.0.1
+        self.port = 0  # the rendezvous's, on 127.0.0.1
         self.store: dist.TCPStore | None = None
         self.zygote: workerproc.Zygote | None = None
-        self.fork = False                       # this process may fork its workers (until the store serves)
+        self.fork = False  # this process may fork its workers (until the store serves)
 
     def prepare_logs(self) -> None:
         """logs/, without the error files of an earlier attempt: a failure reported is this run's."""
@@ -109,7 +110,7 @@ class Launch:
             self.supervisor = Supervisor(self.cfg, self.run_dir, self.torchrun)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(512)                   # workers may connect before the store serves: the kernel queues them
+        self.sock.listen(512)  # workers may connect before the store serves: the kernel queues them
         self.port = self.sock.getsockname()[1]
         self.fork = workerproc.can_fork()
         if not self.fork:
@@ -118,24 +119,41 @@ class Launch:
     def worker_env(self, rank: int, restarted: bool = False) -> dict[str, str]:
         """Rank `rank`'s environment: torchrun's variables, the run's own, and the supervisor's. Under
         torchrun the rank keeps its place on its node and gloo the interface torchrun's route chose."""
-        local, local_world = (rank, self.world) if self.torchrun is None else \
-            (self.torchrun.local_rank + rank - self.torchrun.rank, self.torchrun.local_world_size)
+        local, local_world = (
+            (rank, self.world)
+            if self.torchrun is None
+            else (self.torchrun.local_rank + rank - self.torchrun.rank, self.torchrun.local_world_size)
+        )
         gloo = _loopback_ifname() if self.torchrun is None else os.environ.get(GLOO_IFNAME, _loopback_ifname())
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local), WORLD_SIZE=str(self.world),
-                   LOCAL_WORLD_SIZE=str(local_world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(self.port), TORCHELASTIC_USE_AGENT_STORE="True",
-                   GLOO_SOCKET_IFNAME=gloo, OMP_NUM_THREADS=str(self.threads),
-                   WANSYNC_RUN_DIR=str(self.run_dir), WANSYNC_LAUNCHED="1",
-                   WANSYNC_RESUME="1" if self.resume else "0", WANSYNC_CONFIG=self.config,
-                   **{LAUNCHER_PID_ENV: str(os.getpid())})
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(local),
+            WORLD_SIZE=str(self.world),
+            LOCAL_WORLD_SIZE=str(local_world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(self.port),
+            TORCHELASTIC_USE_AGENT_STORE="True",
+            GLOO_SOCKET_IFNAME=gloo,
+            OMP_NUM_THREADS=str(self.threads),
+            WANSYNC_RUN_DIR=str(self.run_dir),
+            WANSYNC_LAUNCHED="1",
+            WANSYNC_RESUME="1" if self.resume else "0",
+            WANSYNC_CONFIG=self.config,
+            **{LAUNCHER_PID_ENV: str(os.getpid())},
+        )
         return env if self.supervisor is None else self.supervisor.worker_env(env, rank, restarted)
 
     def start(self, rank: int, restarted: bool = False) -> workerproc.Worker:
         """Start rank `rank`: forked while no store thread runs, later from the zygote (or fresh)."""
         forked = self.fork and self.store is None
-        with sigint_blocked():                  # the worker starts with SIGINT blocked, then ignores it
-            proc = workerproc.start(self.worker_env(rank, restarted), fork=forked,
-                                    close=[self.sock.fileno()] if forked else [], zygote=self.zygote)
+        with sigint_blocked():  # the worker starts with SIGINT blocked, then ignores it
+            proc = workerproc.start(
+                self.worker_env(rank, restarted),
+                fork=forked,
+                close=[self.sock.fileno()] if forked else [],
+                zygote=self.zygote,
+            )
         workerproc.record_pid(self.run_dir / LOGS_DIR, rank, proc)
         return proc
 
@@ -155,9 +173,10 @@ class Launch:
         if self.supervisor is None:
             code, message = _watch(self.procs, self.run_dir, check_signals)
         else:
-            code, message = self.supervisor.watch(self.procs, lambda rank: self.start(rank, restarted=True),
-                                                  check_signals, ranks=list(self.ranks))
-        if code == 0 and self.torchrun is None:     # every rank's profile is on this host
+            code, message = self.supervisor.watch(
+                self.procs, lambda rank: self.start(rank, restarted=True), check_signals, ranks=list(self.ranks)
+            )
+        if code == 0 and self.torchrun is None:  # every rank's profile is on this host
             peerwait.record(self.run_dir, self.run_dir / LOGS_DIR, self.world)
         return code, message
 
@@ -169,15 +188,22 @@ class Launch:
             self.zygote.close()
         if self.store is None and self.sock is not None:
             self.sock.close()
-        self.store = None                       # the store stops serving
+        self.store = None  # the store stops serving
         if self.supervisor is not None:
             self.supervisor.close()
 
 
 def _serve_store(sock: socket.socket, timeout_s: float) -> dist.TCPStore:
     """The rendezvous store, serving on the bound and listening `sock` (which it takes over)."""
-    store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], None, True, datetime.timedelta(seconds=timeout_s),
-                          wait_for_workers=False, master_listen_fd=sock.fileno())
+    store = dist.TCPStore(
+        "127.0.0.1",
+        sock.getsockname()[1],
+        None,
+        True,
+        datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        master_listen_fd=sock.fileno(),
+    )
     sock.detach()
     return store
 
@@ -189,7 +215,7 @@ ROOT_CAUSE_GRACE_S = 2.0
 
 def _watch(procs: list[workerproc.Worker], run_dir: Path, check_signals: Callable[[], None]) -> tuple[int, str]:
     while True:
-        check_signals()                         # a signal becomes an exception here, between polls
+        check_signals()  # a signal becomes an exception here, between polls
         codes = [p.poll() for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:

@@ -8,6 +8,7 @@ Ranks are forked from a forkserver that has imported torch once (multiprocessing
 importing torch, and the server is a clean process (no threads, no torch op run), so forking
 it is safe. Each rank gets the caller's environment as it is at the call, as spawn would give it.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -31,9 +32,16 @@ class LoopbackStore:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(512)
         self.port = self.sock.getsockname()[1]
-        self.store = dist.TCPStore("127.0.0.1", self.port, None, True, datetime.timedelta(seconds=timeout_s),
-                                   wait_for_workers=False, master_listen_fd=self.sock.fileno())
-        self.sock.detach()               # the store owns the listening socket now
+        self.store = dist.TCPStore(
+            "127.0.0.1",
+            self.port,
+            None,
+            True,
+            datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=self.sock.fileno(),
+        )
+        self.sock.detach()  # the store owns the listening socket now
 
     def close(self) -> None:
         self.store = None
@@ -43,14 +51,21 @@ def join_group(port: int, rank: int, world_size: int, backend: str = "gloo", tim
     """Join the group whose store the parent holds on 127.0.0.1:port."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=timeout_s))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
+    )
 
 
 # _dynamo: the first optimizer imports it; wansync.cli and what its train imports: the tests' CLI
 # processes (tests/cli_harness.py) fork from this server too
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "wansync.runner.localgroup", "wansync.cli",
-           "wansync.runner.run")
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "wansync.runner.localgroup",
+    "wansync.cli",
+    "wansync.runner.run",
+)
 
 
 def rank_context() -> mp.context.BaseContext:
@@ -60,9 +75,18 @@ def rank_context() -> mp.context.BaseContext:
     return ctx
 
 
-def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, backend: str, args: tuple,
-           out: Any, threads: int, environ: dict[str, str]) -> None:
-    os.environ.clear()                   # the caller's environment now, not the server's at its start
+def _child(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    args: tuple,
+    out: Any,
+    threads: int,
+    environ: dict[str, str],
+) -> None:
+    os.environ.clear()  # the caller's environment now, not the server's at its start
     os.environ.update(environ)
     torch.set_num_threads(threads)
     try:
@@ -72,7 +96,7 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, backen
         return
     try:
         result = fn(rank, world_size, *args)
-        buf = io.BytesIO()               # plain bytes: tensors must not live in the child's shared memory
+        buf = io.BytesIO()  # plain bytes: tensors must not live in the child's shared memory
         torch.save(result, buf)
         out.put((rank, "ok", buf.getvalue()))
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -86,8 +110,9 @@ class _JoinFailed(RuntimeError):
     """The ranks' group did not form (gloo's full mesh, before `fn` ran): they may start again."""
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-              timeout: float = 120.0, threads: int = 1) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo", timeout: float = 120.0, threads: int = 1
+) -> list[Any]:
     """Run fn(rank, world_size, *args) in `world_size` processes; return results by rank.
 
     fn must be importable (module level). Any rank's exception is re-raised here with its
@@ -102,14 +127,19 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
         return _run_once(fn, world_size, args, backend, timeout, threads)
 
 
-def _run_once(fn: Callable[..., Any], world_size: int, args: tuple, backend: str, timeout: float,
-              threads: int) -> list[Any]:
+def _run_once(
+    fn: Callable[..., Any], world_size: int, args: tuple, backend: str, timeout: float, threads: int
+) -> list[Any]:
     ctx = rank_context()
     store = LoopbackStore(timeout)
     out = ctx.Queue()
     environ = dict(os.environ)
-    procs = [ctx.Process(target=_child, args=(fn, r, world_size, store.port, backend, args, out, threads, environ),
-                         daemon=True) for r in range(world_size)]
+    procs = [
+        ctx.Process(
+            target=_child, args=(fn, r, world_size, store.port, backend, args, out, threads, environ), daemon=True
+        )
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -118,7 +148,9 @@ def _run_once(fn: Callable[..., Any], world_size: int, args: tuple, backend: str
         while len(results) < world_size:
             left = (deadline - datetime.datetime.now()).total_seconds()
             if left <= 0:
-                raise TimeoutError(f"ranks {sorted(set(range(world_size)) - set(results))} did not finish in {timeout}s")
+                raise TimeoutError(
+                    f"ranks {sorted(set(range(world_size)) - set(results))} did not finish in {timeout}s"
+                )
             try:
                 rank, status, value = out.get(timeout=min(left, 0.5))
             except queue.Empty:

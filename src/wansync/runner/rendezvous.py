@@ -14,6 +14,7 @@ its workers at `localhost`. Here:
 
 Everything else is c10d's. Registered through the `torchrun.handlers` entry point (pyproject.toml).
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -50,11 +51,12 @@ def create_handler(params: Any) -> Any:
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
     if not params.local_addr:
         params.local_addr = advertised_address(host)
-    if params.get("store_type", "tcp").strip().lower() != "tcp":      # a file store: c10d's own
+    if params.get("store_type", "tcp").strip().lower() != "tcp":  # a file store: c10d's own
         _, store = create_backend(params)
     else:
-        store = rendezvous_store(host, port, params.get_as_bool("is_host"),
-                                 timedelta(seconds=params.get_as_int("read_timeout", 60) or 60))
+        store = rendezvous_store(
+            host, port, params.get_as_bool("is_host"), timedelta(seconds=params.get_as_int("read_timeout", 60) or 60)
+        )
     return c10d_handler(store, Backend(store, params.run_id), params)
 
 
@@ -78,10 +80,11 @@ def rendezvous_store(host: str, port: int, is_host: bool | None, timeout: timede
         except RuntimeError as e:
             if is_host is not None or not port_taken(e):
                 raise
-            return store(False)                  # another agent on this host hosts it
+            return store(False)  # another agent on this host hosts it
     except (ValueError, RuntimeError, TimeoutError) as e:
-        raise RendezvousConnectionError(f"wansync rendezvous: cannot open the store at {host}:{port}: "
-                                        f"{first_line(e)}") from e
+        raise RendezvousConnectionError(
+            f"wansync rendezvous: cannot open the store at {host}:{port}: " f"{first_line(e)}"
+        ) from e
 
 
 def port_taken(exc: BaseException) -> bool:
@@ -97,13 +100,18 @@ def advertised_address(endpoint_host: str) -> str | None:
     try:
         route = route_to(endpoint_host)
     except OSError as e:
-        print(f"wansync rendezvous: no route to the endpoint {endpoint_host} ({e.strerror or e}); "
-              f"pass --local-addr", file=sys.stderr)
+        print(
+            f"wansync rendezvous: no route to the endpoint {endpoint_host} ({e.strerror or e}); " f"pass --local-addr",
+            file=sys.stderr,
+        )
         return None
     if route.loopback and not _literal_loopback(endpoint_host):
-        print(f"wansync rendezvous: the endpoint {endpoint_host} resolves to a loopback address on this host, which "
-              f"the other nodes cannot reach: pass --local-addr (this host's address on their side) or name the "
-              f"endpoint by that address", file=sys.stderr)
+        print(
+            f"wansync rendezvous: the endpoint {endpoint_host} resolves to a loopback address on this host, which "
+            f"the other nodes cannot reach: pass --local-addr (this host's address on their side) or name the "
+            f"endpoint by that address",
+            file=sys.stderr,
+        )
         return None
     return route.address
 

@@ -7,6 +7,7 @@ guess: the source address the kernel picks for a packet to the peer is an addres
 reached at from the peer's side, and the interface that holds it is the one gloo must bind
 (`GLOO_SOCKET_IFNAME`). Asking costs no packet (a UDP socket's connect only looks the route up).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -15,7 +16,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-SIOCGIFADDR = 0x8915                    # <linux/sockios.h>: an interface's IPv4 address
+SIOCGIFADDR = 0x8915  # <linux/sockios.h>: an interface's IPv4 address
 IF_INET6 = "/proc/net/if_inet6"
 
 
@@ -84,7 +85,7 @@ def interface_of(address: str) -> str | None:
             try:
                 raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
             except OSError:
-                continue                # no IPv4 address on it
+                continue  # no IPv4 address on it
             if socket.inet_ntoa(raw[20:24]) == address:
                 return name
     return None

@@ -7,6 +7,7 @@ unless `force` (its files are replaced only once the new run has validated and h
 directory), and holds an exclusive lock on the directory while it runs (`runlock`). The workers
 get their configuration from the launcher, never from a file another process may rewrite.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -36,8 +37,18 @@ from ..workloads.lm.corpus import corpus_files
 from ..strategies.guards import regime_warnings
 from ..trainer.sharding import check_precision
 from ..telemetry import tensorboard
-from ..rundir.layout import (CONFIG_FILE, FAILED_FILE, LOGS_DIR, RUN_DIR_CONTENTS, RUN_FILES, SUMMARY_FILE, has_summary,
-                             is_run_dir, read_summary, topology_copy_name)
+from ..rundir.layout import (
+    CONFIG_FILE,
+    FAILED_FILE,
+    LOGS_DIR,
+    RUN_DIR_CONTENTS,
+    RUN_FILES,
+    SUMMARY_FILE,
+    has_summary,
+    is_run_dir,
+    read_summary,
+    topology_copy_name,
+)
 from ..rundir.lock import LOCK_FILE, RunLock, check_unlocked
 from ..strategies import resolve_options
 
@@ -51,19 +62,20 @@ MIN_LOCAL_PROCESSES = 64
 def check_data_path(cfg: Config) -> None:
     """Fail fast on a dataset that does not fit the model kind, or a local data path that does not exist."""
     from ..workloads import check_data_kind
+
     check_data_kind(cfg.model, cfg.data)
-    if is_factory(cfg.data):                                     # a workload of the user's: its own data
+    if is_factory(cfg.data):  # a workload of the user's: its own data
         return
     data = cfg.data
     path = None
     for prefix in ("cifar100:", "cifar10:", "imagefolder:", "fashion-mnist:"):
         if data.startswith(prefix):
-            path = data[len(prefix):]
+            path = data[len(prefix) :]
     if path is None and data not in ("shakespeare", "fashion-mnist") and not data.startswith("hf:"):
         path = data
     if path is not None:
         check_data_kind_of(Path(path), images=path != cfg.data)
-    if path is not None and path == cfg.data:                    # an LM corpus: a text file or a folder of them
+    if path is not None and path == cfg.data:  # an LM corpus: a text file or a folder of them
         corpus = Path(path)
         for f in ([corpus] if corpus.is_file() else corpus_files(corpus))[:64]:
             check_text(f)
@@ -93,25 +105,30 @@ def check_text(path: Path) -> None:
     try:
         codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < SNIFF_BYTES)
     except UnicodeDecodeError as e:
-        print(f"wansync: warning: corpus {path} is not valid UTF-8 (first bad byte at offset {e.start}); "
-              f"undecodable bytes are replaced", file=sys.stderr)
+        print(
+            f"wansync: warning: corpus {path} is not valid UTF-8 (first bad byte at offset {e.start}); "
+            f"undecodable bytes are replaced",
+            file=sys.stderr,
+        )
 
 
 def check_run(cfg: Config) -> dict[str, Any]:
     """Everything about `cfg` a user can get wrong, checked without writing anything (used by every
     run and by `--dry-run`); returns the strategy's resolved options."""
     from ..workloads import check_model
+
     options = resolve_options(cfg.strategy, vars(cfg))
-    check_model(cfg)                          # the model's form, its factory's import, an hf: directory
-    topology = cfg.topology                   # parses --wan: a bad spec fails here, not in the workers
+    check_model(cfg)  # the model's form, its factory's import, an hf: directory
+    topology = cfg.topology  # parses --wan: a bad spec fails here, not in the workers
     if topology is not None:
         topology.check_workers(cfg.workers)
     if cfg.backend == "nccl":
         import torch
+
         if not torch.cuda.is_available():
             raise ConfigError("--backend nccl needs CUDA GPUs, and torch sees none here (use --backend gloo)")
     check_precision(cfg.precision, "cuda" if cfg.backend == "nccl" else "cpu")
-    if "fragments" in options and not is_factory(cfg.data):       # a workload of the user's: its own model
+    if "fragments" in options and not is_factory(cfg.data):  # a workload of the user's: its own model
         check_fragments(cfg.model, options["fragments"], options.get("partition", "strided"))
     if "chunk" in options and not is_factory(cfg.data):
         check_chunks(cfg.strategy, options, cfg.model)
@@ -127,14 +144,18 @@ def check_run(cfg: Config) -> dict[str, Any]:
 def check_adapt(cfg: Config, options: dict[str, Any]) -> None:
     """`--adapt`: its spec (`trainer.adapt.parse_adapt`), and what it needs around it."""
     from ..trainer.adapt import parse_adapt
+
     if parse_adapt(cfg.adapt, cfg.strategy, options) is None:
         return
     if not cfg.wan:
-        raise ConfigError("--adapt measures the link from the emulator's records: give --wan (on real links "
-                          "--wan lan, whose model adds nothing measurable)")
+        raise ConfigError(
+            "--adapt measures the link from the emulator's records: give --wan (on real links "
+            "--wan lan, whose model adds nothing measurable)"
+        )
     if cfg.fault_tolerant:
-        raise ConfigError("--adapt with --fault-tolerant: a quorum's exchanges are not timed on a link model; "
-                          "drop one of the two")
+        raise ConfigError(
+            "--adapt with --fault-tolerant: a quorum's exchanges are not timed on a link model; " "drop one of the two"
+        )
 
 
 def check_local_launch(cfg: Config) -> None:
@@ -144,8 +165,10 @@ def check_local_launch(cfg: Config) -> None:
     limit = max(MIN_LOCAL_PROCESSES, LOCAL_PROCESSES_PER_CORE * (os.cpu_count() or 1))
     world = cfg.workers * cfg.ranks_per_worker
     if world > limit:
-        raise ConfigError(f"--workers {cfg.workers} x --ranks-per-worker {cfg.ranks_per_worker} would start {world} "
-                          f"processes on this machine (at most {limit} here); start more under torchrun across hosts")
+        raise ConfigError(
+            f"--workers {cfg.workers} x --ranks-per-worker {cfg.ranks_per_worker} would start {world} "
+            f"processes on this machine (at most {limit} here); start more under torchrun across hosts"
+        )
 
 
 def check_chunks(strategy: str, options: dict[str, Any], model: str) -> None:
@@ -153,10 +176,12 @@ def check_chunks(strategy: str, options: dict[str, Any], model: str) -> None:
     worker starts: the strategy's own payload (`wire_codec`) of the model built on the meta device."""
     from ..strategies import make_options, strategy_class
     from ..workloads import meta_model
+
     on_meta = meta_model(model)
     if on_meta is not None:
-        strategy_class(strategy).wire_codec(make_options(strategy, **options),
-                                            [p.shape for p in on_meta.parameters() if p.requires_grad])
+        strategy_class(strategy).wire_codec(
+            make_options(strategy, **options), [p.shape for p in on_meta.parameters() if p.requires_grad]
+        )
 
 
 def check_fragments(model: str, fragments: int, mode: str) -> None:
@@ -166,6 +191,7 @@ def check_fragments(model: str, fragments: int, mode: str) -> None:
     model of the user's is built by its factory only in the workers, where the strategy checks it."""
     from ..strategies.fragments import partition
     from ..workloads import meta_model
+
     on_meta = meta_model(model)
     if on_meta is not None:
         partition(on_meta, fragments, mode)
@@ -214,7 +240,7 @@ def keep_topology(run_dir: Path, cfg: Config) -> None:
         return
     source = Path(cfg.wan.strip())
     target = run_dir / topology_copy_name(source)
-    if source.resolve() == target.resolve():                  # a resume from the copy itself
+    if source.resolve() == target.resolve():  # a resume from the copy itself
         return
     data = user_text(source, "topology file", topology_file.MAX_BYTES).encode()
     try:
@@ -236,11 +262,15 @@ def check_target(run_dir: Path, force: bool) -> bool:
     if not entries:
         return False
     if not is_run_dir(run_dir):
-        raise ConfigError(f"refusing to train into {run_dir}: it is not empty and not a wansync run "
-                          f"(it holds {sorted(entries)[0]!r}); choose another --out")
+        raise ConfigError(
+            f"refusing to train into {run_dir}: it is not empty and not a wansync run "
+            f"(it holds {sorted(entries)[0]!r}); choose another --out"
+        )
     if not force:
-        raise ConfigError(f"{run_dir} already holds a wansync run: --resume {run_dir} continues it, "
-                          f"--force replaces it, or choose another --out")
+        raise ConfigError(
+            f"{run_dir} already holds a wansync run: --resume {run_dir} continues it, "
+            f"--force replaces it, or choose another --out"
+        )
     return True
 
 
@@ -260,7 +290,7 @@ def clear_run(run_dir: Path) -> None:
                 else:
                     child.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
-            p.rmdir()                                      # only when nothing of the user's is left
+            p.rmdir()  # only when nothing of the user's is left
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
@@ -268,7 +298,7 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
     config.toml must still describe what the newest checkpoint recorded."""
     run_dir = Path(run_dir)
     check_unlocked(run_dir, "resume")
-    step_dir = checkpoint.latest_step_dir(run_dir)        # one-line errors for a wrong directory
+    step_dir = checkpoint.latest_step_dir(run_dir)  # one-line errors for a wrong directory
     try:
         control = {k: v for k, v in overrides.items() if k in RUN_CONTROL_KEYS}
         saved = from_sections(tomllib.loads((run_dir / "config.toml").read_text()), control)
@@ -286,7 +316,7 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
     cfg = replace(saved, out=str(run_dir), **changes)
     kept = run_dir / topology_copy_name(Path(cfg.wan.strip())) if cfg.wan and is_file_spec(cfg.wan) else None
     if kept is not None and kept.is_file() and not Path(cfg.wan.strip()).is_file():
-        cfg = replace(cfg, wan=str(kept))                   # the file has moved: the run's own copy
+        cfg = replace(cfg, wan=str(kept))  # the file has moved: the run's own copy
     step = int(step_dir.name[4:])
     if cfg.steps < step:
         raise ConfigError(f"cannot resume: --steps {cfg.steps} is below the checkpoint's step {step}")
@@ -294,27 +324,32 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
     current = fingerprint(cfg, resolve_options(cfg.strategy, vars(cfg)))
     changed = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
     if changed:
-        raise ConfigError(f"cannot resume {run_dir}: its config.toml no longer matches the checkpoint of step {step} "
-                          f"(changed: {', '.join(changed)}); restore those keys, or start a new run")
+        raise ConfigError(
+            f"cannot resume {run_dir}: its config.toml no longer matches the checkpoint of step {step} "
+            f"(changed: {', '.join(changed)}); restore those keys, or start a new run"
+        )
     if cfg.steps == step and has_summary(run_dir):
-        raise ConfigError(f"nothing to resume: {run_dir} already finished all {step} steps "
-                          f"(pass --steps above {step} to train further)")
+        raise ConfigError(
+            f"nothing to resume: {run_dir} already finished all {step} steps "
+            f"(pass --steps above {step} to train further)"
+        )
     return cfg
 
 
-def train(cfg: Config, resume: bool = False, force: bool = False,
-          torchrun: TorchrunEnv | None = None) -> dict[str, Any] | None:
+def train(
+    cfg: Config, resume: bool = False, force: bool = False, torchrun: TorchrunEnv | None = None
+) -> dict[str, Any] | None:
     """Train with cfg; returns rank 0's summary ({} on a non-zero rank under torchrun).
     `resume` continues from the run directory's newest complete checkpoint; `force` replaces an
     earlier run in the same directory; `torchrun` (the command read it, `runner.torchrun`): this
     process is one of torchrun's ranks, else the launcher starts the workers here."""
-    if torchrun is not None:                              # the launch says how many workers there are
+    if torchrun is not None:  # the launch says how many workers there are
         cfg = replace(cfg, workers=torchrun.world_size // cfg.ranks_per_worker)
     options = check_run(cfg)
     run_dir = Path(cfg.out)
     if torchrun is None:
         check_local_launch(cfg)
-    earlier = False                                       # an earlier run's files to replace
+    earlier = False  # an earlier run's files to replace
     if torchrun is not None:
         rank = torchrun.rank
         refused, earlier = refusal(run_dir, resume, force) if rank == 0 else (None, False)
@@ -328,9 +363,9 @@ def train(cfg: Config, resume: bool = False, force: bool = False,
     try:
         check_unlocked(run_dir, "train into")
         if not resume and torchrun is None:
-            check_target(run_dir, force)                  # before anything is written
+            check_target(run_dir, force)  # before anything is written
         make_run_dir(run_dir)
-    except OSError as e:                                  # a name too long, a path through a file
+    except OSError as e:  # a name too long, a path through a file
         raise StorageError(f"cannot use run directory {run_dir}: {e.strerror or e}") from None
     with RunLock(run_dir):
         # under torchrun the directory was judged before the agreement: since then another node's
@@ -360,8 +395,14 @@ def refusal(run_dir: Path, resume: bool, force: bool) -> tuple[WansyncError | No
         return e, False
 
 
-def adopt(torchrun: TorchrunEnv, cfg: Config, options: dict[str, Any], run_dir: Path,
-          resume: bool, refused: WansyncError | None = None) -> tuple[Config, TorchrunEnv]:
+def adopt(
+    torchrun: TorchrunEnv,
+    cfg: Config,
+    options: dict[str, Any],
+    run_dir: Path,
+    resume: bool,
+    refused: WansyncError | None = None,
+) -> tuple[Config, TorchrunEnv]:
     """This process is one of torchrun's ranks: reachable where torchrun told it to meet the others
     (`join_network`), in agreement with every other rank on what they train (`agree`), and, with
     --threads 0, on its share of the machine's cores. The first rank of a node other than rank 0's
@@ -370,8 +411,13 @@ def adopt(torchrun: TorchrunEnv, cfg: Config, options: dict[str, Any], run_dir: 
     torchrun's store. Rank 0's `refused` is told to every rank, then raised."""
     join_network(torchrun)
     start = checkpoint.checkpoint_step(run_dir) if resume else 0
-    agreed = agree(torchrun, shared(fingerprint(cfg, options), cfg), start, cfg.peer_timeout,
-                   None if refused is None else str(refused))
+    agreed = agree(
+        torchrun,
+        shared(fingerprint(cfg, options), cfg),
+        start,
+        cfg.peer_timeout,
+        None if refused is None else str(refused),
+    )
     if refused is not None:
         raise refused
     if torchrun.local_rank == 0 and torchrun.rank != 0:

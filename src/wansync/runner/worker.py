@@ -6,6 +6,7 @@ A step stuck on this rank, which no peer's timeout may end (every rank stuck at 
 watchdog's (`trainer.stall`): the same one line, where the training thread is stuck in the log, and
 the process ends at once.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -43,16 +44,23 @@ def init_distributed(cfg: Config) -> None:
             raise ConfigError("--backend nccl needs CUDA GPUs, and torch sees none here (use --backend gloo)")
         local = int(os.environ.get("LOCAL_RANK", 0))
         if local >= torch.cuda.device_count():
-            raise ConfigError(f"--backend nccl: local rank {local} has no GPU ({torch.cuda.device_count()} visible; "
-                              f"one rank per GPU)")
+            raise ConfigError(
+                f"--backend nccl: local rank {local} has no GPU ({torch.cuda.device_count()} visible; "
+                f"one rank per GPU)"
+            )
         torch.cuda.set_device(local)
     if cfg.topology is not None:
         backend, emulator = net.install(), net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
     timeout = datetime.timedelta(seconds=cfg.peer_timeout)
-    if cfg.fault_tolerant:      # no world group: a dead worker must not be on any collective's path (ft.quorum)
-        dist.init_process_group(backend=backend, store=worker_store(cfg), rank=int(os.environ.get("RANK", 0)) %
-                                cfg.ranks_per_worker, world_size=cfg.ranks_per_worker, pg_options=emulator,
-                                timeout=timeout)
+    if cfg.fault_tolerant:  # no world group: a dead worker must not be on any collective's path (ft.quorum)
+        dist.init_process_group(
+            backend=backend,
+            store=worker_store(cfg),
+            rank=int(os.environ.get("RANK", 0)) % cfg.ranks_per_worker,
+            world_size=cfg.ranks_per_worker,
+            pg_options=emulator,
+            timeout=timeout,
+        )
         return
     dist.init_process_group(backend=backend, init_method="env://", pg_options=emulator, timeout=timeout)
 
@@ -65,13 +73,26 @@ def worker_store(cfg: Config) -> dist.Store:
     if cfg.ranks_per_worker == 1:
         return dist.HashStore()
     worker = int(os.environ.get("RANK", 0)) // cfg.ranks_per_worker
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                          datetime.timedelta(seconds=cfg.peer_timeout))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        None,
+        False,
+        datetime.timedelta(seconds=cfg.peer_timeout),
+    )
     return dist.PrefixStore(f"wansync/ft/worker{worker}/life{os.environ.get(LIFE_ENV, '0')}", store)
 
 
-PEER_MARKERS = ("connection closed by peer", "connection reset by peer", "timed out", "timeout",
-                "broken pipe", "connection refused", "socket closed", "end of file")
+PEER_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "timed out",
+    "timeout",
+    "broken pipe",
+    "connection refused",
+    "socket closed",
+    "end of file",
+)
 
 
 def one_line(exc: BaseException, rank: int, phase: Phase) -> str:
@@ -79,15 +100,14 @@ def one_line(exc: BaseException, rank: int, phase: Phase) -> str:
     if isinstance(exc, WansyncError):
         return f"rank {rank}: {exc}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)      # drop C++ source locations
+    text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text)  # drop C++ source locations
     if isinstance(exc, (RuntimeError, dist.DistError)) and any(m in str(exc).lower() for m in PEER_MARKERS):
-        return (f"rank {rank} {PEER_LOST} during {phase.now}: "
-                f"{type(exc).__name__}: {text}")[:500]
+        return (f"rank {rank} {PEER_LOST} during {phase.now}: " f"{type(exc).__name__}: {text}")[:500]
     return f"rank {rank} failed during {phase.now}: {type(exc).__name__}: {text}"[:500]
 
 
-TRACEBACK_FRAMES = 64          # per exception of a chain: an exception re-raised on every retry gathers frames
-MAX_TRACEBACK = 256 * 1024     # characters; the end, where the cause is, is kept
+TRACEBACK_FRAMES = 64  # per exception of a chain: an exception re-raised on every retry gathers frames
+MAX_TRACEBACK = 256 * 1024  # characters; the end, where the cause is, is kept
 
 
 def bounded_traceback(exc: BaseException) -> str:
@@ -120,7 +140,7 @@ def stalled(line: str, rank: int, log_dir: Path, launched: bool) -> None:
     main = sys._current_frames().get(threading.main_thread().ident or 0)
     stack = "".join(traceback.format_stack(main, limit=TRACEBACK_FRAMES)) if main is not None else ""
     told_launcher = record_failure(log_dir, rank, line, f"{line}\nthe training thread, stuck:\n{stack}") and launched
-    if not told_launcher:                       # under torchrun every rank says its own
+    if not told_launcher:  # under torchrun every rank says its own
         print(f"wansync: error: {line}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -136,22 +156,25 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         init_distributed(cfg)
-        rank_world = (rank, int(os.environ.get("WORLD_SIZE", 1))) if cfg.fault_tolerant else \
-            (dist.get_rank(), dist.get_world_size())
+        rank_world = (
+            (rank, int(os.environ.get("WORLD_SIZE", 1)))
+            if cfg.fault_tolerant
+            else (dist.get_rank(), dist.get_world_size())
+        )
         watchdog.start()
         train_worker(cfg, run_dir, *rank_world, resume=resume, phase=phase)
         return 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line
-        watchdog.stop()                         # this failure is the one to report
+        watchdog.stop()  # this failure is the one to report
         if isinstance(exc, (KeyboardInterrupt, Terminated)):
             if not launched:
-                raise                           # under torchrun the CLI says it in one line
+                raise  # under torchrun the CLI says it in one line
             return exit_status(exc)
         msg = one_line(exc, rank, phase)
-        if not launched and phase.now == "start-up" and PEER_LOST in msg:     # torchrun's nodes never met
+        if not launched and phase.now == "start-up" and PEER_LOST in msg:  # torchrun's nodes never met
             msg += interface_hint()
         told_launcher = record_failure(log_dir, rank, msg, bounded_traceback(exc)) and launched
-        if not launched:                        # under torchrun the CLI says it, once
+        if not launched:  # under torchrun the CLI says it, once
             raise WansyncError(msg) from None
         if not told_launcher:
             print(f"wansync: error: {msg}", file=sys.stderr)
@@ -168,7 +191,7 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
 def main() -> None:
     become_launched_worker()
     run_dir = Path(os.environ["WANSYNC_RUN_DIR"])
-    cfg = from_sections(tomllib.loads(os.environ["WANSYNC_CONFIG"]))      # from the launcher, not a file
+    cfg = from_sections(tomllib.loads(os.environ["WANSYNC_CONFIG"]))  # from the launcher, not a file
     code = run(cfg, run_dir, resume=os.environ.get("WANSYNC_RESUME") == "1")
     sys.stdout.flush()
     sys.stderr.flush()

@@ -21,6 +21,7 @@ pid in logs/rank{R}.pid (`record_pid`), whichever way it started.
 How a worker ended, as the launcher tells it (`describe_exit`): its one line in logs/rank{R}.err,
 else the signal that killed it or its exit status; `is_stopped`: a worker that hangs.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,7 @@ class ForkedWorker:
         if self.returncode is None:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
             if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)      # -N: killed by signal N
+                self.returncode = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -60,7 +61,7 @@ class ForkedWorker:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:                  # never signal a reaped pid: it may be reused
+        if self.poll() is None:  # never signal a reaped pid: it may be reused
             os.kill(self.pid, sig)
 
     def terminate(self) -> None:
@@ -86,7 +87,7 @@ def can_fork() -> bool:
         return False
     try:
         return len(os.listdir("/proc/self/task")) <= THREADS_AFTER_IMPORT
-    except OSError:                              # no /proc: the native threads cannot be counted
+    except OSError:  # no /proc: the native threads cannot be counted
         return False
 
 
@@ -97,7 +98,7 @@ def start(env: dict[str, str], *, fork: bool, close: Sequence[int] = (), zygote:
         if zygote is not None:
             try:
                 return zygote.start(env)
-            except OSError:                      # it died (killed from outside): start fresh
+            except OSError:  # it died (killed from outside): start fresh
                 pass
         return subprocess.Popen([sys.executable, "-m", "wansync.runner.worker"], env=env)
     _before_fork()
@@ -109,7 +110,8 @@ def start(env: dict[str, str], *, fork: bool, close: Sequence[int] = (), zygote:
 
 def _before_fork() -> None:
     import torch._dynamo  # noqa: F401 - every worker's first optimizer imports it (~2 s): once, here
-    sys.stdout.flush()                           # or the child would write the launcher's buffer again
+
+    sys.stdout.flush()  # or the child would write the launcher's buffer again
     sys.stderr.flush()
 
 
@@ -118,19 +120,20 @@ def _become_worker(env: dict[str, str], close: Sequence[int] = ()) -> None:
     try:
         for fd in close:
             os.close(fd)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)      # the launcher's handler is not the worker's
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the launcher's handler is not the worker's
         os.environ.clear()
         os.environ.update(env)
         from .worker import main
-        main()                                   # ends the process with the worker's status
+
+        main()  # ends the process with the worker's status
     except BaseException:  # noqa: BLE001 - the child must end here whatever happens
         traceback.print_exc()
     finally:
         os._exit(1)
 
 
-PR_SET_CHILD_SUBREAPER = 36             # from <linux/prctl.h>
-HANDOVER_S = 10.0                       # how long a zygote's worker waits to become the launcher's child
+PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
+HANDOVER_S = 10.0  # how long a zygote's worker waits to become the launcher's child
 
 
 class Zygote:
@@ -156,9 +159,10 @@ class Zygote:
             try:
                 for fd in (*close, requests_w, replies_r):
                     os.close(fd)
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})   # its workers start with it blocked
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # its workers start with it blocked
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 from .interrupts import die_with
+
                 die_with(launcher)
                 _serve(requests_r, replies_w, launcher)
             except BaseException:  # noqa: BLE001 - the child must end here whatever happens
@@ -201,12 +205,12 @@ def _serve(requests: int, replies: int, launcher: int) -> None:
     """The zygote's loop: one worker per request (its environment), its pid as the reply."""
     while True:
         message = _receive(requests)
-        if message is None:                      # the launcher closed the pipe, or died
+        if message is None:  # the launcher closed the pipe, or died
             return
         env = json.loads(message)
         pid_r, pid_w = os.pipe()
         middle = os.fork()
-        if middle == 0:                          # the middle process: fork the worker, tell its pid, exit
+        if middle == 0:  # the middle process: fork the worker, tell its pid, exit
             worker = os.fork()
             if worker == 0:
                 os.close(pid_r)
@@ -220,9 +224,9 @@ def _serve(requests: int, replies: int, launcher: int) -> None:
             _send(pid_w, str(worker).encode())
             os._exit(0)
         os.close(pid_w)
-        worker = _receive(pid_r) or b""          # not at EOF: the worker holds the pipe until it starts
+        worker = _receive(pid_r) or b""  # not at EOF: the worker holds the pipe until it starts
         os.close(pid_r)
-        os.waitpid(middle, 0)                    # the worker is the launcher's child from here on
+        os.waitpid(middle, 0)  # the worker is the launcher's child from here on
         _send(replies, worker)
 
 
@@ -248,6 +252,7 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
 
 def _set_child_subreaper(on: bool) -> None:
     import ctypes
+
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 

@@ -4,6 +4,7 @@ with a `name` is a strategy. Adding one is adding one file.
 The options of all strategies together (`OPTIONS`, one entry per option name, see `options.collect`)
 are the `[strategy]` config keys and the matching `--flags`; each strategy validates its own.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,8 +37,9 @@ def _discover() -> dict[str, type[Strategy]]:
         if not cls.name or not cls.__module__.startswith(f"{__name__}."):
             continue
         if found.get(cls.name, cls) is not cls:
-            raise TypeError(f"two strategies are called {cls.name!r}: {found[cls.name].__qualname__} and "
-                            f"{cls.__qualname__}")
+            raise TypeError(
+                f"two strategies are called {cls.name!r}: {found[cls.name].__qualname__} and " f"{cls.__qualname__}"
+            )
         found[cls.name] = cls
     return dict(sorted(found.items(), key=lambda item: (len(dataclasses.fields(item[1].Options)), item[0])))
 
@@ -80,14 +82,31 @@ def timetable(name: str, options: Mapping[str, Any]) -> Timetable:
     return strategy_class(name).Timetable(make_options(name, **options))
 
 
-def build(name: str, model: nn.Module, optimizer: torch.optim.Optimizer, *, group: Any = None,
-          on_nonfinite: str | None = None, replicas: Any = None, quorum: Any = None, mesh: Any = None,
-          **options: Any) -> Strategy:
+def build(
+    name: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    group: Any = None,
+    on_nonfinite: str | None = None,
+    replicas: Any = None,
+    quorum: Any = None,
+    mesh: Any = None,
+    **options: Any,
+) -> Strategy:
     """Build a strategy on an existing process group (the public `wansync.strategy`).
     `on_nonfinite` (None, "abort", "skip"): what its exchange does with NaN/Inf model state.
     `replicas` (`comm.replicas.replica_groups(R)`): workers of R ranks each; for a model sharded
     with FSDP2 (`fully_shard`) found from its mesh, or from `mesh` (a 2-D workers x ranks mesh).
     `quorum` (`ft.quorum.Quorum`): fault tolerant, its exchanges average over the workers alive now."""
     cls = strategy_class(name)
-    return cls(model, optimizer, make_options(name, **options), group=group, on_nonfinite=on_nonfinite,
-               replicas=replicas, quorum=quorum, mesh=mesh)
+    return cls(
+        model,
+        optimizer,
+        make_options(name, **options),
+        group=group,
+        on_nonfinite=on_nonfinite,
+        replicas=replicas,
+        quorum=quorum,
+        mesh=mesh,
+    )

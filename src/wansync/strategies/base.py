@@ -14,6 +14,7 @@ with gradient accumulation inside `with sync.no_sync():` (every micro-batch but 
 resume through `state_dict()` / `load_state_dict()`, before or after the model's and optimizer's
 own (`broadcast_initial_state`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -80,29 +81,42 @@ def check_model_and_optimizer(name: str, model: Any, optimizer: Any) -> None:
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{name}: the model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ConfigError(f"{name}: the optimizer must be a torch.optim.Optimizer built on the model's parameters "
-                          f"(e.g. torch.optim.AdamW(model.parameters())), got {type(optimizer).__name__} "
-                          f"{str(optimizer)[:40]!r}")
+        raise ConfigError(
+            f"{name}: the optimizer must be a torch.optim.Optimizer built on the model's parameters "
+            f"(e.g. torch.optim.AdamW(model.parameters())), got {type(optimizer).__name__} "
+            f"{str(optimizer)[:40]!r}"
+        )
     mine = {id(p) for p in model.parameters()}
     foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in mine)
     if foreign:
-        raise ConfigError(f"{name}: the optimizer holds {foreign} tensor(s) that are not this model's parameters (built "
-                          f"on another model, or on a copy of this one?): build it on model.parameters()")
+        raise ConfigError(
+            f"{name}: the optimizer holds {foreign} tensor(s) that are not this model's parameters (built "
+            f"on another model, or on a copy of this one?): build it on model.parameters()"
+        )
 
 
 class Strategy:
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
-    Timetable: ClassVar[type[Timetable]] = Timetable     # when it communicates, from its options alone
-    steps_inside_workers: ClassVar[bool] = True     # False: every step all-reduces over every rank (DDP)
-    steps_optimizer: ClassVar[bool] = True          # False: its own update replaces the optimizer's (DeMo),
-                                                    # which only carries the learning rate and weight decay
-    exchange_purpose: ClassVar[str] = "params"      # the ledger's purpose of its exchange between workers
-    knobs: ClassVar[tuple[str, ...]] = ()           # what a tuner may turn between rounds (`retune`, --adapt)
+    Timetable: ClassVar[type[Timetable]] = Timetable  # when it communicates, from its options alone
+    steps_inside_workers: ClassVar[bool] = True  # False: every step all-reduces over every rank (DDP)
+    steps_optimizer: ClassVar[bool] = True  # False: its own update replaces the optimizer's (DeMo),
+    # which only carries the learning rate and weight decay
+    exchange_purpose: ClassVar[str] = "params"  # the ledger's purpose of its exchange between workers
+    knobs: ClassVar[tuple[str, ...]] = ()  # what a tuner may turn between rounds (`retune`, --adapt)
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: Any = None, *,
-                 group: Any = None, on_nonfinite: str | None = None, replicas: Replicas | None = None,
-                 quorum: Any = None, mesh: Any = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        options: Any = None,
+        *,
+        group: Any = None,
+        on_nonfinite: str | None = None,
+        replicas: Replicas | None = None,
+        quorum: Any = None,
+        mesh: Any = None,
+    ):
         """`on_nonfinite`: None, "abort" or "skip", what the exchange does with a NaN/Inf in this
         worker's model state (see `comm.exchange`). `replicas`: this rank's place in a worker of
         several ranks (`comm.replicas`; None: every rank is a worker); its ranks train one model
@@ -111,8 +125,10 @@ class Strategy:
         be, `comm.replicas.replicas_of`). `quorum`: the exchange averages over the workers alive now
         instead of a fixed group (`ft.quorum`)."""
         if not dist.is_initialized():
-            raise ConfigError("torch.distributed is not initialized: call wansync.init() or "
-                              "torch.distributed.init_process_group() first")
+            raise ConfigError(
+                "torch.distributed is not initialized: call wansync.init() or "
+                "torch.distributed.init_process_group() first"
+            )
         check_model_and_optimizer(self.name, model, optimizer)
         self.module = model
         self.optimizer = optimizer
@@ -121,9 +137,9 @@ class Strategy:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.t = 0                       # inner steps taken
-        self.last_inner_s = 0.0          # time of the last inner optimizer step (profiler: compute)
-        self.since_last_step_s: float | None = None   # end of the previous step() to this one's start
+        self.t = 0  # inner steps taken
+        self.last_inner_s = 0.0  # time of the last inner optimizer step (profiler: compute)
+        self.since_last_step_s: float | None = None  # end of the previous step() to this one's start
         self._left_step_at: float | None = None
         self.replicas = replicas if replicas is not None else replicas_of(model, mesh) or Replicas()
         self.exchange = Exchange(group, on_nonfinite, self.replicas, quorum=quorum)
@@ -132,18 +148,25 @@ class Strategy:
         # what the initial broadcast replaced on this rank, until the first step (`broadcast_initial_state`)
         self._replaced: list[tuple[FlatTensors, torch.Tensor, tuple[float, float]]] = []
         policy, between = getattr(self.opts, "slow_policy", "wait"), self.replicas.between_workers
-        self.pace = Pace(policy, getattr(self.opts, "sync_every", 1), getattr(self.opts, "deadline", 0.0),
-                         self.replicas, worker=self.replicas.worker if between else self.rank,
-                         workers=self.replicas.workers if between else self.world_size,
-                         group=None if between else group)
-        self.tuner: Any = None           # turns `knobs` before each round (`trainer.adapt`; None: they stay)
+        self.pace = Pace(
+            policy,
+            getattr(self.opts, "sync_every", 1),
+            getattr(self.opts, "deadline", 0.0),
+            self.replicas,
+            worker=self.replicas.worker if between else self.rank,
+            workers=self.replicas.workers if between else self.world_size,
+            group=None if between else group,
+        )
+        self.tuner: Any = None  # turns `knobs` before each round (`trainer.adapt`; None: they stay)
         self.inside_sync = None
         if self.replicas.ddp_inside and self.steps_inside_workers:
             self.inside_sync = GradientSync(model, self.replicas.inside, self.comm, purpose=INSIDE + "grads")
         if self.replicas.shards and self.steps_inside_workers and hybrid_sharded(model):
-            raise ConfigError(f"{self.name} takes local steps, but the model is sharded on a 2-D mesh (hybrid "
-                              f"sharding), which all-reduces gradients across workers at every step: shard it "
-                              f"on the worker's ranks only (fully_shard(..., mesh=mesh[<its second dimension>]))")
+            raise ConfigError(
+                f"{self.name} takes local steps, but the model is sharded on a 2-D mesh (hybrid "
+                f"sharding), which all-reduces gradients across workers at every step: shard it "
+                f"on the worker's ranks only (fully_shard(..., mesh=mesh[<its second dimension>]))"
+            )
 
     # ---- the user's view -------------------------------------------------------------
     @property
@@ -167,7 +190,7 @@ class Strategy:
         outside `step()` since the previous one (forward, backward, data: `since_last_step_s`, None
         on the first) and in the inner step."""
         entered = time.perf_counter()
-        self._replaced = []                           # training has begun: the initial broadcast stands
+        self._replaced = []  # training has begun: the initial broadcast stands
         if self._left_step_at is not None:
             self.since_last_step_s = entered - self._left_step_at
         self.inner_step(skip_inner or idle)
@@ -176,7 +199,7 @@ class Strategy:
             self.inside_sync.book()
         self.t += 1
         if self.exchanges_at(self.t):
-            self.exchange.meet(self.t)                # who takes part; a worker behind may heal here
+            self.exchange.meet(self.t)  # who takes part; a worker behind may heal here
         took = None if self.since_last_step_s is None else self.since_last_step_s + self.last_inner_s
         self.sync_due()
         self.pace.after_step(self.t, not (skip_inner or idle), took)
@@ -231,7 +254,7 @@ class Strategy:
             for phase in phases:
                 paused.enter_context(phase.paused())
             if self.replicas.shards and not any(isinstance(p, ShardedGradientSync) for p in phases):
-                paused.enter_context(fsdp_gradient_sync_paused(self.module))   # FSDP's reduce-scatter inside
+                paused.enter_context(fsdp_gradient_sync_paused(self.module))  # FSDP's reduce-scatter inside
             yield
 
     def finish(self) -> None:
@@ -305,7 +328,7 @@ class Strategy:
 
     def emit(self, record_type: str, /, **fields: Any) -> None:
         record = {"type": record_type, "step": self.t, "strategy": self.name, **fields}
-        if record_type == "sync" and self.exchange.participants is not None:    # fewer than every worker?
+        if record_type == "sync" and self.exchange.participants is not None:  # fewer than every worker?
             record.setdefault("participants", self.exchange.participants)
         for fn in self._listeners:
             fn(record)
@@ -314,9 +337,14 @@ class Strategy:
     def state_dict(self) -> dict[str, Any]:
         """The strategy's resumable state, with this rank's communication counters (`comm`): a loop
         that saves it beside the model's and optimizer's resumes with nothing else to restore."""
-        return {"t": self.t, "options": dataclasses.asdict(self.opts), **self.extra_state(),
-                "comm": self.comm.snapshot(), **({"pace": self.pace.state_dict()} if self.pace.active else {}),
-                **({"tuner": self.tuner.state_dict()} if self.tuner is not None else {})}
+        return {
+            "t": self.t,
+            "options": dataclasses.asdict(self.opts),
+            **self.extra_state(),
+            "comm": self.comm.snapshot(),
+            **({"pace": self.pace.state_dict()} if self.pace.active else {}),
+            **({"tuner": self.tuner.state_dict()} if self.tuner is not None else {}),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from `state_dict()`, before or after loading the model and optimizer (see
@@ -359,8 +387,10 @@ class Strategy:
         """Turn `knobs` (names from `knobs`) at a boundary, before its exchange: every rank alike."""
         unknown = sorted(set(knobs) - set(self.knobs))
         if unknown:
-            raise ConfigError(f"{self.name} has no knob {', '.join(unknown)} to turn"
-                              + (f" (it has {', '.join(self.knobs)})" if self.knobs else ""))
+            raise ConfigError(
+                f"{self.name} has no knob {', '.join(unknown)} to turn"
+                + (f" (it has {', '.join(self.knobs)})" if self.knobs else "")
+            )
         if "sync_every" in knobs and knobs["sync_every"] != self.opts.sync_every:
             self.timetable.retime(self.t, int(knobs["sync_every"]))
         self.retune_exchange({k: v for k, v in knobs.items() if k != "sync_every"})

@@ -17,6 +17,7 @@ What a block holds is what the strategies exchange (`base.sync_tensors`: trainab
 floating-point persistent buffers); `fragments.py` attaches everything else to the first or the last
 block.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from .base import local_shard, sync_tensors
 class Blocks:
     """The repeated blocks of a model: the container's name in the tree (`""`: the model itself)
     and the blocks, as (name, module) in order."""
+
     container: str
     blocks: tuple[tuple[str, nn.Module], ...]
 
@@ -42,11 +44,11 @@ class Blocks:
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside torch.compile's, DDP's, DataParallel's and FSDP1's wrappers."""
     while True:
-        if isinstance(getattr(model, "_orig_mod", None), nn.Module):                 # torch.compile
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile
             model = model._orig_mod
         elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
-        elif isinstance(getattr(model, "_fsdp_wrapped_module", None), nn.Module):    # FSDP1
+        elif isinstance(getattr(model, "_fsdp_wrapped_module", None), nn.Module):  # FSDP1
             model = model._fsdp_wrapped_module
         else:
             return model
@@ -60,15 +62,16 @@ def repeated_blocks(model: nn.Module) -> Blocks | None:
     for name, container in model.named_modules():
         if not isinstance(container, (nn.ModuleList, nn.Sequential)):
             continue
-        members = [(child, module, whole_bytes(module, sync_tensors(module)))
-                   for child, module in container.named_children()]
+        members = [
+            (child, module, whole_bytes(module, sync_tensors(module))) for child, module in container.named_children()
+        ]
         members = [m for m in members if m[2] > 0]
         if len(members) < 2 or len({type(m) for _, m, _ in members}) != 1:
             continue
         if not all(any(True for _ in m.children()) for _, m, _ in members):
             continue
         key = (sum(b for _, _, b in members), len(members))
-        if best is None or key > best:                 # strictly larger: the first in the tree wins ties
+        if best is None or key > best:  # strictly larger: the first in the tree wins ties
             best = key
             found = Blocks(name, tuple((f"{name}.{child}" if name else child, m) for child, m, _ in members))
     return found

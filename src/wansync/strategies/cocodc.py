@@ -25,6 +25,7 @@ compensation and adaptive transmission.
   `round_robin`. `outer_scaling=interval` scales each merge's outer lr by I_p/H (default `none`). `compensation=alpha, schedule=round_robin` is Streaming DiLoCo with N syncs per
   period.
 """
+
 from __future__ import annotations
 
 import time
@@ -49,25 +50,35 @@ OUTER_SCALINGS = ("none", "interval")
 class CoCoDCOptions(StreamingOptions):
     """Streaming DiLoCo's (`alpha`: the damping of compensation=damped and =alpha), plus compensation and
     adaptation."""
-    syncs_per_period: int = option(0, "fragment syncs per period N (0: N from gamma, T_c and T_s, decided at "
-                                   "step H)")
-    max_syncs_per_fragment: int = option(2, "automatic N: at most this many syncs of each fragment per period, "
-                                         "N <= this*P (0: no cap, N <= H as in the paper)", at_least(0))
-    outer_scaling: str = option("none", f"outer lr of a merge: {'|'.join(OUTER_SCALINGS)} (interval: "
-                                "outer_lr*I_p/H, I_p the steps the pseudo-gradient covers)", one_of(OUTER_SCALINGS))
+
+    syncs_per_period: int = option(
+        0, "fragment syncs per period N (0: N from gamma, T_c and T_s, decided at " "step H)"
+    )
+    max_syncs_per_fragment: int = option(
+        2,
+        "automatic N: at most this many syncs of each fragment per period, "
+        "N <= this*P (0: no cap, N <= H as in the paper)",
+        at_least(0),
+    )
+    outer_scaling: str = option(
+        "none",
+        f"outer lr of a merge: {'|'.join(OUTER_SCALINGS)} (interval: "
+        "outer_lr*I_p/H, I_p the steps the pseudo-gradient covers)",
+        one_of(OUTER_SCALINGS),
+    )
     lam: float = option(0.5, "delay-compensation strength lambda", at_least(0))
     gamma: float = option(0.4, "network utilization target gamma", positive)
     schedule: str = option("adaptive_fair", f"which fragment syncs next: {'|'.join(SCHEDULES)}", one_of(SCHEDULES))
-    compensation: str = option("damped", f"merge of a late fragment: {'|'.join(COMPENSATIONS)}",
-                               one_of(COMPENSATIONS))
+    compensation: str = option("damped", f"merge of a late fragment: {'|'.join(COMPENSATIONS)}", one_of(COMPENSATIONS))
 
 
 class CoCoDCTimetable(FragmentTimetable):
     """Streaming DiLoCo's, with CoCoDC's choice and merge, and N decided once when it is automatic."""
 
     def __init__(self, options: CoCoDCOptions) -> None:
-        super().__init__(options, choice=options.schedule, merge=options.compensation,
-                         automatic_n=options.syncs_per_period == 0)
+        super().__init__(
+            options, choice=options.schedule, merge=options.compensation, automatic_n=options.syncs_per_period == 0
+        )
 
 
 class CoCoDC(Streaming):
@@ -90,9 +101,10 @@ class CoCoDC(Streaming):
                 self.t_s, self.t_s_source = modelled, "model"
 
     # ---- hooks ---------------------------------------------------------------------------------
-    def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
-                     elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        if self.timetable.merge in ("alpha", "eager"):              # Streaming DiLoCo's merges
+    def merge_values(
+        self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor, elapsed: int
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        if self.timetable.merge in ("alpha", "eager"):  # Streaming DiLoCo's merges
             return super().merge_values(x, local, anchor, elapsed)
         assert x.theta_start is not None
         if self.opts.compensation == "damped":
@@ -108,13 +120,13 @@ class CoCoDC(Streaming):
 
     # ---- T_c, T_s and N ------------------------------------------------------------------------
     def after_inner_step(self) -> None:
-        if not self.timetable.n_decided and self.since_last_step_s is not None:   # T_c: the base class's timings
+        if not self.timetable.n_decided and self.since_last_step_s is not None:  # T_c: the base class's timings
             self.tc_sum += self.since_last_step_s + self.last_inner_s
             self.tc_count += 1
         super().after_inner_step()
 
     def after_launch(self, x: InFlight) -> None:
-        if not self.timetable.n_decided and self.t_s_source in ("", "measured"):   # time the first period's syncs
+        if not self.timetable.n_decided and self.t_s_source in ("", "measured"):  # time the first period's syncs
             x.handle.wait()
             took = time.perf_counter() - x.handle.started_at
             self.t_s = took if self.t_s is None else min(self.t_s, took)
@@ -123,17 +135,32 @@ class CoCoDC(Streaming):
     def decide_n(self, t: int) -> int:
         """N from the mean T_c and T_s of every rank (the timetable asks once, at the first step ≥ H)."""
         t_c = self.tc_sum / self.tc_count if self.tc_count else 0.0
-        n, t_c, t_s = agree(t_c, self.t_s or 0.0, self.opts.gamma, self.H, self.P,
-                            self.opts.max_syncs_per_fragment, self.exchange)
-        self.emit("schedule", syncs_per_period=n, t_c=t_c, t_s=t_s, t_s_source=self.t_s_source,
-                  gamma=self.opts.gamma, max_syncs_per_fragment=self.opts.max_syncs_per_fragment)
+        n, t_c, t_s = agree(
+            t_c, self.t_s or 0.0, self.opts.gamma, self.H, self.P, self.opts.max_syncs_per_fragment, self.exchange
+        )
+        self.emit(
+            "schedule",
+            syncs_per_period=n,
+            t_c=t_c,
+            t_s=t_s,
+            t_s_source=self.t_s_source,
+            gamma=self.opts.gamma,
+            max_syncs_per_fragment=self.opts.max_syncs_per_fragment,
+        )
         return n
 
     # ---- resumable state -----------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
-        return {**super().extra_state(),
-                "transmission": {"n_decided": self.timetable.n_decided, "tc_sum": self.tc_sum,
-                                 "tc_count": self.tc_count, "t_s": self.t_s, "t_s_source": self.t_s_source}}
+        return {
+            **super().extra_state(),
+            "transmission": {
+                "n_decided": self.timetable.n_decided,
+                "tc_sum": self.tc_sum,
+                "tc_count": self.tc_count,
+                "t_s": self.t_s,
+                "t_s_source": self.t_s_source,
+            },
+        }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         super().load_extra_state(state)

@@ -1,6 +1,7 @@
 """How a late fragment result is merged into the local fragment: Streaming DiLoCo's α-merge
 (arXiv:2501.18512), CoCoDC's delay compensation (arXiv:2504.17672) and eager updates' correction
 (arXiv:2502.12996). Pure functions on flat float32 buffers, so they can be tested in isolation."""
+
 from __future__ import annotations
 
 import torch
@@ -13,11 +14,19 @@ def alpha_merge(local: torch.Tensor, anchor: torch.Tensor, alpha: float) -> torc
         return anchor.clone()
     if alpha == 1:
         return local.clone()
-    return local.mul_(alpha).add_(anchor * (1.0 - alpha))    # `local` is the caller's gathered copy
+    return local.mul_(alpha).add_(anchor * (1.0 - alpha))  # `local` is the caller's gathered copy
 
 
-def delay_compensate(theta_start: torch.Tensor, theta_now: torch.Tensor, anchor: torch.Tensor, tau: int,
-                     sync_every: int, lam: float, *, printed_sign: bool = False) -> tuple[torch.Tensor, float]:
+def delay_compensate(
+    theta_start: torch.Tensor,
+    theta_now: torch.Tensor,
+    anchor: torch.Tensor,
+    tau: int,
+    sync_every: int,
+    lam: float,
+    *,
+    printed_sign: bool = False,
+) -> tuple[torch.Tensor, float]:
     """CoCoDC's merge; returns (new local fragment, ‖λ·g⊙g⊙D‖ / ‖g‖).
 
         g      = (θ(t_l) − θ(t_p)) / τ          forward difference: the local change rate
@@ -43,8 +52,15 @@ def delay_compensate(theta_start: torch.Tensor, theta_now: torch.Tensor, anchor:
     return anchor + g_corr * tau, rel
 
 
-def damped_compensate(theta_start: torch.Tensor, theta_now: torch.Tensor, anchor: torch.Tensor, tau: int,
-                      sync_every: int, lam: float, alpha: float) -> tuple[torch.Tensor, float]:
+def damped_compensate(
+    theta_start: torch.Tensor,
+    theta_now: torch.Tensor,
+    anchor: torch.Tensor,
+    tau: int,
+    sync_every: int,
+    lam: float,
+    alpha: float,
+) -> tuple[torch.Tensor, float]:
     """The Taylor merge with the α-merge's damping of the outer step, applied at the launch point:
 
         θ ← α·θ(t_p) + (1−α)·θ̃_p + τ·g_corr

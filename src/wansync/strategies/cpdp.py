@@ -29,6 +29,7 @@ Identity: K = 1, β = 0 (α = 1) is DDP (tested to 1e-6).
 A final `finish()` off a boundary reconciles the parameters (phase 2 only: that step's backward
 has already run without gradient sync).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,10 +45,12 @@ from .slowmo import SlowMo, SlowMoOptions
 @dataclass
 class CPDPOptions(SlowMoOptions):
     """SlowMo's with the paper's K = 4 and β = 0.3 (0: the reviewers' "β = 0" ablation), plus phase 1."""
+
     sync_every: int = sync_every(4)
     slowmo_beta: float = SlowMoOptions.with_default("slowmo_beta", 0.3)
-    grad_phase: bool = option(True, "gradient all-reduce at each reconciliation step (phase 1; "
-                              "off: the LocalSGD+SlowMo ablation)")
+    grad_phase: bool = option(
+        True, "gradient all-reduce at each reconciliation step (phase 1; " "off: the LocalSGD+SlowMo ablation)"
+    )
 
     def cross_check(self) -> None:
         super().cross_check()
@@ -70,7 +73,7 @@ class CPDP(SlowMo):
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.grad_sync = gradient_phase(model, self.group, self.comm, self.replicas, broadcast_buffers=False)
-        self.grads_synced = False        # did the step just taken all-reduce its gradients?
+        self.grads_synced = False  # did the step just taken all-reduce its gradients?
         self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
     @property
@@ -84,12 +87,15 @@ class CPDP(SlowMo):
     def after_inner_step(self) -> None:
         # steps 1–2 have happened: DDP all-reduced g in backward (if armed), then the inner step
         self.grads_synced = self.grad_sync.book()
-        super().after_inner_step()                       # steps 3–5 at a boundary (SlowMo's)
+        super().after_inner_step()  # steps 3–5 at a boundary (SlowMo's)
         self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
     def boundary_fields(self) -> dict[str, Any]:
-        return {**super().boundary_fields(), "grad_phase": self.grads_synced,
-                "grad_bytes": self.grad_sync.bytes if self.grads_synced else 0}
+        return {
+            **super().boundary_fields(),
+            "grad_phase": self.grads_synced,
+            "grad_bytes": self.grad_sync.bytes if self.grads_synced else 0,
+        }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         super().load_extra_state(state)

@@ -4,6 +4,7 @@ The baseline must be the one users actually run (bucketed all-reduce overlapped 
 backward), or every comparison against it is unfair. The gradient phase (`grad_sync.py`) is on
 at every step.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,7 +35,7 @@ class DDP(Strategy):
 
     @property
     def model(self) -> nn.Module:
-        return self.grad_sync.module        # over every rank (hybrid sharding in a sharded worker)
+        return self.grad_sync.module  # over every rank (hybrid sharding in a sharded worker)
 
     def after_inner_step(self) -> None:
-        self.grad_sync.book()      # DDP's reducer all-reduced every gradient bucket during backward
+        self.grad_sync.book()  # DDP's reducer all-reduced every gradient bucket during backward

@@ -4,6 +4,7 @@ The fragment schedule is computed from globally identical values, so every rank 
 fragment without extra messages; a mismatch would deadlock the collectives. In debug mode each
 slot's choice is all-gathered (8 bytes, purpose `debug`) and a disagreement raises PeerError.
 """
+
 from __future__ import annotations
 
 import os

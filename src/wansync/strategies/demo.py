@@ -32,6 +32,7 @@ scale-free) but weights gradients by the learning rate when a schedule moves it.
 Identity (tested): with every DCT coefficient kept the residual is zero after every step and the
 update is sign descent on the mean gradient.
 """
+
 from __future__ import annotations
 
 import time
@@ -44,16 +45,27 @@ from ..comm.flat import FlatTensors
 from ..comm.sparse import DEFAULT_DENSITY
 from ..errors import ConfigError
 from .base import Strategy, local_shard, model_buffers
-from .options import (Options, aggregate, check_sparse_options, chunk, density, in_range, option, quant_range,
-                      sparse_codec, topk, value_bits)
+from .options import (
+    Options,
+    aggregate,
+    check_sparse_options,
+    chunk,
+    density,
+    in_range,
+    option,
+    quant_range,
+    sparse_codec,
+    topk,
+    value_bits,
+)
 from .timetable import Timetable
 
 
 @dataclass
 class DeMoOptions(Options):
     """β and the sparse payload's knobs (sources: module docstring)."""
-    momentum_decay: float = option(0.999, "β: the momentum's decay, m ← β·m + g, before each send",
-                                   in_range(0, 1))
+
+    momentum_decay: float = option(0.999, "β: the momentum's decay, m ← β·m + g, before each send", in_range(0, 1))
     density: float = density(DEFAULT_DENSITY)
     topk: int = topk()
     chunk: int = chunk()
@@ -70,12 +82,15 @@ def check_carrier(optimizer: torch.optim.Optimizer) -> None:
     """DeMo reads an optimizer's lr and weight decay and takes none of its steps: one that would
     update by a rule of its own is refused."""
     plain = type(optimizer) is torch.optim.SGD and all(
-        not g.get("momentum") and not g.get("nesterov") for g in optimizer.param_groups)
+        not g.get("momentum") and not g.get("nesterov") for g in optimizer.param_groups
+    )
     if not plain:
         what = type(optimizer).__name__ + ("" if type(optimizer) is not torch.optim.SGD else " with momentum")
-        raise ConfigError(f"demo replaces the inner optimizer's update (sign descent on its own momentum, "
-                          f"momentum_decay): give it torch.optim.SGD(params, lr=...) without momentum for its "
-                          f"learning rate and weight decay, not {what}")
+        raise ConfigError(
+            f"demo replaces the inner optimizer's update (sign descent on its own momentum, "
+            f"momentum_decay): give it torch.optim.SGD(params, lr=...) without momentum for its "
+            f"learning rate and weight decay, not {what}"
+        )
 
 
 class DeMoTimetable(Timetable):
@@ -99,7 +114,7 @@ class DeMo(Strategy):
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.flat = FlatTensors([local_shard(p) for p in self.params])
         self.codec = self.wire_codec(self.opts, [local_shard(p).shape for p in self.params])
-        self.momentum = torch.zeros(self.flat.numel, dtype=torch.float32, device=self.flat.device)   # m_r
+        self.momentum = torch.zeros(self.flat.numel, dtype=torch.float32, device=self.flat.device)  # m_r
         buffers = model_buffers(self.module)
         self.buffers = FlatTensors(buffers) if buffers else None
         self._skip = False
@@ -126,9 +141,9 @@ class DeMo(Strategy):
     def after_inner_step(self) -> None:
         started = time.perf_counter()
         groups = self.optimizer.param_groups
-        self._decay(groups)                                       # θ ← (1 − η·λ)·θ
+        self._decay(groups)  # θ ← (1 − η·λ)·θ
         q = self.gradient()
-        self.momentum.mul_(self.opts.momentum_decay)              # m_r ← β·m_r (+ g_r: the exchange adds it)
+        self.momentum.mul_(self.opts.momentum_decay)  # m_r ← β·m_r (+ g_r: the exchange adds it)
         spent = time.perf_counter() - started
         # q_r = TopK(DCT(m_r)) sent, m_r ← m_r − IDCT(q_r), Q = IDCT(Aggregate_r(q_r)) in q's buffer
         self.exchange.mean(q, "momentum", self.codec, inplace=True, residual=self.momentum)
@@ -136,12 +151,12 @@ class DeMo(Strategy):
         q.sign_()
         with torch.no_grad():
             for view, p, lr in zip(self.flat.views(q), self.flat.tensors, self._lrs(groups)):
-                p.add_(view.to(p.dtype), alpha=-lr)              # θ ← θ − η·sign(Q)
-        if self.buffers is not None:                              # BatchNorm statistics: their plain mean
+                p.add_(view.to(p.dtype), alpha=-lr)  # θ ← θ − η·sign(Q)
+        if self.buffers is not None:  # BatchNorm statistics: their plain mean
             buf = self.buffers.gather()
             self.exchange.mean(buf, "params", inplace=True)
             self.buffers.scatter(buf)
-        self.last_inner_s += spent + time.perf_counter() - started   # the update itself: compute
+        self.last_inner_s += spent + time.perf_counter() - started  # the update itself: compute
         self.emit("sync", kind="step", bytes=self.codec.wire_bytes(), codec="sparse", kept=self.codec.kept)
 
     def _lrs(self, groups: list[dict[str, Any]]) -> list[float]:
@@ -159,7 +174,7 @@ class DeMo(Strategy):
                             local_shard(p).mul_(1.0 - float(g["lr"]) * wd)
 
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
-        return {"inner_optimizer": [self.momentum]}   # the optimizer DeMo replaces: its state
+        return {"inner_optimizer": [self.momentum]}  # the optimizer DeMo replaces: its state
 
     # ---- resumable state: the momentum ----------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

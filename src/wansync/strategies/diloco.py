@@ -23,6 +23,7 @@ Pass `sync_every=500` for the paper's setting.
 Δ_m travels while round k + 1 trains and reaches θ̃ one round late; the exchange sends Δ_m (any codec,
 with error feedback when asked), not θ_m, and reports no drift.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 @dataclass
 class DiLoCoOptions(PeriodicOptions):
     """The periodic knobs with H = 100, plus the outer optimizer's."""
+
     sync_every: int = sync_every(100)
     outer_lr: float = outer_lr()
     outer_momentum: float = outer_momentum()
@@ -59,9 +61,14 @@ class DiLoCo(Periodic):
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.broadcast_initial_state()
-        self.anchor = Anchor(sync_tensors(self.module), lr=self.opts.outer_lr, momentum=self.opts.outer_momentum,
-                             nesterov=True, buffers=model_buffers(self.module),
-                             device=anchor_device(self.opts.outer_state_device))
+        self.anchor = Anchor(
+            sync_tensors(self.module),
+            lr=self.opts.outer_lr,
+            momentum=self.opts.outer_momentum,
+            nesterov=True,
+            buffers=model_buffers(self.module),
+            device=anchor_device(self.opts.outer_state_device),
+        )
         self.overlap = RoundOverlap(self.anchor, self.comm) if self.opts.overlap_rounds else None
 
     def reference(self) -> torch.Tensor:
@@ -78,13 +85,19 @@ class DiLoCo(Periodic):
 
     def boundary(self) -> None:
         if self.overlap is not None:
-            sent = self.overlap.boundary(self.launch)    # the last round's Δ̄ applied, this round's launched
+            sent = self.overlap.boundary(self.launch)  # the last round's Δ̄ applied, this round's launched
             if getattr(self.opts, "sync_optimizer_state", False):
                 self.average_optimizer_state()
-            self.emit("sync", kind="outer", overlapped=True, bytes=sent.wire_bytes, payload_bytes=sent.payload_bytes,
-                      codec=self.codec.name)
+            self.emit(
+                "sync",
+                kind="outer",
+                overlapped=True,
+                bytes=sent.wire_bytes,
+                payload_bytes=sent.payload_bytes,
+                codec=self.codec.name,
+            )
             return
-        avg, info = self.average_params()                 # θ̄ = mean(θ_m)
+        avg, info = self.average_params()  # θ̄ = mean(θ_m)
         # Δ̄ = mean(θ̃ − θ_m) = θ̃ − θ̄, in θ̄'s buffer; θ̃ ← OuterOpt(θ̃, Δ̄); θ_m ← θ̃: one pass
         self.anchor.step_to_average(avg, load=True)
         self.emit("sync", kind="outer", **info)
@@ -94,10 +107,16 @@ class DiLoCo(Periodic):
         the codec dropped of the last one added)."""
         if self.opts.error_feedback and self._residual is None:
             self._residual = torch.zeros_like(delta)
-        return self.exchange.mean(delta, "pseudo_grads", self.codec, async_op=async_op, inplace=True,
-                                  collective=self.opts.codec_collective,
-                                  residual=self._residual if self.opts.error_feedback else None,
-                                  weight=self.steps_weight())
+        return self.exchange.mean(
+            delta,
+            "pseudo_grads",
+            self.codec,
+            async_op=async_op,
+            inplace=True,
+            collective=self.opts.codec_collective,
+            residual=self._residual if self.opts.error_feedback else None,
+            weight=self.steps_weight(),
+        )
 
     def retune_exchange(self, knobs: dict[str, Any]) -> None:
         """`codec`: the pseudo-gradient's codec from this boundary's exchange on (θ̃ is the reference
@@ -114,14 +133,22 @@ class DiLoCo(Periodic):
     def final_mean(self, delta: torch.Tensor) -> torch.Tensor:
         """`overlap_rounds`: the steps after the last boundary, averaged at once at the run's end."""
         sent = self.launch(delta, async_op=False)
-        self.emit("sync", kind="outer", overlapped=False, bytes=sent.wire_bytes, payload_bytes=sent.payload_bytes,
-                  codec=self.codec.name)
+        self.emit(
+            "sync",
+            kind="outer",
+            overlapped=False,
+            bytes=sent.wire_bytes,
+            payload_bytes=sent.payload_bytes,
+            codec=self.codec.name,
+        )
         return sent.wait()
 
     # ---- resumable state: θ̃ and the outer optimizer's momentum -----------------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"anchor": self.anchor.state_dict(),
-                **({"overlap": self.overlap.state_dict()} if self.overlap is not None else {})}
+        return {
+            "anchor": self.anchor.state_dict(),
+            **({"overlap": self.overlap.state_dict()} if self.overlap is not None else {}),
+        }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.anchor.load_state_dict(state["anchor"])

@@ -18,6 +18,7 @@ start order; then one blocking sync of each fragment that a merge did not leave 
 The caller is told what to do through the `FragmentWork` methods, in that order; the timetable keeps
 the schedule, the syncs in flight (`inflight.py`) and the step each fragment last landed on θ̃_p.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol
@@ -54,14 +55,15 @@ class FragmentWork(Protocol):
 class FragmentTimetable(Timetable):
     """Streaming DiLoCo's: round-robin slots, N = `syncs_per_period` (0: P), the α-merge or eager updates."""
 
-    def __init__(self, options: Any, choice: str = "round_robin", merge: str = "alpha",
-                 automatic_n: bool = False) -> None:
+    def __init__(
+        self, options: Any, choice: str = "round_robin", merge: str = "alpha", automatic_n: bool = False
+    ) -> None:
         super().__init__(options)
         self.H, self.P, self.tau = options.sync_every, options.fragments, options.overlap
-        self.merge = "eager" if options.eager else merge   # the merge rule: alpha | taylor | damped | eager
+        self.merge = "eager" if options.eager else merge  # the merge rule: alpha | taylor | damped | eager
         self.schedule = Schedule(self.H, self.P, options.syncs_per_period or self.P, choice)
         self.in_flight = InFlightExchanges()
-        self.exact_at = [0] * self.P         # step at which fragment p last landed exactly on θ̃_p
+        self.exact_at = [0] * self.P  # step at which fragment p last landed exactly on θ̃_p
         self.n_decided = not automatic_n
 
     def exchanges_at(self, t: int) -> bool:
@@ -82,11 +84,12 @@ class FragmentTimetable(Timetable):
             work.slot(t, choice)
             if choice is not None:
                 p, reason = choice
-                sync = InFlight(fragment=p, start=t, merge_at=t + self.tau, reason=reason,
-                                interval=self.schedule.record_start(p, t))
+                sync = InFlight(
+                    fragment=p, start=t, merge_at=t + self.tau, reason=reason, interval=self.schedule.record_start(p, t)
+                )
                 work.start(sync)
                 self.in_flight.add(sync)
-            self._merge_due(t, work)            # τ = 0: merge at once
+            self._merge_due(t, work)  # τ = 0: merge at once
         if self.decides_n_at(t):
             self.schedule.set_n(work.decide_n(t))
             self.n_decided = True
@@ -113,8 +116,11 @@ class FragmentTimetable(Timetable):
 
     # ---- resumable state ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"schedule": self.schedule.state_dict(), "exact_at": list(self.exact_at),
-                "in_flight": self.in_flight.state_dict()}
+        return {
+            "schedule": self.schedule.state_dict(),
+            "exact_at": list(self.exact_at),
+            "in_flight": self.in_flight.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.schedule.load_state_dict(state["schedule"])

@@ -51,6 +51,7 @@ whose exchange is still in flight is never chosen again; when the round-robin fr
 adaptive mode, every fragment; in adaptive_fair mode, every fragment still due in the round) is in
 flight, the slot is skipped.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,7 +71,7 @@ SCHEDULES = ("adaptive", "adaptive_fair", "round_robin")
 
 
 # ---- partition ---------------------------------------------------------------------------------
-MAX_IMBALANCE = 2.0        # the largest fragment's bytes over the smallest's beyond which `imbalance` warns
+MAX_IMBALANCE = 2.0  # the largest fragment's bytes over the smallest's beyond which `imbalance` warns
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -78,13 +79,14 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 class Stage:
     name: str
     tensors: list[torch.Tensor]
-    nbytes: int = 0          # the tensors' bytes, counted whole (`blocks.whole_bytes`)
+    nbytes: int = 0  # the tensors' bytes, counted whole (`blocks.whole_bytes`)
 
 
 @dataclass
 class Layout:
     """A model's stages: the input end, the blocks fragments are cut over, the output end, and
     where the blocks came from (`source`: "stages()", "blocks <container>", "children")."""
+
     before: list[Stage]
     blocks: list[Stage]
     after: list[Stage]
@@ -100,7 +102,7 @@ class Fragment:
     index: int
     stages: list[str]
     tensors: list[torch.Tensor] = field(repr=False)
-    nbytes: int = 0          # the model's bytes it covers, counted whole (a sharded parameter in full)
+    nbytes: int = 0  # the model's bytes it covers, counted whole (a sharded parameter in full)
 
     @property
     def numel(self) -> int:
@@ -118,8 +120,9 @@ def layout(model: nn.Module) -> Layout:
     if callable(getattr(model, "stages", None)):
         modules = list(model.stages())
         lookup = {id(m): n for n, m in model.named_modules()}
-        return _ends_and_blocks(model, [(lookup.get(id(m)) or f"stage{i}", m) for i, m in enumerate(modules)],
-                                "stages()")
+        return _ends_and_blocks(
+            model, [(lookup.get(id(m)) or f"stage{i}", m) for i, m in enumerate(modules)], "stages()"
+        )
     found = repeated_blocks(model)
     if found is None:
         return _ends_and_blocks(model, list(model.named_children()), "children")
@@ -129,7 +132,7 @@ def layout(model: nn.Module) -> Layout:
     before: list[Stage] = []
     after: list[Stage] = []
     passed = False
-    for name, module in model.named_modules():       # the module tree's order: before the blocks, or after
+    for name, module in model.named_modules():  # the module tree's order: before the blocks, or after
         if found.holds(name):
             passed = True
             continue
@@ -137,7 +140,7 @@ def layout(model: nn.Module) -> Layout:
         stage = _stage(model, name or "root", own, keep, seen)
         if stage:
             (after if passed else before).append(stage)
-    rest = _stage(model, "root", sync_tensors(model), keep, seen)     # on no module the walk reached
+    rest = _stage(model, "root", sync_tensors(model), keep, seen)  # on no module the walk reached
     if rest:
         after.append(rest)
     return Layout(before, blocks, after, f"blocks {found.container or 'root'}")
@@ -228,11 +231,14 @@ def partition(model: nn.Module, fragments: int, mode: str = "strided") -> list[F
     if not 1 <= fragments <= len(blocks):
         hint = ""
         if lay.source == "children":
-            hint = (f": it defines no stages() and has no repeated blocks (a ModuleList or nn.Sequential of "
-                    f"modules of one type); define model.stages() (docs/strategies.md) or use at most "
-                    f"{len(blocks)} fragments")
-        raise ConfigError(f"fragments must be between 1 and the model's {len(blocks)} blocks (stages), "
-                          f"got {fragments}{hint}")
+            hint = (
+                f": it defines no stages() and has no repeated blocks (a ModuleList or nn.Sequential of "
+                f"modules of one type); define model.stages() (docs/strategies.md) or use at most "
+                f"{len(blocks)} fragments"
+            )
+        raise ConfigError(
+            f"fragments must be between 1 and the model's {len(blocks)} blocks (stages), " f"got {fragments}{hint}"
+        )
     if mode == "sequential" and lay.source.startswith("blocks"):
         weights = [b.nbytes for b in blocks]
         weights[0] += sum(s.nbytes for s in lay.before)
@@ -247,14 +253,19 @@ def partition(model: nn.Module, fragments: int, mode: str = "strided") -> list[F
             members = [*lay.before, *members]
         if p == fragments - 1:
             members = [*members, *lay.after]
-        out.append(Fragment(p, [s.name for s in members], [t for s in members for t in s.tensors],
-                            sum(s.nbytes for s in members)))
+        out.append(
+            Fragment(
+                p, [s.name for s in members], [t for s in members for t in s.tensors], sum(s.nbytes for s in members)
+            )
+        )
     dtypes = {t.dtype for f in out for t in f.tensors}
     if len(dtypes) != 1 or not dtypes <= set(DTYPES):
-        raise ConfigError(f"fragment exchange needs every parameter and buffer in one dtype, "
-                          f"{' or '.join(str(d).removeprefix('torch.') for d in DTYPES)}; got "
-                          f"{', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))} "
-                          f"(cast the model with model.to(dtype))")
+        raise ConfigError(
+            f"fragment exchange needs every parameter and buffer in one dtype, "
+            f"{' or '.join(str(d).removeprefix('torch.') for d in DTYPES)}; got "
+            f"{', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))} "
+            f"(cast the model with model.to(dtype))"
+        )
     return out
 
 
@@ -270,10 +281,12 @@ def imbalance(fragments: list[Fragment]) -> str | None:
     if big <= MAX_IMBALANCE * small:
         return None
     ratio = f"{big / small:.3g}x" if small else "infinitely"
-    return (f"fragments are unbalanced: the largest (fragment {sizes.index(big)}, {human_bytes(big)}) is {ratio} "
-            f"the smallest (fragment {sizes.index(small)}, {human_bytes(small)}); each sync of the largest "
-            f"costs that much more on the link. Change fragments or partition, or define model.stages() "
-            f"(docs/strategies.md)")
+    return (
+        f"fragments are unbalanced: the largest (fragment {sizes.index(big)}, {human_bytes(big)}) is {ratio} "
+        f"the smallest (fragment {sizes.index(small)}, {human_bytes(small)}); each sync of the largest "
+        f"costs that much more on the link. Change fragments or partition, or define model.stages() "
+        f"(docs/strategies.md)"
+    )
 
 
 # ---- schedule ----------------------------------------------------------------------------------
@@ -286,7 +299,7 @@ def slot_index(t: int, sync_every: int, n: int) -> int | None:
     """k when step t is slot k (t = ⌊k·H/N⌋, k ≥ 1), else None."""
     if t < 1:
         return None
-    k = -(-t * n // sync_every)            # ceil(t·N/H): the only candidate
+    k = -(-t * n // sync_every)  # ceil(t·N/H): the only candidate
     return k if k * sync_every // n == t else None
 
 
@@ -299,14 +312,15 @@ class Schedule:
         self.H, self.P, self.mode = sync_every, fragments, mode
         self.n = self.set_n(n)
         self.rr_next = 0
-        self.last_start = [0] * fragments          # step of each fragment's last sync start (0: none yet)
-        self.rate: list[float] = [math.inf] * fragments   # R_p; +inf until its first merge
-        self.turned = [False] * fragments           # adaptive_fair: started a sync in this round
+        self.last_start = [0] * fragments  # step of each fragment's last sync start (0: none yet)
+        self.rate: list[float] = [math.inf] * fragments  # R_p; +inf until its first merge
+        self.turned = [False] * fragments  # adaptive_fair: started a sync in this round
 
     def set_n(self, n: int) -> int:
         if not self.P <= n <= self.H:
-            raise ConfigError(f"syncs per period must be between fragments ({self.P}) and sync_every "
-                              f"({self.H}), got {n}")
+            raise ConfigError(
+                f"syncs per period must be between fragments ({self.P}) and sync_every " f"({self.H}), got {n}"
+            )
         self.n = int(n)
         return self.n
 
@@ -352,12 +366,18 @@ class Schedule:
         self.rate[p] = float(anchor_change_norm) / max(1, interval)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "mode": self.mode, "rr_next": self.rr_next, "last_start": list(self.last_start),
-                "rate": list(self.rate), "turned": list(self.turned)}
+        return {
+            "n": self.n,
+            "mode": self.mode,
+            "rr_next": self.rr_next,
+            "last_start": list(self.last_start),
+            "rate": list(self.rate),
+            "turned": list(self.turned),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.set_n(int(state["n"]))
         self.rr_next = int(state["rr_next"])
         self.last_start = [int(v) for v in state["last_start"]]
         self.rate = [float(v) for v in state["rate"]]
-        self.turned = [bool(v) for v in state.get("turned", [False] * self.P)]    # absent before adaptive_fair
+        self.turned = [bool(v) for v in state.get("turned", [False] * self.P)]  # absent before adaptive_fair

@@ -19,6 +19,7 @@ gradients inside the worker every step, and the gradient phase is hybrid shardin
 all-reduce of each rank's gradient shard across the workers (`ShardedGradientSync`), switched per
 step with `set_requires_all_reduce`, FSDP's counterpart of `no_sync()`. `gradient_phase` picks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,7 +46,7 @@ def wrap_ddp(model: nn.Module, group: Any, broadcast_buffers: bool = True) -> Di
     forward. Without it, no buffer is broadcast after construction (the argument is passed only
     then: recent torch warns on any use of it)."""
     if not broadcast_buffers:
-        with warnings.catch_warnings():      # its replacement would sync buffers at init: keep it
+        with warnings.catch_warnings():  # its replacement would sync buffers at init: keep it
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
             return DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
     persistent = set(model.state_dict(keep_vars=True).keys())
@@ -55,8 +56,9 @@ def wrap_ddp(model: nn.Module, group: Any, broadcast_buffers: bool = True) -> Di
     return DistributedDataParallel(model, process_group=group)
 
 
-def gradient_phase(model: nn.Module, group: Any, ledger: CommLedger, replicas: Replicas, *,
-                   broadcast_buffers: bool = True) -> "GradientSync | ShardedGradientSync":
+def gradient_phase(
+    model: nn.Module, group: Any, ledger: CommLedger, replicas: Replicas, *, broadcast_buffers: bool = True
+) -> "GradientSync | ShardedGradientSync":
     """The all-rank gradient phase of a strategy: DDP over `group`, or hybrid sharding's all-reduce
     across workers when the worker is sharded inside (`replicas.shards`)."""
     if replicas.shards:
@@ -67,12 +69,19 @@ def gradient_phase(model: nn.Module, group: Any, ledger: CommLedger, replicas: R
 class GradientSync:
     """The DDP wrapper of `model`, its gradient bytes, and the switch for the next backward."""
 
-    def __init__(self, model: nn.Module, group: Any, ledger: CommLedger, *, broadcast_buffers: bool = True,
-                 purpose: str = "grads"):
+    def __init__(
+        self,
+        model: nn.Module,
+        group: Any,
+        ledger: CommLedger,
+        *,
+        broadcast_buffers: bool = True,
+        purpose: str = "grads",
+    ):
         self.ddp = wrap_ddp(model, group, broadcast_buffers)
         self.bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self._ledger, self._purpose = ledger, purpose
-        self._synced = 0                # forwards since the last `book` whose backward all-reduces
+        self._synced = 0  # forwards since the last `book` whose backward all-reduces
         self.ddp.register_forward_pre_hook(self._count_forward)
 
     def _count_forward(self, module: nn.Module, args: Any) -> None:
@@ -110,6 +119,7 @@ def fsdp_gradient_sync_paused(model: nn.Module) -> Iterator[None]:
     """FSDP2's gradient accumulation: no reduce-scatter (nor all-reduce across workers) for the
     backwards inside; FSDP's default, gradient sync on, restored after."""
     from torch.distributed.fsdp import FSDPModule
+
     roots = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for m in roots:
         m.set_requires_gradient_sync(False, recurse=False)
@@ -137,6 +147,7 @@ class ShardedGradientSync:
 
     def __init__(self, model: nn.Module, replicas: Replicas, ledger: CommLedger, purpose: str = "grads"):
         from torch.distributed.fsdp import FSDPModule
+
         self.module = model
         self.native = hybrid_sharded(model)
         self.bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -174,8 +185,10 @@ class ShardedGradientSync:
     def arm(self, on: bool) -> None:
         """Gradient all-reduce across workers on or off for the next backward."""
         if self.native and not on:
-            raise ConfigError("a model sharded with hybrid sharding all-reduces gradients across workers at every "
-                              "step: shard it on the worker's ranks only for a strategy with local steps")
+            raise ConfigError(
+                "a model sharded with hybrid sharding all-reduces gradients across workers at every "
+                "step: shard it on the worker's ranks only for a strategy with local steps"
+            )
         self._on = on
 
     def book(self) -> bool:

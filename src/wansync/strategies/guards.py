@@ -4,6 +4,7 @@ Each guard is a pure function of the strategy's name and its resolved options; i
 refuses (a user may mean to run outside the regime, as the presets that reproduce a paper's collapse
 do). The thresholds come from short runs listed with their numbers in docs/guards.md.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
@@ -34,9 +35,11 @@ def nesterov_too_often(strategy: str, options: Mapping[str, Any]) -> str | None:
     if interval is None or options["outer_momentum"] <= 0 or interval >= MIN_NESTEROV_INTERVAL:
         return None
     gain = options["outer_lr"] / (1 - options["outer_momentum"])
-    return (f"{strategy}: outer Nesterov momentum {options['outer_momentum']:g} (gain {gain:.3g}) applied as often as every "
-            f"{interval:.3g} inner steps (< {MIN_NESTEROV_INTERVAL}) overshoots; raise sync_every or set "
-            f"--outer-momentum 0 (docs/guards.md)")
+    return (
+        f"{strategy}: outer Nesterov momentum {options['outer_momentum']:g} (gain {gain:.3g}) applied as often as every "
+        f"{interval:.3g} inner steps (< {MIN_NESTEROV_INTERVAL}) overshoots; raise sync_every or set "
+        f"--outer-momentum 0 (docs/guards.md)"
+    )
 
 
 def overlap_near_interval(strategy: str, options: Mapping[str, Any]) -> str | None:
@@ -44,20 +47,24 @@ def overlap_near_interval(strategy: str, options: Mapping[str, Any]) -> str | No
     interval = outer_step_interval(strategy, options)
     if not tau or interval is None or tau < MAX_OVERLAP_FRACTION * interval:
         return None
-    return (f"{strategy}: overlap {tau} is {tau / interval:.0%} of a fragment's sync interval ({interval:.3g} steps; "
-            f"keep it below {MAX_OVERLAP_FRACTION:.0%}): each merge lands just before, or after, the fragment's "
-            f"next sync (docs/guards.md)")
+    return (
+        f"{strategy}: overlap {tau} is {tau / interval:.0%} of a fragment's sync interval ({interval:.3g} steps; "
+        f"keep it below {MAX_OVERLAP_FRACTION:.0%}): each merge lands just before, or after, the fragment's "
+        f"next sync (docs/guards.md)"
+    )
 
 
 def slowmo_gain_too_high(strategy: str, options: Mapping[str, Any]) -> str | None:
     if "slowmo_beta" not in options:
         return None
     gain = options["slowmo_lr"] / (1 - options["slowmo_beta"])
-    if round(gain, 9) <= MAX_SLOWMO_GAIN:                  # 1/(1-0.8) is 5.000000000000001
+    if round(gain, 9) <= MAX_SLOWMO_GAIN:  # 1/(1-0.8) is 5.000000000000001
         return None
-    return (f"{strategy}: SlowMo gain slowmo_lr/(1-slowmo_beta) = {options['slowmo_lr']:g}/(1-"
-            f"{options['slowmo_beta']:g}) = {gain:.3g} (> {MAX_SLOWMO_GAIN:g}) amplifies each averaged step "
-            f"that much; lower --slowmo-beta or --slowmo-lr (docs/guards.md)")
+    return (
+        f"{strategy}: SlowMo gain slowmo_lr/(1-slowmo_beta) = {options['slowmo_lr']:g}/(1-"
+        f"{options['slowmo_beta']:g}) = {gain:.3g} (> {MAX_SLOWMO_GAIN:g}) amplifies each averaged step "
+        f"that much; lower --slowmo-beta or --slowmo-lr (docs/guards.md)"
+    )
 
 
 class RegimeWarning(UserWarning):
@@ -66,7 +73,10 @@ class RegimeWarning(UserWarning):
 
 
 GUARDS: tuple[Callable[[str, Mapping[str, Any]], str | None], ...] = (
-    nesterov_too_often, overlap_near_interval, slowmo_gain_too_high)
+    nesterov_too_often,
+    overlap_near_interval,
+    slowmo_gain_too_high,
+)
 
 
 def regime_warnings(strategy: str, options: Mapping[str, Any]) -> list[str]:

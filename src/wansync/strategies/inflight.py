@@ -6,6 +6,7 @@ the merge needs it). A resumed run relaunches those exchanges, in their original
 issues anything else, and merges them at their original steps, so it continues bit for bit. The
 relaunch is a replay: the restored ledger already counts its bytes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,28 +21,41 @@ from ..comm.exchange import MeanHandle
 class InFlight:
     """One fragment exchange between its start and its merge: when (the timetable's), and what
     (the strategy's, filled in when it launches the exchange)."""
+
     fragment: int
     start: int
     merge_at: int
-    interval: int                        # I_p: steps since the fragment's previous start
+    interval: int  # I_p: steps since the fragment's previous start
     reason: str
-    delta: torch.Tensor | None = None    # this worker's pseudo-gradient, the exchange's input
-    theta_start: torch.Tensor | None = None   # θ_{m,p}(t_p), when the merge needs it
-    handle: MeanHandle | None = None     # None until (re)launched
-    weight: float | None = None          # what this worker's contribution weighs (`strategies.pace`)
+    delta: torch.Tensor | None = None  # this worker's pseudo-gradient, the exchange's input
+    theta_start: torch.Tensor | None = None  # θ_{m,p}(t_p), when the merge needs it
+    handle: MeanHandle | None = None  # None until (re)launched
+    weight: float | None = None  # what this worker's contribution weighs (`strategies.pace`)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"fragment": self.fragment, "start": self.start, "merge_at": self.merge_at,
-                "interval": self.interval, "reason": self.reason, "delta": self.delta.clone(),
-                "theta_start": None if self.theta_start is None else self.theta_start.clone(),
-                **({"weight": self.weight} if self.weight is not None else {})}
+        return {
+            "fragment": self.fragment,
+            "start": self.start,
+            "merge_at": self.merge_at,
+            "interval": self.interval,
+            "reason": self.reason,
+            "delta": self.delta.clone(),
+            "theta_start": None if self.theta_start is None else self.theta_start.clone(),
+            **({"weight": self.weight} if self.weight is not None else {}),
+        }
 
     @classmethod
     def from_state(cls, s: dict[str, Any]) -> "InFlight":
-        return cls(fragment=int(s["fragment"]), start=int(s["start"]), merge_at=int(s["merge_at"]),
-                   interval=int(s["interval"]), reason=str(s["reason"]), delta=s["delta"].clone(),
-                   theta_start=None if s["theta_start"] is None else s["theta_start"].clone(),
-                   weight=s.get("weight"))
+        return cls(
+            fragment=int(s["fragment"]),
+            start=int(s["start"]),
+            merge_at=int(s["merge_at"]),
+            interval=int(s["interval"]),
+            reason=str(s["reason"]),
+            delta=s["delta"].clone(),
+            theta_start=None if s["theta_start"] is None else s["theta_start"].clone(),
+            weight=s.get("weight"),
+        )
 
 
 class InFlightExchanges:

@@ -6,18 +6,19 @@ place: no gather, no copy back, no fresh memory. With drift telemetry the mean l
 buffer and the model moves there, the two taking turns boundary after boundary (P held: fresh
 memory costs a page fault per 4 KiB on CPU, more than a pass over it).
 """
+
 from __future__ import annotations
 
 from .periodic import Periodic
 
 
 class LocalSGD(Periodic):
-    name = "local_sgd"                   # options: Periodic's (H = 8)
+    name = "local_sgd"  # options: Periodic's (H = 8)
 
     def __init__(self, model, optimizer, options=None, **kw):
         super().__init__(model, optimizer, options, **kw)
         self.broadcast_initial_state()
 
     def boundary(self) -> None:
-        _, info = self.average_params()                       # θ_m ← θ̄, in the model's own buffer
+        _, info = self.average_params()  # θ_m ← θ̄, in the model's own buffer
         self.emit("sync", kind="average", **info)

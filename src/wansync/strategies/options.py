@@ -12,6 +12,7 @@ different families share (`sync_every`, `outer_lr`, `outer_momentum`) are the fa
 Every rule fails with the same one-line ConfigError the user sees on the command line, e.g.
 `sync_every must be >= 1, got 0`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Mapping, get_type_hints
 
 from ..errors import check
 from ..rules import Rule, at_least, in_range, one_of, positive  # noqa: F401 - the rules options declare
+
 
 def option(default: Any, help: str, *rules: Rule) -> Any:
     """A strategy option field: its default, one line of help, and the rules its value obeys."""
@@ -49,7 +51,8 @@ def typed(name: str, value: Any, kind: type) -> Any:
 class Options:
     """A strategy's knobs; this base class has none (DDP's)."""
 
-    if TYPE_CHECKING:        # a strategy reads its own subclass's fields through `self.opts: Options`
+    if TYPE_CHECKING:  # a strategy reads its own subclass's fields through `self.opts: Options`
+
         def __getattr__(self, name: str) -> Any: ...
         def __setattr__(self, name: str, value: Any) -> None: ...
 
@@ -76,10 +79,11 @@ class Options:
 @dataclasses.dataclass(frozen=True)
 class OptionSpec:
     """One `[strategy]` config key / `--flag`: the fields of that name in the strategies that have it."""
+
     name: str
     type: type
-    defaults: dict[str, Any]          # strategy -> its default
-    helps: dict[str, str]             # strategy -> its help line
+    defaults: dict[str, Any]  # strategy -> its default
+    helps: dict[str, str]  # strategy -> its help line
 
     @property
     def strategies(self) -> list[str]:
@@ -111,13 +115,17 @@ def collect(options: Mapping[str, type[Options]]) -> dict[str, OptionSpec]:
                 raise TypeError(f"option {f.name!r} of strategy {strategy} has no help: declare it with option()")
             kind = kinds[f.name]
             if kind not in _KINDS:
-                raise TypeError(f"option {f.name!r} of strategy {strategy} is a {kind}; "
-                                f"options are {', '.join(k.__name__ for k in _KINDS)}")
+                raise TypeError(
+                    f"option {f.name!r} of strategy {strategy} is a {kind}; "
+                    f"options are {', '.join(k.__name__ for k in _KINDS)}"
+                )
             spec = found.setdefault(f.name, OptionSpec(f.name, kind, {}, {}))
             if spec.type is not kind:
                 other = spec.strategies[0]
-                raise TypeError(f"option {f.name!r} is {spec.type.__name__} in strategy {other} but "
-                                f"{kind.__name__} in strategy {strategy}")
+                raise TypeError(
+                    f"option {f.name!r} is {spec.type.__name__} in strategy {other} but "
+                    f"{kind.__name__} in strategy {strategy}"
+                )
             spec.defaults[strategy] = f.default
             spec.helps[strategy] = f.metadata["help"]
     return found
@@ -133,8 +141,11 @@ def outer_lr(default: float = 0.7) -> Any:
 
 
 def overlap_rounds() -> Any:
-    return option(False, "whole-round overlap (DiLoCoX): each round's mean travels during the next round's inner steps "
-                  "and is applied one round late")
+    return option(
+        False,
+        "whole-round overlap (DiLoCoX): each round's mean travels during the next round's inner steps "
+        "and is applied one round late",
+    )
 
 
 def outer_momentum(default: float = 0.9) -> Any:
@@ -143,45 +154,65 @@ def outer_momentum(default: float = 0.9) -> Any:
 
 def codec(what: str = "exchanged model state") -> Any:
     from ..comm.codecs import CODECS
-    return option("fp32", f"codec for {what}: {'|'.join(CODECS)} (lossy ones exchange the change since the last "
-                  "synchronization)", _known_codec)
+
+    return option(
+        "fp32",
+        f"codec for {what}: {'|'.join(CODECS)} (lossy ones exchange the change since the last " "synchronization)",
+        _known_codec,
+    )
 
 
 def _known_codec(name: str, value: str) -> None:
     """An option rule: the codec registry's own one-line error for an unknown codec."""
     from ..comm.codecs import get_codec
+
     get_codec(value)
 
 
 def codec_collective() -> Any:
     from ..comm.mean_cost import LOSSY_COLLECTIVES
-    return option("auto", "how a lossy codec's mean travels: allgather (every payload to every worker) | "
-                  "reduce_scatter (about two payloads per rank whatever the workers) | auto (allgather up to 2 "
-                  "workers; from 3, the one the link model times shorter, else reduce_scatter)", one_of(LOSSY_COLLECTIVES))
+
+    return option(
+        "auto",
+        "how a lossy codec's mean travels: allgather (every payload to every worker) | "
+        "reduce_scatter (about two payloads per rank whatever the workers) | auto (allgather up to 2 "
+        "workers; from 3, the one the link model times shorter, else reduce_scatter)",
+        one_of(LOSSY_COLLECTIVES),
+    )
 
 
 def error_feedback() -> Any:
-    return option(False, "keep what the lossy codec dropped of this worker's contribution and add it to the next "
-                  "(error feedback)")
+    return option(
+        False,
+        "keep what the lossy codec dropped of this worker's contribution and add it to the next " "(error feedback)",
+    )
 
 
 def check_codec_options(opts: Any) -> None:
     """The cross-field rules of the codec knobs: error feedback has nothing to feed back without loss, and
     the collective a lossy mean travels by has nothing to choose for an fp32 mean (one all-reduce)."""
-    check(not (opts.error_feedback and opts.codec == "fp32"),
-          "error_feedback needs a lossy codec (bf16, int8 or fp4): fp32 loses nothing to feed back")
+    check(
+        not (opts.error_feedback and opts.codec == "fp32"),
+        "error_feedback needs a lossy codec (bf16, int8 or fp4): fp32 loses nothing to feed back",
+    )
     collective = getattr(opts, "codec_collective", "auto")
-    check(not (opts.codec == "fp32" and collective != "auto"),
-          f"codec_collective {collective} is how a lossy codec's mean travels; an fp32 mean is one all-reduce, so it "
-          f"would be ignored: drop it, or choose a lossy codec (bf16, int8 or fp4)")
+    check(
+        not (opts.codec == "fp32" and collective != "auto"),
+        f"codec_collective {collective} is how a lossy codec's mean travels; an fp32 mean is one all-reduce, so it "
+        f"would be ignored: drop it, or choose a lossy codec (bf16, int8 or fp4)",
+    )
 
 
 OUTER_STATE_DEVICES = ("model", "cpu")
 
 
 def outer_state_device() -> Any:
-    return option("model", "where the anchors and outer momentum live and the outer step runs: model (beside "
-                  "the model) | cpu (host memory, pinned beside an accelerator)", one_of(OUTER_STATE_DEVICES))
+    return option(
+        "model",
+        "where the anchors and outer momentum live and the outer step runs: model (beside "
+        "the model) | cpu (host memory, pinned beside an accelerator)",
+        one_of(OUTER_STATE_DEVICES),
+    )
 
 
 def anchor_device(value: str) -> str | None:
@@ -189,48 +220,75 @@ def anchor_device(value: str) -> str | None:
     return None if value == "model" else value
 
 
-
 # ---- the knobs of a sparse exchange (SparseLoCo, DeMo; `comm.sparse`) -----------------------------
 def density(default: float) -> Any:
-    return option(default, "fraction of each chunk's values a sparse exchange sends, the largest in magnitude "
-                  "(1: every value)", in_range(0, 1, low_included=False, high_included=True))
+    return option(
+        default,
+        "fraction of each chunk's values a sparse exchange sends, the largest in magnitude " "(1: every value)",
+        in_range(0, 1, low_included=False, high_included=True),
+    )
 
 
 def topk() -> Any:
-    return option(0, "values sent per chunk, as the reference code counts them (its default 32; a smaller chunk "
-                  "sends at most all of its own); 0: from density", at_least(0))
+    return option(
+        0,
+        "values sent per chunk, as the reference code counts them (its default 32; a smaller chunk "
+        "sends at most all of its own); 0: from density",
+        at_least(0),
+    )
 
 
 def chunk(default: int = 64) -> Any:
-    return option(default, "side of the blocks a sparse exchange cuts a matrix into (the largest divisor of each "
-                  "dimension not above it) and length of a vector's chunks", at_least(1))
+    return option(
+        default,
+        "side of the blocks a sparse exchange cuts a matrix into (the largest divisor of each "
+        "dimension not above it) and length of a vector's chunks",
+        at_least(1),
+    )
 
 
 def value_bits(default: int) -> Any:
     from ..comm.quantize import check_bits
-    return option(default, "bits per value a sparse exchange sends: 2-8 (statistical quantizer of 2**bits bins, a "
-                  "lookup table per tensor) or 32 (float32, unquantized)", check_bits)
+
+    return option(
+        default,
+        "bits per value a sparse exchange sends: 2-8 (statistical quantizer of 2**bits bins, a "
+        "lookup table per tensor) or 32 (float32, unquantized)",
+        check_bits,
+    )
 
 
 def quant_range() -> Any:
-    return option(6.0, "the statistical quantizer's bins span this many standard deviations of a tensor's sent "
-                  "values", positive)
+    return option(
+        6.0,
+        "the statistical quantizer's bins span this many standard deviations of a tensor's sent " "values",
+        positive,
+    )
 
 
 def aggregate() -> Any:
     from ..comm.sparse import AGGREGATES
-    return option("chosen", "how the workers' sparse values are averaged: chosen (per index, over the workers that "
-                  "sent it: the reference code's) | all (their sum over every worker / M)", one_of(AGGREGATES))
+
+    return option(
+        "chosen",
+        "how the workers' sparse values are averaged: chosen (per index, over the workers that "
+        "sent it: the reference code's) | all (their sum over every worker / M)",
+        one_of(AGGREGATES),
+    )
 
 
 def check_sparse_options(opts: Any, default_density: float) -> None:
     """The cross-field rules of the sparse knobs: one way to say how much a chunk sends, and no more
     than a chunk holds."""
-    check(not (opts.topk and opts.density != default_density),
-          f"give density or topk, not both (topk {opts.topk} sends that many values per chunk whatever the density)")
-    check(opts.topk <= opts.chunk * opts.chunk,
-          f"topk must be at most a chunk's values ({opts.chunk} x {opts.chunk} = {opts.chunk * opts.chunk}), "
-          f"got {opts.topk}")
+    check(
+        not (opts.topk and opts.density != default_density),
+        f"give density or topk, not both (topk {opts.topk} sends that many values per chunk whatever the density)",
+    )
+    check(
+        opts.topk <= opts.chunk * opts.chunk,
+        f"topk must be at most a chunk's values ({opts.chunk} x {opts.chunk} = {opts.chunk * opts.chunk}), "
+        f"got {opts.topk}",
+    )
 
 
 def sparse_codec(opts: Any, shapes: Any, dct: bool) -> Any:
@@ -239,10 +297,20 @@ def sparse_codec(opts: Any, shapes: Any, dct: bool) -> Any:
     from ..comm.chunks import ChunkLayout
     from ..comm.sparse import SparseCodec
     from ..comm.chunks import DEFAULT_CHUNK
+
     layout = ChunkLayout.of_shapes(shapes, opts.chunk)
     # the default shrinks to a small model's tensors (each one chunk); a chunk the user chose must cut something
-    check(opts.chunk == DEFAULT_CHUNK or opts.chunk <= layout.largest_side,
-          f"chunk {opts.chunk} is larger than every tensor of the model (its longest side is {layout.largest_side}): "
-          f"no tensor would be cut into chunks; give at most {layout.largest_side}")
-    return SparseCodec(layout, density=opts.density, topk=opts.topk, bits=opts.bits, range_sigmas=opts.quant_range,
-                       dct=dct, aggregate=opts.aggregate)
+    check(
+        opts.chunk == DEFAULT_CHUNK or opts.chunk <= layout.largest_side,
+        f"chunk {opts.chunk} is larger than every tensor of the model (its longest side is {layout.largest_side}): "
+        f"no tensor would be cut into chunks; give at most {layout.largest_side}",
+    )
+    return SparseCodec(
+        layout,
+        density=opts.density,
+        topk=opts.topk,
+        bits=opts.bits,
+        range_sigmas=opts.quant_range,
+        dct=dct,
+        aggregate=opts.aggregate,
+    )

@@ -12,6 +12,7 @@ the averaged pseudo-gradient Δ̄ = mean(θ̃ − θ_m) (DiLoCo sign: a descent 
   end at 0) the update is its limit, θ̃ ← θ̃ − α·Δ̄ (α·η·β·u vanishes), and u is kept: its increment
   Δ̄/η has none (`slowmo_limit`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -58,28 +59,38 @@ class Anchor:
             DiLoCo's FP32 accumulation; DiLoCo and SlowMo on a bf16 model likewise).
     """
 
-    def __init__(self, tensors: Sequence[torch.Tensor], *, lr: float, momentum: float, nesterov: bool = False,
-                 buffers: Sequence[torch.Tensor] | None = None, device: str | torch.device | None = None,
-                 dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        tensors: Sequence[torch.Tensor],
+        *,
+        lr: float,
+        momentum: float,
+        nesterov: bool = False,
+        buffers: Sequence[torch.Tensor] | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         self.flat = FlatTensors(tensors)
         self.device = torch.device(device) if device is not None else self.flat.device
         self.dtype = dtype if dtype is not None else accumulation_dtype(self.flat.dtype)
-        self.value = self.flat.gather().to(self.device, self.dtype)    # θ̃, identical on every rank
+        self.value = self.flat.gather().to(self.device, self.dtype)  # θ̃, identical on every rank
         if self.device != self.flat.device and self.device.type == "cpu" and self.flat.device.type != "cpu":
             self.value = self.value.pin_memory()
         # Buffers (BatchNorm statistics) are not optimized: the outer step gives them the plain
         # average θ̃ − Δ̄ = θ̄. Momentum or SlowMo's 1/η scaling on a running variance would
         # overshoot it below zero when the learning rate changes.
-        is_buffer = (lambda t: not isinstance(t, torch.nn.Parameter)) if buffers is None else \
-            (lambda t, ids={id(b) for b in buffers}: id(t) in ids)
+        is_buffer = (
+            (lambda t: not isinstance(t, torch.nn.Parameter))
+            if buffers is None
+            else (lambda t, ids={id(b) for b in buffers}: id(t) in ids)
+        )
         self.plain: list[tuple[int, int]] = []
         offset = 0
         for t in self.flat.tensors:
             if is_buffer(t):
                 self.plain.append((offset, offset + t.numel()))
             offset += t.numel()
-        self.optimizer = torch.optim.SGD([self.value], lr=lr, momentum=momentum,
-                                         nesterov=nesterov and momentum > 0)
+        self.optimizer = torch.optim.SGD([self.value], lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
 
     def local(self) -> torch.Tensor:
         """θ_m of these tensors, as a new flat buffer beside θ̃ (in θ̃'s dtype)."""
@@ -111,24 +122,33 @@ class Anchor:
         formed in its buffer, block by block in the same pass as the step)."""
         self._step(avg, lr, average=True, load=load)
 
-    def _step(self, source: torch.Tensor, lr: float | None = None, *, average: bool = False,
-              divide: float | None = None, load: bool = False) -> None:
+    def _step(
+        self,
+        source: torch.Tensor,
+        lr: float | None = None,
+        *,
+        average: bool = False,
+        divide: float | None = None,
+        load: bool = False,
+    ) -> None:
         """The outer SGD step on Δ̄ (`source`, or θ̃ − source when `average`, then divided by
         `divide`), the buffers given the plain average, θ̃ loaded into the model when `load`, and
         θ̃ checked finite."""
         if lr is not None:
             self.optimizer.param_groups[0]["lr"] = lr
-        source = source.to(self.device)                    # a mean that arrived where the model is
+        source = source.to(self.device)  # a mean that arrived where the model is
         plain = [(a, b, source[a:b].clone() if average else self.value[a:b] - source[a:b]) for a, b in self.plain]
         model = self.flat.packed() if load and self.device == self.flat.device else None
         try:
             with torch.no_grad():
                 finite = self._sgd(source, average, divide, model)
-        except RuntimeError as e:                          # a learning rate beyond the tensor's float range
+        except RuntimeError as e:  # a learning rate beyond the tensor's float range
             if "overflow" not in str(e):
                 raise
-            raise NonFiniteError(f"the outer step would make the global model non-finite: learning rate {self.optimizer.param_groups[0]['lr']:g} "
-                                 f"is beyond the range of {self.value.dtype}") from None
+            raise NonFiniteError(
+                f"the outer step would make the global model non-finite: learning rate {self.optimizer.param_groups[0]['lr']:g} "
+                f"is beyond the range of {self.value.dtype}"
+            ) from None
         with torch.no_grad():
             for a, b, avg in plain:
                 self.value[a:b] = avg
@@ -157,13 +177,13 @@ class Anchor:
             buf = state["momentum_buffer"] = torch.empty_like(self.value)
         sums, block = [], block_for(self.value)
         for a in range(0, self.value.numel(), block):
-            value, grad = self.value[a:a + block], source[a:a + block]
+            value, grad = self.value[a : a + block], source[a : a + block]
             if average:
                 torch.sub(value, grad, out=grad)
             if divide is not None:
                 grad.div_(divide)
             if momentum:
-                m = buf[a:a + block]
+                m = buf[a : a + block]
                 if first:
                     m.copy_(grad)
                 else:
@@ -171,7 +191,7 @@ class Anchor:
                 grad = grad.add_(m, alpha=momentum) if nesterov else m
             value.add_(grad, alpha=-lr)
             if model is not None:
-                model[a:a + block].copy_(value)
+                model[a : a + block].copy_(value)
             sums.append(value.sum())
         return bool(torch.isfinite(torch.stack(sums).sum())) if sums else True
 
@@ -188,7 +208,7 @@ class Anchor:
             m = g.clone() if buf is None else buf.mul(momentum).add_(g)
             g = g.add_(m, alpha=momentum) if nesterov else m
         ahead = self.value.add(g, alpha=-lr)
-        for a, b in self.plain:                      # buffers: the plain average, as in `_step`
+        for a, b in self.plain:  # buffers: the plain average, as in `_step`
             ahead[a:b] = self.value[a:b] - grad[a:b].to(self.device, self.dtype)
         return ahead
 
@@ -196,8 +216,9 @@ class Anchor:
         """The global parameters are identical on every rank, so every rank raises together: a
         finite mean can still overflow in the outer step (an outer learning rate of 1e300)."""
         if not all_finite(self.value):
-            raise NonFiniteError("the outer step made the global model non-finite (the outer learning rate "
-                                 "or momentum is too large)")
+            raise NonFiniteError(
+                "the outer step made the global model non-finite (the outer learning rate " "or momentum is too large)"
+            )
 
     def slowmo_step(self, avg: torch.Tensor, inner_lr: float, slow_lr: float, *, load: bool = False) -> None:
         """From the workers' average θ̄ (`avg`, overwritten): u ← β·u + (θ̃ − θ̄)/η ; θ̃ ← θ̃ − α·η·u
@@ -209,7 +230,7 @@ class Anchor:
         θ̄ at α = 1 (plain averaging); u untouched (buffers: θ̃ ← θ̄)."""
         source = avg.to(device=self.device, dtype=self.value.dtype)
         with torch.no_grad():
-            self.value.lerp_(source, slow_lr)                # θ̃ + α·(θ̄ − θ̃); weight 1 returns θ̄ itself
+            self.value.lerp_(source, slow_lr)  # θ̃ + α·(θ̄ − θ̃); weight 1 returns θ̄ itself
             for a, b in self.plain:
                 self.value[a:b] = source[a:b]
         if load:

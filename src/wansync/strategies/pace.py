@@ -31,6 +31,7 @@ rank reads the same times. The first round runs as ``wait``: nothing is measured
 Within a worker of several ranks a ``deadline`` decision is taken by all its ranks together (a MIN
 over the worker: none may sit out a step another computes, their DDP would wait).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -44,43 +45,58 @@ from ..errors import ConfigError
 from .options import at_least, one_of, option
 
 POLICIES = ("wait", "deadline", "balanced")
-DEADLINE_SLACK = 1.1            # the automatic deadline: the median worker's H steps, and 10 % more
-BALANCE_TOLERANCE = 0.1         # balanced: a worker within 10 % of the fastest computes every step (noise)
+DEADLINE_SLACK = 1.1  # the automatic deadline: the median worker's H steps, and 10 % more
+BALANCE_TOLERANCE = 0.1  # balanced: a worker within 10 % of the fastest computes every step (noise)
 # what a contribution of no computed step weighs: not 0, so that where no worker computed a step since
 # the buffer's last exchange (a streaming fragment's final sync after the deadline closed a round) the
 # mean is the plain one; a power of two, so that scaling by it loses no bit
-NO_STEPS_WEIGHT = 2.0 ** -20
+NO_STEPS_WEIGHT = 2.0**-20
 
 
 def slow_policy() -> Any:
-    return option("wait", "workers of different speeds: wait (the fast wait for the slowest) | deadline (each outer "
-                  "round closes at a deadline; a worker contributes the steps it completed, weighted by them) | "
-                  "balanced (each worker's steps per round set from its measured speed so all arrive together)",
-                  one_of(POLICIES))
+    return option(
+        "wait",
+        "workers of different speeds: wait (the fast wait for the slowest) | deadline (each outer "
+        "round closes at a deadline; a worker contributes the steps it completed, weighted by them) | "
+        "balanced (each worker's steps per round set from its measured speed so all arrive together)",
+        one_of(POLICIES),
+    )
 
 
 def deadline() -> Any:
-    return option(0.0, "seconds an outer round may take under slow_policy deadline (0: 1.1 x H x the workers' "
-                  "median step time, measured)", at_least(0))
+    return option(
+        0.0,
+        "seconds an outer round may take under slow_policy deadline (0: 1.1 x H x the workers' "
+        "median step time, measured)",
+        at_least(0),
+    )
 
 
 class Pace:
     """The policy of one rank (module docstring): `computes(t)` before step t, `after_step` after it."""
 
-    def __init__(self, policy: str, rounds_of: int, deadline_s: float, replicas: Any, worker: int = 0,
-                 workers: int = 1, group: Any = None):
+    def __init__(
+        self,
+        policy: str,
+        rounds_of: int,
+        deadline_s: float,
+        replicas: Any,
+        worker: int = 0,
+        workers: int = 1,
+        group: Any = None,
+    ):
         """`worker` of `workers`: this rank's worker; `group`: the ranks that agree on the speeds (every
         rank of every worker: None, the default group, for workers of several ranks)."""
         self.policy, self.H, self.deadline_s = policy, rounds_of, deadline_s
         self.replicas, self.worker, self.workers, self.group = replicas, worker, workers, group
-        self.computed = 0                      # steps this worker computed, over the run
-        self.times: list[float] = []           # this round's computed steps' seconds
+        self.computed = 0  # steps this worker computed, over the run
+        self.times: list[float] = []  # this round's computed steps' seconds
         self.agreed: list[float] | None = None  # every worker's median step time, as last agreed
         self._vector: torch.Tensor | None = None
         self._work: Any = None
         self._round_start: float | None = None
-        self._paused = 0.0                      # this round's time on evaluations and checkpoints (`pause`)
-        self._gap_paused = 0.0                  # the same since the last step
+        self._paused = 0.0  # this round's time on evaluations and checkpoints (`pause`)
+        self._gap_paused = 0.0  # the same since the last step
         self._decided: dict[int, bool] = {}
 
     @property
@@ -98,7 +114,7 @@ class Pace:
         return self._decided[t]
 
     def _decide(self, t: int) -> bool:
-        k = (t - 1) % self.H                                 # the step's place in its round, from 0
+        k = (t - 1) % self.H  # the step's place in its round, from 0
         if self.policy == "balanced":
             return self.planned_slots(self.worker)[k]
         if k == 0 or self._round_start is None:
@@ -180,7 +196,7 @@ class Pace:
             self.agreed = [float(v) for v in vector]
             return
         self._vector, self._work = vector, dist.all_reduce(vector, group=self.group, async_op=True)
-        if self.agreed is None:                  # the first: waited for at once, so the policy starts now
+        if self.agreed is None:  # the first: waited for at once, so the policy starts now
             self._work.wait()
             self.agreed, self._work = [float(v) for v in vector], None
 
@@ -211,12 +227,16 @@ class Pace:
 def check_pace_options(opts: Any) -> None:
     """An Options cross-check: a deadline needs the policy that reads it."""
     if opts.deadline and opts.slow_policy != "deadline":
-        raise ConfigError(f"deadline {opts.deadline:g} s does nothing under slow_policy {opts.slow_policy}: give "
-                          f"slow_policy deadline, or leave deadline out")
+        raise ConfigError(
+            f"deadline {opts.deadline:g} s does nothing under slow_policy {opts.slow_policy}: give "
+            f"slow_policy deadline, or leave deadline out"
+        )
 
 
 def check_every_worker_steps(opts: Any, strategy: str, why: str) -> None:
     """An Options cross-check: a strategy whose steps need every worker (a DDP step) takes `wait` only."""
     if getattr(opts, "slow_policy", "wait") != "wait":
-        raise ConfigError(f"{strategy} takes slow_policy wait only, not {opts.slow_policy}: {why}, which a worker "
-                          f"sitting a step out cannot join")
+        raise ConfigError(
+            f"{strategy} takes slow_policy wait only, not {opts.slow_policy}: {why}, which a worker "
+            f"sitting a step out cannot join"
+        )

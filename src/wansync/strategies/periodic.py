@@ -17,6 +17,7 @@ float32 sum across workers then rounds a small number, not the whole norm. What 
 not see is θ̄'s own float32 rounding, a relative error in the drift of about
 2⁻²⁴ / (√P · drift²): 3e-6 at P = 1.8M and drift 3e-3, 0.5 % at drift 1e-4.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,9 +43,12 @@ DRIFT_SIDE_BAND = 1
 @dataclass
 class PeriodicOptions(Options):
     """The knobs of every periodic strategy; with these defaults, LocalSGD's."""
+
     sync_every: int = sync_every(8)
     sync_optimizer_state: bool = option(False, "average the inner optimizer's state at every boundary")
-    drift_telemetry: bool = option(True, "report worker drift at every boundary (one more element of the parameter exchange)")
+    drift_telemetry: bool = option(
+        True, "report worker drift at every boundary (one more element of the parameter exchange)"
+    )
     codec: str = codec()
     codec_collective: str = codec_collective()
     error_feedback: bool = error_feedback()
@@ -64,7 +68,7 @@ class PeriodicTimetable(Timetable):
 
     def __init__(self, options: Any) -> None:
         super().__init__(options)
-        self.origin = 0                    # the boundary from which rounds of the current H count
+        self.origin = 0  # the boundary from which rounds of the current H count
 
     def is_boundary(self, t: int) -> bool:
         return t > self.origin and (t - self.origin) % self.opts.sync_every == 0
@@ -86,6 +90,7 @@ class PeriodicTimetable(Timetable):
 
 class Periodic(Strategy):
     """Local inner steps; `boundary()` at the timetable's boundaries (every `opts.sync_every` steps)."""
+
     Options, Timetable = PeriodicOptions, PeriodicTimetable
 
     def __init__(self, model, optimizer, options=None, **kw):
@@ -95,11 +100,11 @@ class Periodic(Strategy):
         # every worker: the reference the side band subtracts (None: none yet, the reference is 0)
         self._ref_sq: float | None = None
         self._home: torch.Tensor | None = None
-        self._home_ptrs: list[int] = []       # where the model's tensors lie when they live in _home
+        self._home_ptrs: list[int] = []  # where the model's tensors lie when they live in _home
         self.codec = get_codec(self.opts.codec)
-        self._last_mean: torch.Tensor | None = None   # lossy codec without an anchor: θ̄ of the last average
-        self._residual: torch.Tensor | None = None    # error feedback: what the codec dropped last time
-        self._computed_at = 0                         # steps computed at the last boundary (`pace`)
+        self._last_mean: torch.Tensor | None = None  # lossy codec without an anchor: θ̄ of the last average
+        self._residual: torch.Tensor | None = None  # error feedback: what the codec dropped last time
+        self._computed_at = 0  # steps computed at the last boundary (`pace`)
 
     def after_inner_step(self) -> None:
         if self.timetable.is_boundary(self.t):
@@ -111,7 +116,7 @@ class Periodic(Strategy):
 
     def broadcast_initial_state(self) -> None:
         super().broadcast_initial_state()
-        if self.drift_on:                   # the first boundary's reference: every worker holds rank 0's
+        if self.drift_on:  # the first boundary's reference: every worker holds rank 0's
             self._ref_sq = exact_sq_norm(self.flat.gather())
         if self.codec.name != "fp32":
             self.keep_reference()
@@ -128,12 +133,17 @@ class Periodic(Strategy):
 
     # ---- resumable state: the drift's reference rides along (telemetry only) ------------------
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "drift_ref": self._ref_sq, "last_mean": self._last_mean,
-                "residual": self._residual, **({"computed_at": self._computed_at} if self.pace.active else {})}
+        return {
+            **super().state_dict(),
+            "drift_ref": self._ref_sq,
+            "last_mean": self._last_mean,
+            "residual": self._residual,
+            **({"computed_at": self._computed_at} if self.pace.active else {}),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self._ref_sq = state.get("drift_ref")     # a checkpoint from before: the next reference is 0
+        self._ref_sq = state.get("drift_ref")  # a checkpoint from before: the next reference is 0
         self._computed_at = int(state.get("computed_at", 0))
         for name in ("last_mean", "residual"):
             value = state.get(name)
@@ -150,8 +160,8 @@ class Periodic(Strategy):
         if not self.tensors_movable or not all(t.is_contiguous() for t in self.flat.tensors):
             return None
         home = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
-        torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=home[:self.flat.numel])
-        self.flat.adopt(home[:self.flat.numel], self.flat.views(home[:self.flat.numel]))
+        torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=home[: self.flat.numel])
+        self.flat.adopt(home[: self.flat.numel], self.flat.views(home[: self.flat.numel]))
         self._home, self._home_ptrs = home, [t.data_ptr() for t in self.flat.tensors]
         return home
 
@@ -169,22 +179,23 @@ class Periodic(Strategy):
         home = self.home()
         if home is not None:
             wire = home
-        else:                                         # tensors that stay where they are: gather them
+        else:  # tensors that stay where they are: gather them
             wire = torch.empty(self.wire_numel, dtype=self.flat.dtype, device=self.flat.device)
             torch.cat([t.detach().reshape(-1) for t in self.flat.tensors], out=wire[:n])
         ref = self._ref_sq or 0.0
         if extra:
             wire[n] = (exact_sq_norm(wire[:n]) - ref) / max(n, 1)
-        sent = self.exchange.mean(wire, "params", inplace=True, extra=extra, mean_sq=bool(extra),
-                                  weight=self.steps_weight())
+        sent = self.exchange.mean(
+            wire, "params", inplace=True, extra=extra, mean_sq=bool(extra), weight=self.steps_weight()
+        )
         info: dict[str, Any] = {"bytes": self.flat.nbytes}
         if extra:
             avg_sq = sent.mean_sq
             mean_sq, whole_avg_sq = self.exchange.worker_sum([float(wire[n]) * max(n, 1) + ref, avg_sq])
-            info["drift"] = self.relative_drift(mean_sq, whole_avg_sq)       # of the worker's whole model
+            info["drift"] = self.relative_drift(mean_sq, whole_avg_sq)  # of the worker's whole model
             self._ref_sq = avg_sq if math.isfinite(avg_sq) else None
         if home is None:
-            self.flat.scatter(wire[:n])               # the model holds θ̄, as with a home
+            self.flat.scatter(wire[:n])  # the model holds θ̄, as with a home
         if getattr(self.opts, "sync_optimizer_state", False):
             self.average_optimizer_state()
         return wire[:n], info
@@ -204,17 +215,25 @@ class Periodic(Strategy):
             wire[n] = exact_sq_norm(wire[:n]) / max(n, 1)
         if self.opts.error_feedback and self._residual is None:
             self._residual = torch.zeros(n, dtype=torch.float32, device=self.flat.device)
-        sent = self.exchange.mean(wire, "params", self.codec, inplace=True, extra=extra, mean_sq=bool(extra),
-                                  collective=self.opts.codec_collective,
-                                  residual=self._residual if self.opts.error_feedback else None,
-                                  weight=self.steps_weight())
-        avg = wire[:n].add_(ref)                        # θ̄ = θ_ref + d̄
+        sent = self.exchange.mean(
+            wire,
+            "params",
+            self.codec,
+            inplace=True,
+            extra=extra,
+            mean_sq=bool(extra),
+            collective=self.opts.codec_collective,
+            residual=self._residual if self.opts.error_feedback else None,
+            weight=self.steps_weight(),
+        )
+        avg = wire[:n].add_(ref)  # θ̄ = θ_ref + d̄
         info: dict[str, Any] = {"bytes": self.codec.wire_bytes(n), "codec": self.codec.name}
         if extra:
             mean_sq, change_sq, avg_sq = self.exchange.worker_sum(
-                [float(wire[n]) * max(n, 1), sent.mean_sq, exact_sq_norm(avg)])
+                [float(wire[n]) * max(n, 1), sent.mean_sq, exact_sq_norm(avg)]
+            )
             info["drift"] = math.sqrt(max(mean_sq - change_sq, 0.0) / avg_sq) if avg_sq > 0 else math.inf
-        self.flat.scatter(avg)                          # the model holds θ̄
+        self.flat.scatter(avg)  # the model holds θ̄
         if self._last_mean is not None:
             self._last_mean.copy_(avg)
         if getattr(self.opts, "sync_optimizer_state", False):
@@ -249,12 +268,15 @@ class Periodic(Strategy):
         """Average every floating-point tensor of the inner optimizer's state (momentum, Adam
         moments) in one flat exchange (each rank its shards' when sharded inside the worker). Step
         counters stay as they are (they agree anyway)."""
-        tensors = [local_shard(v) for st in self.optimizer.state.values() for v in st.values()
-                   if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
+        tensors = [
+            local_shard(v)
+            for st in self.optimizer.state.values()
+            for v in st.values()
+            if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0
+        ]
         if not tensors:
             return
         flat = FlatTensors(tensors)
         buf = flat.gather()
         self.exchange.mean(buf, "optim_state", inplace=True)
         flat.scatter(buf)
-

@@ -12,6 +12,7 @@ Default `switch_step = 100`: Lin et al. switch at the first learning-rate decay,
 schedule does not have; 100 steps covers the trainer's warmup (20) and the fast early phase of the
 default 300-step run. Set it explicitly for any serious comparison.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from .periodic import PeriodicOptions, PeriodicTimetable
 @dataclass
 class PostLocalSGDOptions(PeriodicOptions):
     """LocalSGD's (H counted after the switch), plus when to switch."""
+
     switch_step: int = option(100, "DDP for steps 1 ... switch_step, LocalSGD after", at_least(0))
 
     def cross_check(self) -> None:
@@ -46,7 +48,7 @@ class PostLocalSGDTimetable(PeriodicTimetable):
         return not self.ddp_step(t) and (t - self.opts.switch_step) % self.opts.sync_every == 0
 
     def final_sync(self, t: int) -> bool:
-        return not self.ddp_step(t) and super().final_sync(t)    # replicas are identical in the DDP phase
+        return not self.ddp_step(t) and super().final_sync(t)  # replicas are identical in the DDP phase
 
 
 class PostLocalSGD(LocalSGD):
@@ -63,10 +65,10 @@ class PostLocalSGD(LocalSGD):
         return self.grad_sync.module if self.timetable.ddp_step(self.t + 1) else super().model
 
     def after_inner_step(self) -> None:
-        if not self.grad_sync.book():                    # a DDP step: the reducer all-reduced in backward
-            super().after_inner_step()                   # LocalSGD's boundary every H steps
+        if not self.grad_sync.book():  # a DDP step: the reducer all-reduced in backward
+            super().after_inner_step()  # LocalSGD's boundary every H steps
         elif self.codec.name != "fp32" and not self.timetable.ddp_step(self.t + 1):
-            self.keep_reference()                        # the switch: a lossy exchange measures change from here
+            self.keep_reference()  # the switch: a lossy exchange measures change from here
         self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
     def load_extra_state(self, state) -> None:

@@ -30,6 +30,7 @@ It costs one more copy of the model (s_m; Δ_m(k) travels in its own buffer). A 
 a mean is in flight waits for it and records its result (and s_m): a resumed run applies that result
 where the uninterrupted one would, bit for bit; the wait is exposed communication, once per checkpoint.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -48,8 +49,8 @@ class RoundOverlap:
 
     def __init__(self, anchor: Anchor, comm: Any, purpose: str = "pseudo_grads"):
         self.anchor, self.comm, self.purpose = anchor, comm, purpose
-        self.start: torch.Tensor | None = None       # s_m (None: the round began at θ̃, the first one)
-        self.in_flight: MeanHandle | None = None     # Δ̄ of the last round, on its way
+        self.start: torch.Tensor | None = None  # s_m (None: the round began at θ̃, the first one)
+        self.in_flight: MeanHandle | None = None  # Δ̄ of the last round, on its way
 
     def own_progress(self) -> torch.Tensor:
         """Δ_m(k) = s_m − θ_m, a new buffer in θ̃'s dtype and device."""
@@ -75,8 +76,8 @@ class RoundOverlap:
         strategy's mean (async; it may write into Δ_m) and is called after the model moved."""
         delta = self.own_progress()
         self.land()
-        self.anchor.flat.scatter(self.anchor.value - delta)         # θ_m ← θ̃ − Δ_m(k)
-        self.start = self.anchor.local()                           # as the model holds it (bf16: rounded)
+        self.anchor.flat.scatter(self.anchor.value - delta)  # θ_m ← θ̃ − Δ_m(k)
+        self.start = self.anchor.local()  # as the model holds it (bf16: rounded)
         self.in_flight = launch(delta)
         return self.in_flight
 
@@ -101,5 +102,8 @@ class RoundOverlap:
             return
         self.start = None if state["start"] is None else state["start"].to(self.anchor.value).clone()
         landing = state["landing"]
-        self.in_flight = None if landing is None else \
-            MeanHandle.complete(self.comm, self.purpose, landing.to(self.anchor.value).clone())
+        self.in_flight = (
+            None
+            if landing is None
+            else MeanHandle.complete(self.comm, self.purpose, landing.to(self.anchor.value).clone())
+        )

@@ -18,6 +18,7 @@ At a boundary where η = 0 (a warmup from 0; a schedule that reaches 0, read by 
 filter takes its limit η → 0: θ̃ ← θ̃ − α·(θ̃ − θ̄) (the momentum's share α·η·β·u vanishes; at α = 1
 the plain average), and u is kept (its increment (θ̃ − θ̄)/η has no limit).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from .periodic import Periodic, PeriodicOptions
 @dataclass
 class SlowMoOptions(PeriodicOptions):
     """LocalSGD's (H is τ in the SlowMo paper), plus the slow momentum β and slow learning rate α."""
+
     slowmo_beta: float = option(0.5, "slow momentum beta", in_range(0, 1))
     slowmo_lr: float = option(1.0, "slow learning rate alpha", positive)
     outer_state_device: str = outer_state_device()
@@ -50,8 +52,13 @@ class SlowMo(Periodic):
         super().__init__(model, optimizer, options, **kw)
         self.broadcast_initial_state()
         # θ̃ and u (the SGD momentum buffer, created at the first boundary: u starts at zero)
-        self.anchor = Anchor(sync_tensors(self.module), lr=self.opts.slowmo_lr, momentum=self.opts.slowmo_beta,
-                             buffers=model_buffers(self.module), device=anchor_device(self.opts.outer_state_device))
+        self.anchor = Anchor(
+            sync_tensors(self.module),
+            lr=self.opts.slowmo_lr,
+            momentum=self.opts.slowmo_beta,
+            buffers=model_buffers(self.module),
+            device=anchor_device(self.opts.outer_state_device),
+        )
 
     def reference(self) -> torch.Tensor:
         """θ̃: every worker loads it at each boundary, so a lossy exchange sends θ_m − θ̃ = −Δ_m."""
@@ -61,8 +68,8 @@ class SlowMo(Periodic):
         """Nothing to keep: the anchor is the reference."""
 
     def boundary(self) -> None:
-        avg, info = self.average_params()                             # θ̄ = mean(θ_m)
-        self.slowmo_update(avg)                                       # u, θ̃, and θ_m ← θ̃
+        avg, info = self.average_params()  # θ̄ = mean(θ_m)
+        self.slowmo_update(avg)  # u, θ̃, and θ_m ← θ̃
         self.emit("sync", kind=self.sync_kind, **info, **self.boundary_fields())
 
     def slowmo_update(self, avg) -> None:
@@ -70,12 +77,15 @@ class SlowMo(Periodic):
         At η = 0 (a warmup from 0, a schedule that ends at 0 before `finish()`) the filter takes its
         limit: θ̃ ← θ̃ − α·(θ̃ − θ̄), u kept (`Anchor.slowmo_limit`)."""
         eta = self.inner_lr
-        check(eta >= 0, f"{self.name} needs an inner learning rate >= 0 at a boundary (the filter divides "
-                        f"by it), got {eta} at step {self.t}")
+        check(
+            eta >= 0,
+            f"{self.name} needs an inner learning rate >= 0 at a boundary (the filter divides "
+            f"by it), got {eta} at step {self.t}",
+        )
         if eta == 0:
             self.anchor.slowmo_limit(avg, self.opts.slowmo_lr, load=True)
         else:
-            self.anchor.slowmo_step(avg, eta, self.opts.slowmo_lr, load=True)   # θ̃ − θ̄ formed in θ̄'s buffer
+            self.anchor.slowmo_step(avg, eta, self.opts.slowmo_lr, load=True)  # θ̃ − θ̄ formed in θ̄'s buffer
 
     def boundary_fields(self) -> dict[str, Any]:
         """Extra fields of the sync event (subclasses add theirs)."""

@@ -42,6 +42,7 @@ is taken at each round's end, after the last round's exchange has left its resid
 A rejoining worker of a fault-tolerant run heals the global state from a peer and starts with a
 zero error buffer: a peer's residual is that peer's, and sending it again would count it twice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,9 +53,24 @@ import torch
 from ..comm.flat import FlatTensors
 from ..comm.sparse import DEFAULT_DENSITY
 from .base import Strategy, local_shard, model_buffers
-from .options import (Options, aggregate, anchor_device, check_sparse_options, chunk, density, in_range, option,
-                      outer_state_device, overlap_rounds, positive, quant_range, sparse_codec, sync_every, topk,
-                      value_bits)
+from .options import (
+    Options,
+    aggregate,
+    anchor_device,
+    check_sparse_options,
+    chunk,
+    density,
+    in_range,
+    option,
+    outer_state_device,
+    overlap_rounds,
+    positive,
+    quant_range,
+    sparse_codec,
+    sync_every,
+    topk,
+    value_bits,
+)
 from .outer import Anchor
 from .pace import check_pace_options, deadline, slow_policy
 from .periodic import PeriodicTimetable
@@ -64,11 +80,14 @@ from .round_overlap import RoundOverlap
 @dataclass
 class SparseLoCoOptions(Options):
     """H, the outer step, the error feedback and the sparse payload's knobs (sources: module docstring)."""
+
     sync_every: int = sync_every(30)
-    outer_lr: float = option(1.0, "α: the outer step θ̃ ← θ̃ − α·Δ̄ on the aggregated sparse pseudo-gradient (no "
-                             "momentum)", positive)
-    error_decay: float = option(0.999, "β: the error buffer's decay, e ← β·e + Δ before each send",
-                                in_range(0, 1, high_included=True))
+    outer_lr: float = option(
+        1.0, "α: the outer step θ̃ ← θ̃ − α·Δ̄ on the aggregated sparse pseudo-gradient (no " "momentum)", positive
+    )
+    error_decay: float = option(
+        0.999, "β: the error buffer's decay, e ← β·e + Δ before each send", in_range(0, 1, high_included=True)
+    )
     density: float = density(DEFAULT_DENSITY)
     topk: int = topk()
     chunk: int = chunk()
@@ -100,12 +119,13 @@ class SparseLoCo(Strategy):
         params = [local_shard(p) for p in self.module.parameters() if p.requires_grad]
         self._shapes = [p.shape for p in params]
         self.codec = self.wire_codec(self.opts, self._shapes)
-        self.anchor = Anchor(params, lr=self.opts.outer_lr, momentum=0.0,
-                             device=anchor_device(self.opts.outer_state_device))
-        self.error = torch.zeros_like(self.anchor.value)          # e_r
+        self.anchor = Anchor(
+            params, lr=self.opts.outer_lr, momentum=0.0, device=anchor_device(self.opts.outer_state_device)
+        )
+        self.error = torch.zeros_like(self.anchor.value)  # e_r
         buffers = model_buffers(self.module)
         self.buffers = FlatTensors(buffers) if buffers else None
-        self.computed_at = 0                                      # steps computed at the last round (`pace`)
+        self.computed_at = 0  # steps computed at the last round (`pace`)
         self.overlap = RoundOverlap(self.anchor, self.comm) if self.opts.overlap_rounds else None
 
     @classmethod
@@ -120,23 +140,29 @@ class SparseLoCo(Strategy):
 
     def finish(self) -> None:
         if self.overlap is not None:
-            partial = self.timetable.final_sync(self.t)      # steps since the last boundary, whose buffers
+            partial = self.timetable.final_sync(self.t)  # steps since the last boundary, whose buffers
             self.overlap.finish((lambda delta: self.send(delta, async_op=False).wait()) if partial else None)
-            if partial:                                      # were averaged there
+            if partial:  # were averaged there
                 self.average_buffers()
         elif self.timetable.final_sync(self.t):
             self.boundary()
 
     def boundary(self) -> None:
-        if self.overlap is not None:                              # Δ̄ of the last round applied, this one's sent
+        if self.overlap is not None:  # Δ̄ of the last round applied, this one's sent
             self.overlap.boundary(self.send)
         else:
-            delta = self.anchor.pseudo_gradient()                 # Δ_r = θ̃ − θ_r
-            self.send(delta, async_op=False)                      # Δ̄ in delta's buffer
-            self.anchor.outer_step(delta, load=True)              # θ̃ ← θ̃ − α·Δ̄;  θ_r ← θ̃
+            delta = self.anchor.pseudo_gradient()  # Δ_r = θ̃ − θ_r
+            self.send(delta, async_op=False)  # Δ̄ in delta's buffer
+            self.anchor.outer_step(delta, load=True)  # θ̃ ← θ̃ − α·Δ̄;  θ_r ← θ̃
         self.average_buffers()
-        self.emit("sync", kind="outer", bytes=self.codec.wire_bytes(), codec="sparse", kept=self.codec.kept,
-                  **({"overlapped": True} if self.overlap is not None else {}))
+        self.emit(
+            "sync",
+            kind="outer",
+            bytes=self.codec.wire_bytes(),
+            codec="sparse",
+            kept=self.codec.kept,
+            **({"overlapped": True} if self.overlap is not None else {}),
+        )
 
     def retune_exchange(self, knobs: dict[str, Any]) -> None:
         """`density`: the share of each chunk sent from this boundary's exchange on (the error buffer
@@ -147,11 +173,12 @@ class SparseLoCo(Strategy):
 
     def send(self, delta: torch.Tensor, async_op: bool = True) -> Any:
         """e_r ← β·e_r + Δ_r; s_r = Q(TopK(e_r)) sent; e_r ← e_r − s_r; Δ̄ = Aggregate_r(s_r) in delta's buffer."""
-        self.error.mul_(self.opts.error_decay)                    # (+ Δ_r: the exchange adds it)
-        weight = self.pace.weight(self.computed_at)              # the steps computed since the last round
-        self.computed_at = self.pace.computed                     # (`strategies.pace`; None: unweighted)
-        return self.exchange.mean(delta, "pseudo_grads", self.codec, async_op=async_op, inplace=True,
-                                  residual=self.error, weight=weight)
+        self.error.mul_(self.opts.error_decay)  # (+ Δ_r: the exchange adds it)
+        weight = self.pace.weight(self.computed_at)  # the steps computed since the last round
+        self.computed_at = self.pace.computed  # (`strategies.pace`; None: unweighted)
+        return self.exchange.mean(
+            delta, "pseudo_grads", self.codec, async_op=async_op, inplace=True, residual=self.error, weight=weight
+        )
 
     def average_buffers(self) -> None:
         """BatchNorm statistics: their plain mean, at once."""
@@ -161,13 +188,17 @@ class SparseLoCo(Strategy):
             self.buffers.scatter(buf)
 
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
-        return {"outer_state": [self.error]}          # in place of DiLoCo's outer momentum
+        return {"outer_state": [self.error]}  # in place of DiLoCo's outer momentum
 
     # ---- resumable state: θ̃ and the error buffer (a healed worker's starts at zero) -------------------
     def extra_state(self) -> dict[str, Any]:
-        overlap = {"overlap": self.overlap.state_dict()} if self.overlap is not None else {}   # (waits first:
-        return {"anchor": self.anchor.state_dict(), "error": self.error.detach().clone(),   # e_r final then)
-                **({"computed_at": self.computed_at} if self.pace.active else {}), **overlap}
+        overlap = {"overlap": self.overlap.state_dict()} if self.overlap is not None else {}  # (waits first:
+        return {
+            "anchor": self.anchor.state_dict(),
+            "error": self.error.detach().clone(),  # e_r final then)
+            **({"computed_at": self.computed_at} if self.pace.active else {}),
+            **overlap,
+        }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.anchor.load_state_dict(state["anchor"])

@@ -49,6 +49,7 @@ Checkpoints may be taken at any step: `state_dict()` holds every anchor and oute
 the schedule (round-robin pointer, last starts, R_p) and the exchanges in flight (`inflight.py`).
 `WANSYNC_DEBUG=1` checks that every rank chose the same fragment at every slot (`debug.py`).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -66,9 +67,22 @@ from .debug import check_same_choice, debug_enabled
 from .fragment_timetable import FragmentTimetable
 from .fragments import PARTITIONS, FragmentImbalanceWarning, imbalance, partition
 from .inflight import InFlight
-from .options import (Options, anchor_device, at_least, check_codec_options, codec, codec_collective,
-                      error_feedback, in_range, one_of, option, outer_lr, outer_momentum, outer_state_device,
-                      sync_every)
+from .options import (
+    Options,
+    anchor_device,
+    at_least,
+    check_codec_options,
+    codec,
+    codec_collective,
+    error_feedback,
+    in_range,
+    one_of,
+    option,
+    outer_lr,
+    outer_momentum,
+    outer_state_device,
+    sync_every,
+)
 from .pace import check_pace_options, deadline, slow_policy
 from .outer import Anchor
 
@@ -76,6 +90,7 @@ from .outer import Anchor
 @dataclass
 class StreamingOptions(Options):
     """Fragments, overlap and the merge; the outer optimizer is DiLoCo's, per fragment."""
+
     sync_every: int = sync_every(100)
     fragments: int = option(4, "number of fragments P", at_least(1))
     overlap: int = option(5, "overlap depth tau: inner steps while a fragment syncs")
@@ -88,9 +103,12 @@ class StreamingOptions(Options):
     error_feedback: bool = error_feedback()
     partition: str = option("strided", f"fragment partition: {'|'.join(PARTITIONS)}", one_of(PARTITIONS))
     syncs_per_period: int = option(0, "fragment syncs per period N (0: one per fragment, N = P)")
-    eager: bool = option(False, "eager updates (arXiv:2502.12996): each worker steps with its own pseudo-gradient / "
-                         "M at a sync's start and swaps that for the mean's step when it arrives (replaces the merge: "
-                         "alpha and CoCoDC's compensation are not used)")
+    eager: bool = option(
+        False,
+        "eager updates (arXiv:2502.12996): each worker steps with its own pseudo-gradient / "
+        "M at a sync's start and swaps that for the mean's step when it arrives (replaces the merge: "
+        "alpha and CoCoDC's compensation are not used)",
+    )
     slow_policy: str = slow_policy()
     deadline: float = deadline()
 
@@ -101,9 +119,11 @@ class StreamingOptions(Options):
         check_codec_options(self)
         check_pace_options(self)
         check(0 <= self.overlap < h, f"overlap (tau) must be in [0, sync_every) = [0, {h}), got {self.overlap}")
-        check(self.syncs_per_period == 0 or p <= self.syncs_per_period <= h,
-              f"syncs_per_period must be 0 (automatic) or between fragments ({p}) and sync_every "
-              f"({h}), got {self.syncs_per_period}")
+        check(
+            self.syncs_per_period == 0 or p <= self.syncs_per_period <= h,
+            f"syncs_per_period must be 0 (automatic) or between fragments ({p}) and sync_every "
+            f"({h}), got {self.syncs_per_period}",
+        )
 
 
 class Streaming(Strategy):
@@ -115,25 +135,34 @@ class Streaming(Strategy):
         o = self.opts
         self.H, self.P = o.sync_every, o.fragments
         self.codec = get_codec(o.codec)
-        self.fragments = partition(self.module, self.P, o.partition)   # before any collective
+        self.fragments = partition(self.module, self.P, o.partition)  # before any collective
         if self.rank == 0 and (line := imbalance(self.fragments)) is not None:
             warnings.warn(line, FragmentImbalanceWarning, stacklevel=2)
         self.broadcast_initial_state()
         buffers = model_buffers(self.module)
-        self.anchors = [Anchor(f.tensors, lr=o.outer_lr, momentum=o.outer_momentum, nesterov=True, buffers=buffers,
-                               device=anchor_device(o.outer_state_device), dtype=torch.float32)   # bf16: FP32 θ̃, Δ
-                        for f in self.fragments]
-        for anchor in self.anchors if self.tensors_movable else ():   # each fragment's tensors move into one
-            home = anchor.value.to(anchor.flat.device, anchor.flat.dtype, copy=True)   # flat buffer (as Periodic's
-            anchor.flat.adopt(home)    # home) of the model's own dtype and device: Δ and a merge are one op each
+        self.anchors = [
+            Anchor(
+                f.tensors,
+                lr=o.outer_lr,
+                momentum=o.outer_momentum,
+                nesterov=True,
+                buffers=buffers,
+                device=anchor_device(o.outer_state_device),
+                dtype=torch.float32,
+            )  # bf16: FP32 θ̃, Δ
+            for f in self.fragments
+        ]
+        for anchor in self.anchors if self.tensors_movable else ():  # each fragment's tensors move into one
+            home = anchor.value.to(anchor.flat.device, anchor.flat.dtype, copy=True)  # flat buffer (as Periodic's
+            anchor.flat.adopt(home)  # home) of the model's own dtype and device: Δ and a merge are one op each
         self.debug = debug_enabled()
-        self.residuals: list[torch.Tensor | None] = [None] * self.P    # error feedback, per fragment
-        self.computed_at = [0] * self.P        # steps computed when each fragment last exchanged (`pace`)
+        self.residuals: list[torch.Tensor | None] = [None] * self.P  # error feedback, per fragment
+        self.computed_at = [0] * self.P  # steps computed when each fragment last exchanged (`pace`)
 
     # ---- the algorithm: what the timetable asks for, step by step ------------------------------
     def after_inner_step(self) -> None:
         self.timetable.in_flight.relaunch_restored(self.relaunch)
-        self.timetable.step(self.t, self)        # merges due, the slot's sync start, τ = 0 merges
+        self.timetable.step(self.t, self)  # merges due, the slot's sync start, τ = 0 merges
 
     def slot(self, t: int, choice: tuple[int, str] | None) -> None:
         """`WANSYNC_DEBUG=1`: every rank must have chosen alike (a mismatch would deadlock)."""
@@ -143,11 +172,18 @@ class Streaming(Strategy):
     def start(self, x: InFlight) -> None:
         """Sync start at t_p: Δ_{m,p} = θ̃_p − θ_{m,p}(t_p); launch the async mean of Δ_{m,p}."""
         anchor, merge = self.anchors[x.fragment], self.timetable.merge
-        x.theta_start = anchor.local() if merge in ("taylor", "damped") else None   # θ(t_p): CoCoDC's merges
+        x.theta_start = anchor.local() if merge in ("taylor", "damped") else None  # θ(t_p): CoCoDC's merges
         x.delta, dropped = self.with_feedback(x.fragment, anchor.pseudo_gradient(x.theta_start))
         x.weight = self.steps_weight(x.fragment)
-        x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True,
-                                      collective=self.opts.codec_collective, residual=dropped, weight=x.weight)
+        x.handle = self.exchange.mean(
+            x.delta,
+            "pseudo_grads",
+            self.codec,
+            async_op=True,
+            collective=self.opts.codec_collective,
+            residual=dropped,
+            weight=x.weight,
+        )
         if merge == "eager":
             self.eager_step(x)
         self.after_launch(x)
@@ -185,26 +221,44 @@ class Streaming(Strategy):
         mean = x.handle.wait()
         p, anchor, schedule = x.fragment, self.anchors[x.fragment], self.timetable.schedule
         before = anchor.value.clone() if schedule.uses_rates else None
-        takes_anchor = exact and self.timetable.merge == "alpha"   # θ_{m,p} ← θ̃_p: no local values needed,
-        anchor.outer_step(mean, lr=self.outer_lr_for(x), load=takes_anchor)   # loaded in the step's pass
+        takes_anchor = exact and self.timetable.merge == "alpha"  # θ_{m,p} ← θ̃_p: no local values needed,
+        anchor.outer_step(mean, lr=self.outer_lr_for(x), load=takes_anchor)  # loaded in the step's pass
         if before is not None:
             change = self.exchange.worker_norm(float(torch.linalg.vector_norm(before.sub_(anchor.value))))
-            schedule.record_merge(p, change, x.interval)      # R_p of the whole fragment, alike on every rank
+            schedule.record_merge(p, change, x.interval)  # R_p of the whole fragment, alike on every rank
         if takes_anchor:
             info: dict[str, Any] = {"merge": "alpha", "alpha": 0.0}
         else:
             new, info = self.merge_values(x, anchor.local(), anchor.value, t - x.start)
             anchor.flat.scatter(new)
-        if x.handle.participants is not None:    # fault-tolerant: this exchange's, not the last quorum's
+        if x.handle.participants is not None:  # fault-tolerant: this exchange's, not the last quorum's
             info["participants"] = x.handle.participants
-        self.emit("sync", kind="fragment", fragment=p, started=x.start, overlap=t - x.start, reason=x.reason,
-                  bytes=x.handle.wire_bytes, payload_bytes=x.handle.payload_bytes, codec=self.codec.name,
-                  syncs_per_period=schedule.n, waited_s=x.handle.waited_s, **info)
+        self.emit(
+            "sync",
+            kind="fragment",
+            fragment=p,
+            started=x.start,
+            overlap=t - x.start,
+            reason=x.reason,
+            bytes=x.handle.wire_bytes,
+            payload_bytes=x.handle.payload_bytes,
+            codec=self.codec.name,
+            syncs_per_period=schedule.n,
+            waited_s=x.handle.waited_s,
+            **info,
+        )
 
     def relaunch(self, x: InFlight) -> None:
         """Launch a restored exchange again (its bytes are already on the restored ledger)."""
-        x.handle = self.exchange.mean(x.delta, "pseudo_grads", self.codec, async_op=True, replay=True,
-                                      collective=self.opts.codec_collective, weight=x.weight)
+        x.handle = self.exchange.mean(
+            x.delta,
+            "pseudo_grads",
+            self.codec,
+            async_op=True,
+            replay=True,
+            collective=self.opts.codec_collective,
+            weight=x.weight,
+        )
 
     def steps_weight(self, p: int) -> float | None:
         """What fragment p's pseudo-gradient weighs: the steps this worker computed since the fragment's
@@ -214,8 +268,9 @@ class Streaming(Strategy):
         return weight
 
     # ---- hooks for CoCoDC ----------------------------------------------------------------------
-    def merge_values(self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor,
-                     elapsed: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    def merge_values(
+        self, x: InFlight, local: torch.Tensor, anchor: torch.Tensor, elapsed: int
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The new local fragment after the outer step, and telemetry fields."""
         if self.timetable.merge == "eager":
             assert x.theta_start is not None
@@ -239,17 +294,35 @@ class Streaming(Strategy):
         """Δ̄_p = mean(θ̃_p − θ_{m,p}); θ̃_p ← OuterOpt(θ̃_p, Δ̄_p); θ_{m,p} ← θ̃_p (DiLoCo's boundary)."""
         anchor = self.anchors[p]
         delta, dropped = self.with_feedback(p, anchor.pseudo_gradient())
-        sent = self.exchange.mean(delta, "pseudo_grads", self.codec, collective=self.opts.codec_collective,
-                                  residual=dropped, weight=self.steps_weight(p))
+        sent = self.exchange.mean(
+            delta,
+            "pseudo_grads",
+            self.codec,
+            collective=self.opts.codec_collective,
+            residual=dropped,
+            weight=self.steps_weight(p),
+        )
         anchor.outer_step(sent.wait(), load=True)
-        self.emit("sync", kind="final", fragment=p, started=t, overlap=0, bytes=sent.wire_bytes,
-                  payload_bytes=sent.payload_bytes, codec=self.codec.name, syncs_per_period=self.timetable.schedule.n)
+        self.emit(
+            "sync",
+            kind="final",
+            fragment=p,
+            started=t,
+            overlap=0,
+            bytes=sent.wire_bytes,
+            payload_bytes=sent.payload_bytes,
+            codec=self.codec.name,
+            syncs_per_period=self.timetable.schedule.n,
+        )
 
     # ---- resumable state -----------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
-        return {"anchors": [a.state_dict() for a in self.anchors], **self.timetable.state_dict(),
-                "residuals": [None if r is None else r.clone() for r in self.residuals],
-                **({"computed_at": list(self.computed_at)} if self.pace.active else {})}
+        return {
+            "anchors": [a.state_dict() for a in self.anchors],
+            **self.timetable.state_dict(),
+            "residuals": [None if r is None else r.clone() for r in self.residuals],
+            **({"computed_at": list(self.computed_at)} if self.pace.active else {}),
+        }
 
     def heal_state(self) -> dict[str, Any]:
         """Fault-tolerant exchanges are complete when issued, so the exchanges in flight travel with

@@ -7,6 +7,7 @@ step and never all-reduces gradients over every rank; the periodic strategies' (
 their subclasses) add boundaries, the fragment strategies' (`fragment_timetable.py`) the ordered
 work of every step.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,8 @@ from .options import Options
 class Timetable:
     """Which steps communicate how; a strategy's `Timetable` class builds it from its options."""
 
-    if TYPE_CHECKING:        # a strategy calls its own subclass's methods through `self.timetable: Timetable`
+    if TYPE_CHECKING:  # a strategy calls its own subclass's methods through `self.timetable: Timetable`
+
         def __getattr__(self, name: str) -> Any: ...
 
     def __init__(self, options: Options) -> None:

@@ -25,6 +25,7 @@ Without it (c = 0) a fast link drives N to H and every fragment takes a full out
   has the same bits on every rank (one collective's result), so N, computed from it by the same
   float64 arithmetic, is the same everywhere: nothing more is sent.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,9 @@ def max_syncs(sync_every: int, fragments: int, per_fragment: int) -> int:
     return min(sync_every, per_fragment * fragments) if per_fragment > 0 else sync_every
 
 
-def syncs_per_period(gamma: float, sync_every: int, fragments: int, t_c: float, t_s: float, *,
-                     per_fragment: int) -> int:
+def syncs_per_period(
+    gamma: float, sync_every: int, fragments: int, t_c: float, t_s: float, *, per_fragment: int
+) -> int:
     """N = max(P, min(⌊γ·H·T_c/T_s⌋, c·P, H)) with c = `per_fragment` (0: no c·P cap)."""
     cap = max_syncs(sync_every, fragments, per_fragment)
     if not (t_s > 0) or not math.isfinite(t_c):
@@ -49,8 +51,9 @@ def syncs_per_period(gamma: float, sync_every: int, fragments: int, t_c: float, 
     return int(max(fragments, min(cap, n)))
 
 
-def agree(t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int, per_fragment: int,
-          exchange: Exchange) -> tuple[int, float, float]:
+def agree(
+    t_c: float, t_s: float, gamma: float, sync_every: int, fragments: int, per_fragment: int, exchange: Exchange
+) -> tuple[int, float, float]:
     """(N, mean T_c, mean T_s), identical on every rank (see the module docstring)."""
     mean = exchange.mean(torch.tensor([t_c, t_s], dtype=torch.float64), "schedule").wait()
     tc, ts = float(mean[0]), float(mean[1])

@@ -37,6 +37,7 @@ hook); our strategies' collectives have their exposed part (ledger waits, attrib
 which they were waited on) but ``measured_s`` and ``hidden_s`` are ``None``. Run under
 ``--wan lan`` for complete records at (almost) no added cost.
 """
+
 from __future__ import annotations
 
 import time
@@ -50,9 +51,10 @@ def ddp_modules(obj: Any) -> list[Any]:
     """The DistributedDataParallel wrappers a strategy holds (its attributes, its gradient phases'
     wrappers, and its ``model``)."""
     from torch.nn.parallel import DistributedDataParallel
+
     found: dict[int, Any] = {}
     candidates = list(vars(obj).values())
-    candidates += [v.ddp for v in list(candidates) if hasattr(v, "ddp")]     # GradientSync phases
+    candidates += [v.ddp for v in list(candidates) if hasattr(v, "ddp")]  # GradientSync phases
     try:
         candidates.append(obj.model)
     except Exception:  # noqa: BLE001 - a property that cannot be evaluated yet
@@ -140,6 +142,7 @@ class CommTimer:
         """Time ``ddp``'s bucket all-reduces and buffer broadcasts (math unchanged). False when a comm
         hook is already registered (then its backward wait stays in ``compute``)."""
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
         timer = self
 
         def timed_allreduce_hook(process_group, bucket):  # no annotations: DDP inspects them
@@ -184,6 +187,7 @@ class CommTimer:
                     talked = nbytes > 0 or not buffers or getattr(ddp, "_has_rebuilt_buckets", True) != rebuilt
                     if outer and talked and timer._cur is not None:
                         timer._cur.buffer_syncs.append((t0, t1, nbytes))
+
             return timed
 
         # DDP's pre-forward: the blocking buffer broadcast and, once, the bucket-rebuild broadcasts
@@ -284,8 +288,7 @@ class CommTimer:
         recs = s.records
         exposed: list[float | None] = [r.waited for r in recs]
         # DDP buckets: records issued inside a hook call share the backward's blocked interval
-        bucket_idx = [i for i, r in enumerate(recs)
-                      if any(b.hook_start <= r.issue <= b.hook_end for b in s.buckets)]
+        bucket_idx = [i for i, r in enumerate(recs) if any(b.hook_start <= r.issue <= b.hook_end for b in s.buckets)]
         if bucket_idx and s.ddp_blocked:
             c, hi = s.ddp_blocked
             ends = [recs[i].end or hi for i in bucket_idx]
@@ -307,12 +310,18 @@ class CommTimer:
         for r, ex in zip(recs, exposed):
             measured = (r.end - r.start) if r.end is not None else None  # on the link, not queued
             ex_s = ex or 0.0
-            out.append({
-                "op": r.op, "bytes": r.nbytes, "issue_s": r.issue - s.start, "queued_s": max(0.0, r.start - r.issue),
-                "modelled_s": r.modelled_s,
-                "measured_s": measured, "exposed_s": ex_s,
-                "hidden_s": max(0.0, measured - ex_s) if measured is not None else None,
-            })
+            out.append(
+                {
+                    "op": r.op,
+                    "bytes": r.nbytes,
+                    "issue_s": r.issue - s.start,
+                    "queued_s": max(0.0, r.start - r.issue),
+                    "modelled_s": r.modelled_s,
+                    "measured_s": measured,
+                    "exposed_s": ex_s,
+                    "hidden_s": max(0.0, measured - ex_s) if measured is not None else None,
+                }
+            )
         return out
 
     def summary(self, steps: int, epochs: float | None) -> dict[str, Any]:
@@ -333,8 +342,9 @@ class CommTimer:
             "measured_s": measured,
             "exposed_s": exposed,
             "hidden_s": hidden,
-            "hidden_pct": (100.0 * hidden / (hidden + exposed_known)
-                           if hidden is not None and hidden + exposed_known > 0 else None),
+            "hidden_pct": (
+                100.0 * hidden / (hidden + exposed_known) if hidden is not None and hidden + exposed_known > 0 else None
+            ),
             "complete": len(known) == len(evs),
             "ddp_instrumented": bool(self.instrumented),
         }

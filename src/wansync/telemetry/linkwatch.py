@@ -9,6 +9,7 @@ links the records come from a link model that adds nothing measurable (`--wan la
 then completes when the real one does); without the emulator nothing is recorded and nothing is
 estimated.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -59,8 +60,9 @@ class LinkWatch:
                 continue
             group = self._group(rec.group)
             if rec.error is None and group is not None and rec.end > rec.start:
-                self.samples.append(LinkSample(rec.op, rec.nbytes, group[0], self.world, rec.end - rec.start,
-                                               rec.start, group[1]))
+                self.samples.append(
+                    LinkSample(rec.op, rec.nbytes, group[0], self.world, rec.end - rec.start, rec.start, group[1])
+                )
 
     def current(self) -> LinkEstimate:
         """The link now: the bandwidth of the newest samples (module docstring)."""

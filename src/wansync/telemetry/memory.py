@@ -21,6 +21,7 @@ The strategy is walked, not asked: its anchors (`anchor`, `anchors`), its exchan
 (`timetable.in_flight`), and for `exchange` every tensor reachable from its attributes through
 wansync objects, containers and closures (a mean in flight keeps its buffers in one).
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
@@ -42,7 +43,7 @@ class Bill:
 
     def __init__(self) -> None:
         self.bytes = dict.fromkeys(CATEGORIES, 0)
-        self.host = 0                                  # of these, in host memory beside an accelerator model
+        self.host = 0  # of these, in host memory beside an accelerator model
         self._storages: dict[int, tuple[int, str, bool, list[tuple[int, int]]]] = {}
         self._accelerator = False
 
@@ -77,7 +78,7 @@ class Bill:
         """The bill: bytes by category, `total`, and `host` (the part in host memory when the model
         is on an accelerator: the outer state under `outer_state_device=cpu`)."""
         for size, first, host, covered in self._storages.values():
-            self.add(first, size - sum(b - a for a, b in covered), host)    # bytes no tensor covers
+            self.add(first, size - sum(b - a for a, b in covered), host)  # bytes no tensor covers
         self._storages = {}
         return {**self.bytes, "total": sum(self.bytes.values()), "host": self.host}
 
@@ -105,7 +106,7 @@ def memory_per_rank(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sy
     grads = [p.grad for p in params if p.grad is not None]
     if grads:
         bill.claim("gradients", grads)
-    else:                       # freed by zero_grad: what each backward allocates again
+    else:  # freed by zero_grad: what each backward allocates again
         bill.add("gradients", sum(local(p).numel() * p.element_size() for p in params if p.requires_grad))
     held = sync.state_tensors() if hasattr(sync, "state_tensors") else {}
     bill.claim("inner_optimizer", [*optimizer_tensors(optimizer), *held.get("inner_optimizer", ())])

@@ -1,4 +1,5 @@
 """metrics.jsonl: one JSON object per step, evaluation and sync event (written by rank 0); a NaN is null."""
+
 from __future__ import annotations
 
 from pathlib import Path

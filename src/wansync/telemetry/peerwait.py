@@ -12,6 +12,7 @@ turns arriving late; a run then measures the link's time plus these waits, while
 
 The launcher adds the figures to profile.json when every rank's profile is in logs/ (`record`).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ from typing import Any
 
 from ..rundir import jsonout
 
-PROFILE = "profile_rank{}.json"          # every rank's profile.json, in the run's logs/
+PROFILE = "profile_rank{}.json"  # every rank's profile.json, in the run's logs/
 
 
 def peer_waits(profiles: dict[int, dict[str, Any]]) -> dict[int, float] | None:
@@ -30,9 +31,13 @@ def peer_waits(profiles: dict[int, dict[str, Any]]) -> dict[int, float] | None:
     fewer than two ranks or nothing in common."""
     if len(profiles) < 2:
         return None
-    exposed = {r: {**{e["step"]: e.get("exposed_s") or 0.0 for e in p.get("events", [])},
-                   **{f"eval {k}": v for k, v in (p.get("eval_waits") or {}).items()}}
-               for r, p in profiles.items()}
+    exposed = {
+        r: {
+            **{e["step"]: e.get("exposed_s") or 0.0 for e in p.get("events", [])},
+            **{f"eval {k}": v for k, v in (p.get("eval_waits") or {}).items()},
+        }
+        for r, p in profiles.items()
+    }
     common = set.intersection(*(set(steps) for steps in exposed.values()))
     if not common:
         return None
@@ -51,7 +56,7 @@ def record(run_dir: Path, logs: Path, world: int) -> None:
     files = [logs / PROFILE.format(r) for r in range(world)]
     if world < 2 or not path.is_file() or not all(f.is_file() for f in files):
         return
-    try:       # telemetry: a file it cannot read leaves profile.json as rank 0 wrote it, never fails the run
+    try:  # telemetry: a file it cannot read leaves profile.json as rank 0 wrote it, never fails the run
         profiles = {r: json.loads(f.read_text()) for r, f in enumerate(files)}
         waits = peer_waits(profiles)
         if waits is None:
@@ -62,9 +67,16 @@ def record(run_dir: Path, logs: Path, world: int) -> None:
         profile = json.loads(path.read_text())
         wall = profile["wall_clock_s"]
         profile["derived"].update(peer_wait_s=waits[0], peer_wait_pct=100.0 * waits[0] / wall if wall > 0 else 0.0)
-        profile["ranks"] = [{"rank": r, "wall_clock_s": p["wall_clock_s"], "compute_s": p["categories_s"]["compute"],
-                             "exposed_comm_s": p["categories_s"]["exposed_comm"], "peer_wait_s": waits[r]}
-                            for r, p in profiles.items()]
+        profile["ranks"] = [
+            {
+                "rank": r,
+                "wall_clock_s": p["wall_clock_s"],
+                "compute_s": p["categories_s"]["compute"],
+                "exposed_comm_s": p["categories_s"]["exposed_comm"],
+                "peer_wait_s": waits[r],
+            }
+            for r, p in profiles.items()
+        ]
     except (OSError, ValueError, KeyError, TypeError):
         return
     path.write_text(jsonout.dumps(profile, indent=2))

@@ -21,6 +21,7 @@ The report also measures the wall clock independently (`time.monotonic()` from t
 start) and gives the residual against it; per-sync-event records and the derived figures come
 from :mod:`wansync.telemetry.commtime` (see :func:`build_profile`).
 """
+
 from __future__ import annotations
 
 import time
@@ -64,15 +65,19 @@ class Profiler:
         self.lap("other")
         measured = time.monotonic() - self._mono_start  # an independent clock for the residual
         total = sum(self.totals.values())
-        return {"wall_clock_s": measured, "categories_s": dict(self.totals),
-                "categories_pct": {k: 100.0 * v / measured if measured > 0 else 0.0
-                                   for k, v in self.totals.items()},
-                "sum_s": total, "residual_s": measured - total,
-                "residual_pct": 100.0 * (measured - total) / measured if measured > 0 else 0.0}
+        return {
+            "wall_clock_s": measured,
+            "categories_s": dict(self.totals),
+            "categories_pct": {k: 100.0 * v / measured if measured > 0 else 0.0 for k, v in self.totals.items()},
+            "sum_s": total,
+            "residual_s": measured - total,
+            "residual_pct": 100.0 * (measured - total) / measured if measured > 0 else 0.0,
+        }
 
 
-def build_profile(prof: Profiler, comm: Any = None, *, steps: int = 0, epochs: float | None = None,
-                  wan: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_profile(
+    prof: Profiler, comm: Any = None, *, steps: int = 0, epochs: float | None = None, wan: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """profile.json: categories (summing to the wall clock), derived figures, per-sync-event records.
 
     Derived: `compute_floor_s` (the wall clock minus exposed communication: this run with a free

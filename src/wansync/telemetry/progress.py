@@ -7,6 +7,7 @@ is written above it. Elsewhere nothing is redrawn: one line every `every` steps 
 (`step 20/300 loss 2.345 51234 tok/s`), exactly as before tqdm. tqdm costs about 1 µs per update
 between two redraws (at most ten a second), nothing next to a training step.
 """
+
 from __future__ import annotations
 
 import io
@@ -24,8 +25,16 @@ def in_notebook() -> bool:
 
 
 class Progress:
-    def __init__(self, total: int | None, *, every: int = 10, quiet: bool = False, stream: TextIO | None = None,
-                 enabled: bool = True, prefix: str = ""):
+    def __init__(
+        self,
+        total: int | None,
+        *,
+        every: int = 10,
+        quiet: bool = False,
+        stream: TextIO | None = None,
+        enabled: bool = True,
+        prefix: str = "",
+    ):
         """`total`: the last step (None: unknown, no ETA); `every`: the step interval of the plain
         lines; `enabled`: False on every rank but the first, which alone prints."""
         self.total, self.every, self.enabled, self.prefix = total, every, enabled, prefix
@@ -45,15 +54,25 @@ class Progress:
 
     def _open(self, step: int) -> Any:
         from tqdm import tqdm
+
         sized = self._sized()
-        kwargs = dict(total=self.total, initial=max(0, step - 1), desc=self.prefix.strip() or None, unit="step",
-                      file=self.stream, dynamic_ncols=sized, ncols=None if sized else 100,
-                      nrows=None if sized else 20, mininterval=0.1)
+        kwargs = dict(
+            total=self.total,
+            initial=max(0, step - 1),
+            desc=self.prefix.strip() or None,
+            unit="step",
+            file=self.stream,
+            dynamic_ncols=sized,
+            ncols=None if sized else 100,
+            nrows=None if sized else 20,
+            mininterval=0.1,
+        )
         if self.notebook:
             try:
                 from tqdm.notebook import tqdm as widget
+
                 return widget(**{k: v for k, v in kwargs.items() if k != "file"})
-            except ImportError:             # no ipywidgets: the text bar in the cell's output
+            except ImportError:  # no ipywidgets: the text bar in the cell's output
                 pass
         return tqdm(**kwargs)
 
@@ -84,14 +103,16 @@ class Progress:
 
 
 # how evaluation lines print their metrics (any other number: 4 significant digits)
-EVAL_FORMATS = MappingProxyType({"val_loss": ".4f", "val_ppl": ".2f", "val_bpb": ".4f", "test_loss": ".4f",
-                                 "test_acc": ".2f"})
+EVAL_FORMATS = MappingProxyType(
+    {"val_loss": ".4f", "val_ppl": ".2f", "val_bpb": ".4f", "test_loss": ".4f", "test_acc": ".2f"}
+)
 NOT_METRICS = ("type", "step", "time", "epoch")
 
 
 def eval_line(record: dict[str, Any]) -> str:
     """`step 50: val_loss 2.3456 val_ppl 10.44 val_bpb 3.3840` (the known metrics first)."""
-    keys = [k for k in EVAL_FORMATS if k in record] + [k for k in record if k not in EVAL_FORMATS
-                                                       and k not in NOT_METRICS]
+    keys = [k for k in EVAL_FORMATS if k in record] + [
+        k for k in record if k not in EVAL_FORMATS and k not in NOT_METRICS
+    ]
     parts = [f"{k} {record[k]:{EVAL_FORMATS.get(k, '.4g')}}{'%' if k == 'test_acc' else ''}" for k in keys]
     return f"step {record['step']}: " + " ".join(parts)

@@ -24,6 +24,7 @@ On closing (the `with` block's end, or `close()`), every rank writes its profile
 it kept (`rundir.layout`): the run directory `wansync report` reads. Closing is a collective (the
 bytes and counts are means over ranks); a block left by an exception only closes the files.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,6 +50,7 @@ from .profiler import Profiler, build_profile
 from .progress import Progress, eval_line
 from .tensorboard import Scalars, check_available
 
+
 class Run:
     """What the CLI trainer has, for any loop around a strategy.
 
@@ -68,12 +70,24 @@ class Run:
             does not say (a fault-tolerant worker's group is its own); rank 0 writes the run's files.
     """
 
-    def __init__(self, sync: Any, out: str | Path | None = None, *, steps: int | None = None,
-                 tensorboard: bool | str | Path = False, info: dict[str, Any] | None = None,
-                 chance: float | None = None, wan: str | None = None, unit: str = "items/s",
-                 log_every: int = 10, quiet: bool = False, append: bool = False, rank: int | None = None,
-                 world: int | None = None):
-        if out is not None and not str(out).strip():        # Path("") is ".": the working directory
+    def __init__(
+        self,
+        sync: Any,
+        out: str | Path | None = None,
+        *,
+        steps: int | None = None,
+        tensorboard: bool | str | Path = False,
+        info: dict[str, Any] | None = None,
+        chance: float | None = None,
+        wan: str | None = None,
+        unit: str = "items/s",
+        log_every: int = 10,
+        quiet: bool = False,
+        append: bool = False,
+        rank: int | None = None,
+        world: int | None = None,
+    ):
+        if out is not None and not str(out).strip():  # Path("") is ".": the working directory
             raise ConfigError("Run: out= is empty; give a run directory, or out=None to write nothing")
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
             raise ConfigError(f"Run: log_every must be an integer >= 1, got {log_every!r}")
@@ -82,16 +96,24 @@ class Run:
         self.rank = dist.get_rank() if rank is None else rank
         self.world = dist.get_world_size(sync.group) if world is None else world
         lead = self.rank == 0
-        tb_dir = self.out / TENSORBOARD_DIR if tensorboard is True and self.out is not None else \
-            Path(tensorboard) if tensorboard and tensorboard is not True else None
+        tb_dir = (
+            self.out / TENSORBOARD_DIR
+            if tensorboard is True and self.out is not None
+            else Path(tensorboard)
+            if tensorboard and tensorboard is not True
+            else None
+        )
         if tensorboard is True and self.out is None:
-            raise ValueError("Run(tensorboard=True) writes into the run directory: give out= (or a directory "
-                             "as tensorboard=)")
+            raise ValueError(
+                "Run(tensorboard=True) writes into the run directory: give out= (or a directory " "as tensorboard=)"
+            )
         if tb_dir is not None:
-            check_available()                             # on every rank: none is left waiting for rank 0
+            check_available()  # on every rank: none is left waiting for rank 0
         if self.out is not None and not append and has_summary(self.out):
-            raise ConfigError(f"Run: {self.out} already holds a finished run (its summary.json): pass append=True to "
-                              f"continue it, or give another out= (a new run would truncate its metrics.jsonl)")
+            raise ConfigError(
+                f"Run: {self.out} already holds a finished run (its summary.json): pass append=True to "
+                f"continue it, or give another out= (a new run would truncate its metrics.jsonl)"
+            )
         for what, where in (("out=", self.out), ("tensorboard=", tb_dir)):
             if where is not None and where.exists() and not where.is_dir():
                 raise ConfigError(f"Run: {what} {where} is {path_kind(where)}, not a directory")
@@ -103,27 +125,27 @@ class Run:
         self.profiler = Profiler()
         self.evals: list[dict[str, Any]] = []
         self.sync_events = 0
-        self.skipped = 0                                  # steps whose inner update was dropped (log(skipped=True))
-        self.idle = 0                                     # steps this worker sat out (log(idle=True))
-        self.exposed_inside_s = 0.0                       # the part of exposed_comm spent inside the worker
-        self.step_times: list[tuple[float, float]] = []   # per step: (compute, the rest but communication)
-        self.computed_s: list[float] = []                 # the compute of each step this worker computed
-        self.eval_waits: dict[str, float] = {}            # per evaluation, the time blocked in its mean
+        self.skipped = 0  # steps whose inner update was dropped (log(skipped=True))
+        self.idle = 0  # steps this worker sat out (log(idle=True))
+        self.exposed_inside_s = 0.0  # the part of exposed_comm spent inside the worker
+        self.step_times: list[tuple[float, float]] = []  # per step: (compute, the rest but communication)
+        self.computed_s: list[float] = []  # the compute of each step this worker computed
+        self.eval_waits: dict[str, float] = {}  # per evaluation, the time blocked in its mean
         self.summary: dict[str, Any] | None = None
-        self._waited = 0.0                                # exchange waits since the step began
-        self._armed = True                                # the next forward with gradients ends `data`
+        self._waited = 0.0  # exchange waits since the step began
+        self._armed = True  # the next forward with gradients ends `data`
         self._data_s = self._busy_s = self._exposed_s = 0.0
         self._closed = False
         self.comm_timer = CommTimer(emulator_of(sync.group))
         self.link = LinkWatch(sync.group)
-        self._logged_syncs = 0                            # sync events at the last step record
-        for ddp in ddp_modules(sync):                     # before the first backward: DDP's comm hook
+        self._logged_syncs = 0  # sync events at the last step record
+        for ddp in ddp_modules(sync):  # before the first backward: DDP's comm hook
             self.comm_timer.instrument(ddp)
         self.writer = MetricsWriter(self.out / METRICS_FILE if lead and self.out is not None else None, append=append)
         self.scalars = None
         if lead and tb_dir is not None:
-            if not append:                                # a fresh run's events only (a resumed one purges
-                for old in tb_dir.glob("events.out.tfevents.*"):    # those after its step itself)
+            if not append:  # a fresh run's events only (a resumed one purges
+                for old in tb_dir.glob("events.out.tfevents.*"):  # those after its step itself)
                     old.unlink()
             self.scalars = Scalars(tb_dir, purge_step=sync.t + 1 if append and sync.t else None)
         self.progress = Progress(steps, every=log_every, quiet=quiet, enabled=lead, prefix=f"[{sync.name}] ")
@@ -136,7 +158,7 @@ class Run:
         self._prior = {name: vars(sync)[name] for name in ("step", "finish") if name in vars(sync)}
         self._own_step, self._own_finish = sync.step, sync.finish
         sync.step, sync.finish = self._step, self._finish
-        self.lap("other")                                  # the run's own start-up (TensorBoard's import)
+        self.lap("other")  # the run's own start-up (TensorBoard's import)
 
     # ---- the hooks that time the loop ---------------------------------------------------------
     def _on_event(self, record: dict[str, Any]) -> None:
@@ -183,7 +205,7 @@ class Run:
         compute = prof.lap("compute")
         prof.move("compute", "exposed_comm", exposed)
         if sync.inside_sync is not None and sync.inside_step(sync.t + 1):
-            self.exposed_inside_s += exposed              # the worker's own DDP
+            self.exposed_inside_s += exposed  # the worker's own DDP
         self._waited = 0.0
         self._own_step(*args, **kwargs)
         step_s = prof.lap("sync_math")
@@ -223,21 +245,32 @@ class Run:
         """A line on rank 0's console (above the progress bar)."""
         self.progress.log(line)
 
-    def log(self, loss: float | torch.Tensor, items: int | None = None, *, skipped: bool = False,
-            idle: bool = False, **fields: Any) -> dict[str, Any]:
+    def log(
+        self,
+        loss: float | torch.Tensor,
+        items: int | None = None,
+        *,
+        skipped: bool = False,
+        idle: bool = False,
+        **fields: Any,
+    ) -> dict[str, Any]:
         """The step just taken: its loss (this rank's), the items (samples, tokens) of this rank's
         batch for the throughput over all ranks, any other numbers (`lr=`); `skipped`: the step's
         inner update was dropped; `idle`: the worker sat the step out (its slow policy's, `loss` is
         the last computed one). Writes the step record, with the step's exposed communication
         (`exposed_s`: the per-step timeline); returns it."""
-        record: dict[str, Any] = {"type": "step", "step": self.sync.t,
-                                  "loss": float(loss.detach()) if torch.is_tensor(loss) else float(loss), **fields}
+        record: dict[str, Any] = {
+            "type": "step",
+            "step": self.sync.t,
+            "loss": float(loss.detach()) if torch.is_tensor(loss) else float(loss),
+            **fields,
+        }
         if items is not None:
             record["items_per_s"] = items * self.world / max(1e-9, self._busy_s)
         record["time"] = self.profiler.wall()
         record["exposed_s"] = round(self._exposed_s, 6)
-        if self.link.active and self.sync_events != self._logged_syncs:   # a step that exchanged:
-            record.update(link_fields(self.link.current()))               # the link as it is now
+        if self.link.active and self.sync_events != self._logged_syncs:  # a step that exchanged:
+            record.update(link_fields(self.link.current()))  # the link as it is now
         self._logged_syncs = self.sync_events
         if skipped:
             record["skipped"] = True
@@ -249,8 +282,9 @@ class Run:
         if self.scalars is not None:
             wall = record["time"]
             exposed = self.profiler.totals["exposed_comm"]
-            self.scalars.step(record, self._exposed_s, 100.0 * exposed / wall if wall > 0 else 0.0,
-                              self.sync.comm.bytes)
+            self.scalars.step(
+                record, self._exposed_s, 100.0 * exposed / wall if wall > 0 else 0.0, self.sync.comm.bytes
+            )
         self.lap("other")
         rate = f" {record['items_per_s']:.0f} {self.unit}" if "items_per_s" in record else ""
         self.progress.update(record["step"], f"loss {record['loss']:.3f}{rate}")
@@ -266,7 +300,7 @@ class Run:
         evaluates first waits there for the later ones (a slower worker); profile.json's `eval_waits`
         keeps it per evaluation, from which `telemetry.peerwait` tells that wait apart."""
         at = self.sync.t if step is None else step
-        self.lap("eval")                                   # the evaluation's own work
+        self.lap("eval")  # the evaluation's own work
         means = self._means({k: float(v) for k, v in metrics.items()})
         waited = self.profiler.lap("exposed_comm")
         self.sync.pace.pause(waited)
@@ -283,8 +317,14 @@ class Run:
     # ---- resumable -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run continues from (with the strategy's own state)."""
-        return {"evals": self.evals, "sync_events": self.sync_events, "skipped": self.skipped, "idle": self.idle,
-                "profile": dict(self.profiler.totals), "exposed_inside_s": self.exposed_inside_s}
+        return {
+            "evals": self.evals,
+            "sync_events": self.sync_events,
+            "skipped": self.skipped,
+            "idle": self.idle,
+            "profile": dict(self.profiler.totals),
+            "exposed_inside_s": self.exposed_inside_s,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.evals = list(state["evals"])
@@ -302,12 +342,16 @@ class Run:
             return None
         if emulator is None:
             from ..net import parse_wan
+
             topology = parse_wan(self.wan_spec)
         else:
             topology = emulator.topology
-        out = {"spec": self.wan_spec or topology.name or None, "link": topology.describe(),
-               "emulated": emulator is not None}
-        if emulator is not None and topology.varies:   # where the links' schedules stood when training began
+        out = {
+            "spec": self.wan_spec or topology.name or None,
+            "link": topology.describe(),
+            "emulated": emulator is not None,
+        }
+        if emulator is not None and topology.varies:  # where the links' schedules stood when training began
             out["schedule_s_at_start"] = round(emulator.run_time(self.profiler.start), 6)
         return out
 
@@ -317,9 +361,11 @@ class Run:
         epochs = None
         last = self.evals[-1] if self.evals else {}
         if self.sync.t > 0 and isinstance(last.get("epoch"), (int, float)):
-            epochs = last["epoch"] * timer.steps / self.sync.t       # this process's (not before a resume)
-        return {**build_profile(self.profiler, timer, steps=timer.steps, epochs=epochs, wan=self.wan()),
-                "eval_waits": dict(self.eval_waits)}
+            epochs = last["epoch"] * timer.steps / self.sync.t  # this process's (not before a resume)
+        return {
+            **build_profile(self.profiler, timer, steps=timer.steps, epochs=epochs, wan=self.wan()),
+            "eval_waits": dict(self.eval_waits),
+        }
 
     def _means(self, values: dict[str, float]) -> dict[str, float]:
         """The mean of each value over the strategy's group (one small all-reduce), keys sorted."""
@@ -333,6 +379,7 @@ class Run:
         """Each worker's median seconds of compute per step it computed (its ranks' mean): the speeds
         a run measured (a collective)."""
         import statistics
+
         computed = self.computed_s
         vector = torch.zeros(workers, dtype=torch.float64)
         vector[self.rank // r if self.world > 1 else 0] = (statistics.median(computed) if computed else 0.0) / r
@@ -350,25 +397,38 @@ class Run:
         r = sync.replicas.ranks_per_worker
         workers = self.world // r
         means = self._means({"between": sync.comm.bytes, "inside": sync.comm.inside_bytes})
-        counts = self._means({"skipped_steps": self.skipped, "dropped_exchanges": sync.comm.dropped,
-                              "idle_steps": self.idle})
+        counts = self._means(
+            {"skipped_steps": self.skipped, "dropped_exchanges": sync.comm.dropped, "idle_steps": self.idle}
+        )
         exposed = profile["categories_s"]["exposed_comm"]
         inside_s = min(exposed, self.exposed_inside_s)
         summary: dict[str, Any] = {
-            "strategy": sync.name, "workers": workers, "ranks_per_worker": r, "steps": sync.t,
-            "wall_clock_s": profile["wall_clock_s"], "options": dataclasses.asdict(sync.opts), **self.info,
-            "bytes_sent": round(means["between"] * r), "bytes_between_workers": round(means["between"] * r),
-            "bytes_inside_workers": round(means["inside"] * r), "comm": sync.comm.snapshot(),
+            "strategy": sync.name,
+            "workers": workers,
+            "ranks_per_worker": r,
+            "steps": sync.t,
+            "wall_clock_s": profile["wall_clock_s"],
+            "options": dataclasses.asdict(sync.opts),
+            **self.info,
+            "bytes_sent": round(means["between"] * r),
+            "bytes_between_workers": round(means["between"] * r),
+            "bytes_inside_workers": round(means["inside"] * r),
+            "comm": sync.comm.snapshot(),
             "sync_events": self.sync_events,
-            **{k: round(v * workers) for k, v in counts.items()},           # summed over workers
-            "wan": profile["wan"], "time_s": profile["categories_s"],
+            **{k: round(v * workers) for k, v in counts.items()},  # summed over workers
+            "wan": profile["wan"],
+            "time_s": profile["categories_s"],
             "exposed_comm_pct": profile["derived"]["exposed_comm_pct"],
-            "exposed_comm_inside_s": inside_s, "exposed_comm_between_s": exposed - inside_s,
+            "exposed_comm_inside_s": inside_s,
+            "exposed_comm_between_s": exposed - inside_s,
             # this rank's bytes by category at the end (telemetry.memory; rank 0's is the one written)
             "memory_per_rank": memory_per_rank(sync.module, sync.optimizer, sync),
             "worker_step_s": self._worker_step_s(workers, r),
-            **({"link_estimate": {**self.link.run().as_dict(), "now": self.link.current().as_dict()}}
-               if self.link.active else {}),
+            **(
+                {"link_estimate": {**self.link.run().as_dict(), "now": self.link.current().as_dict()}}
+                if self.link.active
+                else {}
+            ),
             **quality_fields(self.evals, self.chance),
         }
         summary.update(fields)
@@ -385,9 +445,12 @@ class Run:
             (self.out / LOGS_DIR / PROFILE.format(self.rank)).write_text(jsonout.dumps(profile, indent=2))
         last = self.evals[-1]["step"] if self.evals else None
         if self.rank == 0 and self.out is not None and last != sync.t:
-            warnings.warn(f"wansync: the run's last evaluation is {'missing' if last is None else f'at step {last}'}, "
-                          f"not at its last step {sync.t}: `wansync report` will call it cut short (call "
-                          f"run.evaluate(...) after the last step)", stacklevel=2)
+            warnings.warn(
+                f"wansync: the run's last evaluation is {'missing' if last is None else f'at step {last}'}, "
+                f"not at its last step {sync.t}: `wansync report` will call it cut short (call "
+                f"run.evaluate(...) after the last step)",
+                stacklevel=2,
+            )
         self.summary = summary
         return summary if self.rank == 0 else None
 
@@ -416,5 +479,5 @@ class Run:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
             self.close()
-        else:                           # other ranks may be gone: no collective, no summary
+        else:  # other ranks may be gone: no collective, no summary
             self._detach()

@@ -12,6 +12,7 @@ Tags, each against the training step:
 `tensorboard` is an optional extra (`pip install 'wansync[tensorboard]'`): without it, asking for the
 scalars fails in one line before anything runs (`check_available`).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -45,6 +46,7 @@ class Scalars:
         from there on, which the resumed run writes again)."""
         check_available()
         from torch.utils.tensorboard import SummaryWriter
+
         self._w = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
     def _add(self, tag: str, value: Any, step: int) -> None:

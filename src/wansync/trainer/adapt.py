@@ -29,6 +29,7 @@ same numbers with the same code, so every rank takes the same decision; a run on
 repeats its decisions as long as its measured times land on the same three digits (a seed fixes
 the rest), which an emulated step time (`[compute] step` of a topology file) makes likely.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,20 +50,21 @@ from ..planner.predict import H_CANDIDATES, MAX_SIMULATED_STEPS, predict, settin
 from ..planner.sizes import of_module
 from ..telemetry.linkwatch import LinkWatch
 
-CODEC_LADDER = ("fp32", "bf16", "int8", "fp4")     # lightest compression first
-DENSITY_STEPS = 4                                  # the density ladder: the run's, then halved this many times - 1
+CODEC_LADDER = ("fp32", "bf16", "int8", "fp4")  # lightest compression first
+DENSITY_STEPS = 4  # the density ladder: the run's, then halved this many times - 1
 STRATEGIES = ("diloco", "sparseloco")
-PURPOSE = "adapt"                                  # the ledger's purpose of the agreement
-HYSTERESIS = 0.1                                   # a lighter setting is taken 10 % of the target under it
+PURPOSE = "adapt"  # the ledger's purpose of the agreement
+HYSTERESIS = 0.1  # a lighter setting is taken 10 % of the target under it
 
 
 @dataclass(frozen=True)
 class AdaptSpec:
     """What `--adapt` asks for: the target and the candidates, in the order of preference."""
+
     target_pct: float
-    sync_every: tuple[int, ...]                    # H, lowest first
-    knob: str                                      # codec | density
-    ladder: tuple[Any, ...]                        # lightest compression first
+    sync_every: tuple[int, ...]  # H, lowest first
+    knob: str  # codec | density
+    ladder: tuple[Any, ...]  # lightest compression first
 
     def candidates(self) -> list[dict[str, Any]]:
         return [{"sync_every": h, self.knob: c} for h in self.sync_every for c in self.ladder]
@@ -93,23 +95,28 @@ def parse_adapt(text: str, strategy: str, options: dict[str, Any]) -> AdaptSpec 
     if not text or not text.strip():
         return None
     if strategy not in STRATEGIES:
-        raise ConfigError(f"--adapt turns H and the compression of {' and '.join(STRATEGIES)}; {strategy} has no "
-                          f"knob it turns")
+        raise ConfigError(
+            f"--adapt turns H and the compression of {' and '.join(STRATEGIES)}; {strategy} has no " f"knob it turns"
+        )
     fields: dict[str, str] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or key not in ("exposed", "h", "codec", "density"):
-            raise ConfigError(f"--adapt {text!r}: expected exposed=PCT[,h=LOW..HIGH][,codec=A..B][,density=HIGH..LOW], "
-                              f"got {part.strip()!r}")
+            raise ConfigError(
+                f"--adapt {text!r}: expected exposed=PCT[,h=LOW..HIGH][,codec=A..B][,density=HIGH..LOW], "
+                f"got {part.strip()!r}"
+            )
         if key in fields:
             raise ConfigError(f"--adapt {text!r}: {key} given twice")
         fields[key] = value.strip()
     if "exposed" not in fields:
         raise ConfigError(f"--adapt {text!r}: the target is missing (exposed=5%, say)")
     if options.get("slow_policy", "wait") != "wait":
-        raise ConfigError("--adapt changes H between rounds, which a slow policy other than wait plans its "
-                          "rounds by: use --slow-policy wait with --adapt")
+        raise ConfigError(
+            "--adapt changes H between rounds, which a slow policy other than wait plans its "
+            "rounds by: use --slow-policy wait with --adapt"
+        )
     knob = "density" if strategy == "sparseloco" else "codec"
     other = "codec" if knob == "density" else "density"
     if other in fields:
@@ -118,14 +125,18 @@ def parse_adapt(text: str, strategy: str, options: dict[str, Any]) -> AdaptSpec 
     lo, hi = _range(fields.get("h", f"{h}..{4 * h}"), "h", int)
     if not 1 <= lo <= hi:
         raise ConfigError(f"--adapt h={fields.get('h')}: H needs 1 <= LOW <= HIGH")
-    if 3 * hi > MAX_SIMULATED_STEPS:                # the planner would simulate each candidate's periods for hours
-        raise ConfigError(f"--adapt h={fields.get('h', f'{lo}..{hi}')}: H up to {MAX_SIMULATED_STEPS // 3:,} (the "
-                          f"planner simulates a warm-up and two periods of each candidate), got {hi:,}")
+    if 3 * hi > MAX_SIMULATED_STEPS:  # the planner would simulate each candidate's periods for hours
+        raise ConfigError(
+            f"--adapt h={fields.get('h', f'{lo}..{hi}')}: H up to {MAX_SIMULATED_STEPS // 3:,} (the "
+            f"planner simulates a warm-up and two periods of each candidate), got {hi:,}"
+        )
     hs = tuple(sorted({lo, hi, *(c for c in H_CANDIDATES if lo < c < hi)}))
     ladder = _codec_ladder(fields, options) if knob == "codec" else _density_ladder(fields, options)
     if len(hs) * len(ladder) < 2:
-        raise ConfigError(f"--adapt {text!r}: the bounds leave one setting (H {hs[0]}, {knob} {ladder[0]}): "
-                          f"nothing to choose; widen h= or {knob}=")
+        raise ConfigError(
+            f"--adapt {text!r}: the bounds leave one setting (H {hs[0]}, {knob} {ladder[0]}): "
+            f"nothing to choose; widen h= or {knob}="
+        )
     return AdaptSpec(_pct(fields["exposed"]), hs, knob, ladder)
 
 
@@ -136,9 +147,10 @@ def _codec_ladder(fields: dict[str, str], options: dict[str, Any]) -> tuple[str,
             raise ConfigError(f"--adapt codec={fields.get('codec')}: {name!r} is not one of {', '.join(CODEC_LADDER)}")
     a, b = CODEC_LADDER.index(lightest), CODEC_LADDER.index(heaviest)
     if a > b:
-        raise ConfigError(f"--adapt codec={fields['codec']}: give the lightest compression first "
-                          f"({' .. '.join(CODEC_LADDER)})")
-    return CODEC_LADDER[a:b + 1]
+        raise ConfigError(
+            f"--adapt codec={fields['codec']}: give the lightest compression first " f"({' .. '.join(CODEC_LADDER)})"
+        )
+    return CODEC_LADDER[a : b + 1]
 
 
 def _density_ladder(fields: dict[str, str], options: dict[str, Any]) -> tuple[float, ...]:
@@ -156,8 +168,10 @@ def _density_ladder(fields: dict[str, str], options: dict[str, Any]) -> tuple[fl
         ladder.append(low)
     chunk = int(options.get("chunk", 64))
     if low * chunk * chunk < 1:
-        raise ConfigError(f"--adapt density={fields.get('density', '')}: {low:g} keeps less than one value of a "
-                          f"{chunk}x{chunk} chunk; the lowest density is {1 / chunk ** 2:.2g}")
+        raise ConfigError(
+            f"--adapt density={fields.get('density', '')}: {low:g} keeps less than one value of a "
+            f"{chunk}x{chunk} chunk; the lowest density is {1 / chunk ** 2:.2g}"
+        )
     return tuple(ladder)
 
 
@@ -169,20 +183,27 @@ class Tuner:
     """One rank's controller (module docstring): `before_round` and `after_round` at each boundary,
     called by the strategy (`Strategy.round_boundary`)."""
 
-    def __init__(self, spec: AdaptSpec, sync: Any, topology: Topology, step_times: Callable[[], list[tuple[float, float]]],
-                 inside: str = "ddp", say: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        spec: AdaptSpec,
+        sync: Any,
+        topology: Topology,
+        step_times: Callable[[], list[tuple[float, float]]],
+        inside: str = "ddp",
+        say: Callable[[str], None] | None = None,
+    ):
         self.spec, self.sync, self.topology = spec, sync, topology
-        self.step_times = step_times               # the run's (compute, other) per step so far
+        self.step_times = step_times  # the run's (compute, other) per step so far
         self.say = say or (lambda line: None)
         self.watch = LinkWatch(sync.group)
         self.size = of_module(sync.name, sync.module)
         self.inside = inside
         self.options = {k: v for k, v in dataclasses.asdict(sync.opts).items()}
         self.current = {"sync_every": int(sync.opts.sync_every), spec.knob: self._knob(sync)}
-        self.agreed: list[float] | None = None      # what every rank shared at the last boundary
+        self.agreed: list[float] | None = None  # what every rank shared at the last boundary
         self._pending: tuple[Any, torch.Tensor] | None = None
-        self._round_began = 0                       # index into step_times where this round began
-        self._measured_at: float | None = None      # the newest exchange this rank last shared
+        self._round_began = 0  # index into step_times where this round began
+        self._measured_at: float | None = None  # the newest exchange this rank last shared
         self._cache: dict[tuple, float] = {}
         self.decisions = 0
 
@@ -213,17 +234,19 @@ class Tuner:
             newest = self.watch.newest(est.rtt_s).bandwidth_bps
             bw = min(bw, newest) if newest is not None else bw
         if est.newest_at is None or est.newest_at == self._measured_at:
-            bw = None                               # nothing new crossed the link from this rank since
+            bw = None  # nothing new crossed the link from this rank since
         self._measured_at = est.newest_at
-        times = self.step_times()[self._round_began:]
+        times = self.step_times()[self._round_began :]
         self._round_began = len(self.step_times())
         compute = statistics.median(c for c, _ in times) if times else 0.0
         other = statistics.median(o for _, o in times) if times else 0.0
-        vec = torch.tensor([bw or 0.0, 1.0 if bw else 0.0, est.rtt_s or 0.0, 1.0 if est.rtt_s is not None else 0.0,
-                            compute, other], dtype=torch.float64)
+        vec = torch.tensor(
+            [bw or 0.0, 1.0 if bw else 0.0, est.rtt_s or 0.0, 1.0 if est.rtt_s is not None else 0.0, compute, other],
+            dtype=torch.float64,
+        )
         sync.comm.count(PURPOSE, vec.numel() * vec.element_size())
         work = dist.all_reduce(vec, group=sync.group, async_op=True)
-        work.get_future()          # completed (and its end recorded) when it arrives, not when waited for
+        work.get_future()  # completed (and its end recorded) when it arrives, not when waited for
         self._pending = (work, vec)
 
     def _agree(self, vec: torch.Tensor) -> list[float] | None:
@@ -232,8 +255,8 @@ class Tuner:
         last = self.agreed
         if bw_n == 0 and last is None:
             return None
-        bw = _three_digits(bw_sum / bw_n) if bw_n or last is None else last[0]    # none saw a new exchange:
-        rtt = _three_digits(rtt_sum / rtt_n) if rtt_n else (last[1] if last else -1.0)   # as last agreed
+        bw = _three_digits(bw_sum / bw_n) if bw_n or last is None else last[0]  # none saw a new exchange:
+        rtt = _three_digits(rtt_sum / rtt_n) if rtt_n else (last[1] if last else -1.0)  # as last agreed
         return [bw, rtt, _three_digits(compute / n), _three_digits(other / n)]
 
     # ---- the choice ------------------------------------------------------------------------------
@@ -245,11 +268,19 @@ class Tuner:
         key = (tuple(sorted(knobs.items())), link, step_s, other_s)
         if key not in self._cache:
             options = {**self.options, **knobs}
-            if options.get("codec") == "fp32":            # its collective is a lossy codec's choice
+            if options.get("codec") == "fp32":  # its collective is a lossy codec's choice
                 options["codec_collective"] = "auto"
-            s = setting(self.sync.name, options, self.size, self.workers(),
-                        on_link(self.topology, link), step_s, other_s=other_s,
-                        ranks_per_worker=self.sync.replicas.ranks_per_worker, inside=self.inside)
+            s = setting(
+                self.sync.name,
+                options,
+                self.size,
+                self.workers(),
+                on_link(self.topology, link),
+                step_s,
+                other_s=other_s,
+                ranks_per_worker=self.sync.replicas.ranks_per_worker,
+                inside=self.inside,
+            )
             self._cache[key] = predict(s).exposed_pct
         return self._cache[key]
 
@@ -257,8 +288,9 @@ class Tuner:
         r = self.sync.replicas
         return r.workers if r.between_workers else self.sync.world_size
 
-    def choose(self, bandwidth_bps: float, rtt_s: float, step_s: float, other_s: float
-               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def choose(
+        self, bandwidth_bps: float, rtt_s: float, step_s: float, other_s: float
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The first candidate predicted under the target, else the least exposed; with the reason. One
         preferred to the current knobs must come `HYSTERESIS` of the target under it, so that a
         prediction at the target does not flip the knobs back and forth."""
@@ -274,22 +306,32 @@ class Tuner:
             if pct < best_pct:
                 best, best_pct = knobs, pct
         assert best is not None
-        return best, {"predicted_exposed_pct": round(best_pct, 2), "link_bw_bps": bandwidth_bps,
-                      "link_rtt_s": link.rtt_s, "step_s": step_s, "other_s": other_s,
-                      "within_target": best_pct <= self.spec.target_pct}
+        return best, {
+            "predicted_exposed_pct": round(best_pct, 2),
+            "link_bw_bps": bandwidth_bps,
+            "link_rtt_s": link.rtt_s,
+            "step_s": step_s,
+            "other_s": other_s,
+            "within_target": best_pct <= self.spec.target_pct,
+        }
 
     def apply(self, sync: Any, choice: dict[str, Any], why: dict[str, Any]) -> None:
         before = dict(self.current)
         sync.retune(**choice)
         self.current = dict(choice)
         self.decisions += 1
-        reason = (f"predicted {why['predicted_exposed_pct']:.1f} % exposed "
-                  f"{'<=' if why['within_target'] else '>'} {self.spec.target_pct:g} % on "
-                  f"{why['link_bw_bps'] / 1e6:.3g} Mbit/s, RTT {why['link_rtt_s'] * 1e3:.3g} ms, "
-                  f"step {why['step_s'] * 1e3:.3g} ms")
+        reason = (
+            f"predicted {why['predicted_exposed_pct']:.1f} % exposed "
+            f"{'<=' if why['within_target'] else '>'} {self.spec.target_pct:g} % on "
+            f"{why['link_bw_bps'] / 1e6:.3g} Mbit/s, RTT {why['link_rtt_s'] * 1e3:.3g} ms, "
+            f"step {why['step_s'] * 1e3:.3g} ms"
+        )
         sync.emit("adapt", before=before, after=choice, target_pct=self.spec.target_pct, reason=reason, **why)
-        self.say(f"adapt at step {sync.t}: " + ", ".join(f"{k} {before[k]} -> {v}" for k, v in choice.items()
-                                                         if before[k] != v) + f" ({reason})")
+        self.say(
+            f"adapt at step {sync.t}: "
+            + ", ".join(f"{k} {before[k]} -> {v}" for k, v in choice.items() if before[k] != v)
+            + f" ({reason})"
+        )
 
     # ---- resumable ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -300,8 +342,12 @@ class Tuner:
             work.wait()
             self._pending = None
             self.agreed = self._agree(vec)
-        return {"current": dict(self.current), "origin": self.sync.timetable.origin, "agreed": self.agreed,
-                "decisions": self.decisions}
+        return {
+            "current": dict(self.current),
+            "origin": self.sync.timetable.origin,
+            "agreed": self.agreed,
+            "decisions": self.decisions,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sync.retune(**state["current"])
@@ -309,4 +355,3 @@ class Tuner:
         self.current = dict(state["current"])
         self.agreed = state["agreed"]
         self.decisions = int(state["decisions"])
-

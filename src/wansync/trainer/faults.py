@@ -10,6 +10,7 @@ of that step is saved (the barrier passed) and before rank 0 prunes: `delay` (sl
 default 5: the window in which a peer that went on can die). Several faults are separated by
 ';'. Only active when the variable is set.
 """
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ on every rank (the same held-out batches) and reports the mean over workers of e
 *local* model; after the last step `sync.finish()` brings all ranks to the same parameters, so
 the final numbers describe the one model every worker holds.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,10 @@ from ..workloads import build_workload
 
 def describe(facts: dict[str, Any]) -> str:
     """A one-line summary of a workload's describe() dict."""
-    parts = [f"{facts.get('model', '?')} ({facts.get('params', 0) / 1e6:.2f}M params)", f"data {facts.get('data', facts.get('dataset', '?'))}"]
+    parts = [
+        f"{facts.get('model', '?')} ({facts.get('params', 0) / 1e6:.2f}M params)",
+        f"data {facts.get('data', facts.get('dataset', '?'))}",
+    ]
     for key in ("train_tokens", "train_size", "windows_per_rank", "shard_size", "batch_size", "seq_len"):
         if key in facts:
             parts.append(f"{key} {facts[key]}")
@@ -54,6 +58,7 @@ class Phase:
     """What the worker is doing now, for its one-line failure message ("failed during step 12"), and
     the part of a step the stall watchdog bounds (`trainer.stall`): `part` is (data or compute, the
     step, when it began on time.monotonic(), whether it is this process's first step), None elsewhere."""
+
     now: str = "start-up"
     part: tuple[str, int, float, bool] | None = None
 
@@ -67,62 +72,112 @@ class Phase:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, run_dir: Path, rank: int, world_size: int, resume: bool = False,
-                 phase: Phase | None = None):
+    def __init__(
+        self, cfg: Config, run_dir: Path, rank: int, world_size: int, resume: bool = False, phase: Phase | None = None
+    ):
         self.cfg, self.run_dir, self.rank, self.world = cfg, Path(run_dir), rank, world_size
         self.phase = phase if phase is not None else Phase()
         self.device_type = "cuda" if cfg.backend == "nccl" else "cpu"
         sharded = cfg.inside == "fsdp"
-        self.replicas = ft_replicas(cfg.ranks_per_worker, rank, world_size, sharded, self.device_type) \
-            if cfg.fault_tolerant else \
-            replica_groups(cfg.ranks_per_worker, shard_inside=sharded, device_type=self.device_type)
-        torch.manual_seed(cfg.seed)                     # same init on every rank
-        self.workload = build_workload(cfg, self.replicas.worker, self.replicas.workers,
-                                       self.replicas.local_rank, self.replicas.ranks_per_worker)
-        if cfg.backend == "nccl":                       # one rank per GPU (worker.init_distributed chose it)
+        self.replicas = (
+            ft_replicas(cfg.ranks_per_worker, rank, world_size, sharded, self.device_type)
+            if cfg.fault_tolerant
+            else replica_groups(cfg.ranks_per_worker, shard_inside=sharded, device_type=self.device_type)
+        )
+        torch.manual_seed(cfg.seed)  # same init on every rank
+        self.workload = build_workload(
+            cfg, self.replicas.worker, self.replicas.workers, self.replicas.local_rank, self.replicas.ranks_per_worker
+        )
+        if cfg.backend == "nccl":  # one rank per GPU (worker.init_distributed chose it)
             self.workload.model.to(torch.device("cuda", torch.cuda.current_device()))
-        if sharded:                                     # FSDP2 over the worker's ranks (trainer.sharding)
-            shard_worker(self.workload.model, self.replicas.mesh, cfg.precision,
-                         hybrid=not strategies.strategy_class(cfg.strategy).steps_inside_workers)
+        if sharded:  # FSDP2 over the worker's ranks (trainer.sharding)
+            shard_worker(
+                self.workload.model,
+                self.replicas.mesh,
+                cfg.precision,
+                hybrid=not strategies.strategy_class(cfg.strategy).steps_inside_workers,
+            )
         self.optimizer = build_optimizer(cfg, self.workload.model)
         self.options = strategies.resolve_options(cfg.strategy, vars(cfg))
-        link = link_cost(cfg, self.workload.model, self.options, world_size)     # before the first collective
+        link = link_cost(cfg, self.workload.model, self.options, world_size)  # before the first collective
         quorum = quorum_for(cfg, rank, world_size) if cfg.fault_tolerant else None
-        self.sync = strategies.build(cfg.strategy, self.workload.model, self.optimizer, on_nonfinite=cfg.on_nonfinite,
-                                     replicas=self.replicas, quorum=quorum, **self.options)
+        self.sync = strategies.build(
+            cfg.strategy,
+            self.workload.model,
+            self.optimizer,
+            on_nonfinite=cfg.on_nonfinite,
+            replicas=self.replicas,
+            quorum=quorum,
+            **self.options,
+        )
         spec = parse_adapt(cfg.adapt, cfg.strategy, self.options)
-        if spec is not None:                            # before a resume loads the tuner's state
-            self.sync.tuner = Tuner(spec, self.sync, cfg.topology, lambda: self.run_files.step_times,
-                                    inside=cfg.inside, say=lambda line: self.run_files.print(line))
+        if spec is not None:  # before a resume loads the tuner's state
+            self.sync.tuner = Tuner(
+                spec,
+                self.sync,
+                cfg.topology,
+                lambda: self.run_files.step_times,
+                inside=cfg.inside,
+                say=lambda line: self.run_files.print(line),
+            )
         self.fault = Faults.from_env()
         self.slowdown = cfg.topology.slowdown(self.replicas.worker) if cfg.topology is not None else 1.0
-        self.last_loss = math.nan                     # an idle step's record repeats the last computed loss
-        self.first_step = 0                           # the first step this process trains (`run`)
-        self.member = None if quorum is None else Member(quorum, rank, self.replicas.workers, self.run_dir / "logs",
-                                                         self.workload.model, self.optimizer, self.sync, self.fault,
-                                                         skip_to=self.workload.skip_to)
+        self.last_loss = math.nan  # an idle step's record repeats the last computed loss
+        self.first_step = 0  # the first step this process trains (`run`)
+        self.member = (
+            None
+            if quorum is None
+            else Member(
+                quorum,
+                rank,
+                self.replicas.workers,
+                self.run_dir / "logs",
+                self.workload.model,
+                self.optimizer,
+                self.sync,
+                self.fault,
+                skip_to=self.workload.skip_to,
+            )
+        )
         resumed = self.load_checkpoint() if resume else None
-        restarted = self.member is not None and self.member.restarted     # appends to the run it rejoins
+        restarted = self.member is not None and self.member.restarted  # appends to the run it rejoins
         # the profiler, DDP's timing, metrics.jsonl, the run files, TensorBoard and the progress line:
         # the same `Run` a user's own loop opens (telemetry.run)
-        self.run_files = Run(self.sync, self.run_dir, steps=cfg.steps, tensorboard=cfg.tensorboard,
-                             info=self.summary_info(), chance=chance_level(self.workload.describe()),
-                             wan=cfg.wan or None, unit="tok/s" if self.workload.kind == "lm" else "img/s",
-                             log_every=cfg.log_every, quiet=cfg.quiet, append=resume or restarted,
-                             rank=rank, world=world_size)
+        self.run_files = Run(
+            self.sync,
+            self.run_dir,
+            steps=cfg.steps,
+            tensorboard=cfg.tensorboard,
+            info=self.summary_info(),
+            chance=chance_level(self.workload.describe()),
+            wan=cfg.wan or None,
+            unit="tok/s" if self.workload.kind == "lm" else "img/s",
+            log_every=cfg.log_every,
+            quiet=cfg.quiet,
+            append=resume or restarted,
+            rank=rank,
+            world=world_size,
+        )
         if link is not None:
             self.run_files.print(link)
         if self.sync.tuner is not None:
-            self.run_files.link = self.sync.tuner.watch       # one watch of the link: the timeline reads the tuner's
+            self.run_files.link = self.sync.tuner.watch  # one watch of the link: the timeline reads the tuner's
         if resumed is not None:
             self.run_files.load_state_dict(resumed)
 
     def summary_info(self) -> dict[str, Any]:
         """What summary.json says of the run beyond what its `Run` measures."""
         cfg = self.cfg
-        return {"inside": cfg.inside, "precision": cfg.precision, "model": cfg.model, "data": cfg.data,
-                "seed": cfg.seed, "options": self.options, "lr_scaling": cfg.lr_scaling,
-                "peak_lr": peak_lr(cfg, self.world)}
+        return {
+            "inside": cfg.inside,
+            "precision": cfg.precision,
+            "model": cfg.model,
+            "data": cfg.data,
+            "seed": cfg.seed,
+            "options": self.options,
+            "lr_scaling": cfg.lr_scaling,
+            "peak_lr": peak_lr(cfg, self.world),
+        }
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, Any]:
@@ -149,7 +204,7 @@ class Trainer:
         loss_value = self.last_loss = float(loss.detach())
         skip = self.nonfinite_guard(loss_value, self.grad_norm(), step + 1)
         self.phase.now = f"step {step + 1} (synchronization)"
-        self.phase.end()                              # the exchange: its collectives time out by themselves
+        self.phase.end()  # the exchange: its collectives time out by themselves
         sync.step(skip_inner=skip)
         sync.zero_grad()
         return self.run_files.log(loss_value, self.workload.batch_size_items(batch), lr=lr, skipped=skip)
@@ -184,41 +239,57 @@ class Trainer:
             return False
         what = "loss" if not math.isfinite(loss) else "gradient"
         if self.cfg.on_nonfinite == "abort":
-            raise NonFiniteError(f"non-finite {what} on rank {self.rank} at step {step} "
-                                 f"(--on-nonfinite abort; 'skip' drops such updates)")
+            raise NonFiniteError(
+                f"non-finite {what} on rank {self.rank} at step {step} "
+                f"(--on-nonfinite abort; 'skip' drops such updates)"
+            )
         self.optimizer.zero_grad(set_to_none=True)
         return True
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
         self.phase.now = f"checkpoint at step {step}"
-        sharded = self.replicas.shards                   # model and optimizer: the worker's DCP checkpoint
-        digests = checkpoint.save_sharded(self.run_dir, step, self.replicas.worker, self.workload.model,
-                                          self.optimizer, self.replicas.inside) if sharded else None
-        state = {"step": step, "world_size": self.world, "rank": self.rank, "inside": self.cfg.inside,
-                 "model": None if sharded else self.workload.model.state_dict(),
-                 "optimizer": None if sharded else self.optimizer.state_dict(),
-                 "strategy": self.sync.state_dict(), "workload": self.workload.state_dict(),
-                 "rng": torch.get_rng_state(), "comm": self.sync.comm.snapshot(),
-                 **self.run_files.state_dict()}      # evals, sync_events, skipped, profile, exposed_inside_s
-        checkpoint.save_rank(self.run_dir, step, self.rank, state, config=fingerprint(self.cfg, self.options),
-                             sharded=digests)
-        dist.barrier()                                   # every rank's file is durable: the checkpoint is complete
+        sharded = self.replicas.shards  # model and optimizer: the worker's DCP checkpoint
+        digests = (
+            checkpoint.save_sharded(
+                self.run_dir, step, self.replicas.worker, self.workload.model, self.optimizer, self.replicas.inside
+            )
+            if sharded
+            else None
+        )
+        state = {
+            "step": step,
+            "world_size": self.world,
+            "rank": self.rank,
+            "inside": self.cfg.inside,
+            "model": None if sharded else self.workload.model.state_dict(),
+            "optimizer": None if sharded else self.optimizer.state_dict(),
+            "strategy": self.sync.state_dict(),
+            "workload": self.workload.state_dict(),
+            "rng": torch.get_rng_state(),
+            "comm": self.sync.comm.snapshot(),
+            **self.run_files.state_dict(),
+        }  # evals, sync_events, skipped, profile, exposed_inside_s
+        checkpoint.save_rank(
+            self.run_dir, step, self.rank, state, config=fingerprint(self.cfg, self.options), sharded=digests
+        )
+        dist.barrier()  # every rank's file is durable: the checkpoint is complete
         if self.fault is not None:
             self.fault.after_checkpoint(self.rank, step)
-        first_on_host = os.environ.get("LOCAL_RANK", str(self.rank)) == "0"     # each host prunes its own files
-        if first_on_host and self.member is None:      # fault-tolerant: no barrier, so nothing is pruned
+        first_on_host = os.environ.get("LOCAL_RANK", str(self.rank)) == "0"  # each host prunes its own files
+        if first_on_host and self.member is None:  # fault-tolerant: no barrier, so nothing is pruned
             checkpoint.prune(self.run_dir, step)
         self.run_files.lap("checkpoint")
 
     def load_checkpoint(self) -> dict[str, Any]:
         step_dir, passed = checkpoint.resume_dir(self.run_dir, self.rank, lowest_over_ranks)
-        for why in passed:                               # a damaged newer checkpoint: one line each
+        for why in passed:  # a damaged newer checkpoint: one line each
             print(f"wansync: rank {self.rank}: {why}; resuming from {step_dir.name}", file=sys.stderr, flush=True)
         state = checkpoint.load_rank(self.run_dir, self.rank, self.world, step_dir)
         if self.replicas.shards:
-            checkpoint.load_sharded(self.run_dir, self.replicas.worker, self.workload.model, self.optimizer,
-                                    self.replicas.inside, step_dir)
+            checkpoint.load_sharded(
+                self.run_dir, self.replicas.worker, self.workload.model, self.optimizer, self.replicas.inside, step_dir
+            )
         else:
             self.workload.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -242,8 +313,10 @@ class Trainer:
         record = self.run_files.evaluate(metrics, step=step, epoch=self.workload.epoch_progress())
         bad = sorted(k for k in metrics if not math.isfinite(record[k]))
         if bad and self.cfg.on_nonfinite == "abort":
-            raise NonFiniteError(f"the model diverged: {', '.join(bad)} is non-finite at step {step} "
-                                 f"(--on-nonfinite abort; lower the learning rates)")
+            raise NonFiniteError(
+                f"the model diverged: {', '.join(bad)} is non-finite at step {step} "
+                f"(--on-nonfinite abort; lower the learning rates)"
+            )
         return record
 
     # ---- the run ----------------------------------------------------------------------------
@@ -254,8 +327,8 @@ class Trainer:
         run.print(f"{cfg.strategy}: {self.replicas.workers} workers{ranks}, {describe(self.workload.describe())}")
         run.lap("other")
         if self.member is not None:
-            self.member.join()                            # a restarted worker heals here
-        self.first_step = self.sync.t                     # its warm-up gets a longer bound (trainer.stall)
+            self.member.join()  # a restarted worker heals here
+        self.first_step = self.sync.t  # its warm-up gets a longer bound (trainer.stall)
         while self.sync.t < cfg.steps:
             step = self.sync.t
             self.phase.now = f"step {step + 1}"
@@ -268,7 +341,7 @@ class Trainer:
                 self.save_checkpoint(rec["step"])
         self.phase.now = "the final synchronization"
         if self.member is not None:
-            self.member.before_finish()                   # a worker still behind heals here
+            self.member.before_finish()  # a worker still behind heals here
         self.sync.finish()
         self.phase.now = "the final evaluation"
         self.evaluate(cfg.steps)
@@ -288,8 +361,9 @@ def lowest_over_ranks(value: int) -> int:
     return int(t[0])
 
 
-def ft_replicas(ranks_per_worker: int, rank: int, world: int, sharded: bool = False,
-                device_type: str = "cpu") -> Replicas:
+def ft_replicas(
+    ranks_per_worker: int, rank: int, world: int, sharded: bool = False, device_type: str = "cpu"
+) -> Replicas:
     """A fault-tolerant rank's place: its worker's ranks are this process's whole process group
     (`runner.worker`), and its exchanges between workers run over the quorum, not a group.
     `sharded` (FSDP inside): the model is sharded over a 1-D mesh of the worker's ranks."""
@@ -298,6 +372,7 @@ def ft_replicas(ranks_per_worker: int, rank: int, world: int, sharded: bool = Fa
     if not sharded:
         return Replicas(ranks_per_worker, worker, workers, local, inside=inside)
     from torch.distributed.device_mesh import DeviceMesh
+
     mesh = DeviceMesh.from_group(inside, device_type, mesh_dim_names=("inside",))
     return Replicas(ranks_per_worker, worker, workers, local, inside=inside, shards=True, mesh=mesh)
 
@@ -311,8 +386,10 @@ def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], worl
     if cfg.topology is None:
         return None
     cls, r = strategies.strategy_class(cfg.strategy), cfg.ranks_per_worker
-    codec = cls.wire_codec(strategies.make_options(cfg.strategy, **options),
-                           [local_shard(p).shape for p in model.parameters() if p.requires_grad])
+    codec = cls.wire_codec(
+        strategies.make_options(cfg.strategy, **options),
+        [local_shard(p).shape for p in model.parameters() if p.requires_grad],
+    )
     numel = codec.layout.numel if is_sparse(codec) else exchange_numel(model, options)
     if cls.steps_inside_workers:
         shards = cfg.inside == "fsdp"
@@ -320,12 +397,15 @@ def link_cost(cfg: Config, model: torch.nn.Module, options: dict[str, Any], worl
         seconds = mean_seconds(numel, codec, cfg.topology, world // r, r, shards=shards, collective=path)
     else:
         seconds = exchange_seconds("allreduce", 4 * numel, cfg.topology, world // r, r, reduce_inside=True)
-    size = f"{4 * numel / 1e6:.3g} MB" + ("" if codec.name == "fp32" else
-                                          f" as {codec.wire_bytes(numel) / 1e6:.3g} MB in {codec.name}")
+    size = f"{4 * numel / 1e6:.3g} MB" + (
+        "" if codec.name == "fp32" else f" as {codec.wire_bytes(numel) / 1e6:.3g} MB in {codec.name}"
+    )
     line = f"link {cfg.wan}: one exchange of {size} takes ~{seconds * 1e3:.3g} ms (modelled)"
     if seconds > cfg.peer_timeout:
-        raise ConfigError(f"{line}, beyond --peer-timeout {cfg.peer_timeout:g} s: check the link's bandwidth "
-                          f"unit (kbit, mbit, gbit) and rtt, or raise --peer-timeout")
+        raise ConfigError(
+            f"{line}, beyond --peer-timeout {cfg.peer_timeout:g} s: check the link's bandwidth "
+            f"unit (kbit, mbit, gbit) and rtt, or raise --peer-timeout"
+        )
     return line
 
 
@@ -339,14 +419,16 @@ def truncate_metrics(path: Path, step: int) -> None:
     """Drop records after `step` (a resumed run rewrites them identically)."""
     if not path.is_file():
         return
-    keep = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
     checkpoint.atomic_write_bytes(path, ("\n".join(keep) + ("\n" if keep else "")).encode())
 
 
-def train_worker(cfg: Config, run_dir: str | Path, rank: int, world_size: int,
-                 resume: bool = False, phase: Phase | None = None) -> dict[str, Any] | None:
+def train_worker(
+    cfg: Config, run_dir: str | Path, rank: int, world_size: int, resume: bool = False, phase: Phase | None = None
+) -> dict[str, Any] | None:
     """Run one worker's training; the process group must already be initialized."""
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))))
+    threads = cfg.threads or max(
+        1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    )
     torch.set_num_threads(threads)
     return Trainer(cfg, Path(run_dir), rank, world_size, resume=resume, phase=phase).run()

@@ -1,5 +1,6 @@
 """The inner optimizer and its learning-rate schedule (a pure function of the step, so a
 resumed run needs no scheduler state)."""
+
 from __future__ import annotations
 
 import math
@@ -14,6 +15,7 @@ def build_optimizer(cfg: Any, model: nn.Module) -> torch.optim.Optimizer:
     that carries the learning rate and the weight decay, whatever `optimizer` says."""
     from ..errors import ConfigError
     from ..strategies import strategy_class
+
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ConfigError(f"--model {cfg.model}: the model has no parameter that requires grad: nothing to train")

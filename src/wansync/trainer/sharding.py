@@ -15,6 +15,7 @@ A model's blocks are its `stages()` between the first and the last (the LM's tra
 a ResNet's layers), else its repeated blocks (a Hugging Face model's `model.layers`), else its
 top-level children that hold parameters.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,17 +36,22 @@ def shard_worker(model: nn.Module, mesh: Any, precision: str, hybrid: bool = Fal
     through FSDP2's all-reduce hook (`strategies.grad_sync`). `hybrid` (DDP: gradients across every
     step): on the whole 2-D mesh, FSDP2's own hybrid sharding."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     mesh = mesh if hybrid else mesh["inside"]
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == BF16 \
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if precision == BF16
         else MixedPrecisionPolicy()
+    )
     try:
         for block in blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
     except (AssertionError, RuntimeError, TypeError, ValueError, NotImplementedError) as e:
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"--inside fsdp cannot shard this model with FSDP2 ({type(e).__name__}: {text}); "
-                          f"use --inside ddp") from None
+        raise ConfigError(
+            f"--inside fsdp cannot shard this model with FSDP2 ({type(e).__name__}: {text}); " f"use --inside ddp"
+        ) from None
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:

@@ -14,6 +14,7 @@ first step gets FIRST_STEP_PEER_TIMEOUTS x: warm-up, the compilation of a torch.
 exchange (`sync.step()`) is left to its collectives' own timeouts, and evaluation and checkpoints,
 which may take long, are not watched.
 """
+
 from __future__ import annotations
 
 import threading
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 
 BOUND_PEER_TIMEOUTS = 2
 FIRST_STEP_PEER_TIMEOUTS = 10
-DOING = MappingProxyType({"data": "the workload's next_batch() has not returned",
-                         "compute": "the forward and backward have not returned"})
+DOING = MappingProxyType(
+    {"data": "the workload's next_batch() has not returned", "compute": "the forward and backward have not returned"}
+)
 
 
 def bound_s(peer_timeout: float, first: bool) -> float:
@@ -45,9 +47,11 @@ def overdue(phase: "Phase", peer_timeout: float, rank: int, now: float) -> str |
     if elapsed <= bound:
         return None
     times = FIRST_STEP_PEER_TIMEOUTS if first else BOUND_PEER_TIMEOUTS
-    return (f"rank {rank} stalled in step {step} ({name}): {DOING.get(name, 'it has not ended')} for "
-            f"{elapsed:.0f} s, beyond {times} x --peer-timeout {peer_timeout:g} s (raise --peer-timeout if a "
-            f"step's {name} can take that long)")
+    return (
+        f"rank {rank} stalled in step {step} ({name}): {DOING.get(name, 'it has not ended')} for "
+        f"{elapsed:.0f} s, beyond {times} x --peer-timeout {peer_timeout:g} s (raise --peer-timeout if a "
+        f"step's {name} can take that long)"
+    )
 
 
 class Watchdog:
@@ -58,7 +62,7 @@ class Watchdog:
         self.phase, self.peer_timeout, self.rank, self.on_stall = phase, peer_timeout, rank, on_stall
         self.poll_s = min(1.0, peer_timeout / 10)
         self._stopped = threading.Event()
-        self._lock = threading.Lock()            # a stall and a stop never both happen
+        self._lock = threading.Lock()  # a stall and a stop never both happen
         self._thread = threading.Thread(target=self._watch, name="wansync-stall-watchdog", daemon=True)
 
     def start(self) -> "Watchdog":

@@ -7,6 +7,7 @@ part of the workload's state so that a resumed run continues at the exact sample
 A workload of the user's needs only `model`, `next_batch`, `loss` and `evaluate`
 (`workloads.user` supplies the rest); docs/your_model.md is the contract as a user reads it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,8 @@ from ..errors import ConfigError
 
 @runtime_checkable
 class Workload(Protocol):
-    kind: str                      # "lm" or "vision"
-    model: nn.Module               # built on CPU, deterministic from the seed
+    kind: str  # "lm" or "vision"
+    model: nn.Module  # built on CPU, deterministic from the seed
 
     def next_batch(self) -> Any:
         """This rank's next training batch (its own disjoint shard; endless, reshuffled per epoch)."""
@@ -57,12 +58,13 @@ class ModelSpec:
     asks of the model. LM data: tokens (B, T) in, logits (B, T, V >= vocab_size) out; image data:
     images (B, C, H, W) in, logits (B, num_classes) out. The factory runs under `torch.manual_seed(seed)`
     on every worker, so plain `nn.Module` initialisation gives every worker the same model."""
-    kind: str                        # "lm" (text) or "vision" (images): which data the run trains on
+
+    kind: str  # "lm" (text) or "vision" (images): which data the run trains on
     seed: int
-    config: Any                      # the run's Config: every key (`config.width`, `config.lr`, ...)
-    vocab_size: int | None = None    # LM: the tokenizer's vocabulary
-    seq_len: int | None = None       # LM: tokens per training sequence
-    in_channels: int | None = None   # vision: image channels, classes and side in pixels
+    config: Any  # the run's Config: every key (`config.width`, `config.lr`, ...)
+    vocab_size: int | None = None  # LM: the tokenizer's vocabulary
+    seq_len: int | None = None  # LM: tokens per training sequence
+    in_channels: int | None = None  # vision: image channels, classes and side in pixels
     num_classes: int | None = None
     image_size: int | None = None
 
@@ -72,6 +74,7 @@ class WorkloadSpec:
     """What a workload factory (`--data pkg.module:factory`) is handed: which part of the data this
     worker trains on (worker `rank` of `world_size`, each its own disjoint shard), and the keys that
     size it. `model` is the `--model` value as given, for the factory to interpret (or ignore)."""
+
     model: str
     rank: int
     world_size: int
@@ -92,8 +95,10 @@ def logits_of(output: Any) -> torch.Tensor:
         return logits
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
-    raise ConfigError(f"the model returned {type(output).__name__}: expected a logits tensor, an output "
-                      f"with .logits, or a tuple whose first element is the logits")
+    raise ConfigError(
+        f"the model returned {type(output).__name__}: expected a logits tensor, an output "
+        f"with .logits, or a tuple whose first element is the logits"
+    )
 
 
 class RankSlice:
@@ -115,7 +120,7 @@ class RankSlice:
             raise ValueError(f"a worker batch of {n} items cannot be split over {self.ranks_per_worker} ranks")
         size = n // self.ranks_per_worker
         lo = self.local_rank * size
-        return tuple(t[lo:lo + size] for t in batch)
+        return tuple(t[lo : lo + size] for t in batch)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.workload, name)

@@ -7,6 +7,7 @@ looked up on `sys.path` first, then in the working directory (the `wansync` scri
 `python -m`, does not put it on the path); a file is imported with its own directory on the path,
 as Python runs a script.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -56,29 +57,34 @@ def call_factory(factory: Callable[..., Any], arg: Any, text: str, flag: str) ->
         return factory(arg) if _takes_an_argument(factory) else factory()
     except WansyncError:
         raise
-    except (Exception, SystemExit) as e:     # the user's code: any failure (a sys.exit too) is reported, in one line
+    except (Exception, SystemExit) as e:  # the user's code: any failure (a sys.exit too) is reported, in one line
         raise ConfigError(f"{flag} {text}: the factory raised {type(e).__name__}: {first_line(e)}") from e
 
 
 def _takes_an_argument(factory: Callable[..., Any]) -> bool:
     try:
         params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):          # a builtin without a signature: hand it the argument
+    except (TypeError, ValueError):  # a builtin without a signature: hand it the argument
         return True
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                  inspect.Parameter.VAR_POSITIONAL)
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+    )
     return any(p.kind in positional for p in params)
 
 
 def _import_module(where: str, text: str, flag: str) -> ModuleType:
     module = _try_import(where, text, flag)
     if module is None and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())         # the working directory, as `python -m` would have it
+        sys.path.append(os.getcwd())  # the working directory, as `python -m` would have it
         importlib.invalidate_caches()
         module = _try_import(where, text, flag)
     if module is None:
-        raise ConfigError(f"{flag} {text}: cannot import {where}: no such module on the Python path or in the "
-                          f"working directory {os.getcwd()}")
+        raise ConfigError(
+            f"{flag} {text}: cannot import {where}: no such module on the Python path or in the "
+            f"working directory {os.getcwd()}"
+        )
     return module
 
 
@@ -89,7 +95,7 @@ def _try_import(where: str, text: str, flag: str) -> ModuleType | None:
     except ModuleNotFoundError as e:
         if e.name is not None and (where == e.name or where.startswith(e.name + ".")):
             return None
-        raise _failed(e, where, text, flag) from None       # a module the user's module imports is missing
+        raise _failed(e, where, text, flag) from None  # a module the user's module imports is missing
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's module ran and failed (or called sys.exit)
         raise _failed(e, where, text, flag) from None
 
@@ -102,18 +108,18 @@ def _import_file(path: Path, text: str, flag: str) -> ModuleType:
     path = path.expanduser().resolve()
     if not path.exists():
         raise ConfigError(f"{flag} {text}: no such file {path}")
-    if not path.is_file():                   # a directory named x.py, a FIFO (importing it would block)
+    if not path.is_file():  # a directory named x.py, a FIFO (importing it would block)
         raise ConfigError(f"{flag} {text}: {path} is {path_kind(path)}, not a Python file")
-    name = f"_wansync_user_{re.sub(r'[^0-9A-Za-z_]', '_', str(path))}"     # one module per file
+    name = f"_wansync_user_{re.sub(r'[^0-9A-Za-z_]', '_', str(path))}"  # one module per file
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"{flag} {text}: {path} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module               # before it runs: a dataclass in it looks itself up there
+    sys.modules[name] = module  # before it runs: a dataclass in it looks itself up there
     if str(path.parent) not in sys.path:
-        sys.path.append(str(path.parent))    # its sibling modules import, as when it runs as a script
+        sys.path.append(str(path.parent))  # its sibling modules import, as when it runs as a script
     try:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's file ran and failed (a sys.exit: exit 0, untrained)

@@ -11,6 +11,7 @@ autocast) and its KV cache is off: a training step has no use for it.
 `transformers` (the `hf` extra) is imported here only, when a run names `hf:`; without it the run
 is refused in one line.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -25,8 +26,12 @@ from ..errors import ConfigError, first_line
 from .lm.tokenizer import token_dtype
 
 CONFIG_FILE = "config.json"
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 INSTALL = "pip install 'wansync[hf]'"
 
@@ -34,16 +39,20 @@ INSTALL = "pip install 'wansync[hf]'"
 def model_dir(model: str) -> Path:
     """The directory `hf:PATH` names, or one line that says why it cannot be a model's."""
     raw = model.partition(":")[2]
-    if not raw.strip():                      # Path("") would be the working directory
+    if not raw.strip():  # Path("") would be the working directory
         raise ConfigError(f"--model {model}: name a local directory with a {CONFIG_FILE} (hf:PATH)")
     path = Path(raw).expanduser()
     if not path.exists():
         raise ConfigError(f"--model {model}: no such directory {path}")
     if not path.is_dir():
-        raise ConfigError(f"--model {model}: {path} is not a directory (hf:PATH names a directory with a {CONFIG_FILE})")
+        raise ConfigError(
+            f"--model {model}: {path} is not a directory (hf:PATH names a directory with a {CONFIG_FILE})"
+        )
     if not (path / CONFIG_FILE).is_file():
-        raise ConfigError(f"--model {model}: {path} has no {CONFIG_FILE} (a model's config, or a checkpoint "
-                          f"saved with save_pretrained)")
+        raise ConfigError(
+            f"--model {model}: {path} has no {CONFIG_FILE} (a model's config, or a checkpoint "
+            f"saved with save_pretrained)"
+        )
     return path
 
 
@@ -60,13 +69,14 @@ def transformers_module() -> Any:
 
 def model_config(model: str) -> Any:
     """The model's `PretrainedConfig`, its KV cache off."""
-    path = model_dir(model)                  # before the import: a wrong path is said even without transformers
+    path = model_dir(model)  # before the import: a wrong path is said even without transformers
     transformers = transformers_module()
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # noqa: BLE001 - a config transformers cannot read: one line
-        raise ConfigError(f"--model {model}: transformers cannot read {path / CONFIG_FILE}: "
-                          f"{type(e).__name__}: {first_line(e)}") from None
+        raise ConfigError(
+            f"--model {model}: transformers cannot read {path / CONFIG_FILE}: " f"{type(e).__name__}: {first_line(e)}"
+        ) from None
     config.use_cache = False
     return config
 
@@ -75,16 +85,20 @@ def check_seq_len(model: str, seq_len: int) -> None:
     """`seq_len` within the positions the model's config declares (a learned position table has no more)."""
     limit = getattr(model_config(model), "max_position_embeddings", None)
     if isinstance(limit, int) and seq_len > limit:
-        raise ConfigError(f"seq_len must be at most {limit} for --model {model} (max_position_embeddings in its "
-                          f"{CONFIG_FILE}), got {seq_len}")
+        raise ConfigError(
+            f"seq_len must be at most {limit} for --model {model} (max_position_embeddings in its "
+            f"{CONFIG_FILE}), got {seq_len}"
+        )
 
 
 def check_vocab(model: str, model_vocab: int, tokenizer: str, tokenizer_vocab: int) -> None:
     """Every id of the tokenizer is a row of the model's embedding (a larger model vocabulary is fine)."""
     if tokenizer_vocab > model_vocab:
-        raise ConfigError(f"--model {model} has a vocabulary of {model_vocab} tokens, fewer than the {tokenizer} "
-                          f"tokenizer's {tokenizer_vocab}: set vocab_size >= {tokenizer_vocab} in its {CONFIG_FILE}, "
-                          f"or put the model's own tokenizer in its directory")
+        raise ConfigError(
+            f"--model {model} has a vocabulary of {model_vocab} tokens, fewer than the {tokenizer} "
+            f"tokenizer's {tokenizer_vocab}: set vocab_size >= {tokenizer_vocab} in its {CONFIG_FILE}, "
+            f"or put the model's own tokenizer in its directory"
+        )
 
 
 def build_model(model: str, tokenizer: str, tokenizer_vocab: int) -> nn.Module:
@@ -100,8 +114,9 @@ def build_model(model: str, tokenizer: str, tokenizer_vocab: int) -> nn.Module:
         else:
             net = auto.from_config(config, dtype=torch.float32)
     except Exception as e:  # noqa: BLE001 - not a causal LM, damaged weights: one line
-        raise ConfigError(f"--model {model}: cannot build a causal LM from {path}: "
-                          f"{type(e).__name__}: {first_line(e)}") from None
+        raise ConfigError(
+            f"--model {model}: cannot build a causal LM from {path}: " f"{type(e).__name__}: {first_line(e)}"
+        ) from None
     return net
 
 
@@ -114,8 +129,10 @@ def meta_model(model: str) -> nn.Module:
         with torch.device("meta"):
             return auto.from_config(config)
     except Exception as e:  # noqa: BLE001 - a T5 or BERT config: not a causal LM
-        raise ConfigError(f"--model {model}: transformers builds no causal LM from its {CONFIG_FILE}: "
-                          f"{type(e).__name__}: {first_line(e)}") from None
+        raise ConfigError(
+            f"--model {model}: transformers builds no causal LM from its {CONFIG_FILE}: "
+            f"{type(e).__name__}: {first_line(e)}"
+        ) from None
 
 
 def has_tokenizer(model: str) -> bool:
@@ -132,8 +149,10 @@ def tokenizer_of(model: str) -> HFTokenizer | None:
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"--model {model}: transformers cannot read the tokenizer in {path}: "
-                          f"{type(e).__name__}: {first_line(e)}") from None
+        raise ConfigError(
+            f"--model {model}: transformers cannot read the tokenizer in {path}: "
+            f"{type(e).__name__}: {first_line(e)}"
+        ) from None
     return HFTokenizer(tok)
 
 

@@ -6,6 +6,7 @@ split can hold out a part of every one; `load_corpus(data)` joins them into one 
   "hf:NAME[:SPLIT]"    a Hugging Face dataset already on this machine (`text` column; never downloads)
   a path               a text file, or a directory of *.txt / *.md files (recursive, sorted)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,7 +53,7 @@ def strip_markdown(text: str) -> str:
     """Plain text from the plays' Markdown: headings, **speaker** tags, _stage directions_, escapes, line breaks."""
     # str methods, not a substitution per emphasis mark: the plays hold 125,000 of them, and every
     # worker process strips all 5 MB (0.34 s with a regex substitution per match, under 0.1 s so)
-    parts = _ESCAPE.split(_HEADING.sub("", text))        # text, escaped char, text, ...
+    parts = _ESCAPE.split(_HEADING.sub("", text))  # text, escaped char, text, ...
     parts[::2] = [p.replace("*", "").replace("_", "") for p in parts[::2]]
     lines = "".join(parts).split("\n")
     return "\n".join(line.rstrip(" \t") for line in lines).replace("&amp;", "&")
@@ -99,7 +100,7 @@ def _local_documents(path: Path) -> list[str]:
 
 
 def _hf_documents(data: str) -> list[str]:
-    name, _, split = data[len("hf:"):].partition(":")
+    name, _, split = data[len("hf:") :].partition(":")
     split = split or "train"
     if not name:
         raise ConfigError(f"bad dataset {data!r}: expected 'hf:NAME' or 'hf:NAME:SPLIT'")

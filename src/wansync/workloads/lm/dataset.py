@@ -7,6 +7,7 @@ the two texts are tokenized apart, so no window straddles the boundary. Training
 the window ids with the same seed and rank r takes `perm[r::world_size]`, truncated so every
 rank has the same number: shards are disjoint, and steps per epoch agree across ranks.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -25,8 +26,7 @@ def split_documents(docs: Sequence[str], val_fraction: float, sep: str = "\n") -
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction}")
     cuts = [len(d) - int(len(d) * val_fraction) for d in docs]
-    return (sep.join(d[:c] for d, c in zip(docs, cuts)),
-            sep.join(d[c:] for d, c in zip(docs, cuts) if c < len(d)))
+    return (sep.join(d[:c] for d, c in zip(docs, cuts)), sep.join(d[c:] for d, c in zip(docs, cuts) if c < len(d)))
 
 
 def window_batch(tokens: np.ndarray, window_ids: np.ndarray, seq_len: int) -> Batch:
@@ -67,7 +67,7 @@ class ShardSampler:
             self._order_epoch = self.epoch
         start = self.position * self.batch_size
         self.position += 1
-        return self._order[start: start + self.batch_size]
+        return self._order[start : start + self.batch_size]
 
     def epoch_progress(self) -> float:
         return self.epoch + self.position / self.batches_per_epoch
@@ -93,4 +93,4 @@ def eval_window_ids(n_windows: int, n_batches: int, batch_size: int) -> list[np.
     """Fixed validation batches: up to n_batches * batch_size window ids spread evenly over the split."""
     n = min(n_windows, n_batches * batch_size)
     ids = np.linspace(0, n_windows - 1, n).round().astype(np.int64) if n else np.zeros(0, np.int64)
-    return [ids[i: i + batch_size] for i in range(0, n, batch_size)]
+    return [ids[i : i + batch_size] for i in range(0, n, batch_size)]

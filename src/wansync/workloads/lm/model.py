@@ -4,6 +4,7 @@ The module tree is deliberately flat and ordered (`embed`, `blocks[i]`, `norm`) 
 fragment-based strategies (Streaming DiLoCo, CoCoDC) can partition parameters by block
 through `TransformerLM.stages()`.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,23 +36,25 @@ class LMShape:
     def param_count(self, vocab_size: int) -> int:
         """Exact parameter count of `TransformerLM(self, vocab_size)` (tied head counted once)."""
         d, f = self.dim, self.ffn_hidden
-        block = 4 * d * d + 3 * d * f + 2 * d          # qkv+out, gate/up/down, two RMSNorms
+        block = 4 * d * d + 3 * d * f + 2 * d  # qkv+out, gate/up/down, two RMSNorms
         return vocab_size * d + self.n_layers * block + d
 
 
-LM_MODELS: Mapping[str, LMShape] = MappingProxyType({
-    # 205,376 parameters: a smoke test of the whole pipeline (a step in milliseconds; it learns little).
-    # The test suite trains it wherever the property under test does not depend on the model's size.
-    "micro": LMShape(dim=64, n_layers=4, n_heads=4, ffn_hidden=160, max_seq_len=256),
-    # 1,820,352 parameters with the 256-byte vocabulary: learns Shakespeare's spelling in minutes on 2 CPU cores.
-    "tiny": LMShape(dim=192, n_layers=4, n_heads=4, ffn_hidden=512, max_seq_len=512),
-    # 19,405,312 parameters with the byte vocabulary.
-    "small": LMShape(dim=512, n_layers=6, n_heads=8, ffn_hidden=1408, max_seq_len=1024),
-    # The CoCoDC setting ("150M LLaMA-style model on C4"), shaped like DiLoCo's 150M model
-    # (12 layers, hidden 896, 16 heads) with a SwiGLU width of 2560. With a 32,000-token vocabulary
-    # and the tied head: 32000*896 + 12*(4*896^2 + 3*896*2560 + 2*896) + 896 = 149,804,928 parameters.
-    "150m": LMShape(dim=896, n_layers=12, n_heads=16, ffn_hidden=2560, max_seq_len=1024),
-})
+LM_MODELS: Mapping[str, LMShape] = MappingProxyType(
+    {
+        # 205,376 parameters: a smoke test of the whole pipeline (a step in milliseconds; it learns little).
+        # The test suite trains it wherever the property under test does not depend on the model's size.
+        "micro": LMShape(dim=64, n_layers=4, n_heads=4, ffn_hidden=160, max_seq_len=256),
+        # 1,820,352 parameters with the 256-byte vocabulary: learns Shakespeare's spelling in minutes on 2 CPU cores.
+        "tiny": LMShape(dim=192, n_layers=4, n_heads=4, ffn_hidden=512, max_seq_len=512),
+        # 19,405,312 parameters with the byte vocabulary.
+        "small": LMShape(dim=512, n_layers=6, n_heads=8, ffn_hidden=1408, max_seq_len=1024),
+        # The CoCoDC setting ("150M LLaMA-style model on C4"), shaped like DiLoCo's 150M model
+        # (12 layers, hidden 896, 16 heads) with a SwiGLU width of 2560. With a 32,000-token vocabulary
+        # and the tied head: 32000*896 + 12*(4*896^2 + 3*896*2560 + 2*896) + 896 = 149,804,928 parameters.
+        "150m": LMShape(dim=896, n_layers=12, n_heads=16, ffn_hidden=2560, max_seq_len=1024),
+    }
+)
 
 
 def lm_shape(name: str) -> LMShape:
@@ -90,7 +93,7 @@ class Rotary(nn.Module):
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)                     # (T, head_dim)
+        angles = torch.cat([angles, angles], dim=-1)  # (T, head_dim)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 

@@ -3,6 +3,7 @@
 Both are lossless (`decode(encode(text)) == text`) and return numpy arrays in the smallest
 integer type that holds the vocabulary, so a 5M-token corpus costs 5 MB per worker, not 40.
 """
+
 from __future__ import annotations
 
 import hashlib

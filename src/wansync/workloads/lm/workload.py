@@ -8,6 +8,7 @@ Evaluation reports bits per byte beside the per-token loss: the loss summed over
 targets, in bits, over the UTF-8 bytes those targets stand for. Per-token losses of a byte and a
 BPE tokenizer are not comparable; bits per byte are.
 """
+
 from __future__ import annotations
 
 import io
@@ -50,8 +51,10 @@ def check_vocabulary(model: nn.Module, model_name: str, tokenizer: Tokenizer) ->
     emb = get() if callable(get) else next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
     rows = getattr(emb, "num_embeddings", None)
     if isinstance(rows, int) and rows < tokenizer.vocab_size:
-        raise ConfigError(f"--model {model_name}: its input embedding has {rows} rows, fewer than the {tokenizer.name} "
-                          f"tokenizer's {tokenizer.vocab_size} token ids: build it with the vocab_size it is given")
+        raise ConfigError(
+            f"--model {model_name}: its input embedding has {rows} rows, fewer than the {tokenizer.name} "
+            f"tokenizer's {tokenizer.vocab_size} token ids: build it with the vocab_size it is given"
+        )
 
 
 class LMWorkload:
@@ -59,9 +62,22 @@ class LMWorkload:
 
     kind = "lm"
 
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, train_tokens: np.ndarray,
-                 val_tokens: np.ndarray, *, model_name: str, data: str, rank: int, world_size: int, seed: int,
-                 batch_size: int, seq_len: int, eval_batches: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        train_tokens: np.ndarray,
+        val_tokens: np.ndarray,
+        *,
+        model_name: str,
+        data: str,
+        rank: int,
+        world_size: int,
+        seed: int,
+        batch_size: int,
+        seq_len: int,
+        eval_batches: int,
+    ) -> None:
         self.model, self.tokenizer, self.model_name, self.data = model, tokenizer, model_name, data
         check_vocabulary(model, model_name, tokenizer)
         self.seq_len, self.batch_size = seq_len, batch_size
@@ -77,8 +93,10 @@ class LMWorkload:
         self._sampler = ShardSampler(self.shard_indices, batch_size, seed=seed, rank=rank)
         n_val_windows = len(self.val_tokens) // (seq_len + 1)
         if n_val_windows == 0:
-            raise DataError(f"corpus {data!r}: validation split ({len(self.val_tokens)} tokens) is shorter than "
-                            f"one window of {seq_len + 1}; raise val_fraction or lower seq_len")
+            raise DataError(
+                f"corpus {data!r}: validation split ({len(self.val_tokens)} tokens) is shorter than "
+                f"one window of {seq_len + 1}; raise val_fraction or lower seq_len"
+            )
         self._eval_ids = eval_window_ids(n_val_windows, eval_batches, batch_size)
 
     def next_batch(self) -> Batch:
@@ -93,9 +111,11 @@ class LMWorkload:
         """The model's logits, checked: (B, T, V), one row of V for every token id."""
         logits = logits_of(output)
         if logits.dim() != 3 or logits.shape[:2] != targets.shape or logits.shape[-1] < self.tokenizer.vocab_size:
-            raise ConfigError(f"model {self.model_name!r} returned logits of shape {tuple(logits.shape)} for tokens "
-                              f"of shape {tuple(targets.shape)}: an LM must return (batch, seq_len, vocab >= "
-                              f"{self.tokenizer.vocab_size}), the {self.tokenizer.name} tokenizer's vocabulary")
+            raise ConfigError(
+                f"model {self.model_name!r} returned logits of shape {tuple(logits.shape)} for tokens "
+                f"of shape {tuple(targets.shape)}: an LM must return (batch, seq_len, vocab >= "
+                f"{self.tokenizer.vocab_size}), the {self.tokenizer.name} tokenizer's vocabulary"
+            )
         return logits
 
     def batch_size_items(self, batch: Batch) -> int:
@@ -139,15 +159,18 @@ class LMWorkload:
             "workload": "lm",
             "model": self.model_name,
             "params": sum(p.numel() for p in self.model.parameters()),
-            **({"shape": asdict(self.model.shape)} if isinstance(self.model, TransformerLM) else
-               {"architecture": type(self.model).__name__}),
+            **(
+                {"shape": asdict(self.model.shape)}
+                if isinstance(self.model, TransformerLM)
+                else {"architecture": type(self.model).__name__}
+            ),
             "data": self.data,
             "tokenizer": self.tokenizer.name,
             "vocab": self.tokenizer.vocab_size,
             "train_tokens": len(self.train_tokens),
             "val_tokens": len(self.val_tokens),
-            "val_bytes_per_token": float(self._token_bytes[torch.from_numpy(self.val_tokens.astype(np.int64))]
-                                         .sum()) / max(1, len(self.val_tokens)),
+            "val_bytes_per_token": float(self._token_bytes[torch.from_numpy(self.val_tokens.astype(np.int64))].sum())
+            / max(1, len(self.val_tokens)),
             "seq_len": self.seq_len,
             "batch_size": self.batch_size,
             "windows": self.n_windows,
@@ -157,12 +180,23 @@ class LMWorkload:
         }
 
 
-def build_lm_workload(model: str = "tiny", data: str = "shakespeare", *, rank: int = 0, world_size: int = 1,
-                      seed: int = 0, batch_size: int = 16, seq_len: int = 128, tokenizer: str | Tokenizer = "byte",
-                      eval_batches: int = 8, val_fraction: float = 0.05, bpe_vocab: int = 2048,
-                      cache_dir: str | None = None,
-                      leader_first: Callable[[Callable[[], Any]], Any] | None = None,
-                      build_model: Callable[[Tokenizer], nn.Module] | None = None) -> LMWorkload:
+def build_lm_workload(
+    model: str = "tiny",
+    data: str = "shakespeare",
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    batch_size: int = 16,
+    seq_len: int = 128,
+    tokenizer: str | Tokenizer = "byte",
+    eval_batches: int = 8,
+    val_fraction: float = 0.05,
+    bpe_vocab: int = 2048,
+    cache_dir: str | None = None,
+    leader_first: Callable[[Callable[[], Any]], Any] | None = None,
+    build_model: Callable[[Tokenizer], nn.Module] | None = None,
+) -> LMWorkload:
     """Build the LM workload for one rank. The model depends only on (model, vocabulary, seed), so all
     ranks agree: `build_model(tokenizer)` runs under `torch.manual_seed(seed)` (default: the
     `TransformerLM` of the size `model` names). `tokenizer` is "byte", "bpe" or a tokenizer itself.
@@ -172,17 +206,23 @@ def build_lm_workload(model: str = "tiny", data: str = "shakespeare", *, rank: i
     caller tokenizes for itself."""
     if build_model is None:
         shape = check_seq_len(model, seq_len)
+
         def build_model(tok: Tokenizer) -> nn.Module:
             return TransformerLM(shape, tok.vocab_size)
+
     if eval_batches < 1:
         raise ConfigError(f"eval_batches must be positive, got {eval_batches}")
-    train_text, val_text = split_documents(load_documents(data), val_fraction,
-                                           sep="\n\n" if data.startswith("hf:") else "\n")
+    train_text, val_text = split_documents(
+        load_documents(data), val_fraction, sep="\n\n" if data.startswith("hf:") else "\n"
+    )
 
     def tokenize() -> tuple[Tokenizer, np.ndarray, np.ndarray]:
         # the BPE learns from the training text only: the held-out text stays unseen
-        tok = tokenizer if not isinstance(tokenizer, str) else \
-            build_tokenizer(tokenizer, train_text, bpe_vocab=bpe_vocab, cache_dir=cache_dir)
+        tok = (
+            tokenizer
+            if not isinstance(tokenizer, str)
+            else build_tokenizer(tokenizer, train_text, bpe_vocab=bpe_vocab, cache_dir=cache_dir)
+        )
         return tok, _encode_cached(tok, train_text, cache_dir), _encode_cached(tok, val_text, cache_dir)
 
     once = leader_first if leader_first is not None and tokenizer == "bpe" and cache_dir is not None else _call
@@ -190,9 +230,20 @@ def build_lm_workload(model: str = "tiny", data: str = "shakespeare", *, rank: i
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = build_model(tok)
-    return LMWorkload(net, tok, train_tokens, val_tokens, model_name=model, data=data, rank=rank,
-                      world_size=world_size, seed=seed, batch_size=batch_size, seq_len=seq_len,
-                      eval_batches=eval_batches)
+    return LMWorkload(
+        net,
+        tok,
+        train_tokens,
+        val_tokens,
+        model_name=model,
+        data=data,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        eval_batches=eval_batches,
+    )
 
 
 def bits_per_byte(loss_nats: float, nbytes: int) -> float:

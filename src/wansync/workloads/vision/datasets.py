@@ -4,6 +4,7 @@ Spec strings: "fashion-mnist" (Debian package), "fashion-mnist:PATH", "cifar100:
 "cifar10:PATH", "imagefolder:PATH". Converting to float happens per batch, which keeps
 memory at one byte per pixel and makes batch assembly a cheap index.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -32,16 +33,33 @@ def load_dataset(spec: str) -> ImageData:
         return load_cifar(Path(path), classes=100 if name == "cifar100" else 10)
     if name == "imagefolder" and path:
         from .imagefolder import load_imagefolder
+
         return load_imagefolder(Path(path))
     raise ConfigError(f"unknown vision dataset {spec!r}; valid forms: {', '.join(DATASET_FORMS)}")
 
 
 # --- Fashion-MNIST (idx format, optionally gzipped) -------------------------------------------
 
-_FMNIST_FILES = MappingProxyType({"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
-                                  "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"})
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
-                         "Sneaker", "Bag", "Ankle boot")
+_FMNIST_FILES = MappingProxyType(
+    {
+        "train_x": "train-images-idx3-ubyte",
+        "train_y": "train-labels-idx1-ubyte",
+        "test_x": "t10k-images-idx3-ubyte",
+        "test_y": "t10k-labels-idx1-ubyte",
+    }
+)
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -55,7 +73,7 @@ def read_idx(path: Path) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise DataError(f"{path} is not a uint8 idx file")
     ndim = raw[3]
-    dims = [int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     payload = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if payload.size != int(np.prod(dims)):
         raise DataError(f"{path} is truncated or corrupt: its header says {dims} but it holds {payload.size} bytes")
@@ -69,9 +87,11 @@ def load_fashion_mnist(directory: Path | None = None) -> ImageData:
     for key, stem in _FMNIST_FILES.items():
         found = [d / (stem + suf) for suf in (".gz", "") if (d / (stem + suf)).is_file()]
         if not found:
-            raise DataError(f"Fashion-MNIST file {stem}.gz not found in {d}: run `apt-get install "
-                            f"dataset-fashion-mnist`, or put the four idx files from the Fashion-MNIST "
-                            f"GitHub releases in a directory and pass fashion-mnist:PATH")
+            raise DataError(
+                f"Fashion-MNIST file {stem}.gz not found in {d}: run `apt-get install "
+                f"dataset-fashion-mnist`, or put the four idx files from the Fashion-MNIST "
+                f"GitHub releases in a directory and pass fashion-mnist:PATH"
+            )
         arrays[key] = read_idx(found[0])
     x_tr, x_te = (torch.from_numpy(arrays[k].copy()).unsqueeze(1) for k in ("train_x", "test_x"))
     y_tr, y_te = (torch.from_numpy(arrays[k].astype(np.int64)) for k in ("train_y", "test_y"))
@@ -79,6 +99,7 @@ def load_fashion_mnist(directory: Path | None = None) -> ImageData:
 
 
 # --- CIFAR (python pickle format) ----------------------------------------------------------
+
 
 def _unpickle(path: Path) -> dict:
     # Only files under the directory the user named are unpickled (pickle runs code).
@@ -113,7 +134,7 @@ def load_cifar(directory: Path, classes: int = 100) -> ImageData:
     """CIFAR-100 (`train`, `test`, `meta`) or CIFAR-10 (`data_batch_1..5`, `test_batch`) directory."""
     d = directory
     sub = d / ("cifar-100-python" if classes == 100 else "cifar-10-batches-py")
-    if sub.is_dir():                                   # accept the archive's parent directory too
+    if sub.is_dir():  # accept the archive's parent directory too
         d = sub
     if not d.is_dir():
         raise DataError(f"CIFAR directory {directory} does not exist")

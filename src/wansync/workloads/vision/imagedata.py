@@ -3,6 +3,7 @@
 Every loader (:mod:`.datasets`, :mod:`.imagefolder`) returns one; the workload converts a batch to
 float only when it uses it, which keeps memory at one byte per pixel.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,21 +24,24 @@ class ImageData:
     test_y: torch.Tensor
     num_classes: int
     class_names: list[str] = field(default_factory=list)
-    mean: torch.Tensor | None = None   # per channel, in [0, 1] units; computed from train_x if None
+    mean: torch.Tensor | None = None  # per channel, in [0, 1] units; computed from train_x if None
     std: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for split in ("train", "test"):
             x, y = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
             if x.dtype != torch.uint8 or x.dim() != 4:
-                raise DataError(f"{self.name}: {split} images must be uint8 N×C×H×W, "
-                                f"got {x.dtype} {tuple(x.shape)}")
+                raise DataError(
+                    f"{self.name}: {split} images must be uint8 N×C×H×W, " f"got {x.dtype} {tuple(x.shape)}"
+                )
             if len(x) != len(y) or len(x) == 0:
                 raise DataError(f"{self.name}: {split} split has {len(x)} images and {len(y)} labels")
             setattr(self, f"{split}_y", y.to(torch.long))
         if self.train_x.shape[1:] != self.test_x.shape[1:]:
-            raise DataError(f"{self.name}: train images {tuple(self.train_x.shape[1:])} and test images "
-                            f"{tuple(self.test_x.shape[1:])} differ in shape")
+            raise DataError(
+                f"{self.name}: train images {tuple(self.train_x.shape[1:])} and test images "
+                f"{tuple(self.test_x.shape[1:])} differ in shape"
+            )
         if self.mean is None or self.std is None:
             self.mean, self.std = channel_stats(self.train_x)
 
@@ -57,7 +61,7 @@ def channel_stats(x: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, tor
     s = torch.zeros(c, dtype=torch.float64)
     s2 = torch.zeros(c, dtype=torch.float64)
     for i in range(0, len(x), chunk):
-        part = x[i:i + chunk].to(torch.float64).div_(255.0).transpose(0, 1).reshape(c, -1)
+        part = x[i : i + chunk].to(torch.float64).div_(255.0).transpose(0, 1).reshape(c, -1)
         s += part.sum(1)
         s2 += (part * part).sum(1)
     n = x.numel() // c

@@ -4,6 +4,7 @@ Layout: PATH/train/<class>/**/*.{JPEG,jpg,png} and either PATH/val/<class>/... o
 PATH/val/images/* + PATH/val/val_annotations.txt. Every image is converted to RGB and resized to the
 first training image's size (its shorter side, squared), so one dataset is one dense tensor.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,7 +49,7 @@ def _val_split(root: Path, classes: list[str]) -> list[tuple[Path, int]]:
         if not d.is_dir():
             continue
         ann = d / "val_annotations.txt"
-        if ann.is_file() and (d / "images").is_dir():      # TinyImageNet layout
+        if ann.is_file() and (d / "images").is_dir():  # TinyImageNet layout
             items = []
             for n, line in enumerate(ann.read_text().splitlines(), 1):
                 parts = line.split("\t")
@@ -101,7 +102,7 @@ def load_imagefolder(root: Path) -> ImageData:
     classes, train = _train_split(root)
     val = _val_split(root, classes)
     first = _decode(train[0][0], None)
-    side = min(first.shape[1], first.shape[2])              # square, so ViT patches tile it
+    side = min(first.shape[1], first.shape[2])  # square, so ViT patches tile it
     size = (side, side)
     x_tr, y_tr = _decode_all(train, size)
     x_te, y_te = _decode_all(val, size)

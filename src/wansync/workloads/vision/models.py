@@ -1,4 +1,5 @@
 """Name → vision model, built deterministically from a seed without touching the global RNG."""
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,9 @@ from .vit import vit_s
 VISION_MODELS = ("cnn", "resnet18", "resnet50", "vit_s")
 
 
-def build_model(name: str, *, in_channels: int, num_classes: int, image_size: int,
-                width: float = 1.0, seed: int = 0) -> nn.Module:
+def build_model(
+    name: str, *, in_channels: int, num_classes: int, image_size: int, width: float = 1.0, seed: int = 0
+) -> nn.Module:
     """Build `name` for (in_channels, image_size, num_classes); every rank gets identical weights.
 
     `width` scales the CNN's and ResNets' channels; ViT-S keeps its standard size.

@@ -1,4 +1,5 @@
 """ResNet-18/50 with the CIFAR stem (3×3 conv, stride 1, no max-pool), as used for 32 px images."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -56,12 +57,19 @@ class ResNet(nn.Module):
     `width` scales every channel count (0.25 gives a CPU-sized ResNet-18 with ~0.7M params).
     """
 
-    def __init__(self, block: type[BasicBlock] | type[Bottleneck], layers: tuple[int, ...],
-                 in_channels: int, num_classes: int, width: float = 1.0) -> None:
+    def __init__(
+        self,
+        block: type[BasicBlock] | type[Bottleneck],
+        layers: tuple[int, ...],
+        in_channels: int,
+        num_classes: int,
+        width: float = 1.0,
+    ) -> None:
         super().__init__()
         widths = [max(4, round(c * width)) for c in (64, 128, 256, 512)]
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False),
-                                  nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(inplace=True)
+        )
         cin = widths[0]
         stages = []
         for i, (planes, n) in enumerate(zip(widths, layers)):

@@ -6,6 +6,7 @@ shard with a generator seeded from (seed, rank, epoch). Batches are consecutive 
 stream and may straddle an epoch boundary, so nothing is dropped and tiny datasets still work.
 The position (epoch, offset, batches served) is the whole state: resuming from it replays exactly.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,7 +58,7 @@ class ShardSampler:
         parts, need = [], self.batch_size
         while need:
             order = self._epoch_order(self.epoch)
-            take = order[self.offset:self.offset + need]
+            take = order[self.offset : self.offset + need]
             parts.append(take)
             need -= len(take)
             self.offset += len(take)
@@ -74,9 +75,16 @@ class ShardSampler:
         return self.epoch + self.offset / len(self)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "offset": self.offset, "batches": self.batches, "seed": self.seed,
-                "rank": self.rank, "world_size": self.world_size, "batch_size": self.batch_size,
-                "shard_size": len(self)}
+        return {
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "batches": self.batches,
+            "seed": self.seed,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "shard_size": len(self),
+        }
 
     def skip_to(self, batches: int) -> None:
         """Where a sampler that served `batches` batches from the start would be."""
@@ -87,8 +95,10 @@ class ShardSampler:
         mine = self.state_dict()
         for key in ("seed", "rank", "world_size", "shard_size"):
             if key in state and state[key] != mine[key]:
-                raise DataError(f"data state is for {key}={state[key]} but this worker has "
-                                f"{key}={mine[key]}; resume with the same seed, rank and worker count")
+                raise DataError(
+                    f"data state is for {key}={state[key]} but this worker has "
+                    f"{key}={mine[key]}; resume with the same seed, rank and worker count"
+                )
         if not 0 <= int(state["offset"]) < len(self):
             raise DataError(f"data state offset {state['offset']} is outside the shard of {len(self)}")
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])

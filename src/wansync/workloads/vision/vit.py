@@ -1,4 +1,5 @@
 """ViT-S (dim 384, depth 12, heads 6, MLP 1536) sized for small images (28–64 px)."""
+
 from __future__ import annotations
 
 import torch
@@ -49,8 +50,17 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, in_channels: int, num_classes: int, image_size: int, patch: int | None = None,
-                 dim: int = 384, depth: int = 12, heads: int = 6, mlp: int = 1536) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        image_size: int,
+        patch: int | None = None,
+        dim: int = 384,
+        depth: int = 12,
+        heads: int = 6,
+        mlp: int = 1536,
+    ) -> None:
         super().__init__()
         patch = patch or choose_patch_size(image_size)
         if image_size % patch:

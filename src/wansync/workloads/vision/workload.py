@@ -1,4 +1,5 @@
 """The vision workload: the training loop's view of a model plus this rank's image shard."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,13 +35,24 @@ class VisionWorkload:
 
     kind = "vision"
 
-    def __init__(self, model: nn.Module, data: ImageData, *, model_name: str = "custom", rank: int = 0,
-                 world_size: int = 1, seed: int = 0, batch_size: int = 64, eval_batches: int | None = None,
-                 augment: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        data: ImageData,
+        *,
+        model_name: str = "custom",
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        batch_size: int = 64,
+        eval_batches: int | None = None,
+        augment: bool = True,
+    ) -> None:
         self.model, self.data, self.model_name = model, data, model_name
         self.batch_size, self.eval_batches, self.augment = batch_size, eval_batches, augment
-        self.sampler = ShardSampler(len(data.train_x), rank=rank, world_size=world_size, seed=seed,
-                                    batch_size=batch_size)
+        self.sampler = ShardSampler(
+            len(data.train_x), rank=rank, world_size=world_size, seed=seed, batch_size=batch_size
+        )
 
     @property
     def shard_indices(self) -> torch.Tensor:
@@ -77,8 +89,8 @@ class VisionWorkload:
         total_loss, correct = 0.0, 0
         try:
             for i in range(0, n, self.batch_size):
-                x = self.data.to_float(self.data.test_x[i:min(i + self.batch_size, n)]).to(dev)
-                y = self.data.test_y[i:min(i + self.batch_size, n)].to(dev)
+                x = self.data.to_float(self.data.test_x[i : min(i + self.batch_size, n)]).to(dev)
+                y = self.data.test_y[i : min(i + self.batch_size, n)].to(dev)
                 logits = logits_of(net(x))
                 total_loss += float(F.cross_entropy(logits, y, reduction="sum"))
                 correct += int((logits.argmax(1) == y).sum())
@@ -99,30 +111,55 @@ class VisionWorkload:
         self.sampler.skip_to(steps)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": self.model_name,
-                "params": sum(p.numel() for p in self.model.parameters()),
-                "dataset": self.data.name, "classes": self.data.num_classes,
-                "image_shape": list(self.data.image_shape), "train_size": len(self.data.train_x),
-                "test_size": len(self.data.test_x), "shard_size": len(self.sampler),
-                "batch_size": self.batch_size, "augment": self.augment}
+        return {
+            "kind": self.kind,
+            "model": self.model_name,
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "dataset": self.data.name,
+            "classes": self.data.num_classes,
+            "image_shape": list(self.data.image_shape),
+            "train_size": len(self.data.train_x),
+            "test_size": len(self.data.test_x),
+            "shard_size": len(self.sampler),
+            "batch_size": self.batch_size,
+            "augment": self.augment,
+        }
 
 
-def build_vision_workload(model: str = "cnn", data: str = "fashion-mnist", *, rank: int = 0,
-                          world_size: int = 1, seed: int = 0, batch_size: int = 64,
-                          eval_batches: int | None = None, augment: bool = True,
-                          width: float = 1.0,
-                          model_factory: Callable[[int, int, int], nn.Module] | None = None) -> VisionWorkload:
+def build_vision_workload(
+    model: str = "cnn",
+    data: str = "fashion-mnist",
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    batch_size: int = 64,
+    eval_batches: int | None = None,
+    augment: bool = True,
+    width: float = 1.0,
+    model_factory: Callable[[int, int, int], nn.Module] | None = None,
+) -> VisionWorkload:
     """Load `data` (see DATASET_FORMS), build `model` sized for it, and shard it for `rank`.
     `model_factory(in_channels, num_classes, image_size)` builds a model of the user's instead, under
     `torch.manual_seed(seed)`."""
     ds = load_dataset(data)
     c, h, w = ds.image_shape
     if model_factory is None:
-        net = build_model(model, in_channels=c, num_classes=ds.num_classes, image_size=min(h, w),
-                          width=width, seed=seed)
+        net = build_model(
+            model, in_channels=c, num_classes=ds.num_classes, image_size=min(h, w), width=width, seed=seed
+        )
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             net = model_factory(c, ds.num_classes, min(h, w))
-    return VisionWorkload(net, ds, model_name=model, rank=rank, world_size=world_size, seed=seed,
-                          batch_size=batch_size, eval_batches=eval_batches, augment=augment)
+    return VisionWorkload(
+        net,
+        ds,
+        model_name=model,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        batch_size=batch_size,
+        eval_batches=eval_batches,
+        augment=augment,
+    )
