@@ -81,7 +81,10 @@ def agree(
     trains its runs in the same order on every rank: each meets the others in its round's keys."""
     if not env.agent_store:
         return Agreement(env.local_world_size)
-    round_ = env.store(timeout_s).add(f"rounds/rank{env.rank}", 1)
+    if env.rejoined:  # the others agreed long ago, in rank 0's round: this node meets their records there
+        round_ = env.store(timeout_s).add("rounds/rank0", 0)
+    else:
+        round_ = env.store(timeout_s).add(f"rounds/rank{env.rank}", 1)
     store = replace(env, round=round_).store(timeout_s)
     mine = {"config": config, "start": start, "machine": machine_identity(), "refused": refused}
     store.set(f"agree/rank{env.rank}", json.dumps(mine, sort_keys=True, default=str))
@@ -98,12 +101,12 @@ def agree(
     if first.get("refused") and env.rank != 0:
         raise ConfigError(f"rank 0 will not start: {first['refused']}")
     for rank, record in enumerate(records[1:], 1):
-        check_same(first, record, rank)
+        check_same(first, record, rank, start=not env.rejoined)  # a node that rejoins heals, from no checkpoint
     return Agreement(sum(1 for r in records if r["machine"] == mine["machine"]), round_)
 
 
-def check_same(first: dict[str, Any], other: dict[str, Any], rank: int) -> None:
-    """Rank `rank`'s record against rank 0's: the same configuration, the same start."""
+def check_same(first: dict[str, Any], other: dict[str, Any], rank: int, start: bool = True) -> None:
+    """Rank `rank`'s record against rank 0's: the same configuration, and (`start`) the same start."""
     keys = sorted(
         k for k in set(first["config"]) | set(other["config"]) if first["config"].get(k) != other["config"].get(k)
     )
@@ -114,7 +117,7 @@ def check_same(first: dict[str, Any], other: dict[str, Any], rank: int) -> None:
             f"{_values(other['config'], shown)} where rank 0 has {_values(first['config'], shown)}; "
             f"start every node with the same flags"
         )
-    if first["start"] != other["start"]:
+    if start and first["start"] != other["start"]:
         raise ConfigError(
             f"rank {rank} {_start(other['start'])} but rank 0 {_start(first['start'])}: resume on every "
             f"node (--resume) from the same checkpoint, or on none"

@@ -159,8 +159,9 @@ class Launch:
 
     def start_all(self, check_signals: Callable[[], None]) -> None:
         """Every rank; after the forked ones, the zygote that forks a restarted worker later, and the store."""
+        rejoined = self.torchrun is not None and self.torchrun.rejoined  # its first life heals, as a restart's
         for rank in self.ranks:
-            self.procs.append(self.start(rank))
+            self.procs.append(self.start(rank, restarted=rejoined))
             check_signals()
         if self.store is None:
             if self.supervisor is not None and self.supervisor.restarts_workers and workerproc.Zygote.available():

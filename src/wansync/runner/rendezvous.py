@@ -12,13 +12,26 @@ its workers at `localhost`. Here:
 - a node is advertised by the source address of its route to the endpoint (`runner.route`), unless
   `--local-addr` is given: an address the other nodes reach it at, whatever its name resolves to.
 
+And one thing c10d does not do: **a node that comes back takes its own place again** (`LateJoin`).
+A host that died whole (agent and workers) and whose torchrun command is started again finds the run
+formed and training; under c10d it would wait for a next round, and the agents of the live nodes would
+restart their own workers to hold one (every worker of the run from step 0). Here it takes the place of
+the node that is gone (one of its own address whose agent has stopped heartbeating), with that node's
+rank and world, in the round the others trained in: nobody else restarts, its workers rejoin the run
+(a fault-tolerant run's heal from a live peer; any other run's refuse in one line,
+`runner.agreement`), and its agent meets the others in torchrun's exit barrier. A node that finds no
+such place goes through c10d as before.
+
 Everything else is c10d's. Registered through the `torchrun.handlers` entry point (pyproject.toml).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
+import os
 import sys
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -27,6 +40,8 @@ from .route import owns, route_to
 
 NAME = "wansync"
 DEFAULT_PORT = 29400
+REJOINED_ENV = "WANSYNC_REJOINED"  # set in a rejoining agent's environment: its workers inherit it
+GONE_AFTER_S = 3.0  # an agent whose heartbeat did not move for this long is gone (it beats every 0.1 s)
 
 
 def handler() -> Callable[[Any], Any]:
@@ -57,7 +72,132 @@ def create_handler(params: Any) -> Any:
         store = rendezvous_store(
             host, port, params.get_as_bool("is_host"), timedelta(seconds=params.get_as_int("read_timeout", 60) or 60)
         )
-    return c10d_handler(store, Backend(store, params.run_id), params)
+    return LateJoin(c10d_handler(store, Backend(store, params.run_id), params), store, params.run_id, params.local_addr)
+
+
+def _rendezvous_api() -> Any:
+    from torch.distributed.elastic.rendezvous import api
+
+    return api
+
+
+class LateJoin:
+    """c10d's handler, and a place again for a node that comes back (module docstring). What the
+    members record, in the rendezvous store under `wansync/rdzv/<run id>/`: per round the world
+    (`formed`, by rank 0: round, world size, where the workers' store is) and per rank its address
+    and a heartbeat (a counter each agent adds to at every check torchrun makes, 10 a second). The
+    store the agents get is this round's prefix of it, so that a node that takes a place meets the
+    others' keys (its ranks as torchrun assigned them, the exit barrier)."""
+
+    def __init__(self, inner: Any, store: Any, run_id: str, local_addr: str | None):
+        self.inner, self.raw, self.run_id, self.addr = inner, store, run_id, local_addr or ""
+        self.ns = f"wansync/rdzv/{run_id}"
+        self.rank: int | None = None
+        self.round = 0
+        self.joined = False
+
+    # ---- what torchrun asks -------------------------------------------------------------------
+    def get_backend(self) -> str:
+        return NAME
+
+    @property
+    def use_agent_store(self) -> bool:
+        return bool(self.inner.use_agent_store)
+
+    def get_run_id(self) -> str:
+        return str(self.inner.get_run_id())
+
+    def is_closed(self) -> bool:
+        return bool(self.inner.is_closed())
+
+    def set_closed(self) -> None:
+        self.inner.set_closed()
+
+    def shutdown(self) -> bool:
+        return bool(self.inner.shutdown()) if self.joined else True
+
+    def num_nodes_waiting(self) -> int:
+        if self.rank is not None:
+            try:
+                self.raw.add(f"{self.ns}/r{self.round}/alive/{self.rank}", 1)
+            except RuntimeError:  # the store's host is gone: c10d's own check says so below
+                pass
+        return int(self.inner.num_nodes_waiting()) if self.joined else 0
+
+    def next_rendezvous(self) -> Any:
+        if not self.joined and self.rank is None:
+            place = self.vacant_place()
+            if place is not None:
+                return self.take(*place)
+        api = _rendezvous_api()
+        self.raw.delete_key(f"{self.ns}/formed")  # a round is forming: a late node goes through c10d
+        info = self.inner.next_rendezvous()
+        self.joined, self.rank = True, info.rank
+        if info.rank == 0:
+            self.round = self.raw.add(f"{self.ns}/rounds", 1)
+            boot = info.bootstrap_store_info
+            formed = {
+                "round": self.round,
+                "world_size": info.world_size,
+                "master_addr": getattr(boot, "master_addr", None),
+                "master_port": getattr(boot, "master_port", None),
+            }
+            self.raw.set(f"{self.ns}/formed", json.dumps(formed))
+        else:
+            self.round = json.loads(self.raw.get(f"{self.ns}/formed"))["round"]
+        self.raw.set(f"{self.ns}/r{self.round}/member/{info.rank}", self.addr)
+        self.raw.add(f"{self.ns}/r{self.round}/alive/{info.rank}", 1)
+        return api.RendezvousInfo(self.round_store(), info.rank, info.world_size, info.bootstrap_store_info)
+
+    # ---- a node that comes back -----------------------------------------------------------------
+    def round_store(self) -> Any:
+        import torch.distributed as dist
+
+        return dist.PrefixStore(f"{self.ns}/r{self.round}/agents", self.raw)
+
+    def formed(self) -> dict[str, Any] | None:
+        try:
+            if not self.raw.check([f"{self.ns}/formed"]):
+                return None
+            return dict(json.loads(self.raw.get(f"{self.ns}/formed")))
+        except (RuntimeError, ValueError):
+            return None
+
+    def vacant_place(self) -> tuple[dict[str, Any], int] | None:
+        """The formed round and the rank of a node of this address that is gone; None when the run is
+        not formed (a first start) or every node of this address is alive."""
+        formed = self.formed()
+        if formed is None or not formed.get("master_addr"):
+            return None
+        r, world = formed["round"], int(formed["world_size"])
+        mine = [
+            k
+            for k in range(1, world)  # node 0 hosts the store: it cannot have gone and left it
+            if self.raw.check([f"{self.ns}/r{r}/member/{k}"])
+            and self.raw.get(f"{self.ns}/r{r}/member/{k}").decode() == self.addr
+        ]
+        if not mine:
+            return None
+        beats = {k: self.raw.add(f"{self.ns}/r{r}/alive/{k}", 0) for k in mine}
+        time.sleep(GONE_AFTER_S)
+        gone = [k for k in mine if self.raw.add(f"{self.ns}/r{r}/alive/{k}", 0) == beats[k]]
+        return (formed, gone[0]) if gone else None
+
+    def take(self, formed: dict[str, Any], rank: int) -> Any:
+        """Rank `rank`'s place in the formed round: its rank and world, the round's store, the workers'
+        store where rank 0 serves it; the workers learn that they rejoin (`REJOINED_ENV`)."""
+        api = _rendezvous_api()
+        self.rank, self.round = rank, formed["round"]
+        self.raw.add(f"{self.ns}/r{self.round}/alive/{rank}", 1)
+        os.environ[REJOINED_ENV] = "1"
+        print(
+            f"wansync rendezvous: the run {self.run_id} is training without the node of rank {rank} at "
+            f"{self.addr}; this node takes its place",
+            file=sys.stderr,
+            flush=True,
+        )
+        boot = api.RendezvousStoreInfo(formed["master_addr"], int(formed["master_port"]))
+        return api.RendezvousInfo(self.round_store(), rank, int(formed["world_size"]), boot)
 
 
 def rendezvous_store(host: str, port: int, is_host: bool | None, timeout: timedelta) -> Any:

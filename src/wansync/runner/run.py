@@ -420,6 +420,12 @@ def adopt(
     )
     if refused is not None:
         raise refused
+    if torchrun.rejoined and not cfg.fault_tolerant:
+        raise ConfigError(
+            "this node took the place of one that was gone from a run in training (torchrun's rendezvous); only a "
+            "--fault-tolerant run takes a node back: its workers heal from a live peer. Start the run again on "
+            "every node, with --resume"
+        )
     if torchrun.local_rank == 0 and torchrun.rank != 0:
         keep_config(run_dir, config_text(cfg, options))
         keep_topology(run_dir, cfg)

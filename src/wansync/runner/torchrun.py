@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass
 
 from ..errors import ConfigError, PeerError, first_line
+from .rendezvous import REJOINED_ENV
 from .route import route_to
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -31,6 +32,7 @@ class TorchrunEnv:
     attempt: int = 0  # TORCHELASTIC_RESTART_COUNT: torchrun's restarts of this node
     agent_store: bool = False  # torchrun's agents serve a store at MASTER_ADDR:MASTER_PORT
     round: int = 0  # which of this launch's runs (a grid's) the store's keys are for
+    rejoined: bool = False  # this node took the place of one that was gone (runner.rendezvous.LateJoin)
 
     def describe(self) -> str:
         return f"rank {self.rank} of {self.world_size}, rendezvous {self.master_addr}:{self.master_port}"
@@ -135,6 +137,7 @@ def torchrun_env(workers: int | None = None, ranks_per_worker: int = 1) -> Torch
         os.environ.get("TORCHELASTIC_RUN_ID", ""),
         attempt,
         os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+        rejoined=os.environ.get(REJOINED_ENV) == "1",
     )
     if world % ranks_per_worker:
         raise ConfigError(
