@@ -127,7 +127,8 @@ def env() -> dict[str, str]:
 
 def schedule(seed: int, kinds: list[str], count: int, steps: int, peer_timeout: float) -> list[Fault]:
     """`count` faults drawn with `seed`: kind (each of `kinds` once before any repeats), host (B or C),
-    the step of rank 0 at which it strikes, between 15 % and 60 % of the run, at least 8 steps apart
+    the step of rank 0 at which it strikes, between 15 % and 60 % of the run (a host's restart between 10
+    and 20 %), at least 8 steps apart
     so that a worker is back before the next fault; stops and link cuts last less (short) or more
     (long) than the peer timeout."""
     rng = random.Random(seed)
@@ -141,9 +142,12 @@ def schedule(seed: int, kinds: list[str], count: int, steps: int, peer_timeout: 
             "stop-long": peer_timeout * rng.uniform(1.3, 1.8),
             "link": peer_timeout * rng.uniform(0.3, 1.5),
         }.get(kind, 0.0)
+        # a host's restart takes ~15 s here (torchrun, its wait for the gone node's heartbeat, the workers'
+        # start): it strikes early, so that the run is still training when the host is back
+        early, late = (0.1, 0.2) if kind == "host" else (0.15, 0.6)
         faults.append(
             Fault(
-                at=rng.randint(int(steps * 0.15), int(steps * 0.6)),
+                at=rng.randint(int(steps * early), int(steps * late)),
                 kind=kind,
                 host=rng.choice((1, 2)),
                 seconds=round(seconds, 1),
@@ -152,6 +156,8 @@ def schedule(seed: int, kinds: list[str], count: int, steps: int, peer_timeout: 
     faults.sort(key=lambda f: f.at)
     for a, b in zip(faults, faults[1:]):
         b.at = max(b.at, a.at + 8)
+        if a.kind == "host" and b.host == a.host:  # that host is still coming back: the other one
+            b.host = 3 - a.host
     return faults
 
 
@@ -457,6 +463,30 @@ class Run:
         r.same = "NO" if differ else (f"yes ({compared})" if compared else "-")
 
 
+def record(r: Result, chaos: bool, reference: float | None) -> dict:
+    """One run's result and checks, for --json."""
+    return {
+        "strategy": r.strategy,
+        "seed": r.seed,
+        "chaos": chaos,
+        "codes": r.codes,
+        "finished": r.finished,
+        "errors": r.errors,
+        "same_anchors": r.same,
+        "forward": r.forward,
+        "checkpoints": r.ckpts,
+        "bad_checkpoints": r.bad_ckpts,
+        "processes_left": r.left_procs,
+        "longest_wait_s": r.longest_wait,
+        "loss": r.loss,
+        "fault_free_loss": reference,
+        "steps_lost": r.steps_lost,
+        "wall_s": r.wall,
+        "faults": [{"kind": f.kind, "at": f.at, "host": f.host, "done": f.done, "note": f.note} for f in r.faults],
+        "summary": {k: r.summary.get(k) for k in ("worker_failures", "rejoins", "heals", "steps_lost")},
+    }
+
+
 def sleep(seconds: float) -> None:
     end = time.monotonic() + seconds
     while not _stopping and time.monotonic() < end:
@@ -522,6 +552,7 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.1, help="|final loss - fault-free| allowed")
     ap.add_argument("--timeout", type=float, help="seconds per run before it is ended")
     ap.add_argument("--keep", help="keep run directories under this path")
+    ap.add_argument("--json", help="also write every run's result and checks to this file (the suite's test reads it)")
     args = ap.parse_args()
     args.seeds = args.seeds or (3 if args.long else 1)
     args.strategies = args.strategies or ("diloco,streaming,sparseloco" if args.long else "diloco")
@@ -558,7 +589,7 @@ def main() -> None:
         "to load | same anchors at every checkpoint step | step counter forward | processes "
         "left | longest wait s | final loss | vs fault-free | wall s |"
     )
-    rows, details = [header, "|" + "---|" * 14], []
+    rows, details, records = [header, "|" + "---|" * 14], [], []
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="wansync-chaos-"))
     base.mkdir(parents=True, exist_ok=True)
     corpus = base / "plays.txt"
@@ -598,6 +629,7 @@ def main() -> None:
                         f"{'-' if r.loss is None else f'{r.loss:.4f}'} | {delta}{within} | {r.wall:.0f} |"
                     )
                     print(rows[-1], flush=True)
+                    records.append(record(r, chaos, ref))
                     if chaos or r.errors:
                         details.append(
                             f"- {strategy} seed {seed} {'chaos' if chaos else 'fault-free'}: "
@@ -621,6 +653,13 @@ def main() -> None:
             if point.startswith(str(base)):
                 subprocess.run(["umount", "-l", point], capture_output=True)
         procs, ns = leftovers(token)
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps(
+                    {"runs": records, "processes_left": procs, "namespaces_left": ns, "tolerance": args.tolerance},
+                    indent=1,
+                )
+            )
         if not args.keep:
             import shutil
 

@@ -163,7 +163,9 @@ class Supervisor:
         rank, logs = nodes.worker, self.run_dir / LOGS_DIR
         if ok:
             nodes.end()
-        nodes.report(rank_report(logs, rank, cfg.workers, failures.get(rank, 0), cfg.max_restarts))
+        # a node that took its own place again (runner.rendezvous.LateJoin): its worker died with it and came back
+        back = int(nodes.env.rejoined)
+        nodes.report(rank_report(logs, rank, cfg.workers, failures.get(rank, 0), cfg.max_restarts, back))
         if not ok:
             if not nodes.wait_for_end(cfg.workers):
                 return 1, first
@@ -278,13 +280,15 @@ def record_failures(run_dir: Path, failures: dict[int, int], restarts: int, work
     record(run_dir, reports, steps, restarts=restarts)
 
 
-def rank_report(log_dir: Path, rank: int, workers: int, failures: int, max_restarts: int) -> dict[str, Any]:
+def rank_report(
+    log_dir: Path, rank: int, workers: int, failures: int, max_restarts: int, rejoined: int = 0
+) -> dict[str, Any]:
     """What worker `rank` went through, from its host's logs: failures, restarts, heals, the slots
-    it took part in and those it healed at."""
+    it took part in and those it healed at; `rejoined`: lives its node lost whole and started again."""
     mine = read_quorums(log_dir, workers)[rank]
     return {
-        "failures": failures,
-        "restarts": min(failures, max_restarts),
+        "failures": failures + rejoined,
+        "restarts": min(failures, max_restarts) + rejoined,
         "heals": heals(log_dir, rank),
         "present": [r["step"] for r in mine],
         "healed": [r["step"] for r in mine if r.get("healed")],

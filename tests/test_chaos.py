@@ -1,0 +1,41 @@
+"""The chaos benchmark's short version (benchmarks/chaos.py): three hosts of the namespace bed, each a
+torchrun node of one fault-tolerant worker of two FSDP ranks with its own run directory, a fault-free
+run and then the same run under a seeded schedule of a whole host killed and started again and a rank
+killed; every check of the benchmark must hold, and nothing may be left behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import netns
+
+WHY = netns.unavailable()
+pytestmark = [pytest.mark.timeout(400), pytest.mark.skipif(WHY is not None, reason=WHY or "")]
+CHAOS = Path(__file__).resolve().parents[1] / "benchmarks" / "chaos.py"
+
+
+def test_a_host_restarted_whole_and_a_killed_rank_leave_the_run_whole(tmp_path):
+    out = tmp_path / "chaos.json"
+    flags = ["--kinds", "host,kill", "--faults", "2", "--steps", "100", "--timeout", "150", "--json", str(out)]
+    r = subprocess.run([sys.executable, str(CHAOS), *flags], capture_output=True, text=True, timeout=380)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert (result["processes_left"], result["namespaces_left"]) == (0, 0), result
+    clean, chaos = result["runs"]
+    shown = json.dumps(result, indent=1)[:4000]
+    assert not clean["chaos"] and clean["codes"] == [0, 0, 0] and clean["same_anchors"].startswith("yes"), shown
+    assert chaos["chaos"] and chaos["codes"] == [0, 0, 0] and chaos["finished"], shown  # no agent hung, none failed
+    assert sorted(f["kind"] for f in chaos["faults"]) == ["host", "kill"] and all(
+        f["done"] for f in chaos["faults"]
+    ), shown
+    assert chaos["same_anchors"].startswith("yes"), shown  # every worker's anchors equal at every step compared
+    assert chaos["forward"] and chaos["bad_checkpoints"] == [] and chaos["checkpoints"] > 0, shown
+    assert chaos["processes_left"] == 0 and chaos["longest_wait_s"] < 4 * 4.0, shown
+    # the restarted host took its place again and healed; the killed rank's worker restarted and healed
+    assert chaos["summary"]["rejoins"] >= 2 and chaos["summary"]["heals"] >= 2, shown
+    assert abs(chaos["loss"] - clean["loss"]) <= result["tolerance"], shown
