@@ -14,7 +14,9 @@ torch.set_num_threads(1)
 
 SECONDS = {
     "test_sharded_workers.py": 105,
-    "test_hosts.py": 122,
+    "test_hosts.py": 95,
+    "test_chaos.py": 105,
+    "test_rejoin.py": 45,
     "test_fault_tolerance.py": 150,
     "test_signals.py": 52,
     "test_net_backend.py": 52,

@@ -227,3 +227,25 @@ def test_results_refuses_an_out_that_holds_the_users_files(tmp_path, dry):
     with pytest.raises(WansyncError, match="refusing to write into .*mine: it holds 'notes.txt'"):
         R.run_results(["cpdp-k-sweep"], str(out), str(tmp_path / "p.md"), seeds=1, steps=1, dry=dry)
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_the_dry_run_counts_finished_runs_out_of_what_is_left_to_train(capsys, tmp_path):
+    """A resumed `make results` skips finished runs: the dry run says how many and leaves them out of its estimate."""
+    import tomli_w
+
+    from wansync import strategies
+    from wansync.config import to_sections
+    from wansync.results.runs import table_specs
+
+    runs = tmp_path / "results"
+    before = dry(capsys, runs, "--only", "cpdp-k-sweep")
+    spec = table_specs(next(t for t in results.TABLES if t.name == "cpdp-k-sweep"), runs)[0]
+    spec.run_dir.mkdir(parents=True)
+    options = strategies.resolve_options(spec.cfg.strategy, vars(spec.cfg))
+    (spec.run_dir / "config.toml").write_text(tomli_w.dumps(to_sections(spec.cfg, options)))
+    (spec.run_dir / "summary.json").write_text(json.dumps({"final_val_loss": 1.0}))
+    after = dry(capsys, runs, "--only", "cpdp-k-sweep")
+    assert "1 finished already" in after and "1 finished already" not in before
+    assert "total: 21 runs in 1 tables, 1 finished, 20 to train" in after, after[-400:]
+    minutes = [int(text.split("estimated ")[1].split(" min")[0]) for text in (before, after)]
+    assert minutes[1] < minutes[0]

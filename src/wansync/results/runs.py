@@ -88,7 +88,7 @@ def equivalent_compare(t: Table, root: Path, seeds: int) -> str:
 
 def list_tables(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: int | None = None) -> int:
     """List every table, cell and seed with its estimated time; validate every run; train nothing."""
-    total, n_runs, n_shared = 0.0, 0, 0
+    total, n_runs, n_train, n_finished = 0.0, 0, 0, 0
     for t, specs, shared in table_runs(tables, root, seeds, steps):
         print(f"== {t.name}: {t.title}")
         print(f"   command: {command(t, root, seeds)}")
@@ -100,16 +100,20 @@ def list_tables(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: 
             print(f"   no runs of its own (reads {t.reads}); estimated 0 min")
             continue
         experiments.check_and_list(specs, None)
-        cost = sum(run_cost(s, t.kind) for s, dup in zip(specs, shared) if not dup)
-        dups = sum(shared)
+        done = [experiments.is_finished(s) for s in specs]  # skipped by the real run (it resumes)
+        cost = sum(run_cost(s, t.kind) for s, dup, fin in zip(specs, shared, done) if not (dup or fin))
+        dups, n_done = sum(shared), sum(done)
         print(
             f"   {len(specs)} runs ({len({s.label for s in specs})} cells x {seeds} seeds)"
             + (f", {dups} shared with an earlier table (trained once, copied)" if dups else "")
+            + (f", {n_done} finished already" if n_done else "")
             + f"; estimated {cost / 60:.0f} min on 2 idle cores"
         )
-        total, n_runs, n_shared = total + cost, n_runs + len(specs), n_shared + dups
+        total, n_runs = total + cost, n_runs + len(specs)
+        n_train += sum(1 for dup, fin in zip(shared, done) if not (dup or fin))
+        n_finished += n_done
     print(
-        f"total: {n_runs} runs in {len(tables)} tables, {n_runs - n_shared} to train; estimated "
+        f"total: {n_runs} runs in {len(tables)} tables, {n_finished} finished, {n_train} to train; estimated "
         f"{total / 60:.0f} min on 2 idle cores (dry run: nothing trained)"
     )
     return 0
