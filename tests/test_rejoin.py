@@ -132,3 +132,94 @@ def test_a_node_killed_whole_and_started_again_rejoins_without_restarting_the_ot
     assert slots == sorted(slots) and slots[-1] > killed_at, slots
     # the rejoined worker healed to its peer's step and finished the run with it
     assert last_step(outs[one]) == 80 or (outs[one] / "logs" / "heals.jsonl").read_text().strip()
+
+
+def test_a_rejoined_rank_meets_the_others_agreement_and_is_held_to_their_flags_not_their_start():
+    """It agrees in rank 0's round, long after the others did; it heals, so it may start afresh where
+    they resumed, but not with other flags."""
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    from wansync.errors import ConfigError
+    from wansync.runner.agreement import agree
+    from wansync.runner.torchrun import TorchrunEnv
+
+    server = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=30), wait_for_workers=False)
+    envs = [TorchrunEnv(r, 2, "127.0.0.1", server.port, 0, 1, "run", 0, agent_store=True) for r in (0, 1)]
+    config = {"strategy": "diloco", "lr": 0.001}
+    threads = [threading.Thread(target=agree, args=(envs[r], config, 8, 20)) for r in (0, 1)]  # both resumed at 8
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    back = TorchrunEnv(1, 2, "127.0.0.1", server.port, 0, 1, "run", 0, agent_store=True, rejoined=True)
+    assert agree(back, config, 0, 5).round == 1  # the others' round, and its fresh start is no objection
+    with pytest.raises(ConfigError, match=r"different training flags \(lr\)"):
+        agree(back, {**config, "lr": 0.002}, 0, 5)
+
+
+def test_a_node_that_comes_back_to_a_run_that_is_not_fault_tolerant_is_refused_in_one_line(tmp_path):
+    from wansync.config import Config
+    from wansync.errors import ConfigError
+    from wansync.runner.run import adopt
+    from wansync.runner.torchrun import TorchrunEnv
+    from wansync.strategies import resolve_options
+
+    cfg = Config(strategy="diloco")
+    with socket.socket() as node0:  # where torchrun told it to meet the others: something answers
+        node0.bind(("127.0.0.1", 0))
+        node0.listen()
+        back = TorchrunEnv(1, 2, "127.0.0.1", node0.getsockname()[1], rejoined=True)
+        with pytest.raises(ConfigError, match="only a --fault-tolerant run takes a node back"):
+            adopt(back, cfg, resolve_options("diloco", vars(cfg)), tmp_path / "run", resume=False)
+
+
+def test_a_node_takes_the_place_of_a_gone_node_of_its_own_address_only(monkeypatch):
+    """`LateJoin` on a store like the rendezvous': rank 0 formed a round of three; rank 1 (10.0.0.2)
+    stopped heartbeating, rank 2 (10.0.0.3) beats on. A node of 10.0.0.2 takes rank 1's place; one of
+    10.0.0.3 finds no place (its node is alive) and one of another address none either: both go through
+    c10d. Before a round is formed nobody takes a place."""
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    from wansync.runner import rendezvous
+
+    monkeypatch.setattr(rendezvous, "GONE_AFTER_S", 0.3)
+    monkeypatch.delenv(rendezvous.REJOINED_ENV, raising=False)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=10), wait_for_workers=False)
+    assert rendezvous.LateJoin(None, store, "run", "10.0.0.2").vacant_place() is None  # not formed yet
+    ns = "wansync/rdzv/run"
+    formed = {"round": 1, "world_size": 3, "master_addr": "10.0.0.1", "master_port": 29500}
+    store.set(f"{ns}/formed", json.dumps(formed))
+    for rank, addr in enumerate(["10.0.0.1", "10.0.0.2", "10.0.0.3"]):
+        store.set(f"{ns}/r1/member/{rank}", addr)
+        store.add(f"{ns}/r1/alive/{rank}", 1)
+    stop = threading.Event()
+
+    def beat() -> None:  # rank 2's agent, checking on its workers ten times a second
+        while not stop.is_set():
+            store.add(f"{ns}/r1/alive/2", 1)
+            time.sleep(0.05)
+
+    beater = threading.Thread(target=beat)
+    beater.start()
+    try:
+        assert rendezvous.LateJoin(None, store, "run", "10.0.0.3").vacant_place() is None
+        assert rendezvous.LateJoin(None, store, "run", "10.0.0.9").vacant_place() is None
+        back = rendezvous.LateJoin(None, store, "run", "10.0.0.2")
+        place = back.vacant_place()
+        assert place == (formed, 1)
+        info = back.take(*place)
+    finally:
+        stop.set()
+        beater.join()
+    assert (info.rank, info.world_size) == (1, 3)
+    assert (info.bootstrap_store_info.master_addr, info.bootstrap_store_info.master_port) == ("10.0.0.1", 29500)
+    assert os.environ.pop(rendezvous.REJOINED_ENV) == "1"  # its workers inherit it
+    store.set(f"{ns}/r1/agents/torchelastic/assigned_ranks/1", "[1, 3, 1, 3]")  # as rank 0's agent wrote it
+    assert info.store.get("torchelastic/assigned_ranks/1") == b"[1, 3, 1, 3]"  # the round's store of the others
+    assert back.num_nodes_waiting() == 0  # it never makes the others restart
