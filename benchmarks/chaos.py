@@ -8,7 +8,8 @@ injected from outside the run:
   stop-long  SIGSTOP of a worker's ranks for longer than --peer-timeout, then SIGCONT
   link       the host's veth taken down (`ip link set ... down` in its namespace), then up again
   host       every process of a host killed (agent, supervisor, ranks); its torchrun command started
-             again on the same run directory (its own checkpoints)
+             again on the same run directory (its own checkpoints); host A's rank 0 then trains the
+             next --host-wait steps a second slower each, so that the host is back while the run trains
   disk-full  the host's checkpoint directory is a 10 MB tmpfs from the start: its third checkpoint
              fails (ENOSPC), and every one after its restarts (checkpoints of a fault-tolerant run are
              not pruned), until the worker leaves the run after --max-restarts
@@ -36,7 +37,8 @@ strategy and seed is the fault-free reference.
     sudo .venv/bin/python benchmarks/chaos.py --long  # ~12-18 min: diloco, streaming, sparseloco x 3 seeds,
                                                       # 80 steps, 4 faults from all six kinds
         [--strategies diloco,...] [--kinds kill,...] [--faults N] [--steps N] [--seeds N]
-        [--ranks-per-worker 2] [--inside fsdp|ddp] [--peer-timeout 4] [--max-restarts 3] [--keep DIR]
+        [--ranks-per-worker 2] [--inside fsdp|ddp] [--peer-timeout 4] [--max-restarts 3] [--host-wait 12]
+        [--keep DIR] [--json FILE]
 
 Needs root (namespaces, tmpfs). Ctrl-C or SIGTERM: every process of the bed is killed, its
 namespaces deleted, the tmpfs unmounted.
@@ -232,11 +234,24 @@ class Run:
         self.procs[i] = self.bed.start(
             h,
             [str(TORCHRUN), *options, "-m", "wansync", *self.flags, "--out", str(self.dirs[i])],
-            env=env(),
+            env={**env(), **({"WANSYNC_FAULT": self.hold()} if i == 0 and self.hold() else {})},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
         log.close()
+
+    def hold(self) -> str:
+        """Host A's rank 0 sleeps 1 s in each of the `--host-wait` steps after a host is killed (its
+        worker alive, the others waiting for it at their next quorum): a host's restart takes longer
+        than this benchmark's short runs have left to train, more so on an idle machine, and it is to
+        rejoin while the run trains (a real run's steps take seconds, not a tenth of one)."""
+        pauses = [
+            f"rank=0,step={f.at + k},action=pause,seconds=1"
+            for f in self.faults
+            if f.kind == "host"
+            for k in range(1, self.args.host_wait + 1)
+        ]
+        return ";".join(pauses)
 
     def worker_pids(self, i: int) -> dict[int, int]:
         """rank -> pid of host i's live rank processes (their launcher's pid files)."""
@@ -551,6 +566,7 @@ def main() -> None:
     ap.add_argument("--max-restarts", type=int, default=3)
     ap.add_argument("--tolerance", type=float, default=0.1, help="|final loss - fault-free| allowed")
     ap.add_argument("--timeout", type=float, help="seconds per run before it is ended")
+    ap.add_argument("--host-wait", type=int, default=12, help="steps of 1 s for host A's rank 0 after a host is killed")
     ap.add_argument("--keep", help="keep run directories under this path")
     ap.add_argument("--json", help="also write every run's result and checks to this file (the suite's test reads it)")
     args = ap.parse_args()
