@@ -8,8 +8,8 @@ injected from outside the run:
   stop-long  SIGSTOP of a worker's ranks for longer than --peer-timeout, then SIGCONT
   link       the host's veth taken down (`ip link set ... down` in its namespace), then up again
   host       every process of a host killed (agent, supervisor, ranks); its torchrun command started
-             again on the same run directory (its own checkpoints); host A's rank 0 then trains the
-             next --host-wait steps a second slower each, so that the host is back while the run trains
+             again on the same run directory (its own checkpoints); host A's rank 0 then trains
+             --host-wait seconds slower over the next steps, so that the host is back while the run trains
   disk-full  the host's checkpoint directory is a 10 MB tmpfs from the start: its third checkpoint
              fails (ENOSPC), and every one after its restarts (checkpoints of a fault-tolerant run are
              not pruned), until the worker leaves the run after --max-restarts
@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import random
@@ -241,15 +242,18 @@ class Run:
         log.close()
 
     def hold(self) -> str:
-        """Host A's rank 0 sleeps 1 s in each of the `--host-wait` steps after a host is killed (its
-        worker alive, the others waiting for it at their next quorum): a host's restart takes longer
-        than this benchmark's short runs have left to train, more so on an idle machine, and it is to
-        rejoin while the run trains (a real run's steps take seconds, not a tenth of one)."""
+        """After a host is killed, host A's rank 0 trains `--host-wait` seconds slower, spread over the
+        steps that follow (a third of --peer-timeout per outer step, which the others wait for at each
+        quorum, well within it): a host's restart takes longer than this benchmark's short runs have left
+        to train, more so on an idle machine, and it is to rejoin while the run trains (a real run's
+        steps take seconds, not a tenth of one)."""
+        h = int(self.flags[self.flags.index("--sync-every") + 1])
+        pause = self.args.peer_timeout / (3 * h)
         pauses = [
-            f"rank=0,step={f.at + k},action=pause,seconds=1"
+            f"rank=0,step={f.at + k},action=pause,seconds={pause:.3f}"
             for f in self.faults
             if f.kind == "host"
-            for k in range(1, self.args.host_wait + 1)
+            for k in range(1, math.ceil(self.args.host_wait / pause) + 1)
         ]
         return ";".join(pauses)
 
@@ -566,7 +570,9 @@ def main() -> None:
     ap.add_argument("--max-restarts", type=int, default=3)
     ap.add_argument("--tolerance", type=float, default=0.1, help="|final loss - fault-free| allowed")
     ap.add_argument("--timeout", type=float, help="seconds per run before it is ended")
-    ap.add_argument("--host-wait", type=int, default=12, help="steps of 1 s for host A's rank 0 after a host is killed")
+    ap.add_argument(
+        "--host-wait", type=float, default=12.0, help="seconds host A's rank 0 trains slower after a host is killed"
+    )
     ap.add_argument("--keep", help="keep run directories under this path")
     ap.add_argument("--json", help="also write every run's result and checks to this file (the suite's test reads it)")
     args = ap.parse_args()
