@@ -367,7 +367,7 @@ class Exchange:
         if self.quorum is None:
             return
         t0 = time.perf_counter()
-        self.quorum.quorum(t, left_out_is_fatal=True, finishing=final)
+        self.quorum.slot(t, finishing=final)
         self.ledger.waited(QUORUM, time.perf_counter() - t0)
 
     @property

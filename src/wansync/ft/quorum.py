@@ -213,9 +213,9 @@ class Quorum:
             # torchft re-raises a failed quorum (the same exception, its traceback one retry longer each
             # time) at every later start: forget it, so that a retry asks the lighthouse again
             self.manager._quorum_future = None
-            raise PeerError(f"the fault-tolerant quorum failed: {first_line(exc)}") from exc
+            raise QuorumFailed(f"the fault-tolerant quorum failed: {first_line(exc)}") from exc
         if self.manager.errored():
-            raise PeerError(f"the fault-tolerant quorum failed: {self.manager.errored().original_exception}")
+            raise QuorumFailed(f"the fault-tolerant quorum failed: {self.manager.errored().original_exception}")
         self.participants = self.manager.num_participants()
         if self.heals > heals:  # now where the peers are: a retry asks for their quorum
             self._t, finished = divmod(self.manager.current_step(), 2)
@@ -238,6 +238,24 @@ class Quorum:
                     "seconds": round(time.perf_counter() - t0, 4),
                 }
             )
+
+    def slot(self, t: int, finishing: bool = False) -> None:
+        """The quorum before step t's exchanges (`finishing`: the final synchronization's), asked
+        again, up to RETRIES times, when it fails while it forms: a worker killed while the quorum's
+        groups are configured makes every other member's configure wait out its keys (half of
+        --peer-timeout) and the lighthouse cancel a quorum a member left; the next one leaves the dead
+        worker out. A retry follows this worker's own failed quorum, not a stop: it is not held to
+        the left-out rule. Every rank of a worker retries together."""
+        for attempt in range(RETRIES + 1):
+            failed: QuorumFailed | None = None
+            try:
+                self.quorum(t, left_out_is_fatal=attempt == 0, finishing=finishing)
+            except QuorumFailed as exc:
+                failed = exc
+            if self.all_ranks(failed is None):
+                return
+            if attempt == RETRIES:
+                raise failed or QuorumFailed(f"the fault-tolerant quorum failed {RETRIES + 1} times in a row")
 
     def mean(self, values: torch.Tensor, valid: bool) -> tuple[torch.Tensor, int]:
         """(the weighted mean of `values` over the quorum, the number of contributors)."""
@@ -410,6 +428,10 @@ def members_recording_gloo(timeout: timedelta) -> Any:
             super().configure(*args, **kwargs)
 
     return MembersRecordingGloo(timeout=timeout)
+
+
+class QuorumFailed(PeerError):
+    """The quorum did not form (torchft's timeout, a lost lighthouse, a group that did not configure)."""
 
 
 def first_line(exc: BaseException) -> str:
