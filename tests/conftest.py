@@ -14,10 +14,10 @@ torch.set_num_threads(1)
 
 SECONDS = {
     "test_sharded_workers.py": 105,
-    "test_hosts.py": 95,
-    "test_chaos.py": 105,
-    "test_rejoin.py": 45,
-    "test_fault_tolerance.py": 150,
+    "test_hosts.py": 60,
+    "test_chaos.py": 80,
+    "test_rejoin.py": 40,
+    "test_fault_tolerance.py": 125,
     "test_signals.py": 52,
     "test_net_backend.py": 52,
     "test_bad_inputs_by_class.py": 42,

@@ -715,19 +715,15 @@ def sharded_model(run, worker):
     return sharded_state(run, STEPS_2x2, worker)["model"]
 
 
-def test_workers_sharded_inside_fail_and_heal_shard_by_shard(tmp_path):
-    """FSDP inside: with no fault the fixed group's parameters bit for bit; with worker 1's second rank
-    killed, both its ranks are restarted and each heals its shard from worker 0's same rank (the
-    model's and the inner optimizer's local shards, DTensors again on arrival)."""
+def test_workers_sharded_inside_train_what_the_fixed_group_trains_bit_for_bit(tmp_path):
+    """FSDP inside: with no fault the fixed group's parameters bit for bit. A worker of two FSDP ranks
+    killed, restarted whole and healed shard by shard (the model's and the inner optimizer's local
+    shards, DTensors again on arrival) is the short chaos run's (tests/test_chaos.py: its anchors equal
+    the others', local rank by local rank, at every step compared)."""
     runs = {}
     for name, extra, env in (
         ("fixed", (), None),
         ("ft", ("--fault-tolerant", "--peer-timeout", "30"), None),
-        (
-            "killed",
-            ("--fault-tolerant", "--peer-timeout", "60", "--max-restarts", "1"),
-            {"WANSYNC_FAULT": "rank=3,step=7,action=kill;rank=0,step=13,action=pause,seconds=10"},
-        ),
     ):
         runs[name] = tmp_path / name
         r = wansync(
@@ -748,10 +744,7 @@ def test_workers_sharded_inside_fail_and_heal_shard_by_shard(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
     fixed = [sharded_model(runs["fixed"], w) for w in (0, 1)]
     assert all_equal(fixed + [sharded_model(runs["ft"], w) for w in (0, 1)])
-    summary = json.loads((runs["killed"] / "summary.json").read_text())
-    assert (summary["worker_failures"], summary["rejoins"], summary["heals"]) == (1, 1, 1), summary
-    assert all_equal([sharded_model(runs["killed"], w) for w in (0, 1)])
-    assert no_process_left(runs["killed"])
+    assert no_process_left(runs["ft"])
 
 
 def test_a_worker_of_two_ranks_with_one_killed_is_restarted_whole_and_heals_rank_by_rank(tmp_path):
