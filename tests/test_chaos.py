@@ -21,7 +21,7 @@ CHAOS = Path(__file__).resolve().parents[1] / "benchmarks" / "chaos.py"
 
 def test_a_host_restarted_whole_and_a_killed_rank_leave_the_run_whole(tmp_path):
     out = tmp_path / "chaos.json"
-    flags = ["--kinds", "host,kill", "--faults", "2", "--steps", "70", "--timeout", "150", "--json", str(out)]
+    flags = ["--kinds", "host,kill", "--faults", "2", "--steps", "60", "--timeout", "150", "--json", str(out)]
     r = subprocess.run([sys.executable, str(CHAOS), *flags], capture_output=True, text=True, timeout=380)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -98,9 +98,9 @@ def test_a_node_killed_whole_and_started_again_rejoins_without_restarting_the_ot
     outs = [tmp_path / "a", tmp_path / "b"]
     for out in outs:
         out.mkdir()
-    # node 0's worker trains slowly from step 24 to 47 (a second a step, alive: under every bound), time
-    # enough for the node that dies at step 16 or so to come back while node 0 trains on
-    slow = ";".join(f"rank=0,step={t},action=pause,seconds=1" for t in range(24, 48))
+    # node 0's worker trains slowly from step 20 to 37 (a second a step, alive: under every bound), time
+    # enough for the node that dies at step 12 or so to come back while node 0 trains on
+    slow = ";".join(f"rank=0,step={t},action=pause,seconds=1" for t in range(20, 38))
     agents = [agent(port, outs[0], flags, tmp_path / "a.log", WANSYNC_FAULT=slow)]
     again = None
     try:
@@ -113,7 +113,7 @@ def test_a_node_killed_whole_and_started_again_rejoins_without_restarting_the_ot
         one = next(i for i, o in enumerate(outs) if (o / "logs" / "rank1.pid").exists())
         zero = outs[1 - one]
         assert one == 1, "the node that hosts the store has rank 0 (c10d orders one machine's nodes by pid)"
-        wait_until(lambda: last_step(zero) >= 16, 90)
+        wait_until(lambda: last_step(zero) >= 12, 90)
         kill_group(agents[one])  # the node dies whole: agent, supervisor, worker
         killed_at = last_step(zero)
         again = agent(port, outs[one], flags, tmp_path / "again.log")
