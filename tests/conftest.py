@@ -16,7 +16,7 @@ SECONDS = {
     "test_sharded_workers.py": 105,
     "test_hosts.py": 60,
     "test_chaos.py": 80,
-    "test_rejoin.py": 40,
+    "test_rejoin.py": 5,
     "test_fault_tolerance.py": 125,
     "test_signals.py": 52,
     "test_net_backend.py": 52,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import netns
 from cli_harness import TINY
 from test_rendezvous_one_host import free_port
 
@@ -88,6 +89,10 @@ def kill_group(p: subprocess.Popen) -> None:
     p.wait()
 
 
+@pytest.mark.skipif(
+    netns.unavailable() is None,
+    reason="the namespace bed is here: tests/test_chaos.py restarts a host whole across three hosts, with these checks",
+)
 def test_a_node_killed_whole_and_started_again_rejoins_without_restarting_the_others(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("to be or not to be, that is the question\n" * 400)
