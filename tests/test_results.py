@@ -249,3 +249,18 @@ def test_the_dry_run_counts_finished_runs_out_of_what_is_left_to_train(capsys, t
     assert "total: 21 runs in 1 tables, 1 finished, 20 to train" in after, after[-400:]
     minutes = [int(text.split("estimated ")[1].split(" min")[0]) for text in (before, after)]
     assert minutes[1] < minutes[0]
+
+
+def test_the_estimate_counts_the_workers_and_a_padded_slow_worker_they_wait_for(tmp_path):
+    """A run's estimate grows with the workers sharing the cores, and where a topology pads steps to an
+    emulated time (half-speed: 0.4 s, the slow worker 0.8 s) it never undercuts that: every worker
+    waits for the slowest under `wait`; `balanced` lets the others step at full speed."""
+    from wansync.results.runs import run_cost, table_specs
+
+    slow = next(t for t in results.TABLES if t.name == "slow-worker")
+    cost = {(s.label.rsplit("=", 1)[1], s.cfg.strategy): run_cost(s, "lm") for s in table_specs(slow, tmp_path)}
+    steps = table_specs(slow, tmp_path)[0].cfg.steps
+    assert cost["wait", "diloco"] >= steps * 0.8 > cost["balanced", "diloco"] >= steps * 0.4
+    demo = next(t for t in results.TABLES if t.name == "sparse-demo")
+    two = table_specs(demo, tmp_path)[0]
+    assert two.cfg.workers == 2 and run_cost(two, "lm") < cost["balanced", "diloco"]

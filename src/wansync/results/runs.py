@@ -15,6 +15,7 @@ from ..rundir.lock import RunLock
 from .. import presets
 from ..config import fingerprint
 from ..analysis.report import report
+from ..net.wan import parse_wan
 from ..strategies import resolve_options
 from .measures import lm_target, table_context
 from .catalog import SEEDS, Table, label
@@ -23,6 +24,8 @@ from .catalog import SEEDS, Table, label
 # processes start, load the data, evaluate at the end; seconds per step). Measured 2026-11-30 as CPU
 # seconds / 2 of a 10-step and a 60-step run of each workload (CNN: per-worker batch 64; the LM:
 # batch 8 x 64 tokens, cross-region link), the LM's step cost checked against the demo of 2026-11-29.
+# Both with 4 workers: the CPU a step takes grows with the workers that share the cores (2 workers' runs
+# of the sparse-demo table took 27-59 s on 2026-12-05, where 4 workers' cost would say 84 s).
 COST = MappingProxyType({"vision": (26.0, 0.14 / 64), "lm": (18.0, 0.22)})
 
 
@@ -42,9 +45,17 @@ def table_specs(table: Table, root: Path, seeds: int = SEEDS, steps: int | None 
 
 
 def run_cost(spec: experiments.RunSpec, kind: str) -> float:
-    """Estimated seconds of one run of a `kind` table on 2 idle cores (COST)."""
+    """Estimated seconds of one run of a `kind` table on 2 idle cores (COST, scaled to the run's
+    workers). A topology that pads
+    every step to an emulated step time (`[compute] step`) sets the floor of a step: its full-speed
+    step, or its slowest worker's where every worker waits for the slowest (slow policy `wait`)."""
     fixed, per = COST[kind]
-    per_step = per * spec.cfg.batch_size if kind == "vision" else per
+    per_step = (per * spec.cfg.batch_size if kind == "vision" else per) * spec.cfg.workers / 4
+    topo = parse_wan(spec.cfg.wan) if spec.cfg.wan else None
+    if topo is not None and topo.step_s:
+        policy = resolve_options(spec.cfg.strategy, vars(spec.cfg)).get("slow_policy", "wait")
+        slowest = max(map(topo.slowdown, range(len(topo.speeds))), default=1.0) if policy == "wait" else 1.0
+        per_step = max(per_step, topo.step_s * slowest)
     return fixed + spec.cfg.steps * per_step
 
 
