@@ -110,9 +110,9 @@ def test_a_collective_completes_no_earlier_than_modelled_and_not_much_later(timi
         rec = s["record"]
         assert rec["op"] == "allreduce" and rec["nbytes"] == 16
         assert rec["end"] >= max(rec["real_end"], rec["modelled_end"])
-        # not much later than modelled, counted from the collective's start (its last member's
-        # arrival): a loaded host may wake the ranks apart after the barrier, which is not the emulator's
-        assert rec["end"] - rec["start"] < s["modelled"] + SLACK
+        # not much later than the later of the real and the modelled completion: a loaded host may
+        # wake the ranks apart or finish the real all-reduce late, which is not the emulator's delay
+        assert rec["end"] - max(rec["real_end"], rec["modelled_end"]) < SLACK
         assert rec["waited"] == pytest.approx(s["elapsed"] - s["issued"], abs=0.02)  # the time in wait()
 
 
