@@ -52,9 +52,10 @@ gpu-check: $(STAMP)
 	$(PY) benchmarks/gpu_check.py
 
 # Every table of docs/results.md, 3 seeds per cell, into runs/results/ (resumable: finished runs are
-# skipped), then the page is rewritten; about three hours on 2 idle cores (the dry run's estimate). `make results --dry-run`
-# (or RESULTS_FLAGS=--dry-run) lists every table, cell and seed with its estimated time and trains
-# nothing: the `+` line runs under make's own -n/--dry-run too, with --dry-run passed on.
+# skipped), then the page is rewritten; about three hours on 2 idle cores (the dry run's estimate).
+# `make results --dry-run` (or RESULTS_FLAGS=--dry-run) lists every table, cell and seed with its
+# estimated time and trains nothing: the `+` line runs under make's own -n/--dry-run too, with
+# --dry-run passed on.
 RESULTS_FLAGS ?=
 DRY := $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run)
 results: $(STAMP)

@@ -46,9 +46,9 @@ def table_specs(table: Table, root: Path, seeds: int = SEEDS, steps: int | None 
 
 def run_cost(spec: experiments.RunSpec, kind: str) -> float:
     """Estimated seconds of one run of a `kind` table on 2 idle cores (COST, scaled to the run's
-    workers). A topology that pads
-    every step to an emulated step time (`[compute] step`) sets the floor of a step: its full-speed
-    step, or its slowest worker's where every worker waits for the slowest (slow policy `wait`)."""
+    workers). A topology that pads every step to an emulated step time (`[compute] step`) sets the
+    floor of a step: its full-speed step, or its slowest worker's where every worker waits for the
+    slowest (slow policy `wait`)."""
     fixed, per = COST[kind]
     per_step = (per * spec.cfg.batch_size if kind == "vision" else per) * spec.cfg.workers / 4
     topo = parse_wan(spec.cfg.wan) if spec.cfg.wan else None
