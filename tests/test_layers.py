@@ -214,6 +214,7 @@ STACK = (
         "wansync.runner.rendezvous",
         "wansync.runner.route",
     ),  # and the routes between hosts
+    ("wansync.trust.*",),  # the run secret, admission, sealed payloads, where listeners bind
     ("wansync.rules", "wansync.units"),
     ("wansync.errors",),
 )

@@ -107,7 +107,7 @@ def _host_with_another_thread():
 
 
 def test_a_launcher_with_another_thread_hosts_it_itself():
-    assert _in_a_launcher(_host_with_another_thread) == ("LighthouseServer", True)
+    assert _in_a_launcher(_host_with_another_thread) == ("Guarded", True)
 
 
 def test_the_child_dies_with_a_launcher_killed_by_sigkill(tmp_path):

@@ -35,7 +35,7 @@ def free_port() -> int:
 
 def test_an_agent_that_finds_the_port_taken_joins_the_store_hosted_there():
     host = dist.TCPStore("127.0.0.1", 0, None, True, TIMEOUT)  # the agent that bound first
-    joined = rendezvous_store("127.0.0.1", host.port, None, TIMEOUT)
+    joined, _ = rendezvous_store("127.0.0.1", host.port, None, TIMEOUT)
     joined.set("node1", "here")
     assert host.get("node1") == b"here"
 

@@ -15,6 +15,7 @@ from .rules import in_range, not_blank, positive
 from .runner.interrupts import Terminated, exit_now, exit_status, sigterm_raises
 from .rundir.divergence import warning as divergence_warning
 from .presets import PRESETS, get, layered_config
+from .trust.secret import refuse_on_command_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -453,6 +454,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        refuse_on_command_line(list(sys.argv[1:] if argv is None else argv))
+    except WansyncError as e:
+        print(f"wansync: error: {one_line(str(e))}", file=sys.stderr)
+        sys.exit(2)
     args = build_parser().parse_args(argv)
     try:
         with sigterm_raises():

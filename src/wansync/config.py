@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable, get_type_hints
 
 from .errors import ConfigError, check, user_text
 from .ft import support as ft_support
-from .rules import Rule, at_least, at_most_cores, host_port, in_range, not_blank, one_of, positive
+from .rules import Rule, at_least, at_most_cores, host_port, in_range, not_blank, one_of, port_range, positive
 from .strategies import OPTIONS, STRATEGIES, option_names, strategy_class
 
 if TYPE_CHECKING:
@@ -93,6 +93,23 @@ class GeneralKeys:
         "seconds before a silent peer is declared dead; a step's data or compute "
         "stuck twice as long ends the run (1 to 86400)",
         in_range(1, 86400, high_included=True),
+    )
+    secret_file: str = _f(
+        "",
+        "run",
+        "the run secret: a file of 32+ bytes only you can read, the same on every host; peers "
+        "must prove they hold it (docs/security.md; or WANSYNC_SECRET_FILE)",
+    )
+    bind: str = _f(
+        "",
+        "run",
+        "the address or interface every listener binds (the tunnel's between sites; or WANSYNC_BIND)",
+    )
+    ports: str = _f(
+        "",
+        "run",
+        "LOW-HIGH: the port range every wansync listener takes its port from (or WANSYNC_PORTS)",
+        port_range,
     )
     fault_tolerant: bool = _f(
         False,
@@ -406,6 +423,9 @@ RUN_CONTROL_KEYS = (
     "peer_timeout",
     "threads",
     "lighthouse",
+    "secret_file",
+    "bind",
+    "ports",
     "max_restarts",
     "target_loss",
     "target_acc",

@@ -77,3 +77,11 @@ def host_port(name: str, value: Any) -> None:
     host, sep, port = str(value).rpartition(":")
     ok = bool(sep) and bool(_HOST.match(host)) and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535
     check(not value or ok, f"{name} must be HOST:PORT (a host name or address, a port in [1, 65535]), got {value!r}")
+
+
+def port_range(name: str, value: Any) -> None:
+    """LOW-HIGH, 1024 <= LOW <= HIGH <= 65535; empty: any port."""
+    if value:
+        low, sep, high = str(value).partition("-")
+        ok = sep and low.isdigit() and high.isdigit() and 1024 <= int(low) <= int(high) <= 65535
+        check(bool(ok), f"{name} must be LOW-HIGH with 1024 <= LOW <= HIGH <= 65535, got {value!r}")

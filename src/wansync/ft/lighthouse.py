@@ -20,6 +20,9 @@ import traceback
 
 from ..runner import workerproc
 from ..runner.interrupts import die_with, sigint_blocked
+from ..trust.gate import Gate
+from ..trust.listen import Listen
+from ..trust.settings import Trust
 
 START_TIMEOUT_S = 60.0  # for the child's torchft import and the server's bind
 
@@ -43,14 +46,14 @@ class ServedLighthouse:
             self.process.wait()
 
 
-def start(join_timeout_ms: int, heartbeat_timeout_ms: int, bind: str = "127.0.0.1:0"):
-    """A lighthouse on `bind` (127.0.0.1, any port; 0.0.0.0 for workers on other hosts) with these
-    timeouts; `.address()` and `.shutdown()`."""
-    kwargs = dict(bind=bind, min_replicas=1, join_timeout_ms=join_timeout_ms, heartbeat_timeout_ms=heartbeat_timeout_ms)
+def start(join_timeout_ms: int, heartbeat_timeout_ms: int, host: str = "127.0.0.1", trust: Trust | None = None):
+    """A lighthouse on `host` (127.0.0.1; the address the other hosts reach, for workers on other
+    hosts) at a port of the run's range, with these timeouts; `.address()` and `.shutdown()`. With a
+    run secret the lighthouse itself listens on loopback and a gate on `host` admits (`trust.gate`)."""
+    trust = trust or Trust(None, Listen())
+    kwargs = dict(min_replicas=1, join_timeout_ms=join_timeout_ms, heartbeat_timeout_ms=heartbeat_timeout_ms)
     if not workerproc.can_fork():
-        from torchft.coordination import LighthouseServer
-
-        return LighthouseServer(**kwargs)
+        return Guarded(host, trust, kwargs)
     read_end, write_end = os.pipe()
     parent = os.getpid()
     sys.stdout.flush()  # or the child would write this buffer again
@@ -58,7 +61,7 @@ def start(join_timeout_ms: int, heartbeat_timeout_ms: int, bind: str = "127.0.0.
     with sigint_blocked():  # ctrl-C is the launcher's: the child ignores it
         pid = os.fork()
         if not pid:
-            _serve(read_end, write_end, parent, kwargs)
+            _serve(read_end, write_end, parent, host, trust, kwargs)
     os.close(write_end)
     try:
         address = _read_line(read_end, START_TIMEOUT_S)
@@ -74,7 +77,40 @@ def start(join_timeout_ms: int, heartbeat_timeout_ms: int, bind: str = "127.0.0.
     return ServedLighthouse(pid, address)
 
 
-def _serve(read_end: int, write_end: int, parent: int, kwargs: dict) -> None:
+class Guarded:
+    """torchft's lighthouse on `host` at a port of the range; with a run secret, on loopback behind a
+    gate on `host` that admits, whose address is the lighthouse's for the workers."""
+
+    def __init__(self, host: str, trust: Trust, kwargs: dict):
+        from torchft.coordination import LighthouseServer
+
+        self.gate: Gate | None = None
+        if trust.secret is None:
+            self.server = LighthouseServer(bind=_hostport(host, trust.listen.port("lighthouse")), **kwargs)
+            self._address = self.server.address()
+            return
+        self.server = LighthouseServer(bind="127.0.0.1:0", **kwargs)
+        backend = int(self.server.address().rsplit(":", 1)[1])
+        self.gate = Gate(
+            trust.listen.socket("lighthouse", default_host=host), ("127.0.0.1", backend), trust.secret, "lighthouse"
+        )
+        gate_host, gate_port = self.gate.address
+        self._address = f"http://{_hostport(gate_host, gate_port)}"
+
+    def address(self) -> str:
+        return self._address
+
+    def shutdown(self) -> None:
+        if self.gate is not None:
+            self.gate.close()
+        self.server.shutdown()
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _serve(read_end: int, write_end: int, parent: int, host: str, trust: Trust, kwargs: dict) -> None:
     """The child: serve until SIGTERM or the parent's death; never returns."""
     try:
         os.close(read_end)
@@ -82,9 +118,7 @@ def _serve(read_end: int, write_end: int, parent: int, kwargs: dict) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         die_with(parent)
-        from torchft.coordination import LighthouseServer
-
-        server = LighthouseServer(**kwargs)
+        server = Guarded(host, trust, kwargs)
         os.write(write_end, server.address().encode() + b"\n")
         os.close(write_end)
         while True:

@@ -18,6 +18,8 @@ any collective's path), so their supervisors meet in the store torchrun's agents
 
 from __future__ import annotations
 
+import socket
+
 import json
 import time
 from typing import Any
@@ -53,6 +55,10 @@ class Nodes:
         """The address the others reach rank 0's lighthouse at: node 0's, where torchrun met them."""
         host = self.env.master_addr
         return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    def own_address(self) -> str:
+        """The address node 0 was met at, as this host (node 0's) listens on it: one interface, not all."""
+        return socket.getaddrinfo(self.env.master_addr, None, type=socket.SOCK_STREAM)[0][4][0]
 
     def publish_lighthouse(self, address: str) -> None:
         self._store.set(LIGHTHOUSE_KEY, address)

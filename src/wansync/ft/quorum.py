@@ -50,6 +50,7 @@ the wire; a lossy codec's all-gather or reduce-scatter has no quorum form here (
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import os
@@ -57,12 +58,16 @@ import socket
 import time
 import zlib
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 import torch
 from torch.futures import Future
 
 from ..rundir.checkpoint import map_tensors
+from ..trust.gate import Connector
+from ..trust.listen import Listen
+from ..trust.settings import Trust, current
 from ..errors import ConfigError, PeerError
 from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, jitter_draw
 
@@ -138,27 +143,32 @@ class Quorum:
         )
         self._pg = members_recording_gloo(timedelta(seconds=timeout_s * COLLECTIVE_TIMEOUT_SHARE))
         hostname = hostname or socket.gethostname()
-        self._store = manager_store(hostname, inside)
+        trust = current()
+        address = listen_address(trust, hostname)
+        self._store = manager_store(hostname, inside, trust, address)
+        self._lighthouse_end, lighthouse_at = admitted_lighthouse(lighthouse, trust)
         try:
-            self.manager = Manager(
-                pg=self._pg,
-                load_state_dict=None,
-                state_dict=None,
-                min_replica_size=1,
-                use_async_quorum=False,
-                replica_id=f"worker_{worker}",
-                store_addr=hostname,
-                store_port=self._store.port,
-                rank=self.local_rank,
-                world_size=self.ranks_per_worker,
-                lighthouse_addr=lighthouse,
-                hostname=hostname,
-                timeout=timeout,
-                quorum_timeout=timeout,
-                connect_timeout=timeout,
-                init_sync=False,
-                checkpoint_transport=HealTransport(timeout=timeout, num_chunks=0, host=hostname),
-            )
+            with manager_bound(address):
+                self.manager = Manager(
+                    pg=self._pg,
+                    load_state_dict=None,
+                    state_dict=None,
+                    min_replica_size=1,
+                    use_async_quorum=False,
+                    replica_id=f"worker_{worker}",
+                    store_addr=hostname,
+                    store_port=self._store.port,
+                    rank=self.local_rank,
+                    world_size=self.ranks_per_worker,
+                    lighthouse_addr=lighthouse_at,
+                    port=trust.listen.port("manager") if address else None,
+                    hostname=hostname,
+                    timeout=timeout,
+                    quorum_timeout=timeout,
+                    connect_timeout=timeout,
+                    init_sync=False,
+                    checkpoint_transport=HealTransport(timeout=timeout, num_chunks=0, host=hostname),
+                )
         except RuntimeError as exc:  # torchft's connect timeout: the cause is the address
             raise PeerError(
                 f"cannot reach the lighthouse at {lighthouse} within --peer-timeout ({timeout_s:g} s): "
@@ -347,6 +357,8 @@ class Quorum:
 
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
+        if self._lighthouse_end is not None:
+            self._lighthouse_end.close()
 
 
 def on_link(
@@ -393,7 +405,51 @@ def on_link(
     return EmulatedWork(fut, record, wire)
 
 
-def manager_store(hostname: str, inside: Any = None) -> Any:
+def listen_address(trust: Trust, hostname: str) -> str | None:
+    """Where this worker's listeners (its manager's server and store) bind: --bind's address; with
+    a run secret and no --bind, the address `hostname` resolves to; else None (torchft's own choice,
+    every interface)."""
+    if trust.listen.address:
+        return trust.listen.address
+    if trust.secret is not None:
+        return str(socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)[0][4][0])
+    return None
+
+
+@contextlib.contextmanager
+def manager_bound(address: str | None) -> Iterator[None]:
+    """torchft's Manager binds its server on every interface (`[::]:port`, torchft 0.2.0): while it
+    is made here it binds `address` instead (the same port). The Manager is made by one thread."""
+    if address is None:
+        yield
+        return
+    import torchft.manager as manager_module
+
+    original = manager_module.ManagerServer
+
+    def bound(**kwargs: Any) -> Any:
+        port = str(kwargs["bind"]).rsplit(":", 1)[1]
+        return original(**{**kwargs, "bind": f"[{address}]:{port}" if ":" in address else f"{address}:{port}"})
+
+    manager_module.ManagerServer = bound
+    try:
+        yield
+    finally:
+        manager_module.ManagerServer = original
+
+
+def admitted_lighthouse(lighthouse: str, trust: Trust) -> tuple[Connector | None, str]:
+    """With a run secret the lighthouse is behind a gate: its clients (torchft's manager) reach it
+    through a local end that is admitted first (one line here if this worker's secret is refused)."""
+    if trust.secret is None:
+        return None, lighthouse
+    where = urlsplit(lighthouse if "://" in lighthouse else f"http://{lighthouse}")
+    end = Connector((where.hostname or "", where.port or 0), trust.secret, "lighthouse")
+    end.check()
+    return end, f"http://127.0.0.1:{end.address[1]}"
+
+
+def manager_store(hostname: str, inside: Any = None, trust: Trust | None = None, address: str | None = None) -> Any:
     """The store of this worker's manager, serving on every interface at a port of its own, made
     by the worker's first rank (its others learn the port over `inside`): its ranks find their
     manager there, and the quorum's process group meets on the store of one of its members, at the
@@ -403,7 +459,15 @@ def manager_store(hostname: str, inside: Any = None) -> Any:
     from torch.distributed import TCPStore
 
     first = inside is None or dist.get_rank(inside) == 0
-    store = TCPStore(hostname, 0, is_master=True, wait_for_workers=False) if first else None
+    store = None
+    if first and address is None:
+        store = TCPStore(hostname, 0, is_master=True, wait_for_workers=False)
+    elif first:
+        sock = (trust or Trust(None, Listen())).listen.socket("manager store", default_host=address)
+        store = TCPStore(
+            hostname, sock.getsockname()[1], is_master=True, wait_for_workers=False, master_listen_fd=sock.fileno()
+        )
+        sock.detach()
     if inside is None:
         return store
     port = torch.tensor([store.port if store is not None else 0], dtype=torch.int64)

@@ -38,6 +38,7 @@ from ..runner.torchrun import TorchrunEnv
 from .member import LIFE_ENV, LIGHTHOUSE_ENV, RESTARTED_ENV
 from .nodes import Nodes
 from .quorum import require_torchft
+from ..trust.settings import current
 from .quorums import heals, read_quorums, short_exchanges, steps_lost
 
 HEARTBEAT_TIMEOUT_MS = 2000  # a worker silent this long is left out of the next quorum
@@ -197,16 +198,21 @@ def start_lighthouse(cfg: Config, nodes: Nodes | None = None) -> tuple[object | 
             ) from None
     from . import lighthouse
 
+    trust = current()
     server = lighthouse.start(
         join_timeout_ms=int(cfg.peer_timeout * 1000),
         heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
-        bind="127.0.0.1:0" if nodes is None else "0.0.0.0:0",
+        host="127.0.0.1" if nodes is None else (trust.listen.address or nodes.own_address()),
+        trust=trust,
     )
     port = int(server.address().rsplit(":", 1)[1])
     if nodes is None:
         return server, f"http://127.0.0.1:{port}"
-    nodes.publish_lighthouse(nodes.lighthouse_url(port))
-    return server, nodes.lighthouse_url(port)
+    # on --bind's address, the lighthouse's own; else node 0's, where torchrun met the others
+    url = server.address() if trust.listen.address else nodes.lighthouse_url(port)
+    url = url if url.startswith("http") else f"http://{url}"
+    nodes.publish_lighthouse(url)
+    return server, url
 
 
 def worker_code(procs: list[Worker]) -> int | None:

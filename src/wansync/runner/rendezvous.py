@@ -27,15 +27,20 @@ Everything else is c10d's. Registered through the `torchrun.handlers` entry poin
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
+import socket
 import sys
 import time
 from datetime import timedelta
 from typing import Any, Callable
 
-from ..errors import first_line
+from ..errors import WansyncError, first_line
+from ..trust.gate import Connector, Gate
+from ..trust.listen import Listen
+from ..trust.settings import AGENTS_ENV, Trust, current
 from .route import owns, route_to
 
 NAME = "wansync"
@@ -64,15 +69,45 @@ def create_handler(params: Any) -> Any:
             return NAME
 
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
+    trust = agents_trust(port)
     if not params.local_addr:
-        params.local_addr = advertised_address(host)
+        params.local_addr = trust.listen.address or advertised_address(host)
+    served = Served()
     if params.get("store_type", "tcp").strip().lower() != "tcp":  # a file store: c10d's own
+        if trust.secret is not None:
+            raise _connection_error("a run secret needs the TCP store (store_type=tcp): a file store admits anyone")
         _, store = create_backend(params)
     else:
-        store = rendezvous_store(
-            host, port, params.get_as_bool("is_host"), timedelta(seconds=params.get_as_int("read_timeout", 60) or 60)
+        store, served = rendezvous_store(
+            host,
+            port,
+            params.get_as_bool("is_host"),
+            timedelta(seconds=params.get_as_int("read_timeout", 60) or 60),
+            trust,
         )
-    return LateJoin(c10d_handler(store, Backend(store, params.run_id), params), store, params.run_id, params.local_addr)
+    inner = c10d_handler(store, Backend(store, params.run_id), params)
+    return LateJoin(inner, store, params.run_id, params.local_addr, served)
+
+
+def agents_trust(port: int) -> Trust:
+    """The settings the agents were started with (`trust.settings`: WANSYNC_SECRET_FILE, WANSYNC_BIND,
+    WANSYNC_PORTS in torchrun's environment), told to the workers (`AGENTS_ENV`) so that each can
+    check them against its own; a bad one, or an endpoint port outside the range, is one line."""
+    try:
+        trust = current()
+    except WansyncError as e:
+        raise _connection_error(str(e)) from None
+    ports = trust.listen.ports
+    if ports is not None and not ports[0] <= port <= ports[1]:
+        raise _connection_error(f"the rendezvous endpoint's port {port} is outside WANSYNC_PORTS {ports[0]}-{ports[1]}")
+    os.environ[AGENTS_ENV] = json.dumps(trust.describe())
+    return trust
+
+
+def _connection_error(message: str) -> Exception:
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    return RendezvousConnectionError(f"wansync rendezvous: {message}")
 
 
 def _rendezvous_api() -> Any:
@@ -89,8 +124,9 @@ class LateJoin:
     store the agents get is this round's prefix of it, so that a node that takes a place meets the
     others' keys (its ranks as torchrun assigned them, the exit barrier)."""
 
-    def __init__(self, inner: Any, store: Any, run_id: str, local_addr: str | None):
+    def __init__(self, inner: Any, store: Any, run_id: str, local_addr: str | None, served: "Served | None" = None):
         self.inner, self.raw, self.run_id, self.addr = inner, store, run_id, local_addr or ""
+        self.served = served or Served()  # the gate or the local end a run secret puts before the store
         self.ns = f"wansync/rdzv/{run_id}"
         self.rank: int | None = None
         self.round = 0
@@ -147,7 +183,8 @@ class LateJoin:
             self.round = json.loads(self.raw.get(f"{self.ns}/formed"))["round"]
         self.raw.set(f"{self.ns}/r{self.round}/member/{info.rank}", self.addr)
         self.raw.add(f"{self.ns}/r{self.round}/alive/{info.rank}", 1)
-        return api.RendezvousInfo(self.round_store(), info.rank, info.world_size, info.bootstrap_store_info)
+        boot = self.served.workers_store(info.bootstrap_store_info)
+        return api.RendezvousInfo(self.round_store(), info.rank, info.world_size, boot)
 
     # ---- a node that comes back -----------------------------------------------------------------
     def round_store(self) -> Any:
@@ -196,41 +233,106 @@ class LateJoin:
             file=sys.stderr,
             flush=True,
         )
-        boot = api.RendezvousStoreInfo(formed["master_addr"], int(formed["master_port"]))
+        boot = self.served.workers_store(api.RendezvousStoreInfo(formed["master_addr"], int(formed["master_port"])))
         return api.RendezvousInfo(self.round_store(), rank, int(formed["world_size"]), boot)
 
 
-def rendezvous_store(host: str, port: int, is_host: bool | None, timeout: timedelta) -> Any:
+class Served:
+    """What a run secret puts before the agents' store on this node: a `Gate` where the store is
+    hosted (the store itself listens on loopback), a `Connector` elsewhere; the workers of this node
+    reach the store through it too (`workers_store`). Without a secret, nothing."""
+
+    def __init__(self, gate: Gate | None = None, connector: Connector | None = None, local_port: int = 0):
+        self.gate, self.connector, self.local_port = gate, connector, local_port
+
+    def workers_store(self, info: Any) -> Any:
+        if not self.local_port:
+            return info
+        return type(info)("127.0.0.1", self.local_port)
+
+
+def rendezvous_store(
+    host: str, port: int, is_host: bool | None, timeout: timedelta, trust: Trust | None = None
+) -> tuple[Any, Served]:
     """The TCP store the agents meet at, as c10d makes it (multi-tenant: torchrun's workers share it).
     Hosted here when `is_host` says so or, unsaid, when this host owns the endpoint's address; then an
     agent that finds the port taken joins as a client: on one machine every agent owns the address,
     and one of them, the first to bind, hosts (c10d's own guess falls back the same way; a given
-    `is_host=1` does not)."""
+    `is_host=1` does not). It listens on the endpoint's address (`--bind`'s), never on every
+    interface; with a run secret on loopback, behind a gate that admits (`trust.gate`), and a client
+    node reaches it through a connector that is admitted first: a node with another secret is
+    refused here in one line."""
     from torch.distributed import TCPStore
-    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-    def store(server: bool) -> Any:
-        return TCPStore(host, port, is_master=server, multi_tenant=True, timeout=timeout)
+    trust = trust or Trust(None, Listen())
+    secret = trust.secret
+
+    def serve(address: str) -> tuple[Any, Served]:
+        listener = _listener(address, port)  # OSError: the port is taken
+        if secret is None:
+            return _store_on(listener, address, timeout), Served()
+        backend = _listener("127.0.0.1", 0)
+        backend_port = backend.getsockname()[1]
+        store = _store_on(backend, "127.0.0.1", timeout)
+        return store, Served(
+            gate=Gate(listener, ("127.0.0.1", backend_port), secret, "rendezvous"), local_port=backend_port
+        )
+
+    def join() -> tuple[Any, Served]:
+        if secret is None:
+            return TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timeout), Served()
+        connector = Connector((host, port), secret, "rendezvous")
+        connector.check()
+        local = connector.address[1]
+        store = TCPStore("127.0.0.1", local, is_master=False, multi_tenant=True, timeout=timeout)
+        return store, Served(connector=connector, local_port=local)
 
     try:
         if not (owns(host) if is_host is None else is_host):
-            return store(False)
+            return join()
         try:
-            return store(True)
-        except RuntimeError as e:
-            if is_host is not None or not port_taken(e):
+            return serve(trust.listen.address or _bind_address(host))
+        except OSError as e:
+            if is_host is not None or e.errno != errno.EADDRINUSE:
                 raise
-            return store(False)  # another agent on this host hosts it
-    except (ValueError, RuntimeError, TimeoutError) as e:
-        raise RendezvousConnectionError(
-            f"wansync rendezvous: cannot open the store at {host}:{port}: " f"{first_line(e)}"
-        ) from e
+            return join()  # another agent on this host hosts it
+    except (ValueError, RuntimeError, TimeoutError, OSError, WansyncError) as e:
+        raise _connection_error(f"cannot open the store at {host}:{port}: {first_line(e)}") from e
 
 
-def port_taken(exc: BaseException) -> bool:
-    """A store's failure to listen because the port is in use (by another agent, or anything else)."""
-    text = str(exc)
-    return "EADDRINUSE" in text or "address already in use" in text.lower()
+def _bind_address(host: str) -> str:
+    """The address the endpoint names, which this host owns (never a wildcard)."""
+    return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+
+
+def _listener(address: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _store_on(listener: socket.socket, address: str, timeout: timedelta) -> Any:
+    """c10d's multi-tenant store serving on `listener` (bound and listening; the store takes it over)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore(
+        address,
+        listener.getsockname()[1],
+        is_master=True,
+        multi_tenant=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=listener.fileno(),
+    )
+    listener.detach()
+    return store
 
 
 def advertised_address(endpoint_host: str) -> str | None:

@@ -51,6 +51,7 @@ from ..rundir.layout import (
 )
 from ..rundir.lock import LOCK_FILE, RunLock, check_unlocked
 from ..strategies import resolve_options
+from ..trust.settings import check_agents, check_range, listeners_needed, settle
 
 # Entries that do not make a directory "non-empty" (a lock, a failure note, logs of a run that never wrote its config).
 _NOT_CONTENT = (LOCK_FILE, FAILED_FILE, LOGS_DIR)
@@ -346,6 +347,7 @@ def train(
     if torchrun is not None:  # the launch says how many workers there are
         cfg = replace(cfg, workers=torchrun.world_size // cfg.ranks_per_worker)
     options = check_run(cfg)
+    check_trust(cfg, torchrun)
     run_dir = Path(cfg.out)
     if torchrun is None:
         check_local_launch(cfg)
@@ -382,6 +384,22 @@ def train(
     if code != 0:
         raise WansyncError(message)
     return read_summary(run_dir)
+
+
+def check_trust(cfg: Config, torchrun: TorchrunEnv | None) -> None:
+    """The run secret, --bind and --ports (`trust.settings`): read, checked against torchrun's agents,
+    the range against what this host's listeners need, and passed on to every process started here."""
+    trust = settle(cfg.secret_file, cfg.bind, cfg.ports)
+    across = torchrun is not None and torchrun.nodes
+    check_agents(trust, across)
+    if torchrun is None:
+        workers_here, rendezvous, lighthouse = cfg.workers, False, cfg.fault_tolerant and not cfg.lighthouse
+    else:
+        workers_here = max(1, torchrun.local_world_size // cfg.ranks_per_worker)
+        rendezvous = lighthouse = torchrun.rank == 0
+    check_range(
+        trust, listeners_needed(workers_here, cfg.fault_tolerant, rendezvous, lighthouse and cfg.fault_tolerant)
+    )
 
 
 def refusal(run_dir: Path, resume: bool, force: bool) -> tuple[WansyncError | None, bool]:
