@@ -75,7 +75,10 @@ def test_a_secret_on_the_command_line_is_refused_before_anything(flag):
         (["--bind", "0.0.0.0"], "wildcard"),
         (["--ports", "80-90"], "1024 <= LOW"),
         (["--ports", "abc"], "LOW-HIGH"),
-        (["--ports", "41000-41001", "--fault-tolerant", "--workers", "2", "--strategy", "diloco"], "holds 2 port(s); this host's listeners need 7"),
+        (
+            ["--ports", "41000-41001", "--fault-tolerant", "--workers", "2", "--strategy", "diloco"],
+            "holds 2 port(s); this host's listeners need 7",
+        ),
     ],
 )
 def test_bad_trust_flags_are_one_line_and_nothing_starts(tmp_path, flags, says):
@@ -213,7 +216,9 @@ def echo():
                 c, _ = server.accept()
             except OSError:
                 return
-            threading.Thread(target=lambda c=c: [c.sendall(d) for d in iter(lambda: c.recv(4096), b"")] and c.close()).start()
+            threading.Thread(
+                target=lambda c=c: [c.sendall(d) for d in iter(lambda: c.recv(4096), b"")] and c.close()
+            ).start()
 
     threading.Thread(target=serve, daemon=True).start()
     yield server.getsockname()

@@ -146,7 +146,10 @@ class Quorum:
         trust = current()
         address = listen_address(trust, hostname)
         self._store = manager_store(hostname, inside, trust, address)
-        self._lighthouse_end, lighthouse_at = admitted_lighthouse(lighthouse, trust)
+        self._lighthouse_end, lighthouse_at = admitted_lighthouse(lighthouse, trust, timeout_s)
+        # the heal server takes its port first: the manager's is only picked (then bound by torchft)
+        transport = HealTransport(timeout=timeout, host=hostname, trust=trust)
+        manager_port = trust.listen.port("manager") if address else None
         try:
             with manager_bound(address):
                 self.manager = Manager(
@@ -161,13 +164,13 @@ class Quorum:
                     rank=self.local_rank,
                     world_size=self.ranks_per_worker,
                     lighthouse_addr=lighthouse_at,
-                    port=trust.listen.port("manager") if address else None,
+                    port=manager_port,
                     hostname=hostname,
                     timeout=timeout,
                     quorum_timeout=timeout,
                     connect_timeout=timeout,
                     init_sync=False,
-                    checkpoint_transport=HealTransport(timeout=timeout, num_chunks=0, host=hostname),
+                    checkpoint_transport=transport,
                 )
         except RuntimeError as exc:  # torchft's connect timeout: the cause is the address
             raise PeerError(
@@ -438,14 +441,14 @@ def manager_bound(address: str | None) -> Iterator[None]:
         manager_module.ManagerServer = original
 
 
-def admitted_lighthouse(lighthouse: str, trust: Trust) -> tuple[Connector | None, str]:
+def admitted_lighthouse(lighthouse: str, trust: Trust, timeout_s: float = 60.0) -> tuple[Connector | None, str]:
     """With a run secret the lighthouse is behind a gate: its clients (torchft's manager) reach it
     through a local end that is admitted first (one line here if this worker's secret is refused)."""
     if trust.secret is None:
         return None, lighthouse
     where = urlsplit(lighthouse if "://" in lighthouse else f"http://{lighthouse}")
     end = Connector((where.hostname or "", where.port or 0), trust.secret, "lighthouse")
-    end.check()
+    end.check(timeout_s)
     return end, f"http://127.0.0.1:{end.address[1]}"
 
 

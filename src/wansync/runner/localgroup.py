@@ -7,12 +7,13 @@ Ranks are forked from a forkserver that has imported torch once (multiprocessing
 "forkserver" context): a rank starts in ~0.05 s instead of the ~2 s a fresh interpreter spends
 importing torch, and the server is a clean process (no threads, no torch op run), so forking
 it is safe. Each rank gets the caller's environment as it is at the call, as spawn would give it.
+A rank's result comes back sealed (`trust.sealed`: tensors and plain data, nothing unpickled) under
+a key drawn for the call.
 """
 
 from __future__ import annotations
 
 import datetime
-import io
 import multiprocessing as mp
 import os
 import queue
@@ -22,6 +23,8 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+
+from ..trust.sealed import seal, unseal
 
 
 class LoopbackStore:
@@ -85,6 +88,7 @@ def _child(
     out: Any,
     threads: int,
     environ: dict[str, str],
+    key: bytes,
 ) -> None:
     os.environ.clear()  # the caller's environment now, not the server's at its start
     os.environ.update(environ)
@@ -96,9 +100,8 @@ def _child(
         return
     try:
         result = fn(rank, world_size, *args)
-        buf = io.BytesIO()  # plain bytes: tensors must not live in the child's shared memory
-        torch.save(result, buf)
-        out.put((rank, "ok", buf.getvalue()))
+        # plain bytes: tensors must not live in the child's shared memory
+        out.put((rank, "ok", seal(result, key)))
     except BaseException:  # noqa: BLE001 - reported to the parent
         out.put((rank, "error", traceback.format_exc()))
     finally:
@@ -134,9 +137,10 @@ def _run_once(
     store = LoopbackStore(timeout)
     out = ctx.Queue()
     environ = dict(os.environ)
+    key = os.urandom(32)
     procs = [
         ctx.Process(
-            target=_child, args=(fn, r, world_size, store.port, backend, args, out, threads, environ), daemon=True
+            target=_child, args=(fn, r, world_size, store.port, backend, args, out, threads, environ, key), daemon=True
         )
         for r in range(world_size)
     ]
@@ -162,7 +166,7 @@ def _run_once(
                 raise _JoinFailed(f"rank {rank} could not join its group:\n{value}")
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
-            results[rank] = torch.load(io.BytesIO(value), weights_only=False)
+            results[rank] = unseal(value, key, f"rank {rank}'s result")
         for p in procs:
             p.join(timeout=10)
     finally:

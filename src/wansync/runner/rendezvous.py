@@ -86,6 +86,11 @@ def create_handler(params: Any) -> Any:
             trust,
         )
     inner = c10d_handler(store, Backend(store, params.run_id), params)
+    if trust.secret is not None or trust.listen.address:
+        # c10d's rank 0 would serve its workers a store of its own, on every interface: they share the
+        # agents' store instead, reached where this node reaches it (`Served.workers_store`)
+        inner._create_tcp_store_server = lambda addr, port: store
+        served.endpoint = (host, port)
     return LateJoin(inner, store, params.run_id, params.local_addr, served)
 
 
@@ -244,11 +249,14 @@ class Served:
 
     def __init__(self, gate: Gate | None = None, connector: Connector | None = None, local_port: int = 0):
         self.gate, self.connector, self.local_port = gate, connector, local_port
+        self.endpoint: tuple[str, int] | None = None  # with --bind: the workers meet at the agents' store
 
     def workers_store(self, info: Any) -> Any:
-        if not self.local_port:
-            return info
-        return type(info)("127.0.0.1", self.local_port)
+        if self.local_port:
+            return type(info)("127.0.0.1", self.local_port)
+        if self.endpoint is not None:
+            return type(info)(*self.endpoint)
+        return info
 
 
 def rendezvous_store(
@@ -282,7 +290,7 @@ def rendezvous_store(
         if secret is None:
             return TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timeout), Served()
         connector = Connector((host, port), secret, "rendezvous")
-        connector.check()
+        connector.check(timeout.total_seconds())
         local = connector.address[1]
         store = TCPStore("127.0.0.1", local, is_master=False, multi_tenant=True, timeout=timeout)
         return store, Served(connector=connector, local_port=local)

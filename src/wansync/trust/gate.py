@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
-from .admission import RefusalLog, enter, serve
+from .admission import AdmissionRefused, RefusalLog, enter, serve
 from .secret import Secret
 
 CHUNK = 1 << 16
 CONNECT_S = 10.0
+RETRY_S = 0.2
 
 
 def splice(a: socket.socket, b: socket.socket) -> None:
@@ -94,11 +96,23 @@ class Connector:
         host, port = self.listener.getsockname()[:2]
         return host, port
 
-    def check(self) -> None:
+    def check(self, wait_s: float = 60.0) -> None:
         """Be admitted once now: a wrong secret or a stranger at `remote` is one line here, before a
-        client of ours would wait out its own timeout against a closed connection."""
-        sock = self.open()
-        sock.close()
+        client of ours would wait out its own timeout against a closed connection. A gate not up yet
+        (its host starts later) is asked again for up to `wait_s`, as c10d's own clients do."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                sock = self.open()
+            except AdmissionRefused:
+                raise
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(RETRY_S)
+                continue
+            sock.close()
+            return
 
     def open(self) -> socket.socket:
         """A connection to the gate, admitted (AdmissionRefused, PeerError in one line otherwise)."""
