@@ -32,6 +32,11 @@ $(DATA_STAMP): $(STAMP)
 	     && (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1; then \
 	     echo "setup: installed dataset-fashion-mnist ($(FMNIST_DIR))"; \
 	else echo "setup: Fashion-MNIST is not installed and apt-get cannot install it here (needs root and a mirror: apt-get install dataset-fashion-mnist); its tests will be skipped"; fi
+	@if command -v wireguard-go >/dev/null 2>&1 && command -v wg >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
+	     && (apt-get install -y -qq wireguard-go wireguard-tools || (apt-get update -qq && apt-get install -y -qq wireguard-go wireguard-tools)) >/dev/null 2>&1; then \
+	     echo "setup: installed wireguard-go and wireguard-tools (the test bed's tunnels)"; \
+	else echo "setup: wireguard-go is not installed and apt-get cannot install it here; the tunnelled bed's tests will be skipped"; fi
 	@touch $@
 
 demo: $(STAMP) $(DATA_STAMP)
