@@ -89,7 +89,7 @@ def create_handler(params: Any) -> Any:
     if trust.secret is not None or trust.listen.address:
         # c10d's rank 0 would serve its workers a store of its own, on every interface: they share the
         # agents' store instead, reached where this node reaches it (`Served.workers_store`)
-        inner._create_tcp_store_server = lambda addr, port: store
+        setattr(inner, "_create_tcp_store_server", lambda addr, port: store)  # noqa: B010 - torch's private hook
         served.endpoint = (host, port)
     return LateJoin(inner, store, params.run_id, params.local_addr, served)
 

@@ -121,7 +121,8 @@ class RefusalLog:
     hammers a port does not flood the run's log)."""
 
     def __init__(self, use: str, out: Callable[[str], None] | None = None):
-        self.use, self.last, self.lock = use, {}, threading.Lock()
+        self.use, self.lock = use, threading.Lock()
+        self.last: dict[str, float] = {}
         self.out = out or (lambda line: print(line, file=sys.stderr, flush=True))
         self.count = 0
 
