@@ -278,7 +278,7 @@ def sharded_mean(rank: int, world: int, ranks_per_worker: int) -> dict:
     return {
         "mean": buf,
         "residual": residual[mine],
-        "mine": mine,
+        "mine": (mine.start, mine.stop),  # results come back sealed: plain data, no slice objects
         "worker": replicas.worker,
         "comm": exchange.ledger.snapshot(),
     }
@@ -289,7 +289,7 @@ def test_a_sparse_mean_sharded_over_a_workers_ranks_is_the_whole_workers_mean():
     for r in two:
         whole = one[r["worker"]]
         assert torch.equal(r["mean"], whole["mean"])  # every rank: the whole mean
-        assert torch.equal(r["residual"], whole["residual"][r["mine"]])  # its own shard's residual
+        assert torch.equal(r["residual"], whole["residual"][slice(*r["mine"])])  # its own shard's residual
     for worker in range(2):
         parts = [r["comm"]["pseudo_grads"]["parts"] for r in two if r["worker"] == worker]
         assert {k: sum(p[k] for p in parts) for k in parts[0]} == one[worker]["comm"]["pseudo_grads"]["parts"]
