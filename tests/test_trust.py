@@ -276,3 +276,29 @@ def test_the_range_holds_what_a_hosts_listeners_need():
     settings.check_range(trust, settings.listeners_needed(1, True, True, True))  # 5 of 6
     with pytest.raises(ConfigError, match="holds 6 port"):
         settings.check_range(trust, settings.listeners_needed(2, True, True, True))
+
+
+# ---- the agreement's records are sealed ------------------------------------------------------------
+def test_an_agreement_record_that_fails_its_tag_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """Rank 1's record in the store written by someone without the run secret (or altered on the
+    way): rank 0 refuses it in one line, whatever it says."""
+    import datetime
+    import json
+
+    import torch.distributed as dist
+
+    from wansync.runner.agreement import agree
+    from wansync.runner.torchrun import TorchrunEnv
+    from wansync.trust.sealed import SealError, key_for, seal
+
+    monkeypatch.setenv(secret.ENV, str(secret_file(tmp_path)))
+    server = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=30), wait_for_workers=False)
+    config = {"strategy": "diloco"}
+    forged = {"config": config, "start": 0, "machine": "x", "refused": None}
+    prefix = dist.PrefixStore("wansync/run/0/1", server)  # round 1 of run "run", attempt 0: rank 1's keys
+    server.add("wansync/run/0/0/rounds/rank1", 1)
+    prefix.set("agree/rank1", seal(json.loads(json.dumps(forged)), key_for(None, "agreement")))
+    env = TorchrunEnv(0, 2, "127.0.0.1", server.port, 0, 1, "run", 0, agent_store=True)
+    with pytest.raises(SealError, match="rank 1's agreement: refused") as e:
+        agree(env, config, 0, 5)
+    assert "\n" not in str(e.value)

@@ -26,6 +26,8 @@ from typing import Any
 
 from ..errors import ConfigError, PeerError, first_line
 from ..net import machine_identity
+from ..trust.sealed import SealError, key_for, seal, unseal
+from ..trust.settings import current
 from .torchrun import TorchrunEnv
 
 SHOWN_KEYS = 4  # keys named in the one line
@@ -87,11 +89,15 @@ def agree(
         round_ = env.store(timeout_s).add(f"rounds/rank{env.rank}", 1)
     store = replace(env, round=round_).store(timeout_s)
     mine = {"config": config, "start": start, "machine": machine_identity(), "refused": refused}
-    store.set(f"agree/rank{env.rank}", json.dumps(mine, sort_keys=True, default=str))
+    # sealed (`trust.sealed`): plain data under the run secret's HMAC, checked before it is parsed
+    key = key_for(current().secret, "agreement")
+    store.set(f"agree/rank{env.rank}", seal(json.loads(json.dumps(mine, sort_keys=True, default=str)), key))
     records = []
     for rank in range(env.world_size):
         try:
-            records.append(json.loads(store.get(f"agree/rank{rank}")))
+            records.append(unseal(store.get(f"agree/rank{rank}"), key, f"rank {rank}'s agreement"))
+        except SealError:
+            raise
         except (RuntimeError, ValueError) as e:  # DistStoreError is a RuntimeError: the wait timed out
             raise PeerError(
                 f"rank {rank} did not say what it trains within --peer-timeout {timeout_s:g} s (is its "
