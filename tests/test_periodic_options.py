@@ -17,11 +17,12 @@ MINE = ("slowmo", "cpdp", "diloco", "post_local_sgd")
 
 
 PACE = {"slow_policy": "wait", "deadline": 0.0}  # workers of different speeds (`strategies.pace`)
+ROBUST = {"robust_mean": "off", "robust_kappa": 2.0}  # the robust mean of pseudo-gradients (`comm.robust`)
 
 
 def test_registered_with_spec_defaults():
     assert set(MINE) <= set(STRATEGIES)
-    outer = {"outer_state_device": "model", **PACE}
+    outer = {"outer_state_device": "model", **PACE, **ROBUST}
     assert vars(make_options("slowmo")) == {
         "sync_every": 8,
         "slowmo_beta": 0.5,
@@ -66,6 +67,7 @@ def test_registered_with_spec_defaults():
         "codec_collective": "auto",
         "error_feedback": False,
         **PACE,
+        **ROBUST,
     }
 
 
@@ -146,6 +148,7 @@ def test_cli_cpdp_run_without_gradient_phase_and_with_optimizer_state_sync(tmp_p
         "error_feedback": False,
         "outer_state_device": "model",
         **PACE,
+        **ROBUST,
     }
     assert summary["sync_events"] == 2 and "grads" not in summary["comm"]
     assert summary["comm"]["params"]["calls"] == 2 and summary["comm"]["optim_state"]["calls"] == 2

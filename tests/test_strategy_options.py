@@ -87,6 +87,8 @@ def test_defaults_are_unchanged():
         "error_feedback": False,
         "slow_policy": "wait",
         "deadline": 0.0,
+        "robust_mean": "off",
+        "robust_kappa": 2.0,
     }
     assert vars(make_options("streaming")) == {
         "sync_every": 100,
@@ -104,6 +106,8 @@ def test_defaults_are_unchanged():
         "eager": False,
         "slow_policy": "wait",
         "deadline": 0.0,
+        "robust_mean": "off",
+        "robust_kappa": 2.0,
     }
     assert vars(make_options("cocodc")) == {
         **vars(make_options("streaming")),
@@ -209,6 +213,8 @@ def test_resolve_options_fills_defaults_and_ignores_keys_of_other_strategies():
         "outer_state_device": "model",
         "slow_policy": "wait",
         "deadline": 0.0,
+        "robust_mean": "off",
+        "robust_kappa": 2.0,
     }
     assert resolve_options("ddp", given) == {}
 

@@ -35,6 +35,11 @@ plug in here and nowhere else:
   weight or flag is booked as `nonfinite_guard`.
 - **Time.** `wait()` books the time blocked on the collective under the purpose; the ledger's
   listeners (the trainer's profiler) count it as exposed communication. Decoding is not waiting.
+- **Robust mean** (`robust`, see `comm.robust`): a mean of pseudo-gradients (`origin`: each worker's
+  is `buf − origin`) has every worker's contribution clipped to κ × the median of their norms before
+  it is sent; the norms travel first, one all-gather of M numbers booked as `robust_norms`, and
+  every clip is told to the `on_clip` listeners (the strategy's `robust_clip` events). The same
+  contribution is where fault injection strikes (`fault`, tests only: a factor it is multiplied by).
 
 - **Replica groups** (`replicas`, see `comm.replicas`): when a worker is R > 1 ranks holding the
   same parameters, the exchange is between workers only. The buffer's values are split into R
@@ -88,11 +93,12 @@ from ..errors import ConfigError, NonFiniteError
 from ..net import emulator_of
 from .codecs import Codec, get_codec
 from .ledger import CommLedger
-from .lossy_mean import all_gather_mean, reduce_scatter_mean
+from .lossy_mean import all_gather_mean, all_gather_rows, reduce_scatter_mean
 from .mean_cost import lossy_path, mean_collectives, mean_seconds
 from .norms import all_finite, exact_sq_norm, finite_norm
 from .payload import Payload, Sent, contributors
 from .replicas import Replicas
+from .robust import ROBUST_NORMS, Clip, RobustMean, check_workers, scale_contribution
 from .site_mean import SiteMean
 from .weighted import weighted_mean
 from .sparse import is_sparse
@@ -177,13 +183,27 @@ class Exchange:
             averages run between workers, `group` must be the default group.
         quorum: this worker's membership in a fault-tolerant run (an `ft.quorum.Quorum`; None: the
             group is fixed); fp32 means then run over the workers alive now.
+        robust: the robust mean of pseudo-gradients (`comm.robust.RobustMean`; None: a plain mean).
     """
 
     def __init__(
-        self, group: Any = None, nonfinite: str | None = None, replicas: Replicas | None = None, quorum: Any = None
+        self,
+        group: Any = None,
+        nonfinite: str | None = None,
+        replicas: Replicas | None = None,
+        quorum: Any = None,
+        robust: RobustMean | None = None,
     ):
         if nonfinite is not None and nonfinite not in POLICIES:
             raise ConfigError(f"on_nonfinite must be abort or skip, got {nonfinite!r}")
+        if robust is not None and quorum is not None:
+            raise ConfigError(
+                "robust_mean does not run under fault tolerance: the workers' norms would need a "
+                "collective of their own over each quorum"
+            )
+        self.robust = robust
+        self.on_clip: list[Callable[[list[Clip]], None]] = []  # told every mean's clips (robust)
+        self.fault: Callable[[], float] | None = None  # fault injection: this worker's pseudo-gradient x it
         self.group = self.broadcast_group = group
         self.nonfinite = nonfinite
         self.replicas = replicas if replicas is not None else Replicas()
@@ -199,6 +219,10 @@ class Exchange:
             self.broadcast_group = self.replicas.across
         emulator = emulator_of(self.broadcast_group) if quorum is None else None
         self.sites = SiteMean(emulator, self.group, self.world_size, self.replicas)  # flat or by sites
+        # this worker's place among the group's contributions (the robust mean's norms)
+        self.position = dist.get_rank(self.group) if dist.is_initialized() else 0
+        if robust is not None:
+            check_workers(self.world_size, robust.kappa)
 
     def mean(
         self,
@@ -214,6 +238,7 @@ class Exchange:
         collective: str = "auto",
         residual: torch.Tensor | None = None,
         weight: float | None = None,
+        origin: torch.Tensor | float | None = None,
     ) -> MeanHandle:
         """Start averaging `buf` over the group; all ranks call it with the same purpose, codec
         and `buf.numel()`.
@@ -228,9 +253,14 @@ class Exchange:
         worker's values plus `residual` are sent, and `residual` becomes what the codec dropped of
         them, so that what a worker sent over time plus its residual is what it had to send. `weight`:
         this worker's contribution weighs that much (the steps it computed, `strategies.pace`): the
-        mean is Σ w·x / Σ w (`comm.weighted`); None: every worker alike."""
+        mean is Σ w·x / Σ w (`comm.weighted`); None: every worker alike. `origin`: this is a mean of
+        pseudo-gradients, this worker's being `buf − origin` (a tensor every rank holds alike, or 0.0
+        where `buf` is the pseudo-gradient), clipped first under a robust mean (`comm.robust`, before
+        the weight and the error feedback); None: a mean of anything else."""
         started_at = time.perf_counter()
         codec = get_codec(codec)
+        if origin is not None:
+            buf = self._pseudo_gradient(buf, origin, extra, inplace, replay)
         if weight is not None:
             return weighted_mean(
                 self,
@@ -272,6 +302,36 @@ class Exchange:
         if not async_op or sent.blocked:
             handle.wait()
         return handle
+
+    def _pseudo_gradient(
+        self, buf: torch.Tensor, origin: torch.Tensor | float, extra: int, inplace: bool, replay: bool
+    ) -> torch.Tensor:
+        """This worker's contribution to a mean of pseudo-gradients as it is sent: multiplied by an
+        injected fault's factor (tests), then clipped by the robust mean, whose clips the listeners
+        hear (not again for an exchange replayed after a resume)."""
+        factor = self.fault() if self.fault is not None else 1.0
+        if factor != 1.0:
+            buf = scale_contribution(buf, origin, factor, extra, inplace)
+        if self.robust is None:
+            return buf
+        buf, clips = self.robust.clip(
+            buf, origin, extra, inplace, worker=self.position, whole_norm=self.worker_norm, gather=self._gather_norms
+        )
+        if clips and not replay:
+            for fn in self.on_clip:
+                fn(clips)
+        return buf
+
+    def _gather_norms(self, norm: float) -> list[float]:
+        """Every worker's norm, in worker order: one blocking all-gather of a float64 over the group,
+        booked as `robust_norms`."""
+        started = time.perf_counter()
+        rows, work = all_gather_rows(torch.tensor([norm], dtype=torch.float64), self.group, self.world_size)
+        if work is not None:
+            work.wait()
+        self.ledger.count(ROBUST_NORMS, 8, sent=8 * (self.world_size - 1))
+        self.ledger.waited(ROBUST_NORMS, time.perf_counter() - started)
+        return [float(r) for r in rows]
 
     def lossy_collective(self, codec: Codec, choice: str = "auto", numel: int = 0) -> str:
         """How a lossy codec's mean of `numel` values travels over this exchange's workers

@@ -24,7 +24,8 @@ DDP inside, which splits every exchange over the worker's ranks, else f)::
                      codec, whose mean is not taken in the model's buffer); with a lossy codec the
                      reference the workers' change is measured from, s, where the strategy keeps
                      no anchor (local_sgd, post_local_sgd: the last mean), and with error feedback
-                     the residual, s;
+                     the residual, s; with `robust_mean` and fp32, that same reference, s, where no
+                     anchor is kept;
                      fragments: Σ_f the exchange's buffer in flight: fp32 w_f; a lossy codec what
                      it receives, the M payloads it gathers, M·wire(w_f), or on the reduce-scatter
                      path the M encoded chunks of the all-to-all, M·wire(⌈w_f/M⌉); with error
@@ -36,7 +37,8 @@ strategy, the largest fragment f for the others):
     periodic         R = 1: 0 (the mean lands in the model's own buffer); FSDP inside: B (the
                      shards gathered into one buffer); DDP inside: 2B + 2B/R (its shard's mean and
                      the piece it sends, B/R each; the R pieces gathered and the backend's flat
-                     copy of them, or the whole put back together, B each); averaging the
+                     copy of them, or the whole put back together, B each); with `robust_mean`,
+                     at least s (θ_m − its reference, whose norm the clip measures); averaging the
                      inner optimizer's state (`sync_optimizer_state`) gathers its moments, m, into
                      one buffer: m, + 2m + 2m/R with DDP inside, when larger;
                      a lossy codec (`comm.lossy_mean`; n the values this rank averages, B/4, or
@@ -153,13 +155,19 @@ def held_bytes(s: Any, held_in_flight: Sequence[Transfer]) -> dict[str, int]:
         if o.get("error_feedback") and o["codec"] != "fp32":  # a residual per fragment, once it synced
             bill["exchange"] += VALUE * sum(s.size.local_fragments(o["fragments"], o["partition"], r if sharded else 1))
     elif o.get("codec", "fp32") != "fp32":  # the workers' changes from a reference
-        keeps_mean = strategy_class(s.strategy).reference is Periodic.reference  # no anchor: the last mean
-        bill["exchange"] = synced * (int(keeps_mean) + int(bool(o.get("error_feedback"))))
+        bill["exchange"] = synced * (int(_keeps_mean(s.strategy)) + int(bool(o.get("error_feedback"))))
     elif o.get("drift_telemetry") and not sharded and not o.get("overlap_rounds"):  # the model moved into the
         bill["exchange"] = VALUE * DRIFT_SIDE_BAND  # averaged buffer
+    if o.get("robust_mean", "off") != "off" and o.get("codec", "fp32") == "fp32" and _keeps_mean(s.strategy):
+        bill["exchange"] += synced  # the robust mean's reference (`Periodic.needs_reference`)
     if o.get("overlap_rounds"):
         bill["outer_state"] += 2 * synced  # s_m and the Δ_m in flight
     return bill
+
+
+def _keeps_mean(strategy: str) -> bool:
+    """Does a periodic strategy keep the last mean as its reference (no anchor: local_sgd, post_local_sgd)?"""
+    return getattr(strategy_class(strategy), "reference", None) is Periodic.reference
 
 
 def transient_bytes(s: Any) -> int:
@@ -186,6 +194,8 @@ def transient_bytes(s: Any) -> int:
         params = _lossy_periodic(s, b)
     else:
         params = b if sharded else _reassembly(b, r) if ddp_inside else 0
+        if o.get("robust_mean", "off") != "off":  # the norm of θ_m − its reference, freed before the mean
+            params = max(params, synced)
     if not o.get("sync_optimizer_state"):
         return params
     moments = inner_optimizer_bytes(s.optimizer, s.momentum, p, 0)  # gathered into one buffer, averaged

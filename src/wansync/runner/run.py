@@ -24,6 +24,7 @@ from typing import Any
 
 import tomli_w
 
+from ..comm.robust import check_workers
 from ..rundir import checkpoint
 from . import launch, worker
 from .agreement import agree, shared
@@ -139,6 +140,8 @@ def check_run(cfg: Config) -> dict[str, Any]:
     if cfg.tensorboard:
         tensorboard.check_available()
     check_adapt(cfg, options)
+    if options.get("robust_mean") == "median":  # before the workers start: they would refuse it each
+        check_workers(cfg.workers, options["robust_kappa"])
     return options
 
 

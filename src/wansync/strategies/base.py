@@ -35,7 +35,7 @@ from ..comm.ledger import INSIDE
 from ..comm.replicas import Replicas, replicas_of
 from ..errors import ConfigError
 from .grad_sync import GradientSync, ShardedGradientSync, fsdp_gradient_sync_paused, hybrid_sharded
-from .options import Options
+from .options import Options, robust_of
 from .pace import Pace
 from .timetable import Timetable
 
@@ -142,9 +142,10 @@ class Strategy:
         self.since_last_step_s: float | None = None  # end of the previous step() to this one's start
         self._left_step_at: float | None = None
         self.replicas = replicas if replicas is not None else replicas_of(model, mesh) or Replicas()
-        self.exchange = Exchange(group, on_nonfinite, self.replicas, quorum=quorum)
+        self.exchange = Exchange(group, on_nonfinite, self.replicas, quorum=quorum, robust=robust_of(self.opts))
         self.comm = self.exchange.ledger
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.exchange.on_clip.append(self._clipped)
         # what the initial broadcast replaced on this rank, until the first step (`broadcast_initial_state`)
         self._replaced: list[tuple[FlatTensors, torch.Tensor, tuple[float, float]]] = []
         policy, between = getattr(self.opts, "slow_policy", "wait"), self.replicas.between_workers
@@ -325,6 +326,11 @@ class Strategy:
     # ---- events --------------------------------------------------------------------------
     def on_event(self, fn: Callable[[dict[str, Any]], None]) -> None:
         self._listeners.append(fn)
+
+    def _clipped(self, clips: list[Any]) -> None:
+        """The robust mean clipped these workers' pseudo-gradients (`comm.robust.Clip`): an event each."""
+        for clip in clips:
+            self.emit("robust_clip", **dataclasses.asdict(clip))
 
     def emit(self, record_type: str, /, **fields: Any) -> None:
         record = {"type": record_type, "step": self.t, "strategy": self.name, **fields}

@@ -48,12 +48,15 @@ from .base import Strategy, local_shard, model_buffers
 from .options import (
     Options,
     aggregate,
+    check_robust_options,
     check_sparse_options,
     chunk,
     density,
     in_range,
     option,
     quant_range,
+    robust_kappa,
+    robust_mean,
     sparse_codec,
     topk,
     value_bits,
@@ -72,10 +75,13 @@ class DeMoOptions(Options):
     bits: int = value_bits(32)
     quant_range: float = quant_range()
     aggregate: str = aggregate()
+    robust_mean: str = robust_mean()
+    robust_kappa: float = robust_kappa()
 
     def cross_check(self) -> None:
         super().cross_check()
         check_sparse_options(self, DEFAULT_DENSITY)
+        check_robust_options(self)
 
 
 def check_carrier(optimizer: torch.optim.Optimizer) -> None:
@@ -146,7 +152,7 @@ class DeMo(Strategy):
         self.momentum.mul_(self.opts.momentum_decay)  # m_r ← β·m_r (+ g_r: the exchange adds it)
         spent = time.perf_counter() - started
         # q_r = TopK(DCT(m_r)) sent, m_r ← m_r − IDCT(q_r), Q = IDCT(Aggregate_r(q_r)) in q's buffer
-        self.exchange.mean(q, "momentum", self.codec, inplace=True, residual=self.momentum)
+        self.exchange.mean(q, "momentum", self.codec, inplace=True, residual=self.momentum, origin=0.0)
         started = time.perf_counter()
         q.sign_()
         with torch.no_grad():

@@ -116,6 +116,7 @@ class DiLoCo(Periodic):
             collective=self.opts.codec_collective,
             residual=self._residual if self.opts.error_feedback else None,
             weight=self.steps_weight(),
+            origin=0.0,
         )
 
     def retune_exchange(self, knobs: dict[str, Any]) -> None:

@@ -203,6 +203,46 @@ def check_codec_options(opts: Any) -> None:
     )
 
 
+# ---- the robust mean of pseudo-gradients (`comm.robust`) ------------------------------------------
+def robust_mean() -> Any:
+    from ..comm.robust import ROBUST_MEANS
+
+    return option(
+        "off",
+        "robust mean of the exchanged pseudo-gradients: off | median (each worker's clipped to "
+        "robust_kappa x the median of their L2 norms before the mean)",
+        one_of(ROBUST_MEANS),
+    )
+
+
+def robust_kappa() -> Any:
+    from ..comm.robust import DEFAULT_KAPPA
+
+    return option(
+        DEFAULT_KAPPA,
+        "kappa: robust_mean median clips a pseudo-gradient whose norm exceeds kappa x the median norm to that",
+        positive,
+    )
+
+
+def check_robust_options(opts: Any) -> None:
+    """An option that does nothing is refused: κ without the robust mean it scales."""
+    from ..comm.robust import DEFAULT_KAPPA
+
+    check(
+        not (opts.robust_mean == "off" and opts.robust_kappa != DEFAULT_KAPPA),
+        f"robust_kappa {opts.robust_kappa:g} is the robust mean's clip, and robust_mean is off, so it would do "
+        f"nothing: drop it, or add robust_mean median",
+    )
+
+
+def robust_of(opts: Any) -> Any:
+    """The exchange's `comm.robust.RobustMean` for these options (None: off, or a strategy without it)."""
+    from ..comm.robust import RobustMean
+
+    return RobustMean(opts.robust_kappa) if getattr(opts, "robust_mean", "off") == "median" else None
+
+
 OUTER_STATE_DEVICES = ("model", "cpu")
 
 

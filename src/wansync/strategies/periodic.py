@@ -30,7 +30,18 @@ from ..comm.norms import exact_sq_norm
 from ..comm.codecs import get_codec
 from ..comm.flat import FlatTensors
 from .base import Strategy, local_shard, sync_tensors
-from .options import Options, check_codec_options, codec, codec_collective, error_feedback, option, sync_every
+from .options import (
+    Options,
+    check_codec_options,
+    check_robust_options,
+    codec,
+    codec_collective,
+    error_feedback,
+    option,
+    robust_kappa,
+    robust_mean,
+    sync_every,
+)
 from .pace import check_pace_options, deadline, slow_policy
 from .timetable import Timetable
 
@@ -54,11 +65,14 @@ class PeriodicOptions(Options):
     error_feedback: bool = error_feedback()
     slow_policy: str = slow_policy()
     deadline: float = deadline()
+    robust_mean: str = robust_mean()
+    robust_kappa: float = robust_kappa()
 
     def cross_check(self) -> None:
         super().cross_check()
         check_codec_options(self)
         check_pace_options(self)
+        check_robust_options(self)
 
 
 class PeriodicTimetable(Timetable):
@@ -118,8 +132,21 @@ class Periodic(Strategy):
         super().broadcast_initial_state()
         if self.drift_on:  # the first boundary's reference: every worker holds rank 0's
             self._ref_sq = exact_sq_norm(self.flat.gather())
-        if self.codec.name != "fp32":
+        if self.needs_reference:
             self.keep_reference()
+
+    @property
+    def needs_reference(self) -> bool:
+        """Does a boundary measure each worker's change from a reference (`reference`)? A lossy codec
+        sends the change, and a robust mean clips it (`comm.robust`)."""
+        return self.codec.name != "fp32" or self.exchange.robust is not None
+
+    def origin(self) -> torch.Tensor | None:
+        """What a parameter mean's pseudo-gradients are measured from (θ_m − origin is −Δ_m): the
+        reference where one is kept, an anchor θ̃ or the last mean; None where none is (LocalSGD's
+        plain fp32 mean, without a robust mean)."""
+        kept = getattr(self, "anchor", None) is not None or self._last_mean is not None
+        return self.reference() if kept else None
 
     def keep_reference(self) -> None:
         """The lossy codec's reference θ_ref, identical on every worker: the model as it is now."""
@@ -186,7 +213,13 @@ class Periodic(Strategy):
         if extra:
             wire[n] = (exact_sq_norm(wire[:n]) - ref) / max(n, 1)
         sent = self.exchange.mean(
-            wire, "params", inplace=True, extra=extra, mean_sq=bool(extra), weight=self.steps_weight()
+            wire,
+            "params",
+            inplace=True,
+            extra=extra,
+            mean_sq=bool(extra),
+            weight=self.steps_weight(),
+            origin=self.origin(),
         )
         info: dict[str, Any] = {"bytes": self.flat.nbytes}
         if extra:
@@ -196,6 +229,8 @@ class Periodic(Strategy):
             self._ref_sq = avg_sq if math.isfinite(avg_sq) else None
         if home is None:
             self.flat.scatter(wire[:n])  # the model holds θ̄, as with a home
+        if self._last_mean is not None:  # the next boundary's reference (a robust mean's, without an anchor)
+            self._last_mean.copy_(wire[:n])
         if getattr(self.opts, "sync_optimizer_state", False):
             self.average_optimizer_state()
         return wire[:n], info
@@ -225,6 +260,7 @@ class Periodic(Strategy):
             collective=self.opts.codec_collective,
             residual=self._residual if self.opts.error_feedback else None,
             weight=self.steps_weight(),
+            origin=0.0,
         )
         avg = wire[:n].add_(ref)  # θ̄ = θ_ref + d̄
         info: dict[str, Any] = {"bytes": self.codec.wire_bytes(n), "codec": self.codec.name}

@@ -67,8 +67,8 @@ class PostLocalSGD(LocalSGD):
     def after_inner_step(self) -> None:
         if not self.grad_sync.book():  # a DDP step: the reducer all-reduced in backward
             super().after_inner_step()  # LocalSGD's boundary every H steps
-        elif self.codec.name != "fp32" and not self.timetable.ddp_step(self.t + 1):
-            self.keep_reference()  # the switch: a lossy exchange measures change from here
+        elif self.needs_reference and not self.timetable.ddp_step(self.t + 1):
+            self.keep_reference()  # the switch: a lossy or robust exchange measures change from here
         self.grad_sync.arm(self.timetable.ddp_step(self.t + 1))
 
     def load_extra_state(self, state) -> None:

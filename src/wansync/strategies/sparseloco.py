@@ -57,6 +57,7 @@ from .options import (
     Options,
     aggregate,
     anchor_device,
+    check_robust_options,
     check_sparse_options,
     chunk,
     density,
@@ -66,6 +67,8 @@ from .options import (
     overlap_rounds,
     positive,
     quant_range,
+    robust_kappa,
+    robust_mean,
     sparse_codec,
     sync_every,
     topk,
@@ -99,11 +102,14 @@ class SparseLoCoOptions(Options):
     slow_policy: str = slow_policy()
     deadline: float = deadline()
     overlap_rounds: bool = overlap_rounds()
+    robust_mean: str = robust_mean()
+    robust_kappa: float = robust_kappa()
 
     def cross_check(self) -> None:
         super().cross_check()
         check_sparse_options(self, DEFAULT_DENSITY)
         check_pace_options(self)
+        check_robust_options(self)
 
 
 class SparseLoCo(Strategy):
@@ -177,7 +183,14 @@ class SparseLoCo(Strategy):
         weight = self.pace.weight(self.computed_at)  # the steps computed since the last round
         self.computed_at = self.pace.computed  # (`strategies.pace`; None: unweighted)
         return self.exchange.mean(
-            delta, "pseudo_grads", self.codec, async_op=async_op, inplace=True, residual=self.error, weight=weight
+            delta,
+            "pseudo_grads",
+            self.codec,
+            async_op=async_op,
+            inplace=True,
+            residual=self.error,
+            weight=weight,
+            origin=0.0,
         )
 
     def average_buffers(self) -> None:

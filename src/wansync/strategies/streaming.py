@@ -72,6 +72,7 @@ from .options import (
     anchor_device,
     at_least,
     check_codec_options,
+    check_robust_options,
     codec,
     codec_collective,
     error_feedback,
@@ -81,6 +82,8 @@ from .options import (
     outer_lr,
     outer_momentum,
     outer_state_device,
+    robust_kappa,
+    robust_mean,
     sync_every,
 )
 from .pace import check_pace_options, deadline, slow_policy
@@ -111,12 +114,15 @@ class StreamingOptions(Options):
     )
     slow_policy: str = slow_policy()
     deadline: float = deadline()
+    robust_mean: str = robust_mean()
+    robust_kappa: float = robust_kappa()
 
     def cross_check(self) -> None:
         super().cross_check()
         h, p = self.sync_every, self.fragments
         check(p <= h, f"fragments ({p}) must be <= sync_every ({h})")
         check_codec_options(self)
+        check_robust_options(self)
         check_pace_options(self)
         check(0 <= self.overlap < h, f"overlap (tau) must be in [0, sync_every) = [0, {h}), got {self.overlap}")
         check(
@@ -183,6 +189,7 @@ class Streaming(Strategy):
             collective=self.opts.codec_collective,
             residual=dropped,
             weight=x.weight,
+            origin=0.0,
         )
         if merge == "eager":
             self.eager_step(x)
@@ -258,6 +265,7 @@ class Streaming(Strategy):
             replay=True,
             collective=self.opts.codec_collective,
             weight=x.weight,
+            origin=0.0,
         )
 
     def steps_weight(self, p: int) -> float | None:
@@ -301,6 +309,7 @@ class Streaming(Strategy):
             collective=self.opts.codec_collective,
             residual=dropped,
             weight=self.steps_weight(p),
+            origin=0.0,
         )
         anchor.outer_step(sent.wait(), load=True)
         self.emit(

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm.ledger import INSIDE
+from ..comm.robust import Clip
 from ..net import emulator_of
 from ..rundir import jsonout
 from ..rundir.divergence import quality_fields
@@ -165,6 +166,8 @@ class Run:
         if self._closed:
             return
         self.writer.write(record)
+        if record.get("type") == "robust_clip":
+            self.print(Clip.from_event(record).line(record["step"]))
         if record.get("type") == "sync":
             self.sync_events += 1
             if self.scalars is not None:
