@@ -221,3 +221,143 @@ def test_a_secure_run_through_the_tunnel_trains_what_the_plain_run_trains_and_re
     for h in hosts:  # and each listener logged one line: the agent's output, or its worker's log
         logged = results[h][1] + "".join(f.read_text() for f in (secure[h] / "logs").glob("rank*.log"))
         assert logged.count(f"refused a connection from {stranger.tunnel_address}") == len(challenged[h]), h.name
+
+
+# a stranger's tries at every admission port of `host` (those that challenge): a recorded answer
+# replayed (it holds the secret for the first connection only, as an eavesdropper's recording), and a
+# pickle whose __reduce__ would create `canary`; each is refused in one line
+TRIES = """
+import hashlib, hmac, json, os, pickle, socket, sys
+sys.path.insert(0, {src!r})
+from wansync.trust.admission import MAGIC, NONCE, TAG
+from wansync.trust.secret import load
+host, ports, secret_path, canary = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+class Canary:
+    def __reduce__(self):
+        return (open, (canary, "w"))
+
+def said(s):
+    out = b""
+    while not out.endswith(b"\\n"):
+        c = s.recv(300)
+        if not c: break
+        out += c
+    return out.decode(errors="replace")[1:].strip()
+
+out = {{}}
+for port in ports:
+    try:
+        s = socket.create_connection((host, port), timeout=2)
+    except OSError:
+        continue
+    try:
+        hello = s.recv(len(MAGIC) + NONCE)
+    except OSError:  # a listener that says nothing first: not an admission port
+        s.close(); continue
+    if not hello.startswith(MAGIC):
+        s.close(); continue
+    s.settimeout(10)
+    s.sendall(pickle.dumps(Canary()).ljust(len(MAGIC) + NONCE + TAG, b"."))
+    result = {{"pickle": said(s)}}
+    s.close()
+    if port == {rdzv}:  # the rendezvous: a real answer recorded, then replayed at the next connection
+        key = load(secret_path).key("admission/rendezvous")
+        s = socket.create_connection((host, port), timeout=5)
+        ns = s.recv(len(MAGIC) + NONCE)[len(MAGIC):]
+        nc = os.urandom(NONCE)
+        answer = MAGIC + nc + hmac.new(key, b"client" + ns + nc, hashlib.sha256).digest()
+        s.sendall(answer)
+        result["first"] = s.recv(1).decode()
+        s.close()
+        s = socket.create_connection((host, port), timeout=5)
+        s.recv(len(MAGIC) + NONCE)
+        s.sendall(answer)
+        result["replayed"] = said(s)
+        s.close()
+    out[port] = result
+print(json.dumps(out))
+"""
+
+
+def test_a_secure_run_heals_through_a_corrupted_transfer_and_is_unaffected_by_what_a_stranger_tries(
+    bed, corpus, secret, tmp_path
+):
+    """Rank 1 is killed at step 7 and restarted; its heal's first payload goes out with a byte flipped
+    (every live source), is refused before parsing and asked again. Meanwhile a node with another
+    secret tries to join (refused in one line, nothing joined), the stranger replays an answer and sends
+    a pickle to every admission port, and a host connects to a tunnel-bound port at the underlay
+    address: the run ends well, healed, and the canary never appears."""
+    hosts, stranger = bed.hosts[:3], bed.hosts[3]
+    a, b, c = hosts
+    runs = {h: tmp_path / h.name for h in hosts}
+    env = secure_env(bed, secret)
+    env[a]["WANSYNC_FAULT"] += ";rank=0,step=1,action=flip_heal"
+    env[b]["WANSYNC_FAULT"] = "rank=1,step=7,action=kill"  # after host A's pause, while the stranger tries
+    env[c]["WANSYNC_FAULT"] = "rank=2,step=1,action=flip_heal"
+    flags = [*train_flags(corpus), "--max-restarts", "1"]
+    procs = start(bed, hosts, a.tunnel_address, flags, runs, env=env)
+    canary = tmp_path / "canary"
+    other = tmp_path / "other.secret"
+    other.write_bytes(os.urandom(48).hex().encode())
+    other.chmod(0o600)
+    seen: dict = {h: set() for h in hosts}
+    deadline = time.monotonic() + 60
+    while not all(len(in_range(h, seen[h])) >= (5 if h is a else 3) for h in hosts):
+        assert time.monotonic() < deadline, seen
+        for h in hosts:
+            seen[h] |= listeners(bed, h)
+        time.sleep(0.3)
+    code = TRIES.format(src=str(ROOT / "src"), rdzv=29400)
+    tries = {
+        h: bed.start(
+            stranger,
+            [sys.executable, "-c", code, h.tunnel_address, str(sorted(in_range(h, seen[h]))), str(secret), str(canary)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for h in hosts
+    }
+    intruder = start(
+        bed,
+        [stranger],
+        a.tunnel_address,
+        flags,
+        {stranger: tmp_path / "intruder"},
+        env={stranger: {**secure_env(bed, other)[stranger], "WANSYNC_SECRET_FILE": str(other)}},
+    )[stranger]
+    around = bed.run(
+        b, [sys.executable, "-c", f"import socket; socket.create_connection(('{a.address}', 29400), timeout=3)"]
+    )
+    tried = {h: p.communicate(timeout=60)[0] for h, p in tries.items()}
+    intruded, _ = intruder.communicate(timeout=90)
+    results = finish(procs)
+
+    for code_, text in results.values():
+        assert code_ == 0, text[-3000:]
+    assert not canary.exists()
+    import json
+
+    answers = {h: json.loads(tried[h].strip().splitlines()[-1]) for h in hosts}
+    assert sorted(len(v) for v in answers.values()) == [1, 1, 3], tried  # rendezvous, lighthouse, heal servers
+    for h, by_port in answers.items():
+        for result in by_port.values():
+            assert (
+                result["pickle"].startswith("wansync: ") and f"refused {stranger.tunnel_address}:" in result["pickle"]
+            )
+    rdzv = answers[a]["29400"]
+    assert rdzv["first"] == "A" and "replayed an old answer" in rdzv["replayed"], rdzv
+    # the node with another secret: one line, nothing joined
+    assert intruder.returncode != 0
+    lines = [line for line in intruded.splitlines() if line.startswith("wansync")]
+    assert len(lines) == 1 and "does not hold this run's secret" in lines[0], intruded[-2000:]
+    assert "Traceback" not in intruded, intruded[-2000:]
+    assert not (tmp_path / "intruder").exists()
+    # nothing listens on the underlay
+    assert around.returncode != 0 and "Connection refused" in around.stderr, around.stderr
+    # rank 1 came back and healed, through a refused (flipped) payload first
+    summary = json.loads((runs[a] / "summary.json").read_text())
+    assert summary["heals"] >= 1 and summary["worker_failures"] >= 1, summary
+    logs = "".join(f.read_text() for f in (runs[b] / "logs").glob("*.log"))
+    assert "refused" in logs and "asking again" in logs, logs[-3000:]

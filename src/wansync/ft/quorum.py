@@ -148,7 +148,7 @@ class Quorum:
         self._store = manager_store(hostname, inside, trust, address)
         self._lighthouse_end, lighthouse_at = admitted_lighthouse(lighthouse, trust, timeout_s)
         # the heal server takes its port first: the manager's is only picked (then bound by torchft)
-        transport = HealTransport(timeout=timeout, host=hostname, trust=trust)
+        self.transport = transport = HealTransport(timeout=timeout, host=hostname, trust=trust)
         manager_port = trust.listen.port("manager") if address else None
         try:
             with manager_bound(address):

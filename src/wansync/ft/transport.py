@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -64,6 +65,7 @@ class HealTransport(CheckpointTransport[dict[str, Any]]):
         self._lock = threading.Condition()
         self._staged: tuple[int, Sealed] | None = None  # the step served and its payload
         self._sending = 0
+        self.corrupt_next = 0  # fault injection (`trainer.faults` flip_heal): payloads sent with a byte flipped
         self._stream = (
             torch.Stream(torch.accelerator.current_accelerator()) if torch.accelerator.is_available() else None
         )
@@ -101,6 +103,8 @@ class HealTransport(CheckpointTransport[dict[str, Any]]):
                 return fetch(metadata, step, self._secret, self._key, deadline)
             except (Again, SealError) as exc:
                 last = exc
+                if isinstance(exc, SealError):  # corrupted or forged on the way: said, then asked again
+                    print(f"wansync: {one_line(str(exc))}; asking again", file=sys.stderr, flush=True)
             if time.monotonic() + RETRY_EVERY_S >= deadline:
                 raise PeerError(f"heal from {metadata} failed within {timeout.total_seconds():g} s: {last}") from None
             time.sleep(RETRY_EVERY_S)
@@ -139,11 +143,29 @@ class HealTransport(CheckpointTransport[dict[str, Any]]):
             try:
                 conn.settimeout(self._timeout.total_seconds())
                 conn.sendall(b"ok\n")
-                staged[1].write(conn)
+                with self._lock:
+                    flip, self.corrupt_next = self.corrupt_next > 0, max(0, self.corrupt_next - 1)
+                if flip:
+                    send_flipped(conn, staged[1])
+                else:
+                    staged[1].write(conn)
             finally:
                 with self._lock:
                     self._sending -= 1
                     self._lock.notify_all()
+
+
+def send_flipped(conn: socket.socket, payload: Sealed) -> None:
+    """`payload` with its middle byte flipped on the way (fault injection): what a corrupted transfer
+    delivers, which the healing peer must refuse by its tag."""
+    sent, middle = 0, payload.size // 2
+    for part in payload.chunks():
+        if sent <= middle < sent + len(part):
+            corrupted = bytearray(part)
+            corrupted[middle - sent] ^= 0xFF
+            part = corrupted
+        conn.sendall(part)
+        sent += len(part)
 
 
 class Again(PeerError):

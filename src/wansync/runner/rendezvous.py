@@ -37,7 +37,8 @@ import time
 from datetime import timedelta
 from typing import Any, Callable
 
-from ..errors import WansyncError, first_line
+from ..errors import WansyncError, first_line, one_line
+from ..trust.admission import AdmissionRefused
 from ..trust.gate import Connector, Gate
 from ..trust.listen import Listen
 from ..trust.settings import AGENTS_ENV, Trust, current
@@ -290,7 +291,11 @@ def rendezvous_store(
         if secret is None:
             return TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timeout), Served()
         connector = Connector((host, port), secret, "rendezvous")
-        connector.check(timeout.total_seconds())
+        try:
+            connector.check(timeout.total_seconds())
+        except AdmissionRefused as e:  # another secret: this node ends here, in one line, having joined nothing
+            print(f"wansync rendezvous: {one_line(str(e))}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
         local = connector.address[1]
         store = TCPStore("127.0.0.1", local, is_master=False, multi_tenant=True, timeout=timeout)
         return store, Served(connector=connector, local_port=local)

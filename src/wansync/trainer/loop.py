@@ -121,6 +121,10 @@ class Trainer:
                 say=lambda line: self.run_files.print(line),
             )
         self.fault = Faults.from_env()
+        if (fault := self.fault) is not None:  # `scale`: strikes this rank's pseudo-gradient in the exchange
+            self.sync.exchange.fault = lambda: fault.pseudo_gradient_scale(self.rank, self.sync.t)
+            if quorum is not None:  # `flip_heal`: payloads this rank's heal server corrupts on the way
+                quorum.transport.corrupt_next = fault.heal_flips(self.rank)
         self.slowdown = cfg.topology.slowdown(self.replicas.worker) if cfg.topology is not None else 1.0
         self.last_loss = math.nan  # an idle step's record repeats the last computed loss
         self.first_step = 0  # the first step this process trains (`run`)
