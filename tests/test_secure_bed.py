@@ -206,6 +206,13 @@ def test_a_secure_run_through_the_tunnel_trains_what_the_plain_run_trains_and_re
     for h in hosts:
         bad = [(addr, p) for addr, p in seen[h] if addr not in (h.tunnel_address, "127.0.0.1", "::1")]
         assert bad == [], (h.name, sorted(seen[h]))
+    # on the tunnel, every port is the range's but gloo's pairs', which take the kernel's ephemeral
+    # ports (docs/security.md#ports: the documented exception)
+    low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for h in hosts:
+        outside = sorted(p for addr, p in seen[h] if addr == h.tunnel_address and not PORTS[0] <= p <= PORTS[1])
+        assert all(low <= p <= high for p in outside), (h.name, outside)
+        assert len(in_range(h, seen[h])) == (5 if h is a else 3), (h.name, sorted(seen[h]))
     # the stranger: every admission port refused it in one line naming its address
     assert probes, "the run ended before its listeners could be probed"
     import json
