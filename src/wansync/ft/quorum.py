@@ -12,7 +12,7 @@ logs, the start-up join) is `ft.member`. The protocol:
   (`quorum(t, finishing=True)`: after the last step's exchanges, before `finish`'s). The Manager's
   step orders them (`manager_step`: 2t, then 2t + 1), so a worker behind the others (a restarted
   one, at step 0; one stopped past the heartbeat timeout) *heals*: torchft's checkpoint transport
-  fetches a live peer's state over HTTP (model, inner optimizer, strategy: anchors, outer
+  fetches a live peer's state, sealed (`ft.transport`) (model, inner optimizer, strategy: anchors, outer
   optimizer, schedule, exchanges in flight) and `load` applies it. After the heal, `t` and
   `finishing` are the peers': a worker healed into their final quorum holds their state after
   the last step's exchanges and must not make them again. Every participant then decides the same
