@@ -112,11 +112,7 @@ class HealTransport(CheckpointTransport[dict[str, Any]]):
     def shutdown(self, wait: bool = True) -> None:
         with self._lock:
             self._staged = None
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
+        admission.close_listener(self._listener)
         if wait:
             self._accepting.join(timeout=self._timeout.total_seconds())
 

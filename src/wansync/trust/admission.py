@@ -172,3 +172,12 @@ def serve(
     thread = threading.Thread(target=accept, daemon=True, name=f"wansync-{use}")
     thread.start()
     return thread
+
+
+def close_listener(listener: socket.socket) -> None:
+    """Stop `serve`'s accepting thread: shut the listening socket down (its accept returns), close it."""
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    listener.close()

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 
-from .admission import AdmissionRefused, RefusalLog, enter, serve
+from .admission import AdmissionRefused, RefusalLog, close_listener, enter, serve
 from .secret import Secret
 
 CHUNK = 1 << 16
@@ -73,11 +73,7 @@ class Gate:
         splice(conn, upstream)
 
     def close(self) -> None:
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.listener.close()
+        close_listener(self.listener)
 
 
 class Connector:
@@ -134,8 +130,4 @@ class Connector:
         splice(conn, upstream)
 
     def close(self) -> None:
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.listener.close()
+        close_listener(self.listener)
