@@ -8,7 +8,8 @@
   stay bitwise identical;
 - in workers of two ranks (DDP inside, FSDP inside) the factor is the whole worker's, not a shard's;
 - what cannot work is refused in one line: κ ≤ 0, not a number, κ without the robust mean, a strategy
-  without it, fewer than 3 workers at κ ≥ M, fault tolerance.
+  without it, fewer than 3 workers at κ ≥ M;
+- under fault tolerance the norms travel over the quorum and the faulty worker is clipped.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from wansync.comm.exchange import Exchange
 from wansync.comm.replicas import replica_groups
 from wansync.comm.robust import Clip, RobustMean, check_workers, clip_factors
 from wansync.errors import ConfigError
-from wansync.ft.support import check_supported
 from wansync.runner.localgroup import run_ranks
 
 NORMS = [1.0, 2.0, 3.0, 100.0]  # rank r's contribution has norm NORMS[r]
@@ -276,10 +276,34 @@ def test_what_cannot_clip_or_cannot_run_is_refused():
         check_workers(2, 2.0)
     check_workers(2, 1.5)  # the larger of two is clipped to 1.5 x their midpoint
     check_workers(3, 2.0)
-    with pytest.raises(ConfigError, match="--fault-tolerant does not take robust_mean median"):
-        check_supported("diloco", robust_mean="median")
-    with pytest.raises(ConfigError, match="does not run under fault tolerance"):
-        Exchange(quorum=object(), robust=RobustMean())
+
+
+def test_under_fault_tolerance_the_quorums_members_norms_clip_the_faulty_worker(tmp_path):
+    """The norms travel over the quorum (each with its worker's number): worker 1's pseudo-gradient
+    x 1000 at step 4 is clipped, logged once with its number, and the run ends well, every worker
+    with the same parameters."""
+    import json
+    import os
+
+    out = tmp_path / "ft"
+    args = ["train", "--strategy", "diloco", "--sync-every", "2", "--workers", "3", "--steps", "6", *TINY]
+    done = wansync(
+        *args,
+        "--fault-tolerant",
+        "--robust-mean",
+        "median",
+        "--eval-every",
+        "100",
+        "--out",
+        str(out),
+        env={**os.environ, "WANSYNC_FAULT": "rank=1,step=4,action=scale,factor=1000"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    clips = [e for e in events if e.get("type") == "robust_clip"]
+    assert [(c["worker"], c["step"]) for c in clips] == [(1, 4)], clips
+    assert clips[0]["factor"] < 0.01
+    assert "worker 1's pseudo-gradient clipped by" in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(

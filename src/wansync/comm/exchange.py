@@ -37,7 +37,8 @@ plug in here and nowhere else:
   listeners (the trainer's profiler) count it as exposed communication. Decoding is not waiting.
 - **Robust mean** (`robust`, see `comm.robust`): a mean of pseudo-gradients (`origin`: each worker's
   is `buf − origin`) has every worker's contribution clipped to κ × the median of their norms before
-  it is sent; the norms travel first, one all-gather of M numbers booked as `robust_norms`, and
+  it is sent; the norms travel first, one all-gather of M numbers booked as `robust_norms` (under
+  fault tolerance over the quorum's members, each with its worker's number), and
   every clip is told to the `on_clip` listeners (the strategy's `robust_clip` events). The same
   contribution is where fault injection strikes (`fault`, tests only: a factor it is multiplied by).
 
@@ -196,11 +197,6 @@ class Exchange:
     ):
         if nonfinite is not None and nonfinite not in POLICIES:
             raise ConfigError(f"on_nonfinite must be abort or skip, got {nonfinite!r}")
-        if robust is not None and quorum is not None:
-            raise ConfigError(
-                "robust_mean does not run under fault tolerance: the workers' norms would need a "
-                "collective of their own over each quorum"
-            )
         self.robust = robust
         self.on_clip: list[Callable[[list[Clip]], None]] = []  # told every mean's clips (robust)
         self.fault: Callable[[], float] | None = None  # fault injection: this worker's pseudo-gradient x it
@@ -221,8 +217,8 @@ class Exchange:
         self.sites = SiteMean(emulator, self.group, self.world_size, self.replicas)  # flat or by sites
         # this worker's place among the group's contributions (the robust mean's norms)
         self.position = dist.get_rank(self.group) if dist.is_initialized() else 0
-        if robust is not None:
-            check_workers(self.world_size, robust.kappa)
+        if robust is not None:  # under fault tolerance each worker is a world of its own: the run's count
+            check_workers(quorum.workers if quorum is not None else self.world_size, robust.kappa)
 
     def mean(
         self,
@@ -322,16 +318,29 @@ class Exchange:
                 fn(clips)
         return buf
 
-    def _gather_norms(self, norm: float) -> list[float]:
-        """Every worker's norm, in worker order: one blocking all-gather of a float64 over the group,
-        booked as `robust_norms`."""
+    def _gather_norms(self, norm: float) -> list[tuple[int, float]]:
+        """Every contributing worker's (number, norm): one blocking all-gather of a float64 over the
+        group, in worker order; under fault tolerance over the quorum's members, each with its number
+        and its flag (a worker healed in this slot sends its source's values: its norm takes no part,
+        NaN). Booked as `robust_norms`."""
         started = time.perf_counter()
-        rows, work = all_gather_rows(torch.tensor([norm], dtype=torch.float64), self.group, self.world_size)
-        if work is not None:
-            work.wait()
-        self.ledger.count(ROBUST_NORMS, 8, sent=8 * (self.world_size - 1))
+        if self.quorum is not None:
+            mine = torch.tensor([norm, float(self.quorum.worker)], dtype=torch.float64).view(torch.uint8)
+            rows = self.quorum.gather(torch.cat([mine, torch.ones(1, dtype=torch.uint8)]))
+            pairs = [
+                (int(v[1]), float(v[0]) if int(r[-1]) else math.nan)
+                for r in rows
+                for v in [r[:16].clone().view(torch.float64)]
+            ]
+            sent = len(mine) + 1
+        else:
+            gathered, work = all_gather_rows(torch.tensor([norm], dtype=torch.float64), self.group, self.world_size)
+            if work is not None:
+                work.wait()
+            pairs, sent = [(m, float(r)) for m, r in enumerate(gathered)], 8
+        self.ledger.count(ROBUST_NORMS, sent, sent=sent * (len(pairs) - 1))
         self.ledger.waited(ROBUST_NORMS, time.perf_counter() - started)
-        return [float(r) for r in rows]
+        return pairs
 
     def lossy_collective(self, codec: Codec, choice: str = "auto", numel: int = 0) -> str:
         """How a lossy codec's mean of `numel` values travels over this exchange's workers

@@ -138,16 +138,19 @@ class RobustMean:
         *,
         worker: int,
         whole_norm: Callable[[float], float],
-        gather: Callable[[float], list[float]],
+        gather: Callable[[float], list[tuple[int, float]]],
     ) -> tuple[torch.Tensor, list[Clip]]:
         """This worker's contribution `buf − origin` (the first numel − `extra` values; the side band
         is left alone) clipped by its factor, and every clip of this mean. `worker`: this worker's
-        place in `gather`'s list; `whole_norm`: the worker's whole norm from this rank's part's (its
-        shards summed); `gather`: every worker's norm, in worker order (a collective)."""
+        number; `whole_norm`: the worker's whole norm from this rank's part's (its shards summed);
+        `gather`: every contributing worker's (number, norm), the same list on every rank (a
+        collective: the group's workers in order, or a fault-tolerant quorum's members)."""
         values = buf.reshape(-1)[: buf.numel() - extra]
-        norms = gather(whole_norm(contribution_norm(values, origin)))
+        pairs = gather(whole_norm(contribution_norm(values, origin)))
+        norms = [n for _, n in pairs]
         factors, median = clip_factors(norms, self.kappa)
-        clips = [Clip(m, f, norms[m], median, self.kappa) for m, f in enumerate(factors) if f < 1.0]
-        if factors[worker] < 1.0:
-            buf = scale_contribution(buf, origin, factors[worker], extra, inplace)
+        clips = [Clip(w, f, n, median, self.kappa) for (w, n), f in zip(pairs, factors) if f < 1.0]
+        mine = next((f for (w, _), f in zip(pairs, factors) if w == worker), 1.0)
+        if mine < 1.0:
+            buf = scale_contribution(buf, origin, mine, extra, inplace)
         return buf, clips

@@ -125,7 +125,6 @@ def fault_tolerant_strategy(
         subject=SUBJECT,
         slow_policy=options.get("slow_policy"),
         overlap_rounds=bool(options.get("overlap_rounds")),
-        robust_mean=options.get("robust_mean"),
     )
     for given in ("group", "replicas", "mesh", "quorum"):
         check(

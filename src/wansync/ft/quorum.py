@@ -291,7 +291,7 @@ class Quorum:
 
     def gather(self, wire: torch.Tensor) -> list[torch.Tensor]:
         """Every quorum member's `wire` (the same number of bytes on each), in the quorum's order: a
-        sparse payload's all-gather (`comm.sparse_mean`). Its last byte is the payload's validity
+        sparse payload's all-gather (`comm.sparse_mean`), the robust mean's norms (`comm.exchange`). Its last byte is the payload's validity
         flag, set to 0 here for a worker that healed in this slot (its values are its source's).
         Retried as `mean` is, from the same bytes."""
         from torch.distributed.distributed_c10d import AllgatherOptions

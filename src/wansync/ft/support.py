@@ -18,7 +18,6 @@ def check_fault_tolerant(cfg: Any) -> None:
         codec=getattr(cfg, "codec", None),
         slow_policy=getattr(cfg, "slow_policy", None),
         overlap_rounds=bool(getattr(cfg, "overlap_rounds", False)),
-        robust_mean=getattr(cfg, "robust_mean", None),
     )
 
 
@@ -29,7 +28,6 @@ def check_supported(
     subject: str = "--fault-tolerant",
     slow_policy: str | None = None,
     overlap_rounds: bool = False,
-    robust_mean: str | None = None,
 ) -> None:
     """The refusals, for the CLI's flags and a user's loop alike (`subject`: what the line names).
     The CLI's workers may be of several ranks, DDP or FSDP inside; in a user's loop a fault-tolerant
@@ -62,9 +60,4 @@ def check_supported(
         not overlap_rounds,
         f"{subject} does not take overlap_rounds: a quorum's exchange completes when it is "
         "issued, so there is nothing to overlap, and a healed worker would need the round in flight",
-    )
-    check(
-        robust_mean in (None, "off"),
-        f"{subject} does not take robust_mean {robust_mean}: the workers' norms would need a collective of "
-        "their own over each quorum",
     )
