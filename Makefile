@@ -42,10 +42,8 @@ $(DATA_STAMP): $(STAMP)
 demo: $(STAMP) $(DATA_STAMP)
 	$(VENV)/bin/wansync demo
 
-# three pytest workers on two cores, one test file each at a time (pytest-xdist): most tests wait on the
-# processes they start (ranks, hosts, timeouts), and a third worker fills those waits (414 s -> 367 s)
-test: $(STAMP) $(DATA_STAMP)
-	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder
+test: $(STAMP) $(DATA_STAMP)         # two pytest workers, one test file each at a time (pytest-xdist)
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)                       # ruff's checks, its format check and mypy (pyproject.toml: what each covers)
 	$(VENV)/bin/ruff check src tests benchmarks examples

@@ -1,10 +1,10 @@
-"""The test process runs torch on one thread: the pytest workers (make test: -n 3) share few cores
+"""The test process runs torch on one thread: two pytest workers (make test: -n 2) share few cores
 with the ranks and workers the tests start.
 
-`make test` hands whole files to its workers (`--dist loadfile`) in collection order
+`make test` hands whole files to its two workers (`--dist loadfile`) in collection order
 (`--no-loadscope-reorder`: xdist would otherwise order files by their number of tests, which put
 the few slow tests of the multi-host and torchrun files last, one worker finishing them alone).
-The order here is the longest first, so the last files to run are short ones and the workers
+The order here is the longest first, so the last files to run are short ones and both workers
 finish together: seconds of work per file (`pytest --durations=0`, 2026-12-06, 2 cores, three
 workers), the files not named after them in their usual order."""
 
