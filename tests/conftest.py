@@ -16,7 +16,7 @@ SECONDS = {
     "test_fault_tolerance.py": 144,
     "test_chaos.py": 113,
     "test_sharded_workers.py": 102,
-    "test_secure_bed.py": 57,
+    "test_secure_bed.py": 31,
     "test_hosts.py": 48,
     "test_adapt.py": 47,
     "test_hf_trainer.py": 35,
