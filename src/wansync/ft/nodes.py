@@ -18,7 +18,6 @@ any collective's path), so their supervisors meet in the store torchrun's agents
 
 from __future__ import annotations
 
-import socket
 
 import json
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..runner.torchrun import TorchrunEnv
+from ..trust.listen import address_of
 
 LIGHTHOUSE_KEY = "ft/lighthouse"
 ENDED_KEY = "ft/ended"
@@ -58,7 +58,7 @@ class Nodes:
 
     def own_address(self) -> str:
         """The address node 0 was met at, as this host (node 0's) listens on it: one interface, not all."""
-        return socket.getaddrinfo(self.env.master_addr, None, type=socket.SOCK_STREAM)[0][4][0]
+        return address_of(self.env.master_addr, "the lighthouse")
 
     def publish_lighthouse(self, address: str) -> None:
         self._store.set(LIGHTHOUSE_KEY, address)

@@ -66,7 +66,7 @@ from torch.futures import Future
 
 from ..rundir.checkpoint import map_tensors
 from ..trust.gate import Connector
-from ..trust.listen import Listen
+from ..trust.listen import Listen, address_of
 from ..trust.settings import Trust, current
 from ..errors import ConfigError, PeerError
 from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, jitter_draw
@@ -415,7 +415,7 @@ def listen_address(trust: Trust, hostname: str) -> str | None:
     if trust.listen.address:
         return trust.listen.address
     if trust.secret is not None:
-        return str(socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)[0][4][0])
+        return address_of(hostname, "this worker's manager")
     return None
 
 

@@ -38,7 +38,7 @@ import torch
 from torchft.checkpointing.transport import CheckpointTransport
 from torchft.utils import get_stream_context
 
-from ..errors import ConfigError, PeerError, one_line
+from ..errors import PeerError, one_line
 from ..rundir.checkpoint import map_tensors
 from ..trust import admission, listen, secret
 from ..trust.sealed import Sealed, SealError, key_for, read_sealed
@@ -69,7 +69,9 @@ class HealTransport(CheckpointTransport[dict[str, Any]]):
         self._stream = (
             torch.Stream(torch.accelerator.current_accelerator()) if torch.accelerator.is_available() else None
         )
-        self._listener = trust.listen.socket("heal server", default_host=trust.listen.address or bind_address(host))
+        self._listener = trust.listen.socket(
+            "heal server", default_host=trust.listen.address or listen.address_of(host, "heal server")
+        )
         self._accepting = admission.serve(self._listener, self._secret, USE, self._serve_one)
 
     def metadata(self) -> str:
@@ -233,18 +235,6 @@ def parse_address(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not host:
         raise PeerError(f"heal source {address!r}: not an address HOST:PORT")
     return host.removeprefix("[").removesuffix("]"), int(port)
-
-
-def bind_address(host: str) -> str:
-    """The address `host` (an address, or a name) resolves to: the heal server binds it."""
-    try:
-        found = socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ConfigError(f"heal server: cannot resolve this worker's address {host} ({exc.strerror})") from None
-    address = str(found[0][4][0])
-    if address in listen.WILDCARDS:
-        raise ConfigError(f"heal server: {host} is a wildcard; a worker advertises the one address peers reach it at")
-    return address
 
 
 def left(deadline: float) -> float:

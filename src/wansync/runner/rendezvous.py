@@ -40,7 +40,7 @@ from typing import Any, Callable
 from ..errors import WansyncError, first_line, one_line
 from ..trust.admission import AdmissionRefused
 from ..trust.gate import Connector, Gate
-from ..trust.listen import Listen
+from ..trust.listen import Listen, address_of
 from ..trust.settings import AGENTS_ENV, Trust, current
 from .route import owns, route_to
 
@@ -304,18 +304,13 @@ def rendezvous_store(
         if not (owns(host) if is_host is None else is_host):
             return join()
         try:
-            return serve(trust.listen.address or _bind_address(host))
+            return serve(trust.listen.address or address_of(host, "the rendezvous"))
         except OSError as e:
             if is_host is not None or e.errno != errno.EADDRINUSE:
                 raise
             return join()  # another agent on this host hosts it
     except (ValueError, RuntimeError, TimeoutError, OSError, WansyncError) as e:
         raise _connection_error(f"cannot open the store at {host}:{port}: {first_line(e)}") from e
-
-
-def _bind_address(host: str) -> str:
-    """The address the endpoint names, which this host owns (never a wildcard)."""
-    return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
 
 
 def _listener(address: str, port: int) -> socket.socket:

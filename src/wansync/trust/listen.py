@@ -78,6 +78,19 @@ class Listen:
         return out
 
 
+def address_of(host: str, what: str) -> str:
+    """The address `host` (an address, or a name this host resolves) stands for: what a listener
+    that serves peers at `host` binds, never a wildcard; one line naming `what` otherwise."""
+    try:
+        found = socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"{what}: cannot resolve {host} ({exc.strerror})") from None
+    address = str(found[0][4][0])
+    if address in WILDCARDS:
+        raise ConfigError(f"{what}: {host} is a wildcard; name the one address peers reach this host at")
+    return address
+
+
 def parse_ports(text: str, source: str = "--ports") -> tuple[int, int]:
     """`LOW-HIGH`, both between 1024 and 65535 (a port below 1024 needs root, and a run must not)."""
     low, sep, high = str(text).strip().partition("-")
