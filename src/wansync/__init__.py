@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.4.0.dev0"  # pyproject.toml's; the versions and what each changed: CHANGELOG.md
+__version__ = "0.5.0.dev0"  # pyproject.toml's; the versions and what each changed: CHANGELOG.md
 
 
 def init(backend: str = "gloo", wan: Any = None, seed: int = 0, fault_tolerant: bool = False) -> None:
