@@ -976,6 +976,12 @@ API_API = [
 PLAN_CLI = [
     Cli("plan --gpu-memory 80 (no unit)", plan("--gpu-memory", "80"), "--gpu-memory: '80' is not a size"),
     Cli("plan --gpu-memory=-80GB", plan("--gpu-memory=-80GB"), "it must be positive and finite"),
+    Cli("plan --gpu-memory -80GB (two words)", plan("--gpu-memory", "-80GB"), "it must be positive and finite"),
+    Cli(
+        "plan --params 1.5",
+        plan_bare("--wan", "lan", "--params", "1.5"),
+        "--params is a count of parameters, got 1.5: not a whole number",
+    ),
     Cli("plan --gpu-memory 1e999GB", plan("--gpu-memory", "1e999GB"), "it must be positive and finite"),
     Cli(
         "plan --tokens-per-step 0",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import math
 import sys
 from dataclasses import fields
@@ -348,10 +349,33 @@ def cmd_results(args: argparse.Namespace) -> int:
     return run_results(names, args.out, args.doc, args.seeds, args.steps, args.force, args.dry_run)
 
 
+NEGATIVE = re.compile(r"^-(\d|\.\d|inf)", re.IGNORECASE)
+
+
+def negatives_attached(words: list[str]) -> list[str]:
+    """`--flag -80GB` as `--flag=-80GB`: argparse takes a word that starts with '-' for a flag and says
+    "expected one argument"; attached, the value reaches the flag's own check, which names what is
+    wrong with it (must be > 0, ...). Only where the word after a --flag is a negative number."""
+    out: list[str] = []
+    for word in words:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and NEGATIVE.match(word):
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
+def whole_count(name: str, value: float) -> None:
+    """A count of parameters is a whole number: `--params 1.5` would plan a model of one parameter
+    (1.5e9, or 1.5B in words, was meant)."""
+    check(float(value).is_integer(), f"{name} is a count of parameters, got {value:g}: not a whole number (1.5e9?)")
+
+
 # What `wansync plan`'s own numbers must be (a config key's rules live with the key): one line each.
 MAX_PARAMS = 1e15  # a thousand times the largest models trained: beyond it, a typo
 PLAN_RULES = (
     ("params", in_range(1, MAX_PARAMS, high_included=True)),
+    ("params", whole_count),
     ("step_time", positive),
     ("throughput", positive),
     ("tokens_per_step", positive),
@@ -454,12 +478,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
-        refuse_on_command_line(list(sys.argv[1:] if argv is None else argv))
+        refuse_on_command_line(words)
     except WansyncError as e:
         print(f"wansync: error: {one_line(str(e))}", file=sys.stderr)
         sys.exit(2)
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(negatives_attached(words))
     try:
         with sigterm_raises():
             code = {
