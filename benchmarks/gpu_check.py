@@ -490,6 +490,21 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def recorded(path: str) -> dict[str, Any]:
+    """A recorded check (gpu_check.json) to render; one line when `path` is missing, not a regular
+    file, not UTF-8 JSON or not a check's record."""
+    from wansync.errors import user_text
+
+    text = user_text(path, "--render file")
+    try:
+        result = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--render file {path} is not JSON ({e})") from None
+    if not isinstance(result, dict) or not isinstance(result.get("parts"), dict):
+        raise ValueError(f"--render file {path} is not a gpu-check record (no parts): give a gpu_check.json")
+    return result
+
+
 def write(result: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -503,7 +518,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", metavar="FILE.json", help="print the table of a recorded check, run nothing")
     args = ap.parse_args(argv)
     if args.render:
-        print(render(json.loads(Path(args.render).read_text())), end="")
+        from wansync.errors import WansyncError
+
+        try:
+            print(render(recorded(args.render)), end="")
+        except (ValueError, WansyncError) as e:
+            print(f"gpu_check: error: {e}", file=sys.stderr)
+            return 1
         return 0
     if not torch.cuda.is_available():
         print(no_cuda_line())

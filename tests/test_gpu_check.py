@@ -105,3 +105,19 @@ def test_a_part_that_raises_is_recorded_failed_and_the_check_goes_on():
     budget = gpu_check.Budget(0)
     r = gpu_check.row("late", lambda: {"x": 1}, budget)
     assert r["status"] == "failed" and "budget" in r["reason"]
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda d: d / "missing.json", "--render file not found"),
+        (lambda d: d, "is a directory, not a regular file"),
+        (lambda d: (d / "g.json").write_text("not json") and d / "g.json", "is not JSON"),
+        (lambda d: (d / "l.json").write_text("[1, 2]") and d / "l.json", "is not a gpu-check record"),
+    ],
+    ids=["missing", "directory", "garbage", "not-a-record"],
+)
+def test_render_of_a_file_that_is_no_record_is_one_line(tmp_path, capsys, make, says):
+    assert gpu_check.main(["--render", str(make(tmp_path))]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("gpu_check: error: ") and says in err, err
