@@ -456,7 +456,7 @@ TOPOLOGY_CALL = [
     Call(
         "sites = ['a', 1] (a number for a name)",
         topo(on_link('sites = ["a", "b"]', 'sites = ["a", 1]')),
-        "unknown site 1 (sites: a, b)",
+        "[[links]] #1 sites: a site is named by a string, got a number (1): quote it",
     ),
     Call("a link naming no sites", topo(on_link('sites = ["a", "b"]\n', "")), "which sites? give sites = [a, b]"),
     Call(
@@ -561,6 +561,29 @@ TOPOLOGY_CALL = [
             ".yaml",
         ),
         "does not parse: line 4: key 'a' given twice",
+    ),
+    Call(
+        "a YAML site named 1 (a number to YAML)",
+        topo(
+            "sites:\n  1: {workers: 2}\n  b: {workers: 2}\nlinks:\n  - {sites: [1, b], rtt: 20ms, bw: 1gbit}\n", ".yaml"
+        ),
+        'line 2: the key 1 is read by YAML as a number (1), not a name (digits are numbers, yes/no/on/off booleans): quote it, e.g. "1"',
+    ),
+    Call(
+        "a YAML site named yes (a boolean to YAML)",
+        topo(
+            "sites:\n  a: {workers: 2}\n  yes: {workers: 2}\nlinks:\n  - {sites: [a, yes], rtt: 20ms, bw: 1gbit}\n",
+            ".yaml",
+        ),
+        "line 3: the key yes is read by YAML as a boolean (True), not a name",
+    ),
+    Call(
+        'a YAML link naming a quoted site "2" unquoted',
+        topo(
+            'sites:\n  a: {workers: 2}\n  "2": {workers: 2}\nlinks:\n  - {sites: [a, 2], rtt: 20ms, bw: 1gbit}\n',
+            ".yaml",
+        ),
+        "[[links]] #1 sites: a site is named by a string, got a number (2): quote it",
     ),
     Call(
         "an empty YAML file",

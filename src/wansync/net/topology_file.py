@@ -118,7 +118,8 @@ def _yaml(text: str, source: str) -> dict[str, Any]:
 
 def _unique_keys_loader(yaml: Any, source: str) -> Any:
     """PyYAML's safe loader, but a key given twice in a mapping is refused (PyYAML keeps the last one
-    without a word; TOML refuses it too): two `[sites.a]` would silently become one site."""
+    without a word; TOML refuses it too): two `[sites.a]` would silently become one site. So is a key
+    YAML reads as other than a string (`1:`, `yes:`): a site named so would be looked up by its text."""
 
     class Loader(yaml.SafeLoader):
         pass
@@ -127,6 +128,12 @@ def _unique_keys_loader(yaml: Any, source: str) -> Any:
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = loader.construct_object(key_node, deep=deep)
+            if not isinstance(key, str):  # every key of a topology file names something: a site, a link's field
+                raise ConfigError(
+                    f"topology file {source}: line {key_node.start_mark.line + 1}: the key {key_node.value} is "
+                    f"read by YAML as {_kind(key)}, not a name (digits are numbers, yes/no/on/off booleans): "
+                    f'quote it, e.g. "{key_node.value}"'
+                )
             try:
                 if key in seen:
                     raise ConfigError(
@@ -322,6 +329,8 @@ class _Reader:
 
     def site(self, value: Any, where: str, index: dict[str, int]) -> int:
         name = value if isinstance(value, str) else None
+        if name is None and not isinstance(value, (dict, list)):
+            raise self.fail(where, f"a site is named by a string, got {_kind(value)}: quote it")
         if name not in index:
             raise self.fail(where, f"unknown site {value!r} (sites: {', '.join(index)})")
         return index[name]
