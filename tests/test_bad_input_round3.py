@@ -913,8 +913,29 @@ PLUGIN_CALL = [
 
 # ---------------------------------------------------------------- surface: api (ws.Run, ws.strategy, ws.FaultTolerance)
 
+
+def _evaluate_a_float(env: Any) -> Any:
+    with env.run(out=None) as run:
+        return run.evaluate(3.0)
+
+
 API_API = [
     Api("ws.Run(out='') (it wrote into the working directory)", lambda env: env.run(out=""), "Run: out= is empty"),
+    Api(
+        "ws.Run(None) (an AttributeError inside)",
+        lambda env: env.ws.Run(None, quiet=True),
+        "Run: the first argument is the strategy ws.strategy(...) returned, got NoneType",
+    ),
+    Api(
+        "ws.Run(out=123) (a TypeError inside)",
+        lambda env: env.run(out=123),
+        "Run: out= is a run directory's path (or None), got int 123",
+    ),
+    Api(
+        "run.evaluate(3.0) (an AttributeError inside)",
+        _evaluate_a_float,
+        "Run.evaluate: metrics is a dict of names to numbers, e.g. {'val_loss': 3.0}, got float 3.0",
+    ),
     Api(
         "ws.Run(out=a file of the user's)",
         lambda env: env.run(out=env.users_file),
@@ -1149,6 +1170,16 @@ RESULTS_CLI = [
         "results --doc whose figures folder is a file",
         results_doc(lambda tmp: users(tmp, "page_figures") and users(tmp, "page.md")),
         "cannot draw the page's figures into",
+    ),
+    Cli(
+        "results --out a file (a FileExistsError after its dry run said valid)",
+        lambda tmp: ["results", "--only", "cpdp-k-sweep", "--steps", "1", "--out", str(users(tmp, "notes.txt"))],
+        "is a regular file, not a directory; choose another --out",
+    ),
+    Cli(
+        "results --out a file --dry-run",
+        lambda tmp: ["results", "--only", "cpdp-k-sweep", "--out", str(users(tmp, "notes.txt")), "--dry-run"],
+        "is a regular file, not a directory; choose another --out",
     ),
     Cli(
         "results --out '' (it checked the working directory)",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import WansyncError
+from ..errors import WansyncError, path_kind
 from ..rules import at_least, in_range, not_blank
 from ..runner.experiments import MAX_SEEDS
 from .measures import METRICS, longest_repeat, sync_events
@@ -50,7 +50,9 @@ def check_root(out: Path) -> None:
     """The results root holds the tables' directories (and a smoke run's page) and nothing else: a
     directory of the user's is refused in one line before anything is listed or written."""
     try:
-        if not out.is_dir():  # new, or not a directory: the tables' own checks say so in their words
+        if out.exists() and not out.is_dir():  # a file, a FIFO: no table's directory can be made below it
+            raise WansyncError(f"results: --out {out} is {path_kind(out)}, not a directory; choose another --out")
+        if not out.is_dir():  # new: the tables' own checks say what else is wrong, in their words
             return
         entries = [p.name for p in out.iterdir()]
     except OSError:  # a name too long, a path through a file: as above

@@ -27,6 +27,7 @@ bytes and counts are means over ranks); a block left by an exception only closes
 
 from __future__ import annotations
 
+import os
 import dataclasses
 import warnings
 from pathlib import Path
@@ -88,6 +89,12 @@ class Run:
         rank: int | None = None,
         world: int | None = None,
     ):
+        if not all(hasattr(sync, a) for a in ("step", "exchange", "model")):  # a strategy, by what it has
+            raise ConfigError(
+                f"Run: the first argument is the strategy ws.strategy(...) returned, got {type(sync).__name__}"
+            )
+        if out is not None and not isinstance(out, (str, os.PathLike)):
+            raise ConfigError(f"Run: out= is a run directory's path (or None), got {type(out).__name__} {out!r}")
         if out is not None and not str(out).strip():  # Path("") is ".": the working directory
             raise ConfigError("Run: out= is empty; give a run directory, or out=None to write nothing")
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
@@ -302,6 +309,13 @@ class Run:
         The time blocked in the mean's all-reduce is exposed communication, not evaluation: a rank that
         evaluates first waits there for the later ones (a slower worker); profile.json's `eval_waits`
         keeps it per evaluation, from which `telemetry.peerwait` tells that wait apart."""
+        if not isinstance(metrics, dict) or not all(
+            isinstance(k, str) and hasattr(v, "__float__") and not isinstance(v, bool) for k, v in metrics.items()
+        ):
+            raise ConfigError(
+                f"Run.evaluate: metrics is a dict of names to numbers, e.g. {{'val_loss': 3.0}}, got "
+                f"{type(metrics).__name__} {str(metrics)[:80]}"
+            )
         at = self.sync.t if step is None else step
         self.lap("eval")  # the evaluation's own work
         means = self._means({k: float(v) for k, v in metrics.items()})
