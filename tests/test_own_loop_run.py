@@ -281,3 +281,35 @@ def test_a_second_run_into_a_finished_directory_is_refused_unless_it_appends(tmp
     for out in run_ranks(_second_run_into, 2, str(tmp_path / "run")):
         assert "already holds a finished run" in out["refused"] and "append=True" in out["refused"]
         assert "\n" not in out["refused"] and out["kept"]
+
+
+def _left_open(rank: int, world: int, out: str) -> list[str]:
+    """A run never closed, then one closed, each dropped: what each said on stderr once collected."""
+    import contextlib
+    import gc
+
+    import torch
+
+    import wansync as ws
+
+    said = []
+    for close in (False, True):
+        model = torch.nn.Linear(4, 2)
+        sync = ws.strategy("local_sgd", model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=2)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the closed run's "last evaluation is missing"
+            run = ws.Run(sync, out=f"{out}/{close}", quiet=True)
+            if close:
+                run.close()
+            del run, sync, model
+            gc.collect()
+        said.append(err.getvalue())
+    return said
+
+
+def test_a_run_never_closed_says_so_once_and_a_closed_one_says_nothing(tmp_path):
+    left, closed = run_ranks(_left_open, 1, str(tmp_path))[0]
+    assert left.count("was never closed: summary.json and profile.json were not written") == 1, left
+    assert f"ws.Run(out={tmp_path}/False)" in left and "run.close()" in left
+    assert closed == "", closed

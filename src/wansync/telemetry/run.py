@@ -27,6 +27,8 @@ bytes and counts are means over ranks); a block left by an exception only closes
 
 from __future__ import annotations
 
+import weakref
+import sys
 import os
 import dataclasses
 import warnings
@@ -144,6 +146,10 @@ class Run:
         self._armed = True  # the next forward with gradients ends `data`
         self._data_s = self._busy_s = self._exposed_s = 0.0
         self._closed = False
+        # a run left open writes no summary: said once at exit (or when the run is collected), rank 0
+        self._state = {"closed": False}
+        if self.out is not None and self.rank == 0:
+            weakref.finalize(self, _warn_unclosed, str(self.out), self._state)
         self.comm_timer = CommTimer(emulator_of(sync.group))
         self.link = LinkWatch(sync.group)
         self._logged_syncs = 0  # sync events at the last step record
@@ -476,6 +482,7 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        self._state["closed"] = True
         for h in self._hooks:
             h.remove()
         for name in ("step", "finish"):
@@ -498,3 +505,15 @@ class Run:
             self.close()
         else:  # other ranks may be gone: no collective, no summary
             self._detach()
+
+
+def _warn_unclosed(out: str, state: dict[str, bool]) -> None:
+    """A `Run` that was never closed: its summary.json and profile.json were never written, and
+    `wansync report` will call the run cut short."""
+    if not state["closed"]:
+        print(
+            f"wansync: warning: ws.Run(out={out}) was never closed: summary.json and profile.json were not "
+            f"written; use `with ws.Run(...) as run:` or call run.close() after the last step",
+            file=sys.stderr,
+            flush=True,
+        )
