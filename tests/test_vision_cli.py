@@ -263,3 +263,18 @@ def test_vision_compare_on_a_tiny_cifar_directory(tmp_path):
     assert [row["setting"] for row in rows] == ["ddp", "cpdp"] and all(row["status"] == "ok" for row in rows)
     assert "final test acc %" in r.stdout and "peak test acc %" in r.stdout
     assert "peak test acc" in (out / "report.md").read_text()
+
+
+@pytest.mark.skipif(
+    not (Path("/usr/share/datasets/fashion-mnist") / "train-images-idx3-ubyte.gz").is_file(),
+    reason="Fashion-MNIST not installed (apt-get install dataset-fashion-mnist); CI installs it",
+)
+def test_the_readmes_cnn_example_prints_no_torch_warning(tmp_path):
+    """`wansync train --model cnn --strategy cpdp` (README): DDP's reducer warned of grad strides on
+    the first convolution's size-1 input-channel dimension, 8 lines a rank."""
+    r = wansync(
+        "train", "--model", "cnn", "--strategy", "cpdp", "--workers", "2", "--steps", "4", "--eval-batches", "1",
+        "--quiet", "--out", str(tmp_path / "run"), fresh=True,  # a process of its own, as a user's shell starts
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Warning" not in r.stderr and "Grad strides" not in r.stdout + r.stderr, r.stderr

@@ -9,6 +9,7 @@ the final numbers describe the one model every worker holds.
 
 from __future__ import annotations
 
+import warnings
 import json
 import math
 import os
@@ -427,10 +428,24 @@ def truncate_metrics(path: Path, step: int) -> None:
     checkpoint.atomic_write_bytes(path, ("\n".join(keep) + ("\n" if keep else "")).encode())
 
 
+# torch's warnings a worker of the CLI leaves out, each harmless where it arises here, and each 3-8 lines a
+# rank: DDP's reducer compares a gradient's strides with its bucket view's on size-1 dimensions too (a
+# convolution of 1 input channel, the vision CNN's first: [9, 1, 3, 1] against [9, 9, 3, 1]), where the
+# layouts are the same memory, and it copies the gradient into the bucket either way.
+QUIET_TORCH_WARNINGS = ("Grad strides do not match bucket view strides",)
+
+
+def quiet_torch_warnings() -> None:
+    """The worker process (the CLI's, not a user's own loop) leaves out QUIET_TORCH_WARNINGS."""
+    for message in QUIET_TORCH_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+
+
 def train_worker(
     cfg: Config, run_dir: str | Path, rank: int, world_size: int, resume: bool = False, phase: Phase | None = None
 ) -> dict[str, Any] | None:
     """Run one worker's training; the process group must already be initialized."""
+    quiet_torch_warnings()
     threads = cfg.threads or max(
         1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     )
