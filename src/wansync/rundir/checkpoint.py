@@ -18,6 +18,7 @@ hold only tensors, numbers, strings, lists and dicts and load with
 
 from __future__ import annotations
 
+import warnings
 import hashlib
 import io
 import json
@@ -327,7 +328,9 @@ def save_sharded(run_dir: Path, step: int, worker: int, model: Any, optimizer: A
     model_sd, optim_sd = get_state_dict(model, optimizer)
     d = ckpt_root(run_dir) / f"step{step:08d}" / SHARDED_DIR.format(worker=worker)
     try:
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(d), process_group=group)
+        with warnings.catch_warnings():  # a step saved again (a resume fell back past it) is overwritten on purpose
+            warnings.filterwarnings("ignore", message="Detected an existing checkpoint", category=UserWarning)
+            dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(d), process_group=group)
         me = dist.get_rank(group) if group is not None else 0
         mine = sorted(d.glob(f"__{me}_*.distcp")) + ([d / ".metadata"] if me == 0 else [])
         return {f"{d.name}/{f.name}": _sha256(f) for f in mine}
