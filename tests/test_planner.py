@@ -477,3 +477,27 @@ def test_a_flag_the_fixed_tables_would_ignore_is_refused(argv, words, capsys):
         main(["plan", *argv])
     err = capsys.readouterr().err
     assert e.value.code == 1 and words in err and err.count("\n") == 1, err
+
+
+def test_plan_table_prints_each_row_as_it_is_predicted(monkeypatch, capsys):
+    """`plan --table` took minutes in silence, then printed everything: now the count first (stderr),
+    the head, each row as it comes, then the summary; the same text as the table `published` quotes."""
+    from wansync.planner import tables
+
+    monkeypatch.setattr(tables, "TABLE_SIZES", tables.TABLE_SIZES[:1])
+    monkeypatch.setattr(tables, "TABLE_WORKERS", tables.TABLE_WORKERS[:1])
+    monkeypatch.setattr(tables, "PRESETS", {k: v for k, v in list(tables.PRESETS.items())[:2]})
+    printed = []
+    real_print = print
+
+    def noting(*args, **kwargs):
+        printed.append(" ".join(map(str, args)))
+        real_print(*args, **kwargs)
+
+    monkeypatch.setattr("builtins.print", noting)
+    tables.print_large_table()
+    out, err = capsys.readouterr()
+    count = len(tables.TABLE_STRATEGIES) * 2
+    assert err == f"plan --table: {count} settings, each row printed as it is predicted\n"
+    assert out == tables.large_table() + "\n"
+    assert len(printed) == 1 + 1 + count + 1  # the count, the head, a print a row, the summary

@@ -457,7 +457,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     if args.table:
         print(planner.table_preamble())
-        print(planner.large_table(args.target_exposed if args.target_exposed is not None else planner.TARGET_PCT))
+        planner.print_large_table(args.target_exposed if args.target_exposed is not None else planner.TARGET_PCT)
         return 0
     cfg = config_from_args(args)
     check_options_apply([cfg.strategy], given_keys(args))  # `plan --strategy ddp --codec int8` planned fp32

@@ -3,7 +3,7 @@ schedules, for sizes and link settings this machine cannot run. See docs/planner
 
 from .predict import Prediction, Setting, predict, recommend_h, setting
 from .sizes import ModelSize, flops_step_s, of_name, of_params
-from .tables import TARGET_PCT, large_table, plan_command, table_preamble
+from .tables import TARGET_PCT, large_table, plan_command, print_large_table, table_preamble
 
 __all__ = [
     "Prediction",
@@ -17,6 +17,7 @@ __all__ = [
     "of_params",
     "TARGET_PCT",
     "large_table",
+    "print_large_table",
     "plan_command",
     "table_preamble",
 ]

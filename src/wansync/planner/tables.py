@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import ConfigError
 from ..strategies import resolve_options
@@ -283,8 +284,24 @@ def large_table(target_pct: float = TARGET_PCT) -> str:
     return render_table(rows, target_pct) + "\n\n" + "\n".join(table_summary(rows, target_pct))
 
 
-def table_rows(target_pct: float = TARGET_PCT) -> list[TableRow]:
+def print_large_table(target_pct: float = TARGET_PCT) -> None:
+    """`large_table`, printed as it is computed (minutes on a laptop): the head at once, each row as it
+    is predicted, then the summary; how many rows come is said first."""
+    count = len(TABLE_SIZES) * len(TABLE_WORKERS) * len(PRESETS) * len(TABLE_STRATEGIES)
+    print(f"plan --table: {count} settings, each row printed as it is predicted", file=sys.stderr, flush=True)
+    print(table_head(target_pct), flush=True)
     rows = []
+    for row in iter_table_rows(target_pct):
+        rows.append(row)
+        print(row_line(row), flush=True)
+    print("\n" + "\n".join(table_summary(rows, target_pct)), flush=True)
+
+
+def table_rows(target_pct: float = TARGET_PCT) -> list[TableRow]:
+    return list(iter_table_rows(target_pct))
+
+
+def iter_table_rows(target_pct: float = TARGET_PCT) -> Iterator[TableRow]:
     for n, m, link, name in itertools.product(TABLE_SIZES, TABLE_WORKERS, PRESETS, TABLE_STRATEGIES):
         size = of_params(n)
         step = flops_step_s(n, flops=FLOPS_PER_ACCELERATOR[TABLE_PRECISION])
@@ -293,7 +310,7 @@ def table_rows(target_pct: float = TARGET_PCT) -> list[TableRow]:
         p = predict(s)
         sharded = memory_bill(dataclasses.replace(s, inside="fsdp"), p.timeline.held_in_flight)["per_gpu"]
         fits = tuple(way for way, need in (("ddp", p.memory["per_gpu"]), ("fsdp", sharded)) if need <= TABLE_GPU_MEMORY)
-        rows.append(
+        yield (
             TableRow(
                 size.name,
                 m,
@@ -309,24 +326,28 @@ def table_rows(target_pct: float = TARGET_PCT) -> list[TableRow]:
                 recommend_h(s, target_pct) if name != "ddp" else None,
             )
         )
-    return rows
 
 
 def render_table(rows: list[TableRow], target_pct: float = TARGET_PCT) -> str:
+    return "\n".join([table_head(target_pct), *(row_line(r) for r in rows)])
+
+
+def table_head(target_pct: float = TARGET_PCT) -> str:
     gb = f"{TABLE_GPU_MEMORY / 1e9:g} GB"
     head = (
         "| params | workers | link | strategy | step (s) | wall / 1000 steps | exposed % | bytes/worker/step "
         f"| mem/GPU DDP inside | mem/GPU FSDP inside | fits on {gb} | smallest H for <= {target_pct:g}% |"
     )
-    out = [head, "|" + "---|" * 12]
-    for r in rows:
-        h = "-" if r.strategy == "ddp" else (r.smallest_h or "> 5000")
-        out.append(
-            f"| {r.size} | {r.workers} | {r.link} | {r.strategy} | {r.step_s:.3g} | {human_seconds(r.wall_s)} "
-            f"| {r.exposed_pct:.1f} | {human_bytes(r.bytes_per_step)} | {human_bytes(r.mem_ddp)} "
-            f"| {human_bytes(r.mem_fsdp)} | {', '.join(r.fits) or 'no'} | {h} |"
-        )
-    return "\n".join(out)
+    return head + "\n|" + "---|" * 12
+
+
+def row_line(r: TableRow) -> str:
+    h = "-" if r.strategy == "ddp" else (r.smallest_h or "> 5000")
+    return (
+        f"| {r.size} | {r.workers} | {r.link} | {r.strategy} | {r.step_s:.3g} | {human_seconds(r.wall_s)} "
+        f"| {r.exposed_pct:.1f} | {human_bytes(r.bytes_per_step)} | {human_bytes(r.mem_ddp)} "
+        f"| {human_bytes(r.mem_fsdp)} | {', '.join(r.fits) or 'no'} | {h} |"
+    )
 
 
 def _span(values: list[float], fmt: str = "{:.1f}") -> str:
