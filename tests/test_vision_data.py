@@ -363,3 +363,22 @@ def test_small_cnn_learns_fashion_mnist():
         loss.backward()
         opt.step()
     assert wl.evaluate(model)["test_acc"] > 70.0
+
+
+def test_a_cifar_file_that_names_anything_but_arrays_runs_nothing(tmp_path):
+    """A file handed around as CIFAR whose pickle would create a canary file (its __reduce__): refused in
+    one line naming what it asked for; the canary never appears."""
+    canary = tmp_path / "canary"
+
+    class Canary:
+        def __reduce__(self):
+            return (open, (str(canary), "w"))
+
+    write_cifar(tmp_path)
+    with open(tmp_path / "train", "wb") as f:
+        pickle.dump({b"data": Canary(), b"fine_labels": [0]}, f)
+    with pytest.raises(
+        DataError, match=r"cannot read CIFAR file .*train: UnpicklingError: it names (io|builtins)\.open"
+    ) as e:
+        load_dataset(f"cifar100:{tmp_path}")
+    assert "\n" not in str(e.value) and not canary.exists()

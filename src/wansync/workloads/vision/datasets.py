@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+from typing import Any
 from pathlib import Path
 from types import MappingProxyType
 
@@ -101,11 +102,30 @@ def load_fashion_mnist(directory: Path | None = None) -> ImageData:
 # --- CIFAR (python pickle format) ----------------------------------------------------------
 
 
+# What a CIFAR batch's pickle may name: numpy's array and dtype reconstruction, nothing else. Any other
+# global (os.system, a __reduce__ of anyone's) is refused before it runs: a file handed around as
+# "CIFAR" cannot run code, wherever it came from.
+CIFAR_GLOBALS = frozenset(
+    (module, name)
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray", "numpy")
+    for name in ("_reconstruct", "ndarray", "dtype", "scalar")
+)
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in CIFAR_GLOBALS:
+            raise pickle.UnpicklingError(
+                f"it names {module}.{name}, which a CIFAR batch never holds (arrays, lists, bytes)"
+            )
+        return super().find_class(module, name)
+
+
 def _unpickle(path: Path) -> dict:
-    # Only files under the directory the user named are unpickled (pickle runs code).
+    # Only numpy arrays and plain data are built (`CIFAR_GLOBALS`): pickle would otherwise run code.
     try:
         with open(path, "rb") as f:
-            obj = pickle.load(f, encoding="bytes")
+            obj = _CifarUnpickler(f, encoding="bytes").load()
     except Exception as e:  # noqa: BLE001 - any failure to unpickle is a data problem
         raise DataError(f"cannot read CIFAR file {path}: {type(e).__name__}: {e}") from None
     if not isinstance(obj, dict):
