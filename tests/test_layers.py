@@ -198,6 +198,7 @@ STACK = (
     (
         "wansync.ft",
         "wansync.ft.quorum",
+        "wansync.ft.listeners",
         "wansync.ft.transport",
         "wansync.ft.quorums",
         "wansync.ft.support",

@@ -50,7 +50,6 @@ the wire; a lossy codec's all-gather or reduce-scatter has no quorum form here (
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import os
@@ -58,16 +57,14 @@ import socket
 import time
 import zlib
 from datetime import timedelta
-from typing import Any, Callable, Iterator
-from urllib.parse import urlsplit
+from typing import Any, Callable
 
 import torch
 from torch.futures import Future
 
 from ..rundir.checkpoint import map_tensors
-from ..trust.gate import Connector
-from ..trust.listen import Listen, address_of
-from ..trust.settings import Trust, current
+from ..trust.settings import current
+from .listeners import admitted_lighthouse, listen_address, manager_bound, manager_store
 from ..errors import ConfigError, PeerError
 from ..net import CollectiveRecord, EmulatedWork, Emulator, collective_duration, jitter_draw
 
@@ -406,76 +403,6 @@ def on_link(
     fut = Future(devices=[wire.device]) if wire.is_cuda else Future()
     emulator.schedule([work], record, fut, wire, wire.is_cuda)
     return EmulatedWork(fut, record, wire)
-
-
-def listen_address(trust: Trust, hostname: str) -> str | None:
-    """Where this worker's listeners (its manager's server and store) bind: --bind's address; with
-    a run secret and no --bind, the address `hostname` resolves to; else None (torchft's own choice,
-    every interface)."""
-    if trust.listen.address:
-        return trust.listen.address
-    if trust.secret is not None:
-        return address_of(hostname, "this worker's manager")
-    return None
-
-
-@contextlib.contextmanager
-def manager_bound(address: str | None) -> Iterator[None]:
-    """torchft's Manager binds its server on every interface (`[::]:port`, torchft 0.2.0): while it
-    is made here it binds `address` instead (the same port). The Manager is made by one thread."""
-    if address is None:
-        yield
-        return
-    import torchft.manager as manager_module
-
-    original = manager_module.ManagerServer
-
-    def bound(**kwargs: Any) -> Any:
-        port = str(kwargs["bind"]).rsplit(":", 1)[1]
-        return original(**{**kwargs, "bind": f"[{address}]:{port}" if ":" in address else f"{address}:{port}"})
-
-    manager_module.ManagerServer = bound
-    try:
-        yield
-    finally:
-        manager_module.ManagerServer = original
-
-
-def admitted_lighthouse(lighthouse: str, trust: Trust, timeout_s: float = 60.0) -> tuple[Connector | None, str]:
-    """With a run secret the lighthouse is behind a gate: its clients (torchft's manager) reach it
-    through a local end that is admitted first (one line here if this worker's secret is refused)."""
-    if trust.secret is None:
-        return None, lighthouse
-    where = urlsplit(lighthouse if "://" in lighthouse else f"http://{lighthouse}")
-    end = Connector((where.hostname or "", where.port or 0), trust.secret, "lighthouse")
-    end.check(timeout_s)
-    return end, f"http://127.0.0.1:{end.address[1]}"
-
-
-def manager_store(hostname: str, inside: Any = None, trust: Trust | None = None, address: str | None = None) -> Any:
-    """The store of this worker's manager, serving on every interface at a port of its own, made
-    by the worker's first rank (its others learn the port over `inside`): its ranks find their
-    manager there, and the quorum's process group meets on the store of one of its members, at the
-    address that member advertised. A restarted worker makes a new one: nothing of its last life
-    (the manager's address) is read again."""
-    import torch.distributed as dist
-    from torch.distributed import TCPStore
-
-    first = inside is None or dist.get_rank(inside) == 0
-    store = None
-    if first and address is None:
-        store = TCPStore(hostname, 0, is_master=True, wait_for_workers=False)
-    elif first:
-        sock = (trust or Trust(None, Listen())).listen.socket("manager store", default_host=address)
-        store = TCPStore(
-            hostname, sock.getsockname()[1], is_master=True, wait_for_workers=False, master_listen_fd=sock.fileno()
-        )
-        sock.detach()
-    if inside is None:
-        return store
-    port = torch.tensor([store.port if store is not None else 0], dtype=torch.int64)
-    dist.broadcast(port, src=dist.get_global_rank(inside, 0), group=inside)
-    return store if first else TCPStore(hostname, int(port.item()), is_master=False, wait_for_workers=False)
 
 
 def members_recording_gloo(timeout: timedelta) -> Any:
