@@ -351,7 +351,7 @@ CLASS_3: list[tuple[str, Setup, str]] = [
     (
         "results --out a file",
         compare_out(lambda tmp: (tmp / "p.md").write_text("") or str(a_file()(tmp)), "results"),
-        "cannot create experiment directory",
+        "is a regular file, not a directory; choose another --out",
     ),
     ("compare --out under /proc", compare_out(lambda tmp: "/proc/wansync-exp"), "cannot create experiment directory"),
     (
