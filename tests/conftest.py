@@ -29,6 +29,7 @@ SECONDS = {
     "test_stall.py": 15,
     "test_your_model.py": 15,
     "test_robust_mean.py": 14,
+    "test_links.py": 14,
     "test_workerproc.py": 14,
     "test_bounded_waits.py": 14,
     "test_replicas.py": 13,

@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..rundir import files  # noqa: E402
 from .stats import Interval  # noqa: E402
 
 Panel = tuple[str, Sequence["Interval | None"]]  # a column's header, and its interval per setting
@@ -41,8 +42,6 @@ def interval_figure(path: Path, title: str, labels: Sequence[str], panels: Seque
     axes[0][0].set_ylim(-0.6, n - 0.4)
     fig.suptitle(f"{title}: mean and 95 % interval over seeds", fontsize=9)
     fig.tight_layout()
-    if path.is_symlink():
-        path.unlink()
-    fig.savefig(path, dpi=100)
+    files.save_figure(path, fig, dpi=100)
     plt.close(fig)
     return path

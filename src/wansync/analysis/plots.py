@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .labels import distinct, human_label  # noqa: E402
 from .runs import CATEGORIES, Quality, SettingRuns, number  # noqa: E402
+from ..rundir import files  # noqa: E402
 from ..rundir.layout import PLOTS, QUALITY_PLOTS  # noqa: E402
 from ..units import human_bytes  # noqa: E402
 
@@ -89,7 +90,7 @@ def _finish(fig: Any, ax: Any, path: Path, legend_title: str | None = None) -> P
             borderaxespad=0.0,
         )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    files.save_figure(path, fig, dpi=110)
     plt.close(fig)
     return path
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,8 @@ from typing import Any, Callable, Sequence
 
 from ..rundir.layout import EXPERIMENT_FILE, REPORT_FILE, REPORT_FILES, RUNS_CSV, SUMMARY_CSV, add_to_summary
 from ..rundir.lock import RunLock
-from ..rundir.owned import check_replaceable, record_written, unlink_links
+from ..rundir import files
+from ..rundir.owned import check_replaceable, record_written
 from .run_dirs import ReportError, find_runs, read_json
 from .runs import LM, VISION, Quality, Run, SettingRuns, number
 from ..units import human_bytes
@@ -266,11 +268,12 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: _csv_value(r.get(k)) for k in keys})
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=keys)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: _csv_value(r.get(k)) for k in keys})
+    files.write_text(path, text.getvalue())
 
 
 def run_rows(runs: Sequence[Run], q: Quality, target: float | None) -> list[dict[str, Any]]:
@@ -376,8 +379,6 @@ def report(
     rows = aggregate(settings, q, target)
     table = markdown_table(rows, q)
     written: list[Path] = []
-    if force:
-        unlink_links(root, REPORT_FILES)  # a link is replaced, never written through
     try:
         with RunLock(root, "write a report into") if lock else contextlib.nullcontext(), _recorded(root, written):
             return _write(
@@ -450,7 +451,7 @@ def _write(
         decision_table(decisions, q, at),
         verdict(decisions, q, target, link, at, seed_spread(settings, q, at) or recorded),
     )
-    rep.path.write_text(_markdown(rep, runs))
+    files.write_text(rep.path, _markdown(rep, runs))
     written.append(rep.path)
     return rep
 

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from ..config import Config
 from ..errors import PeerError
 from ..net import emulator_of
+from ..rundir import files
 from ..rundir.checkpoint import map_tensors
 from ..runner.route import route_to
 from ..strategies.base import Strategy, local_shard
@@ -116,7 +117,7 @@ def library_logs_to(path: Path) -> None:
     if os.environ.get("WANSYNC_LAUNCHED") != "1":
         return
     sys.stderr.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = files.open_in_place(path, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 2)
     os.close(fd)
 
@@ -224,7 +225,7 @@ class Member:
         """A line of a worker's log: its first rank's (the others went through the same quorums)."""
         if self.log_dir is None or self.quorum.local_rank != 0:
             return
-        with open(self.log_dir / name, "a") as f:
+        with files.append(self.log_dir / name) as f:
             f.write(json.dumps(record) + "\n")
 
 

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from ..config import Config
 from ..errors import PEER_LOST, PeerError, first_line
+from ..rundir import files
 from ..rundir.layout import LOGS_DIR, add_to_summary, has_summary
 from ..runner.workerproc import Worker, describe_exit, error_file, is_stopped
 from ..runner.torchrun import TorchrunEnv
@@ -271,7 +272,7 @@ def end_left_behind(
             f"rank {rank} was {how} {since_end:.0f} s after the other workers ended the run; "
             "it was left out of the run's end and the launcher ended it"
         )
-        error_file(run_dir, rank).write_text(line + "\n")
+        files.write_text(error_file(run_dir, rank), line + "\n")
         print(f"wansync: warning: {line}", file=sys.stderr)
         p.kill()
         p.wait()

@@ -46,7 +46,6 @@ all-gathers token counts at every step, which a strategy that syncs every H step
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -56,6 +55,7 @@ from torch import nn
 
 import wansync as ws
 from ..errors import ConfigError
+from ..rundir import files
 
 try:
     import transformers
@@ -239,8 +239,7 @@ class WansyncTrainer(transformers.Trainer):
             "strategy": self.sync.state_dict(),
         }
         path = folder / STATE_FILE.format(dist.get_rank())
-        torch.save(state, str(path) + ".tmp")
-        os.replace(str(path) + ".tmp", path)
+        files.save_torch(path, state)
         dist.barrier()  # every rank's file is there before anyone goes on (or rotates it away)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:

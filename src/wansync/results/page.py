@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from ..errors import ConfigError, path_kind
+from ..rundir import files
 from ..runner import experiments
 from .. import presets
 from ..analysis.labels import distinct, human_label, label_of_key, setting_words
@@ -363,7 +364,7 @@ def document(
     target = lm_target(root)
     kept = old_sections(old)
     if figures is not None:
-        figures.mkdir(exist_ok=True)
+        files.directory(figures)
     lines = [
         BEGIN,
         "",
@@ -420,7 +421,7 @@ def write_page(path: Path, generated: str) -> None:
         text = old[:start] + generated + old[end:].lstrip("\n")
     else:
         text = (old.rstrip("\n") + "\n\n" if old else "") + generated
-    path.write_text(text, encoding="utf-8")
+    files.write_text(path, text)
 
 
 def check_page(path: Path) -> str:

@@ -5,13 +5,13 @@ tables share (the same resolved config) is trained once and copied."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Sequence
 
 from ..runner import experiments, run
-from ..rundir.lock import RunLock
+from ..rundir import files
+from ..rundir.lock import LOCK_FILE, RunLock
 from .. import presets
 from ..config import fingerprint
 from ..analysis.report import report
@@ -131,9 +131,7 @@ def list_tables(tables: Sequence[Table], root: Path, seeds: int = SEEDS, steps: 
 
 
 def _copy_run(src: Path, dst: Path) -> None:
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock"))
+    files.copy_tree(src, dst, skip=(LOCK_FILE,))
 
 
 def run_tables(

@@ -22,7 +22,6 @@ import warnings
 import hashlib
 import io
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -30,39 +29,15 @@ from typing import Any, Callable
 import torch
 
 from ..errors import ConfigError, DataError, StorageError
+from . import files
+from .files import TMP, fsync_dir
 
 KEEP = 2
-TMP = ".tmp"
 DONE = "DONE"  # in a step directory: every rank's file was durable (the barrier passed)
 
 
 def ckpt_root(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the entries of directory `path` (a rename, a new file) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file: fsynced, renamed, the directory fsynced.
-    On failure (a full disk) the temporary file is removed and the error raised."""
-    tmp = path.with_name(path.name + f"{TMP}{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def meta_path(path: Path) -> Path:
@@ -137,14 +112,16 @@ def save_rank(
         "config": config,
         **({"sharded": sharded} if sharded else {}),
     }
+    files.directory(d)
     try:
-        d.mkdir(parents=True, exist_ok=True)
         fsync_dir(d.parent)
-        atomic_write_bytes(path, data)
-        atomic_write_bytes(meta_path(path), json.dumps(meta).encode())
-    except OSError as e:
+        files.write_bytes(path, data, durable=True, what="checkpoint")
+        files.write_bytes(meta_path(path), json.dumps(meta).encode(), durable=True, what="checkpoint")
+    except (OSError, StorageError) as e:
         path.unlink(missing_ok=True)
         meta_path(path).unlink(missing_ok=True)
+        if isinstance(e, StorageError):
+            raise
         raise StorageError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
     return path
 
@@ -177,7 +154,7 @@ def prune(run_dir: Path, step: int) -> None:
     shared file system the hosts mark and prune the same directory at once."""
     d = ckpt_root(run_dir) / f"step{step:08d}"
     try:
-        (d / DONE).touch()
+        files.touch(d / DONE)
         fsync_dir(d)
     except OSError as e:
         raise StorageError(f"cannot mark checkpoint {d} complete: {e.strerror or e}") from None
@@ -326,7 +303,7 @@ def save_sharded(run_dir: Path, step: int, worker: int, model: Any, optimizer: A
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    d = ckpt_root(run_dir) / f"step{step:08d}" / SHARDED_DIR.format(worker=worker)
+    d = files.directory(ckpt_root(run_dir) / f"step{step:08d}" / SHARDED_DIR.format(worker=worker))
     try:
         with warnings.catch_warnings():  # a step saved again (a resume fell back past it) is overwritten on purpose
             warnings.filterwarnings("ignore", message="Detected an existing checkpoint", category=UserWarning)

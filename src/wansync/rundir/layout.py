@@ -40,6 +40,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from . import files
 from .jsonout import dumps
 
 CONFIG_FILE = "config.toml"
@@ -91,7 +92,7 @@ REPORT_FILES = (
 
 def write_summary(run_dir: str | Path, summary: dict[str, Any]) -> None:
     """The trainer's summary of a finished run (replacing any earlier one)."""
-    (Path(run_dir) / SUMMARY_FILE).write_text(dumps(summary, indent=2))
+    files.write_text(Path(run_dir) / SUMMARY_FILE, dumps(summary, indent=2))
 
 
 def add_to_summary(run_dir: str | Path, fields: dict[str, Any]) -> bool:
@@ -101,7 +102,7 @@ def add_to_summary(run_dir: str | Path, fields: dict[str, Any]) -> bool:
     if not summary:
         return False
     summary.update(fields)
-    path.write_text(dumps(summary, indent=2))
+    files.write_text(path, dumps(summary, indent=2))
     return True
 
 

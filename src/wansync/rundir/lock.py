@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from ..errors import ConfigError, StorageError
+from ..errors import ConfigError
+from . import files
 
 LOCK_FILE = ".lock"
 
@@ -38,10 +39,7 @@ class RunLock:
         self.fd: int | None = None
 
     def __enter__(self) -> "RunLock":
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:  # read-only and pseudo file systems, a missing permission
-            raise StorageError(f"cannot write into {self.path.parent}: {e.strerror or e}") from None
+        fd = files.open_in_place(self.path)  # one line: a link there, a read-only file system, a missing permission
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import ConfigError
+from . import files
 from .jsonout import dumps
 from .layout import json_object
 
@@ -23,35 +24,28 @@ WRITTEN_FILE = ".wansync-written.json"
 
 def check_replaceable(directory: Path, names: Iterable[str], force: bool) -> None:
     """A one-line ConfigError naming the first of `names` in `directory` that wansync did not write
-    (or that changed since it did); nothing is written."""
-    if force:
-        return
-    record = _record(directory)
+    (or that changed since it did), or that no one may replace, `force` or not (a hard link, another
+    user's file: `files.check`); nothing is written. A link `force` replaces, never writes through."""
+    record = {} if force else _record(directory)
     for name in names:
         path = directory / name
-        if os.path.lexists(path) and (path.is_symlink() or not path.is_file() or record.get(name) != _sha256(path)):
+        if (
+            not force
+            and os.path.lexists(path)
+            and (path.is_symlink() or not path.is_file() or record.get(name) != _sha256(path))
+        ):
             raise ConfigError(
                 f"refusing to replace {path}: wansync did not write it (or it changed since); move it "
                 f"away, choose another directory, or pass --force to replace it"
             )
-
-
-def unlink_links(directory: Path, names: Iterable[str]) -> None:
-    """Before `force` replaces files of `names` in `directory`: a symbolic link among them is removed,
-    so that the new file takes the link's place and whatever it pointed to stays as it was."""
-    for name in names:
-        path = directory / name
-        if path.is_symlink():
-            path.unlink()
+        files.check(path)
 
 
 def record_written(directory: Path, paths: Iterable[Path]) -> None:
     """Record `paths`, files just written into `directory`, as wansync's."""
     record = _record(directory)
     record.update({p.name: _sha256(p) for p in paths if p.is_file()})
-    tmp = directory / f"{WRITTEN_FILE}.tmp"
-    tmp.write_text(dumps(record, indent=1, sort_keys=True))
-    os.replace(tmp, directory / WRITTEN_FILE)
+    files.write_text(directory / WRITTEN_FILE, dumps(record, indent=1, sort_keys=True))
 
 
 def _record(directory: Path) -> dict[str, str]:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import tomli_w
 
-from ..rundir import jsonout
+from ..rundir import files, jsonout
 from . import run
 from .grid import available_strategies, check_strategies, parse_grid, setting_label, split_values
 from .. import strategies as registry
@@ -295,7 +295,7 @@ def write_experiment(out: Path, specs: Sequence[RunSpec], extra: dict[str, Any] 
     # keep the entries of earlier grids whose directories are not in this one (their runs stay on disk)
     mine = {r["dir"] for r in data["runs"]}
     data["runs"] += [r for r in previous.get("runs", []) if r.get("dir") not in mine]
-    (out / EXPERIMENT_FILE).write_text(jsonout.dumps(data, indent=2))
+    files.write_text(out / EXPERIMENT_FILE, jsonout.dumps(data, indent=2))
 
 
 def read_experiment(out: Path) -> dict[str, Any]:
@@ -316,8 +316,9 @@ def run_one(spec: RunSpec, force: bool = False, torchrun: TorchrunEnv | None = N
     except WansyncError as e:
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         (spec.run_dir / SUMMARY_FILE).unlink(missing_ok=True)
-        (spec.run_dir / FAILED_FILE).write_text(
-            jsonout.dumps({**spec.describe(), "status": "failed", "message": message}, indent=2)
+        files.write_text(
+            spec.run_dir / FAILED_FILE,
+            jsonout.dumps({**spec.describe(), "status": "failed", "message": message}, indent=2),
         )
         return Outcome(spec, "failed", message, time.monotonic() - t0)
     return Outcome(spec, "ok", "", time.monotonic() - t0, summary)

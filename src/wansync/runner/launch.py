@@ -35,6 +35,7 @@ import torch.distributed as dist
 from ..config import Config
 from ..errors import PEER_LOST
 from ..ft.supervisor import Supervisor
+from ..rundir import files
 from ..rundir.layout import LOGS_DIR
 from . import workerproc
 from .interrupts import LAUNCHER_PID_ENV, signals_deferred, sigint_blocked
@@ -96,10 +97,12 @@ class Launch:
         self.fork = False  # this process may fork its workers (until the store serves)
 
     def prepare_logs(self) -> None:
-        """logs/, without the error files of an earlier attempt: a failure reported is this run's."""
-        (self.run_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+        """logs/, without the error files of an earlier attempt: a failure reported is this run's. A
+        pid file no one may replace (`rundir.files.check`) is refused before a worker starts."""
+        logs = files.directory(self.run_dir / LOGS_DIR)
         for r in self.ranks:
             error_file(self.run_dir, r).unlink(missing_ok=True)
+            files.check(logs / f"rank{r}.pid")
 
     def open_rendezvous(self) -> None:
         """The supervisor first: a fault-tolerant run's lighthouse serves from a child process

@@ -25,7 +25,7 @@ from typing import Any
 import tomli_w
 
 from ..comm.robust import check_workers
-from ..rundir import checkpoint
+from ..rundir import checkpoint, files
 from . import launch, worker
 from .agreement import agree, shared
 from .torchrun import TorchrunEnv, join_network
@@ -228,10 +228,7 @@ def make_run_dir(run_dir: Path, what: str = "run directory") -> Path:
 
 def write_config(run_dir: Path, text: str, cfg: Config | None = None) -> None:
     """config.toml, and beside it a copy of the topology file `cfg.wan` names (`keep_topology`)."""
-    try:
-        (run_dir / "config.toml").write_text(text)
-    except OSError as e:
-        raise StorageError(f"cannot write {run_dir / 'config.toml'}: {e.strerror or e}") from None
+    files.write_text(run_dir / CONFIG_FILE, text)
     if cfg is not None:
         keep_topology(run_dir, cfg)
 
@@ -248,10 +245,11 @@ def keep_topology(run_dir: Path, cfg: Config) -> None:
         return
     data = user_text(source, "topology file", topology_file.MAX_BYTES).encode()
     try:
-        if not target.is_file() or target.read_bytes() != data:
-            checkpoint.atomic_write_bytes(target, data)
+        same = target.is_file() and target.read_bytes() == data
     except OSError as e:
-        raise StorageError(f"cannot write {target}: {e.strerror or e}") from None
+        raise StorageError(f"cannot read {target}: {e.strerror or e}") from None
+    if not same:
+        files.write_bytes(target, data, durable=True)
 
 
 def check_target(run_dir: Path, force: bool) -> bool:
@@ -295,6 +293,24 @@ def clear_run(run_dir: Path) -> None:
                     child.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             p.rmdir()  # only when nothing of the user's is left
+
+
+def check_run_files(run_dir: Path) -> None:
+    """Before a resume writes again what the earlier run wrote (RUN_FILES; inside its directories the
+    names it writes there): a file no one may replace (a hard link, another user's: `rundir.files`),
+    or a link in place of its logs/, is refused in one line, before any work."""
+    for name in RUN_FILES:
+        p = run_dir / name
+        if name not in RUN_DIR_CONTENTS:
+            files.check(p)
+            continue
+        if name == LOGS_DIR and p.is_symlink():
+            files.directory(p)  # refuses the link
+        if not p.is_dir() or p.is_symlink():
+            continue
+        for child in p.iterdir():
+            if any(fnmatch.fnmatch(child.name, pattern) for pattern in RUN_DIR_CONTENTS[name]) and not child.is_dir():
+                files.check(child)
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any]) -> Config:
@@ -367,6 +383,8 @@ def train(
         print(f"wansync: warning: {line}", file=sys.stderr)
     try:
         check_unlocked(run_dir, "train into")
+        if resume:
+            check_run_files(run_dir)
         if not resume and torchrun is None:
             check_target(run_dir, force)  # before anything is written
         make_run_dir(run_dir)
@@ -459,10 +477,11 @@ def keep_config(run_dir: Path, text: str) -> None:
     different, atomically (on a shared file system rank 0 writes the same text at the same time)."""
     path = make_run_dir(run_dir) / CONFIG_FILE
     try:
-        if not path.is_file() or path.read_text() != text:
-            checkpoint.atomic_write_bytes(path, text.encode())
+        same = path.is_file() and path.read_bytes() == text.encode()
     except OSError as e:
-        raise StorageError(f"cannot write {path}: {e.strerror or e}") from None
+        raise StorageError(f"cannot read {path}: {e.strerror or e}") from None
+    if not same:
+        files.write_bytes(path, text.encode(), durable=True)
 
 
 def run_rank(cfg: Config, run_dir: Path, resume: bool, torchrun: TorchrunEnv, text: str) -> None:

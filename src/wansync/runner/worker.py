@@ -24,6 +24,7 @@ import torch.distributed as dist
 from .. import net
 from ..config import Config, from_sections
 from ..errors import PEER_LOST, ConfigError, WansyncError
+from ..rundir import files
 from .interrupts import Terminated, become_launched_worker, exit_status
 from .torchrun import interface_hint
 from ..ft.member import LIFE_ENV
@@ -122,13 +123,13 @@ def record_failure(log_dir: Path, rank: int, msg: str, detail: str) -> bool:
     logs/rank{R}.log, after the libraries' lines (ft.member); whether the one line was written. The
     line first: on a full disk the traceback may not fit."""
     try:
-        (log_dir / f"rank{rank}.err").write_text(msg + "\n")
-    except OSError:
+        files.write_text(log_dir / f"rank{rank}.err", msg + "\n")
+    except WansyncError:  # a full disk, a hard link there (`rundir.files`): the caller prints the line
         return False
     try:
-        with open(log_dir / f"rank{rank}.log", "a") as log:
+        with files.append(log_dir / f"rank{rank}.log") as log:
             log.write(detail)
-    except OSError:
+    except (OSError, WansyncError):
         pass
     return True
 
@@ -154,7 +155,7 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
     phase = Phase()
     watchdog = Watchdog(phase, cfg.peer_timeout, rank, lambda line: stalled(line, rank, log_dir, launched))
     try:
-        log_dir.mkdir(parents=True, exist_ok=True)
+        files.directory(log_dir)
         init_distributed(cfg)
         rank_world = (
             (rank, int(os.environ.get("WORLD_SIZE", 1)))

@@ -35,6 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Sequence, Union
 
+from ..rundir import files
 from ..rundir.layout import LOGS_DIR
 
 
@@ -288,7 +289,7 @@ def is_stopped(pid: int) -> bool:
 
 def record_pid(logs: Path, rank: int, worker: Worker) -> None:
     """logs/rank{R}.pid: the pid of rank R's current process (rewritten when it is restarted)."""
-    (logs / f"rank{rank}.pid").write_text(f"{worker.pid}\n")
+    files.write_text(logs / f"rank{rank}.pid", f"{worker.pid}\n")
 
 
 def live_workers(run_dir: Path) -> dict[int, int]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..rundir import jsonout
+from ..rundir import files, jsonout
 
 
 class MetricsWriter:
     def __init__(self, path: str | Path | None, append: bool = False):
-        self._f = open(path, "a" if append else "w", buffering=1) if path else None
+        """`append`: lines go after the file's own (a resumed run's); else a new file takes its place."""
+        self._f = (files.append(path) if append else files.fresh(path)) if path else None
 
     def write(self, record: dict[str, Any]) -> None:
         if self._f is not None:

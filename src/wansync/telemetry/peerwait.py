@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..rundir import jsonout
+from ..rundir import files, jsonout
 
 PROFILE = "profile_rank{}.json"  # every rank's profile.json, in the run's logs/
 
@@ -53,11 +53,11 @@ def record(run_dir: Path, logs: Path, world: int) -> None:
     """Add every rank's time split and peer wait to profile.json (rank 0's): `ranks`, and
     `derived.peer_wait_s` / `peer_wait_pct` for rank 0. Nothing when a rank's profile is missing."""
     path = run_dir / "profile.json"
-    files = [logs / PROFILE.format(r) for r in range(world)]
-    if world < 2 or not path.is_file() or not all(f.is_file() for f in files):
+    profile_files = [logs / PROFILE.format(r) for r in range(world)]
+    if world < 2 or not path.is_file() or not all(f.is_file() for f in profile_files):
         return
     try:  # telemetry: a file it cannot read leaves profile.json as rank 0 wrote it, never fails the run
-        profiles = {r: json.loads(f.read_text()) for r, f in enumerate(files)}
+        profiles = {r: json.loads(f.read_text()) for r, f in enumerate(profile_files)}
         waits = peer_waits(profiles)
         if waits is None:
             return
@@ -79,4 +79,4 @@ def record(run_dir: Path, logs: Path, world: int) -> None:
         ]
     except (OSError, ValueError, KeyError, TypeError):
         return
-    path.write_text(jsonout.dumps(profile, indent=2))
+    files.write_text(path, jsonout.dumps(profile, indent=2))

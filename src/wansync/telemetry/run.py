@@ -41,7 +41,7 @@ import torch.distributed as dist
 from ..comm.ledger import INSIDE
 from ..comm.robust import Clip
 from ..net import emulator_of
-from ..rundir import jsonout
+from ..rundir import files, jsonout
 from ..rundir.divergence import quality_fields
 from ..errors import ConfigError, StorageError, path_kind
 from ..rundir.layout import LOGS_DIR, METRICS_FILE, PROFILE_FILE, TENSORBOARD_DIR, has_summary, write_summary
@@ -158,6 +158,8 @@ class Run:
         self.writer = MetricsWriter(self.out / METRICS_FILE if lead and self.out is not None else None, append=append)
         self.scalars = None
         if lead and tb_dir is not None:
+            if tensorboard is True:  # the run's own: a link there is refused, its files never removed or written
+                files.directory(tb_dir)
             if not append:  # a fresh run's events only (a resumed one purges
                 for old in tb_dir.glob("events.out.tfevents.*"):  # those after its step itself)
                     old.unlink()
@@ -459,13 +461,13 @@ class Run:
         if self.out is not None:
             if self.rank == 0:
                 write_summary(self.out, summary)
-                (self.out / PROFILE_FILE).write_text(jsonout.dumps(profile, indent=2))
+                files.write_text(self.out / PROFILE_FILE, jsonout.dumps(profile, indent=2))
             # every rank's, for the launcher's comparison of ranks (telemetry.peerwait) and for replaying
             # its step times in the planner (`wansync plan --step-times RUN`)
-            (self.out / LOGS_DIR).mkdir(exist_ok=True)
+            logs = files.directory(self.out / LOGS_DIR)
             compute, rest = zip(*self.step_times) if self.step_times else ((), ())
             profile["steps_s"] = {"compute": [round(c, 6) for c in compute], "other": [round(o, 6) for o in rest]}
-            (self.out / LOGS_DIR / PROFILE.format(self.rank)).write_text(jsonout.dumps(profile, indent=2))
+            files.write_text(logs / PROFILE.format(self.rank), jsonout.dumps(profile, indent=2))
         last = self.evals[-1]["step"] if self.evals else None
         if self.rank == 0 and self.out is not None and last != sync.t:
             warnings.warn(

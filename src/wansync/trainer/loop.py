@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..rundir import checkpoint
+from ..rundir import checkpoint, files
 from .. import strategies
 from ..ft.member import Member, quorum_for
 from ..comm.mean_cost import lossy_path, mean_seconds
@@ -425,7 +425,7 @@ def truncate_metrics(path: Path, step: int) -> None:
     if not path.is_file():
         return
     keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    checkpoint.atomic_write_bytes(path, ("\n".join(keep) + ("\n" if keep else "")).encode())
+    files.write_bytes(path, ("\n".join(keep) + ("\n" if keep else "")).encode(), durable=True)
 
 
 # torch's warnings a worker of the CLI leaves out, each harmless where it arises here, and each 3-8 lines a

@@ -7,13 +7,13 @@ integer type that holds the vocabulary, so a 5M-token corpus costs 5 MB per work
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
 
 from wansync.errors import ConfigError
+from wansync.rundir import files
 
 TOKENIZERS = ("byte", "bpe")
 
@@ -125,18 +125,11 @@ def build_tokenizer(kind: str, text: str, *, bpe_vocab: int = 2048, cache_dir: s
     if path.exists():
         return BPETokenizer.from_str(path.read_text(encoding="utf-8"))
     tok = BPETokenizer.train(text, bpe_vocab)
-    atomic_write(path, tok.to_str().encode("utf-8"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.write_bytes(path, tok.to_str().encode("utf-8"))  # whole or not at all: ranks read it concurrently
     return tok
 
 
 def text_digest(text: str) -> str:
     """Short content hash that keys cache files to the exact corpus."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so concurrent ranks never read a half-written cache."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wansync.errors import ConfigError, DataError
+from wansync.rundir import files
 from wansync.workloads.base import logits_of
 from wansync.workloads.lm.corpus import load_documents
 from wansync.workloads.lm.dataset import (
@@ -38,7 +39,6 @@ from wansync.workloads.lm.model import TransformerLM, check_seq_len
 from wansync.workloads.lm.tokenizer import (
     BPETokenizer,
     Tokenizer,
-    atomic_write,
     build_tokenizer,
     text_digest,
 )
@@ -265,7 +265,8 @@ def _encode_cached(tok: Tokenizer, text: str, cache_dir: str | None) -> np.ndarr
     ids = tok.encode(text)
     buf = io.BytesIO()
     np.save(buf, ids)
-    atomic_write(path, buf.getvalue())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.write_bytes(path, buf.getvalue())
     return ids
 
 
