@@ -67,9 +67,10 @@ def strategy(
     import dataclasses
     import warnings
 
-    from .strategies import build
+    from .strategies import build, check_given
     from .strategies.guards import RegimeWarning, regime_warnings
 
+    check_given(name, options)
     if fault_tolerant is not None:
         from .ft.own_loop import fault_tolerant_strategy
 

@@ -274,7 +274,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = config_from_args(args)
     check_combinations(cfg, config_flags(args))
-    check_options_apply([cfg.strategy], given_keys(args))
+    check_options_apply([cfg], given_keys(args))
     # read once: a stale or contradicting environment is refused here, a consistent one adopted by train
     env = torchrun_env(cfg.workers if args.workers is not None else None, cfg.ranks_per_worker)
     summary = train(cfg, force=args.force, torchrun=env)
@@ -459,8 +459,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(planner.table_preamble())
         planner.print_large_table(args.target_exposed if args.target_exposed is not None else planner.TARGET_PCT)
         return 0
+    from .planner.keys import check_plan_keys
+    from .strategies import option_names
+
     cfg = config_from_args(args)
-    check_options_apply([cfg.strategy], given_keys(args))  # `plan --strategy ddp --codec int8` planned fp32
+    check_options_apply([cfg], given_keys(args))  # `plan --strategy ddp --codec int8` planned fp32
+    check_plan_keys(given_keys(args), option_names(cfg.strategy), bool(args.measure))
     print(
         planner.plan_command(
             cfg,

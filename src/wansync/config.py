@@ -22,15 +22,50 @@ from typing import TYPE_CHECKING, Any, Iterable, get_type_hints
 from .errors import ConfigError, check, user_text
 from .ft import support as ft_support
 from .rules import Rule, at_least, at_most_cores, host_port, in_range, not_blank, one_of, port_range, positive
-from .strategies import OPTIONS, STRATEGIES, option_names, strategy_class
+from .strategies import OPTIONS, STRATEGIES, make_options, option_names, strategy_class
+from .strategies.options import Needs
 
 if TYPE_CHECKING:
     from .net.topology import Topology
 
 
-def _f(default: Any, section: str, help: str, *rules: Rule) -> Any:
-    """A config key: its default, its TOML section, one line of help, and the rules its value obeys."""
-    return field(default=default, metadata={"section": section, "help": help, "rules": rules})
+def _f(default: Any, section: str, help: str, *rules: Rule, needs: tuple[Needs, ...] = ()) -> Any:
+    """A config key: its default, its TOML section, one line of help, the rules its value obeys, and
+    `needs`: the settings in which it acts at all (each must hold; see `check_options_apply`)."""
+    return field(default=default, metadata={"section": section, "help": help, "rules": rules, "needs": needs})
+
+
+# ---- when a general key acts (the declared table `check_options_apply` and `validate` read) ---------------
+def _builtin(c: Any) -> bool:
+    """A built-in model on built-in data: a model or workload of the user's may read any key."""
+    from .workloads.factory import is_factory
+
+    return not is_factory(c.model) and not is_factory(c.data)
+
+
+WIDE_MODELS = ("cnn", "resnet18", "resnet50")  # the models `width` scales (`workloads.vision.models`)
+
+
+def _vision(c: Any) -> bool:
+    from .workloads import model_kind
+
+    return model_kind(c.model, c.data) == "vision"
+
+
+def _text_only(key: str) -> Needs:
+    return Needs(
+        lambda c: not _builtin(c) or not _vision(c),
+        f"{key} {{{key}}} is the language models', and --model {{model}} trains on images, so it would be "
+        f"ignored: drop it",
+    )
+
+
+_FAULT_TOLERANT = "apply to fault-tolerant runs only: add --fault-tolerant, or drop it"
+_STEPS_OPTIMIZER = Needs(
+    lambda c: strategy_class(c.strategy).steps_optimizer,
+    "{strategy} replaces the inner optimizer's update (sign descent on its own momentum, momentum_decay), "
+    "so --{key} would be ignored: drop it (the learning rate and weight decay still apply)",
+)
 
 
 INSIDE = ("ddp", "fsdp")
@@ -123,12 +158,14 @@ class GeneralKeys:
         "run",
         "fault-tolerant runs: torchft lighthouse HOST:PORT; empty = the launcher " "starts one on 127.0.0.1",
         host_port,
+        needs=(Needs(lambda c: c.fault_tolerant, f"--lighthouse {_FAULT_TOLERANT}"),),
     )
     max_restarts: int = _f(
         0,
         "run",
         "fault-tolerant runs: the launcher restarts a dead worker (all its ranks) up to N times",
         in_range(0, MAX_RESTARTS, high_included=True),
+        needs=(Needs(lambda c: c.fault_tolerant, f"--max-restarts {_FAULT_TOLERANT}"),),
     )
     backend: str = _f(
         "gloo", "run", "torch.distributed backend under the strategy: gloo|nccl", one_of(("gloo", "nccl"))
@@ -169,7 +206,19 @@ class GeneralKeys:
         "docs/your_model.md)",
         not_blank("a model (tiny, pkg.module:factory, hf:PATH, ...)"),
     )
-    width: float = _f(1.0, "model", "channel-width multiplier for ResNets", positive)
+    width: float = _f(
+        1.0,
+        "model",
+        "channel-width multiplier of the CNN and the ResNets",
+        positive,
+        needs=(
+            Needs(
+                lambda c: not _builtin(c) or c.model in WIDE_MODELS,
+                "width {width:g} scales the channels of the CNN and the ResNets, and --model {model} has none, so "
+                "it would be ignored: drop it",
+            ),
+        ),
+    )
     # [data]
     data: str = _f(
         "shakespeare",
@@ -185,14 +234,52 @@ class GeneralKeys:
         "per-rank batch size (sequences or images; vision default 64); a worker of " "R ranks trains on R x this",
         at_least(1),
     )
-    seq_len: int = _f(128, "data", "LM context length in tokens", at_least(2))
-    tokenizer: str = _f("byte", "data", "LM tokenizer: byte|bpe", one_of(("byte", "bpe")))
-    bpe_vocab: int = _f(2048, "data", "vocabulary size of the locally trained BPE", at_least(257))
-    val_fraction: float = _f(0.05, "data", "held-out fraction of the LM corpus", in_range(0, 1, low_included=False))
+    seq_len: int = _f(128, "data", "LM context length in tokens", at_least(2), needs=(_text_only("seq_len"),))
+    tokenizer: str = _f(
+        "byte", "data", "LM tokenizer: byte|bpe", one_of(("byte", "bpe")), needs=(_text_only("tokenizer"),)
+    )
+    bpe_vocab: int = _f(
+        2048,
+        "data",
+        "vocabulary size of the locally trained BPE",
+        at_least(257),
+        needs=(
+            _text_only("bpe_vocab"),
+            Needs(
+                lambda c: c.tokenizer == "bpe",
+                "bpe_vocab {bpe_vocab} sizes the BPE vocabulary, and the tokenizer is {tokenizer}, so it would "
+                "be ignored: drop it, or give --tokenizer bpe",
+            ),
+        ),
+    )
+    val_fraction: float = _f(
+        0.05,
+        "data",
+        "held-out fraction of the LM corpus",
+        in_range(0, 1, low_included=False),
+        needs=(_text_only("val_fraction"),),
+    )
     eval_batches: int = _f(8, "data", "validation batches per evaluation", at_least(1))
-    augment: bool = _f(True, "data", "training augmentation for images")
+    augment: bool = _f(
+        True,
+        "data",
+        "training augmentation for images",
+        needs=(
+            Needs(
+                lambda c: not _builtin(c) or _vision(c),
+                "augment is the images' augmentation, and --model {model} trains on text, so it would be "
+                "ignored: drop it",
+            ),
+        ),
+    )
     # [optim]
-    optimizer: str = _f("adamw", "optim", "inner optimizer: adamw|sgd (vision default sgd)", one_of(("adamw", "sgd")))
+    optimizer: str = _f(
+        "adamw",
+        "optim",
+        "inner optimizer: adamw|sgd (vision default sgd)",
+        one_of(("adamw", "sgd")),
+        needs=(_STEPS_OPTIMIZER,),
+    )
     lr: float = _f(
         3e-3,
         "optim",
@@ -211,7 +298,20 @@ class GeneralKeys:
     weight_decay: float = _f(
         0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay (vision+sgd default 5e-4)", at_least(0)
     )
-    momentum: float = _f(0.9, "optim", "SGD momentum", in_range(0, 1))
+    momentum: float = _f(
+        0.9,
+        "optim",
+        "SGD momentum",
+        in_range(0, 1),
+        needs=(
+            _STEPS_OPTIMIZER,
+            Needs(
+                lambda c: c.optimizer == "sgd",
+                "momentum {momentum:g} is SGD's, and the optimizer is {optimizer}, so --momentum would be "
+                "ignored: drop it, or give --optimizer sgd",
+            ),
+        ),
+    )
     grad_clip: float = _f(1.0, "optim", "clip the local gradient norm (0 = off)", at_least(0))
 
     @functools.cached_property
@@ -245,6 +345,7 @@ else:
 
 SECTIONS = ("run", "model", "data", "optim", "strategy")
 _TYPES = get_type_hints(Config)
+_FIELDS = MappingProxyType({f.name: f for f in fields(Config)})
 
 
 def key_names() -> list[str]:
@@ -380,12 +481,8 @@ def validate(cfg: Config) -> None:
     )
     if cfg.fault_tolerant:
         ft_support.check_fault_tolerant(cfg)
-    ft_only = [f"--{k.replace('_', '-')}" for k in ("lighthouse", "max_restarts") if getattr(cfg, k)]
-    check(
-        cfg.fault_tolerant or not ft_only,
-        f"{' and '.join(ft_only)} apply to fault-tolerant runs only: add "
-        f"--fault-tolerant, or drop {'them' if len(ft_only) > 1 else 'it'}",
-    )
+    idle = idle_keys(cfg, [f.name for f in fields(Config) if getattr(cfg, f.name) != f.default], [cfg])
+    check(not idle, idle[0][1] if idle else "")
 
 
 def check_key(name: str, value: Any) -> None:
@@ -442,27 +539,56 @@ def check_combinations(cfg: Config, given: Iterable[str]) -> None:
         )
 
 
-OPTIMIZER_KEYS = ("optimizer", "momentum")  # the inner optimizer's own update: what DeMo replaces
+def idle_keys(cfg: Config, keys: Iterable[str], runs: list[Config]) -> list[tuple[str, str]]:
+    """(key, one line) for each general key of `keys` that acts in none of `runs` (its declared
+    `needs`); `cfg` words the line."""
+    out = []
+    for key in keys:
+        f = _FIELDS.get(key)
+        for needs in f.metadata["needs"] if f else ():
+            if not any(needs.when(run) for run in runs):
+                out.append((key, needs.message(cfg, key)))
+                break
+    return out
 
 
-def check_options_apply(strategies: Iterable[str], given: Iterable[str]) -> None:
-    """Every strategy option the user gave (a flag, a config file's key) is one that a strategy of
-    the run (or of the grid) has: any other would be dropped without a word (`ddp --sync-every 4`);
-    likewise the inner optimizer's keys when every strategy replaces the optimizer's update (DeMo)."""
-    names = list(dict.fromkeys(strategies))
+def check_options_apply(runs: Iterable[Config], given: Iterable[str]) -> None:
+    """Every key the user gave (a flag, a config file's key) acts in some run of the command: a general
+    key's declared `needs` hold there, and a strategy option is one that run's strategy has and that
+    acts in its setting (`Options.idle`). Any other is refused in one line, naming it, rather than
+    recorded and ignored (`ddp --sync-every 4`, `--quant-range` at bits 32, `--momentum` beside adamw)."""
+    runs = list(runs)
+    names = list(dict.fromkeys(r.strategy for r in runs))
+    given = list(given)
+    idle = idle_keys(runs[0], given, runs)
+    check(not idle, idle[0][1] if idle else "")
     for key in given:
-        if key in OPTIMIZER_KEYS and not any(strategy_class(s).steps_optimizer for s in names):
-            raise ConfigError(
-                f"{' and '.join(names)} replace{'s' if len(names) == 1 else ''} the inner optimizer's "
-                f"update (sign descent on its own momentum, momentum_decay), so --{key} would be "
-                f"ignored: drop it (the learning rate and weight decay still apply)"
-            )
-        if key in OPTIONS and not any(key in option_names(s) for s in names):
+        if key not in OPTIONS:
+            continue
+        having = [r for r in runs if key in option_names(r.strategy)]
+        if not having:
             raise ConfigError(
                 f"{' and '.join(names)} {'has' if len(names) == 1 else 'have'} no option {key} "
                 f"(it would be ignored): drop --{key.replace('_', '-')}, or choose a strategy that "
                 f"has it ({', '.join(s for s in STRATEGIES if key in option_names(s))})"
             )
+        settings = [strategy_options_of(r) for r in having]
+        built = [opts for opts in settings if not isinstance(opts, ConfigError)]
+        if not built:  # invalid in every run: that is the line (a grid's runs say it one by one, labelled)
+            raise settings[0]
+        found = [idle for opts in built if (idle := opts.idle([key])) is not None]
+        if len(found) == len(built):
+            raise ConfigError(found[0][1])
+
+
+def strategy_options_of(cfg: Config) -> Any:
+    """The run's strategy Options: what the config gives, the strategy's defaults for the rest; the
+    ConfigError when they are invalid."""
+    own = option_names(cfg.strategy)
+    try:
+        return make_options(cfg.strategy, **{k: v for k in own if (v := getattr(cfg, k)) is not None})
+    except ConfigError as e:
+        return e
 
 
 def fingerprint(cfg: Config, strategy_options: dict[str, Any]) -> dict[str, Any]:

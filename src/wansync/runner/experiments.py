@@ -149,7 +149,7 @@ def command_runs(
         cfg = replace(cfg, quiet=True)
     out = Path(cfg.out)
     specs = grid_runs(cfg, names, seeds, grid, out, threads=threads, cells=cells)
-    check_options_apply([s.strategy for s in specs], [*given, *grid])
+    check_options_apply([s.cfg for s in specs], [*given, *grid])
     return specs, out, env
 
 

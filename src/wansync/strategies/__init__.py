@@ -68,6 +68,15 @@ def make_options(name: str, **values: Any) -> Options:
     return strategy_class(name).Options(**{k: v for k, v in values.items() if v is not None})
 
 
+def check_given(name: str, values: Mapping[str, Any]) -> None:
+    """The options a caller gave `ws.strategy` (None: not given) each act in this setting: one that would
+    do nothing (`quant_range` at bits 32) is refused in one line, as on the command line."""
+    own = {k: v for k, v in values.items() if k in option_names(name)}  # the rest: `build`'s own keywords
+    idle = make_options(name, **own).idle([k for k, v in own.items() if v is not None])
+    if idle is not None:
+        raise ConfigError(idle[1])
+
+
 def resolve_options(name: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """Strategy `name`'s options with its defaults filled in, validated, as a dict (what config.toml
     and checkpoints record). Keys of `values` the strategy does not have are ignored (a config holds

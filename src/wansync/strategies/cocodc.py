@@ -38,12 +38,21 @@ from .compensation import damped_compensate, delay_compensate
 from .fragment_timetable import FragmentTimetable
 from .fragments import SCHEDULES
 from .inflight import InFlight
-from .options import at_least, one_of, option, positive
+from .options import Needs, at_least, one_of, option, positive
 from .streaming import Streaming, StreamingOptions
 from .transmission import agree
 
 COMPENSATIONS = ("taylor", "alpha", "damped")
 OUTER_SCALINGS = ("none", "interval")
+
+
+def AUTOMATIC_N(what: str) -> Needs:  # noqa: N802 - reads as the condition it declares
+    """The knobs of the automatic N act only when N is not given."""
+    return Needs(
+        lambda o: o.syncs_per_period == 0,
+        f"{what} sets the automatic syncs_per_period, and syncs_per_period {{syncs_per_period}} is given, so it "
+        f"would do nothing: drop one of the two",
+    )
 
 
 @dataclass
@@ -59,6 +68,7 @@ class CoCoDCOptions(StreamingOptions):
         "automatic N: at most this many syncs of each fragment per period, "
         "N <= this*P (0: no cap, N <= H as in the paper)",
         at_least(0),
+        needs=AUTOMATIC_N("max_syncs_per_fragment {max_syncs_per_fragment}"),
     )
     outer_scaling: str = option(
         "none",
@@ -66,8 +76,17 @@ class CoCoDCOptions(StreamingOptions):
         "outer_lr*I_p/H, I_p the steps the pseudo-gradient covers)",
         one_of(OUTER_SCALINGS),
     )
-    lam: float = option(0.5, "delay-compensation strength lambda", at_least(0))
-    gamma: float = option(0.4, "network utilization target gamma", positive)
+    lam: float = option(
+        0.5,
+        "delay-compensation strength lambda",
+        at_least(0),
+        needs=Needs(
+            lambda o: o.compensation != "alpha",
+            "lam {lam:g} is the Taylor term's strength, and compensation alpha has none, so it would do "
+            "nothing: drop it, or give compensation taylor or damped",
+        ),
+    )
+    gamma: float = option(0.4, "network utilization target gamma", positive, needs=AUTOMATIC_N("gamma {gamma:g}"))
     schedule: str = option("adaptive_fair", f"which fragment syncs next: {'|'.join(SCHEDULES)}", one_of(SCHEDULES))
     compensation: str = option("damped", f"merge of a late fragment: {'|'.join(COMPENSATIONS)}", one_of(COMPENSATIONS))
 

@@ -48,7 +48,6 @@ from .base import Strategy, local_shard, model_buffers
 from .options import (
     Options,
     aggregate,
-    check_robust_options,
     check_sparse_options,
     chunk,
     density,
@@ -81,7 +80,6 @@ class DeMoOptions(Options):
     def cross_check(self) -> None:
         super().cross_check()
         check_sparse_options(self, DEFAULT_DENSITY)
-        check_robust_options(self)
 
 
 def check_carrier(optimizer: torch.optim.Optimizer) -> None:

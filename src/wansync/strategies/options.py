@@ -18,15 +18,30 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping, get_type_hints
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, get_type_hints
 
 from ..errors import check
 from ..rules import Rule, at_least, in_range, one_of, positive  # noqa: F401 - the rules options declare
 
 
-def option(default: Any, help: str, *rules: Rule) -> Any:
-    """A strategy option field: its default, one line of help, and the rules its value obeys."""
-    return dataclasses.field(default=default, metadata={"help": help, "rules": rules})
+def option(default: Any, help: str, *rules: Rule, needs: Needs | None = None) -> Any:
+    """A strategy option field: its default, one line of help, the rules its value obeys, and `needs`:
+    the settings of the other options in which it acts at all (None: in every setting)."""
+    return dataclasses.field(default=default, metadata={"help": help, "rules": rules, "needs": needs})
+
+
+@dataclasses.dataclass(frozen=True)
+class Needs:
+    """When an option acts: `when(options)` is true in the settings where it changes the run. Elsewhere
+    it would do nothing, and a user who gives it is told so in one line (`says`, formatted with the
+    options' values) rather than have it recorded and ignored (`Options.idle`)."""
+
+    when: Callable[[Any], bool]
+    says: str
+
+    def message(self, opts: Any, key: str) -> str:
+        """The one line for option `key` given in the setting `opts` (a dataclass: Options, Config)."""
+        return self.says.format(**{f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}, key=key)
 
 
 # ---- the options base class ---------------------------------------------------------------------
@@ -64,6 +79,16 @@ class Options:
             for rule in f.metadata.get("rules", ()):
                 rule(f.name, value)
         self.cross_check()
+        check_idle(self, [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default])
+
+    def idle(self, given: Iterable[str]) -> tuple[str, str] | None:
+        """The first of `given` (option names a user gave) that acts in no way in this setting, with
+        its one-line reason (its `Needs`); None when every one of them acts."""
+        for f in dataclasses.fields(self):
+            needs = f.metadata.get("needs")
+            if f.name in given and needs is not None and not needs.when(self):
+                return f.name, needs.message(self, f.name)
+        return None
 
     def cross_check(self) -> None:
         """Rules relating several fields, run after every field's own rules (extend with super())."""
@@ -73,6 +98,14 @@ class Options:
         """This class's option `name`, help and rules included, with another default (for a subclass:
         CPDP is SlowMo with β = 0.3)."""
         return dataclasses.field(default=default, metadata=cls.__dataclass_fields__[name].metadata)
+
+
+def check_idle(opts: Options, given: Iterable[str]) -> None:
+    """A one-line ConfigError for the first of `given` that would do nothing in this setting. Every
+    Options checks its values that differ from the default; the commands and `ws.strategy` check every
+    option the user gave, a default included (`strategies.check_given`)."""
+    found = opts.idle(given)
+    check(found is None, found[1] if found else "")
 
 
 # ---- the union over strategies: one config key per option name ----------------------------------
@@ -178,6 +211,10 @@ def codec_collective() -> Any:
         "reduce_scatter (about two payloads per rank whatever the workers) | auto (allgather up to 2 "
         "workers; from 3, the one the link model times shorter, else reduce_scatter)",
         one_of(LOSSY_COLLECTIVES),
+        needs=LOSSY_CODEC(
+            "codec_collective {codec_collective} is how a lossy codec's mean travels; an fp32 mean is one "
+            "all-reduce, so it would be ignored: drop it, or choose a lossy codec (bf16, int8 or fp4)"
+        ),
     )
 
 
@@ -185,22 +222,16 @@ def error_feedback() -> Any:
     return option(
         False,
         "keep what the lossy codec dropped of this worker's contribution and add it to the next " "(error feedback)",
+        needs=LOSSY_CODEC(
+            "error_feedback needs a lossy codec (bf16, int8 or fp4): fp32 loses nothing to feed back, so it "
+            "would be ignored: drop it"
+        ),
     )
 
 
-def check_codec_options(opts: Any) -> None:
-    """The cross-field rules of the codec knobs: error feedback has nothing to feed back without loss, and
-    the collective a lossy mean travels by has nothing to choose for an fp32 mean (one all-reduce)."""
-    check(
-        not (opts.error_feedback and opts.codec == "fp32"),
-        "error_feedback needs a lossy codec (bf16, int8 or fp4): fp32 loses nothing to feed back",
-    )
-    collective = getattr(opts, "codec_collective", "auto")
-    check(
-        not (opts.codec == "fp32" and collective != "auto"),
-        f"codec_collective {collective} is how a lossy codec's mean travels; an fp32 mean is one all-reduce, so it "
-        f"would be ignored: drop it, or choose a lossy codec (bf16, int8 or fp4)",
-    )
+def LOSSY_CODEC(says: str) -> Needs:  # noqa: N802 - reads as the condition it declares
+    """The knobs of a lossy mean act only where the codec loses something."""
+    return Needs(lambda o: o.codec != "fp32", says)
 
 
 # ---- the robust mean of pseudo-gradients (`comm.robust`) ------------------------------------------
@@ -222,17 +253,11 @@ def robust_kappa() -> Any:
         DEFAULT_KAPPA,
         "kappa: robust_mean median clips a pseudo-gradient whose norm exceeds kappa x the median norm to that",
         positive,
-    )
-
-
-def check_robust_options(opts: Any) -> None:
-    """An option that does nothing is refused: κ without the robust mean it scales."""
-    from ..comm.robust import DEFAULT_KAPPA
-
-    check(
-        not (opts.robust_mean == "off" and opts.robust_kappa != DEFAULT_KAPPA),
-        f"robust_kappa {opts.robust_kappa:g} is the robust mean's clip, and robust_mean is off, so it would do "
-        f"nothing: drop it, or add robust_mean median",
+        needs=Needs(
+            lambda o: o.robust_mean != "off",
+            "robust_kappa {robust_kappa:g} is the robust mean's clip, and robust_mean is off, so it would do "
+            "nothing: drop it, or add robust_mean median",
+        ),
     )
 
 
@@ -303,6 +328,11 @@ def quant_range() -> Any:
         6.0,
         "the statistical quantizer's bins span this many standard deviations of a tensor's sent " "values",
         positive,
+        needs=Needs(
+            lambda o: o.bits < 32,
+            "quant_range {quant_range:g} spans the quantizer's bins, and bits {bits} sends float32 values "
+            "unquantized, so it would do nothing: drop it, or give bits 2-8",
+        ),
     )
 
 

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from .options import at_least, one_of, option
+from .options import Needs, at_least, one_of, option
 
 POLICIES = ("wait", "deadline", "balanced")
 DEADLINE_SLACK = 1.1  # the automatic deadline: the median worker's H steps, and 10 % more
@@ -69,6 +69,11 @@ def deadline() -> Any:
         "seconds an outer round may take under slow_policy deadline (0: 1.1 x H x the workers' "
         "median step time, measured)",
         at_least(0),
+        needs=Needs(
+            lambda o: o.slow_policy == "deadline",
+            "deadline {deadline:g} s does nothing under slow_policy {slow_policy}: give slow_policy deadline, "
+            "or leave deadline out",
+        ),
     )
 
 
@@ -222,15 +227,6 @@ class Pace:
         self.computed = int(state["computed"])
         self.times = [float(x) for x in state.get("times", [])]
         self.agreed = None if state.get("agreed") is None else [float(x) for x in state["agreed"]]
-
-
-def check_pace_options(opts: Any) -> None:
-    """An Options cross-check: a deadline needs the policy that reads it."""
-    if opts.deadline and opts.slow_policy != "deadline":
-        raise ConfigError(
-            f"deadline {opts.deadline:g} s does nothing under slow_policy {opts.slow_policy}: give "
-            f"slow_policy deadline, or leave deadline out"
-        )
 
 
 def check_every_worker_steps(opts: Any, strategy: str, why: str) -> None:

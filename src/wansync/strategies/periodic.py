@@ -32,8 +32,6 @@ from ..comm.flat import FlatTensors
 from .base import Strategy, local_shard, sync_tensors
 from .options import (
     Options,
-    check_codec_options,
-    check_robust_options,
     codec,
     codec_collective,
     error_feedback,
@@ -42,7 +40,7 @@ from .options import (
     robust_mean,
     sync_every,
 )
-from .pace import check_pace_options, deadline, slow_policy
+from .pace import deadline, slow_policy
 from .timetable import Timetable
 
 
@@ -67,12 +65,6 @@ class PeriodicOptions(Options):
     deadline: float = deadline()
     robust_mean: str = robust_mean()
     robust_kappa: float = robust_kappa()
-
-    def cross_check(self) -> None:
-        super().cross_check()
-        check_codec_options(self)
-        check_pace_options(self)
-        check_robust_options(self)
 
 
 class PeriodicTimetable(Timetable):

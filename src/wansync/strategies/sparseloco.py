@@ -57,7 +57,6 @@ from .options import (
     Options,
     aggregate,
     anchor_device,
-    check_robust_options,
     check_sparse_options,
     chunk,
     density,
@@ -75,7 +74,7 @@ from .options import (
     value_bits,
 )
 from .outer import Anchor
-from .pace import check_pace_options, deadline, slow_policy
+from .pace import deadline, slow_policy
 from .periodic import PeriodicTimetable
 from .round_overlap import RoundOverlap
 
@@ -108,8 +107,6 @@ class SparseLoCoOptions(Options):
     def cross_check(self) -> None:
         super().cross_check()
         check_sparse_options(self, DEFAULT_DENSITY)
-        check_pace_options(self)
-        check_robust_options(self)
 
 
 class SparseLoCo(Strategy):

@@ -71,8 +71,6 @@ from .options import (
     Options,
     anchor_device,
     at_least,
-    check_codec_options,
-    check_robust_options,
     codec,
     codec_collective,
     error_feedback,
@@ -86,7 +84,7 @@ from .options import (
     robust_mean,
     sync_every,
 )
-from .pace import check_pace_options, deadline, slow_policy
+from .pace import deadline, slow_policy
 from .outer import Anchor
 
 
@@ -121,9 +119,6 @@ class StreamingOptions(Options):
         super().cross_check()
         h, p = self.sync_every, self.fragments
         check(p <= h, f"fragments ({p}) must be <= sync_every ({h})")
-        check_codec_options(self)
-        check_robust_options(self)
-        check_pace_options(self)
         check(0 <= self.overlap < h, f"overlap (tau) must be in [0, sync_every) = [0, {h}), got {self.overlap}")
         check(
             self.syncs_per_period == 0 or p <= self.syncs_per_period <= h,
