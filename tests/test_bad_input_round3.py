@@ -939,7 +939,7 @@ API_API = [
     Api(
         "ws.Run(out=a file of the user's)",
         lambda env: env.run(out=env.users_file),
-        "is a regular file, not a directory",
+        "exists and is not a directory (it is a regular file)",
     ),
     Api(
         "ws.Run(out=below a file)",

@@ -279,7 +279,7 @@ def _second_run_into(rank: int, world: int, root: str) -> dict[str, Any]:
 
 def test_a_second_run_into_a_finished_directory_is_refused_unless_it_appends(tmp_path):
     for out in run_ranks(_second_run_into, 2, str(tmp_path / "run")):
-        assert "already holds a finished run" in out["refused"] and "append=True" in out["refused"]
+        assert "already holds a wansync run (finished" in out["refused"] and "append=True" in out["refused"]
         assert "\n" not in out["refused"] and out["kept"]
 
 

@@ -56,6 +56,8 @@ from torch import nn
 import wansync as ws
 from ..errors import ConfigError
 from ..rundir import files
+from ..rundir.claim import claim
+from ..telemetry.run import agreed, identity
 
 try:
     import transformers
@@ -182,7 +184,12 @@ class WansyncTrainer(transformers.Trainer):
         self.strategy_name, self.strategy_options, self.run_dir = strategy, dict(strategy_options or {}), run_dir
         self.sync: Any = None
         self.run: Any = None
+        self.resuming = False  # train(resume_from_checkpoint=...): the run in run_dir is continued
         self.add_callback(_FinishAtTrainEnd(self))
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        self.resuming = bool(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # ---- the step ---------------------------------------------------------------------------
     def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
@@ -190,12 +197,28 @@ class WansyncTrainer(transformers.Trainer):
             return self.optimizer
         inner = super().create_optimizer(model)
         self.sync = ws.strategy(self.strategy_name, self.model, inner, **self.strategy_options)
+        run_dir = self.run_dir
+        agreed(  # the rule of every writer of a run (`rundir.claim`), agreed by every rank
+            self.sync.group,
+            lambda: claim(
+                run_dir,
+                action="write the Trainer's run into",
+                where="run_dir=",
+                resume=self.resuming,
+                identity=identity(self.sync, dist.get_world_size()),
+                hints="train(resume_from_checkpoint=...) continues it, ",
+            )
+            if run_dir is not None
+            else None,
+            "WansyncTrainer: ",
+        )
         self.run = ws.Run(
             self.sync,
             out=self.run_dir,
             steps=self.args.max_steps if self.args.max_steps > 0 else None,
             quiet=True,
-            append=self.run_dir is not None and Path(self.run_dir, "metrics.jsonl").exists(),
+            append=self.resuming,
+            _claimed=True,
         )
         self.optimizer = StrategyStep(self.sync)
         return self.optimizer

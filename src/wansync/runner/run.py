@@ -40,22 +40,19 @@ from ..trainer.sharding import check_precision
 from ..telemetry import tensorboard
 from ..rundir.layout import (
     CONFIG_FILE,
-    FAILED_FILE,
     LOGS_DIR,
     RUN_DIR_CONTENTS,
     RUN_FILES,
     SUMMARY_FILE,
     has_summary,
-    is_run_dir,
     read_summary,
     topology_copy_name,
 )
-from ..rundir.lock import LOCK_FILE, RunLock, check_unlocked
+from ..rundir.claim import Claim, claim
+from ..rundir.lock import RunLock, check_unlocked
 from ..strategies import resolve_options
 from ..trust.settings import check_agents, check_range, listeners_needed, settle
 
-# Entries that do not make a directory "non-empty" (a lock, a failure note, logs of a run that never wrote its config).
-_NOT_CONTENT = (LOCK_FILE, FAILED_FILE, LOGS_DIR)
 SNIFF_BYTES = 1 << 20
 LOCAL_PROCESSES_PER_CORE = 8
 MIN_LOCAL_PROCESSES = 64
@@ -253,27 +250,16 @@ def keep_topology(run_dir: Path, cfg: Config) -> None:
 
 
 def check_target(run_dir: Path, force: bool) -> bool:
-    """Whether training into `run_dir` may go on; True when an earlier run's files must be replaced.
-    A non-empty directory that is not a run is refused; an existing run needs `force`."""
-    if not run_dir.is_dir():
-        return False
-    try:
-        entries = [p.name for p in run_dir.iterdir() if p.name not in _NOT_CONTENT]
-    except OSError as e:
-        raise StorageError(f"cannot read run directory {run_dir}: {e.strerror or e}") from None
-    if not entries:
-        return False
-    if not is_run_dir(run_dir):
-        raise ConfigError(
-            f"refusing to train into {run_dir}: it is not empty and not a wansync run "
-            f"(it holds {sorted(entries)[0]!r}); choose another --out"
-        )
-    if not force:
-        raise ConfigError(
-            f"{run_dir} already holds a wansync run: --resume {run_dir} continues it, "
-            f"--force replaces it, or choose another --out"
-        )
-    return True
+    """Whether training into `run_dir` may go on (`rundir.claim`, the rule every writer of a run follows);
+    True when an earlier run's files must be replaced (`force`)."""
+    taken = claim(
+        run_dir,
+        action="train into",
+        where="--out",
+        replace=force,
+        hints=f"--resume {run_dir} continues it, --force replaces it, ",
+    )
+    return taken is Claim.REPLACE
 
 
 def clear_run(run_dir: Path) -> None:

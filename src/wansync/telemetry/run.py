@@ -33,7 +33,7 @@ import os
 import dataclasses
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -44,7 +44,8 @@ from ..net import emulator_of
 from ..rundir import files, jsonout
 from ..rundir.divergence import quality_fields
 from ..errors import ConfigError, StorageError, path_kind
-from ..rundir.layout import LOGS_DIR, METRICS_FILE, PROFILE_FILE, TENSORBOARD_DIR, has_summary, write_summary
+from ..rundir.claim import claim
+from ..rundir.layout import LOGS_DIR, METRICS_FILE, PROFILE_FILE, TENSORBOARD_DIR, write_summary
 from .commtime import CommTimer, ddp_modules
 from .memory import memory_per_rank
 from .linkwatch import LinkWatch, link_fields
@@ -72,6 +73,10 @@ class Run:
         append: continue a resumed run's metrics.jsonl (and TensorBoard events after its step).
         rank, world: this process's rank in the run and the run's processes, where the process group
             does not say (a fault-tolerant worker's group is its own); rank 0 writes the run's files.
+
+    `out` follows the rule of every writer of a run (`rundir.claim`): a new or empty directory is
+    taken; one of the user's files, or a run there without `append=True`, is refused in one line; with
+    `append=True`, a run there is continued only when it is this run (strategy, options, world).
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class Run:
         append: bool = False,
         rank: int | None = None,
         world: int | None = None,
+        _claimed: bool = False,
     ):
         if not all(hasattr(sync, a) for a in ("step", "exchange", "model")):  # a strategy, by what it has
             raise ConfigError(
@@ -102,9 +108,9 @@ class Run:
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
             raise ConfigError(f"Run: log_every must be an integer >= 1, got {log_every!r}")
         self.sync, self.out = sync, Path(out) if out is not None else None
-        self.info, self.chance, self.wan_spec, self.unit = dict(info or {}), chance, wan, unit
         self.rank = dist.get_rank() if rank is None else rank
         self.world = dist.get_world_size(sync.group) if world is None else world
+        self.info, self.chance, self.wan_spec, self.unit = dict(info or {}), chance, wan, unit
         lead = self.rank == 0
         tb_dir = (
             self.out / TENSORBOARD_DIR
@@ -119,14 +125,23 @@ class Run:
             )
         if tb_dir is not None:
             check_available()  # on every rank: none is left waiting for rank 0
-        if self.out is not None and not append and has_summary(self.out):
-            raise ConfigError(
-                f"Run: {self.out} already holds a finished run (its summary.json): pass append=True to "
-                f"continue it, or give another out= (a new run would truncate its metrics.jsonl)"
+        if not _claimed:  # the rule of every writer of a run (`rundir.claim`), agreed by every rank
+            agreed(
+                sync.group,
+                lambda: claim(
+                    self.out,
+                    action="write ws.Run into",
+                    where="out=",
+                    resume=append,
+                    identity=identity(sync, self.world),
+                    hints="pass append=True to continue it (a new run would truncate its metrics.jsonl), ",
+                )
+                if self.out is not None
+                else None,
+                "Run: ",
             )
-        for what, where in (("out=", self.out), ("tensorboard=", tb_dir)):
-            if where is not None and where.exists() and not where.is_dir():
-                raise ConfigError(f"Run: {what} {where} is {path_kind(where)}, not a directory")
+        if tb_dir is not None and tb_dir.exists() and not tb_dir.is_dir():
+            raise ConfigError(f"Run: tensorboard= {tb_dir} is {path_kind(tb_dir)}, not a directory")
         if self.out is not None:
             try:
                 self.out.mkdir(parents=True, exist_ok=True)
@@ -507,6 +522,35 @@ class Run:
             self.close()
         else:  # other ranks may be gone: no collective, no summary
             self._detach()
+
+
+def agreed(group: Any, check: Callable[[], Any], prefix: str = "") -> None:
+    """Every rank of `group` runs `check` (a `rundir.claim`) before any of them writes, then they agree:
+    a refusal on one rank is a refusal on all (no rank is left training beside a refused one). Every
+    rank takes part, with or without a directory of its own (a loop may give `out=` on rank 0 only)."""
+    refused = ""
+    try:
+        check()
+    except ConfigError as e:
+        refused = f"{prefix}{e}"
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        flag = torch.tensor([1.0 if refused else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        if flag.item() and not refused:
+            refused = f"{prefix}another rank refused its run directory (its own line says why)"
+    if refused:
+        raise ConfigError(refused)
+
+
+def identity(sync: Any, world: int) -> dict[str, Any]:
+    """What makes a run this run (`rundir.claim.IDENTITY`): the strategy, its options, the world."""
+    r = sync.replicas.ranks_per_worker
+    return {
+        "strategy": sync.name,
+        "workers": world // r,
+        "ranks_per_worker": r,
+        "options": dataclasses.asdict(sync.opts),
+    }
 
 
 def _warn_unclosed(out: str, state: dict[str, bool]) -> None:

@@ -162,6 +162,7 @@ class Trainer:
             append=resume or restarted,
             rank=rank,
             world=world_size,
+            _claimed=True,  # `train` claimed the directory before any worker started (`runner.run`)
         )
         if link is not None:
             self.run_files.print(link)
