@@ -1053,6 +1053,11 @@ PLAN_CLI = [
         "--step-times replays one rank per worker",
     ),
     Cli(
+        "plan --step-times a missing directory",
+        lambda tmp: ["plan", "--wan", "lan", "--model", "tiny", "--step-times", str(tmp / "no-such-run")],
+        "--step-times: no profile_rank0.json under",
+    ),
+    Cli(
         "plan --step-times a file",
         with_file("notes.txt", "mine\n", lambda p: ["plan", "--wan", "lan", "--model", "tiny", "--step-times", str(p)]),
         "--step-times: no profile_rank0.json under",
