@@ -267,3 +267,30 @@ def test_a_fragment_count_the_model_cannot_take_is_refused_before_any_worker_sta
     with pytest.raises(ConfigError, match=rf"^fragments must be between 1 and the model's {blocks} blocks"):
         check_run(cfg)  # the check the launcher and --dry-run make: nothing is spawned
     check_run(build_config(None, {"strategy": strategy, "model": model, "fragments": blocks, "sync_every": 100}))
+
+
+def _default_fragments_on_two_blocks(rank: int, world: int) -> list[str]:
+    import wansync as ws
+
+    said = []
+    for name, options in (("streaming", {}), ("cocodc", {}), ("streaming", {"fragments": 2})):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        try:
+            ws.strategy(name, model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=8, **options)
+            said.append("accepted")
+        except ConfigError as e:
+            said.append(str(e))
+    return said
+
+
+def test_the_default_fragments_on_a_model_of_fewer_blocks_says_it_was_a_default():
+    """A newcomer's 2-layer model under streaming/cocodc: the line names the default and what to pass."""
+    from wansync.runner.localgroup import run_ranks
+
+    streaming, cocodc, two = run_ranks(_default_fragments_on_two_blocks, 1)[0]
+    for name, line in (("streaming", streaming), ("cocodc", cocodc)):
+        assert line == (
+            f"{name} cuts the model into fragments=4 by default, and this model has 2 blocks (stages): pass "
+            "fragments=2 or fewer (--fragments 2 on the command line)"
+        )
+    assert two == "accepted"

@@ -60,12 +60,12 @@ import torch
 
 from ..comm.codecs import get_codec
 from ..comm.exchange import MeanHandle
-from ..errors import check
+from ..errors import ConfigError, check
 from .base import Strategy, model_buffers
 from .compensation import alpha_merge, eager_correct
 from .debug import check_same_choice, debug_enabled
 from .fragment_timetable import FragmentTimetable
-from .fragments import PARTITIONS, FragmentImbalanceWarning, imbalance, partition
+from .fragments import PARTITIONS, FragmentImbalanceWarning, imbalance, layout, partition
 from .inflight import InFlight
 from .options import (
     Options,
@@ -136,6 +136,13 @@ class Streaming(Strategy):
         o = self.opts
         self.H, self.P = o.sync_every, o.fragments
         self.codec = get_codec(o.codec)
+        default = type(o)().fragments
+        blocks = len(layout(self.module).blocks)
+        if self.P == default and self.P > blocks:  # a newcomer's 2-layer model: say the 4 was a default
+            raise ConfigError(
+                f"{self.name} cuts the model into fragments={default} by default, and this model has {blocks} "
+                f"blocks (stages): pass fragments={blocks} or fewer (--fragments {blocks} on the command line)"
+            )
         self.fragments = partition(self.module, self.P, o.partition)  # before any collective
         if self.rank == 0 and (line := imbalance(self.fragments)) is not None:
             warnings.warn(line, FragmentImbalanceWarning, stacklevel=2)
