@@ -336,3 +336,16 @@ def test_every_option_a_plan_takes_changes_its_prediction():
         if figures(name, {**base, option: value}, wan, model) == figures(name, base, wan, model):
             unchanged.append((name, option))
     assert not unchanged, f"plan accepts these and predicts the same: {unchanged}"
+
+
+def test_plan_help_lists_what_a_plan_reads_and_nothing_it_refuses(capsys):
+    from wansync.cli import main
+    from wansync.planner.keys import READS
+
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = capsys.readouterr().out
+    for key in READS:
+        assert f"--{key.replace('_', '-')} " in text or f"--{key.replace('_', '-')}\n" in text, key
+    for refused in ("--outer-lr", "--eval-every", "--fault-tolerant", "--checkpoint-every", "--seed", "--adapt"):
+        assert refused not in text

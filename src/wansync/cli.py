@@ -7,7 +7,7 @@ import re
 import math
 import sys
 from dataclasses import fields
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import __version__
 from .config import Config, base_type, build_config, check_combinations, check_key, check_options_apply, load_toml
@@ -24,7 +24,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"wansync: error: {one_line(message)} (see '{self.prog} --help')\n")
 
 
-def add_config_flags(p: argparse.ArgumentParser) -> None:
+def add_config_flags(p: argparse.ArgumentParser, shown: Callable[[str], bool] = lambda key: True) -> None:
+    """Every config key as a flag; `--help` lists those `shown` (`plan` hides what it refuses, but still
+    takes it, to refuse it in one line naming it)."""
     p.add_argument("--config", metavar="FILE.toml", help="TOML config file (flags override it)")
     groups: dict[str, Any] = {}
     for f in fields(Config):
@@ -32,7 +34,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         g = groups.setdefault(sec, p.add_argument_group(f"[{sec}]"))
         flag = "--" + f.name.replace("_", "-")
         t = base_type(f.name)
-        text = f.metadata["help"].replace("%", "%%")  # argparse formats help with %: a 5% is text
+        text = f.metadata["help"].replace("%", "%%") if shown(f.name) else argparse.SUPPRESS  # a 5% is text
         if t is bool:
             g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
@@ -246,7 +248,9 @@ def _add_plan_parser(sub: Any) -> None:
         action="store_true",
         help="the large-scale table: 150M-70B x 8/64/512 workers x " "the presets x ddp/diloco/streaming/cocodc",
     )
-    add_config_flags(p)
+    from .planner.keys import reads
+
+    add_config_flags(p, shown=reads)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -73,6 +73,15 @@ RUN_ONLY_WHY = MappingProxyType(
 )
 
 
+def reads(key: str) -> bool:
+    """Whether a plan reads config key `key` in some setting (what `plan --help` lists)."""
+    from ..strategies import OPTIONS
+
+    if key in OPTIONS:
+        return key not in LEARNING_ONLY and key not in NOT_MODELLED
+    return key in READS or key in MEASURE_READS
+
+
 def check_plan_keys(given: Iterable[str], options: Iterable[str], measure: bool) -> None:
     """One line for the first key of `given` (flags and config-file keys) a plan would not read;
     `options`: the names of the strategy's options (`strategies.option_names`)."""
