@@ -305,7 +305,9 @@ SPARSE_CLI = [
     ),
     Cli(
         "sparseloco --model cnn --chunk 100000 (a vision model's tensors)",
-        lambda tmp: [a for a in train(*SPARSE, "--model", "cnn", "--chunk", "100000")(tmp) if a not in ("--seq-len", "16")],
+        lambda tmp: [
+            a for a in train(*SPARSE, "--model", "cnn", "--chunk", "100000")(tmp) if a not in ("--seq-len", "16")
+        ],
         "chunk 100000 is larger than every tensor of the model (its longest side is 2048)",
     ),
     Cli(
