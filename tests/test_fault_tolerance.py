@@ -55,6 +55,30 @@ def test_without_torchft_the_error_says_how_to_install_it(monkeypatch):
     assert "wansync[ft]" in INSTALL
 
 
+def test_the_quorum_group_records_its_members_and_id_from_torchft_0_2_configure_and_the_nightly_reconfigure(
+    monkeypatch,
+):
+    """torchft 0.2.0's Manager hands the group the quorum id and the members' global ranks as `configure`'s
+    arguments; torchft-nightly's hands it torch 2.14's ReconfigureOptions (the id as `uuid`, one JSON handle
+    per member naming its global rank). Either way the group knows both, which the emulated link and the
+    left-out rule read; torchft's own group (its rendezvous) is not what is under test here."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from torchft import ProcessGroupGloo
+    from wansync.ft.quorum import members_recording_gloo
+
+    monkeypatch.setattr(ProcessGroupGloo, "configure", lambda self, *args, **kwargs: None, raising=False)
+    monkeypatch.setattr(ProcessGroupGloo, "reconfigure", lambda self, opts: "work", raising=False)
+    group = members_recording_gloo(timedelta(seconds=5))
+    assert (group.quorum_id, group.members) == (None, None)
+    group.configure("host:1/torchft/3/1", "worker_1", 0, 2, 3, 1, 2, [3, 1])
+    assert (group.quorum_id, group.members) == (3, [1, 3])
+    handles = [json.dumps({"id": "a", "store": "host:1", "global_rank": rank}) for rank in (5, 1)]
+    assert group.reconfigure(SimpleNamespace(uuid=4, handles=handles)) == "work"
+    assert (group.quorum_id, group.members) == (4, [1, 5])
+
+
 def test_the_cli_refuses_an_unsupported_strategy_in_one_line(tmp_path):
     r = wansync(
         "train",

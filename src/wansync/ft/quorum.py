@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 import socket
 import time
@@ -408,7 +409,10 @@ def on_link(
 def members_recording_gloo(timeout: timedelta) -> Any:
     """torchft's ProcessGroupGloo that keeps the id and the global ranks of the quorum it was last
     configured for (`quorum_id`, `members`: the participating workers; None before the first quorum).
-    The lighthouse numbers quorums in order, one more each time the membership changes."""
+    The lighthouse numbers quorums in order, one more each time the membership changes. torchft 0.2.0's
+    Manager calls `configure` (the ranks are its arguments); its newest builds (torchft-nightly) call
+    `reconfigure` with torch 2.14's ReconfigureOptions instead: the quorum id is its `uuid`, and each
+    member's handle (torchft's JSON) names its global rank."""
     from torchft import ProcessGroupGloo
 
     class MembersRecordingGloo(ProcessGroupGloo):
@@ -420,6 +424,12 @@ def members_recording_gloo(timeout: timedelta) -> Any:
             self.members = sorted(ranks) if ranks else None
             self.quorum_id = kwargs.get("quorum_id", args[4] if len(args) > 4 else None)
             super().configure(*args, **kwargs)
+
+        def reconfigure(self, opts: Any) -> Any:
+            ranks = [json.loads(handle).get("global_rank") for handle in opts.handles]
+            self.members = None if None in ranks else sorted(ranks)
+            self.quorum_id = opts.uuid
+            return super().reconfigure(opts)
 
     return MembersRecordingGloo(timeout=timeout)
 
