@@ -4,6 +4,7 @@ one and checks it, and a full disk leaves one clear line and no temporary file b
 from __future__ import annotations
 
 import resource
+import shutil
 from pathlib import Path
 
 import pytest
@@ -209,11 +210,10 @@ def test_with_no_intact_checkpoint_left_resume_refuses_in_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("damaged", ["distcp", "metadata"])
-def test_a_sharded_checkpoint_damaged_in_place_is_never_loaded(tmp_path, damaged):
-    """A worker of two ranks with FSDP inside: a same-size corruption of one of its DCP files is caught by
-    the digest its rank recorded; the run resumes from the checkpoint before, saying so in one line."""
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory) -> Path:
+    """A worker of two ranks with FSDP inside, checkpointed at steps 2 and 4: each test damages a copy."""
+    run = tmp_path_factory.mktemp("sharded") / "run"
     r = wansync(
         "train",
         "--strategy",
@@ -237,6 +237,15 @@ def test_a_sharded_checkpoint_damaged_in_place_is_never_loaded(tmp_path, damaged
         timeout=150,
     )
     assert r.returncode == 0, r.stderr
+    return run
+
+
+@pytest.mark.parametrize("damaged", ["distcp", "metadata"])
+def test_a_sharded_checkpoint_damaged_in_place_is_never_loaded(sharded_run, tmp_path, damaged):
+    """A worker of two ranks with FSDP inside: a same-size corruption of one of its DCP files is caught by
+    the digest its rank recorded; the run resumes from the checkpoint before, saying so in one line."""
+    run = tmp_path / "run"
+    shutil.copytree(sharded_run, run, symlinks=True)  # the same run for both: trained once
     shards = run / "checkpoints" / "step00000004" / "worker0"
     target = shards / ".metadata" if damaged == "metadata" else sorted(shards.glob("__1_*.distcp"))[0]
     _flip(target)

@@ -396,10 +396,11 @@ def test_under_wan_cocodc_takes_its_sync_time_from_the_link_model_of_every_worke
 
 # ---- the must-show scenarios: 4 workers, worker 2 fails (micro LM, few steps) ---------------------
 STEPS, EVERY, FAILS_AT = 25, 5, 12  # the last exchange worker 2 takes part in is at step 10
-FOUR = ("--workers", "4", "--steps", str(STEPS), "--eval-every", "1000", "--quiet", *TINY)
+WORKERS = 4
+FOUR = ("--workers", str(WORKERS), "--steps", str(STEPS), "--eval-every", "1000", "--quiet", *TINY)
 
 
-def run_four(out, strategy, *extra, fault=None, peer_timeout=10, timeout=240):
+def run_four(out, strategy, *extra, fault=None, peer_timeout=10, timeout=240, setup=None):
     env = {"WANSYNC_FAULT": fault} if fault else None
     return wansync(
         "train",
@@ -414,7 +415,37 @@ def run_four(out, strategy, *extra, fault=None, peer_timeout=10, timeout=240):
         *extra,
         env=env,
         timeout=timeout,
+        setup=setup,
     )
+
+
+def straggle_until_the_others_wait():
+    """`setup` of a run whose worker 0 straggles (WANSYNC_FAULT's `pause`, alive: the others wait for it
+    at the next quorum) so that a killed worker is back before the run ends: the pause ends as soon as
+    every other worker, the restarted one among them, asks the lighthouse for that quorum (its status
+    page), at the latest after its `seconds` (a page that never says so costs only the time). The
+    launcher forks its workers from the CLI's process: they inherit it."""
+    import re
+    import urllib.request
+
+    from wansync.ft.member import LIGHTHOUSE_ENV
+    from wansync.trainer import faults
+
+    strike = faults.Fault._strike
+    waiting = re.compile(r"Valid quorum with (\d+) participants")
+
+    def pause(self, step, model=None):
+        if self.action != "pause":
+            return strike(self, step, model)
+        deadline = time.monotonic() + self.seconds
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"{os.environ[LIGHTHOUSE_ENV]}/status", timeout=5) as page:
+                found = waiting.search(page.read().decode())
+            if found and int(found[1]) == WORKERS - 1:
+                return
+            time.sleep(0.1)
+
+    faults.Fault._strike = pause
 
 
 def quorums(out, rank):
@@ -473,8 +504,8 @@ def test_fault_tolerant_drift_telemetry_rides_on_the_quorum_exchange(killed_for_
 def killed_and_healed(tmp_path_factory):
     out = tmp_path_factory.mktemp("ft4heal") / "run"
     # the restarted worker, forked by the launcher's zygote, is usually back for the next slot (15);
-    # worker 0 straggles at step 18 (alive, so the others wait for it at step 20) long enough for it
-    # to be back by step 20 on a loaded machine too
+    # worker 0 straggles at step 18 (alive, so the others wait for it at step 20) until it is back
+    # and waits at step 20 too, on a loaded machine too (at most 30 s: a tenth of a second when it is)
     r = run_four(
         out,
         "diloco",
@@ -483,7 +514,8 @@ def killed_and_healed(tmp_path_factory):
         "--max-restarts",
         "1",
         peer_timeout=90,
-        fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=10",
+        fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=30",
+        setup=straggle_until_the_others_wait,
     )
     return r, out
 
@@ -555,7 +587,9 @@ def test_a_worker_killed_inside_a_fragment_exchange_is_left_out_of_it_and_the_ot
     args = ("--sync-every", "8", "--fragments", "2", "--overlap", "2")
     slot = first_slot_after(args, FAILS_AT)
     out = tmp_path / "run"
-    r = run_four(out, strategy, *args, fault=f"rank=2,step={slot},action=kill_in_exchange")
+    # the workers not next to it in the ring wait out the collective's timeout (half the peer timeout:
+    # 3 s, ample for live peers that have just met in the quorum) before they retry without it
+    r = run_four(out, strategy, *args, fault=f"rank=2,step={slot},action=kill_in_exchange", peer_timeout=6)
     assert r.returncode == 0, r.stderr[-2000:]
     died_in = quorums(out, 2)[-1]["step"]  # the exchange it was killed inside
     assert died_in >= slot
@@ -668,7 +702,7 @@ def test_a_worker_stopped_for_good_is_ended_one_peer_timeout_after_the_others_fi
         str(EVERY),
         "--fault-tolerant",
         "--peer-timeout",
-        "10",
+        "5",  # what the test waits out after the others finish (the chaos benchmark runs with 4)
         "--out",
         str(out),
         "--workers",
@@ -694,18 +728,25 @@ def test_a_worker_stopped_for_good_is_ended_one_peer_timeout_after_the_others_fi
 
 # ---- workers of two ranks (DDP inside): one worker lives and dies whole ------------------------------
 STEPS_2x2 = 20
-TWO_BY_TWO = (
-    "--workers",
-    "2",
-    "--ranks-per-worker",
-    "2",
-    "--steps",
-    str(STEPS_2x2),
-    "--eval-every",
-    "1000",
-    "--quiet",
-    *TINY,
-)
+IDENTITY_STEPS_2x2 = 2 * EVERY  # the fixed group's bits at both exchanges: the second takes the outer momentum on
+
+
+def two_by_two(steps):
+    return (
+        "--workers",
+        "2",
+        "--ranks-per-worker",
+        "2",
+        "--steps",
+        str(steps),
+        "--eval-every",
+        "1000",
+        "--quiet",
+        *TINY,
+    )
+
+
+TWO_BY_TWO = two_by_two(STEPS_2x2)
 
 
 def test_fault_tolerant_workers_of_two_ranks_train_what_the_fixed_group_trains_bit_for_bit(tmp_path):
@@ -721,7 +762,7 @@ def test_fault_tolerant_workers_of_two_ranks_train_what_the_fixed_group_trains_b
             "--sync-every",
             str(EVERY),
             *extra,
-            *TWO_BY_TWO,
+            *two_by_two(IDENTITY_STEPS_2x2),
             "--out",
             str(runs[name]),
             timeout=180,
@@ -737,7 +778,7 @@ def sharded_model(run, worker):
     """A worker's final model (FSDP inside) as its DCP checkpoint holds it, read offline."""
     from test_sharded_workers import sharded_state
 
-    return sharded_state(run, STEPS_2x2, worker)["model"]
+    return sharded_state(run, IDENTITY_STEPS_2x2, worker)["model"]
 
 
 def test_workers_sharded_inside_train_what_the_fixed_group_trains_bit_for_bit(tmp_path):
@@ -760,7 +801,7 @@ def test_workers_sharded_inside_train_what_the_fixed_group_trains_bit_for_bit(tm
             "--inside",
             "fsdp",
             *extra,
-            *TWO_BY_TWO,
+            *two_by_two(IDENTITY_STEPS_2x2),
             "--out",
             str(runs[name]),
             env=env,
@@ -871,7 +912,8 @@ def test_a_sparseloco_worker_killed_heals_with_a_zero_error_buffer_and_every_ran
         "--max-restarts",
         "1",
         peer_timeout=90,
-        fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=10",
+        fault=f"rank=2,step={FAILS_AT},action=kill;rank=0,step=18,action=pause,seconds=30",
+        setup=straggle_until_the_others_wait,  # as in killed_and_healed
     )
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -5,6 +5,7 @@ Trainer's own DDP never wrapped around the model under torchrun, conflicting set
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -55,6 +56,9 @@ def _runs(rank: int, world: int, root: str) -> dict[str, Any]:
     shards the data between the ranks and would wrap the model in its own DDP."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     ex = example()
+    # every Trainer's train() ends in accelerate's gc.collect(): over the millions of objects torch and
+    # transformers made at import, about a second each, eleven times; frozen, the collections pass over them
+    gc.freeze()
     out: dict[str, Any] = {}
     for s in STRATEGIES:
         straight = ex.train(s, f"{root}/{s}")

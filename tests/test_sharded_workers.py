@@ -42,12 +42,33 @@ CASES: dict[str, tuple[str, dict[str, Any], int]] = {
 
 
 def full_flat(model: torch.nn.Module) -> torch.Tensor:
-    """The whole model as one flat tensor (a sharded parameter gathered over its mesh)."""
-    from torch.distributed.tensor import DTensor
+    """The whole model as one flat tensor: what each parameter's `full_tensor()` gives (its row
+    shards, FSDP2's Shard(0) with torch.chunk's split, end to end in rank order), with the shards of
+    all the parameters gathered in one collective (an all-gather per parameter was a third of the time
+    of `runs`, which gathers after every step)."""
+    from torch.distributed.tensor import DTensor, Shard
 
-    return torch.cat(
-        [(p.full_tensor() if isinstance(p, DTensor) else p).detach().reshape(-1) for p in model.parameters()]
-    )
+    params = [p.detach() for p in model.parameters()]
+    if not any(isinstance(p, DTensor) for p in params):
+        return torch.cat([p.reshape(-1) for p in params])
+    mesh, placements = params[0].device_mesh, params[0].placements
+    assert all(isinstance(p, DTensor) and (p.device_mesh, p.placements) == (mesh, placements) for p in params)
+    (dim,) = [d for d, placement in enumerate(placements) if placement == Shard(0)]
+    group, me = mesh.get_group(dim), mesh.get_local_rank(dim)
+    size = dist.get_world_size(group)
+
+    def rows(p: Any, rank: int) -> int:  # torch.chunk's split of dim 0
+        chunk = -(-p.shape[0] // size)
+        return max(0, min(chunk, p.shape[0] - rank * chunk))
+
+    assert all(rows(p, me) == p.to_local().shape[0] for p in params)
+    numel = [[rows(p, r) * p.shape[1:].numel() for p in params] for r in range(size)]
+    width = max(sum(n) for n in numel)
+    mine = torch.cat([p.to_local().reshape(-1) for p in params])
+    every = [torch.empty(width, dtype=mine.dtype) for _ in range(size)]
+    dist.all_gather(every, torch.cat([mine, mine.new_zeros(width - mine.numel())]), group=group)
+    pieces = [buffer[: sum(n)].split(n) for buffer, n in zip(every, numel)]
+    return torch.cat([torch.cat([pieces[r][i] for r in range(size)]) for i in range(len(params))])
 
 
 def train_both_ways(rank: int, world: int, names: list[str], corpus: str) -> dict[str, Any]:
@@ -273,40 +294,49 @@ def _flat_tensors(x: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     return {}
 
 
-@pytest.mark.parametrize(
-    "name, options",
-    [
-        ("diloco", {"sync_every": 3}),
-        ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1}),
-        ("sparseloco", {"sync_every": 3}),
-        ("diloco", {"sync_every": 3, "overlap_rounds": True}),
-    ],
-)
-def test_a_sharded_run_stopped_with_an_exchange_in_flight_resumes_bit_for_bit(tmp_path, name, options):
-    import json
+RESUMED = [
+    ("diloco", {"sync_every": 3}),
+    ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1}),
+    ("sparseloco", {"sync_every": 3}),
+    ("diloco", {"sync_every": 3, "overlap_rounds": True}),
+]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory) -> tuple[Any, list[Any]]:
+    """Per case of RESUMED (in its folder, by index): a whole run, and the same run stopped at step 6
+    and resumed; every leg in one group of 4 ranks, one after the other (one start-up for them all)."""
     from trainer_harness import lay_out, run_legs
     from test_reliability import TINY_KEYS
 
-    common = {
-        "strategy": name,
-        **options,
-        "workers": 2,
-        "ranks_per_worker": 2,
-        "inside": "fsdp",
-        "steps": 8,
-        "checkpoint_every": 4,
-        "eval_every": 2,
-        "quiet": True,
-        **TINY_KEYS,
-    }
-    whole, broken = (lay_out({**common, "out": str(tmp_path / leg)}) for leg in ("whole", "broken"))
-    legs = run_ranks(
-        run_legs,
-        4,
-        [{"run_dir": whole}, {"run_dir": broken, "stop_at": 6}, {"run_dir": broken, "resume": True}],
-        timeout=300,
-    )
-    assert all("stopped" in rank[1] for rank in legs)
+    root, legs = tmp_path_factory.mktemp("resumed"), []
+    for case, (name, options) in enumerate(RESUMED):
+        common = {
+            "strategy": name,
+            **options,
+            "workers": 2,
+            "ranks_per_worker": 2,
+            "inside": "fsdp",
+            "steps": 8,
+            "checkpoint_every": 4,
+            "eval_every": 2,
+            "quiet": True,
+            **TINY_KEYS,
+        }
+        whole, broken = (lay_out({**common, "out": str(root / str(case) / leg)}) for leg in ("whole", "broken"))
+        legs += [{"run_dir": whole}, {"run_dir": broken, "stop_at": 6}, {"run_dir": broken, "resume": True}]
+    return root, run_ranks(run_legs, 4, legs, timeout=600)
+
+
+@pytest.mark.parametrize("case", range(len(RESUMED)), ids=[f"{n}-options{i}" for i, (n, _) in enumerate(RESUMED)])
+def test_a_sharded_run_stopped_with_an_exchange_in_flight_resumes_bit_for_bit(resumed, case):
+    import json
+
+    name, options = RESUMED[case]
+    root, legs = resumed
+    tmp_path = root / str(case)
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    assert all("stopped" in rank[3 * case + 1] for rank in legs)
     ranks = [
         torch.load(tmp_path / "broken" / "checkpoints" / "step00000004" / f"rank{r}.pt", weights_only=True)
         for r in range(4)

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
-import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from cli_harness import TINY, no_process_left, wansync, worker_pids
+from cli_harness import TINY, no_process_left, start, wansync, worker_pids
 from wansync.runner.interrupts import signals_deferred
 
 pytestmark = pytest.mark.timeout(180)
@@ -36,23 +35,6 @@ def steps_done(run: Path) -> int:
     return max(steps)
 
 
-def read_available(stream) -> str:
-    """What the pipe holds now, without waiting for every process that inherited it to close it."""
-    fd, chunks = stream.fileno(), []
-    while select.select([fd], [], [], 0.5)[0]:
-        data = os.read(fd, 65536)
-        if not data:
-            break
-        chunks.append(data)
-    return b"".join(chunks).decode(errors="replace")
-
-
-def as_a_foreground_job() -> None:
-    """Ctrl-C reaches a command a user started: a shell's background job (`make test &`, nohup)
-    starts with SIGINT ignored, and an ignored SIGINT rightly stays ignored by everything below."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -60,39 +42,40 @@ def wait_for(condition, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def a_foreground_session() -> None:
+    """`setup` of the launcher (cli_harness: forked, torch imported, no interpreter to start): a session
+    of its own, so that a signal to its group reaches no one else, and Ctrl-C a KeyboardInterrupt, as in
+    a command a user started. (A shell's background job, `make test &` or nohup, starts with SIGINT
+    ignored, and an ignored SIGINT rightly stays ignored by everything below: the process the launcher
+    is forked from may hold it so.)"""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture
 def long_run(tmp_path):
     """A 2-worker run that would take hours, in a session of its own (so a signal to its group
     reaches no one else), past its first checkpoint; everything it started is killed at the end."""
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "wansync",
-            "train",
-            "--strategy",
-            "ddp",
-            "--workers",
-            "2",
-            "--steps",
-            "100000",
-            "--checkpoint-every",
-            str(CHECKPOINT_EVERY),
-            "--quiet",
-            "--out",
-            str(run),
-            *TINY,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=as_a_foreground_job,
+    proc = start(
+        "train",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--steps",
+        "100000",
+        "--checkpoint-every",
+        str(CHECKPOINT_EVERY),
+        "--quiet",
+        "--out",
+        str(run),
+        *TINY,
+        setup=a_foreground_session,
     )
     try:
-        wait_for(lambda: steps_done(run) > CHECKPOINT_EVERY or proc.poll() is not None, 120, "a checkpoint")
-        assert proc.poll() is None, proc.stderr.read()
+        wait_for(lambda: steps_done(run) > CHECKPOINT_EVERY or not proc.running(), 120, "a checkpoint")
+        assert proc.running(), proc.stderr()
         assert len(worker_pids(run)) == 2
         yield run, proc
     finally:
@@ -101,7 +84,7 @@ def long_run(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        proc.wait()
+        proc.kill()
 
 
 CASES = {  # case -> (exit status, stderr)
@@ -118,14 +101,13 @@ def test_a_signal_ends_the_run_in_one_line_and_leaves_nothing_behind(long_run, c
     if case == "SIGINT to the process group":
         os.killpg(proc.pid, signal.SIGINT)
     elif case == "SIGTERM to the launcher":
-        proc.terminate()
+        os.kill(proc.pid, signal.SIGTERM)
     elif case == "SIGKILL to the launcher":
-        proc.kill()
+        os.kill(proc.pid, signal.SIGKILL)
     else:
         os.kill(worker_pids(run)[1], signal.SIGKILL)
-    proc.wait(timeout=60)  # the launcher exits (a child holding its stderr open must not hide that)
-    err = read_available(proc.stderr)
-    assert (proc.returncode, err.strip()) == CASES[case], err
+    r = proc.result(timeout=60)  # the launcher exits (its stderr is a file: no child holding it open hides that)
+    assert (r.returncode, r.stderr.strip()) == CASES[case], r.stderr
     wait_for(lambda: no_process_left(run), 15, "the workers to end")
     assert not (run / "summary.json").exists()
     if case == "SIGKILL to the launcher":  # the harshest end still resumes
@@ -135,42 +117,43 @@ def test_a_signal_ends_the_run_in_one_line_and_leaves_nothing_behind(long_run, c
         assert json.loads((run / "summary.json").read_text())["steps"] == steps
 
 
-SIGNAL_INSIDE_POLL = """
-import os, signal, subprocess, sys, threading
-from wansync.cli import main
-
-FIRED = []
-
-
 class SignalInsidePoll:
-    \"\"\"A Popen's waitpid lock: SIGINT reaches the launcher the moment poll() has taken it.\"\"\"
-    def __init__(self):
-        self.lock = threading.Lock()
+    """A Popen's waitpid lock: SIGINT reaches the launcher the moment poll() has taken it (once)."""
+
+    def __init__(self, fired: list[bool]):
+        self.lock, self.fired = threading.Lock(), fired
+
     def acquire(self, *args, **kwargs):
         got = self.lock.acquire(*args, **kwargs)
-        if got and not FIRED and threading.current_thread() is threading.main_thread():
-            FIRED.append(True)
+        if got and not self.fired and threading.current_thread() is threading.main_thread():
+            self.fired.append(True)
             print("SIGINT inside poll", flush=True)
             os.kill(os.getpid(), signal.SIGINT)
         return got
+
     def release(self):
         self.lock.release()
+
     def __enter__(self):
         return self.acquire()
+
     def __exit__(self, *exc):
         self.release()
 
 
-class Popen(subprocess.Popen):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._waitpid_lock = SignalInsidePoll()
+def signal_inside_poll() -> None:
+    """`setup` of a launcher whose Popen.poll() gets SIGINT inside its waitpid lock, and which has a
+    second thread (so that it starts its workers with Popen, not forked), in a foreground session."""
+    a_foreground_session()
+    fired: list[bool] = []
 
+    class Popen(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._waitpid_lock = SignalInsidePoll(fired)
 
-subprocess.Popen = Popen
-threading.Thread(target=threading.Event().wait, daemon=True).start()   # not single-threaded: workers get Popen
-main(sys.argv[1:])
-"""
+    subprocess.Popen = Popen
+    threading.Thread(target=threading.Event().wait, daemon=True).start()  # not single-threaded: workers get Popen
 
 
 def test_a_sigint_inside_the_launchers_bookkeeping_still_ends_the_run_in_one_line(tmp_path):
@@ -178,31 +161,22 @@ def test_a_sigint_inside_the_launchers_bookkeeping_still_ends_the_run_in_one_lin
     took its waitpid lock (a launcher with a second thread starts its workers with Popen). Raised there, it left the lock held and the launcher waited for ever to
     reap that worker; the launcher must take the signal between polls instead."""
     run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            SIGNAL_INSIDE_POLL,
-            "train",
-            "--strategy",
-            "ddp",
-            "--workers",
-            "2",
-            "--steps",
-            "100000",
-            "--quiet",
-            "--out",
-            str(run),
-            *TINY,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=as_a_foreground_job,
+    proc = start(
+        "train",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--steps",
+        "100000",
+        "--quiet",
+        "--out",
+        str(run),
+        *TINY,
+        setup=signal_inside_poll,
     )
     try:
-        proc.wait(timeout=60)
+        r = proc.result(timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("the launcher hung after a SIGINT inside its bookkeeping of a worker")
     finally:
@@ -211,10 +185,9 @@ def test_a_sigint_inside_the_launchers_bookkeeping_still_ends_the_run_in_one_lin
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        proc.wait()
-    assert read_available(proc.stdout).strip() == "SIGINT inside poll"  # the window was hit
-    err = read_available(proc.stderr)
-    assert (proc.returncode, err.strip()) == (130, "wansync: interrupted"), err
+        proc.kill()
+    assert r.stdout.strip() == "SIGINT inside poll"  # the window was hit
+    assert (r.returncode, r.stderr.strip()) == (130, "wansync: interrupted"), r.stderr
     wait_for(lambda: no_process_left(run), 15, "the workers to end")
 
 

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -49,12 +50,9 @@ def test_a_forked_worker_reports_its_end_as_popen_does():
     running.kill()  # already reaped: nothing is signalled
 
 
-THREADED = """
-import sys, threading
-from wansync.cli import main
-threading.Thread(target=threading.Event().wait, daemon=True).start()   # not single-threaded: Popen
-main(sys.argv[1:])
-"""
+def a_second_thread() -> None:
+    """`setup` of a launcher that is not single-threaded: it starts its workers with Popen."""
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
 
 
 def test_forked_and_fresh_workers_train_the_same_bits(tmp_path):
@@ -74,18 +72,13 @@ def test_forked_and_fresh_workers_train_the_same_bits(tmp_path):
     ]
     forked_run, fresh_run = tmp_path / "forked", tmp_path / "fresh"
     forked = start(*args, "--out", str(forked_run))  # a CLI process of its own forks its workers
-    try:  # ... beside a threaded one, which cannot
-        r = subprocess.run(
-            [sys.executable, "-c", THREADED, *args, "--out", str(fresh_run)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert r.returncode == 0, r.stderr
-        r = forked.result(timeout=120)
-        assert r.returncode == 0, r.stderr
+    fresh = start(*args, "--out", str(fresh_run), setup=a_second_thread)  # ... beside a threaded one, which cannot
+    try:
+        for r in (fresh.result(timeout=120), forked.result(timeout=120)):
+            assert r.returncode == 0, r.stderr
     finally:
         forked.kill()
+        fresh.kill()
     losses = [
         [json.loads(line).get("loss") for line in (run / "metrics.jsonl").read_text().splitlines()]
         for run in (forked_run, fresh_run)
