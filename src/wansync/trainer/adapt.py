@@ -13,16 +13,35 @@ The rule, at every boundary of DiLoCo or SparseLoCo (any of their options, `over
    significant digits, reach every rank alike (one small
    all-reduce of the group, issued after that boundary's exchange and waited for at this one: it
    rides behind the exchange on the link and is its RTT's own sample).
-2. **What the planner predicts.** For each candidate, in the order of preference — H from the
+2. **The inputs, settled.** The link is the one agreed last. The step (compute and other per step)
+   is the fastest of the last `WINDOW` rounds' agreed medians (`settled_step`), not the last round's:
+   on a loaded machine a round's median swings by 2x and more (0.22-0.52 s against an emulated
+   0.15 s), and what moves it there (a co-tenant, a checkpoint, an evaluation) only ever adds time,
+   while the exposed share grows as the step shrinks. A median over the window would still plan
+   with a loaded step and give up protection the next unloaded round needs; the fastest recent
+   round is the step the knobs must hold the target for, and it moves only when a faster round
+   comes in (at once) or when the last fast one leaves the window. The link is not smoothed: a drop
+   must be acted on at once, and under load its estimate errs low, toward protection (on the
+   benchmark's 100 ms link, up to 11 % low at a load of 20, its RTT within 4 %). Every rank keeps
+   the same window of agreed numbers, so every rank plans alike. The inputs are settled once the
+   window holds `WINDOW` rounds.
+3. **What the planner predicts.** For each candidate, in the order of preference — H from the
    lowest allowed up, and at each H the compression from the lightest (the codec ladder fp32, bf16,
    int8, fp4 from the run's codec; SparseLoCo's density halving from the run's) — the planner's
    own prediction (`planner.predict`: the strategy's schedule on the cost model, on the run's
    topology with the measured link between its sites) of the exposed share. The first candidate
    under the target is taken (one preferred to the current knobs only 10 % of the target under
    it: no flapping at the target); when none is, the one predicted least exposed.
-3. **The change**, when the choice differs from the current knobs: the codec or density from this
-   boundary's exchange on, H from this boundary on (`Strategy.retune`), and one `adapt` record in
-   metrics.jsonl with the reason (the measured link and step, the prediction, the target).
+4. **When it is taken.** With the current knobs predicted over the target, the choice is toward
+   more protection (a later candidate, or an earlier one predicted under the target: less exposed
+   either way) and is taken at once. With the current knobs within the target, the choice can only
+   be a lighter setting, earlier in the order (lower H, or less compression at the same H): going
+   back. It is taken only once it was predicted 10 % under the target in two consecutive rounds
+   on settled inputs (the earliest candidate that was, in both); one round under it (a link that
+   reads fast for one exchange) moves nothing.
+5. **The change**, when there is one: the codec or density from this boundary's exchange on, H
+   from this boundary on (`Strategy.retune`), and one `adapt` record in metrics.jsonl with the
+   reason (the measured link and settled step, the prediction, the target).
 
 The first boundary has nothing agreed yet and keeps the run's own knobs. Every rank decides from the
 same numbers with the same code, so every rank takes the same decision; a run on the emulator
@@ -37,7 +56,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,6 +74,7 @@ DENSITY_STEPS = 4  # the density ladder: the run's, then halved this many times 
 STRATEGIES = ("diloco", "sparseloco")
 PURPOSE = "adapt"  # the ledger's purpose of the agreement
 HYSTERESIS = 0.1  # a lighter setting is taken 10 % of the target under it
+WINDOW = 5  # rounds of agreed step times whose fastest the plan takes (`settled_step`)
 
 
 @dataclass(frozen=True)
@@ -179,6 +199,12 @@ def _three_digits(x: float) -> float:
     return float(f"{x:.3g}")
 
 
+def settled_step(rounds: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The (compute, other) per step to plan with: the fastest (least compute + other) of the last
+    `WINDOW` rounds' agreed medians (module docstring: the noise of a step time only adds time)."""
+    return min(rounds[-WINDOW:], key=sum)
+
+
 class Tuner:
     """One rank's controller (module docstring): `before_round` and `after_round` at each boundary,
     called by the strategy (`Strategy.round_boundary`)."""
@@ -201,6 +227,8 @@ class Tuner:
         self.options = {k: v for k, v in dataclasses.asdict(sync.opts).items()}
         self.current = {"sync_every": int(sync.opts.sync_every), spec.knob: self._knob(sync)}
         self.agreed: list[float] | None = None  # what every rank shared at the last boundary
+        self.rounds: list[tuple[float, float]] = []  # the last WINDOW rounds' agreed (compute, other)
+        self.under: list[dict[str, Any]] = []  # lighter knobs under the target last round, on settled inputs
         self._pending: tuple[Any, torch.Tensor] | None = None
         self._round_began = 0  # index into step_times where this round began
         self._measured_at: float | None = None  # the newest exchange this rank last shared
@@ -219,12 +247,10 @@ class Tuner:
             work.wait()
             sync.comm.waited(PURPOSE, time.perf_counter() - t0)
             self._pending = None
-            self.agreed = self._agree(vec)
-        if self.agreed is None:
-            return
-        choice, predicted = self.choose(*self.agreed)
-        if choice != self.current:
-            self.apply(sync, choice, predicted)
+            self.record(self._agree(vec))
+        change = self.decide()
+        if change is not None:
+            self.apply(sync, *change)
 
     def after_round(self, sync: Any) -> None:
         """Share what this rank saw of the link and its steps (waited for at the next boundary)."""
@@ -249,15 +275,44 @@ class Tuner:
         work.get_future()  # completed (and its end recorded) when it arrives, not when waited for
         self._pending = (work, vec)
 
-    def _agree(self, vec: torch.Tensor) -> list[float] | None:
+    def _agree(self, vec: torch.Tensor) -> list[float]:
+        """[bandwidth (0: no rank saw an exchange yet), RTT (-1: unknown), compute, other], agreed."""
         bw_sum, bw_n, rtt_sum, rtt_n, compute, other = (float(x) for x in vec)
         n = dist.get_world_size()
         last = self.agreed
-        if bw_n == 0 and last is None:
-            return None
-        bw = _three_digits(bw_sum / bw_n) if bw_n or last is None else last[0]  # none saw a new exchange:
+        bw = _three_digits(bw_sum / bw_n) if bw_n else (last[0] if last else 0.0)  # none saw a new exchange:
         rtt = _three_digits(rtt_sum / rtt_n) if rtt_n else (last[1] if last else -1.0)  # as last agreed
         return [bw, rtt, _three_digits(compute / n), _three_digits(other / n)]
+
+    def record(self, agreed: list[float]) -> None:
+        """Take in one boundary's agreement: the link (once one was measured) and the round's step."""
+        self.rounds = [*self.rounds, (agreed[2], agreed[3])][-WINDOW:]
+        if agreed[0] > 0:
+            self.agreed = agreed
+
+    def decide(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The change to make at this boundary (knobs, reason), or None (module docstring, 2 to 4)."""
+        if self.agreed is None or not self.rounds:
+            return None
+        bw, rtt = self.agreed[0], self.agreed[1]
+        step_s, other_s = settled_step(self.rounds)
+        choice, why = self.choose(bw, rtt, step_s, other_s)
+        link = self.link(bw, rtt)
+        order = self.spec.candidates()
+        now = order.index(self.current) if self.current in order else len(order)
+        bar = self.spec.target_pct * (1 - HYSTERESIS)
+        settled = len(self.rounds) >= WINDOW
+        under = [k for k in order[:now] if settled and self.predicted(k, link, step_s, other_s) <= bar]
+        before, self.under = self.under, under
+        if choice == self.current:
+            return None
+        if self.predicted(self.current, link, step_s, other_s) > self.spec.target_pct:
+            return choice, why  # toward more protection: at once
+        confirmed = [k for k in under if k in before]  # going back: under the target last round too
+        if not confirmed:
+            return None
+        back = confirmed[0]
+        return back, self._why(self.predicted(back, link, step_s, other_s), bw, link, step_s, other_s)
 
     # ---- the choice ------------------------------------------------------------------------------
     def link(self, bandwidth_bps: float, rtt_s: float) -> Link:
@@ -306,13 +361,16 @@ class Tuner:
             if pct < best_pct:
                 best, best_pct = knobs, pct
         assert best is not None
-        return best, {
-            "predicted_exposed_pct": round(best_pct, 2),
+        return best, self._why(best_pct, bandwidth_bps, link, step_s, other_s)
+
+    def _why(self, pct: float, bandwidth_bps: float, link: Link, step_s: float, other_s: float) -> dict[str, Any]:
+        return {
+            "predicted_exposed_pct": round(pct, 2),
             "link_bw_bps": bandwidth_bps,
             "link_rtt_s": link.rtt_s,
             "step_s": step_s,
             "other_s": other_s,
-            "within_target": best_pct <= self.spec.target_pct,
+            "within_target": pct <= self.spec.target_pct,
         }
 
     def apply(self, sync: Any, choice: dict[str, Any], why: dict[str, Any]) -> None:
@@ -341,11 +399,13 @@ class Tuner:
             work, vec = self._pending
             work.wait()
             self._pending = None
-            self.agreed = self._agree(vec)
+            self.record(self._agree(vec))
         return {
             "current": dict(self.current),
             "origin": self.sync.timetable.origin,
             "agreed": self.agreed,
+            "rounds": [list(r) for r in self.rounds],
+            "under": [dict(k) for k in self.under],
             "decisions": self.decisions,
         }
 
@@ -354,4 +414,8 @@ class Tuner:
         self.sync.timetable.origin = int(state["origin"])
         self.current = dict(state["current"])
         self.agreed = state["agreed"]
+        # a checkpoint from before the window kept its last round only
+        last = [self.agreed[2:4]] if self.agreed else []
+        self.rounds = [(float(c), float(o)) for c, o in state.get("rounds", last)]
+        self.under = [dict(k) for k in state.get("under", [])]
         self.decisions = int(state["decisions"])
