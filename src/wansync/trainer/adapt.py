@@ -22,7 +22,7 @@ The rule, at every boundary of DiLoCo or SparseLoCo (any of their options, `over
    round is the step the knobs must hold the target for, and it moves only when a faster round
    comes in (at once) or when the last fast one leaves the window. The link is not smoothed: a drop
    must be acted on at once, and under load its estimate errs low, toward protection (on the
-   benchmark's 100 ms link, up to 11 % low at a load of 20, its RTT within 4 %). Every rank keeps
+   benchmark's 100 ms link, 25 % low at worst beside a load of 8, its RTT within 4 %). Every rank keeps
    the same window of agreed numbers, so every rank plans alike. The inputs are settled once the
    window holds `WINDOW` rounds.
 3. **What the planner predicts.** For each candidate, in the order of preference — H from the
