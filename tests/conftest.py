@@ -15,10 +15,10 @@ torch.set_num_threads(1)
 
 SECONDS = {
     "test_fault_tolerance.py": 114,
-    "test_chaos.py": 113,
+    "test_chaos.py": 57,
     "test_sharded_workers.py": 60,
     "test_secure_bed.py": 31,
-    "test_hosts.py": 48,
+    "test_hosts.py": 30,
     "test_adapt.py": 47,
     "test_reliability.py": 28,
     "test_hf_trainer.py": 26,

