@@ -416,7 +416,13 @@ def test_the_controller_compresses_through_a_drop_and_goes_back_when_the_link_re
     assert decisions, "no decision was logged"
     order = ("fp32", "bf16", "int8", "fp4")
     heaviest = max(decisions, key=lambda d: (d["after"]["sync_every"], order.index(d["after"]["codec"])))
-    assert 2.5 < steps[heaviest["step"] - 1]["time"] < 5.5 + 1.0  # compressed during the drop
+    assert steps[heaviest["step"] - 1]["time"] < 5.5 + 1.0  # compressed by the end of the drop
+    # every step of the drop past a round's lag runs compressed: on a loaded machine a slow exchange may
+    # compress it a little early (the estimate errs low, toward protection: docs/adapt.md), never late
+    for s in steps:
+        if 3.2 < s["time"] < 4.8:
+            knobs = next((d["after"] for d in reversed(decisions) if d["step"] < s["step"]), None)
+            assert knobs is not None and knobs != {"sync_every": 4, "codec": "fp32"}, (s, decisions)
     last = decisions[-1]
     assert steps[last["step"] - 1]["time"] > 5.0  # and back after it
     assert (
@@ -440,11 +446,11 @@ def test_the_controller_compresses_through_a_drop_and_goes_back_when_the_link_re
 
 
 def test_two_runs_with_one_seed_take_the_same_decisions(tmp_path):
-    """On 2 Mbit/s no setting within the bounds reaches the target, and the least exposed one (H = 16, fp4)
+    """On 4 Mbit/s no setting within the bounds reaches the target, and the least exposed one (H = 16, fp4)
     is so by far: a choice that measured times which wander (a loaded machine) cannot move. Where a
     prediction sits at the target they may: decisions rest on measured numbers (docs/adapt.md)."""
     path = tmp_path / "slow.toml"
-    path.write_text(DROP.format(bw="2mbit", schedule=""))
+    path.write_text(DROP.format(bw="4mbit", schedule=""))
     logs = []
     for leg in ("one", "two"):
         run = tmp_path / leg
