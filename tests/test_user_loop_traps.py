@@ -190,12 +190,46 @@ def _frozen(rank: int) -> dict[str, Any]:
     return out
 
 
+# ---- the inner optimizer stepped around the strategy ------------------------------------------------
+def _outside(rank: int) -> dict[str, Any]:
+    """fp16's loss scaler and a loop's own `optimizer.step()` step the inner optimizer around
+    `sync.step()`; one line each, the parameters as they were. A strategy built again on the same
+    optimizer takes its guard over: its own steps pass."""
+    from wansync.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    model = tiny_model(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sync = ws.strategy("diloco", model, opt, sync_every=2)
+    scaler = torch.amp.GradScaler("cpu")
+    for name, step in {"scaler": lambda: scaler.step(opt), "loop": opt.step}.items():
+        x, y = rank_batch(rank, 0)
+        before = flat_params(model).clone()
+        (
+            scaler.scale(nn.functional.mse_loss(sync.model(x), y))
+            if name == "scaler"
+            else nn.functional.mse_loss(sync.model(x), y)
+        ).backward()
+        try:
+            step()
+            out[name] = "stepped"
+        except ConfigError as e:
+            out[name] = str(e)
+        out[name + "/unchanged"] = torch.equal(before, flat_params(model))
+        sync.zero_grad()
+    again = ws.strategy("diloco", model, opt, sync_every=2)
+    _train(again, rank, 0, 4)
+    out["again"] = again.t
+    return out
+
+
 def _traps(rank: int, world: int) -> dict[str, Any]:
     return {
         "lr_zero": _lr_zero(rank),
         "accumulation": _accumulation(rank),
         "restore": _restore(rank),
         "frozen": _frozen(rank),
+        "outside": _outside(rank),
     }
 
 
@@ -303,6 +337,15 @@ def _handed(rank: int, world: int) -> list[str]:
         except ConfigError as e:
             said.append(str(e))
     return said
+
+
+def test_an_inner_optimizer_stepped_outside_the_strategy_is_one_line_and_changes_nothing(ranks):
+    for rank in ranks:
+        out = rank["outside"]
+        for name in ("scaler", "loop"):
+            assert out[name].startswith("diloco: the inner optimizer was stepped outside sync.step()"), out[name]
+            assert "\n" not in out[name] and out[name + "/unchanged"]
+        assert out["again"] == 4  # the newest strategy on the optimizer steps it
 
 
 def test_the_api_refuses_a_model_or_optimizer_that_cannot_work():

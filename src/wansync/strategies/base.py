@@ -95,6 +95,39 @@ def check_model_and_optimizer(name: str, model: Any, optimizer: Any) -> None:
         )
 
 
+class StepGuard:
+    """The strategy's claim on its inner optimizer: a step taken by anything but the strategy's own
+    (`GradScaler.step`, accelerate's prepared optimizer, `optimizer.step()` in the loop) would train
+    without a single synchronization, silently; it is refused in one line the moment it happens. The
+    newest strategy built on an optimizer holds its guard (a test, a rebuilt run)."""
+
+    ATTRIBUTE = "_wansync_step_guard"
+
+    def __init__(self, strategy: str, optimizer: torch.optim.Optimizer):
+        self.strategy, self.stepping = strategy, False
+        older = getattr(optimizer, self.ATTRIBUTE, None)
+        if older is not None:
+            older.handle.remove()
+        self.handle = optimizer.register_step_pre_hook(self._before_step)
+        setattr(optimizer, self.ATTRIBUTE, self)
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        self.stepping = True
+        try:
+            yield
+        finally:
+            self.stepping = False
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.stepping:
+            raise ConfigError(
+                f"{self.strategy}: the inner optimizer was stepped outside sync.step() (a GradScaler's "
+                "scaler.step, an optimizer accelerate prepared, or optimizer.step() in the loop): the strategy "
+                "would never synchronize; call sync.step() (fp16 with a GradScaler is not supported: use bf16 autocast)"
+            )
+
+
 class Strategy:
     name: ClassVar[str] = ""
     Options: ClassVar[type[Options]] = Options
@@ -168,6 +201,7 @@ class Strategy:
                 f"sharding), which all-reduces gradients across workers at every step: shard it "
                 f"on the worker's ranks only (fully_shard(..., mesh=mesh[<its second dimension>]))"
             )
+        self._guard = StepGuard(self.name, optimizer)  # last: a strategy refused above leaves no hook
 
     # ---- the user's view -------------------------------------------------------------
     @property
@@ -276,7 +310,8 @@ class Strategy:
     def inner_step(self, skip: bool) -> None:
         """The inner optimizer's step (none when this worker's update is dropped, `skip`)."""
         if not skip:
-            self.optimizer.step()
+            with self._guard.inside():
+                self.optimizer.step()
 
     def after_inner_step(self) -> None:
         """Synchronize if step `self.t` calls for it."""
