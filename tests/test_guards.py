@@ -40,7 +40,7 @@ def test_the_outer_step_interval_is_per_fragment():
 
 def test_an_overlap_close_to_the_fragment_interval_is_warned_about():
     [line] = warnings_for("streaming", sync_every=30, overlap=27)
-    assert line.startswith("streaming: overlap 27 is 90% of a fragment's sync interval")
+    assert line.startswith("streaming: --overlap 27 is 90% of a fragment's sync interval")
     assert warnings_for("streaming", sync_every=30, overlap=3) == []
 
 
@@ -62,7 +62,7 @@ def test_no_preset_setting_triggers_a_guard(name):
     cells = list(preset.runs) or [{"strategy": s} for s in preset.strategies]
     for cell in cells:
         cfg = layered_config({**preset.values, **cell}, None, {})
-        found = regime_warnings(cfg.strategy, resolve_options(cfg.strategy, vars(cfg)))
+        found = regime_warnings(cfg.strategy, resolve_options(cfg.strategy, vars(cfg)), steps=cfg.steps)
         assert bool(found) == ((name, cfg.strategy, cell.get("slowmo_beta")) in DELIBERATE), (cell, found)
 
 
@@ -70,4 +70,25 @@ def test_no_demo_setting_triggers_a_guard(tmp_path):
     base = demo.demo_config(DEMO_STEPS, str(tmp_path))
     for cell in demo.demo_cells(experiments.available_strategies()):
         values = {**vars(base), **cell}
-        assert regime_warnings(cell["strategy"], resolve_options(cell["strategy"], values)) == [], cell
+        found = regime_warnings(cell["strategy"], resolve_options(cell["strategy"], values), steps=values["steps"])
+        assert found == [], (cell, found)
+
+
+def test_a_sparse_exchange_that_cannot_send_the_model_within_the_run_is_warned_about_in_the_callers_words():
+    """SparseLoCo's default density over one round of a 40-step run sends 0.8 % of each chunk's values."""
+    options = resolve_options("sparseloco", {})
+    [line] = regime_warnings("sparseloco", options, steps=40)
+    assert line.startswith("sparseloco: --density 0.00781 over the 1 round(s) of this 40-step run sends at most 0.8%")
+    assert "raise --density to 0.2 or more" in line and "\n" not in line
+    [python] = regime_warnings("sparseloco", options, steps=40, python=True)
+    assert python.startswith("sparseloco: density 0.00781") and "raise density to" in python and "--" not in python
+    assert regime_warnings("sparseloco", options) == []  # the length unknown (ws.strategy): no guess
+    assert regime_warnings("sparseloco", {**options, "sync_every": 10}, steps=300) == []  # the demo's: 30 rounds, 23 %
+    assert regime_warnings("sparseloco", {**options, "density": 0.1}, steps=59) != []  # one round at 10 %
+    assert regime_warnings("sparseloco", {**options, "density": 0.1}, steps=60) == []  # two: 20 %, the edge
+    demo_options = resolve_options("demo", {})
+    assert (
+        regime_warnings("demo", demo_options, steps=20) != [] and regime_warnings("demo", demo_options, steps=300) == []
+    )
+    [nesterov] = regime_warnings("diloco", resolve_options("diloco", {"sync_every": 8}), python=True)
+    assert "raise sync_every or set outer_momentum=0" in nesterov

@@ -223,6 +223,23 @@ def _outside(rank: int) -> dict[str, Any]:
     return out
 
 
+def _sparse_regime(rank: int) -> list[str]:
+    """ws.Run(steps=40) around SparseLoCo at its defaults: the guard that needs the run's length, in
+    Python's words, on rank 0 (ws.strategy cannot know the length and says nothing of it)."""
+    import warnings
+
+    from wansync.strategies.guards import RegimeWarning
+
+    model = tiny_model(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sync = ws.strategy("sparseloco", model, torch.optim.SGD(model.parameters(), lr=0.1))
+        built = len(caught)
+        run = ws.Run(sync, steps=40, quiet=True)
+        run.close()
+    return [str(w.message) for w in caught[built:] if issubclass(w.category, RegimeWarning)] + [f"built:{built}"]
+
+
 def _traps(rank: int, world: int) -> dict[str, Any]:
     return {
         "lr_zero": _lr_zero(rank),
@@ -230,6 +247,7 @@ def _traps(rank: int, world: int) -> dict[str, Any]:
         "restore": _restore(rank),
         "frozen": _frozen(rank),
         "outside": _outside(rank),
+        "sparse": _sparse_regime(rank),
     }
 
 
@@ -346,6 +364,13 @@ def test_an_inner_optimizer_stepped_outside_the_strategy_is_one_line_and_changes
             assert out[name].startswith("diloco: the inner optimizer was stepped outside sync.step()"), out[name]
             assert "\n" not in out[name] and out[name + "/unchanged"]
         assert out["again"] == 4  # the newest strategy on the optimizer steps it
+
+
+def test_a_run_too_short_for_a_sparse_exchange_is_warned_about_once_in_pythons_words(ranks):
+    [line, built] = ranks[0]["sparse"]
+    assert built == "built:0" and line.startswith("sparseloco: density 0.00781 over the 1 round(s) of this 40-step run")
+    assert "--" not in line and "raise density to" in line
+    assert ranks[1]["sparse"] == ["built:0"]  # rank 0's line only
 
 
 def test_the_api_refuses_a_model_or_optimizer_that_cannot_work():

@@ -78,7 +78,7 @@ def strategy(
     else:
         sync = build(name, model, optimizer, group=group, **options)
     if sync.rank == 0:
-        for line in regime_warnings(name, dataclasses.asdict(sync.opts)):
+        for line in regime_warnings(name, dataclasses.asdict(sync.opts), python=True):
             warnings.warn(line, RegimeWarning, stacklevel=2)
     return sync
 

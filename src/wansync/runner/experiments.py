@@ -437,7 +437,7 @@ def check_and_list(
             status = (
                 "ok  " + (", ".join(f"{k}={v}" for k, v in options.items()) or "(no options)") + f"; {_lr_rule(s.cfg)}"
             )
-            warnings = regime_warnings(s.cfg.strategy, options)
+            warnings = regime_warnings(s.cfg.strategy, options, steps=s.cfg.steps)
         except WansyncError as e:
             errors.append(f"{s.label} seed {s.seed}: {e}")
             status, warnings = f"INVALID: {e}", []

@@ -365,7 +365,7 @@ def train(
             run_rank(ours, run_dir, resume, torchrun, config_text(ours, options))
             return {}
         print(f"wansync: under torchrun: {torchrun.describe()}")
-    for line in regime_warnings(cfg.strategy, options):
+    for line in regime_warnings(cfg.strategy, options, steps=cfg.steps):
         print(f"wansync: warning: {line}", file=sys.stderr)
     try:
         check_unlocked(run_dir, "train into")

@@ -204,6 +204,16 @@ class Strategy:
         self._guard = StepGuard(self.name, optimizer)  # last: a strategy refused above leaves no hook
 
     # ---- the user's view -------------------------------------------------------------
+    def warn_for_run(self, steps: int | None, stacklevel: int = 3) -> None:
+        """The regime guards that need the run's length (`guards.NEEDS_STEPS`: `ws.strategy` warned of the
+        rest), as `RegimeWarning`s in Python's words; `ws.Run(steps=)` and the Trainer call it."""
+        import warnings
+
+        from .guards import RegimeWarning, regime_warnings
+
+        for line in regime_warnings(self.name, dataclasses.asdict(self.opts), steps, python=True, only_steps=True):
+            warnings.warn(line, RegimeWarning, stacklevel=stacklevel)
+
     @property
     def model(self) -> nn.Module:
         """The module to call forward on (a DDP wrapper for gradient-synchronizing strategies, and

@@ -140,6 +140,8 @@ class Run:
                 else None,
                 "Run: ",
             )
+        if not _claimed and lead and steps and hasattr(sync, "warn_for_run"):
+            sync.warn_for_run(steps)  # the regime guards that need the run's length, on rank 0
         if tb_dir is not None and tb_dir.exists() and not tb_dir.is_dir():
             raise ConfigError(f"Run: tensorboard= {tb_dir} is {path_kind(tb_dir)}, not a directory")
         if self.out is not None:
