@@ -217,6 +217,11 @@ def _outside(rank: int) -> dict[str, Any]:
             out[name] = str(e)
         out[name + "/unchanged"] = torch.equal(before, flat_params(model))
         sync.zero_grad()
+    for group in opt.param_groups:  # a step at lr 0 moves nothing: torch's checkpoint helpers take one
+        group["lr"] = 0.0
+    opt.step()
+    for group in opt.param_groups:
+        group["lr"] = 0.1
     again = ws.strategy("diloco", model, opt, sync_every=2)
     _train(again, rank, 0, 4)
     out["again"] = again.t

@@ -120,6 +120,8 @@ class StepGuard:
             self.stepping = False
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if all(float(group.get("lr", 1.0)) == 0.0 for group in optimizer.param_groups):
+            return  # a step that moves nothing: torch.distributed.checkpoint takes one to make the state
         if not self.stepping:
             raise ConfigError(
                 f"{self.strategy}: the inner optimizer was stepped outside sync.step() (a GradScaler's "
