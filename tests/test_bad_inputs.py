@@ -190,7 +190,7 @@ CASES: list[tuple[str, Setup, str]] = [
         "seq_len must be in [1, 256] for model 'micro', got 512",
     ),
     ("--tokenizer wordpiece", flags("--tokenizer", "wordpiece"), "tokenizer must be byte or bpe"),
-    ("--optimizer lamb", flags("--optimizer", "lamb"), "optimizer must be adamw or sgd"),
+    ("--optimizer lamb", flags("--optimizer", "lamb"), "optimizer must be one of adamw, sgd, muon"),
     ("--lr-schedule step", flags("--lr-schedule", "step"), "lr_schedule must be constant or cosine"),
     ("--momentum 1.5", flags("--momentum", "1.5"), "momentum must be in [0, 1), got 1.5"),
     ("--on-nonfinite ignore", flags("--on-nonfinite", "ignore"), "on_nonfinite must be abort or skip"),

@@ -32,6 +32,31 @@ def test_the_registry_finds_every_strategy_module_with_ddp_first():
     assert next(iter(STRATEGIES)) == "ddp" and option_names("ddp") == []
 
 
+def test_every_strategy_class_of_the_package_is_in_the_catalog_with_the_catalogs_options():
+    """The catalog (no torch) lists every strategy the package defines, each in the module of its name,
+    and each class builds with the catalog's Options: the flags are the options the class takes."""
+    import importlib
+    import pkgutil
+
+    from wansync import strategies
+    from wansync.strategies.base import Strategy
+    from wansync.strategies.catalog import OPTIONS_OF
+
+    for module in pkgutil.iter_modules(strategies.__path__):
+        importlib.import_module(f"wansync.strategies.{module.name}")
+    found, todo = [], list(Strategy.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.name and cls.__module__.startswith("wansync.strategies.") and cls not in found:
+            found.append(cls)
+    assert sorted(c.name for c in found) == sorted(OPTIONS_OF)  # none missing from the catalog, none twice
+    assert {c.name: c for c in found} == dict(STRATEGIES)
+    assert [
+        c for c in found if c.Options is not OPTIONS_OF[c.name] or c.__module__ != f"wansync.strategies.{c.name}"
+    ] == []
+
+
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_every_option_of_every_strategy_is_a_flag_and_a_config_key_with_help(name):
     flags = _strategy_flags()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, get_type_hints
 from .errors import ConfigError, check, user_text
 from .ft import support as ft_support
 from .rules import Rule, at_least, at_most_cores, host_port, in_range, not_blank, one_of, port_range, positive
-from .strategies import OPTIONS, STRATEGIES, make_options, option_names, strategy_class
+from .strategies import OPTIONS, make_options, option_names, strategy_class
 from .strategies.options import Needs
 
 if TYPE_CHECKING:
@@ -276,8 +276,9 @@ class GeneralKeys:
     optimizer: str = _f(
         "adamw",
         "optim",
-        "inner optimizer: adamw|sgd (vision default sgd)",
-        one_of(("adamw", "sgd")),
+        "inner optimizer: adamw|sgd|muon (vision default sgd; muon: Muon on the hidden matrices, AdamW on the "
+        "rest, as MuLoCo; docs/muon.md)",
+        one_of(("adamw", "sgd", "muon")),
         needs=(_STEPS_OPTIMIZER,),
     )
     lr: float = _f(
@@ -296,7 +297,7 @@ class GeneralKeys:
     lr_schedule: str = _f("cosine", "optim", "constant|cosine (with linear warmup)", one_of(("constant", "cosine")))
     warmup_steps: int = _f(20, "optim", "linear warmup steps (vision default 0)", at_least(0))
     weight_decay: float = _f(
-        0.0, "optim", "decoupled (adamw) or L2 (sgd) weight decay (vision+sgd default 5e-4)", at_least(0)
+        0.0, "optim", "decoupled (adamw, muon) or L2 (sgd) weight decay (vision+sgd default 5e-4)", at_least(0)
     )
     momentum: float = _f(
         0.9,
@@ -570,7 +571,7 @@ def check_options_apply(runs: Iterable[Config], given: Iterable[str]) -> None:
             raise ConfigError(
                 f"{' and '.join(names)} {'has' if len(names) == 1 else 'have'} no option {key} "
                 f"(it would be ignored): drop --{key.replace('_', '-')}, or choose a strategy that "
-                f"has it ({', '.join(s for s in STRATEGIES if key in option_names(s))})"
+                f"has it ({', '.join(OPTIONS[key].strategies)})"
             )
         settings = [strategy_options_of(r) for r in having]
         built = [opts for opts in settings if not isinstance(opts, ConfigError)]

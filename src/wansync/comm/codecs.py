@@ -33,6 +33,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from wansync.comm.choices import check_codec
 from wansync.errors import ConfigError
 
 __all__ = [
@@ -348,7 +349,5 @@ def get_codec(name: str | Codec) -> Codec:
     """The registered codec called ``name`` (a codec object passes through unchanged)."""
     if not isinstance(name, str):
         return name
-    try:
-        return CODECS[name]
-    except KeyError:
-        raise ConfigError(f"unknown codec {name!r}; valid codecs: {', '.join(sorted(CODECS))}") from None
+    check_codec(name)
+    return CODECS[name]

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..net import Topology, exchange_seconds
+from .choices import LOSSY_COLLECTIVES
 from .codecs import Codec, get_codec
 from .sparse import is_sparse
-
-LOSSY_COLLECTIVES = ("auto", "allgather", "reduce_scatter")
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import check
+from .choices import BITS, RAW
 
 RANGE_SIGMAS = 6.0  # the reference's quantization_range
-BITS = (2, 3, 4, 5, 6, 7, 8)  # statistical codes; 32: the values themselves (no quantizer)
-RAW = 32
 
 
 def table_bytes(segments: int, bits: int) -> int:
@@ -83,12 +81,3 @@ def dequantize(codes: torch.Tensor, segment: torch.Tensor, shift: torch.Tensor, 
     bins = table.shape[1]
     seg = segment.reshape(-1)
     return table.reshape(-1)[seg * bins + codes.reshape(-1).long()] + shift[seg]
-
-
-def check_bits(name: str, value: int) -> None:
-    """An option rule: a statistical width, or 32 for the values as they are."""
-    check(
-        value in BITS or value == RAW,
-        f"{name} must be one of {', '.join(map(str, BITS))} (bits per value of the "
-        f"statistical quantizer) or {RAW} (values unquantized), got {value}",
-    )

@@ -36,10 +36,9 @@ import torch
 
 from ..errors import check
 from ..rules import positive
+from .choices import DEFAULT_KAPPA
 from .norms import exact_sq_norm
 
-ROBUST_MEANS = ("off", "median")  # `robust_mean`: no clipping, or clipping by the median norm
-DEFAULT_KAPPA = 2.0
 ROBUST_NORMS = "robust_norms"  # ledger purpose: the all-gather of the workers' norms
 
 

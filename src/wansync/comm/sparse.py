@@ -40,13 +40,12 @@ from typing import Any, ClassVar
 import torch
 
 from .bitpack import alignment, pack, packed_bytes, unpack
+from .choices import AGGREGATES, DEFAULT_DENSITY
 from .chunks import ChunkLayout, Group
 from .dct import BlockDCT
 from .quantize import RANGE_SIGMAS, RAW, dequantize, quantize, table_bytes
 from .topk import chunk_topk, kept_per_chunk
 
-AGGREGATES = ("chosen", "all")
-DEFAULT_DENSITY = 32 / 4096  # the reference code's top-k of 32 in a 64 x 64 block
 #: values of a run of chunks taken out at once: the dense work's buffers (the chunks, their
 #: magnitudes or coefficients, the mean's accumulator and count) stay about 16 MB each
 BATCH_VALUES = 1 << 22

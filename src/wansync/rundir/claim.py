@@ -11,8 +11,9 @@ A directory is one of three things:
   wansync's records): refused, unless the caller says what to do with it — replace it (`train --force`,
   `compare`) or continue it (`train --resume`, `ws.Run(append=True)`, the Trainer's
   `resume_from_checkpoint`). It is continued only when it is the same run: the strategy, its options
-  and the world it recorded are this run's (`same_run`); a run that recorded none (a loop of the user's
-  killed before it closed) is taken as it is.
+  and the world it recorded are this run's (`same_run`; the Trainer integration's checkpoint files,
+  which record the same, are compared by the same `differs`); a run that recorded none (a loop of the
+  user's killed before it closed) is taken as it is.
 """
 
 from __future__ import annotations
@@ -126,7 +127,12 @@ def recorded_identity(run_dir: Path) -> dict[str, Any] | None:
 def same_run(run_dir: Path, identity: Mapping[str, Any]) -> str | None:
     """What differs between the run in `run_dir` and `identity` (this run's), in words; None when
     nothing does (or the run recorded nothing to compare)."""
-    theirs = recorded_identity(run_dir)
+    return differs(recorded_identity(run_dir), identity)
+
+
+def differs(theirs: Mapping[str, Any] | None, identity: Mapping[str, Any]) -> str | None:
+    """What differs between a recorded identity (a run directory's, a checkpoint's) and `identity`
+    (this run's), in words; None when nothing does, or nothing was recorded."""
     if theirs is None:
         return None
     for key in IDENTITY:

@@ -1,62 +1,80 @@
-"""The strategy registry: every module of this package is imported, and every `Strategy` subclass
-with a `name` is a strategy. Adding one is adding one file.
+"""The strategy registry: every strategy by name, its options, and its class.
 
-The options of all strategies together (`OPTIONS`, one entry per option name, see `options.collect`)
-are the `[strategy]` config keys and the matching `--flags`; each strategy validates its own.
+The names and options are `catalog.py`'s list, which imports no torch: the options of all
+strategies together (`OPTIONS`, one entry per option name, see `options.collect`) are the
+`[strategy]` config keys and the matching `--flags`, and each strategy validates its own, all
+without torch. A strategy's class (the algorithm, on torch) is imported from the module of its name
+the first time it is wanted: `strategy_class(name)`, `build`, `timetable`, and `STRATEGIES`, every
+class by name. Adding a strategy is adding its module and its entry in the catalog; the classes and
+the catalog are checked against each other (`tests/test_strategy_options.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import pkgutil
-from typing import Any, Iterator, Mapping
-
-import torch
-from torch import nn
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import ConfigError
-from .base import Strategy
+from .catalog import OPTIONS_OF
 from .options import Options, OptionSpec, collect
-from .timetable import Timetable
+from .timetable import Timetable  # imported here, so the name `timetable` stays the function below
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .base import Strategy
+
+    STRATEGIES: Mapping[str, type[Strategy]]  # made on first use (`__getattr__`)
 
 
-def _subclasses(cls: type[Strategy]) -> Iterator[type[Strategy]]:
-    for sub in cls.__subclasses__():
-        yield sub
-        yield from _subclasses(sub)
+def _simplest_first(name: str) -> tuple[int, str]:
+    """The order of every listing: the fewest options first, so DDP, the baseline, leads listings,
+    demos and reports."""
+    return len(dataclasses.fields(OPTIONS_OF[name])), name
 
 
-def _discover() -> dict[str, type[Strategy]]:
-    """name -> class for every named Strategy subclass in this package, the simplest (fewest options)
-    first: DDP, the baseline, leads listings, demos and reports."""
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
-    found: dict[str, type[Strategy]] = {}
-    for cls in _subclasses(Strategy):
-        if not cls.name or not cls.__module__.startswith(f"{__name__}."):
-            continue
-        if found.get(cls.name, cls) is not cls:
-            raise TypeError(
-                f"two strategies are called {cls.name!r}: {found[cls.name].__qualname__} and " f"{cls.__qualname__}"
-            )
-        found[cls.name] = cls
-    return dict(sorted(found.items(), key=lambda item: (len(dataclasses.fields(item[1].Options)), item[0])))
+#: every strategy's name, in listing order (no torch; `STRATEGIES` holds the classes in the same order)
+NAMES: tuple[str, ...] = tuple(sorted(OPTIONS_OF, key=_simplest_first))
+OPTIONS: dict[str, OptionSpec] = collect({name: OPTIONS_OF[name] for name in NAMES})
 
 
-STRATEGIES: dict[str, type[Strategy]] = _discover()
-OPTIONS: dict[str, OptionSpec] = collect({name: cls.Options for name, cls in STRATEGIES.items()})
+def options_class(name: str) -> type[Options]:
+    """Strategy `name`'s Options (no torch), or a one-line ConfigError naming the strategies."""
+    try:
+        return OPTIONS_OF[name]
+    except KeyError:
+        raise ConfigError(f"unknown strategy '{name}' (available: {', '.join(NAMES)})") from None
 
 
 def strategy_class(name: str) -> type[Strategy]:
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise ConfigError(f"unknown strategy '{name}' (available: {', '.join(STRATEGIES)})") from None
+    """Strategy `name`'s class, from the module of its name (`diloco` is `diloco.py`): this imports
+    torch. The class's `Options` must be the catalog's, so the flags are the options it builds with."""
+    wanted = options_class(name)
+    from .base import Strategy
+
+    module = importlib.import_module(f"{__name__}.{name}")
+    found = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Strategy) and c.name == name]
+    if len(found) != 1 or found[0].Options is not wanted:
+        raise TypeError(
+            f"{module.__name__} must define one Strategy called {name!r} whose Options are "
+            f"{wanted.__qualname__} (the catalog's), found {[c.__qualname__ for c in found]}"
+        )
+    return found[0]
+
+
+def __getattr__(attr: str) -> Any:
+    """`STRATEGIES`: name -> class of every strategy, in listing order, made on first use (each class
+    imports torch; the names, options, flags and help do not)."""
+    if attr == "STRATEGIES":
+        return MappingProxyType({name: strategy_class(name) for name in NAMES})
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
 def option_names(name: str) -> list[str]:
-    return [f.name for f in dataclasses.fields(strategy_class(name).Options)]
+    return [f.name for f in dataclasses.fields(options_class(name))]
 
 
 def make_options(name: str, **values: Any) -> Options:
@@ -65,7 +83,7 @@ def make_options(name: str, **values: Any) -> Options:
     unknown = [k for k in values if k not in valid]
     if unknown:
         raise ConfigError(f"strategy {name} has no option {unknown[0]!r} (its options: {', '.join(valid) or 'none'})")
-    return strategy_class(name).Options(**{k: v for k, v in values.items() if v is not None})
+    return options_class(name)(**{k: v for k, v in values.items() if v is not None})
 
 
 def check_given(name: str, values: Mapping[str, Any]) -> None:

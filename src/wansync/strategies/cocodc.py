@@ -29,66 +29,16 @@ compensation and adaptive transmission.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .catalog import CoCoDCOptions
 from .compensation import damped_compensate, delay_compensate
 from .fragment_timetable import FragmentTimetable
-from .fragments import SCHEDULES
 from .inflight import InFlight
-from .options import Needs, at_least, one_of, option, positive
-from .streaming import Streaming, StreamingOptions
+from .streaming import Streaming
 from .transmission import agree
-
-COMPENSATIONS = ("taylor", "alpha", "damped")
-OUTER_SCALINGS = ("none", "interval")
-
-
-def AUTOMATIC_N(what: str) -> Needs:  # noqa: N802 - reads as the condition it declares
-    """The knobs of the automatic N act only when N is not given."""
-    return Needs(
-        lambda o: o.syncs_per_period == 0,
-        f"{what} sets the automatic syncs_per_period, and syncs_per_period {{syncs_per_period}} is given, so it "
-        f"would do nothing: drop one of the two",
-    )
-
-
-@dataclass
-class CoCoDCOptions(StreamingOptions):
-    """Streaming DiLoCo's (`alpha`: the damping of compensation=damped and =alpha), plus compensation and
-    adaptation."""
-
-    syncs_per_period: int = option(
-        0, "fragment syncs per period N (0: N from gamma, T_c and T_s, decided at " "step H)"
-    )
-    max_syncs_per_fragment: int = option(
-        2,
-        "automatic N: at most this many syncs of each fragment per period, "
-        "N <= this*P (0: no cap, N <= H as in the paper)",
-        at_least(0),
-        needs=AUTOMATIC_N("max_syncs_per_fragment {max_syncs_per_fragment}"),
-    )
-    outer_scaling: str = option(
-        "none",
-        f"outer lr of a merge: {'|'.join(OUTER_SCALINGS)} (interval: "
-        "outer_lr*I_p/H, I_p the steps the pseudo-gradient covers)",
-        one_of(OUTER_SCALINGS),
-    )
-    lam: float = option(
-        0.5,
-        "delay-compensation strength lambda",
-        at_least(0),
-        needs=Needs(
-            lambda o: o.compensation != "alpha",
-            "lam {lam:g} is the Taylor term's strength, and compensation alpha has none, so it would do "
-            "nothing: drop it, or give compensation taylor or damped",
-        ),
-    )
-    gamma: float = option(0.4, "network utilization target gamma", positive, needs=AUTOMATIC_N("gamma {gamma:g}"))
-    schedule: str = option("adaptive_fair", f"which fragment syncs next: {'|'.join(SCHEDULES)}", one_of(SCHEDULES))
-    compensation: str = option("damped", f"merge of a late fragment: {'|'.join(COMPENSATIONS)}", one_of(COMPENSATIONS))
 
 
 class CoCoDCTimetable(FragmentTimetable):

@@ -32,30 +32,12 @@ has already run without gradient sync).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from .catalog import CPDPOptions
 from .grad_sync import gradient_phase
-from .options import option, sync_every
 from .periodic import PeriodicTimetable
-from .pace import check_every_worker_steps
-from .slowmo import SlowMo, SlowMoOptions
-
-
-@dataclass
-class CPDPOptions(SlowMoOptions):
-    """SlowMo's with the paper's K = 4 and β = 0.3 (0: the reviewers' "β = 0" ablation), plus phase 1."""
-
-    sync_every: int = sync_every(4)
-    slowmo_beta: float = SlowMoOptions.with_default("slowmo_beta", 0.3)
-    grad_phase: bool = option(
-        True, "gradient all-reduce at each reconciliation step (phase 1; " "off: the LocalSGD+SlowMo ablation)"
-    )
-
-    def cross_check(self) -> None:
-        super().cross_check()
-        if self.grad_phase:
-            check_every_worker_steps(self, "cpdp", "its step K all-reduces every worker's gradients (a DDP step)")
+from .slowmo import SlowMo
 
 
 class CPDPTimetable(PeriodicTimetable):

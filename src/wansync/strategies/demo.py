@@ -36,50 +36,16 @@ update is sign descent on the mean gradient.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..comm.flat import FlatTensors
-from ..comm.sparse import DEFAULT_DENSITY
 from ..errors import ConfigError
 from .base import Strategy, local_shard, model_buffers
-from .options import (
-    Options,
-    aggregate,
-    check_sparse_options,
-    chunk,
-    density,
-    in_range,
-    option,
-    quant_range,
-    robust_kappa,
-    robust_mean,
-    sparse_codec,
-    topk,
-    value_bits,
-)
+from .catalog import DeMoOptions
+from .options import sparse_codec
 from .timetable import Timetable
-
-
-@dataclass
-class DeMoOptions(Options):
-    """β and the sparse payload's knobs (sources: module docstring)."""
-
-    momentum_decay: float = option(0.999, "β: the momentum's decay, m ← β·m + g, before each send", in_range(0, 1))
-    density: float = density(DEFAULT_DENSITY)
-    topk: int = topk()
-    chunk: int = chunk()
-    bits: int = value_bits(32)
-    quant_range: float = quant_range()
-    aggregate: str = aggregate()
-    robust_mean: str = robust_mean()
-    robust_kappa: float = robust_kappa()
-
-    def cross_check(self) -> None:
-        super().cross_check()
-        check_sparse_options(self, DEFAULT_DENSITY)
 
 
 def check_carrier(optimizer: torch.optim.Optimizer) -> None:

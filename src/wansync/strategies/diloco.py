@@ -26,31 +26,20 @@ with error feedback when asked), not θ_m, and reports no drift.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..comm.codecs import get_codec
 from .base import model_buffers, sync_tensors
-from .options import anchor_device, outer_lr, outer_momentum, outer_state_device, overlap_rounds, sync_every
+from .catalog import DiLoCoOptions
+from .options import anchor_device
 from .outer import Anchor
-from .periodic import Periodic, PeriodicOptions
+from .periodic import Periodic
 from .round_overlap import RoundOverlap
 
 if TYPE_CHECKING:
     from ..comm.exchange import MeanHandle
-
-
-@dataclass
-class DiLoCoOptions(PeriodicOptions):
-    """The periodic knobs with H = 100, plus the outer optimizer's."""
-
-    sync_every: int = sync_every(100)
-    outer_lr: float = outer_lr()
-    outer_momentum: float = outer_momentum()
-    outer_state_device: str = outer_state_device()
-    overlap_rounds: bool = overlap_rounds()
 
 
 class DiLoCo(Periodic):

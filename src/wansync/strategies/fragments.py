@@ -65,9 +65,7 @@ from ..errors import ConfigError
 from ..units import human_bytes
 from .base import local_shard, sync_tensors
 from .blocks import repeated_blocks, unwrap, whole_bytes
-
-PARTITIONS = ("strided", "sequential")
-SCHEDULES = ("adaptive", "adaptive_fair", "round_robin")
+from .catalog import PARTITIONS, SCHEDULES
 
 
 # ---- partition ---------------------------------------------------------------------------------

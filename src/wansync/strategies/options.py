@@ -11,6 +11,9 @@ different families share (`sync_every`, `outer_lr`, `outer_momentum`) are the fa
 
 Every rule fails with the same one-line ConfigError the user sees on the command line, e.g.
 `sync_every must be >= 1, got 0`.
+
+Declaring and checking options imports no torch: the command line's flags and `--help` are made from
+these declarations (`catalog.py`), and the names they choose among are `comm/choices.py`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +23,15 @@ import numbers
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, get_type_hints
 
+from ..comm.choices import (
+    AGGREGATES,
+    CODEC_NAMES,
+    DEFAULT_KAPPA,
+    LOSSY_COLLECTIVES,
+    ROBUST_MEANS,
+    check_bits,
+    check_codec,
+)
 from ..errors import check
 from ..rules import Rule, at_least, in_range, one_of, positive  # noqa: F401 - the rules options declare
 
@@ -186,25 +198,19 @@ def outer_momentum(default: float = 0.9) -> Any:
 
 
 def codec(what: str = "exchanged model state") -> Any:
-    from ..comm.codecs import CODECS
-
     return option(
         "fp32",
-        f"codec for {what}: {'|'.join(CODECS)} (lossy ones exchange the change since the last " "synchronization)",
+        f"codec for {what}: {'|'.join(CODEC_NAMES)} (lossy ones exchange the change since the last " "synchronization)",
         _known_codec,
     )
 
 
 def _known_codec(name: str, value: str) -> None:
     """An option rule: the codec registry's own one-line error for an unknown codec."""
-    from ..comm.codecs import get_codec
-
-    get_codec(value)
+    check_codec(value)
 
 
 def codec_collective() -> Any:
-    from ..comm.mean_cost import LOSSY_COLLECTIVES
-
     return option(
         "auto",
         "how a lossy codec's mean travels: allgather (every payload to every worker) | "
@@ -236,8 +242,6 @@ def LOSSY_CODEC(says: str) -> Needs:  # noqa: N802 - reads as the condition it d
 
 # ---- the robust mean of pseudo-gradients (`comm.robust`) ------------------------------------------
 def robust_mean() -> Any:
-    from ..comm.robust import ROBUST_MEANS
-
     return option(
         "off",
         "robust mean of the exchanged pseudo-gradients: off | median (each worker's clipped to "
@@ -247,8 +251,6 @@ def robust_mean() -> Any:
 
 
 def robust_kappa() -> Any:
-    from ..comm.robust import DEFAULT_KAPPA
-
     return option(
         DEFAULT_KAPPA,
         "kappa: robust_mean median clips a pseudo-gradient whose norm exceeds kappa x the median norm to that",
@@ -313,8 +315,6 @@ def chunk(default: int = 64) -> Any:
 
 
 def value_bits(default: int) -> Any:
-    from ..comm.quantize import check_bits
-
     return option(
         default,
         "bits per value a sparse exchange sends: 2-8 (statistical quantizer of 2**bits bins, a "
@@ -337,8 +337,6 @@ def quant_range() -> Any:
 
 
 def aggregate() -> Any:
-    from ..comm.sparse import AGGREGATES
-
     return option(
         "chosen",
         "how the workers' sparse values are averaged: chosen (per index, over the workers that "

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from .options import Needs, at_least, one_of, option
+
+if TYPE_CHECKING:
+    import torch
 
 POLICIES = ("wait", "deadline", "balanced")
 DEADLINE_SLACK = 1.1  # the automatic deadline: the median worker's H steps, and 10 % more
@@ -157,6 +157,9 @@ class Pace:
         inside = self.replicas.inside
         if inside is None or self.replicas.ranks_per_worker == 1:
             return go
+        import torch  # here, not at the top: the policy's options are declared without torch (`catalog.py`)
+        import torch.distributed as dist
+
         flag = torch.tensor([1 if go else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=inside)
         return bool(flag.item())
@@ -189,6 +192,9 @@ class Pace:
     def _agree(self) -> None:
         """The round's median step time of every worker: this round's all-reduce started, the last
         round's read (every rank the same vector)."""
+        import torch
+        import torch.distributed as dist
+
         if self._work is not None:
             self._work.wait()
             self.agreed = [float(v) for v in self._vector]

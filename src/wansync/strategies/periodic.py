@@ -21,7 +21,6 @@ not see is θ̄'s own float32 rounding, a relative error in the drift of about
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,41 +29,13 @@ from ..comm.norms import exact_sq_norm
 from ..comm.codecs import get_codec
 from ..comm.flat import FlatTensors
 from .base import Strategy, local_shard, sync_tensors
-from .options import (
-    Options,
-    codec,
-    codec_collective,
-    error_feedback,
-    option,
-    robust_kappa,
-    robust_mean,
-    sync_every,
-)
-from .pace import deadline, slow_policy
+from .catalog import PeriodicOptions
 from .timetable import Timetable
 
 
 # the side band a boundary's exchange carries: (‖θ_m‖² − ‖θ̄_prev‖²) / P, per value so that it stays
 # in range for the buffer's dtype, even float16
 DRIFT_SIDE_BAND = 1
-
-
-@dataclass
-class PeriodicOptions(Options):
-    """The knobs of every periodic strategy; with these defaults, LocalSGD's."""
-
-    sync_every: int = sync_every(8)
-    sync_optimizer_state: bool = option(False, "average the inner optimizer's state at every boundary")
-    drift_telemetry: bool = option(
-        True, "report worker drift at every boundary (one more element of the parameter exchange)"
-    )
-    codec: str = codec()
-    codec_collective: str = codec_collective()
-    error_feedback: bool = error_feedback()
-    slow_policy: str = slow_policy()
-    deadline: float = deadline()
-    robust_mean: str = robust_mean()
-    robust_kappa: float = robust_kappa()
 
 
 class PeriodicTimetable(Timetable):

@@ -15,27 +15,12 @@ default 300-step run. Set it explicitly for any serious comparison.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
+from .catalog import PostLocalSGDOptions
 from .grad_sync import gradient_phase
 from .local_sgd import LocalSGD
-from .options import at_least, option
-from .pace import check_every_worker_steps
-from .periodic import PeriodicOptions, PeriodicTimetable
-
-
-@dataclass
-class PostLocalSGDOptions(PeriodicOptions):
-    """LocalSGD's (H counted after the switch), plus when to switch."""
-
-    switch_step: int = option(100, "DDP for steps 1 ... switch_step, LocalSGD after", at_least(0))
-
-    def cross_check(self) -> None:
-        super().cross_check()
-        if self.switch_step:
-            check_every_worker_steps(self, "post_local_sgd", "its steps up to switch_step are DDP steps")
+from .periodic import PeriodicTimetable
 
 
 class PostLocalSGDTimetable(PeriodicTimetable):

@@ -21,26 +21,16 @@ the plain average), and u is kept (its increment (θ̃ − θ̄)/η has no limit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-
 from ..errors import check
 from .base import model_buffers, sync_tensors
-from .options import anchor_device, in_range, option, outer_state_device, positive
+from .catalog import SlowMoOptions
+from .options import anchor_device
 from .outer import Anchor
-from .periodic import Periodic, PeriodicOptions
-
-
-@dataclass
-class SlowMoOptions(PeriodicOptions):
-    """LocalSGD's (H is τ in the SlowMo paper), plus the slow momentum β and slow learning rate α."""
-
-    slowmo_beta: float = option(0.5, "slow momentum beta", in_range(0, 1))
-    slowmo_lr: float = option(1.0, "slow learning rate alpha", positive)
-    outer_state_device: str = outer_state_device()
+from .periodic import Periodic
 
 
 class SlowMo(Periodic):

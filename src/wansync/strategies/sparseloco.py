@@ -45,68 +45,17 @@ zero error buffer: a peer's residual is that peer's, and sending it again would 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..comm.flat import FlatTensors
-from ..comm.sparse import DEFAULT_DENSITY
 from .base import Strategy, local_shard, model_buffers
-from .options import (
-    Options,
-    aggregate,
-    anchor_device,
-    check_sparse_options,
-    chunk,
-    density,
-    in_range,
-    option,
-    outer_state_device,
-    overlap_rounds,
-    positive,
-    quant_range,
-    robust_kappa,
-    robust_mean,
-    sparse_codec,
-    sync_every,
-    topk,
-    value_bits,
-)
+from .catalog import SparseLoCoOptions
+from .options import anchor_device, sparse_codec
 from .outer import Anchor
-from .pace import deadline, slow_policy
 from .periodic import PeriodicTimetable
 from .round_overlap import RoundOverlap
-
-
-@dataclass
-class SparseLoCoOptions(Options):
-    """H, the outer step, the error feedback and the sparse payload's knobs (sources: module docstring)."""
-
-    sync_every: int = sync_every(30)
-    outer_lr: float = option(
-        1.0, "α: the outer step θ̃ ← θ̃ − α·Δ̄ on the aggregated sparse pseudo-gradient (no " "momentum)", positive
-    )
-    error_decay: float = option(
-        0.999, "β: the error buffer's decay, e ← β·e + Δ before each send", in_range(0, 1, high_included=True)
-    )
-    density: float = density(DEFAULT_DENSITY)
-    topk: int = topk()
-    chunk: int = chunk()
-    bits: int = value_bits(2)
-    quant_range: float = quant_range()
-    dct: bool = option(False, "choose each chunk's values in the 2-D DCT domain (DeMo's transform)")
-    aggregate: str = aggregate()
-    outer_state_device: str = outer_state_device()
-    slow_policy: str = slow_policy()
-    deadline: float = deadline()
-    overlap_rounds: bool = overlap_rounds()
-    robust_mean: str = robust_mean()
-    robust_kappa: float = robust_kappa()
-
-    def cross_check(self) -> None:
-        super().cross_check()
-        check_sparse_options(self, DEFAULT_DENSITY)
 
 
 class SparseLoCo(Strategy):

@@ -53,78 +53,22 @@ the schedule (round-robin pointer, last starts, R_p) and the exchanges in flight
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..comm.codecs import get_codec
 from ..comm.exchange import MeanHandle
-from ..errors import ConfigError, check
+from ..errors import ConfigError
 from .base import Strategy, model_buffers
+from .catalog import StreamingOptions
 from .compensation import alpha_merge, eager_correct
 from .debug import check_same_choice, debug_enabled
 from .fragment_timetable import FragmentTimetable
-from .fragments import PARTITIONS, FragmentImbalanceWarning, imbalance, layout, partition
+from .fragments import FragmentImbalanceWarning, imbalance, layout, partition
 from .inflight import InFlight
-from .options import (
-    Options,
-    anchor_device,
-    at_least,
-    codec,
-    codec_collective,
-    error_feedback,
-    in_range,
-    one_of,
-    option,
-    outer_lr,
-    outer_momentum,
-    outer_state_device,
-    robust_kappa,
-    robust_mean,
-    sync_every,
-)
-from .pace import deadline, slow_policy
+from .options import anchor_device
 from .outer import Anchor
-
-
-@dataclass
-class StreamingOptions(Options):
-    """Fragments, overlap and the merge; the outer optimizer is DiLoCo's, per fragment."""
-
-    sync_every: int = sync_every(100)
-    fragments: int = option(4, "number of fragments P", at_least(1))
-    overlap: int = option(5, "overlap depth tau: inner steps while a fragment syncs")
-    alpha: float = option(0.5, "weight of the local fragment in the merge", in_range(0, 1, high_included=True))
-    outer_lr: float = outer_lr()
-    outer_momentum: float = outer_momentum()
-    outer_state_device: str = outer_state_device()
-    codec: str = codec("exchanged pseudo-gradients")
-    codec_collective: str = codec_collective()
-    error_feedback: bool = error_feedback()
-    partition: str = option("strided", f"fragment partition: {'|'.join(PARTITIONS)}", one_of(PARTITIONS))
-    syncs_per_period: int = option(0, "fragment syncs per period N (0: one per fragment, N = P)")
-    eager: bool = option(
-        False,
-        "eager updates (arXiv:2502.12996): each worker steps with its own pseudo-gradient / "
-        "M at a sync's start and swaps that for the mean's step when it arrives (replaces the merge: "
-        "alpha and CoCoDC's compensation are not used)",
-    )
-    slow_policy: str = slow_policy()
-    deadline: float = deadline()
-    robust_mean: str = robust_mean()
-    robust_kappa: float = robust_kappa()
-
-    def cross_check(self) -> None:
-        super().cross_check()
-        h, p = self.sync_every, self.fragments
-        check(p <= h, f"fragments ({p}) must be <= sync_every ({h})")
-        check(0 <= self.overlap < h, f"overlap (tau) must be in [0, sync_every) = [0, {h}), got {self.overlap}")
-        check(
-            self.syncs_per_period == 0 or p <= self.syncs_per_period <= h,
-            f"syncs_per_period must be 0 (automatic) or between fragments ({p}) and sync_every "
-            f"({h}), got {self.syncs_per_period}",
-        )
 
 
 class Streaming(Strategy):

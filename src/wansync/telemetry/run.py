@@ -526,10 +526,11 @@ class Run:
             self._detach()
 
 
-def agreed(group: Any, check: Callable[[], Any], prefix: str = "") -> None:
-    """Every rank of `group` runs `check` (a `rundir.claim`) before any of them writes, then they agree:
-    a refusal on one rank is a refusal on all (no rank is left training beside a refused one). Every
-    rank takes part, with or without a directory of its own (a loop may give `out=` on rank 0 only)."""
+def agreed(group: Any, check: Callable[[], Any], prefix: str = "", what: str = "its run directory") -> None:
+    """Every rank of `group` runs `check` (a `rundir.claim`, or a checkpoint's `rundir.claim.differs`)
+    before any of them writes, then they agree: a refusal on one rank is a refusal on all (no rank is
+    left training beside a refused one). Every rank takes part, with or without a directory of its own
+    (a loop may give `out=` on rank 0 only); `what` names what the others refused."""
     refused = ""
     try:
         check()
@@ -539,7 +540,7 @@ def agreed(group: Any, check: Callable[[], Any], prefix: str = "") -> None:
         flag = torch.tensor([1.0 if refused else 0.0])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         if flag.item() and not refused:
-            refused = f"{prefix}another rank refused its run directory (its own line says why)"
+            refused = f"{prefix}another rank refused {what} (its own line says why)"
     if refused:
         raise ConfigError(refused)
 

@@ -9,10 +9,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from .muon import ADAMW_BETAS, muon_adamw
+
 
 def build_optimizer(cfg: Any, model: nn.Module) -> torch.optim.Optimizer:
-    """The inner optimizer of `cfg`; for a strategy that replaces it (DeMo's sign descent) a plain SGD
-    that carries the learning rate and the weight decay, whatever `optimizer` says."""
+    """The inner optimizer of `cfg`: AdamW, SGD, or Muon on the hidden matrices with AdamW on the rest
+    (`trainer.muon`); for a strategy that replaces it (DeMo's sign descent) a plain SGD that carries the
+    learning rate and the weight decay, whatever `optimizer` says."""
     from ..errors import ConfigError
     from ..strategies import strategy_class
 
@@ -23,7 +26,9 @@ def build_optimizer(cfg: Any, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    if cfg.optimizer == "muon":
+        return muon_adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=ADAMW_BETAS)
 
 
 LINEAR_SCALING_BASE_BATCH = 256
