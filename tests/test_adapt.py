@@ -22,7 +22,7 @@ from wansync.errors import ConfigError
 from wansync.net import parse_wan
 from wansync.net.estimate import LinkSample, duration, estimate_link, on_link
 from wansync.net.link import Link
-from wansync.planner.predict import predict, setting
+from wansync.planner.prediction import predict, setting
 from wansync.planner.sizes import of_module
 from wansync.runner.localgroup import run_ranks
 from wansync.strategies import make_options

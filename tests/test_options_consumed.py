@@ -305,7 +305,7 @@ def test_every_option_a_plan_takes_changes_its_prediction():
     two speeds, a slow link)."""
     from wansync.net.wan import parse_wan
     from wansync.planner.keys import LEARNING_ONLY, NOT_MODELLED
-    from wansync.planner.predict import predict, setting
+    from wansync.planner.prediction import predict, setting
     from wansync.planner.sizes import of_name
 
     def figures(strategy: str, options: dict[str, Any], wan: str, model: str) -> tuple[Any, ...]:

@@ -269,7 +269,7 @@ def test_an_early_worker_waits_for_the_straggler_and_then_for_the_transfer():
     """As on the emulator: a transfer starts when its last member has issued it. Worker 1 computes
     0.05 s longer per step, so at each of diloco's exchanges (H = 5) worker 0 is blocked for 5 x 0.05 s
     plus the transfer itself."""
-    from wansync.planner.predict import run_trace, seconds_of
+    from wansync.planner.prediction import run_trace, seconds_of
 
     s = setting("diloco", {"sync_every": 5}, of_params(1e7), 2, PRESETS["cross-region"], 0.1)
     transfer = sum(map(seconds_of(s), run_trace(s, 20).transfers())) / 4

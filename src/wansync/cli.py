@@ -192,7 +192,18 @@ def _add_plan_parser(sub: Any) -> None:
         help="predict wall clock, exposed communication, bytes and memory of a setting "
         "(the emulator's cost model on the strategy's own schedule); --table for large sizes",
     )
-    g = p.add_argument_group("plan")
+    g = p.add_argument_group(
+        "plan",
+        "figures per 1000 steps of the steady state, or with --steps N of a whole run of N steps (warm-up, "
+        "last partial round and finish() included); memory checked against 80 GB per GPU unless --gpu-memory",
+    )
+    g.add_argument(
+        "--strategies",
+        default=None,
+        metavar="A,B,...|all",
+        help="rank these strategies (or all), each at its best H, codec and --inside under the "
+        "exposed target and the GPU memory, in one table (instead of --strategy)",
+    )
     g.add_argument(
         "--params",
         type=float,
@@ -214,7 +225,8 @@ def _add_plan_parser(sub: Any) -> None:
         type=float,
         default=None,
         metavar="T",
-        help="FLOPs rule: tokens per " "worker step (default batch_size x seq_len)",
+        help="FLOPs rule: tokens per worker step (default: R ranks x batch_size x seq_len; with "
+        "--params, R x 32 sequences of 2,048 tokens unless --batch-size and --seq-len are given)",
     )
     g.add_argument(
         "--throughput",
@@ -227,14 +239,15 @@ def _add_plan_parser(sub: Any) -> None:
         "--gpu-memory",
         default=None,
         metavar="SIZE",
-        help="say whether rank 0's peak memory fits " "an accelerator of SIZE (e.g. 80GB, 141GB, 24GiB)",
+        help="the accelerator memory rank 0's peak is checked against (e.g. 80GB, 141GB, 24GiB; default 80GB)",
     )
     g.add_argument(
         "--target-exposed",
         type=float,
         default=None,
         metavar="PCT",
-        help="also give the smallest H " "whose exposed communication stays below PCT %%",
+        help="also give the smallest H whose exposed communication stays below PCT %% (with "
+        "--strategies: the target each strategy's H is chosen for, default 10)",
     )
     g.add_argument(
         "--intellect-1",
@@ -418,6 +431,7 @@ def check_plan_flags(args: argparse.Namespace) -> None:
 
 
 PLAN_OWN_FLAGS = (
+    "strategies",
     "params",
     "step_time",
     "measure",
@@ -449,6 +463,20 @@ def check_fixed_plan(args: argparse.Namespace) -> None:
         )
 
 
+def plan_strategies(args: argparse.Namespace) -> list[str] | None:
+    """`--strategies A,B,...` or `all`: the registry's names, each known, none twice; None without it."""
+    if args.strategies is None:
+        return None
+    from .runner.grid import available_strategies, check_strategies, split_values
+
+    if "strategy" in given_keys(args):
+        raise ConfigError("plan: --strategies and --strategy both name the strategy: give one of them")
+    words = split_values(args.strategies, "--strategies")
+    if "all" in words and len(words) > 1:
+        raise ConfigError(f"--strategies {args.strategies}: all names every strategy, so it stands alone")
+    return available_strategies() if words == ["all"] else check_strategies(words, " in --strategies")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from . import planner
 
@@ -466,12 +494,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .planner.keys import check_plan_keys
     from .strategies import option_names
 
-    cfg = config_from_args(args)
-    check_options_apply([cfg], given_keys(args))  # `plan --strategy ddp --codec int8` planned fp32
-    check_plan_keys(given_keys(args), option_names(cfg.strategy), bool(args.measure))
+    names = plan_strategies(args)
+    given = given_keys(args)
+    if names is None:
+        cfgs = [config_from_args(args)]
+    else:
+        cfgs = [build_config(args.config, {**config_flags(args), "strategy": name}) for name in names]
+    check_options_apply(cfgs, given)  # `plan --strategy ddp --codec int8` planned fp32
+    check_plan_keys(given, {o for c in cfgs for o in option_names(c.strategy)}, bool(args.measure))
+    cfg = cfgs[0]
     print(
         planner.plan_command(
             cfg,
+            steps=cfg.steps if "steps" in given else None,
+            strategies=names,
+            given=frozenset(given),
             params=args.params,
             step_s=args.step_time,
             measure=args.measure,

@@ -7,12 +7,10 @@ and the command line's parser, `plan --help` included, reads only `keys.py`."""
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .predict import Prediction, Setting, predict, recommend_h, setting
+    from .prediction import Prediction, Setting, predict, recommend_h, setting
     from .sizes import ModelSize, flops_step_s, of_name, of_params
     from .tables import TARGET_PCT, large_table, plan_command, print_large_table, table_preamble
 
@@ -37,21 +35,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """A name of `__all__`, from the first of the planner's modules that has it."""
     if name in __all__:
-        for module in ("predict", "sizes", "tables"):
+        for module in ("prediction", "sizes", "tables"):
             found = importlib.import_module(f".{module}", __name__)
             if hasattr(found, name):
                 return getattr(found, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class _Planner(types.ModuleType):
-    """This package. Importing a submodule binds it here under its name, and `predict` is also the
-    function's: that binding is skipped, so `wansync.planner.predict` is the function however the
-    modules were imported, as when this package imported them all at once."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if not (name in __all__ and isinstance(value, types.ModuleType)):
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Planner

@@ -2,9 +2,10 @@
 leave its answer byte for byte the same, so it is refused in one line rather than seem to count.
 
 A plan predicts the wall clock, the bytes and the memory of a setting. It reads the strategy, its
-options that move those, the world, the link, the model's size, the batch and the precision. It does
-not read what a run learns (learning rates, momenta of the outer step, compensation), what it writes
-(evaluation, checkpoints, logs) or how it is guarded (fault tolerance, secrets, timeouts).
+options that move those, the world, the link, the model's size, the batch, the precision and the
+run's length (`--steps`: a whole run instead of the steady state). It does not read what a run learns
+(learning rates, momenta of the outer step, compensation), what it writes (evaluation, checkpoints,
+logs) or how it is guarded (fault tolerance, secrets, timeouts).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ READS = frozenset(
         "inside",
         "optimizer",
         "momentum",
+        "steps",
     }
 )
 MEASURE_READS = frozenset({"data"})
@@ -66,7 +68,6 @@ RUN_ONLY_WHY = MappingProxyType(
     {
         "adapt": "--adapt changes H and the codec while a run goes, and a plan predicts one setting: plan "
         "--target-exposed P prints the smallest H whose exposed share stays under P% (plan each --codec for its)",
-        "steps": "the plan predicts a steady state per 1000 steps",
         "width": "the planner sizes the named models at width 1: give --params N for another width",
         "seed": "a plan's figures do not depend on the seed",
     }

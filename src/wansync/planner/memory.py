@@ -339,10 +339,16 @@ def _fragments_in_flight(s: Any, held: Sequence[Transfer]) -> list[tuple[int, in
     return out
 
 
-def parse_capacity(text: str | None) -> float | None:
-    """`--gpu-memory`: bytes from '80GB', '141 GB', '24GiB' (`units.parse_bytes`); None when not given."""
+#: The accelerator a plan checks the memory against unless `--gpu-memory` says otherwise: 80 GB, an
+#: A100's or H100's (the large table's too).
+DEFAULT_GPU_MEMORY = 80e9
+
+
+def parse_capacity(text: str | None) -> float:
+    """`--gpu-memory`: bytes from '80GB', '141 GB', '24GiB' (`units.parse_bytes`); DEFAULT_GPU_MEMORY
+    when not given."""
     if text is None:
-        return None
+        return DEFAULT_GPU_MEMORY
     try:
         return parse_bytes(text)
     except ValueError as e:

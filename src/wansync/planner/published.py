@@ -37,7 +37,7 @@ from ..net.link import NVLINK, Link
 from ..net.topology import Topology
 from ..net.wan import parse_wan
 from ..strategies import make_options
-from .predict import Prediction, predict, setting
+from .prediction import Prediction, predict, setting
 from .schedule import mean_transfers
 from .simulate import transfer_seconds
 from .sizes import FLOPS_PER_ACCELERATOR, flops_step_s, of_params
@@ -172,7 +172,7 @@ def predicted(topology: Topology, strategy: str, options: dict[str, Any]) -> Pre
 
 def utilization_pct(p: Prediction) -> float:
     """Compute over wall clock (the steady state the planner scales to 1000 steps)."""
-    return 100.0 * 1000 * p.setting.step_s / p.wall_per_1000_s
+    return p.utilization_pct
 
 
 def table() -> str:

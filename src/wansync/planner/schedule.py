@@ -182,9 +182,8 @@ def _grad_actions(
     rebuild: list[Action] = []
     if tt.ddp_step(t):
         sizes = [4 * size.params] if first else size.buckets
-        buckets = [
-            Transfer(t, "grads", "allreduce", b, b, between_workers=False, sent=ring_sent(b, world)) for b in sizes
-        ]
+        sent = {b: ring_sent(b, world) for b in set(sizes)}  # buckets of a few sizes: each sent computed once
+        buckets = [Transfer(t, "grads", "allreduce", b, b, between_workers=False, sent=sent[b]) for b in sizes]
         if first:
             rebuild = [
                 a

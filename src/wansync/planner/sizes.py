@@ -21,6 +21,11 @@ per accelerator in bf16 (about 40% of an H100's dense bf16 peak, 989 TFLOP/s), 2
 (about 40% of its fp32 peak, 67 TFLOP/s: the trainer leaves TF32 off, PyTorch's default). Other
 defaults: 8 accelerators per worker (one node), 524,288 tokens per worker per step (32 sequences
 of 2,048 tokens per accelerator).
+
+The tokens of a worker's step (`tokens_per_step`): given (`--tokens-per-step`), else its R ranks'
+batches, R × batch_size × seq_len (`--batch-size` is per rank). A bare size (`--params`) has no
+workload whose batch this could be: it takes `--batch-size` and `--seq-len` when both are given, and
+otherwise the large table's 32 sequences of 2,048 tokens per accelerator, R × 65,536.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from ..strategies.fragments import partition
 
 FLOPS_PER_ACCELERATOR = MappingProxyType({"bf16": 400e12, "fp32": 27e12})  # effective, by --precision
 ACCELERATORS_PER_WORKER = 8
-TOKENS_PER_WORKER_STEP = 2**19
+SEQUENCES_PER_ACCELERATOR, SEQUENCE_TOKENS = 32, 2048  # a bare size's batch (`tokens_per_step`)
+TOKENS_PER_WORKER_STEP = ACCELERATORS_PER_WORKER * SEQUENCES_PER_ACCELERATOR * SEQUENCE_TOKENS  # 2**19
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel(bucket_cap_mb=25)
 _STAND_IN_TENSOR = 2**20
@@ -52,6 +58,31 @@ def flops_step_s(
 ) -> float:
     """Seconds per step by the FLOPs rule: 6·N·tokens / (accelerators · throughput)."""
     return 6.0 * params * tokens / (accelerators * flops)
+
+
+def tokens_per_step(
+    ranks: int, batch_size: int, seq_len: int, *, bare: bool, given: set[str], tokens: float | None = None
+) -> tuple[float, str]:
+    """(tokens of one worker step, the words that say where they come from): `tokens` when given, else
+    the R ranks' batches of `batch_size` sequences of `seq_len` tokens; for a `bare` size (`--params`)
+    those two only when both are `given` (a config key's name), else the stated default of
+    SEQUENCES_PER_ACCELERATOR × SEQUENCE_TOKENS per accelerator. Half a batch: one line."""
+    if tokens is not None:
+        return tokens, "given"
+    if bare:
+        half = {"batch_size", "seq_len"} & given
+        if len(half) == 1:
+            has, lacks = ("--batch-size", "--seq-len") if "batch_size" in half else ("--seq-len", "--batch-size")
+            raise ConfigError(
+                f"plan --params: {has} without {lacks} leaves the tokens of a step unknown (the named models' "
+                f"batch is not this model's): give {lacks} too, or --tokens-per-step T"
+            )
+        if not half:
+            return ranks * SEQUENCES_PER_ACCELERATOR * SEQUENCE_TOKENS, (
+                f"assumed for --params: {SEQUENCES_PER_ACCELERATOR} sequences of {SEQUENCE_TOKENS:,} tokens per "
+                f"accelerator x {ranks}; --tokens-per-step, or --batch-size and --seq-len, to change it"
+            )
+    return ranks * batch_size * seq_len, f"{batch_size} sequences of {seq_len:,} tokens per rank x {ranks}"
 
 
 def ddp_buckets(
@@ -82,7 +113,7 @@ class ModelSize:
     buffer_bytes: int = 0  # every buffer, persistent or not: each rank holds them whole
     shapes: tuple[tuple[int, ...], ...] = ()  # each trainable tensor's shape (what a sparse exchange chunks)
 
-    @property
+    @cached_property
     def params(self) -> int:
         return sum(self.grad_numels)
 

@@ -1,4 +1,5 @@
-"""What `wansync plan` prints: one setting on one screen, or the large-scale table."""
+"""What `wansync plan` prints: one setting on one screen, strategies ranked at their best settings
+(`choose.py`), or the large-scale table."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import itertools
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError
 from ..strategies import resolve_options
@@ -15,9 +16,10 @@ from ..net.link import NVLINK
 from ..net.wan import PRESETS, parse_wan
 from ..units import human_bytes, human_seconds
 from ..telemetry.memory import CATEGORIES
+from .choose import CODECS, TARGET_PCT, Choice, choose, rank
 from .measure import measure_step_s, run_step_times
-from .memory import memory_bill, parse_capacity, smallest_fitting_ranks
-from .predict import Prediction, predict, recommend_h, setting
+from .memory import DEFAULT_GPU_MEMORY, memory_bill, parse_capacity, smallest_fitting_ranks
+from .prediction import H_CANDIDATES, Prediction, Setting, periods, predict, recommend_h, setting
 from .sizes import (
     ACCELERATORS_PER_WORKER,
     FLOPS_PER_ACCELERATOR,
@@ -26,14 +28,14 @@ from .sizes import (
     flops_step_s,
     of_name,
     of_params,
+    tokens_per_step as tokens_rule,
 )
 
 TABLE_SIZES = (150e6, 1e9, 7e9, 70e9)
 TABLE_WORKERS = (8, 64, 512)
 TABLE_STRATEGIES = ("ddp", "diloco", "streaming", "cocodc")
-TARGET_PCT = 10.0
 TABLE_PRECISION = "bf16"  # what people train these sizes in
-TABLE_GPU_MEMORY = 80e9  # the table's capacity check: an 80 GB accelerator
+TABLE_GPU_MEMORY = DEFAULT_GPU_MEMORY  # the table's capacity check: an 80 GB accelerator
 
 
 def algorithm_lines(s: Any) -> list[str]:
@@ -77,34 +79,50 @@ def straggler_words(s: Any) -> str:
     )
 
 
-def describe(p: Prediction, step_source: str, target_pct: float | None, capacity: float | None = None) -> str:
-    s = p.setting
-    knobs = ", ".join(f"{k}={v}" for k, v in s.options.items()) or "no options"
-    lines = [
-        f"plan: {s.strategy} ({knobs})",
+def setting_lines(s: Setting, step_source: str) -> list[str]:
+    """The model, the world and its link, the compute per step and where it comes from, the stragglers."""
+    return [
         f"model: {s.size.name}, {s.size.params:,} parameters ({human_bytes(4 * s.size.sync_numel)} fp32 exchanged)",
         f"workers: {s.workers} x {s.ranks_per_worker} rank(s); link: {s.topology.describe()}",
         f"compute per step: {s.step_s:.4g} s ({step_source})",
         "stragglers: " + straggler_words(s),
-        f"wall clock per 1000 steps: {human_seconds(p.wall_per_1000_s)} "
-        f"(compute alone {human_seconds(1000 * (s.step_s + s.other_s))}: "
-        f"{100 * 1000 * (s.step_s + s.other_s) / p.wall_per_1000_s:.1f} % utilization)",
+    ]
+
+
+def figures_for(p: Prediction) -> str:
+    """What the figures cover: a whole run, or a steady state per 1000 steps."""
+    if p.whole:
+        return f"of the whole run, {p.steps:,} step{'s' if p.steps > 1 else ''} (step 1 to finish()'s last exchange)"
+    return "per 1000 steps (steady state, after the warm-up; --steps N for a whole run)"
+
+
+def describe(
+    p: Prediction, step_source: str, target_pct: float | None, capacity: float | None = None, stated: bool = False
+) -> str:
+    """One setting on one screen; `stated`: the capacity is the default, not given."""
+    s = p.setting
+    knobs = ", ".join(f"{k}={v}" for k, v in s.options.items()) or "no options"
+    lines = [
+        f"plan: {s.strategy} ({knobs})",
+        *setting_lines(s, step_source),
+        f"wall clock {figures_for(p)}: {human_seconds(p.wall_s)} "
+        f"(compute alone {human_seconds(p.compute_s)}: {p.utilization_pct:.1f} % utilization)",
         f"exposed communication: {p.exposed_pct:.1f} % of the wall clock",
         f"bytes per worker per step: {human_bytes(p.bytes_per_step)} payload, {human_bytes(p.sent_per_step)} put on "
         f"the wire (a ring all-reduce sends about 2(M-1)/M of its payload, an all-gather M-1 payloads)",
-        *memory_lines(p, capacity),
+        *memory_lines(p, capacity, stated),
     ]
     if p.syncs_per_period is not None:
         lines.append(f"fragment syncs per period N: {p.syncs_per_period}")
     lines += sparse_lines(s) + algorithm_lines(s)
     if target_pct is not None:
-        h = recommend_h(s, target_pct)
+        h = recommend_h(s, target_pct, p.steps if p.whole else None)
         if "sync_every" not in s.options:
             lines.append(f"{s.strategy} has no period H to tune")
         else:
             lines.append(
                 f"smallest H (sync_every) with exposed communication <= {target_pct:g} %: "
-                + (str(h) if h is not None else "none up to 5000")
+                + (str(h) if h is not None else f"none up to {(periods(p.steps if p.whole else None) or (0,))[-1]}")
             )
     return "\n".join(lines)
 
@@ -127,9 +145,9 @@ def sparse_lines(s: Any) -> list[str]:
     ]
 
 
-def memory_lines(p: Prediction, capacity: float | None) -> list[str]:
+def memory_lines(p: Prediction, capacity: float | None, stated: bool = False) -> list[str]:
     """Rank 0's memory: held by category, the transient at an exchange, the peak; with `capacity`
-    (`--gpu-memory`) one line that says whether it fits, and what would."""
+    (`--gpu-memory`, or the default when `stated`) one line that says whether it fits, and what would."""
     s, m = p.setting, p.memory
     r = s.ranks_per_worker
     how = (
@@ -147,27 +165,38 @@ def memory_lines(p: Prediction, capacity: float | None) -> list[str]:
         "  held: " + ", ".join(f"{c.replace('_', ' ')} {human_bytes(m[c])}" for c in CATEGORIES) + host,
     ]
     if capacity is not None:
+        gpu = capacity_words(capacity, stated)
         if m["per_gpu"] <= capacity:
             lines.append(
-                f"fits on {human_bytes(capacity)}: {human_bytes(m['per_gpu'])} per GPU at the peak "
+                f"fits on {gpu}: {human_bytes(m['per_gpu'])} per GPU at the peak "
                 f"({100 * m['per_gpu'] / capacity:.0f} %)"
             )
         else:
-            flying = p.timeline.held_in_flight
-            r_fit = smallest_fitting_ranks(s, flying, capacity)
-            hint = (
-                f"; --inside fsdp fits from --ranks-per-worker {r_fit}"
-                if r_fit
-                else "; no --ranks-per-worker up to 1024 fits it with --inside fsdp"
-            )
-            if s.options.get("outer_state_device") == "model":
-                on_host = dataclasses.replace(s, options={**s.options, "outer_state_device": "cpu"})
-                r_host = smallest_fitting_ranks(on_host, flying, capacity)
-                hint += f" ({r_host} with --outer-state-device cpu)" if r_host and r_host != r_fit else ""
             lines.append(
-                f"does not fit on {human_bytes(capacity)}: {human_bytes(m['per_gpu'])} per GPU at the " f"peak{hint}"
+                f"does not fit on {gpu}: {human_bytes(m['per_gpu'])} per GPU at the peak{fit_hint(p, capacity)}"
             )
     return lines
+
+
+def capacity_words(capacity: float, stated: bool) -> str:
+    """The accelerator's memory, and whether it is the default (`--gpu-memory` not given)."""
+    return human_bytes(capacity) + (" (the default; --gpu-memory SIZE for another)" if stated else "")
+
+
+def fit_hint(p: Prediction, capacity: float) -> str:
+    """What would fit `capacity`: FSDP inside over enough ranks, and with the outer state in host memory."""
+    s, flying = p.setting, p.timeline.held_in_flight
+    r_fit = smallest_fitting_ranks(s, flying, capacity)
+    hint = (
+        f"; --inside fsdp fits from --ranks-per-worker {r_fit}"
+        if r_fit
+        else "; no --ranks-per-worker up to 1024 fits it with --inside fsdp"
+    )
+    if s.options.get("outer_state_device") == "model":
+        on_host = dataclasses.replace(s, options={**s.options, "outer_state_device": "cpu"})
+        r_host = smallest_fitting_ranks(on_host, flying, capacity)
+        hint += f" ({r_host} with --outer-state-device cpu)" if r_host and r_host != r_fit else ""
+    return hint
 
 
 def check_same_model(run_dir: str, model: str, params: float | None) -> None:
@@ -196,9 +225,15 @@ def plan_command(
     flops: float | None = None,
     step_times: str | None = None,
     gpu_memory: str | None = None,
+    steps: int | None = None,
+    strategies: Sequence[str] | None = None,
+    given: frozenset[str] = frozenset(),
 ) -> str:
     """The one-screen answer for a Config (strategy, options, model, workers, wan) and the plan flags
-    (`flops` None: the throughput of the config's precision; `gpu_memory`: '80GB', the capacity check)."""
+    (`flops` None: the throughput of the config's precision; `gpu_memory`: '80GB', the capacity check,
+    DEFAULT_GPU_MEMORY when None; `steps`: a whole run of that many steps, else the steady state);
+    with `strategies`, those strategies ranked, each at its best settings (`choose.py`), the knobs
+    in `given` (the config keys the user gave) kept as given."""
     capacity = parse_capacity(gpu_memory)
     if not cfg.wan:
         raise ConfigError("plan needs a link: --wan PRESET or a spec (" + ", ".join(PRESETS) + ")")
@@ -228,33 +263,120 @@ def plan_command(
             raise ConfigError("--measure needs a named --model, not --params")
         step_s, source = measure_step_s(cfg), "measured on this machine, one process"
     else:
-        tokens = tokens_per_step if tokens_per_step is not None else cfg.batch_size * cfg.seq_len
-        given = flops is not None
-        flops = flops if given else FLOPS_PER_ACCELERATOR[cfg.precision]
+        tokens, why = tokens_rule(
+            ranks_per_worker,
+            cfg.batch_size,
+            cfg.seq_len,
+            bare=params is not None,
+            given=set(given),
+            tokens=tokens_per_step,
+        )
+        rate_given = flops is not None
+        flops = flops if rate_given else FLOPS_PER_ACCELERATOR[cfg.precision]
         step_s = flops_step_s(size.params, tokens, ranks_per_worker, flops)
         source = (
-            f"FLOPs rule 6*N*tokens/throughput: {tokens:,.0f} tokens per worker step, "
+            f"FLOPs rule 6*N*tokens/throughput: {tokens:,.0f} tokens per worker step ({why}), "
             f"{ranks_per_worker} accelerator(s) at {flops / 1e12:g} TFLOP/s"
-            + ("" if given else f" ({cfg.precision}; --throughput to change it)")
+            + ("" if rate_given else f" ({cfg.precision}; --throughput to change it)")
         )
-    options = resolve_options(cfg.strategy, vars(cfg))
     topology = parse_wan(cfg.wan)
     topology.check_workers(cfg.workers)  # `train` refuses more sites than workers: so does its plan
-    s = setting(
-        cfg.strategy,
-        options,
-        size,
-        cfg.workers,
-        topology,
-        step_s,
-        ranks_per_worker=ranks_per_worker,
-        other_s=other_s,
-        step_times=replay,
-        inside=cfg.inside,
-        optimizer=cfg.optimizer,
-        momentum=cfg.momentum,
-    )
-    return describe(predict(s), source, target_pct, capacity)
+
+    def of(name: str) -> Setting:
+        return setting(
+            name,
+            resolve_options(name, vars(cfg)),
+            size,
+            cfg.workers,
+            topology,
+            step_s,
+            ranks_per_worker=ranks_per_worker,
+            other_s=other_s,
+            step_times=replay,
+            inside=cfg.inside,
+            optimizer=cfg.optimizer,
+            momentum=cfg.momentum,
+        )
+
+    def ranked(name: str) -> Setting:
+        try:
+            return of(name)
+        except ConfigError as e:  # an option given for all of them that this one cannot take
+            raise ConfigError(f"plan --strategies: {name}: {e}") from None
+
+    stated = gpu_memory is None
+    if strategies is None:
+        p = predict(of(cfg.strategy), steps, finish=steps is not None)
+        return describe(p, source, target_pct, capacity, stated)
+    target = target_pct if target_pct is not None else TARGET_PCT
+    settings = [ranked(name) for name in strategies]  # every one checked before any is searched
+    choices = rank([choose(s, capacity, target, steps, given) for s in settings])
+    return describe_ranking(choices, source, target, capacity, stated)
+
+
+def describe_ranking(choices: list[Choice], step_source: str, target_pct: float, capacity: float, stated: bool) -> str:
+    """Strategies ranked at their chosen settings: one table, the rule that chose and ranked them above it."""
+    first = choices[0].prediction
+    searched = sorted({k for c in choices for k in c.searched})
+    rule = []
+    if "sync_every" in searched:
+        rule.append(
+            f"the smallest H (sync_every) whose exposed communication stays <= {target_pct:g} % "
+            f"(--target-exposed), of {', '.join(map(str, H_CANDIDATES[:3]))}, ... {H_CANDIDATES[-1]}"
+            + (f" up to steps / 2 = {first.steps // 2}" if first.whole else "")
+        )
+    if "codec" in searched:
+        rule.append(f"then the codec that loses least ({', '.join(CODECS)})")
+    if "inside" in searched:
+        rule.append("DDP inside a worker where it fits, else FSDP")
+    rule += ["a knob you give is kept", "short of the target, the least exposed"] if rule else ["as given"]
+    head = [
+        f"plan: {len(choices)} {'strategies' if len(choices) > 1 else 'strategy'} ranked by predicted utilization "
+        f"(compute alone / wall clock) at each one's chosen settings, those that fit {human_bytes(capacity)} per "
+        "GPU first",
+        *setting_lines(first.setting, step_source),
+        f"GPU memory: {capacity_words(capacity, stated)}",
+        "settings: " + "; ".join(rule),
+        f"figures: wall clock {figures_for(first)}; bytes per worker per step; memory per GPU at the peak",
+        "",
+        "| rank | strategy | settings | utilization | exposed | wall clock | bytes/worker/step | memory/GPU | "
+        f"fits {human_bytes(capacity)} |",
+        "|" + "---|" * 9,
+    ]
+    rows = []
+    for i, c in enumerate(choices, 1):
+        p = c.prediction
+        fits = "yes" if c.fits else f"no{fit_hint(p, capacity)}"
+        reached = "" if c.reached else f" (> {target_pct:g} %)"
+        rows.append(
+            f"| {i} | {c.strategy} | {settings_words(c)} | {p.utilization_pct:.1f} % | {p.exposed_pct:.1f} %{reached} "
+            f"| {human_seconds(p.wall_s)} | {human_bytes(p.bytes_per_step)} | {human_bytes(p.memory['per_gpu'])} "
+            f"| {fits} |"
+        )
+    tail = [
+        "",
+        "Time, bytes and memory are predicted; what a setting learns is not: a longer H, or a lossier codec, "
+        "may need more steps to the same loss (docs/planner.md#ranking-strategies). "
+        "`--strategy NAME` with these settings prints one in full.",
+    ]
+    return "\n".join(head + rows + tail)
+
+
+def _flag_value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+SETTING_KEYS = ("sync_every", "codec", "fragments", "overlap", "switch_step", "density", "bits")
+
+
+def settings_words(c: Choice) -> str:
+    """The chosen setting as the flags that give it: the period and the codec, and the knobs that shape
+    the exchange (fragments and overlap, post-local SGD's switch, a sparse payload's density and bits)."""
+    s = c.prediction.setting
+    flags = [f"--{k.replace('_', '-')} {_flag_value(s.options[k])}" for k in SETTING_KEYS if k in s.options]
+    if s.ranks_per_worker > 1:
+        flags.append(f"--inside {s.inside}")
+    return " ".join(flags) or "-"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,7 +65,7 @@ from ..errors import ConfigError
 from ..net.estimate import on_link, wan_link
 from ..net.link import Link
 from ..net.topology import Topology
-from ..planner.predict import H_CANDIDATES, MAX_SIMULATED_STEPS, predict, setting
+from ..planner.prediction import H_CANDIDATES, MAX_SIMULATED_STEPS, predict, setting
 from ..planner.sizes import of_module
 from ..telemetry.linkwatch import LinkWatch
 

@@ -1,17 +1,20 @@
 """One prediction: a strategy with its knobs, a model size, M workers (R ranks each), a link and a
-step time -> wall clock per 1000 steps, exposed communication, bytes per worker per step and the
-memory a rank holds (`memory.py`); and the smallest H whose exposed communication stays below a target.
+step time -> wall clock, exposed communication, bytes per worker per step and the memory a rank
+holds (`memory.py`); and the smallest H whose exposed communication stays below a target.
 
 The numbers come from simulating the strategy's own schedule (`schedule.py`) step by step on the
-emulator's cost model (`simulate.py`): a warm-up (CoCoDC's first period, which runs at N = P until
-N is decided; post-local SGD's DDP phase), then two periods whose time, exposed communication and
-bytes are scaled to 1000 steps: the steady state of a long run.
+emulator's cost model (`simulate.py`). Either the steady state of a long run: a warm-up (CoCoDC's
+first period, which runs at N = P until N is decided; post-local SGD's DDP phase, DDP's first
+gradient step), then two periods whose time, exposed communication and bytes are scaled to 1000
+steps; or, given its number of steps, a whole run: every step from the first, the last partial
+round and `finish()`'s last exchange included.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 from ..errors import ConfigError
@@ -60,11 +63,39 @@ def setting(
 
 @dataclass(frozen=True)
 class Prediction:
+    """A steady state (`whole` False: the window after `first` warm-up steps, scaled to 1000 steps) or
+    a whole run (`whole`: the timeline's steps from the first, and `finish()` when it was simulated)."""
+
     setting: Setting
     timeline: Timeline
     syncs_per_period: int | None
-    memory: dict[str, int]  # rank 0's bytes by category, total, transient, host, per_gpu (`memory.py`)
     first: int = 0  # steps before the measured window (warm-up)
+    whole: bool = False
+
+    @cached_property
+    def memory(self) -> dict[str, int]:
+        """Rank 0's bytes by category, total, transient, host, per_gpu (`memory.py`)."""
+        return memory_bill(self.setting, self.timeline.held_in_flight)
+
+    @property
+    def steps(self) -> int:
+        """The steps the figures are for: the whole run's, or 1000 (a steady state)."""
+        return self.timeline.steps if self.whole else STEPS
+
+    @property
+    def wall_s(self) -> float:
+        """The wall clock of `steps` steps: the whole run's (`finish()` included), or per 1000 steps."""
+        return self.timeline.wall_s if self.whole else self.wall_per_1000_s
+
+    @property
+    def compute_s(self) -> float:
+        """The same steps' compute alone, as if no byte had to move."""
+        return self.steps * (self.setting.step_s + self.setting.other_s)
+
+    @property
+    def utilization_pct(self) -> float:
+        """Compute alone as a share of the wall clock."""
+        return 100.0 * self.compute_s / self.wall_s if self.wall_s > 0 else 100.0
 
     @property
     def wall_per_1000_s(self) -> float:
@@ -72,18 +103,25 @@ class Prediction:
 
     @property
     def exposed_pct(self) -> float:
-        wall, exposed, _ = self.timeline.window(self.first)
+        if self.whole:
+            wall, exposed = self.timeline.wall_s, self.timeline.exposed_s
+        else:
+            wall, exposed, _ = self.timeline.window(self.first)
         return 100.0 * exposed / wall if wall > 0 else 0.0
 
     @property
     def bytes_per_step(self) -> float:
         """The payload a worker contributes per step (what its ledger books as `bytes`)."""
+        if self.whole:
+            return self.timeline.payload_bytes / self.timeline.steps
         return self.timeline.window(self.first)[2] / (self.timeline.steps - self.first)
 
     @property
     def sent_per_step(self) -> float:
         """What a worker puts on the wire per step to move it (its ledger's `sent`): a ring all-reduce
         about 2(M−1)/M of its payload, an all-gather (M−1) payloads, a lossy reduce-scatter 2(M−1)/M."""
+        if self.whole:
+            return self.timeline.sent_bytes / self.timeline.steps
         marks, first = self.timeline.sent_marks, self.first
         return (marks[-1] - (marks[first - 1] if first > 0 else 0)) / (self.timeline.steps - first)
 
@@ -133,10 +171,17 @@ def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Predi
     first = warmup_steps(s) if steps is None else 0
     n = steps if steps is not None else first + 2 * h
     tr = run_trace(s, n, finish)
-    tl = simulate(tr, seconds_of(s), s.step_s, s.other_s, s.overlap, include_finish=finish, step_times=workers_times(s))
-    return Prediction(
-        s, tl, tr.syncs_per_period if "fragments" in s.options else None, memory_bill(s, tl.held_in_flight), first
+    tl = simulate(
+        tr,
+        seconds_of(s),
+        s.step_s,
+        s.other_s,
+        s.overlap,
+        include_finish=finish,
+        step_times=workers_times(s),
+        steady_links=not s.topology.varies,
     )
+    return Prediction(s, tl, tr.syncs_per_period if "fragments" in s.options else None, first, steps is not None)
 
 
 def check_simulated_steps(n: int, s: Setting) -> None:
@@ -175,19 +220,67 @@ def workers_times(s: Setting) -> StepTimes | None:
     )
 
 
-def recommend_h(s: Setting, target_pct: float) -> int | None:
+def takes_h(options: dict[str, Any], h: int) -> bool:
+    """Can the strategy run with period H = `h`? A fragment strategy's period must hold its P fragments,
+    exceed its overlap τ and hold its N syncs when N is fixed."""
+    o = options
+    return "fragments" not in o or not (
+        o["fragments"] > h
+        or o["overlap"] >= h
+        or (o["syncs_per_period"] and not o["fragments"] <= o["syncs_per_period"] <= h)
+    )
+
+
+def periods(steps: int | None = None) -> tuple[int, ...]:
+    """The periods H a plan tries: H_CANDIDATES; in a whole run of `steps` steps those up to steps / 2,
+    two rounds at least (a period as long as the run would exchange only in `finish()`)."""
+    return tuple(h for h in H_CANDIDATES if steps is None or 2 * h <= steps)
+
+
+def smallest_h(
+    s: Setting, target_pct: float, steps: int | None = None, candidates: tuple[int, ...] | None = None
+) -> tuple[Prediction | None, bool]:
+    """The prediction at the smallest H of `candidates` (`periods(steps)` by default; those the strategy
+    can take) whose exposed communication is at most `target_pct`, the other knobs unchanged, and True;
+    when none reaches it, the prediction at the largest (the least exposed) and False; (None, False)
+    without candidates. `steps`: predict whole runs of that many steps (`finish()` included), else the
+    steady state.
+
+    The exposed share does not grow with H (`tests/test_planner.py`), so the candidates are walked
+    at doubling strides from the smallest until one reaches the target, then bisected: a handful of
+    predictions, the longest periods simulated only when no shorter one reaches it."""
+    hs = [h for h in (periods(steps) if candidates is None else candidates) if takes_h(s.options, h)]
+    if not hs:
+        return None, False
+    tried: dict[int, Prediction] = {}
+
+    def at(i: int) -> Prediction:
+        if i not in tried:
+            o = {**s.options, "sync_every": hs[i]}
+            tried[i] = predict(dataclasses.replace(s, options=o), steps, finish=steps is not None)
+        return tried[i]
+
+    def reaches(i: int) -> bool:
+        return at(i).exposed_pct <= target_pct
+
+    low, stride = -1, 1  # hs[low] is known not to reach the target (-1: none tried)
+    while True:
+        high = min(low + stride, len(hs) - 1)
+        if reaches(high):
+            break
+        if high == len(hs) - 1:
+            return at(high), False
+        low, stride = high, 2 * stride
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if reaches(mid) else (mid, high)
+    return at(high), True
+
+
+def recommend_h(s: Setting, target_pct: float, steps: int | None = None) -> int | None:
     """The smallest H (K for CPDP) whose predicted exposed communication is at most `target_pct`,
     the strategy's other knobs unchanged; None when no candidate reaches it or there is no H."""
     if "sync_every" not in s.options:
         return None
-    for h in H_CANDIDATES:
-        o = {**s.options, "sync_every": h}
-        if "fragments" in o and (
-            o["fragments"] > h
-            or o["overlap"] >= h
-            or (o["syncs_per_period"] and not o["fragments"] <= o["syncs_per_period"] <= h)
-        ):
-            continue
-        if predict(dataclasses.replace(s, options=o)).exposed_pct <= target_pct:
-            return h
-    return None
+    p, reached = smallest_h(s, target_pct, steps)
+    return int(p.setting.options["sync_every"]) if p is not None and reached else None
