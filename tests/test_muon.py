@@ -331,16 +331,27 @@ def test_a_setting_muon_would_ignore_is_refused_in_one_line(overrides, expect):
     assert expect in str(e.value) and "\n" not in str(e.value)
 
 
-def test_ws_strategy_refuses_muon_under_a_strategy_that_replaces_the_optimizer(tmp_path):
-    model = build_workload(micro(_corpus(tmp_path)), 0, 1, 0, 1).model
+@pytest.fixture
+def one_process():
+    """A one-process group for a test in this process, taken down after it (the next test of this pytest
+    worker may need to find none: test_topology's refusal before the group comes up)."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
     ws.init()
+    yield
+    dist.destroy_process_group()
+
+
+def test_ws_strategy_refuses_muon_under_a_strategy_that_replaces_the_optimizer(tmp_path, one_process):
+    model = build_workload(micro(_corpus(tmp_path)), 0, 1, 0, 1).model
     with pytest.raises(ConfigError) as e:
         ws.strategy("demo", model, muon_adamw(model, lr=1e-3, weight_decay=0.0))
     assert "MuonAdamW" in str(e.value) and "\n" not in str(e.value)
 
 
 # ---- the Hugging Face Trainer ---------------------------------------------------------------------
-def test_the_hf_trainer_trains_with_muon_on_the_llama_layers_matrices(tmp_path):
+def test_the_hf_trainer_trains_with_muon_on_the_llama_layers_matrices(tmp_path, one_process):
     transformers = pytest.importorskip("transformers")
     from wansync.integrations.hf import WansyncTrainer
 
@@ -351,7 +362,6 @@ def test_the_hf_trainer_trains_with_muon_on_the_llama_layers_matrices(tmp_path):
     model = transformers.LlamaForCausalLM(config)
     tokens = (torch.arange(32)[:, None] + torch.arange(16)) % 64  # counting: each next token follows
     data = [{"input_ids": t, "labels": t} for t in tokens]
-    ws.init()
 
     def trainer(**settings: Any) -> Any:
         args = transformers.TrainingArguments(
