@@ -15,13 +15,15 @@ torch.set_num_threads(1)
 
 SECONDS = {
     "test_fault_tolerance.py": 114,
-    "test_chaos.py": 57,
+    "test_chaos.py": 46,
     "test_sharded_workers.py": 60,
     "test_secure_bed.py": 31,
-    "test_hosts.py": 30,
+    "test_hosts.py": 27,
     "test_adapt.py": 47,
     "test_reliability.py": 28,
-    "test_hf_trainer.py": 26,
+    "test_hf_trainer.py": 42,
+    "test_muon.py": 24,
+    "test_planner_validation.py": 22,
     "test_options_consumed.py": 25,
     "test_run_dirs_rule.py": 21,
     "test_bad_inputs_by_class.py": 20,
