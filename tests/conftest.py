@@ -23,7 +23,7 @@ SECONDS = {
     "test_reliability.py": 28,
     "test_hf_trainer.py": 42,
     "test_muon.py": 24,
-    "test_planner_validation.py": 22,
+    "test_planner_validation.py": 12,
     "test_options_consumed.py": 25,
     "test_run_dirs_rule.py": 21,
     "test_bad_inputs_by_class.py": 20,
