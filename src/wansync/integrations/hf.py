@@ -189,7 +189,7 @@ def cpu_world(args: Any) -> None:
     several: `args` is set up as `use_cpu=True` sets it, the ranks of the process group on the CPU.
     Before the Trainer makes its accelerator from the state `args` set up."""
     if dist.get_world_size() > 1 and getattr(args, "use_cpu", True) is False:
-        if torch.accelerator.current_accelerator() is None:
+        if not torch.accelerator.is_available():  # a CUDA build on a machine without a GPU has none either
             args.use_cpu = True
             vars(args).pop("_setup_devices", None)  # TrainingArguments set its devices up once: again,
             args._setup_devices  # now, and accelerate's state with them, before the Trainer reads it
