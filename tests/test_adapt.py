@@ -446,11 +446,11 @@ def test_the_controller_compresses_through_a_drop_and_goes_back_when_the_link_re
 
 
 def test_two_runs_with_one_seed_take_the_same_decisions(tmp_path):
-    """On 4 Mbit/s no setting within the bounds reaches the target, and the least exposed one (H = 16, fp4)
+    """On 2 Mbit/s no setting within the bounds reaches the target, and the least exposed one (H = 16, fp4)
     is so by far: a choice that measured times which wander (a loaded machine) cannot move. Where a
     prediction sits at the target they may: decisions rest on measured numbers (docs/adapt.md)."""
     path = tmp_path / "slow.toml"
-    path.write_text(DROP.format(bw="4mbit", schedule=""))
+    path.write_text(DROP.format(bw="2mbit", schedule=""))
     logs = []
     for leg in ("one", "two"):
         run = tmp_path / leg
