@@ -158,7 +158,10 @@ def _cli(capsys, *argv):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["compare", "--strategies", "ddp,nope"], "unknown strategy 'nope' (available: ddp, demo, local_sgd"),
+        (
+            ["compare", "--strategies", "ddp,nope"],
+            "unknown strategy 'nope' (available: ddp, async_diloco, demo, local_sgd",
+        ),
         (["compare", "--steps", "3"], "compare needs --strategies"),
         (["sweep", "--grid", "sync_evry=1,2"], "--grid: unknown config key 'sync_evry'"),
         (["sweep", "--grid", "sync_every=1,two"], "sync_every must be an integer, got 'two'"),

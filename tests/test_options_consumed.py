@@ -15,6 +15,7 @@ line naming it; in the CLI, in a TOML config and in the Python API alike.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -42,6 +43,8 @@ BASE: dict[str, dict[str, Any]] = {
     "sparseloco": {"sync_every": 2, "chunk": 4},
     "streaming": {"sync_every": 8, "overlap": 1},
     "cocodc": {"sync_every": 8, "overlap": 1, "syncs_per_period": 4},  # N given: not from measured times
+    # every learner in every merge: the same merges whatever the timing (a smaller quorum depends on it)
+    "async_diloco": {"sync_every": 2, "merge_quorum": 3, "grace": math.inf},
 }
 STEPS = {"streaming": 20, "cocodc": 20}
 # a value other than the default, where the heuristic (flip, halve, double) would not be valid
@@ -69,6 +72,7 @@ ALT: dict[str, Any] = {
     "deadline": 5.0,
     "max_syncs_per_fragment": 1,
     "robust_kappa": 0.5,
+    "staleness_rule": "polynomial",
 }
 # the other options an option needs to act at all (its declared `needs`)
 CONTEXT: dict[str, dict[str, Any]] = {
@@ -92,6 +96,9 @@ TIMED = {
     "deadline": "a deadline closes a round by the clock: test_slow_policies.py",
     "gamma": "CoCoDC's automatic N follows measured compute and send times: test_cocodc.py (N from gamma)",
     "max_syncs_per_fragment": "caps that automatic N: test_cocodc.py",
+    "merge_quorum": "who is in a merge follows when learners arrive: test_async_diloco.py (quorum, grace window)",
+    "grace": "the grace window closes a merge by the clock: test_async_diloco.py",
+    "max_staleness": "a round is stale only when others merged while it trained: test_async_diloco.py (dropped)",
 }
 
 

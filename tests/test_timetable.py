@@ -195,6 +195,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
     ("sparseloco", {"sync_every": 4}),
     ("demo", {}),
+    ("async_diloco", {"sync_every": 5}),
 ]
 
 

@@ -482,8 +482,25 @@ def validate(cfg: Config) -> None:
     )
     if cfg.fault_tolerant:
         ft_support.check_fault_tolerant(cfg)
+    if cfg.strategy == "async_diloco":
+        check_asynchronous(cfg)
     idle = idle_keys(cfg, [f.name for f in fields(Config) if getattr(cfg, f.name) != f.default], [cfg])
     check(not idle, idle[0][1] if idle else "")
+
+
+def check_asynchronous(cfg: Config) -> None:
+    """What async_diloco's learners, each on its own clock, cannot do yet (`strategies/async_diloco.py`):
+    nothing that makes every rank meet in the middle of the run."""
+    check(
+        cfg.ranks_per_worker == 1,
+        f"async_diloco runs one rank per learner: --ranks-per-worker {cfg.ranks_per_worker} is not supported yet",
+    )
+    check(
+        cfg.checkpoint_every == 0,
+        "async_diloco writes its checkpoint at the end only: --checkpoint-every would make every learner "
+        "meet the others mid-run (drop it)",
+    )
+    check(not cfg.adapt, "--adapt tunes lock-step rounds; async_diloco's learners have none to tune (drop --adapt)")
 
 
 def check_key(name: str, value: Any) -> None:
@@ -499,7 +516,8 @@ def check_bounds(f: dataclasses.Field, value: Any) -> None:
     """What any number must be: a float finite, an integer within what C++ (torch, gloo) takes."""
     t = base_type(f.name)
     if t is float:
-        check(math.isfinite(value), f"{f.name} must be a finite number, got {value}")
+        unbounded = value == math.inf and any(getattr(r, "allows_inf", False) for r in f.metadata["rules"])
+        check(math.isfinite(value) or unbounded, f"{f.name} must be a finite number, got {value}")
     elif t is int:
         limit = INT64_MAX if f.name == "seed" or f.metadata["section"] == "strategy" else INT32_MAX
         check(-limit <= value <= limit, f"{f.name} is too large: {value} (at most {limit})")

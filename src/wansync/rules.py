@@ -29,6 +29,14 @@ def positive(name: str, value: Any) -> None:
     check(_finite(value) and value > 0, f"{name} must be > 0, got {value}")
 
 
+def positive_or_inf(name: str, value: Any) -> None:
+    """> 0, infinity included (a window that never closes); never NaN."""
+    check(value == value and value > 0, f"{name} must be > 0 (inf: unbounded), got {value}")
+
+
+positive_or_inf.allows_inf = True  # type: ignore[attr-defined]  # `config.check_bounds` lets inf through
+
+
 def in_range(low: float, high: float, *, low_included: bool = True, high_included: bool = False) -> Rule:
     """low <= value < high; `low_included`/`high_included` say which ends belong to the range."""
 

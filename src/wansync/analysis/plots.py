@@ -393,12 +393,45 @@ def adapt_over_time(settings: Sequence[SettingRuns], path: Path) -> Path | None:
     return _finish(fig, exposed, path, "setting")
 
 
+def staleness_over_time(settings: Sequence[SettingRuns], path: Path) -> Path | None:
+    """An asynchronous run's merges: each contribution's staleness (versions between the one its learner
+    started from and the merge) over the syncer's wall clock, and how often each staleness came; one
+    colour per setting. None when no run was asynchronous."""
+    runs = [(s, r) for s in settings for r in s.ok_runs if r.merges()]
+    if not runs:
+        return None
+    colors, names = _colors(settings), _names(settings)
+    fig, (over, share) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 1]})
+    counts: dict[str, dict[int, int]] = {}
+    for s, run in runs:
+        xs, ys = [], []
+        for m in run.merges():
+            for tau in m.get("staleness") or []:
+                xs.append(float(m.get("time", 0.0)))
+                ys.append(int(tau))
+                counts.setdefault(s.label, {}).setdefault(int(tau), 0)
+                counts[s.label][int(tau)] += 1
+        over.scatter(xs, ys, color=colors[s.label], s=12, alpha=0.6, label=names[s.label])
+    width = 0.8 / max(1, len(counts))
+    for i, (label, by_tau) in enumerate(counts.items()):
+        total = sum(by_tau.values())
+        taus = sorted(by_tau)
+        share.bar([t + i * width for t in taus], [100 * by_tau[t] / total for t in taus], width, color=colors[label])
+    over.set_xlabel("syncer wall clock (s)")
+    over.set_ylabel("staleness (versions)")
+    over.set_title("Asynchronous merges: the staleness of each contribution")
+    share.set_xlabel("staleness (versions)")
+    share.set_ylabel("% of contributions")
+    share.grid(True, alpha=0.3)
+    return _finish(fig, over, path, "setting")
+
+
 def all_plots(root: Path, settings: Sequence[SettingRuns], q: Quality, target: float | None) -> list[Path]:
     """Every plot, under the names the run directory's layout gives them (`rundir.layout`); the
-    decisions of `--adapt` only where a run adapted."""
+    decisions of `--adapt` only where a run adapted, the staleness of merges only where one was asynchronous."""
     root = Path(root)
     by_step, by_time = (root / p.format(quality="loss" if q.kind == "lm" else "accuracy") for p in QUALITY_PLOTS)
-    front, breakdown, volume, exposed, adapt = (root / p for p in PLOTS)
+    front, breakdown, volume, exposed, adapt, stale = (root / p for p in PLOTS)
     made = [
         quality_vs(settings, q, target, by_step, "step"),
         quality_vs(settings, q, target, by_time, "time"),
@@ -407,5 +440,6 @@ def all_plots(root: Path, settings: Sequence[SettingRuns], q: Quality, target: f
         bytes_per_setting(settings, volume),
         exposed_over_time(settings, exposed),
         adapt_over_time(settings, adapt),
+        staleness_over_time(settings, stale),
     ]
     return [p for p in made if p is not None]

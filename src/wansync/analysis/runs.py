@@ -43,6 +43,10 @@ class Run:
         """What `--adapt` changed and why (metrics.jsonl's `adapt` records), read when asked."""
         return read_records(self.dir / METRICS_FILE, "adapt")
 
+    def merges(self) -> list[dict[str, Any]]:
+        """What an asynchronous run's syncer merged (metrics.jsonl's `merge` records), read when asked."""
+        return read_records(self.dir / METRICS_FILE, "merge")
+
     @property
     def diverged(self) -> bool:
         """Finished, but ended worse than it started or at chance: summary.json's flag, or for a run

@@ -38,6 +38,11 @@ def check_supported(
         f"wait for a quorum (use one of {', '.join(STRATEGIES)}, whose workers train alone between exchanges)",
     )
     check(
+        strategy != "async_diloco",
+        f"{subject} does not support async_diloco: its learners never wait for a quorum, and a learner that "
+        "dies is not restarted yet (the syncer goes on with the others)",
+    )
+    check(
         strategy in STRATEGIES,
         f"{subject} does not support {strategy}: it all-reduces gradients every step, so no step can "
         f"go on without every worker (use one of {', '.join(STRATEGIES)})",

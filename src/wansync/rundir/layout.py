@@ -79,7 +79,7 @@ REPORT_FILE = "report.md"
 SUMMARY_CSV = "summary.csv"
 RUNS_CSV = "runs.csv"
 QUALITY_PLOTS = ("{quality}_vs_step.png", "{quality}_vs_wallclock.png")  # quality: loss or accuracy
-PLOTS = ("pareto.png", "time_breakdown.png", "bytes.png", "exposed_over_time.png", "adapt.png")
+PLOTS = ("pareto.png", "time_breakdown.png", "bytes.png", "exposed_over_time.png", "adapt.png", "staleness.png")
 # What a report writes beside the runs, in a directory that may hold files of others.
 REPORT_FILES = (
     REPORT_FILE,

@@ -35,6 +35,7 @@ SETTINGS = MappingProxyType(
         "cocodc": {"sync_every": 50, "fragments": 2, "overlap": 5},
         "sparseloco": {"sync_every": 10},  # many rounds: its error feedback sends a little every time
         "demo": {},
+        "async_diloco": {"sync_every": 50},  # DiLoCo's H; at equal speeds it merges both learners per round
     }
 )
 STEPS = 300

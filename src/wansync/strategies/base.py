@@ -139,6 +139,9 @@ class Strategy:
     # which only carries the learning rate and weight decay
     exchange_purpose: ClassVar[str] = "params"  # the ledger's purpose of its exchange between workers
     knobs: ClassVar[tuple[str, ...]] = ()  # what a tuner may turn between rounds (`retune`, --adapt)
+    # False: its workers run on their own clocks and never meet mid-run (`async_diloco`): no collective
+    # between them outside its own exchange (evaluations, checkpoints mid-run), no resume yet
+    lock_step: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -250,6 +253,16 @@ class Strategy:
         took = None if self.since_last_step_s is None else self.since_last_step_s + self.last_inner_s
         self.sync_due()
         self.pace.after_step(self.t, not (skip_inner or idle), took)
+
+    def continues(self, steps: int) -> bool:
+        """Does a run of `steps` steps take another? Until this rank has taken them (an asynchronous
+        strategy's learners go on until the run's budget is merged: `async_diloco.py`)."""
+        return self.t < steps
+
+    def schedule_step(self, step: int) -> int:
+        """Where step `step` stands in the run's learning-rate schedule: the step itself (an
+        asynchronous learner's is the run's progress, merged by every learner: `async_diloco.py`)."""
+        return step
 
     def computes_next(self) -> bool:
         """Does this worker compute the next step, or sit it out (`step(idle=True)`)? Always, unless a

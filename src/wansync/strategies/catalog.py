@@ -20,6 +20,7 @@ from types import MappingProxyType
 
 from ..comm.choices import DEFAULT_DENSITY
 from ..errors import check
+from ..rules import positive_or_inf
 from .options import (
     Needs,
     Options,
@@ -257,6 +258,47 @@ class DeMoOptions(Options):
         check_sparse_options(self, DEFAULT_DENSITY)
 
 
+# ---- asynchronous DiLoCo (`async_diloco.py`, its syncer `syncer.py`) --------------------------------
+STALENESS_RULES = ("none", "polynomial", "delayed_nesterov")  # `staleness.py`
+
+
+@dataclass
+class AsyncDiLoCoOptions(Options):
+    """Each learner's H and codec, DiLoCo's outer optimizer, and the syncer's quorum, grace window,
+    staleness bound and rule (sources: `async_diloco.py`, `syncer.py`, `staleness.py`)."""
+
+    sync_every: int = sync_every(100)
+    outer_lr: float = outer_lr()
+    outer_momentum: float = outer_momentum()
+    merge_quorum: int = option(
+        1, "contributions the syncer waits for before it merges (of the learners connected)", at_least(1)
+    )
+    grace: float = option(
+        0.5,
+        "seconds the syncer waits for more contributions once the quorum is in (inf: every learner connected)",
+        positive_or_inf,
+    )
+    max_staleness: int = option(
+        4, "a contribution based on a version more than this many versions old is dropped", at_least(0)
+    )
+    staleness_rule: str = option(
+        "delayed_nesterov",
+        f"what a merge does with stale pseudo-gradients: {'|'.join(STALENESS_RULES)}",
+        one_of(STALENESS_RULES),
+    )
+    dn_period: int = option(
+        0,
+        "delayed Nesterov's period N in merges (0: learners / merge_quorum, rounded)",
+        at_least(0),
+        needs=Needs(
+            lambda o: o.staleness_rule == "delayed_nesterov",
+            "dn_period {dn_period} is delayed Nesterov's period, and staleness_rule is {staleness_rule}, so it "
+            "would do nothing: drop it, or give staleness_rule delayed_nesterov",
+        ),
+    )
+    codec: str = codec("exchanged parameters (lossless) or pseudo-gradients (lossy)")
+
+
 # ---- the list ---------------------------------------------------------------------------------------
 #: Every strategy: its name, which is also its module's (`ddp` is `ddp.py`), and its options. DDP has none.
 OPTIONS_OF: MappingProxyType[str, type[Options]] = MappingProxyType(
@@ -271,5 +313,6 @@ OPTIONS_OF: MappingProxyType[str, type[Options]] = MappingProxyType(
         "cocodc": CoCoDCOptions,
         "sparseloco": SparseLoCoOptions,
         "demo": DeMoOptions,
+        "async_diloco": AsyncDiLoCoOptions,
     }
 )

@@ -343,7 +343,10 @@ class Run:
             )
         at = self.sync.t if step is None else step
         self.lap("eval")  # the evaluation's own work
-        means = self._means({k: float(v) for k, v in metrics.items()})
+        if self.sync.lock_step:
+            means = self._means({k: float(v) for k, v in metrics.items()})
+        else:  # learners on their own clocks (async_diloco) meet no one mid-run: this rank's own model
+            means = {k: float(metrics[k]) for k in sorted(metrics)}
         waited = self.profiler.lap("exposed_comm")
         self.sync.pace.pause(waited)
         self.eval_waits[str(at)] = round(waited, 6)

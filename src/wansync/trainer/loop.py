@@ -191,7 +191,7 @@ class Trainer:
         and on `sync.step()`, and writes its record. A step the worker's slow policy has it sit out
         (`Strategy.computes_next`) is an idle one: no batch, no forward, the exchanges due made."""
         cfg, sync = self.cfg, self.sync
-        lr = lr_at(cfg, step, self.world)
+        lr = lr_at(cfg, sync.schedule_step(step), self.world)
         set_lr(self.optimizer, lr)
         if not sync.computes_next():
             self.phase.now = f"step {step + 1} (synchronization)"
@@ -335,7 +335,7 @@ class Trainer:
         if self.member is not None:
             self.member.join()  # a restarted worker heals here
         self.first_step = self.sync.t  # its warm-up gets a longer bound (trainer.stall)
-        while self.sync.t < cfg.steps:
+        while self.sync.continues(cfg.steps):
             step = self.sync.t
             self.phase.now = f"step {step + 1}"
             rec = self.train_step(step)
@@ -350,10 +350,13 @@ class Trainer:
             self.member.before_finish()  # a worker still behind heals here
         self.sync.finish()
         self.phase.now = "the final evaluation"
-        self.evaluate(cfg.steps)
+        self.evaluate(self.sync.t)  # cfg.steps, but an asynchronous learner's own count (`continues`)
         self.save_checkpoint(cfg.steps)
         target = given_target(cfg.target_loss, cfg.target_acc, self.workload.kind)
-        summary = run.close(**({} if target is None else {"target": target_record(run.evals, target)}))
+        fields = {} if target is None else {"target": target_record(run.evals, target)}
+        if getattr(self.sync, "run_summary", None) is not None:
+            fields["asynchronous"] = self.sync.run_summary
+        summary = run.close(**fields)
         if self.member is not None:
             self.member.shutdown()
         return summary

@@ -1,0 +1,110 @@
+"""Asynchronous DiLoCo under a site that stops: does anyone else stop, and how long does the run go
+without a new version?
+
+Two runs of `wansync train --strategy async_diloco` on the uneven world (topology `uneven-speeds`: four
+workers at speeds 1, 1, 0.5 and 0.33, one per region, cross-region links), side by side: one without
+faults, one in which the benchmark stops one site's processes (SIGSTOP, the slow site by default) for
+`--stop` seconds once the run is `--at` seconds in, then continues them (SIGCONT). For each run it prints
+the longest interval without a published version (the syncer's merge events in rank 0's metrics), the
+same before the stop, the goodput (tokens merged / tokens computed; summary.json's `asynchronous`), the
+largest wait of a learner that was not stopped, and the wall clock.
+
+What to expect: the longest interval stays under the grace window plus one merge interval, the running
+learners' waits do not grow, and the stopped learner's stale round is dropped (goodput below 1).
+
+    python benchmarks/async_chaos.py [--stop 30] [--at 8] [--site 3] [--steps 400] [--quorum 2] [--grace 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def train(out: Path, args: argparse.Namespace, stop_site: int | None) -> float:
+    """One run; with `stop_site`, that worker's process stopped for args.stop seconds at args.at."""
+    cmd = [
+        sys.executable, "-m", "wansync", "train", "--strategy", "async_diloco", "--wan", "uneven-speeds",
+        "--workers", "4", "--steps", str(args.steps), "--sync-every", str(args.h),
+        "--merge-quorum", str(args.quorum), "--grace", str(args.grace), "--max-staleness", "2",
+        "--model", "tiny", "--batch-size", "8", "--seq-len", "64", "--threads", "1",
+        "--eval-every", "100000", "--eval-batches", "2", "--quiet", "--out", str(out),
+    ]  # fmt: skip
+    began = time.perf_counter()
+    proc = subprocess.Popen(cmd)
+    if stop_site is not None:
+        pid_file = out / "logs" / f"rank{stop_site}.pid"
+        while not pid_file.is_file() and proc.poll() is None:
+            time.sleep(0.1)
+        time.sleep(max(0.0, args.at - (time.perf_counter() - began)))
+        pid = int(pid_file.read_text().split()[0])
+        os.kill(pid, signal.SIGSTOP)
+        print(f"  stopped worker {stop_site} (pid {pid}) at {time.perf_counter() - began:.1f} s for {args.stop:g} s")
+        time.sleep(args.stop)
+        os.kill(pid, signal.SIGCONT)
+    if proc.wait() != 0:
+        raise SystemExit(f"the run in {out} failed")
+    return time.perf_counter() - began
+
+
+def figures(out: Path, stopped: int | None, at: float, stop: float) -> dict[str, float]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    times = [r["time"] for r in records if r.get("type") == "merge"]
+    gaps = [(b - a, a) for a, b in zip(times, times[1:])]
+    summary = json.loads((out / "summary.json").read_text())
+    waits = []
+    for rank in range(4):
+        if rank == stopped:
+            continue
+        profile = out / "logs" / f"profile_rank{rank}.json"
+        if profile.is_file():
+            waits.append(json.loads(profile.read_text()).get("categories_s", {}).get("exposed_comm", 0.0))
+    return {
+        "longest_gap_s": max(g for g, _ in gaps),
+        "longest_gap_before_s": max((g for g, t in gaps if t < at), default=float("nan")),
+        "goodput": summary["asynchronous"]["goodput"],
+        "versions": summary["asynchronous"]["versions"],
+        "staleness_max": summary["asynchronous"]["staleness_max"],
+        "exposed_max_s": max(waits, default=float("nan")),
+        "wall_clock_s": summary["wall_clock_s"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stop", type=float, default=30.0)
+    ap.add_argument("--at", type=float, default=8.0)
+    ap.add_argument("--site", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--h", type=int, default=25)
+    ap.add_argument("--quorum", type=int, default=2)
+    ap.add_argument("--grace", type=float, default=0.5)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="async_chaos_"))
+    rows = {}
+    for name, site in (("no fault", None), (f"worker {args.site} stopped {args.stop:g} s", args.site)):
+        out = root / name.split()[0]
+        print(f"{name}: {out}")
+        train(out, args, site)
+        rows[name] = figures(out, site, args.at, args.stop)
+    print(
+        f"\n{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} cores; grace {args.grace:g} s"
+    )
+    keys = list(next(iter(rows.values())))
+    print("| run | " + " | ".join(keys) + " |")
+    print("|---" * (len(keys) + 1) + "|")
+    for name, row in rows.items():
+        print(f"| {name} | " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
+
+
+if __name__ == "__main__":
+    main()

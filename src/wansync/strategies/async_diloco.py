@@ -1,0 +1,274 @@
+"""Asynchronous DiLoCo: learners on their own clocks, a syncer that merges whoever arrived.
+
+`async_diloco` is DiLoCo (arXiv:2311.08105) with the lock step taken out, after Decoupled DiLoCo
+(arXiv:2604.21428) and Asynchronous Local-SGD (Liu et al. 2024, arXiv:2401.09135). Each learner (a
+worker) runs its H inner steps on its own clock from the version θ̃_b it last took, then::
+
+    send  (θ_m or θ_m − θ̃_b through the codec, b, the steps and tokens of the round)  to the syncer
+    take  the first version newer than b: at once if the syncer has one, else at its next merge
+    θ_m ← θ̃_v
+
+and goes on. No learner waits for another: a slow one's contribution arrives late and is merged
+stale into whatever version is current then (`syncer.py`: quorum, grace window, token weighting, the
+staleness bound; `staleness.py`: the staleness rule). A learner waits only when the syncer has
+nothing newer than its own base, which is the merge its own contribution goes into; the profiler
+books that wait as exposed communication.
+
+The syncer is a role (`syncer_service.py`): threads of global rank 0's process, beside its learner,
+reached over an admitted, sealed TCP connection per learner (`comm.p2p`), each message modelled on
+the emulated link of its pair. Its θ̃, version history and outer state are its own; rank 0's
+checkpoint holds them (`extra_state`).
+
+With every learner at one speed, a quorum of every learner (or an unbounded grace window) and
+`staleness_rule none`, every merge takes every learner's fresh θ_m, and the run is lock-step DiLoCo
+bit for bit (tested): the same exchange, the same outer Nesterov step, the same model.
+
+Where it stands: one rank per learner (no `--inside`), no `--fault-tolerant` quorum, no `--adapt`,
+no `--slow-policy` (a slow learner is what the syncer absorbs), no resume from a checkpoint of the
+middle of a run; each is refused in one line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..comm import p2p
+from ..comm.codecs import get_codec
+from ..comm.flat import FlatTensors
+from ..errors import ConfigError, PeerError
+from ..net import emulator_of
+from ..trust.settings import current
+from .base import Strategy, model_buffers, sync_tensors
+from .catalog import AsyncDiLoCoOptions
+from .periodic import PeriodicTimetable
+from .syncer import Settings, Syncer
+from .syncer_service import SyncerService
+
+ADDRESS_BYTES = 256  # the syncer's HOST:PORT, broadcast from rank 0 as a fixed-size byte tensor
+SETTINGS = (
+    "sync_every",
+    "outer_lr",
+    "outer_momentum",
+    "merge_quorum",
+    "grace",
+    "max_staleness",
+    "staleness_rule",
+    "dn_period",
+    "codec",
+)
+
+
+def peer_timeout_s() -> float:
+    """How long a learner waits for the syncer's answer: the process group's store timeout (the run's
+    --peer-timeout), else torch's default for a group."""
+    try:
+        return float(getattr(dist.distributed_c10d._get_default_store(), "timeout").total_seconds())
+    except (AttributeError, RuntimeError, ValueError):
+        return float(dist.default_pg_timeout.total_seconds())
+
+
+class AsyncTimetable(PeriodicTimetable):
+    """A round every H steps, each ending in the learner's own exchange with the syncer: no collective
+    between workers, so no step meets the others (`exchanges_at` is False)."""
+
+    def exchanges_at(self, t: int) -> bool:
+        return False
+
+    def final_sync(self, t: int) -> bool:
+        return True
+
+
+class AsyncDiLoCo(Strategy):
+    name = "async_diloco"
+    Options = AsyncDiLoCoOptions
+    Timetable = AsyncTimetable
+    exchange_purpose = "pseudo_grads"
+    lock_step = False  # the run's evaluations and gathers stay on this rank (`telemetry.run`)
+
+    def __init__(self, model, optimizer, options=None, **kw):
+        super().__init__(model, optimizer, options, **kw)
+        if self.replicas.ranks_per_worker > 1 or self.replicas.shards:
+            raise ConfigError(
+                "async_diloco runs one rank per learner: workers of several ranks (--inside) are not supported"
+            )
+        if self.exchange.quorum is not None:
+            raise ConfigError("async_diloco does not take a fault-tolerant quorum: its learners never wait for one")
+        learners = self.world_size
+        if self.opts.merge_quorum > learners:
+            raise ConfigError(
+                f"async_diloco: merge_quorum {self.opts.merge_quorum} is more than the {learners} learners of the run"
+            )
+        self.broadcast_initial_state()
+        tensors = sync_tensors(self.module)
+        self.flat = FlatTensors(tensors)
+        self.codec = get_codec(self.opts.codec)
+        self.lossless = self.codec.name == "fp32"
+        self.settings = {k: getattr(self.opts, k) for k in SETTINGS} | {"learners": learners}
+        self.settings["grace"] = "inf" if math.isinf(self.opts.grace) else self.opts.grace
+        trust = current()
+        emulator = emulator_of(self.group)
+        ranks = [dist.get_global_rank(self.group, i) if self.group is not None else i for i in range(learners)]
+        self.service: SyncerService | None = None
+        address = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
+        if self.rank == 0:
+            syncer = Syncer(
+                tensors,
+                model_buffers(self.module),
+                Settings(
+                    learners=learners,
+                    quorum=self.opts.merge_quorum,
+                    grace_s=self.opts.grace,
+                    max_staleness=self.opts.max_staleness,
+                    rule=self.opts.staleness_rule,
+                    outer_lr=self.opts.outer_lr,
+                    outer_momentum=self.opts.outer_momentum,
+                    dn_period=self.opts.dn_period,
+                ),
+            )
+            self.service = SyncerService(
+                syncer,
+                trust=trust,
+                host=os.environ.get("MASTER_ADDR") or "127.0.0.1",  # rank 0's host, as torchrun names it
+                rank=ranks[0],
+                ranks=ranks,
+                world=dist.get_world_size(),
+                emulator=emulator,
+                settings=self.settings,
+                codec=self.codec.name,
+                log=lambda line: print(f"wansync: {line}", file=sys.stderr, flush=True),
+            )
+            raw = self.service.address.encode()
+            address[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        dist.broadcast(address, src=ranks[0], group=self.group)
+        self.syncer_address = bytes(address[address != 0].tolist()).decode()
+        link = p2p.LinkModel(emulator, ranks[self.rank], ranks[0], dist.get_world_size())
+        self.channel = p2p.Channel(p2p.connect(self.syncer_address, trust), p2p.key(trust), link, "the syncer")
+        self.channel.send({"kind": "hello", "learner": self.rank, "settings": self.settings})
+        self.wait_bound_s = peer_timeout_s()
+        welcome = self.channel.recv(self.wait_bound_s)
+        if welcome["kind"] == "refused":
+            raise ConfigError(f"async_diloco: the syncer refused this learner: {welcome.get('why')}")
+        self.base = int(welcome["version"])  # the version this learner's round started from
+        if "values" in welcome:  # it joined a run that had moved on
+            self.flat.scatter(welcome["values"])
+        self.base_value = None if self.lossless else self.flat.gather().float()
+        self.round_start = 0  # the step its round started at
+        self.run_steps: int | None = None
+        self.progress_base = 0  # the learner steps merged into the version it took, per learner
+        self.stopped = False
+        self.finished = False
+        self.run_summary: dict[str, Any] | None = None  # rank 0's, at the end: goodput, staleness, syncer idle
+
+    # ---- the learner's loop ---------------------------------------------------------------------
+    def continues(self, steps: int) -> bool:
+        """Does the loop take another step? Until the syncer says the run's budget (learners × `steps`
+        learner steps) is merged: a fast learner takes more than `steps`, a slow one fewer."""
+        self.run_steps = steps
+        return not self.stopped
+
+    def schedule_step(self, step: int) -> int:
+        """The run's progress: the learner steps merged into the version this learner took, per learner,
+        plus its steps since (a fast learner's schedule does not run ahead of the run's)."""
+        progress = self.progress_base + self.t - self.round_start
+        return min(progress, self.run_steps) if self.run_steps is not None else progress
+
+    def after_inner_step(self) -> None:
+        if self.timetable.is_boundary(self.t):
+            self.round_boundary()
+
+    def boundary(self) -> None:
+        self._exchange(final=False)
+
+    def finish(self) -> None:
+        """The last contribution (the steps after the last round, possibly none) and the last version,
+        the same on every learner; rank 0 then closes the syncer."""
+        if self.finished:
+            return
+        self._exchange(final=True)
+        self.finished = True
+        if self.service is not None:
+            self.service.wait_ended()
+            for merge in self.service.drain():
+                self.emit("merge", **merge)
+            self.run_summary = self.service.summary()
+            self.emit("syncer", **self.run_summary)
+            self.service.close()
+        self.channel.close()
+
+    def _exchange(self, final: bool) -> None:
+        steps = self.t - self.round_start
+        message: dict[str, Any] = {
+            "kind": "contribution",
+            "base": self.base,
+            "steps": steps,
+            "tokens": steps,  # a round's tokens are its steps × the batch, the same on every learner
+            "final": final,
+            "run_steps": self.run_steps,
+            "computed": self.t,  # tokens: steps, as above
+        }
+        if steps:
+            if self.lossless:
+                message["values"] = self.flat.gather()
+            else:
+                assert self.base_value is not None
+                enc = self.codec.encode(self.flat.gather().float() - self.base_value)
+                message["data"], message["numel"] = enc.data, enc.numel
+        began = time.perf_counter()
+        self.channel.send(message)
+        payload = message.get("values", message.get("data"))
+        sent = 0 if payload is None else payload.numel() * payload.element_size()  # as the codec puts it on the wire
+        reply = self.channel.recv(self.wait_bound_s)
+        waited = time.perf_counter() - began
+        if reply["kind"] != "version":
+            raise PeerError(f"async_diloco: the syncer answered {reply['kind']!r}: {reply.get('why', '')}")
+        values = reply["values"]
+        self.flat.scatter(values)
+        if not self.lossless:
+            self.base_value = values.float().clone()
+        based, self.base, self.round_start = self.base, int(reply["version"]), self.t
+        self.stopped = self.stopped or bool(reply["stop"])
+        self.progress_base = int(reply["merged_steps"]) // self.world_size
+        received = values.numel() * values.element_size()
+        self.comm.count(self.exchange_purpose, sent)  # what it sent; the version it took is the syncer's to send
+        self.comm.waited(self.exchange_purpose, waited)
+        if reply["dropped"]:
+            print(
+                f"wansync: learner {self.rank}: its {steps} steps based on version {based} were dropped "
+                f"(more than max_staleness {self.opts.max_staleness} versions old); it goes on from version {self.base}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.emit(
+            "sync",
+            kind="async",
+            version=self.base,
+            based_on=based,
+            behind=max(0, self.base - based - 1),  # versions merged while it trained, its own merge aside
+            dropped=bool(reply["dropped"]),
+            final=final,
+            bytes=sent,
+            received_bytes=received,
+            waited_s=round(waited, 6),
+            codec=self.codec.name,
+        )
+        if self.service is not None and not final:
+            for merge in self.service.drain():
+                self.emit("merge", **merge)
+
+    # ---- resumable state: the syncer's, on rank 0 ----------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "base": self.base,
+            "round_start": self.round_start,
+            **({"syncer": self.service.syncer.state_dict()} if self.service is not None else {}),
+        }
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        raise ConfigError("async_diloco: a run cannot resume from a checkpoint yet: start it again")

@@ -1,0 +1,245 @@
+"""Asynchronous DiLoCo: its identity with lock-step DiLoCo, each staleness rule against the same rule
+written with torch alone, and what it refuses.
+
+The merges are held against hand-written rules through the syncer itself (`strategies/syncer.py`, the
+strategy's merge), fed contributions of staleness 0, 1 and 2; the identity runs the whole strategy,
+learners and the syncer's threads, in two gloo processes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import wansync as ws
+from strategy_harness import flat_params, rank_batch, tiny_model
+from wansync.errors import ConfigError
+from wansync.runner.localgroup import run_ranks
+from wansync.strategies.syncer import Contribution, Settings, Syncer
+
+H, ROUNDS = 4, 3
+
+
+def _train(rank: int, world: int, name: str, options: dict[str, Any], steps: int) -> dict[str, Any]:
+    model = tiny_model(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sync = ws.strategy(name, model, opt, **options)
+    events: list[dict[str, Any]] = []
+    sync.on_event(events.append)
+    snapshots = []
+    for step in range(steps):
+        x, y = rank_batch(rank, step)
+        nn.functional.mse_loss(sync.model(x), y).backward()
+        sync.step()
+        sync.zero_grad()
+        snapshots.append(flat_params(model))
+    sync.finish()
+    return {"params": snapshots, "final": flat_params(model), "events": events}
+
+
+def _both(rank: int, world: int) -> dict[str, Any]:
+    steps = H * ROUNDS
+    lock = _train(rank, world, "diloco", {"sync_every": H}, steps)
+    free = _train(
+        rank,
+        world,
+        "async_diloco",
+        {"sync_every": H, "merge_quorum": world, "grace": math.inf, "staleness_rule": "none"},
+        steps,
+    )
+    return {"diloco": lock, "async": free}
+
+
+def test_at_one_speed_with_a_quorum_of_all_and_no_correction_it_is_lock_step_diloco_bit_for_bit():
+    out = run_ranks(_both, 2, timeout=120)
+    for rank in range(2):
+        lock, free = out[rank]["diloco"], out[rank]["async"]
+        for step, (a, b) in enumerate(zip(lock["params"], free["params"])):
+            assert torch.equal(a, b), f"rank {rank} differs from diloco after step {step + 1}"
+        assert torch.equal(lock["final"], free["final"])
+    assert torch.equal(out[0]["async"]["final"], out[1]["async"]["final"])
+    syncs = [e for e in out[0]["async"]["events"] if e["type"] == "sync" and not e["final"]]
+    assert [e["version"] for e in syncs] == [1, 2, 3] and all(e["behind"] == 0 for e in syncs)
+    merges = [e for e in out[0]["async"]["events"] if e["type"] == "merge"]
+    assert [m["learners"] for m in merges] == [[0, 1]] * ROUNDS and all(m["staleness"] == [0, 0] for m in merges)
+
+
+# ---- the staleness rules, by hand ---------------------------------------------------------------
+LR, BETA = 0.7, 0.9
+
+
+def _settings(rule: str, **kw: Any) -> Settings:
+    base = dict(learners=2, quorum=1, grace_s=0.0, max_staleness=4, rule=rule, outer_lr=LR, outer_momentum=BETA)
+    return Settings(**(base | kw))
+
+
+def _script(seed: int = 0) -> tuple[torch.Tensor, list[tuple[int, torch.Tensor]]]:
+    """θ̃_0 and three merges, each one contribution: (its base, its θ_m). Bases 0, 0, 0 give the
+    merges staleness 0, 1 and 2."""
+    g = torch.Generator().manual_seed(seed)
+    theta0 = torch.randn(10, generator=g)
+    return theta0, [(0, theta0 + 0.1 * torch.randn(10, generator=g)) for _ in range(3)]
+
+
+def _merge_all(rule: str, **kw: Any) -> list[torch.Tensor]:
+    theta0, script = _script()
+    syncer = Syncer([theta0.clone()], [], _settings(rule, **kw))
+    out = []
+    for i, (base, values) in enumerate(script):
+        assert syncer.add(Contribution(i % 2, base, tokens=8, steps=8, values=values))
+        merged = syncer.merge()
+        assert merged.staleness == [i]
+        out.append(syncer.value.clone())
+    return out
+
+
+def _nesterov(theta: torch.Tensor, m: torch.Tensor | None, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.optim.SGD's Nesterov step written out: m ← β·m + g (m = g the first time); θ ← θ − lr·(g + β·m)."""
+    m = g.clone() if m is None else BETA * m + g
+    return theta - LR * (g + BETA * m), m
+
+
+def test_no_correction_applies_each_stale_pseudo_gradient_against_its_own_base():
+    theta0, script = _script()
+    history = {0: theta0}
+    theta, m = theta0, None
+    for i, (base, values) in enumerate(script):
+        theta, m = _nesterov(theta, m, history[base] - values)
+        history[i + 1] = theta
+    got = _merge_all("none")
+    torch.testing.assert_close(got[-1], theta, rtol=0, atol=1e-6)
+
+
+def test_polynomial_scales_each_pseudo_gradient_by_one_plus_its_staleness_to_the_minus_half():
+    theta0, script = _script()
+    theta, m = theta0, None
+    for tau, (base, values) in enumerate(script):
+        theta, m = _nesterov(theta, m, (1 + tau) ** -0.5 * (theta0 - values))
+    got = _merge_all("polynomial")
+    torch.testing.assert_close(got[-1], theta, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("period", [1, 2, 3])
+def test_delayed_nesterov_is_liu_et_al_algorithm_3(period):
+    theta0, script = _script()
+    theta, m, buf = theta0.clone(), torch.zeros(10), torch.zeros(10)
+    for t, (base, values) in enumerate(script):
+        g = theta0 - values
+        buf = buf + g
+        if (t + 1) % period == 0:
+            m = BETA * m + buf / period
+            theta = theta - LR * (BETA * m + g / period)
+            buf = torch.zeros(10)
+        else:
+            theta = theta - LR * (g / period)
+    got = _merge_all("delayed_nesterov", dn_period=period)
+    torch.testing.assert_close(got[-1], theta, rtol=0, atol=1e-6)
+
+
+def test_delayed_nesterov_with_a_period_of_one_is_nesterov_itself():
+    torch.testing.assert_close(
+        _merge_all("delayed_nesterov", dn_period=1)[-1], _merge_all("none")[-1], rtol=0, atol=1e-6
+    )
+
+
+def test_a_merge_weights_contributions_by_tokens_and_drops_what_is_too_stale():
+    theta0 = torch.zeros(4)
+    syncer = Syncer([theta0.clone()], [], _settings("none", outer_momentum=0.0, outer_lr=1.0, max_staleness=1))
+    assert syncer.add(Contribution(0, 0, tokens=30, steps=3, values=torch.full((4,), 1.0)))
+    assert syncer.add(Contribution(1, 0, tokens=10, steps=1, values=torch.full((4,), 5.0)))
+    syncer.merge()
+    torch.testing.assert_close(syncer.value, torch.full((4,), 0.75 * 1.0 + 0.25 * 5.0))
+    for _ in range(2):
+        assert syncer.add(Contribution(0, syncer.version, tokens=1, steps=1, values=torch.zeros(4)))
+        syncer.merge()
+    assert not syncer.add(Contribution(1, 0, tokens=10, steps=1, values=torch.ones(4)))
+    assert syncer.tally.dropped_tokens == 10
+
+
+def test_the_quorum_and_the_grace_window_decide_when_a_merge_is_due():
+    syncer = Syncer([torch.zeros(2)], [], _settings("none", learners=3, quorum=2, grace_s=1.0))
+    assert not syncer.due(0.0, alive=3)
+    syncer.add(Contribution(0, 0, 1, 1, torch.ones(2)))
+    assert not syncer.due(0.0, alive=3)  # below the quorum
+    syncer.add(Contribution(1, 0, 1, 1, torch.ones(2)))
+    assert not syncer.due(10.0, alive=3)  # the quorum is in: the grace window opens
+    assert syncer.wait_s(10.5) == pytest.approx(0.5)
+    assert syncer.due(11.0, alive=3)
+    assert syncer.due(10.0, alive=2)  # every learner alive has arrived: no window
+
+
+# ---- what it refuses -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"merge_quorum": 0}, "merge_quorum must be >= 1"),
+        ({"grace": 0.0}, "grace must be > 0 \\(inf: unbounded\\)"),
+        ({"grace": -1.0}, "grace must be > 0"),
+        ({"max_staleness": -1}, "max_staleness must be >= 0"),
+        ({"staleness_rule": "heloco"}, "staleness_rule must be one of"),
+        ({"staleness_rule": "none", "dn_period": 4}, "dn_period 4 is delayed Nesterov's period"),
+    ],
+)
+def test_bad_settings_are_one_line_each(options, says):
+    from wansync.strategies import make_options
+
+    with pytest.raises(ConfigError, match=says):
+        make_options("async_diloco", **options)
+
+
+# ---- a learner stopped mid-run (SIGSTOP) stops no one ---------------------------------------------
+STOP_S, STEP_S = 3.0, 0.02
+
+
+def _stopped_learner(rank: int, world: int, stop_at: int | None) -> dict[str, Any]:
+    """Four learners, learner 3 stopped for STOP_S at its step `stop_at` (None: no fault); every step
+    padded to STEP_S, as an emulated speed."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    model = tiny_model(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sync = ws.strategy("async_diloco", model, opt, sync_every=5, merge_quorum=2, grace=0.3, max_staleness=2)
+    events: list[dict[str, Any]] = []
+    sync.on_event(events.append)
+    began = time.perf_counter()
+    while sync.continues(60):
+        if rank == 3 and sync.t == stop_at:  # a helper process continues it: a stopped process cannot
+            subprocess.Popen(["sh", "-c", f"sleep {STOP_S}; kill -CONT {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)
+        t0 = time.perf_counter()
+        x, y = rank_batch(rank, sync.t)
+        nn.functional.mse_loss(sync.model(x), y).backward()
+        sync.step()
+        sync.zero_grad()
+        time.sleep(max(0.0, STEP_S - (time.perf_counter() - t0)))
+    sync.finish()
+    return {"events": events, "final": flat_params(model), "steps": sync.t, "wall": time.perf_counter() - began}
+
+
+def _merge_gaps(events: list[dict[str, Any]]) -> list[float]:
+    times = [e["time"] for e in events if e["type"] == "merge"]
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def test_a_learner_stopped_for_seconds_stops_no_one_and_its_stale_round_is_dropped():
+    calm, stormy = (run_ranks(_stopped_learner, 4, stop_at, timeout=120) for stop_at in (None, 10))
+    for out in (calm, stormy):
+        assert all(torch.equal(out[0]["final"], o["final"]) for o in out)  # every learner ends on one model
+    summary = {o["type"]: o for o in stormy[0]["events"]}["syncer"]
+    calm_summary = {o["type"]: o for o in calm[0]["events"]}["syncer"]
+    assert calm_summary["goodput"] == 1.0 and summary["goodput"] < 1.0  # the stopped learner's round was dropped
+    assert summary["dropped_tokens"] > 0
+    # the others trained on: no round of theirs waited anywhere near the stop
+    for rank in range(3):
+        waits = [e["waited_s"] for e in stormy[rank]["events"] if e["type"] == "sync" and not e["final"]]
+        assert max(waits) < STOP_S / 2, (rank, waits)
+    # versions went on being published: no gap near the stop (grace window plus a round or two)
+    assert max(_merge_gaps(stormy[0]["events"])) < STOP_S / 2
+    assert stormy[3]["steps"] < stormy[0]["steps"]  # the stopped learner did less of the run's work
