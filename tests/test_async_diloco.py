@@ -9,6 +9,7 @@ learners and the syncer's threads, in two gloo processes.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -243,3 +244,69 @@ def test_a_learner_stopped_for_seconds_stops_no_one_and_its_stale_round_is_dropp
     # versions went on being published: no gap near the stop (grace window plus a round or two)
     assert max(_merge_gaps(stormy[0]["events"])) < STOP_S / 2
     assert stormy[3]["steps"] < stormy[0]["steps"]  # the stopped learner did less of the run's work
+
+
+# ---- a learner killed mid-round and restarted --------------------------------------------------------
+LIFE = Path(__file__).resolve().parent / "async_learner_life.py"
+
+
+def _killed_and_restarted(rank: int, world: int, tmp: str) -> dict[str, Any]:
+    """Learners 0-2 train here; learner 3's place is taken by two lives in processes of their own (the
+    way a launcher restarts one), the first killed (SIGKILL) mid-round, the second joining the run."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from async_learner_life import OPTIONS, RUN_STEPS, STEP_S
+    from wansync.strategies.async_diloco import JOIN_ENV, LEARNER_ENV
+
+    model = tiny_model(0)
+    sync = ws.strategy("async_diloco", model, torch.optim.AdamW(model.parameters(), lr=0.01), **OPTIONS)
+    events: list[dict[str, Any]] = []
+    sync.on_event(events.append)
+    if rank == 3:  # this process steps aside: its learner's lives run beside it
+        sync.channel.close()
+        env = dict(os.environ, **{JOIN_ENV: sync.syncer_address, LEARNER_ENV: "3"})
+        env["PYTHONPATH"] = os.pathsep.join([str(LIFE.parent), env.get("PYTHONPATH", "")])
+        first = subprocess.Popen([sys.executable, str(LIFE), "3", f"{tmp}/first.json"], env=env)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(f"{tmp}/first.json.synced") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(3 * STEP_S)  # into its second round
+        first.kill()
+        first.wait()
+        second = subprocess.run([sys.executable, str(LIFE), "3", f"{tmp}/second.json"], env=env, timeout=90)
+        return {"first": first.returncode, "second": second.returncode}
+    deadline = time.monotonic() + 90
+    second_in = lambda: os.path.exists(f"{tmp}/second.json.synced") or time.monotonic() > deadline  # noqa: E731
+    while sync.continues(RUN_STEPS) or not second_in():  # past the budget until learner 3's second life is in
+        t0 = time.perf_counter()
+        x, y = rank_batch(rank, sync.t)
+        nn.functional.mse_loss(sync.model(x), y).backward()
+        sync.step()
+        sync.zero_grad()
+        time.sleep(max(0.0, STEP_S - (time.perf_counter() - t0)))
+    sync.finish()
+    waits = [e["waited_s"] for e in events if e["type"] == "sync" and not e["final"]]
+    final = flat_params(model)
+    return {"events": events, "waits": waits, "final_sum": float(final.double().sum()), "steps": sync.t}
+
+
+def test_a_learner_killed_mid_round_and_restarted_takes_the_newest_version_and_contributes_again(tmp_path):
+    import json
+
+    out = run_ranks(_killed_and_restarted, 4, str(tmp_path), timeout=150)
+    assert out[3]["first"] != 0 and out[3]["second"] == 0  # killed, then a whole second life
+    second = json.loads((tmp_path / "second.json").read_text())
+    syncs = [e for e in second["events"] if e["type"] == "sync" and not e["final"]]
+    assert syncs and syncs[0]["based_on"] > 0  # it started from the run's version, not from scratch
+    merges = [e for e in out[0]["events"] if e["type"] == "merge"]
+    assert any(3 in m["learners"] for m in merges if m["version"] > syncs[0]["based_on"])  # and contributed again
+    assert (
+        second["final_sum"] == pytest.approx(out[0]["final_sum"], abs=0) and out[1]["final_sum"] == out[0]["final_sum"]
+    )
+    for rank in range(3):  # the others never stopped for it
+        assert max(out[rank]["waits"]) < 2.0, out[rank]["waits"]
+    summary = next(e for e in out[0]["events"] if e["type"] == "syncer")
+    assert 0 < summary["goodput"] <= 1.0

@@ -82,6 +82,8 @@ class Channel:
         closed, or sent nothing within `timeout_s` (None: no bound)."""
         try:
             self.sock.settimeout(timeout_s)
+            if not self.stream.peek(1):
+                raise PeerError(f"{self.what} closed the connection")
             got = read_sealed(self.stream, self.key, self.what, LIMIT)
         except TimeoutError:
             raise PeerError(f"{self.what} sent nothing within {timeout_s:g} s") from None

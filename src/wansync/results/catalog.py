@@ -636,7 +636,7 @@ ASYNC_STEPS = 200  # per worker under the lock step; async_diloco merges the sam
 ASYNC_H = 25  # 8 rounds; the regime guard's floor for outer Nesterov momentum
 ASYNC_CELLS: tuple[dict[str, Any], ...] = tuple(
     {"strategy": "diloco", "sync_every": ASYNC_H, "slow_policy": p} for p in SLOW_POLICIES
-) + ({"strategy": "async_diloco", "sync_every": ASYNC_H, "merge_quorum": 2, "grace": 0.5},)
+) + ({"strategy": "async_diloco", "sync_every": ASYNC_H, "merge_quorum": 2, "grace": 0.2},)
 ASYNC = _cell(ASYNC_CELLS[3])
 ASYNC_QUESTIONS: tuple[Question, ...] = (
     tuple(

@@ -51,6 +51,8 @@ from .periodic import PeriodicTimetable
 from .syncer import Settings, Syncer
 from .syncer_service import SyncerService
 
+JOIN_ENV = "WANSYNC_SYNCER_ADDRESS"  # set: this process joins a running run's syncer (HOST:PORT) ...
+LEARNER_ENV = "WANSYNC_LEARNER"  # ... as this learner (0-based), e.g. a learner restarted after it died
 ADDRESS_BYTES = 256  # the syncer's HOST:PORT, broadcast from rank 0 as a fixed-size byte tensor
 SETTINGS = (
     "sync_every",
@@ -63,6 +65,16 @@ SETTINGS = (
     "dn_period",
     "codec",
 )
+
+
+def learner_from_env() -> int:
+    """The learner a joining process is (`LEARNER_ENV`), or a one-line ConfigError."""
+    value = os.environ.get(LEARNER_ENV, "")
+    if not value.isdigit():
+        raise ConfigError(
+            f"async_diloco: {JOIN_ENV} is set, so {LEARNER_ENV} must name the learner (0, 1, ...), got {value!r}"
+        )
+    return int(value)
 
 
 def peer_timeout_s() -> float:
@@ -100,26 +112,56 @@ class AsyncDiLoCo(Strategy):
             )
         if self.exchange.quorum is not None:
             raise ConfigError("async_diloco does not take a fault-tolerant quorum: its learners never wait for one")
+        self.flat = FlatTensors(sync_tensors(self.module))
+        self.codec = get_codec(self.opts.codec)
+        self.lossless = self.codec.name == "fp32"
+        self.settings = {k: getattr(self.opts, k) for k in SETTINGS}
+        self.settings["grace"] = "inf" if math.isinf(self.opts.grace) else self.opts.grace
+        self.service: SyncerService | None = None
+        self.wait_bound_s = peer_timeout_s()
+        trust, emulator = current(), emulator_of(self.group)
+        joining = os.environ.get(JOIN_ENV)
+        if joining:  # a learner (re)started into a running run: no collective, the syncer tells it all
+            self.learner = learner_from_env()
+            address, ranks, world = joining, None, None
+        else:
+            self.learner = self.rank
+            address, ranks, world = self._start(trust, emulator)
+        channel = p2p.Channel(p2p.connect(address, trust), p2p.key(trust), p2p.LinkModel(None, 0, 0, 1), "the syncer")
+        channel.send({"kind": "hello", "learner": self.learner, "settings": self.settings, "join": bool(joining)})
+        welcome = channel.recv(self.wait_bound_s)
+        if welcome["kind"] == "refused":
+            raise ConfigError(f"async_diloco: the syncer refused this learner: {welcome.get('why')}")
+        ranks, world = ranks or welcome["ranks"], world or int(welcome["world"])
+        channel.link = p2p.LinkModel(emulator, ranks[self.learner], ranks[0], world)
+        self.channel, self.syncer_address = channel, address
+        self.base = int(welcome["version"])  # the version this learner's round started from
+        if "values" in welcome:  # it joined a run that had moved on
+            self.flat.scatter(welcome["values"])
+        self.base_value = None if self.lossless else self.flat.gather().float()
+        self.round_start = 0  # the step its round started at
+        self.run_steps: int | None = None
+        self.learners = len(ranks)
+        self.progress_base = int(welcome.get("merged_steps", 0)) // self.learners  # merged steps per learner
+        self.stopped = False
+        self.finished = False
+        self.run_summary: dict[str, Any] | None = None  # rank 0's, at the end: goodput, staleness, syncer idle
+
+    def _start(self, trust: Any, emulator: Any) -> tuple[str, list[int], int]:
+        """A run's start, every learner together: the same initial model everywhere (a broadcast), the
+        syncer started by rank 0, its address broadcast. (address, each learner's global rank, world)."""
         learners = self.world_size
         if self.opts.merge_quorum > learners:
             raise ConfigError(
                 f"async_diloco: merge_quorum {self.opts.merge_quorum} is more than the {learners} learners of the run"
             )
         self.broadcast_initial_state()
-        tensors = sync_tensors(self.module)
-        self.flat = FlatTensors(tensors)
-        self.codec = get_codec(self.opts.codec)
-        self.lossless = self.codec.name == "fp32"
-        self.settings = {k: getattr(self.opts, k) for k in SETTINGS} | {"learners": learners}
-        self.settings["grace"] = "inf" if math.isinf(self.opts.grace) else self.opts.grace
-        trust = current()
-        emulator = emulator_of(self.group)
         ranks = [dist.get_global_rank(self.group, i) if self.group is not None else i for i in range(learners)]
-        self.service: SyncerService | None = None
+        world = dist.get_world_size()
         address = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
         if self.rank == 0:
             syncer = Syncer(
-                tensors,
+                sync_tensors(self.module),
                 model_buffers(self.module),
                 Settings(
                     learners=learners,
@@ -138,7 +180,7 @@ class AsyncDiLoCo(Strategy):
                 host=os.environ.get("MASTER_ADDR") or "127.0.0.1",  # rank 0's host, as torchrun names it
                 rank=ranks[0],
                 ranks=ranks,
-                world=dist.get_world_size(),
+                world=world,
                 emulator=emulator,
                 settings=self.settings,
                 codec=self.codec.name,
@@ -147,24 +189,7 @@ class AsyncDiLoCo(Strategy):
             raw = self.service.address.encode()
             address[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         dist.broadcast(address, src=ranks[0], group=self.group)
-        self.syncer_address = bytes(address[address != 0].tolist()).decode()
-        link = p2p.LinkModel(emulator, ranks[self.rank], ranks[0], dist.get_world_size())
-        self.channel = p2p.Channel(p2p.connect(self.syncer_address, trust), p2p.key(trust), link, "the syncer")
-        self.channel.send({"kind": "hello", "learner": self.rank, "settings": self.settings})
-        self.wait_bound_s = peer_timeout_s()
-        welcome = self.channel.recv(self.wait_bound_s)
-        if welcome["kind"] == "refused":
-            raise ConfigError(f"async_diloco: the syncer refused this learner: {welcome.get('why')}")
-        self.base = int(welcome["version"])  # the version this learner's round started from
-        if "values" in welcome:  # it joined a run that had moved on
-            self.flat.scatter(welcome["values"])
-        self.base_value = None if self.lossless else self.flat.gather().float()
-        self.round_start = 0  # the step its round started at
-        self.run_steps: int | None = None
-        self.progress_base = 0  # the learner steps merged into the version it took, per learner
-        self.stopped = False
-        self.finished = False
-        self.run_summary: dict[str, Any] | None = None  # rank 0's, at the end: goodput, staleness, syncer idle
+        return bytes(address[address != 0].tolist()).decode(), ranks, world
 
     # ---- the learner's loop ---------------------------------------------------------------------
     def continues(self, steps: int) -> bool:
@@ -234,13 +259,13 @@ class AsyncDiLoCo(Strategy):
             self.base_value = values.float().clone()
         based, self.base, self.round_start = self.base, int(reply["version"]), self.t
         self.stopped = self.stopped or bool(reply["stop"])
-        self.progress_base = int(reply["merged_steps"]) // self.world_size
+        self.progress_base = int(reply["merged_steps"]) // self.learners
         received = values.numel() * values.element_size()
         self.comm.count(self.exchange_purpose, sent)  # what it sent; the version it took is the syncer's to send
         self.comm.waited(self.exchange_purpose, waited)
         if reply["dropped"]:
             print(
-                f"wansync: learner {self.rank}: its {steps} steps based on version {based} were dropped "
+                f"wansync: learner {self.learner}: its {steps} steps based on version {based} were dropped "
                 f"(more than max_staleness {self.opts.max_staleness} versions old); it goes on from version {self.base}",
                 file=sys.stderr,
                 flush=True,

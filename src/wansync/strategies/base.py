@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 import time
 from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from ..comm.codecs import get_codec
 from ..comm.exchange import Exchange
@@ -72,7 +72,14 @@ def local_shard(t: torch.Tensor) -> torch.Tensor:
     """The part of `t` this rank holds: a DTensor's local tensor (the very tensor FSDP2 keeps, so
     writing into it writes the parameter), any other tensor itself. The same object every time
     (`to_local()` returns a new alias per call), so tensors can be told apart by identity."""
-    return t._local_tensor if isinstance(t, DTensor) else t
+    return t._local_tensor if is_dtensor(t) else t
+
+
+def is_dtensor(t: Any) -> bool:
+    """Is `t` a DTensor (FSDP2's sharded parameter)? Asked without importing torch.distributed.tensor,
+    0.7 s of a process's start-up: no DTensor exists before that module is imported."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def check_model_and_optimizer(name: str, model: Any, optimizer: Any) -> None:

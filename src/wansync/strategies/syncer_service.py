@@ -1,10 +1,15 @@
 """The syncer as a role: the merge (`syncer.py`) behind a listener, run by threads in one process of
 the run (global rank 0's, beside its learner), talking to every learner over `comm.p2p`.
 
-    learner -> syncer   hello         {learner, settings}            once, when it connects
-                        contribution  {base, tokens, steps, values | data, final, run_steps}
-    syncer -> learner   welcome       {version}  or  refused {why}
-                        version       {version, values, stop, dropped, final}
+    learner -> syncer   hello         {learner, settings, join}      once, when it connects
+                        contribution  {base, tokens, steps, values | data, final, run_steps, computed}
+    syncer -> learner   welcome       {version, ranks, world, merged_steps, values once the run has
+                                       moved on or the learner joins}  or  refused {why}
+                        version       {version, values, stop, merged_steps, dropped, final}
+
+A learner that joins (`join`: a process started into the running run, a learner restarted after it
+died) takes the current version from the welcome; its earlier life's connection, if still open, is
+closed, and what that life computed stays counted in the goodput.
 
 A learner that sends a contribution based on version b gets back the first version newer than b, as
 soon as it exists: at once when the syncer has moved on while it trained (its contribution waits for
@@ -69,7 +74,9 @@ class SyncerService:
         self.waiting: dict[int, int] = {}  # learner -> the base it waits for a newer version than
         self.finals: set[int] = set()
         self.done: set[int] = set()  # learners sent the last version: their connections close by themselves
-        self.computed: dict[int, int] = {}  # learner -> the steps it computed in the run (its final says)
+        # learner -> the steps it computed in this life (its last contribution says), and in lives before
+        self.computed: dict[int, int] = {}
+        self.past: dict[int, int] = {}
         self.budget: int | None = None
         self.merges: list[dict[str, Any]] = []  # not yet drained into the run's events (`drain`)
         self.busy_s = 0.0
@@ -115,6 +122,7 @@ class SyncerService:
             channel.send({"kind": "refused", "why": "not a learner's hello"})
             return None
         theirs = hello.get("settings")
+        joining = hello.get("join") is True
         if theirs != self.settings:
             keys = sorted(k for k in self.settings if not isinstance(theirs, dict) or theirs.get(k) != self.settings[k])
             why = f"learner {learner} was started with other settings than the syncer's: " + ", ".join(
@@ -131,9 +139,20 @@ class SyncerService:
             old = self.channels.get(learner)
             self.channels[learner] = channel
             self.gone.discard(learner)
-            welcome: dict[str, Any] = {"kind": "welcome", "version": self.syncer.version}
-            if self.syncer.version > 0:  # the run has moved on: the learner starts from where it is
+            welcome: dict[str, Any] = {
+                "kind": "welcome",
+                "version": self.syncer.version,
+                "ranks": self.ranks,
+                "world": self.world,
+                "merged_steps": self.syncer.tally.merged_steps,
+            }
+            if self.syncer.version > 0 or joining:  # the learner starts from where the run is
                 welcome["values"] = self.syncer.history[self.syncer.version]
+            if joining:  # a new life of this learner: what its last one computed stays counted
+                self.past[learner] = self.past.get(learner, 0) + self.computed.pop(learner, 0)
+                self.done.discard(learner)
+                self.finals.discard(learner)
+                self.waiting.pop(learner, None)  # the old life's wait: no one is there to take it
             self.cond.notify_all()
         if old is not None:
             old.close()
@@ -160,8 +179,8 @@ class SyncerService:
             kept = True
             if values is not None:
                 kept = self.syncer.add(Contribution(learner, base, tokens, steps, values, relative, time.monotonic()))
+            self.computed[learner] = max(self.computed.get(learner, 0), int(msg.get("computed", 0)))
             if msg.get("final"):
-                self.computed[learner] = max(self.computed.get(learner, 0), int(msg.get("computed", 0)))
                 self.finals.add(learner)
                 self.waiting.pop(learner, None)
             elif not kept or self.syncer.version > base:
@@ -246,7 +265,7 @@ class SyncerService:
         a learner that died, is computed and never merged), the merges' staleness and the syncer's idle
         share (of its wall clock, the time it was not merging or sending versions)."""
         tally, wall = self.syncer.tally, time.perf_counter() - self.began
-        computed = sum(self.computed.values())
+        computed = sum(self.computed.values()) + sum(self.past.values())
         return {
             "versions": self.syncer.version,
             "computed_tokens": computed,

@@ -46,14 +46,16 @@ local rows as it is.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, cast
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from ..errors import ConfigError
-from ..strategies.base import local_shard
+from ..strategies.base import is_dtensor, local_shard
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 from ..strategies.blocks import repeated_blocks, unwrap
 
 LR_RULE = "match_rms_adamw"  # Moonlight's: lr x 0.2 x sqrt(max(A, B)) (see the module docstring)
@@ -138,8 +140,8 @@ class MuonAdamW(torch.optim.Optimizer):
         adamw_eps: float = ADAMW_EPS,
     ):
         matrices, others = list(matrices), list(others)
-        whole = [p for p in matrices if not isinstance(p, DTensor)]
-        sharded = [p for p in matrices if isinstance(p, DTensor)]
+        whole = [p for p in matrices if not is_dtensor(p)]
+        sharded = [p for p in matrices if is_dtensor(p)]
         muon: dict[str, Any] = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "adjust_lr_fn": LR_RULE}
         # torch refuses an optimizer of no parameters: each part exists only when it has some
         self._muon = torch.optim.Muon(whole, **muon) if whole else None
@@ -191,6 +193,8 @@ class MuonAdamW(torch.optim.Optimizer):
     def _step_sharded(self, p: DTensor, group: dict[str, Any]) -> None:
         """Muon's step on the whole of the sharded matrix `p`: gather its parameter, gradient and
         momentum rows (one collective), step the full matrix with torch's Muon, keep this rank's rows."""
+        from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p)  # a DTensor like p: the momentum stays sharded
