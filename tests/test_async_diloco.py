@@ -310,3 +310,67 @@ def test_a_learner_killed_mid_round_and_restarted_takes_the_newest_version_and_c
         assert max(out[rank]["waits"]) < 2.0, out[rank]["waits"]
     summary = next(e for e in out[0]["events"] if e["type"] == "syncer")
     assert 0 < summary["goodput"] <= 1.0
+
+
+# ---- settings that disagree, a syncer that stops, what the command line refuses -------------------------
+def _disagreeing(rank: int, world: int) -> str:
+    model = tiny_model(0)
+    try:
+        ws.strategy("async_diloco", model, torch.optim.AdamW(model.parameters()), grace=0.5 if rank == 0 else 0.25)
+    except ConfigError as e:
+        return str(e)
+    return ""
+
+
+def test_learners_started_with_other_settings_than_the_syncers_are_refused_in_one_line():
+    out = run_ranks(_disagreeing, 2, timeout=60)
+    assert out[0] == ""
+    assert "learner 1 was started with other settings than the syncer's: grace 0.25 here, 0.5 at the syncer" in out[1]
+    assert "\n" not in out[1]
+
+
+def _syncer_stops(rank: int, world: int) -> str:
+    from wansync.errors import PeerError
+
+    model = tiny_model(0)
+    sync = ws.strategy("async_diloco", model, torch.optim.AdamW(model.parameters()), sync_every=2, merge_quorum=2)
+    try:
+        for step in range(20):
+            if rank == 0 and step == 5:  # the syncer's process goes away mid-run
+                sync.service.close()
+                sync.channel.close()
+                return "stopped"
+            x, y = rank_batch(rank, step)
+            nn.functional.mse_loss(sync.model(x), y).backward()
+            sync.step()
+            sync.zero_grad()
+    except PeerError as e:
+        return str(e)
+    return "trained on"
+
+
+def test_a_syncer_that_stops_ends_each_learner_in_one_line():
+    out = run_ranks(_syncer_stops, 2, timeout=60)
+    assert out[0] == "stopped" and "the syncer" in out[1] and "\n" not in out[1], out
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--merge-quorum", "3"], "merge_quorum 3 is more than the run's 2 workers"),
+        (["--merge-quorum", "0"], "merge_quorum must be >= 1"),
+        (["--grace", "0"], "grace must be > 0"),
+        (["--max-staleness", "-1"], "max_staleness must be >= 0"),
+        (["--checkpoint-every", "5"], "async_diloco writes its checkpoint at the end only"),
+        (["--ranks-per-worker", "2"], "async_diloco runs one rank per learner"),
+        (["--fault-tolerant"], "--fault-tolerant does not support async_diloco"),
+        (["--adapt", "exposed=5%", "--wan", "cross-region"], "--adapt tunes lock-step rounds"),
+    ],
+)
+def test_what_it_cannot_honour_is_one_line_before_any_work(tmp_path, flags, says):
+    from cli_harness import wansync
+
+    r = wansync(
+        "train", "--strategy", "async_diloco", "--workers", "2", "--steps", "1", *flags, "--out", str(tmp_path / "r")
+    )
+    assert r.returncode != 0 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -501,6 +501,11 @@ def check_asynchronous(cfg: Config) -> None:
         "meet the others mid-run (drop it)",
     )
     check(not cfg.adapt, "--adapt tunes lock-step rounds; async_diloco's learners have none to tune (drop --adapt)")
+    quorum = getattr(cfg, "merge_quorum", None)
+    check(
+        quorum is None or quorum <= cfg.workers,
+        f"merge_quorum {quorum} is more than the run's {cfg.workers} workers (learners)",
+    )
 
 
 def check_key(name: str, value: Any) -> None:
