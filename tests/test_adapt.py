@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import netns
-from cli_harness import TINY, wansync
+from cli_harness import TINY, start, wansync
 from strategy_harness import deep_model, flat_params, rank_batch
 from wansync.comm.replicas import Replicas
 from wansync.errors import ConfigError
@@ -451,33 +451,15 @@ def test_two_runs_with_one_seed_take_the_same_decisions(tmp_path):
     prediction sits at the target they may: decisions rest on measured numbers (docs/adapt.md)."""
     path = tmp_path / "slow.toml"
     path.write_text(DROP.format(bw="2mbit", schedule=""))
+    args = ("train", "--strategy", "diloco", "--sync-every", "4", "--workers", "2", "--steps", "24", "--wan", str(path))
+    args += ("--adapt", "exposed=10%,h=4..16", "--eval-every", "1000", "--quiet", *TINY)
+    # side by side: each waits on its own emulated link most of the time
+    legs = {leg: start(*args, "--out", str(tmp_path / leg)) for leg in ("one", "two")}
     logs = []
-    for leg in ("one", "two"):
-        run = tmp_path / leg
-        r = wansync(
-            "train",
-            "--strategy",
-            "diloco",
-            "--sync-every",
-            "4",
-            "--workers",
-            "2",
-            "--steps",
-            "24",
-            "--wan",
-            str(path),
-            "--adapt",
-            "exposed=10%,h=4..16",
-            "--eval-every",
-            "1000",
-            "--quiet",
-            "--out",
-            str(run),
-            *TINY,
-            timeout=200,
-        )
+    for leg, running in legs.items():
+        r = running.result(200)
         assert r.returncode == 0, r.stderr
-        logs.append([(d["step"], d["after"]) for d in _records(run)[1]])
+        logs.append([(d["step"], d["after"]) for d in _records(tmp_path / leg)[1]])
     assert logs[0] == [(8, {"sync_every": 16, "codec": "fp4"})]
     assert logs[0] and logs[0] == logs[1]
 

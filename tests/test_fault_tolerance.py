@@ -749,25 +749,27 @@ def two_by_two(steps):
 TWO_BY_TWO = two_by_two(STEPS_2x2)
 
 
+def side_by_side(legs: dict[str, tuple[str, ...]], timeout: float) -> None:
+    """Runs that compare bits, not times, side by side: a fault-tolerant one waits on its quorum much of
+    the time, which the other's compute fills."""
+    started = {name: start(*args) for name, args in legs.items()}
+    for name, running in started.items():
+        r = running.result(timeout)
+        assert r.returncode == 0, f"{name}: {r.stderr[-2000:]}"
+
+
 def test_fault_tolerant_workers_of_two_ranks_train_what_the_fixed_group_trains_bit_for_bit(tmp_path):
     """Each rank averages its shard over its own quorum group and the worker puts the whole
     together: with no fault, the same parameters as the fixed group's sharded exchange."""
-    runs = {}
-    for name, extra in (("fixed", ()), ("ft", ("--fault-tolerant", "--peer-timeout", "30"))):
-        runs[name] = tmp_path / name
-        r = wansync(
-            "train",
-            "--strategy",
-            "diloco",
-            "--sync-every",
-            str(EVERY),
-            *extra,
-            *two_by_two(IDENTITY_STEPS_2x2),
-            "--out",
-            str(runs[name]),
-            timeout=180,
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
+    runs = {name: tmp_path / name for name in ("fixed", "ft")}
+    side_by_side(
+        {
+            name: ("train", "--strategy", "diloco", "--sync-every", str(EVERY), *extra)
+            + (*two_by_two(IDENTITY_STEPS_2x2), "--out", str(runs[name]))
+            for name, extra in (("fixed", ()), ("ft", ("--fault-tolerant", "--peer-timeout", "30")))
+        },
+        timeout=180,
+    )
     models = final_models(runs["fixed"], range(4)) + final_models(runs["ft"], range(4))
     assert all_equal(models)
     summaries = [json.loads((runs[n] / "summary.json").read_text()) for n in ("fixed", "ft")]
@@ -786,28 +788,15 @@ def test_workers_sharded_inside_train_what_the_fixed_group_trains_bit_for_bit(tm
     killed, restarted whole and healed shard by shard (the model's and the inner optimizer's local
     shards, DTensors again on arrival) is the short chaos run's (tests/test_chaos.py: its anchors equal
     the others', local rank by local rank, at every step compared)."""
-    runs = {}
-    for name, extra, env in (
-        ("fixed", (), None),
-        ("ft", ("--fault-tolerant", "--peer-timeout", "30"), None),
-    ):
-        runs[name] = tmp_path / name
-        r = wansync(
-            "train",
-            "--strategy",
-            "diloco",
-            "--sync-every",
-            str(EVERY),
-            "--inside",
-            "fsdp",
-            *extra,
-            *two_by_two(IDENTITY_STEPS_2x2),
-            "--out",
-            str(runs[name]),
-            env=env,
-            timeout=240,
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
+    runs = {name: tmp_path / name for name in ("fixed", "ft")}
+    side_by_side(
+        {
+            name: ("train", "--strategy", "diloco", "--sync-every", str(EVERY), "--inside", "fsdp", *extra)
+            + (*two_by_two(IDENTITY_STEPS_2x2), "--out", str(runs[name]))
+            for name, extra in (("fixed", ()), ("ft", ("--fault-tolerant", "--peer-timeout", "30")))
+        },
+        timeout=240,
+    )
     fixed = [sharded_model(runs["fixed"], w) for w in (0, 1)]
     assert all_equal(fixed + [sharded_model(runs["ft"], w) for w in (0, 1)])
     assert no_process_left(runs["ft"])
@@ -880,23 +869,15 @@ def test_a_worker_of_two_ranks_killed_inside_an_exchange_is_left_out_of_it_by_bo
 def test_fault_tolerant_sparseloco_trains_what_the_fixed_group_trains_bit_for_bit(tmp_path):
     """No fault: the quorum's all-gather of the sparse payloads (each flagged valid) gives the fixed
     group's mean, the same pseudo-gradient bytes (the flag is booked apart)."""
-    runs = {}
+    runs = {name: tmp_path / name for name in ("fixed", "ft")}
     two = ("--workers", "2", "--steps", "12", "--eval-every", "1000", "--quiet", *TINY)
-    for name, extra in (("fixed", ()), ("ft", ("--fault-tolerant", "--peer-timeout", "30"))):
-        runs[name] = tmp_path / name
-        r = wansync(
-            "train",
-            "--strategy",
-            "sparseloco",
-            "--sync-every",
-            "4",
-            *extra,
-            *two,
-            "--out",
-            str(runs[name]),
-            timeout=180,
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
+    side_by_side(
+        {
+            name: ("train", "--strategy", "sparseloco", "--sync-every", "4", *extra, *two, "--out", str(runs[name]))
+            for name, extra in (("fixed", ()), ("ft", ("--fault-tolerant", "--peer-timeout", "30")))
+        },
+        timeout=180,
+    )
     assert all_equal(final_models(runs["fixed"], range(2)) + final_models(runs["ft"], range(2)))
     comm = [json.loads((runs[n] / "summary.json").read_text())["comm"]["pseudo_grads"] for n in ("fixed", "ft")]
     assert comm[0]["bytes"] == comm[1]["bytes"] and comm[0]["parts"] == comm[1]["parts"]
