@@ -327,6 +327,10 @@ def test_every_option_a_plan_takes_changes_its_prediction():
         "partition": {"model": "resnet18"},  # blocks of unequal sizes: strided and sequential differ
         "gamma": {"syncs_per_period": 0, "wan": "two-site"},
         "max_syncs_per_fragment": {"syncs_per_period": 0, "wan": "lan"},
+        # a quorum and a grace window act once learners arrive apart (four of unequal speeds); a quorum
+        # only before a grace window closes (an unbounded one waits for every learner)
+        "merge_quorum": {"wan": "uneven-speeds", "grace": 0.5},
+        "grace": {"wan": "uneven-speeds", "merge_quorum": 2},
     }
     unchanged = []
     for name, option, options in all_cases():

@@ -116,7 +116,9 @@ def planned(name: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_every_strategy_has_a_case():
-    assert {name for name, _ in CASES} == set(STRATEGIES)
+    """async_diloco makes no collectives: its learners' messages to the syncer, planned by
+    `planner/asynchronous.py`, are held to the strategy's own in tests/test_plan_async.py."""
+    assert {name for name, _ in CASES} == set(STRATEGIES) - {"async_diloco"}
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])

@@ -477,6 +477,27 @@ def plan_strategies(args: argparse.Namespace) -> list[str] | None:
     return available_strategies() if words == ["all"] else check_strategies(words, " in --strategies")
 
 
+def plan_configs(args: argparse.Namespace, names: list[str]) -> tuple[list[Config], list[str], list[str]]:
+    """Each strategy's config for `plan --strategies`, the names kept, and why any was left out: `all`
+    leaves out a strategy of one rank per worker (`planner.keys.ONE_RANK_PER_WORKER`) when the workers
+    have several, where a strategy named is refused in one line."""
+    from .planner.keys import ONE_RANK_PER_WORKER
+    from .runner.grid import split_values
+
+    every = split_values(args.strategies, "--strategies") == ["all"]
+
+    def of(name: str) -> Config:
+        return build_config(args.config, {**config_flags(args), "strategy": name})
+
+    later = [n for n in names if every and n in ONE_RANK_PER_WORKER]
+    built = {n: of(n) for n in names if n not in later}
+    ranks = next(iter(built.values())).ranks_per_worker
+    left_out = [f"{n}: it runs one rank per learner, and these workers have {ranks}" for n in later if ranks > 1]
+    built |= {n: of(n) for n in later if ranks == 1}
+    kept = [n for n in names if n in built]
+    return [built[n] for n in kept], kept, left_out
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from . import planner
 
@@ -496,10 +517,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     names = plan_strategies(args)
     given = given_keys(args)
+    left_out: list[str] = []
     if names is None:
         cfgs = [config_from_args(args)]
     else:
-        cfgs = [build_config(args.config, {**config_flags(args), "strategy": name}) for name in names]
+        cfgs, names, left_out = plan_configs(args, names)
     check_options_apply(cfgs, given)  # `plan --strategy ddp --codec int8` planned fp32
     check_plan_keys(given, {o for c in cfgs for o in option_names(c.strategy)}, bool(args.measure))
     cfg = cfgs[0]
@@ -509,6 +531,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             steps=cfg.steps if "steps" in given else None,
             strategies=names,
             given=frozenset(given),
+            left_out=left_out,
             params=args.params,
             step_s=args.step_time,
             measure=args.measure,

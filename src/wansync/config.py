@@ -23,6 +23,7 @@ from .errors import ConfigError, check, user_text
 from .ft import support as ft_support
 from .rules import Rule, at_least, at_most_cores, host_port, in_range, not_blank, one_of, port_range, positive
 from .strategies import OPTIONS, make_options, option_names, strategy_class
+from .strategies.catalog import OPTIONS_OF
 from .strategies.options import Needs
 
 if TYPE_CHECKING:
@@ -521,12 +522,21 @@ def check_bounds(f: dataclasses.Field, value: Any) -> None:
     """What any number must be: a float finite, an integer within what C++ (torch, gloo) takes."""
     t = base_type(f.name)
     if t is float:
-        unbounded = value == math.inf and any(getattr(r, "allows_inf", False) for r in f.metadata["rules"])
+        unbounded = value == math.inf and f.name in UNBOUNDED
         check(math.isfinite(value) or unbounded, f"{f.name} must be a finite number, got {value}")
     elif t is int:
         limit = INT64_MAX if f.name == "seed" or f.metadata["section"] == "strategy" else INT32_MAX
         check(-limit <= value <= limit, f"{f.name} is too large: {value} (at most {limit})")
 
+
+# Keys that may be infinite: a strategy option whose rules allow it (`rules.positive_or_inf`: async_diloco's
+# grace window that never closes), or a key of the run's whose own rules do.
+UNBOUNDED = frozenset(
+    f.name
+    for cls in OPTIONS_OF.values()
+    for f in dataclasses.fields(cls)
+    if any(getattr(r, "allows_inf", False) for r in f.metadata.get("rules", ()))
+)
 
 # Integers go to C++ (torch, gloo): counts and sizes as 32-bit, seeds and strategy counters as 64-bit.
 INT32_MAX = 2**31 - 1

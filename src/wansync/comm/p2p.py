@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Any, Callable
 
+import torch
+
 from ..errors import PeerError
 from ..net.cost import collective_duration
 from ..trust import admission
@@ -35,6 +37,7 @@ from ..trust.settings import Trust
 USE = "syncer"  # the admission's and the sealed key's use
 LIMIT = 1 << 40  # the largest message a peer may announce (checked before anything is allocated)
 CONNECT_S = 30.0
+ENVELOPE = 512  # a message's bytes besides its tensors, about: the preamble, the JSON header, the tag
 
 
 class LinkModel:
@@ -66,9 +69,10 @@ class Channel:
         self.closed = False
 
     def send(self, obj: dict[str, Any]) -> int:
-        """Seal and write `obj`; the bytes written. PeerError in one line when the peer is gone."""
-        probe = Sealed({**obj, "link_s": 0.0, "sent": 0.0}, self.key)
-        link_s = self.link.seconds_from_now(probe.size)
+        """Seal and write `obj` (its tensors on the CPU); the bytes written. PeerError in one line when
+        the peer is gone. Modelled as its tensors' bytes plus an envelope (the header and the tag)."""
+        nbytes = ENVELOPE + sum(v.numel() * v.element_size() for v in obj.values() if isinstance(v, torch.Tensor))
+        link_s = self.link.seconds_from_now(nbytes)
         sealed = Sealed({**obj, "link_s": link_s, "sent": time.time()}, self.key)
         try:
             with self.lock:

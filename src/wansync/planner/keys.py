@@ -51,8 +51,13 @@ LEARNING_ONLY = frozenset(
         "momentum_decay",
         "quant_range",
         "aggregate",
+        "staleness_rule",
+        "dn_period",
     }
 )
+#: Strategies whose workers are one rank each (`config.check_asynchronous`): `plan --strategies all`
+#: leaves them out of a world of several ranks per worker, saying so under its table.
+ONE_RANK_PER_WORKER = frozenset({"async_diloco"})
 #: Strategy options the planner does not model, with what a user should add by hand.
 NOT_MODELLED = MappingProxyType(
     {

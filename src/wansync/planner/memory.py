@@ -165,6 +165,34 @@ def held_bytes(s: Any, held_in_flight: Sequence[Transfer]) -> dict[str, int]:
     return bill
 
 
+def async_bill(s: Any) -> dict[str, int]:
+    """Rank 0 of an asynchronous run (`async_diloco`, one rank per learner): its learner, and the syncer
+    beside it in the same process (`strategies/syncer.py`); `memory_bill`'s keys. s: what is exchanged.
+
+    learner          parameters p + b, gradients p, the inner optimizer; with a lossy codec the version
+                     its round started from, s, a copy of the received tensor (host memory)
+    syncer           its copies of the model's tensors and θ̃, 2s; the versions a contribution may
+                     still be based on, (max_staleness + 1)·s; delayed Nesterov's buffer and momentum,
+                     2s, or the outer step's momentum, s (outer_momentum > 0): on the model's device
+    exchange         the pending contributions, one per learner at most, M·s, as received (host memory)
+    transient        a merge's accumulator, one Δ and the new version before the oldest is freed, 3s
+                     (a round's θ_m gathered to be sent, s, is less)"""
+    o = s.options
+    p, synced = _local_bytes(s)
+    rule = 2 if o["staleness_rule"] == "delayed_nesterov" else int(o["outer_momentum"] > 0)
+    base = synced if o["codec"] != "fp32" else 0
+    bill = dict.fromkeys(CATEGORIES, 0)
+    bill.update(
+        parameters=p + s.size.buffer_bytes,
+        gradients=p,
+        inner_optimizer=inner_optimizer_bytes(s.optimizer, s.momentum, p, len(s.size.grad_numels)),
+        outer_state=(2 + o["max_staleness"] + 1 + rule) * synced,
+        exchange=s.workers * synced + base,
+    )
+    total, transient, host = sum(bill.values()), 3 * synced, s.workers * synced + base
+    return {**bill, "total": total, "transient": transient, "host": host, "per_gpu": total - host + transient}
+
+
 def _keeps_mean(strategy: str) -> bool:
     """Does a periodic strategy keep the last mean as its reference (no anchor: local_sgd, post_local_sgd)?"""
     return getattr(strategy_class(strategy), "reference", None) is Periodic.reference

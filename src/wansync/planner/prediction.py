@@ -22,7 +22,8 @@ from ..net.topology import Topology
 from ..strategies import resolve_options
 from ..strategies.fragment_timetable import FragmentTimetable
 from ..strategies.pace import Pace
-from .memory import memory_bill
+from .asynchronous import AsyncRun, Figures, is_asynchronous, simulate_async
+from .memory import async_bill, memory_bill
 from .schedule import PathOf, Trace, Transfer, lossy_paths, planned_timetable, trace
 from .simulate import DDP_OVERLAP, StepTimes, Timeline, simulate, transfer_seconds
 from .sizes import ModelSize
@@ -31,6 +32,8 @@ STEPS = 1000
 # The simulation walks every step (tens of µs each): a setting whose warm-up and two periods are longer
 # would take minutes to hours (`plan --sync-every 100000000` never answered); it is refused instead.
 MAX_SIMULATED_STEPS = 300_000  # H up to 100,000
+#: An asynchronous steady state: the middle of a run of this many rounds of H steps (`AsyncRun.window`).
+STEADY_ROUNDS = 40
 H_CANDIDATES = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 250, 500, 1000, 2000, 5000)
 
 
@@ -126,6 +129,57 @@ class Prediction:
         return (marks[-1] - (marks[first - 1] if first > 0 else 0)) / (self.timeline.steps - first)
 
 
+@dataclass(frozen=True)
+class AsyncPrediction(Prediction):
+    """An asynchronous run's (`asynchronous.py`): a whole run, or its steady state (`AsyncRun.window`),
+    each figure over every learner."""
+
+    run: AsyncRun | None = None
+
+    @property
+    def result(self) -> AsyncRun:
+        assert self.run is not None
+        return self.run
+
+    @cached_property
+    def figures(self) -> Figures:
+        return self.result.figures(self.whole)
+
+    @property
+    def wall_per_1000_s(self) -> float:
+        return self.figures.seconds * STEPS / self.figures.steps
+
+    @property
+    def wall_s(self) -> float:
+        return self.result.wall_s if self.whole else self.wall_per_1000_s
+
+    @property
+    def exposed_pct(self) -> float:
+        return self.figures.exposed_pct
+
+    @property
+    def bytes_per_step(self) -> float:
+        """A learner's ledger per run step: its contributions (the versions it takes are booked nowhere)."""
+        return sum(sent for sent, _ in self.figures.bytes) / self.setting.workers / self.figures.steps
+
+    @property
+    def sent_per_step(self) -> float:
+        return self.bytes_per_step  # a message goes as it is booked
+
+    @cached_property
+    def memory(self) -> dict[str, int]:
+        return async_bill(self.setting)
+
+
+def predict_async(s: Setting, steps: int | None = None) -> AsyncPrediction:
+    """A whole run of `steps` steps, or the steady state of one of STEADY_ROUNDS rounds of H steps."""
+    n = steps if steps is not None else STEADY_ROUNDS * int(s.options["sync_every"])
+    run = simulate_async(s, n, workers_times(s))
+    waited = sum(b - a for x in run.learners for a, b in x.waiting) / s.workers
+    tl = Timeline(run.wall_s, waited, n * (s.step_s + s.other_s), n, 0, (), len(run.merges), [], [], 0)
+    return AsyncPrediction(s, tl, None, 0, steps is not None, run)
+
+
 def seconds_of(s: Setting) -> Callable[[Transfer], float]:
     return transfer_seconds(s.topology, s.workers, s.ranks_per_worker, s.host_bytes_per_s)
 
@@ -165,7 +219,10 @@ def warmup_steps(s: Setting) -> int:
 
 def predict(s: Setting, steps: int | None = None, finish: bool = False) -> Prediction:
     """The steady state (warm-up, then two periods measured), or, given `steps`, a whole run of that
-    many steps (with `finish()` when asked) measured from step 1."""
+    many steps (with `finish()` when asked) measured from step 1. An asynchronous strategy's learners
+    share no timetable: their run is simulated event by event (`asynchronous.py`, finals included)."""
+    if is_asynchronous(s.strategy):
+        return predict_async(s, steps)
     h = int(s.options.get("sync_every", 1))
     check_simulated_steps(steps if steps is not None else max(int(s.options.get("switch_step", 0)), h) + 2 * h, s)
     first = warmup_steps(s) if steps is None else 0

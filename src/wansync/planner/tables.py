@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import sys
 import tomllib
 from pathlib import Path
@@ -16,10 +17,11 @@ from ..net.link import NVLINK
 from ..net.wan import PRESETS, parse_wan
 from ..units import human_bytes, human_seconds
 from ..telemetry.memory import CATEGORIES
+from .asynchronous import is_asynchronous
 from .choose import CODECS, TARGET_PCT, Choice, choose, rank
 from .measure import measure_step_s, run_step_times
 from .memory import DEFAULT_GPU_MEMORY, memory_bill, parse_capacity, smallest_fitting_ranks
-from .prediction import H_CANDIDATES, Prediction, Setting, periods, predict, recommend_h, setting
+from .prediction import H_CANDIDATES, AsyncPrediction, Prediction, Setting, periods, predict, recommend_h, setting
 from .sizes import (
     ACCELERATORS_PER_WORKER,
     FLOPS_PER_ACCELERATOR,
@@ -46,6 +48,8 @@ def algorithm_lines(s: Any) -> list[str]:
     r = s.ranks_per_worker
     if s.topology.sites < 2 or s.options.get("codec", "fp32") != "fp32" or s.strategy in ("ddp", "demo", "sparseloco"):
         return []
+    if is_asynchronous(s.strategy):  # no mean between workers: messages to the syncer
+        return []
     nbytes = 4 * s.size.sync_numel / max(1, int(s.options.get("fragments") or 1)) / r
     placed, world = dataclasses.replace(s.topology, ranks_per_worker=r), s.workers * r
     members = range(0, world, r)
@@ -60,6 +64,8 @@ def algorithm_lines(s: Any) -> list[str]:
 
 def straggler_words(s: Any) -> str:
     """Who arrives late at the exchanges, and what the slow policy does about it."""
+    if is_asynchronous(s.strategy):
+        return async_straggler_words(s)
     if s.step_times is not None:
         return "the run's, replayed: a worker that arrives early at an exchange waits for the last"
     if s.topology.speeds and s.topology.workers == s.workers:
@@ -79,6 +85,24 @@ def straggler_words(s: Any) -> str:
     )
 
 
+def async_straggler_words(s: Any) -> str:
+    """An asynchronous run's learners (`asynchronous.py`): each on its own clock; when the syncer merges."""
+    o = s.options
+    if s.step_times is not None:
+        clocks = "each replays the run's step times"
+    elif s.topology.speeds and s.topology.workers == s.workers:
+        steps = ", ".join(f"{s.step_s * s.topology.slowdown(w):.3g}" for w in range(s.workers))
+        speeds = ", ".join(f"{v:g}" for v in s.topology.speeds)
+        clocks = f"the topology's worker speeds ({speeds}): steps of {steps} s"
+    else:
+        clocks = "every one at the step time"
+    grace = "every learner still running" if math.isinf(o["grace"]) else f"{o['grace']:g} s more"
+    return (
+        f"none wait for another: each learner on its own clock ({clocks}); the syncer merges once every learner "
+        f"still running has sent a round, or once {o['merge_quorum']} have and then {grace} (merge_quorum, grace)"
+    )
+
+
 def setting_lines(s: Setting, step_source: str) -> list[str]:
     """The model, the world and its link, the compute per step and where it comes from, the stragglers."""
     return [
@@ -91,6 +115,13 @@ def setting_lines(s: Setting, step_source: str) -> list[str]:
 
 def figures_for(p: Prediction) -> str:
     """What the figures cover: a whole run, or a steady state per 1000 steps."""
+    if isinstance(p, AsyncPrediction):
+        if p.whole:
+            return (
+                f"of the whole run, {p.steps:,} steps (until the syncer has merged {p.setting.workers} learners x "
+                f"{p.steps:,} steps, then every learner's final version)"
+            )
+        return "per 1000 steps (steady state: between the merges at 1/4 and 3/4 of a run's budget; --steps N for a whole run)"
     if p.whole:
         return f"of the whole run, {p.steps:,} step{'s' if p.steps > 1 else ''} (step 1 to finish()'s last exchange)"
     return "per 1000 steps (steady state, after the warm-up; --steps N for a whole run)"
@@ -107,9 +138,16 @@ def describe(
         *setting_lines(s, step_source),
         f"wall clock {figures_for(p)}: {human_seconds(p.wall_s)} "
         f"(compute alone {human_seconds(p.compute_s)}: {p.utilization_pct:.1f} % utilization)",
-        f"exposed communication: {p.exposed_pct:.1f} % of the wall clock",
-        f"bytes per worker per step: {human_bytes(p.bytes_per_step)} payload, {human_bytes(p.sent_per_step)} put on "
-        f"the wire (a ring all-reduce sends about 2(M-1)/M of its payload, an all-gather M-1 payloads)",
+        f"exposed communication: {p.exposed_pct:.1f} % of the wall clock"
+        + (" (of the learners' together: each waiting for a version)" if isinstance(p, AsyncPrediction) else ""),
+        *(
+            async_lines(p)
+            if isinstance(p, AsyncPrediction)
+            else [
+                f"bytes per worker per step: {human_bytes(p.bytes_per_step)} payload, {human_bytes(p.sent_per_step)} "
+                "put on the wire (a ring all-reduce sends about 2(M-1)/M of its payload, an all-gather M-1 payloads)"
+            ]
+        ),
         *memory_lines(p, capacity, stated),
     ]
     if p.syncs_per_period is not None:
@@ -125,6 +163,38 @@ def describe(
                 + (str(h) if h is not None else f"none up to {(periods(p.steps if p.whole else None) or (0,))[-1]}")
             )
     return "\n".join(lines)
+
+
+def async_lines(p: AsyncPrediction) -> list[str]:
+    """An asynchronous run's own figures: each learner's utilization, the goodput, the merges'
+    staleness, the syncer's idle share and the bytes of each learner (`asynchronous.py`)."""
+    s, r, f = p.setting, p.result, p.figures
+    o, m = s.options, s.workers
+    over = "" if p.whole else f" (over a run of {r.run_steps:,} steps)"
+    each = ", ".join(f"{i}: {u:.1f} %" for i, u in enumerate(f.utilization_pct))
+    lost = []
+    if r.dropped_steps:
+        lost.append(f"{r.dropped_steps:,} steps dropped, more than max_staleness {o['max_staleness']} versions old")
+    shares = ", ".join(f"{t}: {100 * v:.1f} %" for t, v in r.staleness_shares().items())
+    contributions = sum(len(x.staleness) for x in r.merges)
+    per = "run" if p.whole else "1000 steps"
+    scale = 1.0 if p.whole else 1000 / f.steps
+    return [
+        f"learners' utilization (compute share of each one's wall clock): {f.learners_utilization_pct:.1f} % "
+        f"together; learner {each}",
+        f"steps computed per learner{over}: {', '.join(f'{x.steps:,}' for x in r.learners)} "
+        f"({m} x {r.run_steps:,} = {m * r.run_steps:,} merged at least)",
+        f"goodput{over}: {100 * r.goodput:.1f} % of the tokens computed were merged"
+        + (f" ({'; '.join(lost)})" if lost else ""),
+        f"staleness of the merged contributions{over}: {shares} ({contributions:,} contributions in "
+        f"{len(r.merges):,} merges)",
+        f"syncer{over}: idle {100 * r.syncer_idle():.1f} % of the wall clock (a merge's outer step taken as "
+        "instantaneous; busy sending its merge's versions on rank 0's link)",
+        f"bytes per learner per {per}, sent (contributions) / received (versions, the whole model in fp32): "
+        + ", ".join(f"{i}: {human_bytes(a * scale)} / {human_bytes(b * scale)}" for i, (a, b) in enumerate(f.bytes)),
+        f"bytes per worker per step: {human_bytes(p.bytes_per_step)} payload, sent to the syncer (a learner's ledger "
+        "books its contributions; the versions it receives are booked nowhere)",
+    ]
 
 
 def sparse_lines(s: Any) -> list[str]:
@@ -151,13 +221,16 @@ def memory_lines(p: Prediction, capacity: float | None, stated: bool = False) ->
     s, m = p.setting, p.memory
     r = s.ranks_per_worker
     how = (
-        f"FSDP inside: sharded over {r} ranks"
+        "its learner and the syncer"
+        if isinstance(p, AsyncPrediction)
+        else f"FSDP inside: sharded over {r} ranks"
         if s.inside == "fsdp"
         else f"DDP inside: each of {r} ranks holds the whole model"
         if r > 1
         else "one rank per worker"
     )
-    host = f"; in host memory (outer_state_device=cpu): {human_bytes(m['host'])}" if m["host"] else ""
+    where = "the pending contributions, as received" if isinstance(p, AsyncPrediction) else "outer_state_device=cpu"
+    host = f"; in host memory ({where}): {human_bytes(m['host'])}" if m["host"] else ""
     held = m["total"] - m["host"]
     lines = [
         f"memory per GPU (rank 0, {how}): {human_bytes(held)} held + {human_bytes(m['per_gpu'] - held)} "
@@ -186,6 +259,8 @@ def capacity_words(capacity: float, stated: bool) -> str:
 def fit_hint(p: Prediction, capacity: float) -> str:
     """What would fit `capacity`: FSDP inside over enough ranks, and with the outer state in host memory."""
     s, flying = p.setting, p.timeline.held_in_flight
+    if isinstance(p, AsyncPrediction):
+        return "; async_diloco runs one rank per learner: no sharding inside a worker"
     r_fit = smallest_fitting_ranks(s, flying, capacity)
     hint = (
         f"; --inside fsdp fits from --ranks-per-worker {r_fit}"
@@ -228,12 +303,14 @@ def plan_command(
     steps: int | None = None,
     strategies: Sequence[str] | None = None,
     given: frozenset[str] = frozenset(),
+    left_out: Sequence[str] = (),
 ) -> str:
     """The one-screen answer for a Config (strategy, options, model, workers, wan) and the plan flags
     (`flops` None: the throughput of the config's precision; `gpu_memory`: '80GB', the capacity check,
     DEFAULT_GPU_MEMORY when None; `steps`: a whole run of that many steps, else the steady state);
     with `strategies`, those strategies ranked, each at its best settings (`choose.py`), the knobs
-    in `given` (the config keys the user gave) kept as given."""
+    in `given` (the config keys the user gave) kept as given; `left_out`: why each strategy `all` named
+    and this world cannot run is not ranked (one sentence each, said under the table)."""
     capacity = parse_capacity(gpu_memory)
     if not cfg.wan:
         raise ConfigError("plan needs a link: --wan PRESET or a spec (" + ", ".join(PRESETS) + ")")
@@ -311,12 +388,20 @@ def plan_command(
     target = target_pct if target_pct is not None else TARGET_PCT
     settings = [ranked(name) for name in strategies]  # every one checked before any is searched
     choices = rank([choose(s, capacity, target, steps, given) for s in settings])
-    return describe_ranking(choices, source, target, capacity, stated)
+    return describe_ranking(choices, source, target, capacity, stated, left_out)
 
 
-def describe_ranking(choices: list[Choice], step_source: str, target_pct: float, capacity: float, stated: bool) -> str:
+def describe_ranking(
+    choices: list[Choice],
+    step_source: str,
+    target_pct: float,
+    capacity: float,
+    stated: bool,
+    left_out: Sequence[str] = (),
+) -> str:
     """Strategies ranked at their chosen settings: one table, the rule that chose and ranked them above it."""
     first = choices[0].prediction
+    lock_step = next((c.prediction for c in choices if not isinstance(c.prediction, AsyncPrediction)), first)
     searched = sorted({k for c in choices for k in c.searched})
     rule = []
     if "sync_every" in searched:
@@ -337,7 +422,7 @@ def describe_ranking(choices: list[Choice], step_source: str, target_pct: float,
         *setting_lines(first.setting, step_source),
         f"GPU memory: {capacity_words(capacity, stated)}",
         "settings: " + "; ".join(rule),
-        f"figures: wall clock {figures_for(first)}; bytes per worker per step; memory per GPU at the peak",
+        f"figures: wall clock {figures_for(lock_step)}; bytes per worker per step; memory per GPU at the peak",
         "",
         "| rank | strategy | settings | utilization | exposed | wall clock | bytes/worker/step | memory/GPU | "
         f"fits {human_bytes(capacity)} |",
@@ -358,6 +443,7 @@ def describe_ranking(choices: list[Choice], step_source: str, target_pct: float,
         "Time, bytes and memory are predicted; what a setting learns is not: a longer H, or a lossier codec, "
         "may need more steps to the same loss (docs/planner.md#ranking-strategies). "
         "`--strategy NAME` with these settings prints one in full.",
+        *(f"Not ranked: {why}" for why in left_out),
     ]
     return "\n".join(head + rows + tail)
 
@@ -366,7 +452,17 @@ def _flag_value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-SETTING_KEYS = ("sync_every", "codec", "fragments", "overlap", "switch_step", "density", "bits")
+SETTING_KEYS = (
+    "sync_every",
+    "codec",
+    "fragments",
+    "overlap",
+    "switch_step",
+    "density",
+    "bits",
+    "merge_quorum",
+    "grace",
+)
 
 
 def settings_words(c: Choice) -> str:

@@ -138,7 +138,7 @@ class AsyncDiLoCo(Strategy):
         self.base = int(welcome["version"])  # the version this learner's round started from
         if "values" in welcome:  # it joined a run that had moved on
             self.flat.scatter(welcome["values"])
-        self.base_value = None if self.lossless else self.flat.gather().float()
+        self.base_value = None if self.lossless else self.flat.gather().float()  # θ̃_b, where the model is
         self.round_start = 0  # the step its round started at
         self.run_steps: int | None = None
         self.learners = len(ranks)
@@ -223,6 +223,7 @@ class AsyncDiLoCo(Strategy):
             for merge in self.service.drain():
                 self.emit("merge", **merge)
             self.run_summary = self.service.summary()
+            self.comm.count("versions", self.service.sent_bytes, calls=self.service.sent)  # the syncer's sends
             self.emit("syncer", **self.run_summary)
             self.service.close()
         self.channel.close()
@@ -240,11 +241,11 @@ class AsyncDiLoCo(Strategy):
         }
         if steps:
             if self.lossless:
-                message["values"] = self.flat.gather()
+                message["values"] = self.flat.gather().cpu()
             else:
                 assert self.base_value is not None
                 enc = self.codec.encode(self.flat.gather().float() - self.base_value)
-                message["data"], message["numel"] = enc.data, enc.numel
+                message["data"], message["numel"] = enc.data.cpu(), enc.numel
         began = time.perf_counter()
         self.channel.send(message)
         payload = message.get("values", message.get("data"))
@@ -253,14 +254,15 @@ class AsyncDiLoCo(Strategy):
         waited = time.perf_counter() - began
         if reply["kind"] != "version":
             raise PeerError(f"async_diloco: the syncer answered {reply['kind']!r}: {reply.get('why', '')}")
-        values = reply["values"]
-        self.flat.scatter(values)
-        if not self.lossless:
-            self.base_value = values.float().clone()
+        values = reply["values"]  # None: the version this learner holds already (the run's last reply)
+        if values is not None:
+            self.flat.scatter(values)
+            if not self.lossless:
+                self.base_value = values.to(self.flat.device, torch.float32)
         based, self.base, self.round_start = self.base, int(reply["version"]), self.t
         self.stopped = self.stopped or bool(reply["stop"])
         self.progress_base = int(reply["merged_steps"]) // self.learners
-        received = values.numel() * values.element_size()
+        received = 0 if values is None else values.numel() * values.element_size()
         self.comm.count(self.exchange_purpose, sent)  # what it sent; the version it took is the syncer's to send
         self.comm.waited(self.exchange_purpose, waited)
         if reply["dropped"]:

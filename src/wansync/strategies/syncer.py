@@ -91,8 +91,13 @@ class Syncer:
         copies = [t.detach().clone() for t in tensors]
         ids = {id(b) for b in buffers}
         copied_buffers = [c for t, c in zip(tensors, copies) if id(t) in ids]
-        self.anchor = Anchor(
-            copies, lr=settings.outer_lr, momentum=settings.outer_momentum, nesterov=True, buffers=copied_buffers
+        self.anchor = Anchor(  # on the CPU, whatever the model's device: what it sends and receives lies there
+            copies,
+            lr=settings.outer_lr,
+            momentum=settings.outer_momentum,
+            nesterov=True,
+            buffers=copied_buffers,
+            device="cpu",
         )
         self.version = 0
         self.history: dict[int, torch.Tensor] = {0: self.anchor.value.clone()}

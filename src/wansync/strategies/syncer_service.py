@@ -77,6 +77,8 @@ class SyncerService:
         # learner -> the steps it computed in this life (its last contribution says), and in lives before
         self.computed: dict[int, int] = {}
         self.past: dict[int, int] = {}
+        self.holds: dict[int, int] = {}  # learner -> the version it holds (its last contribution's base)
+        self.sent, self.sent_bytes = 0, 0  # versions sent to learners, and their bytes
         self.budget: int | None = None
         self.merges: list[dict[str, Any]] = []  # not yet drained into the run's events (`drain`)
         self.busy_s = 0.0
@@ -180,6 +182,7 @@ class SyncerService:
             if values is not None:
                 kept = self.syncer.add(Contribution(learner, base, tokens, steps, values, relative, time.monotonic()))
             self.computed[learner] = max(self.computed.get(learner, 0), int(msg.get("computed", 0)))
+            self.holds[learner] = base  # the version it trained from, which it holds until a reply
             if msg.get("final"):
                 self.finals.add(learner)
                 self.waiting.pop(learner, None)
@@ -194,7 +197,7 @@ class SyncerService:
                 f"max_staleness {self.syncer.settings.max_staleness} versions old (now {self.syncer.version})"
             )
         if reply is not None:
-            channel.send(reply)
+            self._send(channel, reply)
 
     def _version_message(self, dropped: bool = False, final: bool = False) -> dict[str, Any]:
         """The newest version as a reply (under the lock)."""
@@ -228,9 +231,14 @@ class SyncerService:
                     merged = self.syncer.merge()
                     self.merges.append({**asdict(merged), "time": round(time.perf_counter() - self.began, 6)})
                 replies = []
-                if ending:
+                if ending:  # the last version: its values only to a learner that does not hold it
                     message = self._version_message(final=True)
-                    replies = [(self.channels[m], message) for m in sorted(alive) if m in self.channels]
+                    same = {**message, "values": None}
+                    replies = [
+                        (self.channels[m], same if self.holds.get(m) == self.syncer.version else message)
+                        for m in sorted(alive)
+                        if m in self.channels
+                    ]
                     self.finals -= alive
                     self.done |= alive
                 else:
@@ -240,14 +248,22 @@ class SyncerService:
                             replies.append((self.channels[m], message))
                             del self.waiting[m]
             for channel, message in replies:
-                try:
-                    channel.send(message)
-                except PeerError:
-                    pass  # its connection's thread sees it gone
+                self._send(channel, message)
             self.busy_s += time.perf_counter() - began
             if ending:
                 self.ended.set()
                 return
+
+    def _send(self, channel: p2p.Channel, message: dict[str, Any]) -> None:
+        """A version to a learner, counted (`sent`, `sent_bytes`: the syncer's traffic, booked on rank 0)."""
+        try:
+            channel.send(message)
+        except PeerError:
+            return  # its connection's thread sees it gone
+        values = message.get("values")
+        with self.cond:
+            self.sent += 1
+            self.sent_bytes += 0 if values is None else values.numel() * values.element_size()
 
     def wait_ended(self, timeout_s: float = 600.0) -> None:
         """Until the last version is sent to every learner (rank 0's finish, before it closes the syncer)."""
