@@ -25,8 +25,10 @@ from wansync.strategies.syncer import Contribution, Settings, Syncer
 H, ROUNDS = 4, 3
 
 
-def _train(rank: int, world: int, name: str, options: dict[str, Any], steps: int) -> dict[str, Any]:
-    model = tiny_model(0)
+def _train(
+    rank: int, world: int, name: str, options: dict[str, Any], steps: int, make: Any = tiny_model
+) -> dict[str, Any]:
+    model = make(0)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     sync = ws.strategy(name, model, opt, **options)
     events: list[dict[str, Any]] = []
@@ -39,7 +41,8 @@ def _train(rank: int, world: int, name: str, options: dict[str, Any], steps: int
         sync.zero_grad()
         snapshots.append(flat_params(model))
     sync.finish()
-    return {"params": snapshots, "final": flat_params(model), "events": events}
+    ledger = {k: v["bytes"] for k, v in sync.comm.snapshot().items() if k != "init"}
+    return {"params": snapshots, "final": flat_params(model), "events": events, "ledger": ledger}
 
 
 def _both(rank: int, world: int) -> dict[str, Any]:
@@ -374,3 +377,142 @@ def test_what_it_cannot_honour_is_one_line_before_any_work(tmp_path, flags, says
         "train", "--strategy", "async_diloco", "--workers", "2", "--steps", "1", *flags, "--out", str(tmp_path / "r")
     )
     assert r.returncode != 0 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# ---- the sparse payload (SparseLoCo's, error-fed) --------------------------------------------------------
+LOCK_STEP = {"merge_quorum": 2, "grace": math.inf, "staleness_rule": "none"}
+
+
+def _normed_model(seed: int = 0) -> nn.Module:
+    """The tiny model with BatchNorm statistics: float buffers, which travel beside the sparse payload."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.BatchNorm1d(6), nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def _wide_model(seed: int = 0) -> nn.Module:
+    """A 128 x 128 layer among small ones: 64 x 64 blocks, SparseLoCo's, where the default density sends 32 values
+    of each 4096."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 3))
+
+
+def _dense_and_sparse(rank: int, world: int) -> dict[str, Any]:
+    steps, options = H * ROUNDS, {"sync_every": H, **LOCK_STEP}
+    whole = {"sparse": True, "density": 1.0, "bits": 32, "error_decay": 0.0}  # every value, unquantized, no memory
+    return {
+        "dense": _train(rank, world, "async_diloco", options, steps, _normed_model),
+        "sparse": _train(rank, world, "async_diloco", {**options, **whole}, steps, _normed_model),
+    }
+
+
+def test_the_sparse_payload_of_every_value_unquantized_without_error_memory_trains_what_the_dense_one_does():
+    """Density 1, 32-bit values, error_decay 0: the payload carries Δ_m = θ̃_b − θ_m whole and the syncer merges
+    it against its base; the dense fp32 learner sends θ_m and the syncer averages it (DiLoCo's boundary).
+    Within rounding at every step, BatchNorm's statistics (sent beside the payload) included."""
+    out = run_ranks(_dense_and_sparse, 2, timeout=120)
+    for rank in range(2):
+        dense, sparse = out[rank]["dense"], out[rank]["sparse"]
+        for step, (a, b) in enumerate(zip(dense["params"], sparse["params"])):
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=lambda m, s=step: f"rank {rank}, step {s + 1}: {m}")
+        torch.testing.assert_close(sparse["final"], dense["final"], rtol=0, atol=1e-6)
+        syncs = [e for e in sparse["events"] if e["type"] == "sync" and not e["final"]]
+        assert [e["version"] for e in syncs] == [1, 2, 3] and all(e["codec"] == "sparse" for e in syncs)
+        assert not torch.equal(dense["params"][-1], dense["params"][0])  # it trained
+    assert torch.equal(out[0]["sparse"]["final"], out[1]["sparse"]["final"])
+
+
+def _sparse_learners(rank: int, world: int) -> dict[str, Any]:
+    return _train(rank, world, "async_diloco", {"sync_every": H, **LOCK_STEP, "sparse": True}, H * ROUNDS, _wide_model)
+
+
+def test_a_sparse_learner_books_the_payloads_wire_bytes_a_few_per_cent_of_fp32():
+    """At SparseLoCo's defaults (density 32/4096, 2-bit values) each round's contribution is the sparse codec's
+    payload, byte for byte: the sync events' bytes, the learner's ledger (`pseudo_grads`), the planner's."""
+    from wansync.net.wan import parse_wan
+    from wansync.planner import predict, setting
+    from wansync.planner.sizes import of_module
+    from wansync.strategies import make_options
+    from wansync.strategies.async_diloco import AsyncDiLoCo
+
+    options = {"sync_every": H, **LOCK_STEP, "sparse": True}
+    model = _wide_model(0)
+    numel = sum(p.numel() for p in model.parameters())
+    codec = AsyncDiLoCo.wire_codec(make_options("async_diloco", **options), [p.shape for p in model.parameters()])
+    wire = codec.wire_bytes()
+    assert wire < 0.05 * 4 * numel  # a few per cent of fp32, tables included
+    out = run_ranks(_sparse_learners, 2, timeout=120)
+    planned = predict(setting("async_diloco", options, of_module("wide", model), 2, parse_wan("lan"), 0.01), H * ROUNDS)
+    for rank in range(2):
+        syncs = [e for e in out[rank]["events"] if e["type"] == "sync"]
+        rounds = [e for e in syncs if not e["final"]]
+        assert [e["bytes"] for e in rounds] == [wire] * ROUNDS and all(e["kept"] == codec.kept for e in rounds)
+        assert sum(e["bytes"] for e in syncs) == ROUNDS * wire  # the final carries no steps, no payload
+        assert out[rank]["ledger"]["pseudo_grads"] == ROUNDS * wire == planned.figures.bytes[rank][0]
+    assert torch.equal(out[0]["final"], out[1]["final"])
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"density": 0.25}, "density shapes the sparse payload, and sparse is off"),
+        ({"topk": 8}, "topk shapes the sparse payload, and sparse is off"),
+        ({"chunk": 32}, "chunk shapes the sparse payload, and sparse is off"),
+        ({"bits": 4}, "bits shapes the sparse payload, and sparse is off"),
+        ({"quant_range": 3.0}, "quant_range shapes the sparse payload, and sparse is off"),
+        ({"dct": True}, "dct shapes the sparse payload, and sparse is off"),
+        ({"error_decay": 0.5}, "error_decay shapes the sparse payload, and sparse is off"),
+        ({"sparse": True, "codec": "int8"}, "codec int8 encodes the dense payload, and sparse is on"),
+        ({"sparse": True, "bits": 32, "quant_range": 3.0}, "bits 32 sends float32 values unquantized"),
+        ({"sparse": True, "topk": 8, "density": 0.5}, "give density or topk, not both"),
+    ],
+)
+def test_a_sparse_knob_without_the_sparse_payload_is_one_line(options, says):
+    from wansync.strategies import make_options
+
+    with pytest.raises(ConfigError) as e:
+        make_options("async_diloco", **options)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_sparse_payloads_density_guard_warns_a_sparse_learner_only():
+    """SparseLoCo's regime guard (rounds x density under 20 %: most of the update never leaves a worker) reads
+    async_diloco's density only where its learners send the sparse payload."""
+    from wansync.strategies import make_options
+    from wansync.strategies.guards import regime_warnings
+
+    def lines(**options: Any) -> list[str]:
+        return regime_warnings("async_diloco", vars(make_options("async_diloco", **options)), 1000)
+
+    assert not any("density" in line for line in lines())
+    assert any("--density 0.00781 over the 10 round(s)" in line for line in lines(sparse=True))
+
+
+# ---- Dynamic Local Updates: a slower learner takes shorter rounds -------------------------------------
+def _two_speeds(rank: int, world: int) -> list[int]:
+    import time
+
+    model = tiny_model(0)
+    sync = ws.strategy(
+        "async_diloco", model, torch.optim.AdamW(model.parameters(), lr=0.01), sync_every=8, dynamic_h=True
+    )
+    step_s = 0.02 * (rank + 1)  # learner 1 at half speed
+    starts = []
+    while sync.continues(48):
+        t0 = time.perf_counter()
+        x, y = rank_batch(rank, sync.t)
+        nn.functional.mse_loss(sync.model(x), y).backward()
+        before = sync.round_start
+        sync.step()
+        sync.zero_grad()
+        if sync.round_start != before:
+            starts.append(sync.t)
+        time.sleep(max(0.0, step_s - (time.perf_counter() - t0)))
+    sync.finish()
+    return [b - a for a, b in zip([0, *starts], starts)]
+
+
+def test_dynamic_local_updates_give_a_learner_at_half_speed_rounds_of_half_the_steps():
+    fast, slow = run_ranks(_two_speeds, 2, timeout=60)
+    assert fast[0] == slow[0] == 8  # no speed is known before the first round
+    assert all(h == 8 for h in fast[1:]), fast
+    assert slow[1:] and all(3 <= h <= 5 for h in slow[1:]), slow  # H × its speed / the fastest's: 4

@@ -74,8 +74,8 @@ ALT: dict[str, Any] = {
     "robust_kappa": 0.5,
     "staleness_rule": "polynomial",
 }
-# the other options an option needs to act at all (its declared `needs`)
-CONTEXT: dict[str, dict[str, Any]] = {
+# the other options an option needs to act at all (its declared `needs`): by option, or by (strategy, option)
+CONTEXT: dict[Any, dict[str, Any]] = {
     "codec_collective": {"codec": "int8"},
     "error_feedback": {"codec": "int8"},
     "deadline": {"slow_policy": "deadline"},
@@ -85,6 +85,10 @@ CONTEXT: dict[str, dict[str, Any]] = {
     "partition": {"fragments": 2},  # 4 fragments of 4 blocks are the same, strided or sequential
     "gamma": {"syncs_per_period": 0},
     "max_syncs_per_fragment": {"syncs_per_period": 0},
+    # async_diloco's sparse payload's knobs act where its learners send it
+    **{
+        ("async_diloco", k): {"sparse": True} for k in ("error_decay", "density", "chunk", "bits", "quant_range", "dct")
+    },
 }
 # options whose effect is not on this test's numbers, each with where it is held
 ELSEWHERE = {
@@ -99,6 +103,7 @@ TIMED = {
     "merge_quorum": "who is in a merge follows when learners arrive: test_async_diloco.py (quorum, grace window)",
     "grace": "the grace window closes a merge by the clock: test_async_diloco.py",
     "max_staleness": "a round is stale only when others merged while it trained: test_async_diloco.py (dropped)",
+    "dynamic_h": "a round's length follows the learners' measured speeds: test_async_diloco.py (half speed)",
 }
 
 
@@ -128,7 +133,8 @@ def all_cases() -> list[tuple[str, str, dict[str, Any]]]:
         for f in dataclasses.fields(cls.Options):
             if f.name == "topk":
                 continue  # density's other spelling (`check_sparse_options`): density stands for both
-            options = {**BASE[name], **CONTEXT.get(f.name, {}), f.name: alt_value(name, f.name, f.default)}
+            context = {**CONTEXT.get(f.name, {}), **CONTEXT.get((name, f.name), {})}
+            options = {**BASE[name], **context, f.name: alt_value(name, f.name, f.default)}
             out.append((name, f.name, options))
     return out
 
@@ -184,11 +190,16 @@ def enumerate_runs(rank: int, world: int) -> dict[tuple[str, str], bool]:
         again = observed(rank, name, BASE[name], STEPS.get(name, 6))
         assert torch.equal(again[0], base[name][0]) and again[1:] == base[name][1:], f"{name} is not repeatable"
     changed = {}
+    refs: dict[str, tuple[Any, ...]] = {}  # the runs of a context several options share, run once
     for name, option, options in cases():
         steps = STEPS.get(name, 6)
         ref = base[name] if set(options) - {option} <= set(BASE[name]) else None
         if ref is None:  # the option's context differs from the defaults: compare within that context
-            ref = observed(rank, name, {k: v for k, v in options.items() if k != option}, steps)
+            context = {k: v for k, v in options.items() if k != option}
+            key = f"{name} {sorted(context.items())}"
+            if key not in refs:
+                refs[key] = observed(rank, name, context, steps)
+            ref = refs[key]
         got = observed(rank, name, options, steps)
         changed[(name, option)] = not (torch.equal(got[0], ref[0]) and got[1:] == ref[1:])
     return changed
@@ -221,6 +232,8 @@ IDLE = [  # (overrides, the key given, what the line says)
     ({"strategy": "diloco", "deadline": 3.0}, "deadline", "deadline 3 s does nothing under slow_policy wait"),
     ({"strategy": "diloco", "robust_kappa": 2.0}, "robust_kappa", "robust_kappa 2 is the robust mean's clip"),
     ({"strategy": "cocodc", "syncs_per_period": 8, "gamma": 0.4}, "gamma", "gamma 0.4 sets the automatic"),
+    ({"strategy": "async_diloco", "density": 0.25}, "density", "density shapes the sparse payload, and sparse is off"),
+    ({"strategy": "async_diloco", "sparse": True, "codec": "fp32"}, "codec", "codec fp32 encodes the dense payload"),
     ({"strategy": "cocodc", "compensation": "alpha", "lam": 0.5}, "lam", "lam 0.5 is the Taylor term's"),
     ({"strategy": "diloco", "momentum": 0.9}, "momentum", "momentum 0.9 is SGD's, and the optimizer is adamw"),
     ({"strategy": "demo", "momentum": 0.9}, "momentum", "demo replaces the inner optimizer's update"),
@@ -331,6 +344,7 @@ def test_every_option_a_plan_takes_changes_its_prediction():
         # only before a grace window closes (an unbounded one waits for every learner)
         "merge_quorum": {"wan": "uneven-speeds", "grace": 0.5},
         "grace": {"wan": "uneven-speeds", "merge_quorum": 2},
+        "dynamic_h": {"wan": "uneven-speeds"},  # rounds by speed: only where the learners' speeds differ
     }
     unchanged = []
     for name, option, options in all_cases():

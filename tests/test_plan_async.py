@@ -20,6 +20,7 @@ from wansync.net.wan import parse_wan
 from wansync.planner import of_name, predict, setting
 from wansync.planner.asynchronous import ENVELOPE_BYTES
 from wansync.planner.prediction import AsyncPrediction
+from wansync.planner.tables import sparse_lines
 from wansync.planner.sizes import of_module
 from wansync.runner.localgroup import run_ranks
 
@@ -209,3 +210,16 @@ def test_what_an_asynchronous_plan_cannot_use_is_one_line(argv, says, capsys):
 def test_the_simulation_refuses_what_the_strategy_refuses():
     with pytest.raises(ConfigError, match="merge_quorum 3 is more than the 2 learners"):
         predict(async_of({"merge_quorum": 3}, "cross-region", workers=2), 100)
+
+
+def test_plan_strategies_all_keeps_a_sparse_learner_sparse_and_prints_the_flags_that_act(capsys):
+    """With --sparse the codec does nothing: it is not searched, and the row gives --sparse and the payload's
+    knobs, not a --codec the command line would refuse beside it."""
+    argv = ["--strategies", "all", "--model", "tiny", "--workers", "4", "--wan", "cross-region", "--step-time", "0.05"]
+    for extra, shows, hides in (([], "--codec ", "--sparse"), (["--sparse"], "--sparse --density ", "--codec ")):
+        code, out, err = plan(capsys, *argv, "--steps", "100", *extra)
+        assert code == 0, err
+        row = next(line for line in out.splitlines() if line.startswith("| ") and " async_diloco " in line)
+        assert shows in row and hides not in row, row
+    sparse = predict(async_of({"sync_every": 20, **LOCK_STEP, "sparse": True}, "cross-region"), 100, finish=True)
+    assert "sparse payload: " in "\n".join(sparse_lines(sparse.setting))

@@ -253,6 +253,11 @@ class SparseCodec:
         codes = unpack(data[s.codes], n, self.bits, start)
         return idx, dequantize(codes, seg, tables[:, 0].contiguous(), tables[:, 1:]).view(-1, s.k)
 
+    def decode_into(self, data: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """One payload (`wire_bytes()` uint8) decoded into the flat float32 `out` (returned): the values it
+        sent where they came from, 0 elsewhere (the mean of one payload: `aggregate_into`)."""
+        return self.aggregate_into([data], out, 1.0)
+
     # ---- every worker's payloads: the mean -------------------------------------------------------------
     def aggregate_into(self, payloads: list[torch.Tensor], out: torch.Tensor, contributors: float) -> torch.Tensor:
         """The mean of the payloads (each `wire_bytes()` uint8, in rank order) written into the flat

@@ -10,8 +10,9 @@ simulated instead is what `strategies/async_diloco.py` (the learner), `strategie
 
 - learner m computes rounds of H steps at its own step times (`prediction.workers_times`: the
   topology's worker speeds, or a run's replayed step times; else every learner at the step time);
-- at a round's end it sends its contribution, the codec's wire bytes of the model's sync tensors in a
-  sealed message, to the syncer in global rank 0's process: `net.cost`'s send over the pair (its rank,
+- at a round's end it sends its contribution in a sealed message: the codec's wire bytes of the model's
+  sync tensors, or with `sparse` the sparse payload of its trainable tensors plus its float buffers in
+  fp32 (the strategy's own `wire_codec`, as the other strategies' payloads are sized; `contribution_bytes`), to the syncer in global rank 0's process: `net.cost`'s send over the pair (its rank,
   0), reserved on its own link after whatever it sent before (the emulator's `reserve`); learner 0's
   messages to the syncer, and the syncer's to it, take no time;
 - the syncer drops a contribution more than `max_staleness` versions old and keeps it for the next
@@ -42,8 +43,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from ..comm.codecs import get_codec
 from ..comm.p2p import ENVELOPE
+from ..comm.sparse import is_sparse
 from ..errors import ConfigError
 from ..net.cost import collective_duration
 
@@ -53,6 +54,20 @@ ENVELOPE_BYTES = ENVELOPE
 #: Rounds the simulation walks at most (each a handful of events): beyond, refused in one line.
 MAX_ROUNDS = 2_000_000
 EPS = 1e-12  # a grace window's end, met by the timer set for it (float rounding aside)
+
+
+def contribution_bytes(s: Any) -> int:
+    """A round's payload as the learner books it (`AsyncDiLoCo._exchange`) for setting `s`: θ_m in fp32,
+    its change through a lossy codec, or the sparse payload of the trainable tensors (SparseLoCo's, sized
+    by the strategy's `wire_codec` as every strategy's payload is) plus the float buffers in fp32."""
+    from ..strategies import make_options, strategy_class
+
+    numel = s.size.sync_numel
+    shapes = s.size.shapes or [(n,) for n in s.size.grad_numels]
+    codec = strategy_class(s.strategy).wire_codec(make_options(s.strategy, **s.options), shapes)
+    if is_sparse(codec):
+        return codec.wire_bytes() + 4 * (numel - codec.layout.numel)
+    return 4 * numel if codec.name == "fp32" else codec.wire_bytes(numel)
 
 
 def is_asynchronous(strategy: str) -> bool:
@@ -198,10 +213,8 @@ class Simulation:
         o, self.s, self.m = s.options, s, s.workers
         self.h, self.quorum, self.grace = int(o["sync_every"]), int(o["merge_quorum"]), float(o["grace"])
         self.bound, self.budget = int(o["max_staleness"]), s.workers * run_steps
-        numel = s.size.sync_numel
-        codec = get_codec(o["codec"])
-        self.payload = 4 * numel if codec.name == "fp32" else codec.wire_bytes(numel)  # θ_m, or its change encoded
-        self.version_bytes = 4 * numel  # θ̃ in fp32, the sync event's `received_bytes`
+        self.payload = contribution_bytes(s)  # θ_m, its change encoded, or the sparse payload
+        self.version_bytes = 4 * s.size.sync_numel  # θ̃ in fp32, the sync event's `received_bytes`
         per_step = s.step_s + s.other_s
         self.clocks = [
             Clock(tuple(c + r for c, r in times[w]) if times is not None else (per_step,)) for w in range(self.m)
@@ -213,6 +226,10 @@ class Simulation:
         self.known: dict[tuple[int, int, int], float] = {}
         # the learners' state
         self.base = [0] * self.m
+        self.round_h = [self.h] * self.m  # each learner's round (`dynamic_h`: H × its speed / the fastest's)
+        self.own_s = [0.0] * self.m  # its last round's seconds per step
+        self.dynamic = bool(o.get("dynamic_h", False))
+        self.speeds: dict[int, float] = {}  # the syncer's: each learner's seconds per step, as it was told
         self.sent_at = [0.0] * self.m
         # the syncer's
         self.version = 0
@@ -251,25 +268,28 @@ class Simulation:
 
     # ---- a learner -----------------------------------------------------------------------------
     def start_round(self, m: int, at: float) -> None:
-        x = self.out.learners[m]
-        end = at + self.clocks[m].seconds(x.steps, self.h)
+        x, n = self.out.learners[m], self.round_h[m]
+        end = at + self.clocks[m].seconds(x.steps, n)
         x.computing.append((at, end))
-        x.steps += self.h
-        self.send(m, end, self.h, final=False)
+        x.steps += n
+        self.own_s[m] = (end - at) / n  # what its contribution tells the syncer of its speed
+        self.send(m, end, n, final=False)
 
     def send(self, m: int, at: float, steps: int, final: bool) -> None:
         payload = self.payload if steps else 0
         self.out.learners[m].sent.append((at, payload))
         self.sent_at[m] = at
         arrives = self.transfer(m, 0, ENVELOPE_BYTES + payload, at)
-        self.push(arrives, "contribution", m, (self.base[m], steps, final))
+        self.push(arrives, "contribution", m, (self.base[m], steps, final, self.own_s[m]))
 
-    def take(self, m: int, now: float, version: int, stop: bool, final: bool, nbytes: int) -> None:
+    def take(self, m: int, now: float, version: int, stop: bool, final: bool, nbytes: int, fastest: float) -> None:
         """Learner m receives a version: its wait ends; then its next round, its final, or its end."""
         x = self.out.learners[m]
         x.waiting.append((self.sent_at[m], now))
         x.received.append((now, nbytes))
         self.base[m] = version
+        if self.dynamic and fastest and self.own_s[m]:  # `AsyncDiLoCo._retime`
+            self.round_h[m] = max(1, round(self.h * fastest / self.own_s[m]))
         if final:
             x.end = now
         elif stop:
@@ -284,12 +304,15 @@ class Simulation:
         stop = self.merged >= self.budget
         nbytes = 0 if final and self.base[m] == self.version else self.version_bytes
         delivered = self.transfer(0, m, ENVELOPE_BYTES + nbytes, now)
-        self.push(delivered, "version", m, (self.version, stop, final, nbytes))
+        fastest = min(self.speeds.values(), default=0.0)
+        self.push(delivered, "version", m, (self.version, stop, final, nbytes, fastest))
         return delivered
 
-    def contribution(self, m: int, now: float, base: int, steps: int, final: bool) -> None:
+    def contribution(self, m: int, now: float, base: int, steps: int, final: bool, step_s: float) -> None:
         """`SyncerService._contribution`."""
         kept = True
+        if steps and step_s > 0:
+            self.speeds[m] = step_s
         if steps:
             if self.version - base > self.bound:
                 self.out.dropped_steps += steps

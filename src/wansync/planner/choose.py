@@ -17,7 +17,8 @@ strategy, among its settings whose memory per GPU fits the accelerator:
 The periods tried are those of `predict.periods` that the strategy can take (in a whole run of `steps`
 steps, up to steps / 2: two rounds at least). A knob the user gave (`--sync-every`,
 `--codec`, `--inside`, any other option) is kept, not searched; a strategy without the knob keeps its
-exchange (DDP has no H; SparseLoCo and DeMo send their own sparse payload). The strategies are then
+exchange (DDP has no H; SparseLoCo and DeMo send their own sparse payload, and so does async_diloco
+with `sparse`, where its codec does nothing). The strategies are then
 ranked by predicted utilization (compute alone over the wall clock, `Prediction.utilization_pct`),
 those whose chosen setting fits the GPU memory first, then by fewer bytes.
 """
@@ -61,7 +62,7 @@ def choose(
     many steps, else the steady state."""
     o = s.options
     search_h = "sync_every" in o and "sync_every" not in given
-    codecs = CODECS if "codec" in o and "codec" not in given else (o.get("codec", "fp32"),)
+    codecs = CODECS if "codec" in o and "codec" not in given and _codec_acts(s) else (o.get("codec", "fp32"),)
     insides = INSIDE if s.ranks_per_worker > 1 and "inside" not in given else (s.inside,)
     searched = tuple(
         k for k, on in (("sync_every", search_h), ("codec", len(codecs) > 1), ("inside", len(insides) > 1)) if on
@@ -77,6 +78,13 @@ def choose(
             return choice
         tried.append(choice)
     return min(tried, key=lambda c: c.prediction.memory["per_gpu"])  # none fits: the one that needs least
+
+
+def _codec_acts(s: Setting) -> bool:
+    """Does the codec act in this setting (its declared `needs`: not beside async_diloco's sparse payload)?"""
+    from ..strategies import make_options
+
+    return make_options(s.strategy, **s.options).idle(["codec"]) is None
 
 
 def _with(s: Setting, codec: str) -> Setting:

@@ -169,8 +169,10 @@ def async_bill(s: Any) -> dict[str, int]:
     """Rank 0 of an asynchronous run (`async_diloco`, one rank per learner): its learner, and the syncer
     beside it in the same process (`strategies/syncer.py`); `memory_bill`'s keys. s: what is exchanged.
 
-    learner          parameters p + b, gradients p, the inner optimizer; with a lossy codec the version
-                     its round started from, s, a copy of the received tensor (host memory)
+    learner          parameters p + b, gradients p, the inner optimizer; with a lossy codec or the sparse
+                     payload the version its round started from, s, a copy of the received tensor (host
+                     memory); with the sparse payload its error buffer, p (outer state), and the payload's
+                     description (`sparse_state_bytes`) twice: the learner's, and the syncer's (host memory)
     syncer           its copies of the model's tensors and θ̃, 2s; the versions a contribution may
                      still be based on, (max_staleness + 1)·s; delayed Nesterov's buffer and momentum,
                      2s, or the outer step's momentum, s (outer_momentum > 0): on the model's device
@@ -180,16 +182,18 @@ def async_bill(s: Any) -> dict[str, int]:
     o = s.options
     p, synced = _local_bytes(s)
     rule = 2 if o["staleness_rule"] == "delayed_nesterov" else int(o["outer_momentum"] > 0)
-    base = synced if o["codec"] != "fp32" else 0
+    sparse = _sparse(s)
+    base = synced if o["codec"] != "fp32" or sparse is not None else 0
+    error, described = (p, sparse_state_bytes(sparse)) if sparse is not None else (0, 0)
     bill = dict.fromkeys(CATEGORIES, 0)
     bill.update(
         parameters=p + s.size.buffer_bytes,
         gradients=p,
         inner_optimizer=inner_optimizer_bytes(s.optimizer, s.momentum, p, len(s.size.grad_numels)),
-        outer_state=(2 + o["max_staleness"] + 1 + rule) * synced,
-        exchange=s.workers * synced + base,
+        outer_state=(2 + o["max_staleness"] + 1 + rule) * synced + error,
+        exchange=s.workers * synced + base + 2 * described,
     )
-    total, transient, host = sum(bill.values()), 3 * synced, s.workers * synced + base
+    total, transient, host = sum(bill.values()), 3 * synced, s.workers * synced + base + described
     return {**bill, "total": total, "transient": transient, "host": host, "per_gpu": total - host + transient}
 
 
@@ -269,8 +273,8 @@ def _lossy_periodic(s: Any, b: int) -> int:
 
 
 def _sparse(s: Any) -> Any:
-    """The sparse payload of a strategy whose exchange is sparse (SparseLoCo, DeMo), else None: the
-    layout of rank 0's own tensors (its FSDP2 chunks when sharded inside)."""
+    """The sparse payload of a strategy whose exchange is sparse (SparseLoCo, DeMo, async_diloco with
+    `sparse`), else None: the layout of rank 0's own tensors (its FSDP2 chunks when sharded inside)."""
     cls = strategy_class(s.strategy)
     opts = make_options(s.strategy, **s.options)
     r = s.ranks_per_worker if s.inside == "fsdp" else 1

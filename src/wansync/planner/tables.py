@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError
-from ..strategies import resolve_options
+from ..strategies import make_options, resolve_options
 from ..net.link import NVLINK
 from ..net.wan import PRESETS, parse_wan
 from ..units import human_bytes, human_seconds
@@ -206,6 +206,11 @@ def sparse_lines(s: Any) -> list[str]:
     if sparse is None:
         return []
     codec, n = sparse[0], sparse[0].layout.numel
+    if is_asynchronous(s.strategy):  # one learner's payload to the syncer, decoded there alone
+        return [
+            f"sparse payload: {human_bytes(codec.wire_bytes())} per contribution ({100 * codec.wire_bytes() / (4 * n):.2g} % "
+            "of fp32), sent to the syncer beside the float buffers in fp32"
+        ]
     cross = {d: sparse_crossing(codec, n, d) for d in ("fp32", "int8", "fp4")}
     return [
         f"sparse exchange: a payload of {human_bytes(codec.wire_bytes())} per worker ({100 * codec.wire_bytes() / (4 * n):.2g} % "
@@ -458,6 +463,7 @@ SETTING_KEYS = (
     "fragments",
     "overlap",
     "switch_step",
+    "sparse",
     "density",
     "bits",
     "merge_quorum",
@@ -467,9 +473,14 @@ SETTING_KEYS = (
 
 def settings_words(c: Choice) -> str:
     """The chosen setting as the flags that give it: the period and the codec, and the knobs that shape
-    the exchange (fragments and overlap, post-local SGD's switch, a sparse payload's density and bits)."""
+    the exchange (fragments and overlap, post-local SGD's switch, a sparse payload's density and bits),
+    those that act in it (async_diloco's codec or its sparse payload's knobs; a switch when on)."""
     s = c.prediction.setting
-    flags = [f"--{k.replace('_', '-')} {_flag_value(s.options[k])}" for k in SETTING_KEYS if k in s.options]
+    opts = make_options(s.strategy, **s.options)
+    acting = [k for k in SETTING_KEYS if k in s.options and s.options[k] is not False and opts.idle([k]) is None]
+    flags = [
+        f"--{k.replace('_', '-')}" + ("" if s.options[k] is True else f" {_flag_value(s.options[k])}") for k in acting
+    ]
     if s.ranks_per_worker > 1:
         flags.append(f"--inside {s.inside}")
     return " ".join(flags) or "-"

@@ -8,7 +8,15 @@ worker) runs its H inner steps on its own clock from the version θ̃_b it last 
     take  the first version newer than b: at once if the syncer has one, else at its next merge
     θ_m ← θ̃_v
 
-and goes on. No learner waits for another: a slow one's contribution arrives late and is merged
+and goes on. With `sparse` what it sends is SparseLoCo's payload (arXiv:2508.15706, `sparseloco.py`) of
+its pseudo-gradient Δ_m = θ̃_b − θ_m, error-fed: it keeps an error buffer e (zero at the start) and::
+
+    e ← β·e + Δ_m;  send s = Q(TopK_chunk(e));  e ← e − s        (β: error_decay)
+
+through the same `comm.sparse.SparseCodec` SparseLoCo's exchange uses; the syncer decodes s into the dense
+pseudo-gradient it stands for and merges it as any contribution measured from its base.
+
+No learner waits for another: a slow one's contribution arrives late and is merged
 stale into whatever version is current then (`syncer.py`: quorum, grace window, token weighting, the
 staleness bound; `staleness.py`: the staleness rule). A learner waits only when the syncer has
 nothing newer than its own base, which is the merge its own contribution goes into; the profiler
@@ -21,7 +29,8 @@ checkpoint holds them (`extra_state`).
 
 With every learner at one speed, a quorum of every learner (or an unbounded grace window) and
 `staleness_rule none`, every merge takes every learner's fresh θ_m, and the run is lock-step DiLoCo
-bit for bit (tested): the same exchange, the same outer Nesterov step, the same model.
+bit for bit (tested): the same exchange, the same outer Nesterov step, the same model. The sparse payload
+at density 1, 32-bit values and β = 0 sends Δ_m whole, and trains the same model within rounding (tested).
 
 Where it stands: one rank per learner (no `--inside`), no `--fault-tolerant` quorum, no `--adapt`,
 no `--slow-policy` (a slow learner is what the syncer absorbs), no resume from a checkpoint of the
@@ -42,11 +51,13 @@ import torch.distributed as dist
 from ..comm import p2p
 from ..comm.codecs import get_codec
 from ..comm.flat import FlatTensors
+from ..comm.sparse import is_sparse
 from ..errors import ConfigError, PeerError
 from ..net import emulator_of
 from ..trust.settings import current
 from .base import Strategy, model_buffers, sync_tensors
 from .catalog import AsyncDiLoCoOptions
+from .options import sparse_codec
 from .periodic import PeriodicTimetable
 from .syncer import Settings, Syncer
 from .syncer_service import SyncerService
@@ -64,6 +75,14 @@ SETTINGS = (
     "staleness_rule",
     "dn_period",
     "codec",
+    "sparse",  # and the sparse payload's layout and error feedback: every learner sends the same kind
+    "error_decay",
+    "density",
+    "topk",
+    "chunk",
+    "bits",
+    "quant_range",
+    "dct",
 )
 
 
@@ -113,8 +132,12 @@ class AsyncDiLoCo(Strategy):
         if self.exchange.quorum is not None:
             raise ConfigError("async_diloco does not take a fault-tolerant quorum: its learners never wait for one")
         self.flat = FlatTensors(sync_tensors(self.module))
-        self.codec = get_codec(self.opts.codec)
+        self.shapes = [p.shape for p in self.module.parameters() if p.requires_grad]  # the flat's head
+        self.codec = self.wire_codec(self.opts, self.shapes)
         self.lossless = self.codec.name == "fp32"
+        self.sparse = is_sparse(self.codec)
+        # e_m, the error buffer of the sparse payload (SparseLoCo's): over the trainable parameters
+        self.error = torch.zeros(self.codec.layout.numel, device=self.flat.device) if self.sparse else None
         self.settings = {k: getattr(self.opts, k) for k in SETTINGS}
         self.settings["grace"] = "inf" if math.isinf(self.opts.grace) else self.opts.grace
         self.service: SyncerService | None = None
@@ -140,12 +163,20 @@ class AsyncDiLoCo(Strategy):
             self.flat.scatter(welcome["values"])
         self.base_value = None if self.lossless else self.flat.gather().float()  # θ̃_b, where the model is
         self.round_start = 0  # the step its round started at
+        self.round_h = self.opts.sync_every  # its length (`dynamic_h`: by its speed)
+        self.round_began = time.perf_counter()  # when it started: a round's steps over its time, its speed
+        self.step_s = 0.0
         self.run_steps: int | None = None
         self.learners = len(ranks)
         self.progress_base = int(welcome.get("merged_steps", 0)) // self.learners  # merged steps per learner
         self.stopped = False
         self.finished = False
         self.run_summary: dict[str, Any] | None = None  # rank 0's, at the end: goodput, staleness, syncer idle
+
+    @classmethod
+    def wire_codec(cls, opts: Any, shapes: Any) -> Any:
+        """The codec's dense payload, or with `sparse` SparseLoCo's of the trainable tensors (`sparse_codec`)."""
+        return sparse_codec(opts, shapes, dct=opts.dct) if opts.sparse else get_codec(opts.codec)
 
     def _start(self, trust: Any, emulator: Any) -> tuple[str, list[int], int]:
         """A run's start, every learner together: the same initial model everywhere (a broadcast), the
@@ -183,7 +214,7 @@ class AsyncDiLoCo(Strategy):
                 world=world,
                 emulator=emulator,
                 settings=self.settings,
-                codec=self.codec.name,
+                codec=self.wire_codec(self.opts, self.shapes),  # its own: its threads decode with it
                 log=lambda line: print(f"wansync: {line}", file=sys.stderr, flush=True),
             )
             raw = self.service.address.encode()
@@ -205,8 +236,16 @@ class AsyncDiLoCo(Strategy):
         return min(progress, self.run_steps) if self.run_steps is not None else progress
 
     def after_inner_step(self) -> None:
-        if self.timetable.is_boundary(self.t):
+        if self.t - self.round_start >= self.round_h:
             self.round_boundary()
+
+    def _retime(self, fastest_s: Any) -> None:
+        """`dynamic_h`: the next round's length, H × this learner's speed / the fastest's (Liu et al.
+        2024, Eq. 6, with speeds measured: its own last round's step time against the fastest the syncer
+        has seen), at least one step."""
+        if not self.opts.dynamic_h or not fastest_s or not self.step_s:
+            return
+        self.round_h = max(1, round(self.opts.sync_every * float(fastest_s) / self.step_s))
 
     def boundary(self) -> None:
         self._exchange(final=False)
@@ -230,6 +269,8 @@ class AsyncDiLoCo(Strategy):
 
     def _exchange(self, final: bool) -> None:
         steps = self.t - self.round_start
+        if steps:
+            self.step_s = (time.perf_counter() - self.round_began) / steps  # compute, data and padding: no wait
         message: dict[str, Any] = {
             "kind": "contribution",
             "base": self.base,
@@ -238,18 +279,21 @@ class AsyncDiLoCo(Strategy):
             "final": final,
             "run_steps": self.run_steps,
             "computed": self.t,  # tokens: steps, as above
+            "step_s": self.step_s,
         }
         if steps:
             if self.lossless:
                 message["values"] = self.flat.gather().cpu()
+            elif self.sparse:
+                message.update(self._sparse_payload())
             else:
                 assert self.base_value is not None
                 enc = self.codec.encode(self.flat.gather().float() - self.base_value)
                 message["data"], message["numel"] = enc.data.cpu(), enc.numel
         began = time.perf_counter()
         self.channel.send(message)
-        payload = message.get("values", message.get("data"))
-        sent = 0 if payload is None else payload.numel() * payload.element_size()  # as the codec puts it on the wire
+        # its tensors, as the codec puts them on the wire
+        sent = sum(v.numel() * v.element_size() for v in message.values() if isinstance(v, torch.Tensor))
         reply = self.channel.recv(self.wait_bound_s)
         waited = time.perf_counter() - began
         if reply["kind"] != "version":
@@ -260,6 +304,8 @@ class AsyncDiLoCo(Strategy):
             if not self.lossless:
                 self.base_value = values.to(self.flat.device, torch.float32)
         based, self.base, self.round_start = self.base, int(reply["version"]), self.t
+        self._retime(reply.get("fastest_step_s"))
+        self.round_began = time.perf_counter()
         self.stopped = self.stopped or bool(reply["stop"])
         self.progress_base = int(reply["merged_steps"]) // self.learners
         received = 0 if values is None else values.numel() * values.element_size()
@@ -284,16 +330,34 @@ class AsyncDiLoCo(Strategy):
             received_bytes=received,
             waited_s=round(waited, 6),
             codec=self.codec.name,
+            **({"kept": self.codec.kept} if self.sparse else {}),
         )
         if self.service is not None and not final:
             for merge in self.service.drain():
                 self.emit("merge", **merge)
+
+    def _sparse_payload(self) -> dict[str, torch.Tensor]:
+        """SparseLoCo's send, against this round's base: e ← β·e + Δ_m (Δ_m = θ̃_b − θ_m), the payload of
+        e's largest values per chunk (`comm.sparse`), e ← e − what the payload decodes to. The flat's tail,
+        the float buffers (BatchNorm statistics), goes as it is, θ_m − θ̃_b in fp32: not a pseudo-gradient,
+        it is averaged as every strategy averages it."""
+        assert self.base_value is not None and self.error is not None
+        delta = self.base_value - self.flat.gather().float()  # Δ_m
+        n = self.codec.layout.numel
+        sending = delta[:n].add_(self.error.mul_(self.opts.error_decay))  # β·e + Δ_m
+        data = torch.empty(self.codec.wire_bytes(), dtype=torch.uint8, device=sending.device)
+        self.codec.encode_into(sending, data, residual=self.error)  # e: what the payload did not carry
+        return {"data": data.cpu(), "buffers": delta[n:].neg().cpu()}
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        return {"outer_state": [self.error]} if self.error is not None else {}  # SparseLoCo's error buffer
 
     # ---- resumable state: the syncer's, on rank 0 ----------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         return {
             "base": self.base,
             "round_start": self.round_start,
+            **({"error": self.error.detach().clone()} if self.error is not None else {}),
             **({"syncer": self.service.syncer.state_dict()} if self.service is not None else {}),
         }
 

@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import sys
 import time
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, cast
 
 import torch
 import torch.distributed as dist
@@ -72,7 +72,7 @@ def local_shard(t: torch.Tensor) -> torch.Tensor:
     """The part of `t` this rank holds: a DTensor's local tensor (the very tensor FSDP2 keeps, so
     writing into it writes the parameter), any other tensor itself. The same object every time
     (`to_local()` returns a new alias per call), so tensors can be told apart by identity."""
-    return t._local_tensor if is_dtensor(t) else t
+    return cast(torch.Tensor, getattr(t, "_local_tensor")) if is_dtensor(t) else t
 
 
 def is_dtensor(t: Any) -> bool:

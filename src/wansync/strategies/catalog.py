@@ -30,7 +30,9 @@ from .options import (
     chunk,
     codec,
     codec_collective,
+    dct,
     density,
+    error_decay,
     error_feedback,
     in_range,
     one_of,
@@ -217,15 +219,13 @@ class SparseLoCoOptions(Options):
     outer_lr: float = option(
         1.0, "α: the outer step θ̃ ← θ̃ − α·Δ̄ on the aggregated sparse pseudo-gradient (no " "momentum)", positive
     )
-    error_decay: float = option(
-        0.999, "β: the error buffer's decay, e ← β·e + Δ before each send", in_range(0, 1, high_included=True)
-    )
+    error_decay: float = error_decay()
     density: float = density(DEFAULT_DENSITY)
     topk: int = topk()
     chunk: int = chunk()
     bits: int = value_bits(2)
     quant_range: float = quant_range()
-    dct: bool = option(False, "choose each chunk's values in the 2-D DCT domain (DeMo's transform)")
+    dct: bool = dct()
     aggregate: str = aggregate()
     outer_state_device: str = outer_state_device()
     slow_policy: str = slow_policy()
@@ -260,12 +260,21 @@ class DeMoOptions(Options):
 
 # ---- asynchronous DiLoCo (`async_diloco.py`, its syncer `syncer.py`) --------------------------------
 STALENESS_RULES = ("none", "polynomial", "delayed_nesterov")  # `staleness.py`
+#: a knob of the sparse payload acts only where the learners send it
+SPARSE_PAYLOAD = (
+    Needs(
+        lambda o: o.sparse,
+        "{key} shapes the sparse payload, and sparse is off (each learner sends its codec's dense payload), so "
+        "it would do nothing: drop it, or give sparse true",
+    ),
+)
 
 
 @dataclass
 class AsyncDiLoCoOptions(Options):
-    """Each learner's H and codec, DiLoCo's outer optimizer, and the syncer's quorum, grace window,
-    staleness bound and rule (sources: `async_diloco.py`, `syncer.py`, `staleness.py`)."""
+    """Each learner's H and payload (the codec's, or SparseLoCo's sparse one with its knobs and defaults),
+    DiLoCo's outer optimizer, and the syncer's quorum, grace window, staleness bound and rule (sources:
+    `async_diloco.py`, `syncer.py`, `staleness.py`, `sparseloco.py`)."""
 
     sync_every: int = sync_every(100)
     outer_lr: float = outer_lr()
@@ -296,7 +305,38 @@ class AsyncDiLoCoOptions(Options):
             "would do nothing: drop it, or give staleness_rule delayed_nesterov",
         ),
     )
-    codec: str = codec("exchanged parameters (lossless) or pseudo-gradients (lossy)")
+    codec: str = codec(
+        "exchanged parameters (lossless) or pseudo-gradients (lossy)",
+        needs=(
+            Needs(
+                lambda o: not o.sparse,
+                "codec {codec} encodes the dense payload, and sparse is on (each learner sends the sparse "
+                "payload instead), so it would do nothing: drop it, or give sparse false",
+            ),
+        ),
+    )
+    dynamic_h: bool = option(
+        False,
+        "Dynamic Local Updates: each learner's round is H x its speed / the fastest learner's (speeds measured "
+        "from the learners' own rounds), so that they arrive together",
+    )
+    sparse: bool = option(
+        False,
+        "send SparseLoCo's payload instead of the codec's: the top values of each chunk of the error-fed "
+        "pseudo-gradient (density, chunk, bits, quant_range, dct, error_decay)",
+    )
+    error_decay: float = error_decay(SPARSE_PAYLOAD)
+    density: float = density(DEFAULT_DENSITY, SPARSE_PAYLOAD)
+    topk: int = topk(SPARSE_PAYLOAD)
+    chunk: int = chunk(needs=SPARSE_PAYLOAD)
+    bits: int = value_bits(2, SPARSE_PAYLOAD)
+    quant_range: float = quant_range(SPARSE_PAYLOAD)
+    dct: bool = dct(SPARSE_PAYLOAD)
+
+    def cross_check(self) -> None:
+        super().cross_check()
+        if self.sparse:  # else a sparse knob given is refused as idle (`SPARSE_PAYLOAD`)
+            check_sparse_options(self, DEFAULT_DENSITY)
 
 
 # ---- the list ---------------------------------------------------------------------------------------

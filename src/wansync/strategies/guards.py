@@ -86,7 +86,7 @@ def too_sparse_for_the_run(strategy: str, options: Mapping[str, Any], steps: int
     `MIN_SPARSE_REACH`, most of the update never leaves a worker within the run (SparseLoCo's 32/4096 over
     a 60-step run at H = 30: 1.6 %, 1.7 nats behind DiLoCo), and the run barely moves; over the same share
     sent in many rounds it catches up (the demo: 30 rounds, 23 %, as low as DiLoCo; docs/guards.md)."""
-    if "density" not in options or not steps:
+    if "density" not in options or not options.get("sparse", True) or not steps:  # async_diloco: only `sparse`
         return None
     rounds = steps // int(options.get("sync_every", 1))
     density = options["topk"] / options["chunk"] if options.get("topk") else float(options["density"])

@@ -36,9 +36,11 @@ from ..errors import check
 from ..rules import Rule, at_least, in_range, one_of, positive  # noqa: F401 - the rules options declare
 
 
-def option(default: Any, help: str, *rules: Rule, needs: Needs | None = None) -> Any:
+def option(default: Any, help: str, *rules: Rule, needs: Needs | tuple[Needs, ...] = ()) -> Any:
     """A strategy option field: its default, one line of help, the rules its value obeys, and `needs`:
-    the settings of the other options in which it acts at all (None: in every setting)."""
+    the settings of the other options in which it acts at all (none: in every setting; several: it
+    acts where each holds, and the first that does not says why)."""
+    needs = (needs,) if isinstance(needs, Needs) else tuple(needs)
     return dataclasses.field(default=default, metadata={"help": help, "rules": rules, "needs": needs})
 
 
@@ -97,9 +99,9 @@ class Options:
         """The first of `given` (option names a user gave) that acts in no way in this setting, with
         its one-line reason (its `Needs`); None when every one of them acts."""
         for f in dataclasses.fields(self):
-            needs = f.metadata.get("needs")
-            if f.name in given and needs is not None and not needs.when(self):
-                return f.name, needs.message(self, f.name)
+            for needs in f.metadata.get("needs", ()) if f.name in given else ():
+                if not needs.when(self):
+                    return f.name, needs.message(self, f.name)
         return None
 
     def cross_check(self) -> None:
@@ -197,11 +199,12 @@ def outer_momentum(default: float = 0.9) -> Any:
     return option(default, "outer SGD momentum (Nesterov when > 0)", in_range(0, 1))
 
 
-def codec(what: str = "exchanged model state") -> Any:
+def codec(what: str = "exchanged model state", needs: tuple[Needs, ...] = ()) -> Any:
     return option(
         "fp32",
         f"codec for {what}: {'|'.join(CODEC_NAMES)} (lossy ones exchange the change since the last " "synchronization)",
         _known_codec,
+        needs=needs,
     )
 
 
@@ -287,53 +290,75 @@ def anchor_device(value: str) -> str | None:
     return None if value == "model" else value
 
 
-# ---- the knobs of a sparse exchange (SparseLoCo, DeMo; `comm.sparse`) -----------------------------
-def density(default: float) -> Any:
+# ---- the knobs of a sparse exchange (SparseLoCo, DeMo, async_diloco's sparse payload; `comm.sparse`) ---
+# `needs`: where a strategy's sparse payload is one choice among others (async_diloco's `sparse`), the
+# setting in which it is sent
+def density(default: float, needs: tuple[Needs, ...] = ()) -> Any:
     return option(
         default,
         "fraction of each chunk's values a sparse exchange sends, the largest in magnitude " "(1: every value)",
         in_range(0, 1, low_included=False, high_included=True),
+        needs=needs,
     )
 
 
-def topk() -> Any:
+def topk(needs: tuple[Needs, ...] = ()) -> Any:
     return option(
         0,
         "values sent per chunk, as the reference code counts them (its default 32; a smaller chunk "
         "sends at most all of its own); 0: from density",
         at_least(0),
+        needs=needs,
     )
 
 
-def chunk(default: int = 64) -> Any:
+def chunk(default: int = 64, needs: tuple[Needs, ...] = ()) -> Any:
     return option(
         default,
         "side of the blocks a sparse exchange cuts a matrix into (the largest divisor of each "
         "dimension not above it) and length of a vector's chunks",
         at_least(1),
+        needs=needs,
     )
 
 
-def value_bits(default: int) -> Any:
+def value_bits(default: int, needs: tuple[Needs, ...] = ()) -> Any:
     return option(
         default,
         "bits per value a sparse exchange sends: 2-8 (statistical quantizer of 2**bits bins, a "
         "lookup table per tensor) or 32 (float32, unquantized)",
         check_bits,
+        needs=needs,
     )
 
 
-def quant_range() -> Any:
+def quant_range(needs: tuple[Needs, ...] = ()) -> Any:
     return option(
         6.0,
         "the statistical quantizer's bins span this many standard deviations of a tensor's sent " "values",
         positive,
-        needs=Needs(
-            lambda o: o.bits < 32,
-            "quant_range {quant_range:g} spans the quantizer's bins, and bits {bits} sends float32 values "
-            "unquantized, so it would do nothing: drop it, or give bits 2-8",
+        needs=(
+            *needs,
+            Needs(
+                lambda o: o.bits < 32,
+                "quant_range {quant_range:g} spans the quantizer's bins, and bits {bits} sends float32 values "
+                "unquantized, so it would do nothing: drop it, or give bits 2-8",
+            ),
         ),
     )
+
+
+def error_decay(needs: tuple[Needs, ...] = ()) -> Any:
+    return option(
+        0.999,
+        "β: the error buffer's decay, e ← β·e + Δ before each send",
+        in_range(0, 1, high_included=True),
+        needs=needs,
+    )
+
+
+def dct(needs: tuple[Needs, ...] = ()) -> Any:
+    return option(False, "choose each chunk's values in the 2-D DCT domain (DeMo's transform)", needs=needs)
 
 
 def aggregate() -> Any:
@@ -380,5 +405,6 @@ def sparse_codec(opts: Any, shapes: Any, dct: bool) -> Any:
         bits=opts.bits,
         range_sigmas=opts.quant_range,
         dct=dct,
-        aggregate=opts.aggregate,
+        # async_diloco has no `aggregate`: its syncer decodes each payload alone, where the two are one
+        aggregate=getattr(opts, "aggregate", "chosen"),
     )

@@ -2,7 +2,8 @@
 the run (global rank 0's, beside its learner), talking to every learner over `comm.p2p`.
 
     learner -> syncer   hello         {learner, settings, join}      once, when it connects
-                        contribution  {base, tokens, steps, values | data, final, run_steps, computed}
+                        contribution  {base, tokens, steps, values | data (numel | buffers), final,
+                                       run_steps, computed}
     syncer -> learner   welcome       {version, ranks, world, merged_steps, values once the run has
                                        moved on or the learner joins}  or  refused {why}
                         version       {version, values, stop, merged_steps, dropped, final}
@@ -35,7 +36,8 @@ from typing import Any, Callable
 import torch
 
 from ..comm import p2p
-from ..comm.codecs import Encoded, get_codec
+from ..comm.codecs import Encoded
+from ..comm.sparse import is_sparse
 from ..errors import PeerError, one_line
 from ..trust import admission
 from ..trust.settings import Trust
@@ -47,7 +49,8 @@ class SyncerService:
 
     `ranks`: each learner's global rank (its leader's), for the emulated link of each pair; `rank`:
     this process's global rank; `emulator`: this process's (None: the real network); `settings`: what
-    every learner must have been started with (a learner started otherwise is refused in one line)."""
+    every learner must have been started with (a learner started otherwise is refused in one line);
+    `codec`: what the learners send, a dense codec (`comm.codecs`) or a sparse payload (`comm.sparse`)."""
 
     def __init__(
         self,
@@ -60,11 +63,11 @@ class SyncerService:
         world: int,
         emulator: Any,
         settings: dict[str, Any],
-        codec: str,
+        codec: Any,
         log: Callable[[str], None],
     ):
         self.syncer, self.rank, self.ranks, self.world = syncer, rank, ranks, world
-        self.emulator, self.settings, self.codec, self.log = emulator, settings, get_codec(codec), log
+        self.emulator, self.settings, self.codec, self.log = emulator, settings, codec, log
         self.key = p2p.key(trust)
         self.cond = threading.Condition()
         self.channels: dict[int, p2p.Channel] = {}
@@ -77,6 +80,7 @@ class SyncerService:
         # learner -> the steps it computed in this life (its last contribution says), and in lives before
         self.computed: dict[int, int] = {}
         self.past: dict[int, int] = {}
+        self.step_s: dict[int, float] = {}  # learner -> its last round's seconds per step
         self.holds: dict[int, int] = {}  # learner -> the version it holds (its last contribution's base)
         self.sent, self.sent_bytes = 0, 0  # versions sent to learners, and their bytes
         self.budget: int | None = None
@@ -167,6 +171,8 @@ class SyncerService:
             values, relative = None, False
             if steps > 0 and "values" in msg:
                 values = msg["values"]
+            elif steps > 0 and is_sparse(self.codec):
+                values, relative = self._sparse_values(msg["data"], msg["buffers"]), True
             elif steps > 0:
                 enc = Encoded(self.codec.name, int(msg["numel"]), msg["data"])
                 values, relative = self.codec.decode(enc).to(self.syncer.value.dtype), True
@@ -182,6 +188,8 @@ class SyncerService:
             if values is not None:
                 kept = self.syncer.add(Contribution(learner, base, tokens, steps, values, relative, time.monotonic()))
             self.computed[learner] = max(self.computed.get(learner, 0), int(msg.get("computed", 0)))
+            if steps > 0 and isinstance(msg.get("step_s"), (int, float)) and msg["step_s"] > 0:
+                self.step_s[learner] = float(msg["step_s"])  # its speed, for `dynamic_h`
             self.holds[learner] = base  # the version it trained from, which it holds until a reply
             if msg.get("final"):
                 self.finals.add(learner)
@@ -199,6 +207,25 @@ class SyncerService:
         if reply is not None:
             self._send(channel, reply)
 
+    def _sparse_values(self, data: Any, buffers: Any) -> torch.Tensor:
+        """A sparse contribution as the merge takes it, θ_m − θ̃_base: minus the pseudo-gradient Δ_m its
+        payload decodes to (`SparseCodec.decode_into`), then the float buffers as sent. ValueError for
+        bytes that are not a payload of the layout."""
+        size = self.codec.wire_bytes()
+        if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.numel() != size:
+            raise ValueError(f"its payload is not the layout's {size} bytes")
+        if not isinstance(buffers, torch.Tensor):
+            raise ValueError("its buffers are not a tensor")
+        n = self.codec.layout.numel
+        values = torch.empty(n + buffers.numel(), dtype=torch.float32)
+        try:
+            self.codec.decode_into(data.reshape(-1), values[:n])
+        except (RuntimeError, IndexError) as e:  # an index beyond its chunk
+            raise ValueError(f"its payload does not decode: {one_line(str(e))}") from None
+        values[:n].neg_()
+        values[n:] = buffers.reshape(-1)
+        return values.to(self.syncer.value.dtype)
+
     def _version_message(self, dropped: bool = False, final: bool = False) -> dict[str, Any]:
         """The newest version as a reply (under the lock)."""
         stop = self.budget is not None and self.syncer.tally.merged_steps >= self.budget
@@ -208,6 +235,7 @@ class SyncerService:
             "values": self.syncer.history[self.syncer.version],
             "stop": stop,
             "merged_steps": self.syncer.tally.merged_steps,
+            "fastest_step_s": min(self.step_s.values(), default=None),
             "dropped": dropped,
             "final": final,
         }
