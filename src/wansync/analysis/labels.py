@@ -23,6 +23,7 @@ STRATEGY_NAMES: Mapping[str, str] = MappingProxyType(
         "cocodc": "CoCoDC",
         "sparseloco": "SparseLoCo",
         "demo": "DeMo",
+        "async_diloco": "asynchronous DiLoCo",
     }
 )
 # the period is K for the methods that average parameters, H for those with an outer optimizer
@@ -56,6 +57,9 @@ _WORDS: Mapping[str, Mapping[str, str]] = MappingProxyType(
         ),
         "partition": MappingProxyType({"strided": "strided fragments", "contiguous": "contiguous fragments"}),
         "outer_scaling": MappingProxyType({"none": "unscaled outer step"}),
+        "staleness_rule": MappingProxyType(
+            {"none": "no staleness rule", "polynomial": "polynomial staleness", "delayed_nesterov": "delayed Nesterov"}
+        ),
     }
 )
 
@@ -86,6 +90,11 @@ _SHOWN: Mapping[str, Callable[[Any], str]] = MappingProxyType(
         "dct": _flag("DCT", "no DCT"),
         "deadline": lambda v: f"deadline {_num(v)} s",
         "max_syncs_per_fragment": lambda v: f"≤ {_num(v)} syncs per fragment",
+        "merge_quorum": lambda v: f"quorum {_num(v)}",
+        "grace": lambda v: f"grace {_num(v)} s",
+        "dynamic_h": _flag("rounds by speed", "equal rounds"),
+        "max_staleness": lambda v: f"staleness ≤ {_num(v)}",
+        "sparse": _flag("sparse payload", "dense payload"),
     }
 )
 
