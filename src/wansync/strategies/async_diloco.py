@@ -32,9 +32,15 @@ With every learner at one speed, a quorum of every learner (or an unbounded grac
 bit for bit (tested): the same exchange, the same outer Nesterov step, the same model. The sparse payload
 at density 1, 32-bit values and β = 0 sends Δ_m whole, and trains the same model within rounding (tested).
 
+`dynamic_h`: Dynamic Local Updates (Liu et al. 2024, Eq. 6), each learner's round H × its speed / the
+fastest's after the first, speeds measured from the learners' own rounds (`_retime`). A learner started
+into a running run (`JOIN_ENV`: a restart after it died) joins without a collective and takes the current
+version from the syncer's welcome.
+
 Where it stands: one rank per learner (no `--inside`), no `--fault-tolerant` quorum, no `--adapt`,
 no `--slow-policy` (a slow learner is what the syncer absorbs), no resume from a checkpoint of the
-middle of a run; each is refused in one line.
+middle of a run; each is refused in one line. The command line's launcher still ends the run when a
+learner dies (restarts are a user loop's, `docs/async.md`).
 """
 
 from __future__ import annotations
