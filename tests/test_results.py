@@ -31,7 +31,7 @@ def test_the_dry_run_lists_every_table_every_cell_and_every_seed_without_trainin
             lab = results.label(c["strategy"], **{k: v for k, v in c.items() if k != "strategy"})
             for seed in range(results.SEEDS):
                 assert str(root / lab / f"seed{seed}") in out, (t.name, lab, seed)
-    assert "total: 183 runs in 15 tables" in out and "estimated" in out
+    assert "total: 186 runs in 15 tables" in out and "estimated" in out
     assert not runs.exists() or not any(runs.rglob("summary.json"))
 
 

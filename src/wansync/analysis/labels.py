@@ -23,7 +23,7 @@ STRATEGY_NAMES: Mapping[str, str] = MappingProxyType(
         "cocodc": "CoCoDC",
         "sparseloco": "SparseLoCo",
         "demo": "DeMo",
-        "async_diloco": "asynchronous DiLoCo",
+        "async_diloco": "Async DiLoCo",
     }
 )
 # the period is K for the methods that average parameters, H for those with an outer optimizer
@@ -92,7 +92,7 @@ _SHOWN: Mapping[str, Callable[[Any], str]] = MappingProxyType(
         "max_syncs_per_fragment": lambda v: f"≤ {_num(v)} syncs per fragment",
         "merge_quorum": lambda v: f"quorum {_num(v)}",
         "grace": lambda v: f"grace {_num(v)} s",
-        "dynamic_h": _flag("rounds by speed", "equal rounds"),
+        "dynamic_h": _flag("H by speed", "equal H"),
         "max_staleness": lambda v: f"staleness ≤ {_num(v)}",
         "sparse": _flag("sparse payload", "dense payload"),
     }

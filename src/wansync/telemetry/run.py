@@ -181,7 +181,10 @@ class Run:
                 for old in tb_dir.glob("events.out.tfevents.*"):  # those after its step itself)
                     old.unlink()
             self.scalars = Scalars(tb_dir, purge_step=sync.t + 1 if append and sync.t else None)
-        self.progress = Progress(steps, every=log_every, quiet=quiet, enabled=lead, prefix=f"[{sync.name}] ")
+        # an asynchronous learner takes its own count of steps, more or fewer than the run's: its line says both
+        self.run_steps = None if sync.lock_step else steps
+        own_total = steps if sync.lock_step else None
+        self.progress = Progress(own_total, every=log_every, quiet=quiet, enabled=lead, prefix=f"[{sync.name}] ")
         sync.on_event(self._on_event)
         sync.comm.on_wait.append(self._on_wait)
         modules = {id(m): m for m in (*ddp_modules(sync), sync.module)}
@@ -322,6 +325,8 @@ class Run:
             )
         self.lap("other")
         rate = f" {record['items_per_s']:.0f} {self.unit}" if "items_per_s" in record else ""
+        if self.run_steps:
+            rate += f", run at {self.sync.schedule_step(record['step'])}/{self.run_steps}"
         self.progress.update(record["step"], f"loss {record['loss']:.3f}{rate}")
         return record
 
