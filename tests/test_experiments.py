@@ -160,7 +160,7 @@ def _cli(capsys, *argv):
     [
         (
             ["compare", "--strategies", "ddp,nope"],
-            "unknown strategy 'nope' (available: ddp, async_diloco, demo, local_sgd",
+            "unknown strategy 'nope' (available: ddp, demo, local_sgd",
         ),
         (["compare", "--steps", "3"], "compare needs --strategies"),
         (["sweep", "--grid", "sync_evry=1,2"], "--grid: unknown config key 'sync_evry'"),
