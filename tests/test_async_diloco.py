@@ -516,3 +516,31 @@ def test_dynamic_local_updates_give_a_learner_at_half_speed_rounds_of_half_the_s
     assert fast[0] == slow[0] == 8  # no speed is known before the first round
     assert all(h == 8 for h in fast[1:]), fast
     assert slow[1:] and all(3 <= h <= 5 for h in slow[1:]), slow  # H × its speed / the fastest's: 4
+
+
+def test_a_message_on_an_emulated_link_is_recorded_and_timed_as_a_collective_is():
+    """A learner's contribution and a syncer's version are not collectives, but they cross the same
+    emulated link: each is recorded on the sender's emulator (bytes, modelled time, queued behind the one
+    before), and the profiler's step events book them with the wait the sender adds (`profile.json`)."""
+    from wansync.comm import p2p
+    from wansync.net import Emulator, parse_wan
+    from wansync.net.cost import collective_duration
+    from wansync.telemetry.commtime import CommTimer
+
+    emulator = Emulator(parse_wan("cross-region"))
+    timer = CommTimer(emulator)
+    link = p2p.LinkModel(emulator, 1, 0, 2)
+    timer.begin(1, 0)
+    first, second = link.seconds_from_now(4_000_000), link.seconds_from_now(1000)
+    link.last.waited = 0.25  # what a learner adds once the version it waits for is in
+    timer.end(0, 0.0)
+    one, two = emulator.records()
+    topology = emulator.topology
+    assert (one.op, one.nbytes, one.group, two.nbytes) == ("send", 4_000_000, "p2p", 1000)
+    assert one.modelled_s == collective_duration("send", 4_000_000, 2, topology, [1, 0], 1, 0.0) > 0
+    assert two.start == pytest.approx(one.modelled_end) and second > first  # queued behind the first
+    (event,) = timer.events()
+    assert event["bytes"] == 4_001_000 and event["collectives"] == 2
+    assert event["modelled_s"] == pytest.approx(one.modelled_s + two.modelled_s)
+    assert event["exposed_s"] == 0.25
+    assert p2p.LinkModel(emulator, 0, 0, 2).seconds_from_now(10) == 0.0 and len(emulator.records()) == 2  # local

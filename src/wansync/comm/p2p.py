@@ -30,6 +30,7 @@ import torch
 
 from ..errors import PeerError
 from ..net.cost import collective_duration
+from ..net.records import CollectiveRecord
 from ..trust import admission
 from ..trust.sealed import Sealed, key_for, read_sealed
 from ..trust.settings import Trust
@@ -46,9 +47,12 @@ class LinkModel:
 
     def __init__(self, emulator: Any, me: int, peer: int, world: int):
         self.emulator, self.me, self.peer, self.world = emulator, me, peer, world
+        self.sent = 0
+        self.last: CollectiveRecord | None = None  # the last message's record: its sender may add its wait
 
     def seconds_from_now(self, nbytes: int) -> float:
-        """Reserve the link for `nbytes` to the peer; seconds from now until the message is delivered."""
+        """Reserve the link for `nbytes` to the peer; seconds from now until the message is delivered.
+        The message is recorded on the emulator as a collective of the sender's is (`record_message`)."""
         if self.emulator is None or self.me == self.peer:
             return 0.0
         now = time.perf_counter()
@@ -56,6 +60,11 @@ class LinkModel:
         at = self.emulator.run_time(now) if topology.varies else 0.0
         d = collective_duration("send", nbytes, self.world, topology, [self.me, self.peer], 1, at)
         start = self.emulator.reserve(now, d)
+        self.last = CollectiveRecord(
+            "send", nbytes, "p2p", self.sent, now, start, d, start + d, real_end=now, end=start + d, ready=now
+        )
+        self.sent += 1
+        self.emulator.record_message(self.last)
         return start + d - now
 
 

@@ -270,6 +270,11 @@ class Emulator:
         without the completer thread, from the real work (`schedule`, `complete_in_caller`)."""
         return arrival is None and rec.modelled_s < SHORT_S and len(works) == 1 and not cuda and self._completer.idle()
 
+    def record_message(self, rec: CollectiveRecord) -> None:
+        """A point-to-point message on this rank's link (`comm.p2p`: a learner's contribution, a syncer's
+        version), recorded as a collective is, so that the profiler books its bytes and modelled time."""
+        self._log.add(rec)
+
     def complete_in_caller(self, rec: CollectiveRecord) -> None:
         """Record a short transfer that the thread waiting for it completes itself (`backend.CallerWork`)."""
         self._log.add(rec)

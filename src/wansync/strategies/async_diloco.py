@@ -302,6 +302,8 @@ class AsyncDiLoCo(Strategy):
         sent = sum(v.numel() * v.element_size() for v in message.values() if isinstance(v, torch.Tensor))
         reply = self.channel.recv(self.wait_bound_s)
         waited = time.perf_counter() - began
+        if self.channel.link.last is not None:  # the profiler's event: the contribution sent, the version awaited
+            self.channel.link.last.waited = waited
         if reply["kind"] != "version":
             raise PeerError(f"async_diloco: the syncer answered {reply['kind']!r}: {reply.get('why', '')}")
         values = reply["values"]  # None: the version this learner holds already (the run's last reply)
