@@ -43,8 +43,11 @@ $(DATA_STAMP): $(STAMP)
 demo: $(STAMP) $(DATA_STAMP)
 	$(VENV)/bin/wansync demo
 
+# Byte-compiled first, and with bytecode written (a PYTHONDONTWRITEBYTECODE of the environment would have every
+# process the suite starts compile wansync again, and each pytest worker rewrite every test file's asserts).
 test: $(STAMP) $(DATA_STAMP)         # two pytest workers, one test file each at a time (pytest-xdist)
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m compileall -q -j 0 src tests > /dev/null
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The suite on the newest torch release, pyproject.toml's ceiling, in a venv of its own so that .venv keeps the pin.
 # PyPI's build of it carries CUDA (several GB, downloaded once); the suite runs on its CPU path.
