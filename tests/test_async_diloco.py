@@ -8,6 +8,7 @@ learners and the syncer's threads, in two gloo processes.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -355,6 +356,34 @@ def _syncer_stops(rank: int, world: int) -> str:
 def test_a_syncer_that_stops_ends_each_learner_in_one_line():
     out = run_ranks(_syncer_stops, 2, timeout=60)
     assert out[0] == "stopped" and "the syncer" in out[1] and "\n" not in out[1], out
+
+
+def test_on_the_command_line_a_learner_that_dies_stops_no_one(tmp_path):
+    """`wansync train`: learner 2 of 3 kills itself (SIGKILL) in its second round. The launcher says so in one
+    line and goes on; the syncer no longer waits for it; the run ends 0 with its summary (figures averaged
+    without a collective: the learners' own, sent with their contributions) and the final model on the
+    learners that lived; nothing is left behind."""
+    from cli_harness import TINY, no_process_left, wansync
+
+    out = tmp_path / "run"
+    flags = ("--workers", "3", "--steps", "12", "--sync-every", "3", "--merge-quorum", "2", "--grace", "0.5")
+    r = wansync(
+        "train", "--strategy", "async_diloco", *flags, "--quiet", "--out", str(out), *TINY,
+        env={"WANSYNC_FAULT": "rank=2,step=5,action=kill"}, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("wansync:") and "warning" not in line]
+    assert sorted(lines) == [
+        "wansync: rank 2 was killed by SIGKILL; the others go on without it",
+        "wansync: syncer: learner 2 left (the learner closed the connection); the others go on",
+    ], r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["asynchronous"]["versions"] > 0 and summary["bytes_sent"] > 0
+    assert all(s > 0 for s in summary["worker_step_s"])  # learner 2's from its last contribution
+    final = sorted((out / "checkpoints").glob("step*"))[-1]
+    models = [torch.load(final / f"rank{r}.pt", weights_only=False)["model"] for r in (0, 1)]
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])  # both took the last version
+    assert no_process_left(out)
 
 
 @pytest.mark.parametrize(

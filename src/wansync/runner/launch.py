@@ -4,7 +4,9 @@ Locally, the launcher holds the rendezvous store itself, on a socket bound to 12
 (no port race, nothing listening beyond loopback), and gives every worker the environment
 torchrun would: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE.
 The first worker to fail ends all of them: its one-line message is printed, every child is
-reaped, and the exit status is non-zero. SIGINT and SIGTERM reach the launcher as exceptions,
+reaped, and the exit status is non-zero. Under an asynchronous strategy (`async_diloco`: learners that
+never meet) a learner other than rank 0's, which holds the syncer, ends alone: one line, and the run
+goes on with the others. SIGINT and SIGTERM reach the launcher as exceptions,
 raised between two polls (never inside the bookkeeping of a Popen), and end the workers the
 same way; workers die by themselves if the launcher dies (interrupts).
 
@@ -26,6 +28,7 @@ import datetime
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -175,7 +178,7 @@ class Launch:
         """Until the run ends: (exit status, the first failure). The first failure ends it, unless a
         supervisor restarts the worker or lets the others go on without it."""
         if self.supervisor is None:
-            code, message = _watch(self.procs, self.run_dir, check_signals)
+            code, message = _watch(self.procs, self.run_dir, check_signals, self.survivable())
         else:
             code, message = self.supervisor.watch(
                 self.procs, lambda rank: self.start(rank, restarted=True), check_signals, ranks=list(self.ranks)
@@ -183,6 +186,15 @@ class Launch:
         if code == 0 and self.torchrun is None:  # every rank's profile is on this host
             peerwait.record(self.run_dir, self.run_dir / LOGS_DIR, self.world)
         return code, message
+
+    def survivable(self) -> set[int]:
+        """The ranks whose end does not end the run: an asynchronous strategy's learners but rank 0's
+        (its process holds the syncer); none for a lock-step one, or when rank 0 is not started here."""
+        from ..strategies import strategy_class
+
+        if strategy_class(self.cfg.strategy).lock_step or 0 not in self.ranks:
+            return set()
+        return {i for i, rank in enumerate(self.ranks) if rank != 0}
 
     def teardown(self) -> None:
         """End and reap every worker; close the zygote, the store (or the socket it never took
@@ -217,10 +229,22 @@ def _serve_store(sock: socket.socket, timeout_s: float) -> dist.TCPStore:
 ROOT_CAUSE_GRACE_S = 2.0
 
 
-def _watch(procs: list[workerproc.Worker], run_dir: Path, check_signals: Callable[[], None]) -> tuple[int, str]:
+def _watch(
+    procs: list[workerproc.Worker], run_dir: Path, check_signals: Callable[[], None], survivable: set[int] = frozenset()
+) -> tuple[int, str]:
+    """Until every worker ended (0) or one failed (1, its one line). The failure of a worker in
+    `survivable` is told in one line and the others go on (an asynchronous run's learners)."""
+    told: set[int] = set()
     while True:
         check_signals()  # a signal becomes an exception here, between polls
         codes = [p.poll() for p in procs]
+        for r, c in enumerate(codes):
+            if r in survivable and c not in (None, 0) and r not in told:
+                told.add(r)
+                print(
+                    f"wansync: {describe_exit(run_dir, r, c)}; the others go on without it", file=sys.stderr, flush=True
+                )
+        codes = [0 if r in told else c for r, c in enumerate(codes)]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             message = first_cause(run_dir, codes)

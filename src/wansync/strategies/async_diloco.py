@@ -39,8 +39,9 @@ version from the syncer's welcome.
 
 Where it stands: one rank per learner (no `--inside`), no `--fault-tolerant` quorum, no `--adapt`,
 no `--slow-policy` (a slow learner is what the syncer absorbs), no resume from a checkpoint of the
-middle of a run; each is refused in one line. The command line's launcher still ends the run when a
-learner dies (restarts are a user loop's, `docs/async.md`).
+middle of a run; each is refused in one line. Under the command line's launcher a learner that dies
+ends alone and the others finish (its figures reach rank 0's summary through `figures`, no collective);
+restarting it is a user loop's (`docs/async.md`).
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ class AsyncDiLoCo(Strategy):
         self.stopped = False
         self.finished = False
         self.run_summary: dict[str, Any] | None = None  # rank 0's, at the end: goodput, staleness, syncer idle
+        self.learner_figures: dict[int, dict[str, float]] | None = None  # rank 0's, at the end (`figures`)
 
     @classmethod
     def wire_codec(cls, opts: Any, shapes: Any) -> Any:
@@ -268,6 +270,7 @@ class AsyncDiLoCo(Strategy):
             for merge in self.service.drain():
                 self.emit("merge", **merge)
             self.run_summary = self.service.summary()
+            self.learner_figures = self.service.learner_figures()
             self.comm.count("versions", self.service.sent_bytes, calls=self.service.sent)  # the syncer's sends
             self.emit("syncer", **self.run_summary)
             self.service.close()
@@ -287,6 +290,8 @@ class AsyncDiLoCo(Strategy):
             "computed": self.t,  # tokens: steps, as above
             "step_s": self.step_s,
         }
+        if self.figures is not None:  # what its run averages over workers (`telemetry.run`), for rank 0's summary
+            message["figures"] = self.figures()
         if steps:
             if self.lossless:
                 message["values"] = self.flat.gather().cpu()

@@ -149,6 +149,9 @@ class Strategy:
     # False: its workers run on their own clocks and never meet mid-run (`async_diloco`): no collective
     # between them outside its own exchange (evaluations, checkpoints mid-run), no resume yet
     lock_step: ClassVar[bool] = True
+    # set by a run (`telemetry.run`) of a strategy that is not lock-step: this rank's figures that the
+    # run's summary averages over workers, which such a strategy carries to rank 0 with its own messages
+    figures: Callable[[], dict[str, float]] | None = None
 
     def __init__(
         self,

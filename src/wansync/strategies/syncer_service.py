@@ -27,6 +27,7 @@ of that length; every version sent from then on says stop. A learner that stops 
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -81,6 +82,9 @@ class SyncerService:
         self.computed: dict[int, int] = {}
         self.past: dict[int, int] = {}
         self.step_s: dict[int, float] = {}  # learner -> its last round's seconds per step
+        # learner -> the figures its run averages over workers (bytes, counts, step time), as its last
+        # contribution sent them: rank 0's summary without a collective, a learner that died included
+        self.figures: dict[int, dict[str, float]] = {}
         self.holds: dict[int, int] = {}  # learner -> the version it holds (its last contribution's base)
         self.sent, self.sent_bytes = 0, 0  # versions sent to learners, and their bytes
         self.budget: int | None = None
@@ -97,7 +101,7 @@ class SyncerService:
     # ---- one learner's connection ------------------------------------------------------------
     def _serve(self, conn: socket.socket) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        channel = p2p.Channel(conn, self.key, p2p.LinkModel(None, 0, 0, self.world), "a learner's connection")
+        channel = p2p.Channel(conn, self.key, p2p.LinkModel(None, 0, 0, self.world), "the learner")
         learner = None
         try:
             hello = channel.recv()
@@ -191,6 +195,13 @@ class SyncerService:
             if steps > 0 and isinstance(msg.get("step_s"), (int, float)) and msg["step_s"] > 0:
                 self.step_s[learner] = float(msg["step_s"])  # its speed, for `dynamic_h`
             self.holds[learner] = base  # the version it trained from, which it holds until a reply
+            figures = msg.get("figures")
+            if isinstance(figures, dict):  # numbers only: a peer's message, however it was sealed
+                self.figures[learner] = {
+                    k: float(v)
+                    for k, v in figures.items()
+                    if isinstance(k, str) and type(v) in (int, float) and math.isfinite(v) and v >= 0
+                }
             if msg.get("final"):
                 self.finals.add(learner)
                 self.waiting.pop(learner, None)
@@ -303,6 +314,11 @@ class SyncerService:
         with self.cond:
             out, self.merges = self.merges, []
         return out
+
+    def learner_figures(self) -> dict[int, dict[str, float]]:
+        """Each learner's figures as its last contribution sent them (`figures`)."""
+        with self.cond:
+            return {learner: dict(f) for learner, f in self.figures.items()}
 
     def summary(self) -> dict[str, Any]:
         """Goodput (tokens merged / tokens the learners computed: a dropped contribution, or the round of

@@ -187,6 +187,8 @@ class Run:
         self.progress = Progress(own_total, every=log_every, quiet=quiet, enabled=lead, prefix=f"[{sync.name}] ")
         sync.on_event(self._on_event)
         sync.comm.on_wait.append(self._on_wait)
+        if not sync.lock_step:  # its learners carry what close() averages to rank 0 (no collective at the end)
+            sync.figures = self._figures
         modules = {id(m): m for m in (*ddp_modules(sync), sync.module)}
         self._hooks = [m.register_forward_pre_hook(self._before_forward, prepend=True) for m in modules.values()]
         # this instance only; close() restores. What it times is the instance's own step and finish:
@@ -437,6 +439,35 @@ class Run:
             dist.all_reduce(vector, group=self.sync.group)
         return [round(float(v), 6) for v in vector]
 
+    def _figures(self) -> dict[str, float]:
+        """This rank's figures that `close` averages over workers (a learner of an asynchronous run sends
+        them to rank 0 with each contribution)."""
+        import statistics
+
+        return {
+            "between": float(self.sync.comm.bytes),
+            "inside": float(self.sync.comm.inside_bytes),
+            "skipped_steps": float(self.skipped),
+            "dropped_exchanges": float(self.sync.comm.dropped),
+            "idle_steps": float(self.idle),
+            "step_s": statistics.median(self.computed_s) if self.computed_s else 0.0,
+        }
+
+    def _learner_means(self, workers: int) -> tuple[dict[str, float], dict[str, float], list[float]]:
+        """`close`'s means for a run whose learners never meet (a learner may be gone by the end, so no
+        collective): over each learner's last figures as the syncer received them (rank 0), with this
+        rank's own as they are now. Elsewhere only this rank's: its summary is not written."""
+        reported = dict(getattr(self.sync, "learner_figures", None) or {})
+        reported[getattr(self.sync, "learner", self.rank)] = self._figures()
+
+        def mean(key: str) -> float:
+            return sum(f.get(key, 0.0) for f in reported.values()) / len(reported)
+
+        means = {"between": mean("between"), "inside": mean("inside")}
+        counts = {k: mean(k) for k in ("dropped_exchanges", "idle_steps", "skipped_steps")}
+        step_s = [round(reported[w].get("step_s", 0.0), 6) if w in reported else 0.0 for w in range(workers)]
+        return means, counts, step_s
+
     def close(self, **fields: Any) -> dict[str, Any] | None:
         """Write profile.json and summary.json (with `fields` added) and close the files: a
         collective. Returns the summary on rank 0, None elsewhere (and when already closed)."""
@@ -446,10 +477,14 @@ class Run:
         profile = self.profile()
         r = sync.replicas.ranks_per_worker
         workers = self.world // r
-        means = self._means({"between": sync.comm.bytes, "inside": sync.comm.inside_bytes})
-        counts = self._means(
-            {"skipped_steps": self.skipped, "dropped_exchanges": sync.comm.dropped, "idle_steps": self.idle}
-        )
+        if sync.lock_step:
+            means = self._means({"between": sync.comm.bytes, "inside": sync.comm.inside_bytes})
+            counts = self._means(
+                {"skipped_steps": self.skipped, "dropped_exchanges": sync.comm.dropped, "idle_steps": self.idle}
+            )
+            worker_step_s = self._worker_step_s(workers, r)
+        else:
+            means, counts, worker_step_s = self._learner_means(workers)
         exposed = profile["categories_s"]["exposed_comm"]
         inside_s = min(exposed, self.exposed_inside_s)
         summary: dict[str, Any] = {
@@ -473,7 +508,7 @@ class Run:
             "exposed_comm_between_s": exposed - inside_s,
             # this rank's bytes by category at the end (telemetry.memory; rank 0's is the one written)
             "memory_per_rank": memory_per_rank(sync.module, sync.optimizer, sync),
-            "worker_step_s": self._worker_step_s(workers, r),
+            "worker_step_s": worker_step_s,
             **(
                 {"link_estimate": {**self.link.run().as_dict(), "now": self.link.current().as_dict()}}
                 if self.link.active

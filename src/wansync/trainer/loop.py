@@ -279,7 +279,8 @@ class Trainer:
         checkpoint.save_rank(
             self.run_dir, step, self.rank, state, config=fingerprint(self.cfg, self.options), sharded=digests
         )
-        dist.barrier()  # every rank's file is durable: the checkpoint is complete
+        if self.sync.lock_step:  # asynchronous learners never meet: one that died must not hold the others
+            dist.barrier()  # every rank's file is durable: the checkpoint is complete
         if self.fault is not None:
             self.fault.after_checkpoint(self.rank, step)
         first_on_host = os.environ.get("LOCAL_RANK", str(self.rank)) == "0"  # each host prunes its own files
