@@ -20,6 +20,16 @@ OPTIONS = {"sync_every": 5, "merge_quorum": 2, "grace": 0.3, "max_staleness": 2}
 RUN_STEPS, STEP_S = 60, 0.02
 
 
+def padded_step(sync, learner: int, step_s: float) -> None:
+    """One training step of learner `learner` on its batch, padded to `step_s` seconds: an emulated speed."""
+    t0 = time.perf_counter()
+    x, y = rank_batch(learner, sync.t)
+    nn.functional.mse_loss(sync.model(x), y).backward()
+    sync.step()
+    sync.zero_grad()
+    time.sleep(max(0.0, step_s - (time.perf_counter() - t0)))
+
+
 def main(learner: int, out: str) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     model = tiny_model(learner + 100)  # not the run's initial model: the welcome's version replaces it
@@ -28,12 +38,7 @@ def main(learner: int, out: str) -> None:
     sync.on_event(events.append)
     sync.on_event(lambda e: e["type"] == "sync" and open(out + ".synced", "a").close())  # a test waits for it
     while sync.continues(RUN_STEPS):
-        t0 = time.perf_counter()
-        x, y = rank_batch(learner, sync.t)
-        nn.functional.mse_loss(sync.model(x), y).backward()
-        sync.step()
-        sync.zero_grad()
-        time.sleep(max(0.0, STEP_S - (time.perf_counter() - t0)))
+        padded_step(sync, learner, STEP_S)
     sync.finish()
     final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     with open(out, "w") as f:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 import wansync as ws
+from async_learner_life import padded_step
 from strategy_harness import flat_params, rank_batch, tiny_model
 from wansync.errors import ConfigError
 from wansync.runner.localgroup import run_ranks
@@ -218,12 +220,7 @@ def _stopped_learner(rank: int, world: int, stop_at: int | None) -> dict[str, An
         if rank == 3 and sync.t == stop_at:  # a helper process continues it: a stopped process cannot
             subprocess.Popen(["sh", "-c", f"sleep {STOP_S}; kill -CONT {os.getpid()}"])
             os.kill(os.getpid(), signal.SIGSTOP)
-        t0 = time.perf_counter()
-        x, y = rank_batch(rank, sync.t)
-        nn.functional.mse_loss(sync.model(x), y).backward()
-        sync.step()
-        sync.zero_grad()
-        time.sleep(max(0.0, STEP_S - (time.perf_counter() - t0)))
+        padded_step(sync, rank, STEP_S)
     sync.finish()
     return {"events": events, "final": flat_params(model), "steps": sync.t, "wall": time.perf_counter() - began}
 
@@ -285,12 +282,7 @@ def _killed_and_restarted(rank: int, world: int, tmp: str) -> dict[str, Any]:
     deadline = time.monotonic() + 90
     second_in = lambda: os.path.exists(f"{tmp}/second.json.synced") or time.monotonic() > deadline  # noqa: E731
     while sync.continues(RUN_STEPS) or not second_in():  # past the budget until learner 3's second life is in
-        t0 = time.perf_counter()
-        x, y = rank_batch(rank, sync.t)
-        nn.functional.mse_loss(sync.model(x), y).backward()
-        sync.step()
-        sync.zero_grad()
-        time.sleep(max(0.0, STEP_S - (time.perf_counter() - t0)))
+        padded_step(sync, rank, STEP_S)
     sync.finish()
     waits = [e["waited_s"] for e in events if e["type"] == "sync" and not e["final"]]
     final = flat_params(model)
@@ -573,3 +565,56 @@ def test_a_message_on_an_emulated_link_is_recorded_and_timed_as_a_collective_is(
     assert event["modelled_s"] == pytest.approx(one.modelled_s + two.modelled_s)
     assert event["exposed_s"] == 0.25
     assert p2p.LinkModel(emulator, 0, 0, 2).seconds_from_now(10) == 0.0 and len(emulator.records()) == 2  # local
+
+
+def test_the_syncer_service_refuses_a_stranger_and_a_malformed_contribution_in_one_line_and_serves_on():
+    """`syncer_service.SyncerService` alone, on loopback: a hello for a learner the run does not have is
+    refused; a learner whose contribution is not the model's is logged in one line and let go; a learner
+    started with other settings is refused naming the key; a good learner is then welcomed at version 0 and
+    its round merged (quorum 1) into version 1."""
+    from wansync.comm import p2p
+    from wansync.comm.codecs import get_codec
+    from wansync.strategies.syncer_service import SyncerService
+    from wansync.trust.settings import current
+
+    tensors = [torch.zeros(3)]
+    settings = {"sync_every": 2}
+    syncer = Syncer(tensors, [], Settings(2, 1, 0.01, 4, "none", 1.0, 0.0))
+    logged: list[str] = []
+    trust = current({})
+    service = SyncerService(
+        syncer, trust=trust, host="127.0.0.1", rank=0, ranks=[0, 1], world=2, emulator=None,
+        settings=settings, codec=get_codec("fp32"), log=logged.append,
+    )  # fmt: skip
+
+    def learner() -> p2p.Channel:
+        return p2p.Channel(p2p.connect(service.address, trust), p2p.key(trust), p2p.LinkModel(None, 0, 0, 2), "syncer")
+
+    try:
+        stranger = learner()
+        stranger.send({"kind": "hello", "learner": 7, "settings": settings})
+        refused = stranger.recv(10)
+        assert (refused["kind"], refused["why"]) == ("refused", "not a learner's hello")
+        other = learner()
+        other.send({"kind": "hello", "learner": 0, "settings": {"sync_every": 3}})
+        refused = other.recv(10)
+        assert refused["kind"] == "refused" and "sync_every 3 here, 2 at the syncer" in refused["why"]
+        service.error = None  # the run would end on it (every learner's next exchange): go on for the test
+        bad = learner()
+        bad.send({"kind": "hello", "learner": 1, "settings": settings})
+        assert bad.recv(10)["kind"] == "welcome"
+        bad.send({"kind": "contribution", "base": 0, "steps": 2, "tokens": 2, "values": torch.zeros(5)})
+        deadline = time.monotonic() + 10
+        while not logged and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert logged == ["syncer: learner 1 left (learner 1 sent a malformed contribution (its values are not the "
+                          "model's)); the others go on"]  # fmt: skip
+        good = learner()
+        good.send({"kind": "hello", "learner": 0, "settings": settings})
+        welcome = good.recv(10)
+        assert welcome["kind"] == "welcome" and welcome["version"] == 0
+        good.send({"kind": "contribution", "base": 0, "steps": 2, "tokens": 2, "values": torch.ones(3)})
+        reply = good.recv(10)
+        assert reply["kind"] == "version" and reply["version"] == 1 and torch.equal(reply["values"], torch.ones(3))
+    finally:
+        service.close()
