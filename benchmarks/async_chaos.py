@@ -1,13 +1,15 @@
 """Asynchronous DiLoCo under a site that stops: does anyone else stop, and how long does the run go
 without a new version?
 
-Two runs of `wansync train --strategy async_diloco` on the uneven world (topology `uneven-speeds`: four
-workers at speeds 1, 1, 0.5 and 0.33, one per region, cross-region links), side by side: one without
-faults, one in which the benchmark stops one site's processes (SIGSTOP, the slow site by default) for
-`--stop` seconds once the run is `--at` seconds in, then continues them (SIGCONT). For each run it prints
+Three runs of `wansync train --strategy async_diloco --max-restarts 1` on the uneven world (topology
+`uneven-speeds`: four workers at speeds 1, 1, 0.5 and 0.33, one per region, cross-region links), side by
+side: one without faults; one in which the benchmark stops one site's processes (SIGSTOP, the slow site
+by default) for `--stop` seconds once the run is `--at` seconds in, then continues them (SIGCONT); one in
+which it kills that site's learner (SIGKILL) mid-round at `--at` and the launcher starts it again into
+the running run. For each run it prints
 the longest interval without a published version (the syncer's merge events in rank 0's metrics), the
 same before the stop, the goodput (tokens merged / tokens computed; summary.json's `asynchronous`), the
-largest wait of a learner that was not stopped, and the wall clock.
+largest wait of a learner that was not stopped, the lives that joined, and the wall clock.
 
 What to expect: the longest interval stays under the grace window plus one merge interval, the running
 learners' waits do not grow, and the stopped learner's stale round is dropped (goodput below 1).
@@ -30,27 +32,32 @@ import time
 from pathlib import Path
 
 
-def train(out: Path, args: argparse.Namespace, stop_site: int | None) -> float:
-    """One run; with `stop_site`, that worker's process stopped for args.stop seconds at args.at."""
+def train(out: Path, args: argparse.Namespace, site: int | None, fault: str = "stop") -> float:
+    """One run; with `site`, that worker's process stopped for args.stop seconds at args.at, or killed there
+    (`fault` "kill": the launcher restarts it)."""
     cmd = [
         sys.executable, "-m", "wansync", "train", "--strategy", "async_diloco", "--wan", "uneven-speeds",
         "--workers", "4", "--steps", str(args.steps), "--sync-every", str(args.h),
         "--merge-quorum", str(args.quorum), "--grace", str(args.grace), "--max-staleness", "2",
         "--model", "tiny", "--batch-size", "8", "--seq-len", "64", "--threads", "1",
-        "--eval-every", "100000", "--eval-batches", "2", "--quiet", "--out", str(out),
+        "--eval-every", "100000", "--eval-batches", "2", "--max-restarts", "1", "--quiet", "--out", str(out),
     ]  # fmt: skip
     began = time.perf_counter()
     proc = subprocess.Popen(cmd)
-    if stop_site is not None:
-        pid_file = out / "logs" / f"rank{stop_site}.pid"
+    if site is not None:
+        pid_file = out / "logs" / f"rank{site}.pid"
         while not pid_file.is_file() and proc.poll() is None:
             time.sleep(0.1)
         time.sleep(max(0.0, args.at - (time.perf_counter() - began)))
         pid = int(pid_file.read_text().split()[0])
-        os.kill(pid, signal.SIGSTOP)
-        print(f"  stopped worker {stop_site} (pid {pid}) at {time.perf_counter() - began:.1f} s for {args.stop:g} s")
-        time.sleep(args.stop)
-        os.kill(pid, signal.SIGCONT)
+        if fault == "kill":
+            os.kill(pid, signal.SIGKILL)
+            print(f"  killed worker {site} (pid {pid}) at {time.perf_counter() - began:.1f} s")
+        else:
+            os.kill(pid, signal.SIGSTOP)
+            print(f"  stopped worker {site} (pid {pid}) at {time.perf_counter() - began:.1f} s for {args.stop:g} s")
+            time.sleep(args.stop)
+            os.kill(pid, signal.SIGCONT)
     if proc.wait() != 0:
         raise SystemExit(f"the run in {out} failed")
     return time.perf_counter() - began
@@ -74,6 +81,7 @@ def figures(out: Path, stopped: int | None, at: float, stop: float) -> dict[str,
         "goodput": summary["asynchronous"]["goodput"],
         "versions": summary["asynchronous"]["versions"],
         "staleness_max": summary["asynchronous"]["staleness_max"],
+        "joins": summary["asynchronous"]["joins"],
         "exposed_max_s": max(waits, default=float("nan")),
         "wall_clock_s": summary["wall_clock_s"],
     }
@@ -91,11 +99,16 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="async_chaos_"))
     rows = {}
-    for name, site in (("no fault", None), (f"worker {args.site} stopped {args.stop:g} s", args.site)):
-        out = root / name.split()[0]
+    runs = (
+        ("no fault", None, "stop"),
+        (f"worker {args.site} stopped {args.stop:g} s", args.site, "stop"),
+        (f"worker {args.site} killed, restarted", args.site, "kill"),
+    )
+    for name, site, fault in runs:
+        out = root / name.replace(" ", "_").replace(",", "")
         print(f"{name}: {out}")
-        train(out, args, site)
-        rows[name] = figures(out, site, args.at, args.stop)
+        train(out, args, site, fault)
+        rows[name] = figures(out, site if fault == "stop" else None, args.at, args.stop)
     print(
         f"\n{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} cores; grace {args.grace:g} s"
     )

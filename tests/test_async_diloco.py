@@ -9,6 +9,7 @@ learners and the syncer's threads, in two gloo processes.
 from __future__ import annotations
 
 import json
+import re
 import math
 import time
 from pathlib import Path
@@ -350,32 +351,109 @@ def test_a_syncer_that_stops_ends_each_learner_in_one_line():
     assert out[0] == "stopped" and "the syncer" in out[1] and "\n" not in out[1], out
 
 
-def test_on_the_command_line_a_learner_that_dies_stops_no_one(tmp_path):
-    """`wansync train`: learner 2 of 3 kills itself (SIGKILL) in its second round. The launcher says so in one
-    line and goes on; the syncer no longer waits for it; the run ends 0 with its summary (figures averaged
-    without a collective: the learners' own, sent with their contributions) and the final model on the
-    learners that lived; nothing is left behind."""
+def test_on_the_command_line_a_learner_that_dies_stops_no_one_and_comes_back(tmp_path):
+    """`wansync train --max-restarts 1`: learner 2 of 3 kills itself (SIGKILL) in its second round, while the
+    others pause 6 s a little later. The launcher says so in one line and starts it again into the running
+    run: the syncer welcomes it, its data and step count go on from its last contribution, and it contributes
+    again. The run ends 0 with its summary (figures averaged without a collective: the learners' own, sent
+    with their contributions), the same final model on every learner, and nothing left behind."""
     from cli_harness import TINY, no_process_left, wansync
 
     out = tmp_path / "run"
     flags = ("--workers", "3", "--steps", "12", "--sync-every", "3", "--merge-quorum", "2", "--grace", "0.5")
+    faults = ";".join(["rank=2,step=5,action=kill", *(f"rank={r},step=7,action=pause,seconds=6" for r in (0, 1))])
     r = wansync(
-        "train", "--strategy", "async_diloco", *flags, "--quiet", "--out", str(out), *TINY,
-        env={"WANSYNC_FAULT": "rank=2,step=5,action=kill"}, timeout=120,
+        "train", "--strategy", "async_diloco", *flags, "--max-restarts", "1", "--quiet", "--out", str(out), *TINY,
+        env={"WANSYNC_FAULT": faults}, timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [line for line in r.stderr.splitlines() if "rank 2" in line or "learner 2" in line]
-    assert sorted(lines) == [
-        "wansync: rank 2 was killed by SIGKILL; the others go on without it",
-        "wansync: syncer: learner 2 left (the learner closed the connection); the others go on",
-    ], r.stderr
+    joined = re.compile(r"wansync: syncer: learner 2 joined the running run at version [1-9]\d*")
+    assert len(lines) == 3 and sum(bool(joined.fullmatch(line)) for line in lines) == 1, r.stderr
+    assert {"wansync: rank 2 was killed by SIGKILL; restarted (1 of 1): it rejoins the run",
+            "wansync: syncer: learner 2 left (the learner closed the connection); the others go on"} < set(lines)  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["asynchronous"]["versions"] > 0 and summary["bytes_sent"] > 0
-    assert all(s > 0 for s in summary["worker_step_s"])  # learner 2's from its last contribution
+    run = summary["asynchronous"]
+    assert run["versions"] > 0 and run["joins"] == 1 and summary["bytes_sent"] > 0
+    assert all(s > 0 for s in summary["worker_step_s"])
     final = sorted((out / "checkpoints").glob("step*"))[-1]
-    models = [torch.load(final / f"rank{r}.pt", weights_only=False)["model"] for r in (0, 1)]
-    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])  # both took the last version
+    states = [torch.load(final / f"rank{r}.pt", weights_only=False) for r in (0, 1, 2)]
+    assert all(torch.equal(states[0]["model"][k], s["model"][k]) for s in states[1:] for k in states[0]["model"])
+    version = int(next(line for line in lines if joined.fullmatch(line)).rsplit(" ", 1)[-1])
+    merges = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"merge"' in x]
+    assert any(2 in m["learners"] for m in merges if m["version"] > version), "its new life contributed"
+    assert states[2]["strategy"]["life_start"] == 3, "its steps (and data) went on from its last contribution's"
+    assert states[2]["strategy"]["t"] > 3
     assert no_process_left(out)
+
+
+def test_a_run_whose_syncer_died_resumes_from_its_checkpoint_bit_for_bit(tmp_path):
+    """`--checkpoint-every 4`: each learner saves its own steps (no barrier), rank 0's with the syncer's state.
+    Rank 0, the syncer's process, killed at step 7 ends the run in one line; `--resume` restores the syncer
+    (its version, outer momentum, tally) and every learner rejoins it. With a quorum of both and an unbounded
+    grace window the run is lock-step, so the resumed run ends on the uninterrupted run's model bit for bit,
+    and its versions go on from the checkpoint's."""
+    from cli_harness import TINY, no_process_left, wansync
+
+    flags = ("--strategy", "async_diloco", "--workers", "2", "--steps", "12", "--sync-every", "2",
+             "--merge-quorum", "2", "--grace", "inf", "--checkpoint-every", "4", "--quiet", *TINY)  # fmt: skip
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert wansync("train", *flags, "--out", str(whole), timeout=120).returncode == 0
+    r = wansync("train", *flags, "--out", str(cut), env={"WANSYNC_FAULT": "rank=0,step=7,action=kill"}, timeout=120)
+    lines = [line for line in r.stderr.splitlines() if not line.startswith("wansync: warning:")]
+    assert r.returncode != 0 and lines == ["wansync: error: rank 0 was killed by SIGKILL"], r.stderr
+    assert sorted(d.name for d in (cut / "checkpoints").iterdir())[0] == "step00000004"
+    r = wansync("train", "--resume", str(cut), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    states = [
+        torch.load(sorted((d / "checkpoints").glob("step*"))[-1] / "rank1.pt", weights_only=False) for d in (whole, cut)
+    ]
+    assert all(torch.equal(states[0]["model"][k], states[1]["model"][k]) for k in states[0]["model"])
+    versions = [json.loads(x)["version"] for x in (cut / "metrics.jsonl").read_text().splitlines() if '"merge"' in x]
+    assert versions == list(range(1, len(versions) + 1)) and len(versions) >= 6, versions  # 2 before the cut, then on
+    summary = json.loads((cut / "summary.json").read_text())["asynchronous"]
+    assert summary["joins"] == 0 and summary["versions"] == versions[-1] and 0 < summary["goodput"] <= 1
+    assert no_process_left(cut)
+
+
+class _Process:
+    """What the launcher reads of a worker: `poll()`, its exit status (None: running)."""
+
+    def __init__(self, code: int | None = None):
+        self.code = code
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+def test_the_launcher_restarts_a_learner_only_into_a_running_run_and_at_most_max_restarts_times(tmp_path):
+    """`Launch.restart_learner`: not before the syncer listens (no logs/syncer.address yet), never once rank 0
+    (the syncer's process) has ended, at most --max-restarts times; each time with the syncer's address and
+    the learner's number in the new life's environment (`async_diloco.JOIN_ENV`, `LEARNER_ENV`); under torchrun
+    wansync's --max-restarts is refused in one line (its agent restarts every node's workers)."""
+    from wansync.config import Config
+    from wansync.errors import ConfigError
+    from wansync.runner.launch import Launch
+    from wansync.runner.run import check_restarts_under_torchrun
+
+    launch = Launch(Config(strategy="async_diloco", workers=3, max_restarts=1), tmp_path, "", False)
+    started: list[tuple[int, str]] = []
+    launch.start = lambda rank, restarted=False, join="": started.append((rank, join)) or _Process()  # type: ignore[method-assign]
+    launch.procs = [_Process(), _Process(-9), _Process(-9)]
+    (tmp_path / "logs").mkdir()
+    assert launch.restarts_learners() and launch.survivable() == {1, 2}
+    assert launch.restart_learner(1) == (
+        None, "not restarted: the run's syncer was not listening yet; the others go on without it"
+    )  # fmt: skip
+    (tmp_path / "logs" / "syncer.address").write_text("127.0.0.1:41234\n")
+    proc, line = launch.restart_learner(1)
+    assert proc is not None and line == "restarted (1 of 1): it rejoins the run" and started == [(1, "127.0.0.1:41234")]
+    assert launch.restart_learner(1) == (None, "the others go on without it (--max-restarts 1 spent)")
+    launch.procs[0] = _Process(0)
+    assert launch.restart_learner(2) == (None, "not restarted: the run's syncer (rank 0) has ended")
+    assert len(started) == 1
+    with pytest.raises(ConfigError, match="^--max-restarts: under torchrun a dead async_diloco learner"):
+        check_restarts_under_torchrun(Config(strategy="async_diloco", workers=3, max_restarts=1))
 
 
 @pytest.mark.parametrize(
@@ -385,7 +463,6 @@ def test_on_the_command_line_a_learner_that_dies_stops_no_one(tmp_path):
         (["--merge-quorum", "0"], "merge_quorum must be >= 1"),
         (["--grace", "0"], "grace must be > 0"),
         (["--max-staleness", "-1"], "max_staleness must be >= 0"),
-        (["--checkpoint-every", "5"], "async_diloco writes its checkpoint at the end only"),
         (["--ranks-per-worker", "2"], "async_diloco runs one rank per learner"),
         (["--fault-tolerant"], "--fault-tolerant does not support async_diloco"),
         (["--adapt", "exposed=5%", "--wan", "cross-region"], "--adapt tunes lock-step rounds"),
@@ -570,8 +647,9 @@ def test_a_message_on_an_emulated_link_is_recorded_and_timed_as_a_collective_is(
 def test_the_syncer_service_refuses_a_stranger_and_a_malformed_contribution_in_one_line_and_serves_on():
     """`syncer_service.SyncerService` alone, on loopback: a hello for a learner the run does not have is
     refused; a learner whose contribution is not the model's is logged in one line and let go; a learner
-    started with other settings is refused naming the key; a good learner is then welcomed at version 0 and
-    its round merged (quorum 1) into version 1."""
+    started with other settings is refused naming the key; a learner that resumes while the syncer was never
+    restored (rank 0 did not resume: nodes that disagree) is refused once its wait is over; a good learner is
+    then welcomed at version 0 and its round merged (quorum 1) into version 1."""
     from wansync.comm import p2p
     from wansync.comm.codecs import get_codec
     from wansync.strategies.syncer_service import SyncerService
@@ -584,7 +662,7 @@ def test_the_syncer_service_refuses_a_stranger_and_a_malformed_contribution_in_o
     trust = current({})
     service = SyncerService(
         syncer, trust=trust, host="127.0.0.1", rank=0, ranks=[0, 1], world=2, emulator=None,
-        settings=settings, codec=get_codec("fp32"), log=logged.append,
+        settings=settings, codec=get_codec("fp32"), log=logged.append, resume_wait_s=0.2,
     )  # fmt: skip
 
     def learner() -> p2p.Channel:
@@ -600,6 +678,13 @@ def test_the_syncer_service_refuses_a_stranger_and_a_malformed_contribution_in_o
         refused = other.recv(10)
         assert refused["kind"] == "refused" and "sync_every 3 here, 2 at the syncer" in refused["why"]
         service.error = None  # the run would end on it (every learner's next exchange): go on for the test
+        resuming = learner()
+        resuming.send({"kind": "hello", "learner": 1, "settings": settings, "join": True, "resume": True})
+        refused = resuming.recv(10)
+        assert (refused["kind"], refused["why"]) == (
+            "refused",
+            "the syncer's state was not restored: rank 0 did not resume",
+        )
         bad = learner()
         bad.send({"kind": "hello", "learner": 1, "settings": settings})
         assert bad.recv(10)["kind"] == "welcome"

@@ -407,7 +407,7 @@ CLASS_3: list[tuple[str, Setup, str]] = [
     (
         "--max-restarts without --fault-tolerant",
         flags("--max-restarts", "1"),
-        "--max-restarts apply to fault-tolerant runs only",
+        "--max-restarts applies to fault-tolerant runs and to async_diloco",
     ),
     (
         "--lighthouse as a URL",

@@ -164,9 +164,16 @@ class GeneralKeys:
     max_restarts: int = _f(
         0,
         "run",
-        "fault-tolerant runs: the launcher restarts a dead worker (all its ranks) up to N times",
+        "fault-tolerant runs: the launcher restarts a dead worker (all its ranks) up to N times; "
+        "async_diloco: a dead learner, which rejoins the running run",
         in_range(0, MAX_RESTARTS, high_included=True),
-        needs=(Needs(lambda c: c.fault_tolerant, f"--max-restarts {_FAULT_TOLERANT}"),),
+        needs=(
+            Needs(
+                lambda c: c.fault_tolerant or c.strategy == "async_diloco",
+                "--max-restarts applies to fault-tolerant runs and to async_diloco's learners: "
+                "add --fault-tolerant, or drop it",
+            ),
+        ),
     )
     backend: str = _f(
         "gloo", "run", "torch.distributed backend under the strategy: gloo|nccl", one_of(("gloo", "nccl"))
@@ -495,11 +502,6 @@ def check_asynchronous(cfg: Config) -> None:
     check(
         cfg.ranks_per_worker == 1,
         f"async_diloco runs one rank per learner: --ranks-per-worker {cfg.ranks_per_worker} is not supported yet",
-    )
-    check(
-        cfg.checkpoint_every == 0,
-        "async_diloco writes its checkpoint at the end only: --checkpoint-every would make every learner "
-        "meet the others mid-run (drop it)",
     )
     check(not cfg.adapt, "--adapt tunes lock-step rounds; async_diloco's learners have none to tune (drop --adapt)")
     quorum = getattr(cfg, "merge_quorum", None)

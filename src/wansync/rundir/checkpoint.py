@@ -168,6 +168,23 @@ def prune(run_dir: Path, step: int) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def prune_unmarked(run_dir: Path) -> None:
+    """`prune` for learners that never meet (`async_diloco`): each saves its step when it reaches it, so no
+    step is marked complete; complete is every rank's file in place (`is_complete`). Keep the KEEP
+    newest complete checkpoints and every step newer than them (a slower learner writes there later);
+    remove the rest. Nothing a learner may still write is removed: every learner is past a complete step."""
+    dirs = step_dirs(run_dir)
+    kept = [d for d in dirs if is_complete(d)][-KEEP:]
+    if not kept:
+        return
+    for d in dirs:
+        if d in kept:
+            for leftover in d.glob(f"*{TMP}*"):
+                leftover.unlink(missing_ok=True)
+        elif int(d.name[4:]) < int(kept[-1].name[4:]):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def latest_step_dir(run_dir: Path) -> Path:
     """The newest complete checkpoint of a run directory (one-line errors otherwise)."""
     run_dir = Path(run_dir)

@@ -11,7 +11,8 @@ written and read back.
         profile.json                 the time categories and sync events (`telemetry.profiler`)
         summary.json                 SUMMARY_FILE, written once and then added to (below)
         checkpoints/                 one file per rank per step (`rundir.checkpoint`)
-        logs/                        per rank: its one-line error, traceback, profile, quorum log
+        logs/                        per rank: its one-line error, traceback, profile, quorum log; an
+                                     asynchronous run's syncer.address (SYNCER_ADDRESS_FILE)
         tensorboard/                 TENSORBOARD_DIR: TensorBoard's event files (`telemetry.tensorboard`), when asked
         failed.json                  FAILED_FILE: a run that failed, with its one-line message
 
@@ -50,6 +51,7 @@ SUMMARY_FILE = "summary.json"
 CHECKPOINTS_DIR = "checkpoints"
 LOGS_DIR = "logs"
 FAILED_FILE = "failed.json"
+SYNCER_ADDRESS_FILE = "syncer.address"  # logs/: an asynchronous run's syncer, HOST:PORT (`runner.launch`)
 TENSORBOARD_DIR = "tensorboard"
 EXPERIMENT_FILE = "experiment.json"
 # What a run writes into its directory: `train --force` replaces these and touches nothing else.

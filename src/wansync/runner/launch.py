@@ -6,7 +6,9 @@ torchrun would: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGE
 The first worker to fail ends all of them: its one-line message is printed, every child is
 reaped, and the exit status is non-zero. Under an asynchronous strategy (`async_diloco`: learners that
 never meet) a learner other than rank 0's, which holds the syncer, ends alone: one line, and the run
-goes on with the others. SIGINT and SIGTERM reach the launcher as exceptions,
+goes on with the others; with `--max-restarts N` the launcher starts it again, up to N times, into the
+running run (`async_diloco.JOIN_ENV`, the address rank 0 wrote to logs/syncer.address), where it takes
+the newest version and contributes again. SIGINT and SIGTERM reach the launcher as exceptions,
 raised between two polls (never inside the bookkeeping of a Popen), and end the workers the
 same way; workers die by themselves if the launcher dies (interrupts).
 
@@ -39,7 +41,8 @@ from ..config import Config
 from ..errors import PEER_LOST
 from ..ft.supervisor import Supervisor
 from ..rundir import files
-from ..rundir.layout import LOGS_DIR
+from ..rundir.layout import LOGS_DIR, SYNCER_ADDRESS_FILE
+from ..strategies.async_diloco import JOIN_ENV, LEARNER_ENV
 from . import workerproc
 from .interrupts import LAUNCHER_PID_ENV, signals_deferred, sigint_blocked
 from .torchrun import GLOO_IFNAME, TorchrunEnv
@@ -98,6 +101,7 @@ class Launch:
         self.store: dist.TCPStore | None = None
         self.zygote: workerproc.Zygote | None = None
         self.fork = False  # this process may fork its workers (until the store serves)
+        self.lives: dict[int, int] = {}  # an asynchronous learner -> the times it was restarted
 
     def prepare_logs(self) -> None:
         """logs/, without the error files of an earlier attempt: a failure reported is this run's. A
@@ -106,6 +110,7 @@ class Launch:
         for r in self.ranks:
             error_file(self.run_dir, r).unlink(missing_ok=True)
             files.check(logs / f"rank{r}.pid")
+        (logs / SYNCER_ADDRESS_FILE).unlink(missing_ok=True)  # an earlier run's syncer: not this one's
 
     def open_rendezvous(self) -> None:
         """The supervisor first: a fault-tolerant run's lighthouse serves from a child process
@@ -150,12 +155,17 @@ class Launch:
         )
         return env if self.supervisor is None else self.supervisor.worker_env(env, rank, restarted)
 
-    def start(self, rank: int, restarted: bool = False) -> workerproc.Worker:
-        """Start rank `rank`: forked while no store thread runs, later from the zygote (or fresh)."""
+    def start(self, rank: int, restarted: bool = False, join: str = "") -> workerproc.Worker:
+        """Start rank `rank`: forked while no store thread runs, later from the zygote (or fresh).
+        `join`: the syncer's address, for an asynchronous learner restarted into the running run."""
         forked = self.fork and self.store is None
+        env = self.worker_env(rank, restarted)
+        if join:  # a fresh life, without the fault (WANSYNC_FAULT) that ended the last one
+            env.pop("WANSYNC_FAULT", None)
+            env.update({JOIN_ENV: join, LEARNER_ENV: str(rank), "WANSYNC_RESUME": "0"})  # its data: the syncer's word
         with sigint_blocked():  # the worker starts with SIGINT blocked, then ignores it
             proc = workerproc.start(
-                self.worker_env(rank, restarted),
+                env,
                 fork=forked,
                 close=[self.sock.fileno()] if forked else [],
                 zygote=self.zygote,
@@ -170,7 +180,8 @@ class Launch:
             self.procs.append(self.start(rank, restarted=rejoined))
             check_signals()
         if self.store is None:
-            if self.supervisor is not None and self.supervisor.restarts_workers and workerproc.Zygote.available():
+            restarts = self.restarts_learners() or (self.supervisor is not None and self.supervisor.restarts_workers)
+            if restarts and workerproc.Zygote.available():
                 self.zygote = workerproc.Zygote(close=[self.sock.fileno()])
             self.store = _serve_store(self.sock, self.cfg.peer_timeout)
 
@@ -178,7 +189,8 @@ class Launch:
         """Until the run ends: (exit status, the first failure). The first failure ends it, unless a
         supervisor restarts the worker or lets the others go on without it."""
         if self.supervisor is None:
-            code, message = _watch(self.procs, self.run_dir, check_signals, self.survivable())
+            restart = self.restart_learner if self.restarts_learners() else None
+            code, message = _watch(self.procs, self.run_dir, check_signals, self.survivable(), restart)
         else:
             code, message = self.supervisor.watch(
                 self.procs, lambda rank: self.start(rank, restarted=True), check_signals, ranks=list(self.ranks)
@@ -195,6 +207,29 @@ class Launch:
         if strategy_class(self.cfg.strategy).lock_step or 0 not in self.ranks:
             return set()
         return {i for i, rank in enumerate(self.ranks) if rank != 0}
+
+    def restarts_learners(self) -> bool:
+        """Does a dead asynchronous learner come back (`--max-restarts` without `--fault-tolerant`)?"""
+        return self.supervisor is None and self.cfg.max_restarts > 0 and bool(self.survivable())
+
+    def restart_learner(self, rank: int) -> tuple[workerproc.Worker | None, str]:
+        """Start the asynchronous learner `rank`, which died, again into the running run: (its process, the
+        end of the launcher's line), or (None, why not) when its restarts are spent or there is no run
+        to rejoin (rank 0, the syncer's process, ended; the syncer not listening yet)."""
+        lives, most = self.lives.get(rank, 0), self.cfg.max_restarts
+        if lives >= most:
+            return None, f"the others go on without it (--max-restarts {most} spent)"
+        if self.procs[0].poll() is not None:
+            return None, "not restarted: the run's syncer (rank 0) has ended"
+        try:
+            address = (self.run_dir / LOGS_DIR / SYNCER_ADDRESS_FILE).read_text().strip()
+        except OSError:
+            address = ""
+        if not address:
+            return None, "not restarted: the run's syncer was not listening yet; the others go on without it"
+        error_file(self.run_dir, rank).unlink(missing_ok=True)  # its last life's line is told
+        self.lives[rank] = lives + 1
+        return self.start(rank, restarted=True, join=address), f"restarted ({lives + 1} of {most}): it rejoins the run"
 
     def teardown(self) -> None:
         """End and reap every worker; close the zygote, the store (or the socket it never took
@@ -230,20 +265,29 @@ ROOT_CAUSE_GRACE_S = 2.0
 
 
 def _watch(
-    procs: list[workerproc.Worker], run_dir: Path, check_signals: Callable[[], None], survivable: set[int] = frozenset()
+    procs: list[workerproc.Worker],
+    run_dir: Path,
+    check_signals: Callable[[], None],
+    survivable: set[int] = frozenset(),
+    restart: Callable[[int], tuple[workerproc.Worker | None, str]] | None = None,
 ) -> tuple[int, str]:
     """Until every worker ended (0) or one failed (1, its one line). The failure of a worker in
-    `survivable` is told in one line and the others go on (an asynchronous run's learners)."""
+    `survivable` is told in one line and the others go on (an asynchronous run's learners); `restart`
+    may start it again (its process in `procs`, and the line says so) or say why not."""
     told: set[int] = set()
     while True:
         check_signals()  # a signal becomes an exception here, between polls
         codes = [p.poll() for p in procs]
+        ended = any(c not in (None, 0) for r, c in enumerate(codes) if r not in survivable)  # the run failed
         for r, c in enumerate(codes):
-            if r in survivable and c not in (None, 0) and r not in told:
-                told.add(r)
-                print(
-                    f"wansync: {describe_exit(run_dir, r, c)}; the others go on without it", file=sys.stderr, flush=True
-                )
+            if r in survivable and c not in (None, 0) and r not in told and not ended:
+                line = describe_exit(run_dir, r, c)
+                proc, then = restart(r) if restart is not None else (None, "the others go on without it")
+                if proc is not None:
+                    procs[r], codes[r] = proc, None
+                else:
+                    told.add(r)
+                print(f"wansync: {line}; {then}", file=sys.stderr, flush=True)
         codes = [0 if r in told else c for r, c in enumerate(codes)]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:

@@ -351,6 +351,7 @@ def train(
     process is one of torchrun's ranks, else the launcher starts the workers here."""
     if torchrun is not None:  # the launch says how many workers there are
         cfg = replace(cfg, workers=torchrun.world_size // cfg.ranks_per_worker)
+        check_restarts_under_torchrun(cfg)
     options = check_run(cfg)
     check_trust(cfg, torchrun)
     run_dir = Path(cfg.out)
@@ -391,6 +392,16 @@ def train(
     if code != 0:
         raise WansyncError(message)
     return read_summary(run_dir)
+
+
+def check_restarts_under_torchrun(cfg: Config) -> None:
+    """Under torchrun an asynchronous learner is not restarted alone: torchrun's agent restarts every
+    worker of every node when one fails (its own --max-restarts), so wansync's is refused in one line."""
+    if cfg.max_restarts and not cfg.fault_tolerant:
+        raise ConfigError(
+            "--max-restarts: under torchrun a dead async_diloco learner is not restarted alone (torchrun's agent "
+            "restarts every node's workers; use torchrun's --max-restarts, or wansync's own launcher on one host)"
+        )
 
 
 def check_trust(cfg: Config, torchrun: TorchrunEnv | None) -> None:

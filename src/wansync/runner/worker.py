@@ -28,6 +28,7 @@ from ..rundir import files
 from .interrupts import Terminated, become_launched_worker, exit_status
 from .torchrun import interface_hint
 from ..ft.member import LIFE_ENV
+from ..strategies.async_diloco import joins_running_run
 from ..trainer.loop import Phase, train_worker
 from ..trainer.stall import Watchdog
 
@@ -38,7 +39,8 @@ def init_distributed(cfg: Config) -> None:
     schedule's agreement), one rank per GPU (LOCAL_RANK picks it). A fault-tolerant worker is a
     process group of its own (its ranks, `worker_store`): its exchanges run over torchft's quorum, its
     metrics are its own; under --wan its group carries the emulator, which the quorum's all-reduces
-    run under (ft.quorum)."""
+    run under (ft.quorum). So is an asynchronous learner the launcher restarted into its run
+    (`async_diloco.JOIN_ENV`): it talks to the syncer only, over its own connection."""
     backend, emulator = ("cpu:gloo,cuda:nccl" if cfg.backend == "nccl" else cfg.backend), None
     if cfg.backend == "nccl":
         if not torch.cuda.is_available():
@@ -53,7 +55,8 @@ def init_distributed(cfg: Config) -> None:
     if cfg.topology is not None:
         backend, emulator = net.install(), net.Emulator(cfg.topology, seed=cfg.seed, timeout=cfg.peer_timeout)
     timeout = datetime.timedelta(seconds=cfg.peer_timeout)
-    if cfg.fault_tolerant:  # no world group: a dead worker must not be on any collective's path (ft.quorum)
+    if cfg.fault_tolerant or joins_running_run():  # no world group: a dead worker must not be on any
+        # collective's path (ft.quorum); an asynchronous learner restarted into its run meets no one
         dist.init_process_group(
             backend=backend,
             store=worker_store(cfg),
@@ -159,7 +162,7 @@ def run(cfg: Config, run_dir: Path, resume: bool = False) -> int:
         init_distributed(cfg)
         rank_world = (
             (rank, int(os.environ.get("WORLD_SIZE", 1)))
-            if cfg.fault_tolerant
+            if cfg.fault_tolerant or joins_running_run()
             else (dist.get_rank(), dist.get_world_size())
         )
         watchdog.start()

@@ -25,7 +25,7 @@ books that wait as exposed communication.
 The syncer is a role (`syncer_service.py`): threads of global rank 0's process, beside its learner,
 reached over an admitted, sealed TCP connection per learner (`comm.p2p`), each message modelled on
 the emulated link of its pair. Its θ̃, version history and outer state are its own; rank 0's
-checkpoint holds them (`extra_state`).
+checkpoints hold them (`extra_state`), each learner's its own state, written without a barrier.
 
 With every learner at one speed, a quorum of every learner (or an unbounded grace window) and
 `staleness_rule none`, every merge takes every learner's fresh θ_m, and the run is lock-step DiLoCo
@@ -35,13 +35,14 @@ at density 1, 32-bit values and β = 0 sends Δ_m whole, and trains the same mod
 `dynamic_h`: Dynamic Local Updates (Liu et al. 2024, Eq. 6), each learner's round H × its speed / the
 fastest's after the first, speeds measured from the learners' own rounds (`_retime`). A learner started
 into a running run (`JOIN_ENV`: a restart after it died) joins without a collective and takes the current
-version from the syncer's welcome.
+version from the syncer's welcome, and its step count (its data, under `wansync train`) goes on from the
+steps its earlier lives sent.
 
 Where it stands: one rank per learner (no `--inside`), no `--fault-tolerant` quorum, no `--adapt`,
-no `--slow-policy` (a slow learner is what the syncer absorbs), no resume from a checkpoint of the
-middle of a run; each is refused in one line. Under the command line's launcher a learner that dies
-ends alone and the others finish (its figures reach rank 0's summary through `figures`, no collective);
-restarting it is a user loop's (`docs/async.md`).
+no `--slow-policy` (a slow learner is what the syncer absorbs); each is refused in one line. A resumed
+run (`load_extra_state`) restores the syncer on rank 0 and has every learner take its newest version. Under the command line's launcher a learner that dies
+ends alone and the others finish (its figures reach rank 0's summary through `figures`, no collective),
+or with `--max-restarts` the launcher starts it again into the run (`runner.launch`, `docs/async.md`).
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ SETTINGS = (
     "quant_range",
     "dct",
 )
+
+
+def joins_running_run() -> bool:
+    """Is this process a learner started into a running run (`JOIN_ENV`)? Then it is a process group of
+    its own (`runner.worker`): it meets no one, the syncer tells it where the run is."""
+    return bool(os.environ.get(JOIN_ENV))
 
 
 def learner_from_env() -> int:
@@ -151,35 +158,57 @@ class AsyncDiLoCo(Strategy):
         self.wait_bound_s = peer_timeout_s()
         trust, emulator = current(), emulator_of(self.group)
         joining = os.environ.get(JOIN_ENV)
-        if joining:  # a learner (re)started into a running run: no collective, the syncer tells it all
+        if joins_running_run():  # a learner (re)started into a running run: no collective, the syncer tells it all
             self.learner = learner_from_env()
             address, ranks, world = joining, None, None
         else:
             self.learner = self.rank
             address, ranks, world = self._start(trust, emulator)
-        channel = p2p.Channel(p2p.connect(address, trust), p2p.key(trust), p2p.LinkModel(None, 0, 0, 1), "the syncer")
-        channel.send({"kind": "hello", "learner": self.learner, "settings": self.settings, "join": bool(joining)})
-        welcome = channel.recv(self.wait_bound_s)
-        if welcome["kind"] == "refused":
-            raise ConfigError(f"async_diloco: the syncer refused this learner: {welcome.get('why')}")
+        self.trust, self.syncer_address = trust, address
+        channel, welcome = self._hello(join=bool(joining))
         ranks, world = ranks or welcome["ranks"], world or int(welcome["world"])
         channel.link = p2p.LinkModel(emulator, ranks[self.learner], ranks[0], world)
-        self.channel, self.syncer_address = channel, address
-        self.base = int(welcome["version"])  # the version this learner's round started from
-        if "values" in welcome:  # it joined a run that had moved on
-            self.flat.scatter(welcome["values"])
-        self.base_value = None if self.lossless else self.flat.gather().float()  # θ̃_b, where the model is
-        self.round_start = 0  # the step its round started at
-        self.round_h = self.opts.sync_every  # its length (`dynamic_h`: by its speed)
-        self.round_began = time.perf_counter()  # when it started: a round's steps over its time, its speed
+        self.channel = channel
+        self.learners = len(ranks)
+        self.round_h = self.opts.sync_every  # a round's length (`dynamic_h`: by its speed)
         self.step_s = 0.0
         self.run_steps: int | None = None
-        self.learners = len(ranks)
-        self.progress_base = int(welcome.get("merged_steps", 0)) // self.learners  # merged steps per learner
         self.stopped = False
         self.finished = False
         self.run_summary: dict[str, Any] | None = None  # rank 0's, at the end: goodput, staleness, syncer idle
         self.learner_figures: dict[int, dict[str, float]] | None = None  # rank 0's, at the end (`figures`)
+        # a restarted learner goes on counting (and, in `wansync train`, drawing its data) from the steps
+        # its earlier lives sent; this life's contributions report its own (`computed`)
+        self.t = int(welcome.get("computed", 0))
+        self._take_welcome(welcome)
+
+    def _hello(self, join: bool, resume: bool = False) -> tuple[p2p.Channel, dict[str, Any]]:
+        """A connection to the syncer, admitted: (the channel, the syncer's welcome). `join`: this learner
+        enters a running run; `resume`: every learner of a resumed run (the syncer's state restored)."""
+        channel = p2p.Channel(
+            p2p.connect(self.syncer_address, self.trust),
+            p2p.key(self.trust),
+            p2p.LinkModel(None, 0, 0, 1),
+            "the syncer",
+        )
+        hello = {"kind": "hello", "learner": self.learner, "settings": self.settings, "join": join}
+        channel.send({**hello, "resume": True} if resume else hello)
+        welcome = channel.recv(self.wait_bound_s)
+        if welcome["kind"] == "refused":
+            channel.close()
+            raise ConfigError(f"async_diloco: the syncer refused this learner: {welcome.get('why')}")
+        return channel, welcome
+
+    def _take_welcome(self, welcome: dict[str, Any]) -> None:
+        """Start a round from the version the syncer's welcome gives (its values when the run has moved on,
+        else the model every learner holds), at step `t`."""
+        self.base = int(welcome["version"])  # the version this learner's round started from
+        if "values" in welcome:
+            self.flat.scatter(welcome["values"])
+        self.base_value = None if self.lossless else self.flat.gather().float()  # θ̃_b, where the model is
+        self.life_start = self.round_start = self.t  # the step this life, and its round, started at
+        self.round_began = time.perf_counter()  # when it started: a round's steps over its time, its speed
+        self.progress_base = int(welcome.get("merged_steps", 0)) // self.learners  # merged steps per learner
 
     @classmethod
     def wire_codec(cls, opts: Any, shapes: Any) -> Any:
@@ -224,6 +253,7 @@ class AsyncDiLoCo(Strategy):
                 settings=self.settings,
                 codec=self.wire_codec(self.opts, self.shapes),  # its own: its threads decode with it
                 log=lambda line: print(f"wansync: {line}", file=sys.stderr, flush=True),
+                resume_wait_s=self.wait_bound_s,
             )
             raw = self.service.address.encode()
             address[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
@@ -287,7 +317,7 @@ class AsyncDiLoCo(Strategy):
             "tokens": steps,  # a round's tokens are its steps × the batch, the same on every learner
             "final": final,
             "run_steps": self.run_steps,
-            "computed": self.t,  # tokens: steps, as above
+            "computed": self.t - self.life_start,  # this life's tokens: steps, as above
             "step_s": self.step_s,
         }
         if self.figures is not None:  # what its run averages over workers (`telemetry.run`), for rank 0's summary
@@ -370,9 +400,26 @@ class AsyncDiLoCo(Strategy):
         return {
             "base": self.base,
             "round_start": self.round_start,
+            "life_start": self.life_start,  # a restarted learner's steps in its earlier lives
+            "round_h": self.round_h,
             **({"error": self.error.detach().clone()} if self.error is not None else {}),
-            **({"syncer": self.service.syncer.state_dict()} if self.service is not None else {}),
+            **({"syncer": self.service.state_dict()} if self.service is not None else {}),
         }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        raise ConfigError("async_diloco: a run cannot resume from a checkpoint yet: start it again")
+        """A resumed run (every learner restarted from its own checkpoint, `t` restored): rank 0 restores the
+        syncer's state, then every learner enters it again and takes its newest version, as a learner
+        restarted alone does; what a learner trained since its last exchange is not in its model any more
+        (the steps stay counted). Load the model and optimizer first: the version replaces the model."""
+        if self.service is not None:
+            if "syncer" not in state:
+                raise ConfigError("async_diloco: rank 0's checkpoint holds no syncer state: it cannot resume the run")
+            self.service.load_state_dict(state["syncer"])
+        if self.error is not None and "error" in state:
+            self.error.copy_(state["error"])
+        self.round_h = int(state.get("round_h", self.round_h))
+        old = self.channel
+        self.channel, welcome = self._hello(join=True, resume=True)
+        self.channel.link = old.link
+        old.close()
+        self._take_welcome(welcome)

@@ -1,16 +1,19 @@
 """The syncer as a role: the merge (`syncer.py`) behind a listener, run by threads in one process of
 the run (global rank 0's, beside its learner), talking to every learner over `comm.p2p`.
 
-    learner -> syncer   hello         {learner, settings, join}      once, when it connects
+    learner -> syncer   hello         {learner, settings, join, resume}  when it connects
                         contribution  {base, tokens, steps, values | data (numel | buffers), final,
                                        run_steps, computed}
     syncer -> learner   welcome       {version, ranks, world, merged_steps, values once the run has
-                                       moved on or the learner joins}  or  refused {why}
+                                       moved on or the learner joins, and to one that joins the steps
+                                       its earlier lives computed}  or  refused {why}
                         version       {version, values, stop, merged_steps, dropped, final}
 
 A learner that joins (`join`: a process started into the running run, a learner restarted after it
 died) takes the current version from the welcome; its earlier life's connection, if still open, is
-closed, and what that life computed stays counted in the goodput.
+closed, and what that life computed stays counted in the goodput. A resumed run's learners (`resume`)
+enter the same way, each once rank 0 has restored the syncer's state from its checkpoint
+(`load_state_dict`); they are not counted as joins.
 
 A learner that sends a contribution based on version b gets back the first version newer than b, as
 soon as it exists: at once when the syncer has moved on while it trained (its contribution waits for
@@ -66,6 +69,7 @@ class SyncerService:
         settings: dict[str, Any],
         codec: Any,
         log: Callable[[str], None],
+        resume_wait_s: float = 600.0,
     ):
         self.syncer, self.rank, self.ranks, self.world = syncer, rank, ranks, world
         self.emulator, self.settings, self.codec, self.log = emulator, settings, codec, log
@@ -81,6 +85,7 @@ class SyncerService:
         # learner -> the steps it computed in this life (its last contribution says), and in lives before
         self.computed: dict[int, int] = {}
         self.past: dict[int, int] = {}
+        self.joins = 0  # lives started into the running run (a learner restarted after it died)
         self.step_s: dict[int, float] = {}  # learner -> its last round's seconds per step
         # learner -> the figures its run averages over workers (bytes, counts, step time), as its last
         # contribution sent them: rank 0's summary without a collective, a learner that died included
@@ -94,6 +99,8 @@ class SyncerService:
         self.closed = False
         self.ended = threading.Event()  # the last version is sent to every learner
         self.error: str | None = None
+        self.restored = threading.Event()  # a resumed run's state is loaded (`load_state_dict`)
+        self.resume_wait_s = resume_wait_s
         self.listener, self.address = p2p.listen(trust, host, self._serve)
         self.merger = threading.Thread(target=self._merge_loop, daemon=True, name="wansync-syncer")
         self.merger.start()
@@ -114,7 +121,8 @@ class SyncerService:
                     raise PeerError(f"learner {learner} sent a {msg['kind']!r} message, not a contribution")
                 self._contribution(learner, channel, msg)
         except PeerError as e:
-            if learner is not None and not self.closed and learner not in self.finals | self.done:
+            current = learner is not None and self.channels.get(learner) is channel  # not a life replaced
+            if current and not self.closed and learner not in self.finals | self.done:
                 self.log(f"syncer: learner {learner} left ({one_line(str(e))}); the others go on")
         finally:
             with self.cond:
@@ -132,7 +140,7 @@ class SyncerService:
             channel.send({"kind": "refused", "why": "not a learner's hello"})
             return None
         theirs = hello.get("settings")
-        joining = hello.get("join") is True
+        joining, resuming = hello.get("join") is True, hello.get("resume") is True
         if theirs != self.settings:
             keys = sorted(k for k in self.settings if not isinstance(theirs, dict) or theirs.get(k) != self.settings[k])
             why = f"learner {learner} was started with other settings than the syncer's: " + ", ".join(
@@ -143,6 +151,9 @@ class SyncerService:
             with self.cond:
                 self.error = why
                 self.cond.notify_all()
+            return None
+        if resuming and not self.restored.wait(self.resume_wait_s):  # rank 0 restores the state first
+            channel.send({"kind": "refused", "why": "the syncer's state was not restored: rank 0 did not resume"})
             return None
         channel.link = p2p.LinkModel(self.emulator, self.rank, self.ranks[learner], self.world)
         with self.cond:
@@ -160,6 +171,8 @@ class SyncerService:
                 welcome["values"] = self.syncer.history[self.syncer.version]
             if joining:  # a new life of this learner: what its last one computed stays counted
                 self.past[learner] = self.past.get(learner, 0) + self.computed.pop(learner, 0)
+                self.joins += 0 if resuming else 1
+                welcome["computed"] = self.past[learner]  # its data goes on from there
                 self.done.discard(learner)
                 self.finals.discard(learner)
                 self.waiting.pop(learner, None)  # the old life's wait: no one is there to take it
@@ -167,6 +180,8 @@ class SyncerService:
         if old is not None:
             old.close()
         channel.send(welcome)
+        if joining and not resuming:
+            self.log(f"syncer: learner {learner} joined the running run at version {welcome['version']}")
         return learner
 
     def _contribution(self, learner: int, channel: p2p.Channel, msg: dict[str, Any]) -> None:
@@ -335,7 +350,30 @@ class SyncerService:
             "staleness_mean": round(sum(tally.staleness) / len(tally.staleness), 6) if tally.staleness else None,
             "staleness_max": max(tally.staleness, default=None),
             "syncer_idle_time_share": round(max(0.0, 1.0 - self.busy_s / wall), 6) if wall > 0 else None,
+            "joins": self.joins,
         }
+
+    # ---- its state, for the run's checkpoint (rank 0's) --------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The merge's state (θ̃, its version and history, the outer optimizer's, the tally) and what the
+        goodput counts: each learner's computed steps, and the lives that joined."""
+        with self.cond:
+            return {
+                "syncer": self.syncer.state_dict(),
+                "computed": {str(m): n for m, n in self.computed.items()},
+                "past": {str(m): n for m, n in self.past.items()},
+                "joins": self.joins,
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resumed run's syncer, before any learner rejoins it (`async_diloco.load_extra_state`)."""
+        with self.cond:
+            self.syncer.load_state_dict(state["syncer"])
+            self.computed = {int(m): int(n) for m, n in state["computed"].items()}
+            self.past = {int(m): int(n) for m, n in state["past"].items()}
+            self.joins = int(state["joins"])
+            self.cond.notify_all()
+        self.restored.set()
 
     def close(self) -> None:
         with self.cond:

@@ -36,6 +36,8 @@ from .faults import Faults
 from ..net import exchange_seconds
 from .optim import build_optimizer, lr_at, peak_lr, set_lr
 from .sharding import autocast, shard_worker
+from ..strategies.async_diloco import joins_running_run
+from ..rundir.layout import SYNCER_ADDRESS_FILE
 from ..strategies.base import local_shard, sync_tensors
 from ..rundir.target import given_target, target_record
 from ..telemetry.run import Run
@@ -82,7 +84,7 @@ class Trainer:
         sharded = cfg.inside == "fsdp"
         self.replicas = (
             ft_replicas(cfg.ranks_per_worker, rank, world_size, sharded, self.device_type)
-            if cfg.fault_tolerant
+            if cfg.fault_tolerant or joins_running_run()
             else replica_groups(cfg.ranks_per_worker, shard_inside=sharded, device_type=self.device_type)
         )
         torch.manual_seed(cfg.seed)  # same init on every rank
@@ -111,6 +113,9 @@ class Trainer:
             quorum=quorum,
             **self.options,
         )
+        service = getattr(self.sync, "service", None)  # an asynchronous run's syncer, in this process
+        if service is not None:  # where the launcher sends a learner it restarts (`runner.launch`)
+            files.write_text(self.run_dir / "logs" / SYNCER_ADDRESS_FILE, service.address + "\n")
         spec = parse_adapt(cfg.adapt, cfg.strategy, self.options)
         if spec is not None:  # before a resume loads the tuner's state
             self.sync.tuner = Tuner(
@@ -145,7 +150,9 @@ class Trainer:
             )
         )
         resumed = self.load_checkpoint() if resume else None
-        restarted = self.member is not None and self.member.restarted  # appends to the run it rejoins
+        if self.sync.t and resumed is None and self.member is None:  # an asynchronous learner restarted
+            self.workload.skip_to(self.sync.t)  # into its run: its data goes on where its last life's ended
+        restarted = (self.member is not None and self.member.restarted) or joins_running_run()  # appends to its run
         # the profiler, DDP's timing, metrics.jsonl, the run files, TensorBoard and the progress line:
         # the same `Run` a user's own loop opens (telemetry.run)
         self.run_files = Run(
@@ -284,7 +291,9 @@ class Trainer:
         if self.fault is not None:
             self.fault.after_checkpoint(self.rank, step)
         first_on_host = os.environ.get("LOCAL_RANK", str(self.rank)) == "0"  # each host prunes its own files
-        if first_on_host and self.member is None:  # fault-tolerant: no barrier, so nothing is pruned
+        if first_on_host and not self.sync.lock_step:  # asynchronous learners save their steps when they reach them
+            checkpoint.prune_unmarked(self.run_dir)
+        elif first_on_host and self.member is None:  # fault-tolerant: no barrier, so nothing is pruned
             checkpoint.prune(self.run_dir, step)
         self.run_files.lap("checkpoint")
 
@@ -304,8 +313,8 @@ class Trainer:
         self.workload.load_state_dict(state["workload"])
         torch.set_rng_state(state["rng"])
         self.sync.comm.restore(state["comm"])
-        if self.rank == 0:
-            truncate_metrics(self.run_dir / "metrics.jsonl", int(state["step"]))
+        if self.rank == 0:  # an asynchronous learner's final checkpoint is the run's step, after its own count
+            truncate_metrics(self.run_dir / "metrics.jsonl", max(int(state["step"]), self.sync.t))
         return state
 
     @property
