@@ -7,8 +7,9 @@ side: one without faults; one in which the benchmark stops one site's processes 
 by default) for `--stop` seconds once the run is `--at` seconds in, then continues them (SIGCONT); one in
 which it kills that site's learner (SIGKILL) mid-round at `--at` and the launcher starts it again into
 the running run. For each run it prints
-the longest interval without a published version (the syncer's merge events in rank 0's metrics), the
-same before the stop, the goodput (tokens merged / tokens computed; summary.json's `asynchronous`), the
+the longest interval without a published version (the syncer's merge events in rank 0's metrics, the
+run's last merge left out: the slowest learner's final round after the others ended), the same before
+the fault and across it (the stop; for the kill, the interval the kill fell in), the goodput (tokens merged / tokens computed; summary.json's `asynchronous`), the
 largest wait of a learner that was not stopped, the lives that joined, and the wall clock.
 
 What to expect: the longest interval stays under the grace window plus one merge interval, the running
@@ -25,6 +26,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,7 +67,9 @@ def train(out: Path, args: argparse.Namespace, site: int | None, fault: str = "s
 
 def figures(out: Path, stopped: int | None, at: float, stop: float) -> dict[str, float]:
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    times = [r["time"] for r in records if r.get("type") == "merge"]
+    # the last merge is the run's end: the slowest learner's final round after the others finished, not a
+    # publication interval of the running run
+    times = [r["time"] for r in records if r.get("type") == "merge"][:-1]
     gaps = [(b - a, a) for a, b in zip(times, times[1:])]
     summary = json.loads((out / "summary.json").read_text())
     waits = []
@@ -76,8 +80,10 @@ def figures(out: Path, stopped: int | None, at: float, stop: float) -> dict[str,
         if profile.is_file():
             waits.append(json.loads(profile.read_text()).get("categories_s", {}).get("exposed_comm", 0.0))
     return {
+        "median_gap_s": statistics.median(g for g, _ in gaps),
         "longest_gap_s": max(g for g, _ in gaps),
         "longest_gap_before_s": max((g for g, t in gaps if t < at), default=float("nan")),
+        "longest_gap_during_s": max((g for g, t in gaps if at <= t + g and t <= at + stop), default=float("nan")),
         "goodput": summary["asynchronous"]["goodput"],
         "versions": summary["asynchronous"]["versions"],
         "staleness_max": summary["asynchronous"]["staleness_max"],
@@ -108,10 +114,17 @@ def main() -> None:
         out = root / name.replace(" ", "_").replace(",", "")
         print(f"{name}: {out}")
         train(out, args, site, fault)
-        rows[name] = figures(out, site if fault == "stop" else None, args.at, args.stop)
+        rows[name] = figures(out, site if fault == "stop" else None, args.at, args.stop if fault == "stop" else 0.0)
     print(
         f"\n{datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.machine()}, {os.cpu_count()} cores; grace {args.grace:g} s"
     )
+    bound = args.grace + rows["no fault"]["median_gap_s"]
+    for name, row in list(rows.items())[1:]:
+        verdict = "under" if row["longest_gap_s"] < bound else "NOT under"
+        print(
+            f"{name}: longest interval without a version {row['longest_gap_s']:.2f} s, {verdict} the grace window "
+            f"plus one merge interval of the fault-free run ({args.grace:g} + {bound - args.grace:.2f} = {bound:.2f} s)"
+        )
     keys = list(next(iter(rows.values())))
     print("| run | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")

@@ -644,6 +644,47 @@ def test_a_message_on_an_emulated_link_is_recorded_and_timed_as_a_collective_is(
     assert p2p.LinkModel(emulator, 0, 0, 2).seconds_from_now(10) == 0.0 and len(emulator.records()) == 2  # local
 
 
+def test_a_learner_whose_rounds_are_always_dropped_is_told_once_it_trains_for_nothing():
+    """At max_staleness 0 a learner that always arrives one version late has each round dropped (one line
+    each); after the third in a row the syncer says once why, and what to change."""
+    from wansync.comm import p2p
+    from wansync.comm.codecs import get_codec
+    from wansync.strategies.syncer_service import SyncerService
+    from wansync.trust.settings import current
+
+    settings = {"sync_every": 2}
+    logged: list[str] = []
+    trust = current({})
+    service = SyncerService(
+        Syncer([torch.zeros(3)], [], Settings(2, 1, 0.01, 0, "none", 1.0, 0.0)), trust=trust, host="127.0.0.1",
+        rank=0, ranks=[0, 1], world=2, emulator=None, settings=settings, codec=get_codec("fp32"), log=logged.append,
+    )  # fmt: skip
+
+    def learner(m: int) -> p2p.Channel:
+        channel = p2p.Channel(p2p.connect(service.address, trust), p2p.key(trust), p2p.LinkModel(None, 0, 0, 2), "s")
+        channel.send({"kind": "hello", "learner": m, "settings": settings})
+        assert channel.recv(10)["kind"] == "welcome"
+        return channel
+
+    def contribute(channel: p2p.Channel, base: int) -> dict:
+        channel.send({"kind": "contribution", "base": base, "steps": 2, "tokens": 2, "values": torch.ones(3)})
+        return channel.recv(10)
+
+    try:
+        fast, slow = learner(0), learner(1)
+        for _ in range(4):
+            version = contribute(fast, service.syncer.version)["version"]  # a merge of its own: a new version
+            assert contribute(slow, version - 1)["dropped"]  # one version late: dropped at max_staleness 0
+        warnings = [line for line in logged if "warning" in line]
+        assert warnings == [
+            "syncer: warning: learner 1's last 3 rounds were all dropped: it trains for nothing while it is this much "
+            "slower than the others; raise --max-staleness (now 0), or shorten its rounds with --dynamic-h"
+        ]  # fmt: skip
+        assert len(logged) == 5 and logged.index(warnings[0]) == 3
+    finally:
+        service.close()
+
+
 def test_the_syncer_service_refuses_a_stranger_and_a_malformed_contribution_in_one_line_and_serves_on():
     """`syncer_service.SyncerService` alone, on loopback: a hello for a learner the run does not have is
     refused; a learner whose contribution is not the model's is logged in one line and let go; a learner

@@ -48,6 +48,9 @@ from ..trust.settings import Trust
 from .syncer import Contribution, Merged, Syncer
 
 
+DROPS_TO_WARN = 3  # a learner whose rounds are dropped this many times in a row is told about once
+
+
 class SyncerService:
     """The syncer's threads: an admitted listener, one thread per learner's connection, and the merger.
 
@@ -85,6 +88,7 @@ class SyncerService:
         # learner -> the steps it computed in this life (its last contribution says), and in lives before
         self.computed: dict[int, int] = {}
         self.past: dict[int, int] = {}
+        self.dropped_in_a_row: dict[int, int] = {}  # learner -> its contributions dropped since its last merged one
         self.joins = 0  # lives started into the running run (a learner restarted after it died)
         self.step_s: dict[int, float] = {}  # learner -> its last round's seconds per step
         # learner -> the figures its run averages over workers (bytes, counts, step time), as its last
@@ -206,6 +210,7 @@ class SyncerService:
             kept = True
             if values is not None:
                 kept = self.syncer.add(Contribution(learner, base, tokens, steps, values, relative, time.monotonic()))
+                self.dropped_in_a_row[learner] = 0 if kept else self.dropped_in_a_row.get(learner, 0) + 1
             self.computed[learner] = max(self.computed.get(learner, 0), int(msg.get("computed", 0)))
             if steps > 0 and isinstance(msg.get("step_s"), (int, float)) and msg["step_s"] > 0:
                 self.step_s[learner] = float(msg["step_s"])  # its speed, for `dynamic_h`
@@ -230,6 +235,12 @@ class SyncerService:
                 f"syncer: dropped learner {learner}'s {steps} steps based on version {base}: more than "
                 f"max_staleness {self.syncer.settings.max_staleness} versions old (now {self.syncer.version})"
             )
+            if self.dropped_in_a_row.get(learner) == DROPS_TO_WARN:
+                self.log(
+                    f"syncer: warning: learner {learner}'s last {DROPS_TO_WARN} rounds were all dropped: it trains "
+                    f"for nothing while it is this much slower than the others; raise --max-staleness (now "
+                    f"{self.syncer.settings.max_staleness}), or shorten its rounds with --dynamic-h"
+                )
         if reply is not None:
             self._send(channel, reply)
 
