@@ -14,9 +14,11 @@ import gc
 import importlib.util
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +138,34 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
+def _example_main(args: list[str], env: dict[str, str], out: str, err: str) -> None:
+    """`python examples/hf_trainer.py ARGS` in a process forked from the ranks' forkserver (torch already
+    imported): its stdout and stderr into files; its SystemExit is the exit status, as the interpreter's."""
+    from cli_harness import into_files
+
+    into_files(out, err, env, os.O_TRUNC)
+    sys.argv = [str(EXAMPLE), *args]
+    runpy.run_path(str(EXAMPLE), run_name="__main__")
+
+
+def _one_process(args: list[str]) -> subprocess.CompletedProcess:
+    """What `_run` gives for the example's command line, without an interpreter's start-up and torch's
+    import (3 s of its 5)."""
+    from wansync.runner.localgroup import rank_context
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = rank_context().Process(target=_example_main, args=(args, env, str(out), str(err)))
+        proc.start()
+        proc.join(240)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+        text = [p.read_text(errors="replace") if p.is_file() else "" for p in (out, err)]
+        return subprocess.CompletedProcess([str(EXAMPLE), *args], proc.exitcode, *text)
+
+
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory: Any) -> dict[str, Any]:
     """One torchrun launch for every check below (tests/hf_trainer_checks.py: its runs), then its diloco
@@ -145,8 +175,8 @@ def launched(tmp_path_factory: Any) -> dict[str, Any]:
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(CHECKS), str(out)]
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    one = _run(
-        [sys.executable, str(EXAMPLE), "--strategy", "diloco", "--steps", "16", "--out", str(out / "one-process"),
+    one = _one_process(
+        ["--strategy", "diloco", "--steps", "16", "--out", str(out / "one-process"),
          "--resume", str(out / "logs40" / "checkpoint-12")]
     )  # fmt: skip
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
