@@ -64,13 +64,12 @@ class Supervisor:
         return self.cfg.max_restarts > 0
 
     def worker_env(self, env: dict[str, str], rank: int, restarted: bool) -> dict[str, str]:
-        """A rank's environment: the lighthouse and which life of its worker it is (`LIFE_ENV`); for a
-        restarted one, a fresh life that heals from a peer (not from disk) and without the fault that
-        ended the first one."""
+        """A rank's environment (the launcher's, `Launch.worker_env`, which drops a restarted life's fault
+        and resume): the lighthouse and which life of its worker it is (`LIFE_ENV`); a restarted one heals
+        from a peer (`RESTARTED_ENV`)."""
         env = dict(env, **{LIGHTHOUSE_ENV: self.address, LIFE_ENV: str(self.lives.get(self.worker_of(rank), 0))})
         if restarted:
-            env.pop("WANSYNC_FAULT", None)
-            env.update({"WANSYNC_RESUME": "0", RESTARTED_ENV: "1"})
+            env[RESTARTED_ENV] = "1"
         return env
 
     def worker_of(self, rank: int) -> int:

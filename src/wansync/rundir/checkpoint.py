@@ -159,13 +159,7 @@ def prune(run_dir: Path, step: int) -> None:
     except OSError as e:
         raise StorageError(f"cannot mark checkpoint {d} complete: {e.strerror or e}") from None
     dirs = step_dirs(run_dir)
-    kept = [d for d in dirs if int(d.name[4:]) <= step and is_complete(d)][-KEEP:]
-    for d in dirs:
-        if d in kept:
-            for leftover in d.glob(f"*{TMP}*"):
-                leftover.unlink(missing_ok=True)
-        else:
-            shutil.rmtree(d, ignore_errors=True)
+    _sweep(dirs, [d for d in dirs if int(d.name[4:]) <= step and is_complete(d)][-KEEP:], lambda d: True)
 
 
 def prune_unmarked(run_dir: Path) -> None:
@@ -175,13 +169,18 @@ def prune_unmarked(run_dir: Path) -> None:
     remove the rest. Nothing a learner may still write is removed: every learner is past a complete step."""
     dirs = step_dirs(run_dir)
     kept = [d for d in dirs if is_complete(d)][-KEEP:]
-    if not kept:
-        return
+    if kept:
+        _sweep(dirs, kept, lambda d: int(d.name[4:]) < int(kept[-1].name[4:]))
+
+
+def _sweep(dirs: list[Path], kept: list[Path], removable: Callable[[Path], bool]) -> None:
+    """Remove the step directories of `dirs` not `kept` that are `removable`, and the temporary files
+    left in the kept ones."""
     for d in dirs:
         if d in kept:
             for leftover in d.glob(f"*{TMP}*"):
                 leftover.unlink(missing_ok=True)
-        elif int(d.name[4:]) < int(kept[-1].name[4:]):
+        elif removable(d):
             shutil.rmtree(d, ignore_errors=True)
 
 

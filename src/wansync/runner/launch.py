@@ -153,6 +153,9 @@ class Launch:
             WANSYNC_CONFIG=self.config,
             **{LAUNCHER_PID_ENV: str(os.getpid())},
         )
+        if restarted:  # a fresh life: without the fault (WANSYNC_FAULT) that ended the last one, not from disk
+            env.pop("WANSYNC_FAULT", None)
+            env["WANSYNC_RESUME"] = "0"
         return env if self.supervisor is None else self.supervisor.worker_env(env, rank, restarted)
 
     def start(self, rank: int, restarted: bool = False, join: str = "") -> workerproc.Worker:
@@ -160,9 +163,8 @@ class Launch:
         `join`: the syncer's address, for an asynchronous learner restarted into the running run."""
         forked = self.fork and self.store is None
         env = self.worker_env(rank, restarted)
-        if join:  # a fresh life, without the fault (WANSYNC_FAULT) that ended the last one
-            env.pop("WANSYNC_FAULT", None)
-            env.update({JOIN_ENV: join, LEARNER_ENV: str(rank), "WANSYNC_RESUME": "0"})  # its data: the syncer's word
+        if join:  # its place in the run, the version and its data position: the syncer's word
+            env.update({JOIN_ENV: join, LEARNER_ENV: str(rank)})
         with sigint_blocked():  # the worker starts with SIGINT blocked, then ignores it
             proc = workerproc.start(
                 env,

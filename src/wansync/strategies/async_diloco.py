@@ -191,8 +191,9 @@ class AsyncDiLoCo(Strategy):
             p2p.LinkModel(None, 0, 0, 1),
             "the syncer",
         )
-        hello = {"kind": "hello", "learner": self.learner, "settings": self.settings, "join": join}
-        channel.send({**hello, "resume": True} if resume else hello)
+        channel.send(
+            {"kind": "hello", "learner": self.learner, "settings": self.settings, "join": join, "resume": resume}
+        )
         welcome = channel.recv(self.wait_bound_s)
         if welcome["kind"] == "refused":
             channel.close()

@@ -175,7 +175,8 @@ class SyncerService:
                 welcome["values"] = self.syncer.history[self.syncer.version]
             if joining:  # a new life of this learner: what its last one computed stays counted
                 self.past[learner] = self.past.get(learner, 0) + self.computed.pop(learner, 0)
-                self.joins += 0 if resuming else 1
+                if not resuming:
+                    self.joins += 1
                 welcome["computed"] = self.past[learner]  # its data goes on from there
                 self.done.discard(learner)
                 self.finals.discard(learner)
