@@ -8,12 +8,18 @@ import math
 import re
 from pathlib import Path
 
-from scipy import stats
-
 from wansync.analysis import report as R
 from wansync.runner import demo, experiments
 
 from test_report import fake_run
+
+
+def t_quantile(df: int) -> float:
+    """Student's t at 97.5 % (scipy, a second to import: when the test runs, not while pytest collects)."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, df))
+
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 
@@ -31,7 +37,7 @@ def page_spread(table: str = "sparse-demo", column: str = "val loss at equal wal
         if line.startswith("| ") and len(cells) == len(head) and "±" in cells[head.index(column)]:
             seeds = int(cells[head.index("seeds")].split("/")[0])
             half = float(cells[head.index(column)].split("±")[1])
-            sds.append(half * math.sqrt(seeds) / stats.t.ppf(0.975, seeds - 1))
+            sds.append(half * math.sqrt(seeds) / t_quantile(seeds - 1))
     return math.sqrt(sum(s * s for s in sds) / len(sds)), len(sds)
 
 

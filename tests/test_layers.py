@@ -9,6 +9,7 @@ initializes on the way are not edges, since a package's `__init__` only re-expor
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -50,8 +51,16 @@ def module_files() -> dict[str, Path]:
     return out
 
 
+class Trees(dict):
+    """Each module's syntax tree, parsed when a test first asks for it (not while pytest collects)."""
+
+    def __missing__(self, name: str) -> ast.Module:
+        tree = self[name] = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
+        return tree
+
+
 MODULES = module_files()
-TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+TREES = Trees()
 
 
 def _is_package(name: str) -> bool:
@@ -81,7 +90,10 @@ def imports_of(name: str) -> set[str]:
     return found
 
 
-GRAPH = {name: imports_of(name) for name in MODULES}
+@functools.cache
+def graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports."""
+    return {name: imports_of(name) for name in MODULES}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -125,16 +137,16 @@ def _in(module: str, *prefixes: str) -> bool:
 
 def edges(src: tuple[str, ...], dst: tuple[str, ...]) -> list[str]:
     """Imports from modules under `src` of modules under `dst`."""
-    return sorted(f"{a} -> {b}" for a, bs in GRAPH.items() if _in(a, *src) for b in bs if _in(b, *dst))
+    return sorted(f"{a} -> {b}" for a, bs in graph().items() if _in(a, *src) for b in bs if _in(b, *dst))
 
 
 def test_the_graph_sees_the_package():
     assert "wansync.net.backend" in MODULES and "wansync.strategies.base" in MODULES
-    assert "wansync.comm.exchange" in GRAPH["wansync.strategies.base"]
+    assert "wansync.comm.exchange" in graph()["wansync.strategies.base"]
 
 
 def test_no_module_imports_its_way_back_to_itself():
-    assert cycles(GRAPH) == []
+    assert cycles(graph()) == []
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -247,7 +259,7 @@ def test_a_module_off_the_map_is_found():
 def test_imports_point_down_the_stack():
     up = sorted(
         f"{a} -> {b}"
-        for a, bs in GRAPH.items()
+        for a, bs in graph().items()
         for b in bs
         if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) < layer_of(a)
     )

@@ -40,10 +40,10 @@ from test_sharded_workers import CASES as SHARDED_CASES, full_flat
 
 pytestmark = pytest.mark.timeout(300)
 
-# every strategy that steps the inner optimizer, in test_sharded_workers' settings (three sync periods;
+# every strategy that steps the inner optimizer, in test_sharded_workers' settings (two sync periods;
 # sparseloco dense: a top-k over another split of a tensor would choose other entries)
 STRATEGY_CASES = {
-    name: (strategy, options, min(steps * 2 // 3, 6))  # two of its three sync periods, at most 6 steps
+    name: (strategy, options, min(steps, 6))  # its two sync periods, at most 6 steps
     for name, (strategy, options, steps) in SHARDED_CASES.items()
     if "+" not in name or name == "sparseloco+dense"
 }

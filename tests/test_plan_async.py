@@ -5,6 +5,7 @@ below 1 once its rounds are too stale, and one line for what a plan cannot use."
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -26,7 +27,13 @@ from wansync.runner.localgroup import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
-TINY = of_name("tiny")
+
+@functools.cache
+def tiny() -> Any:
+    """The tiny model's sizes (its first meta model costs a second: made when a test needs it, not at collection)."""
+    return of_name("tiny")
+
+
 LOCK_STEP = {"merge_quorum": 4, "grace": math.inf, "staleness_rule": "none"}  # every learner, every merge
 
 
@@ -40,7 +47,7 @@ def plan(capsys: Any, *argv: str) -> tuple[int, str, str]:
 
 
 def async_of(options: dict[str, Any], wan: str, step_s: float = 0.05, workers: int = 4) -> Any:
-    return setting("async_diloco", options, TINY, workers, parse_wan(wan), step_s)
+    return setting("async_diloco", options, tiny(), workers, parse_wan(wan), step_s)
 
 
 def test_at_one_speed_with_a_quorum_of_all_it_is_lock_step_diloco_but_for_its_messages():
@@ -62,7 +69,7 @@ def test_at_one_speed_with_a_quorum_of_all_it_is_lock_step_diloco_but_for_its_me
     s = async_of({"sync_every": h, **LOCK_STEP}, "rtt=80ms,bw=1gbit", c)
     p = predict(s, n, finish=True)
     assert isinstance(p, AsyncPrediction) and p.whole
-    numel = TINY.sync_numel
+    numel = tiny().sync_numel
     ups = {collective_duration("send", ENVELOPE_BYTES + 4 * numel, m, topology, [j, 0]) for j in range(1, m)}
     downs = {collective_duration("send", ENVELOPE_BYTES + 4 * numel, m, topology, [0, j]) for j in range(1, m)}
     (u,), (d,) = ups, downs  # one link for every pair
@@ -73,18 +80,18 @@ def test_at_one_speed_with_a_quorum_of_all_it_is_lock_step_diloco_but_for_its_me
     assert p.result.staleness_shares() == {0: 1.0} and p.result.goodput == 1.0
     assert [x.steps for x in p.result.learners] == [n] * m
 
-    diloco = predict(setting("diloco", {"sync_every": h}, TINY, m, topology, c), n, finish=True)
+    diloco = predict(setting("diloco", {"sync_every": h}, tiny(), m, topology, c), n, finish=True)
     assert p.compute_s == diloco.compute_s == n * c
     exchange = (diloco.wall_s - n * c) / k  # D
     assert p.wall_s - diloco.wall_s == pytest.approx(k * (u - exchange) + k * (m - 1) * d + f + (m - 1) * e, rel=1e-9)
 
     lan = dict(wan="lan", step_s=0.5)  # messages of milliseconds against rounds of 5 s
     p = predict(async_of({"sync_every": h, **LOCK_STEP}, **lan), n, finish=True)
-    diloco = predict(setting("diloco", {"sync_every": h}, TINY, m, parse_wan("lan"), 0.5), n, finish=True)
+    diloco = predict(setting("diloco", {"sync_every": h}, tiny(), m, parse_wan("lan"), 0.5), n, finish=True)
     assert p.wall_s == pytest.approx(diloco.wall_s, rel=0.005)
     steady, lock_steady = (
         predict(async_of({"sync_every": h, **LOCK_STEP}, **lan)),
-        predict(setting("diloco", {"sync_every": h}, TINY, m, parse_wan("lan"), 0.5)),
+        predict(setting("diloco", {"sync_every": h}, tiny(), m, parse_wan("lan"), 0.5)),
     )
     assert not steady.whole and steady.wall_s == pytest.approx(lock_steady.wall_s, rel=0.005)
 

@@ -22,7 +22,7 @@ import pytest
 
 import netns
 from cli_harness import TINY
-from test_rendezvous_one_host import free_port
+from test_torchrun_nodes import free_port
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -30,14 +30,14 @@ from test_replicas import CASES as STRATEGY_CASES, PER_RANK_BATCH
 # the sparse exchanges chunk each rank's own shard (its rows of a tensor: other blocks than the whole
 # tensor's), so they reach DDP inside's parameters only where nothing is chosen: at density 1, unquantized
 SPARSE = ("sparseloco", "demo")
-# every strategy (three sync periods each, as in test_replicas), and the options that touch the exchange
+# every strategy (two sync periods each, as in test_replicas), and the options that touch the exchange
 CASES: dict[str, tuple[str, dict[str, Any], int]] = {
     **{name: (name, options, steps) for name, (options, steps) in STRATEGY_CASES.items() if name not in SPARSE},
-    "sparseloco+dense": ("sparseloco", {"sync_every": 2, "density": 1.0, "bits": 32}, 6),
-    "local_sgd+optimizer_state": ("local_sgd", {"sync_every": 2, "sync_optimizer_state": True}, 6),
+    "sparseloco+dense": ("sparseloco", {"sync_every": 2, "density": 1.0, "bits": 32}, 4),
+    "local_sgd+optimizer_state": ("local_sgd", {"sync_every": 2, "sync_optimizer_state": True}, 4),
     # bf16 rounds each value on its own: the same whatever the split (int8's chunks of 1024 values are cut
     # elsewhere by DDP's shards than by FSDP's, so its quantization differs at the cuts)
-    "streaming+bf16": ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1, "codec": "bf16"}, 12),
+    "streaming+bf16": ("streaming", {"sync_every": 4, "fragments": 2, "overlap": 1, "codec": "bf16"}, 8),
 }
 
 

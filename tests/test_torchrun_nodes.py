@@ -1,9 +1,16 @@
-"""Real launches: two `torchrun` processes on this host acting as two nodes (c10d rendezvous on
-127.0.0.1), each node one worker of two ranks, train exactly what the local launcher trains
-with `--workers 2 --ranks-per-worker 2`: the same final parameters, bit for bit."""
+"""Real launches: two `torchrun` agents on this host acting as two nodes, each node one worker of two
+ranks, train exactly what the local launcher trains with `--workers 2 --ranks-per-worker 2`: the same
+final parameters, bit for bit.
+
+They meet with `--rdzv-backend wansync` at a free port of 127.0.0.1, which both own: the first to bind
+it hosts the rendezvous store and the other joins it as a client (they once both tried to host: one
+agent ended in a traceback, "address already in use", the other waited for it until killed). The
+wansync CLI adopts what torchrun sets (ranks, world, the worker of each rank) the same way whatever
+the rendezvous; the namespace beds (test_hosts, test_secure_bed, test_chaos) run it across hosts."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -59,8 +66,8 @@ def final_params(run: Path, world: int) -> list[torch.Tensor]:
 
 
 def torchrun_nodes(flags: list[str], timeout: float) -> list[tuple[int, str]]:
-    """Start two torchrun agents (node ranks 0 and 1) and wait for both; every process they
-    started is killed if they outlive `timeout`."""
+    """Start two torchrun agents (the rendezvous numbers the nodes) and wait for both; every process
+    they started is killed if they outlive `timeout`."""
     port = free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     nodes = [
@@ -71,12 +78,10 @@ def torchrun_nodes(flags: list[str], timeout: float) -> list[tuple[int, str]]:
                 "torch.distributed.run",
                 "--nnodes",
                 "2",
-                "--node-rank",
-                str(n),
                 "--nproc-per-node",
                 str(R),
                 "--rdzv-backend",
-                "c10d",
+                "wansync",
                 "--rdzv-endpoint",
                 f"127.0.0.1:{port}",
                 "--rdzv-id",
@@ -91,7 +96,7 @@ def torchrun_nodes(flags: list[str], timeout: float) -> list[tuple[int, str]]:
             text=True,
             start_new_session=True,
         )
-        for n in range(2)
+        for _ in range(2)
     ]
     try:
         return [(p.wait(timeout=timeout), p.stdout.read()) for p in nodes]
@@ -118,7 +123,10 @@ def test_two_torchrun_nodes_train_what_the_local_launcher_trains_bit_for_bit(loc
     results = torchrun_nodes(train_flags(corpus, tmp_path / "nodes"), timeout=240)
     for code, output in results:
         assert code == 0, output[-3000:]
-    assert any("wansync: under torchrun: rank 0 of 4" in out for _, out in results)
+        assert "Traceback" not in output, output[-3000:]
+    assert sum("wansync: under torchrun: rank 0 of 4" in out for _, out in results) == 1
+    summary = json.loads((tmp_path / "nodes" / "summary.json").read_text())
+    assert (summary["workers"], summary["steps"], summary["sync_events"]) == (2, 6, 2), summary
     ours, theirs = final_params(local, 4), final_params(tmp_path / "nodes", 4)
     for a, b in zip(ours, theirs):
         assert torch.equal(a, b)

@@ -124,7 +124,9 @@ class Launch:
         self.sock.listen(512)  # workers may connect before the store serves: the kernel queues them
         self.port = self.sock.getsockname()[1]
         self.fork = workerproc.can_fork()
-        if not self.fork:
+        if self.fork:
+            workerproc.warm(self.cfg)
+        else:
             self.store = _serve_store(self.sock, self.cfg.peer_timeout)
 
     def worker_env(self, rank: int, restarted: bool = False) -> dict[str, str]:

@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 
 from ..rundir import files
 from ..rundir.layout import LOGS_DIR
@@ -107,6 +107,25 @@ def start(env: dict[str, str], *, fork: bool, close: Sequence[int] = (), zygote:
     if pid:
         return ForkedWorker(pid)
     _become_worker(env, close)
+
+
+def warm(cfg: Any) -> None:
+    """Before the launcher forks its workers, what each of them would otherwise do for itself in its
+    first second, done once here and inherited: the worker's modules (the trainer, the workloads, the
+    strategies), the checkpoint module a sharded worker saves with, torchft for a fault-tolerant one,
+    and the bundled corpus stripped of its Markdown (5 MB, ~0.15 s a process). Nothing here starts a
+    thread (`can_fork` holds after it)."""
+    from . import worker  # noqa: F401 - and through it trainer.loop, the workloads and strategies
+    from ..workloads.lm.corpus import BUNDLED, shakespeare_documents
+
+    if cfg.inside == "fsdp":
+        import torch.distributed.checkpoint  # noqa: F401
+    if cfg.fault_tolerant:
+        from ..ft.quorum import require_torchft
+
+        require_torchft()
+    if cfg.data == BUNDLED:
+        shakespeare_documents()
 
 
 def _before_fork() -> None:

@@ -62,6 +62,10 @@ LR_RULE = "match_rms_adamw"  # Moonlight's: lr x 0.2 x sqrt(max(A, B)) (see the 
 MUON_MOMENTUM = 0.95
 ADAMW_BETAS = (0.9, 0.95)  # `--optimizer adamw`'s too
 ADAMW_EPS = 1e-8  # torch's default
+# torch steps a CPU model's parameters one at a time by default and a GPU's with its foreach kernels; on the
+# CPU those give the same bits (tests/test_optim_foreach.py) in less time, more so on FSDP2's DTensors (a
+# dispatch per list, not per parameter): the inner optimizers wansync builds take them on either
+FOREACH = True
 # the hyperparameters of a Muon param group, as torch.optim.Muon's constructor takes them
 MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn")
 
@@ -146,7 +150,9 @@ class MuonAdamW(torch.optim.Optimizer):
         # torch refuses an optimizer of no parameters: each part exists only when it has some
         self._muon = torch.optim.Muon(whole, **muon) if whole else None
         self._adamw = (
-            torch.optim.AdamW(others, lr=lr, weight_decay=weight_decay, betas=betas, eps=adamw_eps) if others else None
+            torch.optim.AdamW(others, lr=lr, weight_decay=weight_decay, betas=betas, eps=adamw_eps, foreach=FOREACH)
+            if others
+            else None
         )
         # the sharded matrices' group, made (and checked: 2-D, valid values) by torch's Muon, stepped here
         self._sharded: list[dict[str, Any]] = torch.optim.Muon(sharded, **muon).param_groups if sharded else []

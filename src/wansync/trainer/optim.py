@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .muon import ADAMW_BETAS, muon_adamw
+from .muon import ADAMW_BETAS, FOREACH, muon_adamw
 
 
 def build_optimizer(cfg: Any, model: nn.Module) -> torch.optim.Optimizer:
@@ -23,12 +23,12 @@ def build_optimizer(cfg: Any, model: nn.Module) -> torch.optim.Optimizer:
     if not params:
         raise ConfigError(f"--model {cfg.model}: the model has no parameter that requires grad: nothing to train")
     if not strategy_class(cfg.strategy).steps_optimizer:
-        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=FOREACH)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, foreach=FOREACH)
     if cfg.optimizer == "muon":
         return muon_adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=ADAMW_BETAS)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=ADAMW_BETAS, foreach=FOREACH)
 
 
 LINEAR_SCALING_BASE_BATCH = 256
