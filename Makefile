@@ -45,9 +45,11 @@ demo: $(STAMP) $(DATA_STAMP)
 
 # Byte-compiled first, and with bytecode written (a PYTHONDONTWRITEBYTECODE of the environment would have every
 # process the suite starts compile wansync again, and each pytest worker rewrite every test file's asserts).
-test: $(STAMP) $(DATA_STAMP)         # two pytest workers, one test file each at a time (pytest-xdist)
+# Three workers on two cores: the suite is CPU-bound, but a third of its files mostly wait (timeouts, stopped
+# peers); with two workers the cores were 87 % busy, with three 98 % (tests/conftest.py pairs them).
+test: $(STAMP) $(DATA_STAMP)         # three pytest workers, one test file each at a time (pytest-xdist)
 	$(PY) -m compileall -q -j 0 src tests > /dev/null
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 
 # The suite on the newest torch release, pyproject.toml's ceiling, in a venv of its own so that .venv keeps the pin.
 # PyPI's build of it carries CUDA (several GB, downloaded once); the suite runs on its CPU path.

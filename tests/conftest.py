@@ -1,13 +1,13 @@
-"""The test process runs torch on one thread: two pytest workers (make test: -n 2) share few cores
+"""The test process runs torch on one thread: three pytest workers (make test: -n 3) share few cores
 with the ranks and workers the tests start.
 
-`make test` hands whole files to its two workers (`--dist loadfile`) in collection order
+`make test` hands whole files to its three workers (`--dist loadfile`) in collection order
 (`--no-loadscope-reorder`: xdist would otherwise order files by their number of tests, which put
 the few slow tests of the multi-host and torchrun files last, one worker finishing them alone).
 The order here is the longest first, so the last files to run are short ones and both workers
-finish together: seconds of work per file (`make test`'s two workers, 2026-12-06, 2 cores, each
-file's tests from start to end), the files not named after them in their usual order. And a worker
-that is free takes a file of the other kind than the one the other worker runs (`WAITING`, below)."""
+finish together: seconds of work per file (two workers, 2026-12-06, 2 cores, each file's tests from
+start to end), the files not named after them in their usual order. And a worker that is free takes
+a file that waits only when no other worker runs one (`WAITING`, below)."""
 
 import torch
 
@@ -94,10 +94,10 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, pairing a file that waits with one that computes: a worker that takes its next
-    file takes the longest left of the other kind than the file the other worker runs, where one is left.
-    Two files that wait side by side leave the cores idle (the suite's cores were 13 % idle in its
-    first minutes, when the longest files of both kinds ran in collection order)."""
+    """`--dist loadfile`, a file that waits beside files that compute: a worker that takes its next file
+    takes the longest left that waits when no other worker runs one, else the longest left that
+    computes. Files that wait side by side leave the cores idle (13 % of the suite's core-seconds in
+    collection order with two workers); one of them beside the others fills them."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -107,18 +107,15 @@ def pytest_xdist_make_scheduler(config, log):
 
     class Paired(LoadFileScheduling):
         def _assign_work_unit(self, node):
-            running = [
-                scope
+            newest = [  # each other worker's newest file with tests left
+                [scope for scope, tests in units.items() if not all(tests.values())][-1:]
                 for other, units in self.assigned_work.items()
                 if other is not node
-                for scope, tests in units.items()
-                if not all(tests.values())
             ]
-            if running:  # the other worker's newest file; the queue is longest first within each kind
-                want = not waits(running[-1])
-                pick = next((scope for scope in self.workqueue if waits(scope) == want), None)
-                if pick is not None:
-                    self.workqueue.move_to_end(pick, last=False)
+            want = not any(waits(scope) for scopes in newest for scope in scopes)
+            pick = next((scope for scope in self.workqueue if waits(scope) == want), None)
+            if pick is not None:  # the queue is longest first within each kind
+                self.workqueue.move_to_end(pick, last=False)
             super()._assign_work_unit(node)
 
     return Paired(config, log)

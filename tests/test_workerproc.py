@@ -124,6 +124,48 @@ def test_a_launcher_forks_only_without_other_threads_and_before_an_openmp_team()
         thread.join()
 
 
+def _warmed(data: str, fault_tolerant: bool, inside: str, out) -> None:
+    """In a process forked from the ranks' forkserver (nothing warmed yet): what `warm` left behind."""
+    from wansync.config import Config
+    from wansync.runner.workerproc import can_fork, warm
+    from wansync.workloads.lm.corpus import shakespeare_documents
+
+    before = "torchft" in sys.modules or "torch.distributed.checkpoint" in sys.modules
+    cfg = Config(data=data, fault_tolerant=fault_tolerant, inside=inside, ranks_per_worker=2 if inside == "fsdp" else 1)
+    warm(cfg)
+    out.put(
+        {
+            "before": before,
+            "corpus": shakespeare_documents.cache_info().currsize,
+            "torchft": "torchft" in sys.modules,
+            "checkpoint": "torch.distributed.checkpoint" in sys.modules,
+            "can_fork": can_fork(),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "data, fault_tolerant, inside, expected",
+    [
+        ("shakespeare", True, "fsdp", {"corpus": 1, "torchft": True, "checkpoint": True}),
+        ("corpus.txt", False, "ddp", {"corpus": 0, "torchft": False, "checkpoint": False}),
+    ],
+)
+def test_the_launcher_warms_what_its_forked_workers_need_and_no_more(data, fault_tolerant, inside, expected):
+    """Before it forks, the launcher imports what its workers would each import first (the checkpoint
+    module of a sharded worker, torchft of a fault-tolerant one) and strips the bundled corpus once;
+    it starts no thread, so it may still fork."""
+    from wansync.runner.localgroup import rank_context
+
+    ctx = rank_context()
+    out = ctx.Queue()
+    p = ctx.Process(target=_warmed, args=(data, fault_tolerant, inside, out))
+    p.start()
+    seen = out.get(timeout=120)
+    p.join(timeout=30)
+    assert seen == {"before": False, **expected, "can_fork": True}, seen
+
+
 def _from_a_zygote(out: str) -> None:
     """In a clean process: two workers from a Zygote, given a config that cannot be read; what
     this process (the launcher) sees of them, into `out` (their stderr is this process's)."""
