@@ -508,3 +508,26 @@ def test_sleep_until_never_returns_before_its_end():
         end = time.perf_counter() + ahead
         sleep_until(end)
         assert time.perf_counter() >= end
+
+
+def _threads_around_a_destroyed_group(rank: int, world: int) -> tuple[int, int, int]:
+    """This process's threads before an emulated group, with it, and once it is destroyed."""
+    import torch
+    import torch.distributed as dist
+
+    from wansync import net
+
+    threads = lambda: len(os.listdir("/proc/self/task"))  # noqa: E731
+    before = threads()
+    group = dist.new_group(backend=net.install(), pg_options=net.Emulator(net.parse_wan("lan"), seed=0))
+    dist.all_reduce(torch.ones(1000), group=group)
+    during = threads()
+    dist.destroy_process_group(group)  # the group object stays referenced here, as a strategy keeps it
+    return before, during, threads()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_destroying_an_emulated_group_ends_its_gloo_threads_then_not_at_the_interpreters_exit():
+    """Left to the interpreter's exit, a gloo thread that still held a tensor aborted a rank (SIGABRT)."""
+    for before, during, after in forked(_threads_around_a_destroyed_group, 2):
+        assert during > before and after == before, (before, during, after)

@@ -139,6 +139,28 @@ class EmulatedProcessGroup(dist.ProcessGroup):
 
     # -- plumbing ---------------------------------------------------------------------------------
 
+    def shutdown(self) -> None:
+        """`destroy_process_group`'s call: the group's own gloo (and NCCL) backend ends here, its threads
+        joined (`_release`). torch's base class knows nothing of them, and left to the interpreter's exit a
+        gloo thread that still held a tensor aborted the process (SIGABRT, "terminate called without an
+        active exception"): twice in the suite's runs on a loaded machine."""
+        self._gloo.shutdown()
+        if self._nccl is not None:
+            self._nccl.shutdown()
+        self._release()
+
+    def abort(self) -> None:
+        """`_abort_process_group`'s call: as `shutdown`, without waiting for what is in flight."""
+        self._gloo.abort()
+        if self._nccl is not None:
+            self._nccl.abort()
+        self._release()
+
+    def _release(self) -> None:
+        """Drop the backends: their destructors join their threads now, while the interpreter is whole
+        (torch's `shutdown` alone leaves them running). The group is not used after it is destroyed."""
+        self._gloo = self._nccl = None
+
     @property
     def group_name(self) -> str:
         """torch keeps a group's name on its backends, and a Python group has none of its own: the
