@@ -141,24 +141,22 @@ class EmulatedProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """`destroy_process_group`'s call: the group's own gloo (and NCCL) backend ends here, its threads
-        joined (`_release`). torch's base class knows nothing of them, and left to the interpreter's exit a
+        joined (`_end`). torch's base class knows nothing of them, and left to the interpreter's exit a
         gloo thread that still held a tensor aborted the process (SIGABRT, "terminate called without an
         active exception"): twice in the suite's runs on a loaded machine."""
-        self._gloo.shutdown()
-        if self._nccl is not None:
-            self._nccl.shutdown()
-        self._release()
+        self._end("shutdown")
 
     def abort(self) -> None:
         """`_abort_process_group`'s call: as `shutdown`, without waiting for what is in flight."""
-        self._gloo.abort()
-        if self._nccl is not None:
-            self._nccl.abort()
-        self._release()
+        self._end("abort")
 
-    def _release(self) -> None:
-        """Drop the backends: their destructors join their threads now, while the interpreter is whole
-        (torch's `shutdown` alone leaves them running). The group is not used after it is destroyed."""
+    def _end(self, how: str) -> None:
+        """`how` ("shutdown" or "abort") each backend, then drop them: their destructors join their threads
+        now, while the interpreter is whole (torch's `shutdown` alone leaves them running). The group is
+        not used after it is destroyed."""
+        for backend in (self._gloo, self._nccl):
+            if backend is not None:
+                getattr(backend, how)()
         self._gloo = self._nccl = None
 
     @property
