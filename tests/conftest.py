@@ -1,7 +1,7 @@
-"""The test process runs torch on one thread: three pytest workers (make test: -n 3) share few cores
+"""The test process runs torch on one thread: two pytest workers (make test: -n 2) share few cores
 with the ranks and workers the tests start.
 
-`make test` hands whole files to its three workers (`--dist loadfile`) in collection order
+`make test` hands whole files to its two workers (`--dist loadfile`) in collection order
 (`--no-loadscope-reorder`: xdist would otherwise order files by their number of tests, which put
 the few slow tests of the multi-host and torchrun files last, one worker finishing them alone).
 The order here is the longest first, so the last files to run are short ones and both workers
