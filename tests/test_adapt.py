@@ -56,7 +56,8 @@ def test_the_estimate_finds_the_link_its_samples_ran_on(topology, rtt, bw):
     large = ("allreduce", 4e6, (0, 1, 2, 3)) if topology.sites == 4 else LARGE
     est = estimate_link(samples(Link(rtt, bw), [SMALL, large, ("barrier", 0, (0, 1, 2, 3))], 30, topology), topology)
     assert est.rtt_s == pytest.approx(rtt, rel=0.01)
-    assert est.bandwidth_bps == pytest.approx(bw, rel=0.01)
+    # the RTT is the fastest small sample's, so the large ones' (median) noise of up to 0.5 % is the bytes'
+    assert est.bandwidth_bps == pytest.approx(bw, rel=0.015)
     assert est.samples == 30
 
 
@@ -66,6 +67,18 @@ def test_one_slow_sample_moves_neither_the_rtt_nor_the_bandwidth():
         got[i] = LinkSample(**{**got[i].__dict__, "seconds": 5 * got[i].seconds})
     est = estimate_link(got, WORLD, newest=3)
     assert est.rtt_s == pytest.approx(0.2, rel=0.01)
+    assert est.bandwidth_bps == pytest.approx(200e6, rel=0.01)
+
+
+def test_small_collectives_slowed_by_a_busy_machine_leave_the_rtt_and_the_bandwidth_as_they_are():
+    # beside busy loops most small collectives wait for a peer to be scheduled (2-4x their time); the
+    # large ones barely notice. A median of the small ones put the RTT past what explains the large ones,
+    # and the bandwidth solved beside it came out without bound
+    got = samples(Link(0.05, 200e6), [SMALL, LARGE], 20, noise=0.0)
+    slow = iter([2.5, 3.0, 1.0, 2.0, 4.0] * 2)
+    got = [LinkSample(**{**s.__dict__, "seconds": s.seconds * next(slow)}) if s.nbytes == 32 else s for s in got]
+    est = estimate_link(got, WORLD, newest=3)
+    assert est.rtt_s == pytest.approx(0.05, rel=0.01)
     assert est.bandwidth_bps == pytest.approx(200e6, rel=0.01)
 
 
@@ -389,6 +402,8 @@ def test_the_controller_compresses_through_a_drop_and_goes_back_when_the_link_re
     path = tmp_path / "drop.toml"
     path.write_text(DROP.format(bw="400mbit", schedule=SCHEDULE))
     run = tmp_path / "run"
+    # 200 steps (~9.5 s idle) run ~4 s past the recovery: taking back waits for two exchanges to confirm
+    # it and two settled rounds (1.1-1.6 s idle); 150 steps left a loaded CI run without it
     r = wansync(
         "train",
         "--strategy",
@@ -398,7 +413,7 @@ def test_the_controller_compresses_through_a_drop_and_goes_back_when_the_link_re
         "--workers",
         "2",
         "--steps",
-        "150",
+        "200",
         "--wan",
         str(path),
         "--adapt",

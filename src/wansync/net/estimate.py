@@ -10,11 +10,16 @@ have taken on it, and the estimate is the link under which the samples take the 
 * the **bandwidth** solves `duration(sample, rtt, bw) = seconds` for each of the newest samples
   that move many bytes, and takes their median;
 * the **RTT** solves the same for the small collectives (where latency is most of the time: the
-  evaluation's means, a controller's agreement), given that bandwidth, and takes their median.
+  evaluation's means, a controller's agreement), given that bandwidth: one solve per kind of small
+  collective on the fastest of its newest `RTT_WINDOW` times, and the median over the kinds.
 
 Which samples are small is decided by the collective, not its measured time (the ratio of its
 bytes to its latency on the model), so one slow sample stays in its class and a median of three
-ignores it. Without small collectives the RTT is not known (None) and the bandwidth is solved at
+ignores it. A small collective's time is mostly waiting for its peers to be scheduled, so a busy
+machine only ever adds to it (the emulator never completes a transfer before its modelled end): the
+fastest recent one is the link's, where a median of them measured 2x the RTT beside two busy loops,
+and the bandwidth solved beside that RTT came out without bound (the latency alone explained the
+large samples). Without small collectives the RTT is not known (None) and the bandwidth is solved at
 the topology's own RTT; a collective that crosses no link between sites (inside a site, inside a
 worker) says nothing of it and is left out.
 """
@@ -34,6 +39,7 @@ from wansync.net.topology import Topology
 __all__ = ["LinkEstimate", "LinkSample", "estimate_link", "on_link"]
 
 SPAN = 100  # sizes (bytes per latency) this far apart tell latency and bandwidth apart
+RTT_WINDOW = 5  # the newest times of a kind of small collective whose fastest tells the RTT
 _BW = (1e3, 1e13)  # the bandwidths searched (bit/s)
 _RTT = (0.0, 30.0)  # the round trips searched (s)
 _FAST = 1e15  # a rate at which bytes take no time
@@ -148,12 +154,13 @@ def split_by_size(
     return [s for s in samples if ratio[id(s)] < cut], [s for s in samples if ratio[id(s)] >= cut]
 
 
-def _class_medians(samples: Sequence[LinkSample]) -> list[LinkSample]:
-    """One sample per kind of collective (op, bytes, group), with the median of their times."""
+def _class_fastest(samples: Sequence[LinkSample]) -> list[LinkSample]:
+    """One sample per kind of collective (op, bytes, group): the fastest of its newest `RTT_WINDOW`
+    (`samples` in the order they started)."""
     kinds: dict[tuple, list[LinkSample]] = {}
     for s in samples:
         kinds.setdefault((s.op, s.nbytes, s.members, s.world, s.parallel), []).append(s)
-    return [replace(group[-1], seconds=statistics.median(s.seconds for s in group)) for group in kinds.values()]
+    return [min(group[-RTT_WINDOW:], key=lambda s: s.seconds) for group in kinds.values()]
 
 
 def estimate_link(
@@ -178,7 +185,7 @@ def estimate_link(
             shape[id(s)] = crossing
             usable.append(s)
     small, large = split_by_size(usable, shape)
-    small = _class_medians(small)  # the RTT: one solve per kind of small collective
+    small = _class_fastest(small)  # the RTT: one solve per kind of small collective
     large = [s for s in large if shape[id(s)][1] > 0]
     rtt = rtt_s if rtt_s is not None else wan_link(topology).rtt_s
     bw = None

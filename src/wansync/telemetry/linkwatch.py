@@ -3,7 +3,7 @@ carried, on any of the run's groups, once it has completed, is a sample of `net.
 on the link: from its start, after what was queued before it, to its end).
 
 Two estimates: the run's (every sample: `summary.json`'s `link_estimate`) and the current one (the
-RTT from every small collective, the bandwidth from the newest `NEWEST` large ones: what the
+RTT from the fastest recent small collectives, the bandwidth from the newest `NEWEST` large ones: what the
 per-step timeline and `--adapt` read; a median of three, so one slow sample moves neither). On real
 links the records come from a link model that adds nothing measurable (`--wan lan`: each collective
 then completes when the real one does); without the emulator nothing is recorded and nothing is
