@@ -490,11 +490,61 @@ def _dead_peer(rank: int, world: int, port: int) -> dict:
     return {"raised": raised, "seconds": time.perf_counter() - t0}
 
 
+def _exit_while_completing(rank: int, world: int, port: int) -> dict:
+    """Collectives waited for, then the interpreter's own exit, while each thread that completed one is
+    held 0.1 s after it released the caller (as a loaded machine may hold it): the completer thread
+    (a transfer of ~8 ms) and gloo's own thread (a short one's Future, as DDP's comm hooks take it).
+    Returns what c10d Works each such thread still held when it released the caller."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from wansync import net
+    from wansync.net import emulator
+
+    held: list[str] = []
+    threads: set[str] = set()
+
+    def works_in(value, depth: int = 0) -> bool:
+        if isinstance(value, dist.Work):
+            return True
+        inner = list(value) if isinstance(value, (list, tuple)) else list(getattr(value, "__dict__", {}).values())
+        return depth < 2 and any(works_in(v, depth + 1) for v in inner)
+
+    def linger(complete):
+        def completed(fut, *args):
+            if threading.current_thread() is threading.main_thread():
+                return complete(fut, *args)
+            threads.add("completer" if threading.current_thread().name == "wansync-link" else "gloo")
+            frame = sys._getframe(1)
+            while frame is not None:
+                held.extend(f"{frame.f_code.co_name}: {k}" for k, v in frame.f_locals.items() if works_in(v))
+                frame = frame.f_back
+            complete(fut, *args)
+            time.sleep(0.1)
+
+        return completed
+
+    Future = emulator.Future
+    Future.set_result, Future.set_exception = linger(Future.set_result), linger(Future.set_exception)
+    _init(rank, world, port, net.parse_wan("rtt=4ms,bw=1gbit"))
+    global _SLOW_TO_COLLECT  # the interpreter's exit collects it: the held threads return while it does
+    _SLOW_TO_COLLECT = [[[i]] for i in range(2_000_000)]
+    dist.all_reduce(torch.ones(1 << 18))  # modelled ~6 ms: through the completer
+    lan = dist.new_group(backend=net.install(), pg_options=net.Emulator(net.parse_wan("lan"), seed=0))
+    if rank == 1:  # rank 0's Future is then completed by gloo's thread, not inline where it is asked for
+        time.sleep(0.3)
+    dist.all_reduce(torch.ones(1), group=lan, async_op=True).get_future().wait()  # short: gloo's callback
+    return {"held": held, "threads": sorted(threads)}
+
+
 if __name__ == "__main__":
     scenario, rank, world, port, outdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    result = {"dead_peer": _dead_peer}[scenario](rank, world, port)
+    result = {"dead_peer": _dead_peer, "exit_while_completing": _exit_while_completing}[scenario](rank, world, port)
     Path(outdir, f"{scenario}.{rank}.json").write_text(json.dumps(result))
-    os._exit(0)  # skip interpreter teardown of gloo threads; the JSON is the result
+    if scenario != "exit_while_completing":  # that one's exit is what it tests
+        os._exit(0)  # skip interpreter teardown of gloo threads; the JSON is the result
 
 
 def test_sleep_until_never_returns_before_its_end():
@@ -524,6 +574,18 @@ def _threads_around_a_destroyed_group(rank: int, world: int) -> tuple[int, int, 
     during = threads()
     dist.destroy_process_group(group)  # the group object stays referenced here, as a strategy keeps it
     return before, during, threads()
+
+
+def test_a_rank_exits_cleanly_while_the_thread_that_completed_its_last_collective_is_still_returning(tmp_path):
+    """A thread that completed a collective, still returning when the caller reaches the interpreter's exit,
+    must not touch a c10d object whose destructor takes the GIL back: during finalization that thread is
+    ended by a forced unwind, which C++ turns into std::terminate (SIGABRT, "terminate called without an
+    active exception": a rank of the HF Trainer's checks under torchrun, on a loaded machine)."""
+    first, second = run_ranks("exit_while_completing", tmp_path, timeout=60)
+    assert first == {"held": [], "threads": ["completer", "gloo"]}  # each let its Works go before the caller
+    assert second["held"] == [] and "completer" in second["threads"]
+    for rank in range(WORLD):
+        assert "terminate called" not in (tmp_path / f"exit_while_completing.{rank}.log").read_text()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")

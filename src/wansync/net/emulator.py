@@ -12,9 +12,12 @@ straggler *and* the transfer, and every member completes at the same modelled ti
 
 from __future__ import annotations
 
+import atexit
+import math
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -63,8 +66,9 @@ class Arrival:
         self.work, self.clock, self.offset = work, clock, offset
 
     def start(self) -> float:
-        """The latest member's start, on this process's perf_counter clock."""
-        self.work.wait()
+        """The latest member's start, on this process's perf_counter clock (the Work ends here)."""
+        work, self.work = self.work, None
+        work.wait()
         return float(self.clock[0]) - self.offset
 
 
@@ -102,6 +106,61 @@ def complete_short(rec: CollectiveRecord, wait_real: Any) -> None:
     rec.end = time.perf_counter()
 
 
+# A thread that completes a caller's Future is still on its way out of Python afterwards, while the caller
+# may already be at the interpreter's exit. A thread that takes the GIL once the interpreter finalizes is
+# ended by a forced unwind, and a C++ destructor on its way turns that into std::terminate (SIGABRT,
+# "terminate called without an active exception", seen at a rank's exit on a loaded machine): a c10d Work's
+# (it lets the GIL go while it ends, then takes it back) and torch's guard of a Python callback (it takes
+# the GIL from gloo's thread once the callback returned). So a job lets go of its Works before it completes
+# the caller's Future, and the exit waits for gloo's threads that ran one of our callbacks to be out of it,
+# and EXIT_GRACE_S more for the guard's destructor (`_callbacks_out`).
+EXIT_GRACE_S = 0.2
+_callbacks = {"running": 0, "ended": -math.inf}
+_callbacks_lock = threading.Lock()
+
+
+def _callbacks_out(bound_s: float = 2.0) -> None:
+    """At the interpreter's exit (atexit: before it finalizes): no callback of ours running in gloo's threads
+    and none ended in the last EXIT_GRACE_S, or `bound_s` passed."""
+    deadline = time.perf_counter() + bound_s
+    while time.perf_counter() < deadline:
+        with _callbacks_lock:
+            idle = _callbacks["running"] == 0 and time.perf_counter() - _callbacks["ended"] >= EXIT_GRACE_S
+        if idle:
+            return
+        time.sleep(0.005)
+
+
+atexit.register(_callbacks_out)
+
+
+def _count_callback(delta: int) -> None:
+    with _callbacks_lock:
+        _callbacks["running"] += delta
+        if delta < 0:
+            _callbacks["ended"] = time.perf_counter()
+
+
+def _wait_real(works: list[Any], cuda: bool) -> None:
+    """Wait for each real work, emptying `works`: the Works end in this frame (see EXIT_GRACE_S)."""
+    while works:
+        w = works.pop(0)
+        if cuda:  # NCCL's wait() only orders streams; poll for the host-side truth
+            while not w.is_completed():
+                time.sleep(2e-4)
+            if w.exception() is not None:
+                raise w.exception()
+        else:
+            w.wait()
+
+
+def _released(exc: BaseException) -> BaseException:
+    """`exc` with its traceback's frames cleared of their locals (a Work among them), before it reaches
+    the caller's thread."""
+    traceback.clear_frames(exc.__traceback__)
+    return exc
+
+
 class _Job:
     """Wait for the real collective, then until the modelled end; complete the caller's Future."""
 
@@ -125,32 +184,31 @@ class _Job:
         at max(real end, modelled end), without the completer thread."""
 
         def done(real: Future) -> None:
+            _count_callback(+1)
             try:
-                complete_short(self.rec, real.value)
-            except Exception as exc:  # a dead peer: the caller must see it, not hang
-                self.fut.set_exception(exc)
-                return
-            self.fut.set_result(self.value)
+                try:
+                    complete_short(self.rec, real.value)
+                except Exception as exc:  # a dead peer: the caller must see it, not hang
+                    self.fut.set_exception(_released(exc))
+                    return
+                self.fut.set_result(self.value)
+            finally:
+                _count_callback(-1)
 
         work.get_future().then(done)
+        self.works = []  # the issuing thread lets go of the Work (see EXIT_GRACE_S)
 
     def run(self, link_end: float) -> float:
         """Complete the Future; `link_end` is when the transfer before it really ended on this
         rank's link (later than reserved if that one waited for a member). Returns this one's end."""
         rec = self.rec
+        arrival, self.arrival = self.arrival, None
         try:
-            for w in self.works:
-                if self.cuda:  # NCCL's wait() only orders streams; poll for the host-side truth
-                    while not w.is_completed():
-                        time.sleep(2e-4)
-                    if w.exception() is not None:
-                        raise w.exception()
-                else:
-                    w.wait()
+            _wait_real(self.works, self.cuda)
             rec.real_end = time.perf_counter()
             start = max(rec.start, link_end)
-            if self.arrival is not None:
-                rec.ready = self.arrival.start()
+            if arrival is not None:
+                rec.ready = arrival.start()
                 start = max(start, rec.ready)
             modelled = self.varies(start) if self.varies is not None else rec.modelled_s  # links that change:
             if start > rec.start or modelled != rec.modelled_s:  # at the agreed start
@@ -166,7 +224,8 @@ class _Job:
         except Exception as exc:  # a dead peer, a timeout: the caller must see it, not hang
             rec.error = describe(exc)
             rec.end = time.perf_counter()
-            self.fut.set_exception(exc)
+            self.works.clear()
+            self.fut.set_exception(_released(exc))
             return rec.modelled_end
         rec.end = time.perf_counter()
         self.fut.set_result(self.value)
