@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -113,32 +114,43 @@ def complete_short(rec: CollectiveRecord, wait_real: Any) -> None:
 # (it lets the GIL go while it ends, then takes it back) and torch's guard of a Python callback (it takes
 # the GIL from gloo's thread once the callback returned). So a job lets go of its Works before it completes
 # the caller's Future, and the exit waits for gloo's threads that ran one of our callbacks to be out of it,
-# and EXIT_GRACE_S more for the guard's destructor (`_callbacks_out`).
+# and EXIT_GRACE_S more for the guard's destructor (`_Callbacks`).
 EXIT_GRACE_S = 0.2
-_callbacks = {"running": 0, "ended": -math.inf}
-_callbacks_lock = threading.Lock()
 
 
-def _callbacks_out(bound_s: float = 2.0) -> None:
-    """At the interpreter's exit (atexit: before it finalizes): no callback of ours running in gloo's threads
-    and none ended in the last EXIT_GRACE_S, or `bound_s` passed."""
-    deadline = time.perf_counter() + bound_s
-    while time.perf_counter() < deadline:
-        with _callbacks_lock:
-            idle = _callbacks["running"] == 0 and time.perf_counter() - _callbacks["ended"] >= EXIT_GRACE_S
-        if idle:
-            return
-        time.sleep(0.005)
+class _Callbacks:
+    """An emulator's callbacks running in gloo's threads: how many, and when the last one ended; at the
+    interpreter's exit (atexit: before it finalizes) `out` waits for them (EXIT_GRACE_S)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._ended = -math.inf
+        atexit.register(_out_at_exit, weakref.ref(self))
+
+    def enter(self) -> None:
+        with self._lock:
+            self._running += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._running -= 1
+            self._ended = time.perf_counter()
+
+    def out(self, bound_s: float = 2.0) -> None:
+        """Return once none runs and none ended in the last EXIT_GRACE_S, or after `bound_s`."""
+        deadline = time.perf_counter() + bound_s
+        while time.perf_counter() < deadline:
+            with self._lock:
+                if self._running == 0 and time.perf_counter() - self._ended >= EXIT_GRACE_S:
+                    return
+            time.sleep(0.005)
 
 
-atexit.register(_callbacks_out)
-
-
-def _count_callback(delta: int) -> None:
-    with _callbacks_lock:
-        _callbacks["running"] += delta
-        if delta < 0:
-            _callbacks["ended"] = time.perf_counter()
+def _out_at_exit(callbacks: weakref.ref) -> None:
+    alive = callbacks()
+    if alive is not None:
+        alive.out()
 
 
 def _wait_real(works: list[Any], cuda: bool) -> None:
@@ -174,17 +186,19 @@ class _Job:
         timeout: float | None,
         link: _Link,
         arrival: Arrival | None,
+        callbacks: _Callbacks,
         varies: Callable[[float], float] | None = None,
     ):
         self.works, self.rec, self.fut, self.value, self.cuda = works, rec, fut, value, cuda
         self.timeout, self.link, self.arrival, self.varies = timeout, link, arrival, varies
+        self.callbacks = callbacks
 
     def run_on_completion(self, work: Any) -> None:
         """A short transfer on an idle link: complete the Future from the real work's own callback,
         at max(real end, modelled end), without the completer thread."""
 
         def done(real: Future) -> None:
-            _count_callback(+1)
+            self.callbacks.enter()
             try:
                 try:
                     complete_short(self.rec, real.value)
@@ -193,7 +207,7 @@ class _Job:
                     return
                 self.fut.set_result(self.value)
             finally:
-                _count_callback(-1)
+                self.callbacks.leave()
 
         work.get_future().then(done)
         self.works = []  # the issuing thread lets go of the Work (see EXIT_GRACE_S)
@@ -281,6 +295,7 @@ class Emulator:
         self.timeout = timeout
         self._link = _Link()
         self._completer = _Completer()
+        self._callbacks = _Callbacks()
         self._log = RecordLog()
         # perf_counter + this is the wall clock: the clock ranks on different hosts share (to NTP's accuracy)
         self.clock_offset = time.time() - time.perf_counter()
@@ -318,7 +333,7 @@ class Emulator:
         ``varies`` (links that change over the run) gives its duration for the start it gets. A
         short one on an idle link completes from the real work's callback (SHORT_S)."""
         self._log.add(rec)
-        job = _Job(works, rec, fut, value, cuda, self.timeout, self._link, arrival, varies)
+        job = _Job(works, rec, fut, value, cuda, self.timeout, self._link, arrival, self._callbacks, varies)
         if self.short(works, rec, cuda, arrival):
             job.run_on_completion(works[0])
         else:
@@ -340,7 +355,7 @@ class Emulator:
 
     def complete_from_callback(self, work: Any, rec: CollectiveRecord, fut: Future, value: Any) -> None:
         """Complete `fut` with `value` from the real `work`'s callback, at max(real end, modelled end)."""
-        _Job([work], rec, fut, value, False, self.timeout, self._link, None).run_on_completion(work)
+        _Job([work], rec, fut, value, False, self.timeout, self._link, None, self._callbacks).run_on_completion(work)
 
     # ---- records ----------------------------------------------------------------------------
     def records(self) -> list[CollectiveRecord]:
