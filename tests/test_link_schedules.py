@@ -11,6 +11,9 @@ import time
 import pytest
 
 from cli_harness import TINY, wansync
+from wansync.net import Link, parse_wan
+from wansync.net.cost import collective_duration
+from wansync.net.estimate import on_link
 from wansync.runner.localgroup import run_ranks
 
 pytestmark = pytest.mark.timeout(240)
@@ -106,14 +109,19 @@ def test_a_run_goes_on_through_a_10x_drop_and_its_timeline_shows_it(tmp_path):
     ]
     assert len(steps) == 120
     # the link's clock started before the run's: on it, step time t is at t + offset (a loaded machine: late)
-    offset = json.loads((out / "summary.json").read_text())["wan"]["schedule_s_at_start"]
+    summary = json.loads((out / "summary.json").read_text())
+    offset = summary["wan"]["schedule_s_at_start"]
     early = [s["exposed_s"] for s in steps if s["time"] + offset < 1.9]
     late = [s["exposed_s"] for s in steps if s["time"] + offset > 2.5]
     assert early and late, [s["time"] for s in steps]
-    # gradients over a tenth of the bandwidth: the model's all-reduce goes from 9.3 to 75 ms, but before the drop
-    # the real one on loopback is slower than the model (21-42 ms a step, median 24, in a clean clone's suite
-    # with another test beside it: the emulator only adds time), so the ratio measured there was 3.1, not 8
-    assert statistics.median(late) > 2.5 * statistics.median(early)
+    # gradients over a tenth of the bandwidth: the modelled all-reduce of a step's gradients goes from 9.2 to
+    # 74 ms. Each step's exposure is at least the real all-reduce's on loopback (the emulator only adds time),
+    # which before the drop was 21-42 ms with another test beside it and up to 0.25 s at a loaded start-up:
+    # so the steps past the drop are held to the dropped link's model (a fifth of it may overlap the
+    # backward), and some step before it came in well under that
+    dropped = on_link(parse_wan(str(path)), Link(rtt_s=2e-3, bandwidth_bps=100e6))
+    modelled = collective_duration("allreduce", summary["bytes_between_workers"] / 120, 2, dropped)
+    assert statistics.median(late) >= 0.8 * modelled and min(early) < 0.5 * modelled, (modelled, early, late)
     rep = wansync("report", str(tmp_path), timeout=120)
     assert rep.returncode == 0, rep.stderr
     assert (tmp_path / "exposed_over_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
