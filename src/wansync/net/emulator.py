@@ -186,19 +186,17 @@ class _Job:
         timeout: float | None,
         link: _Link,
         arrival: Arrival | None,
-        callbacks: _Callbacks,
         varies: Callable[[float], float] | None = None,
     ):
         self.works, self.rec, self.fut, self.value, self.cuda = works, rec, fut, value, cuda
         self.timeout, self.link, self.arrival, self.varies = timeout, link, arrival, varies
-        self.callbacks = callbacks
 
-    def run_on_completion(self, work: Any) -> None:
+    def run_on_completion(self, work: Any, callbacks: _Callbacks) -> None:
         """A short transfer on an idle link: complete the Future from the real work's own callback,
-        at max(real end, modelled end), without the completer thread."""
+        at max(real end, modelled end), without the completer thread (counted in `callbacks`)."""
 
         def done(real: Future) -> None:
-            self.callbacks.enter()
+            callbacks.enter()
             try:
                 try:
                     complete_short(self.rec, real.value)
@@ -207,7 +205,7 @@ class _Job:
                     return
                 self.fut.set_result(self.value)
             finally:
-                self.callbacks.leave()
+                callbacks.leave()
 
         work.get_future().then(done)
         self.works = []  # the issuing thread lets go of the Work (see EXIT_GRACE_S)
@@ -333,9 +331,9 @@ class Emulator:
         ``varies`` (links that change over the run) gives its duration for the start it gets. A
         short one on an idle link completes from the real work's callback (SHORT_S)."""
         self._log.add(rec)
-        job = _Job(works, rec, fut, value, cuda, self.timeout, self._link, arrival, self._callbacks, varies)
+        job = _Job(works, rec, fut, value, cuda, self.timeout, self._link, arrival, varies)
         if self.short(works, rec, cuda, arrival):
-            job.run_on_completion(works[0])
+            job.run_on_completion(works[0], self._callbacks)
         else:
             self._completer.submit(job)
 
@@ -355,7 +353,8 @@ class Emulator:
 
     def complete_from_callback(self, work: Any, rec: CollectiveRecord, fut: Future, value: Any) -> None:
         """Complete `fut` with `value` from the real `work`'s callback, at max(real end, modelled end)."""
-        _Job([work], rec, fut, value, False, self.timeout, self._link, None, self._callbacks).run_on_completion(work)
+        job = _Job([work], rec, fut, value, False, self.timeout, self._link, None)
+        job.run_on_completion(work, self._callbacks)
 
     # ---- records ----------------------------------------------------------------------------
     def records(self) -> list[CollectiveRecord]:

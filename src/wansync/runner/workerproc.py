@@ -7,8 +7,9 @@ module imported, and with what each would do first for itself done once (`warm`:
 modules, the checkpoint module, torchft, the bundled corpus). A launcher with other threads (a
 parallel sweep's, the rendezvous store's once it serves, OpenMP's after a torch op on several
 threads: `can_fork`) starts a fresh `python -m wansync.runner.worker` instead, as does one on a
-platform without fork: forking while another thread holds a lock can deadlock the child. The run's lighthouse serves from a process of its own
-(`lighthouse`) so that its first workers need not start fresh. A worker restarted in a
+platform without fork: forking while another thread holds a lock can deadlock the child. The run's
+lighthouse serves from a process of its own (`lighthouse`) so that its first workers need not start
+fresh. A worker restarted in a
 fault-tolerant run, once the launcher's threads run, comes from a `Zygote`: a child the launcher
 forked while it could, which forks it in milliseconds (a fresh interpreter takes seconds, during
 which the others train on without it) and hands it over to the launcher as its child.
