@@ -55,6 +55,7 @@ class Setting:
     inside: str = "ddp"  # how a worker's ranks hold the model: ddp (whole) | fsdp (sharded)
     optimizer: str = "adamw"  # the inner optimizer (its state is part of the memory bill)
     momentum: float = 0.0  # SGD's momentum (a buffer when > 0)
+    agreement_bytes: int = 0  # a controller's agreement at each boundary (`--adapt`'s; `schedule.trace`)
 
 
 def setting(
@@ -199,6 +200,7 @@ def run_trace(s: Setting, steps: int, finish: bool = False) -> Trace:
         ranks_per_worker=s.ranks_per_worker,
         finish=finish,
         path_of=paths_of(s),
+        agreement_bytes=s.agreement_bytes,
     )
 
 

@@ -41,7 +41,7 @@ class Transfer:
     rank books on its ledger (its payload), and what a worker puts on the wire for it (`sent`)."""
 
     step: int
-    purpose: str  # grads | params | pseudo_grads | optim_state | telemetry | schedule
+    purpose: str  # grads | params | pseudo_grads | optim_state | telemetry | schedule | adapt
     op: str  # allreduce | allgather | alltoall | broadcast
     nbytes: int
     payload: int
@@ -138,15 +138,23 @@ def trace(
     ranks_per_worker: int = 1,
     finish: bool = False,
     path_of: PathOf | None = None,
+    agreement_bytes: int = 0,
 ) -> Trace:
     """The strategy's actions over `steps` steps (and `finish()` when asked).
 
     `step_s` (the inner step time) and `fragment_sync_s` (modelled seconds of a transfer) are
-    needed only for CoCoDC's automatic N; `path_of`: a lossy mean's path (`lossy_paths`)."""
+    needed only for CoCoDC's automatic N; `path_of`: a lossy mean's path (`lossy_paths`).
+    `agreement_bytes`: a controller's agreement of that many bytes at every round's boundary
+    (`trainer.adapt.Tuner`, which turns DiLoCo's and SparseLoCo's knobs): an all-reduce issued after
+    the boundary's exchange and waited for at the next boundary, before its exchange. It rides behind
+    the exchange on the link, and an overlapped mean's later phase waits behind it."""
     tt = planned_timetable(name, options)
     if isinstance(tt, FragmentTimetable):
+        if agreement_bytes:
+            raise ValueError(f"{name}: a controller's agreement is planned for periodic rounds only")
         return _fragment_trace(tt, size, workers, steps, step_s, fragment_sync_s, finish, path_of)
-    return _periodic_trace(tt, size, workers, steps, ranks_per_worker, finish, path_of, sparse_exchange(name, tt, size))
+    sparse = sparse_exchange(name, tt, size)
+    return _periodic_trace(tt, size, workers, steps, ranks_per_worker, finish, path_of, sparse, agreement_bytes)
 
 
 def sparse_exchange(name: str, tt: Timetable, size: ModelSize) -> tuple[Any, str] | None:
@@ -244,19 +252,28 @@ def _periodic_trace(
     finish: bool,
     path_of: PathOf | None = None,
     sparse: tuple[Any, str] | None = None,
+    agreement_bytes: int = 0,
 ) -> Trace:
     out = Trace()
     payload, purpose = sparse if sparse is not None else (None, "params")
     optim_numel = 2 * size.params  # AdamW's two moments (the trainer's default optimizer)
     overlap = RoundPlan(tt.opts, size, workers, path_of, payload) if getattr(tt.opts, "overlap_rounds", False) else None
-    first = True
+    first, agreed = True, None  # agreed: the last boundary's agreement, in flight
     for t in range(1, steps + 1):
         acts = _grad_actions(tt, size, t, ranks_per_worker, first, workers * ranks_per_worker)
         first = first and not tt.ddp_step(t)
+        boundary = tt.is_boundary(t)
+        if boundary and agreed is not None:
+            acts.append(Action("wait", agreed))
         if overlap is not None:
-            acts += overlap.step(t, tt.is_boundary(t))
-        elif tt.is_boundary(t):
+            acts += overlap.step(t, boundary)
+        elif boundary:
             acts += _boundary_actions(tt.opts, size, t, optim_numel, workers, path_of, payload, purpose)
+        if boundary and agreement_bytes:
+            agreed = Transfer(
+                t, "adapt", "allreduce", agreement_bytes, agreement_bytes, sent=ring_sent(agreement_bytes, workers)
+            )
+            acts.append(Action("issue", agreed))
         out.steps.append(acts)
     if overlap is not None and finish:
         out.finish = overlap.finish(steps, tt.final_sync(steps))

@@ -29,7 +29,9 @@ The rule, at every boundary of DiLoCo or SparseLoCo (any of their options, `over
    lowest allowed up, and at each H the compression from the lightest (the codec ladder fp32, bf16,
    int8, fp4 from the run's codec; SparseLoCo's density halving from the run's) — the planner's
    own prediction (`planner.predict`: the strategy's schedule on the cost model, on the run's
-   topology with the measured link between its sites) of the exposed share. The first candidate
+   topology with the measured link between its sites, and this controller's own agreement of step 1
+   behind each exchange: an overlapped two-phase mean's second phase waits behind it on the link) of
+   the exposed share. The first candidate
    under the target is taken (one preferred to the current knobs only 10 % of the target under
    it: no flapping at the target); when none is, the one predicted least exposed.
 4. **When it is taken.** With the current knobs predicted over the target, the choice is toward
@@ -73,6 +75,7 @@ CODEC_LADDER = ("fp32", "bf16", "int8", "fp4")  # lightest compression first
 DENSITY_STEPS = 4  # the density ladder: the run's, then halved this many times - 1
 STRATEGIES = ("diloco", "sparseloco")
 PURPOSE = "adapt"  # the ledger's purpose of the agreement
+AGREED = 6  # float64 values each rank shares at a boundary (`after_round`)
 HYSTERESIS = 0.1  # a lighter setting is taken 10 % of the target under it
 WINDOW = 5  # rounds of agreed step times whose fastest the plan takes (`settled_step`)
 
@@ -270,6 +273,7 @@ class Tuner:
             [bw or 0.0, 1.0 if bw else 0.0, est.rtt_s or 0.0, 1.0 if est.rtt_s is not None else 0.0, compute, other],
             dtype=torch.float64,
         )
+        assert vec.numel() == AGREED
         sync.comm.count(PURPOSE, vec.numel() * vec.element_size())
         work = dist.all_reduce(vec, group=sync.group, async_op=True)
         work.get_future()  # completed (and its end recorded) when it arrives, not when waited for
@@ -335,6 +339,7 @@ class Tuner:
                 other_s=other_s,
                 ranks_per_worker=self.sync.replicas.ranks_per_worker,
                 inside=self.inside,
+                agreement_bytes=8 * AGREED,  # its own agreement rides behind the exchange
             )
             self._cache[key] = predict(s).exposed_pct
         return self._cache[key]
