@@ -1,7 +1,8 @@
 """One life of an asynchronous learner that joins a running run (`async_diloco`'s JOIN_ENV): run as
 `python async_learner_life.py LEARNER OUT`, with the syncer's address in the environment. It trains on
 in a process group of its own until the syncer stops the run, then writes its events to OUT. A test
-kills one such life mid-round and starts another (tests/test_async_diloco.py)."""
+kills one such life mid-round and starts another (tests/test_async_diloco.py: `main` in processes forked
+from the ranks' forkserver)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,12 @@ imports, is most of the time), each rank's findings written to OUT/rank<R>.json.
 
     torchrun --standalone --nproc-per-node 2 tests/hf_trainer_checks.py OUT
 
+First, on a plain group (no link emulated; then the group is made again under the link):
+
+- **strategies**: diloco, streaming and sparseloco 12 steps straight, then 8 steps with a checkpoint
+  and a new Trainer resumed from it to 12 (their logs, and the parameters' hashes); ddp with one and two
+  micro-batches a step; two settings the adapter refuses.
+
 The runs, on the emulated `cross-region` link:
 
 - **snippet**: docs/hf_trainer.md's settings, no `use_cpu=True`, streaming with two micro-batches a
@@ -99,14 +105,44 @@ def resume_refused(ex: Any, out: str, checkpoint: str, strategy: str, options: d
     return found
 
 
+def refused(ex: Any, root: str, **settings: Any) -> str:
+    args = transformers.TrainingArguments(output_dir=root, use_cpu=True, report_to=[], max_steps=1, **settings)
+    try:
+        ex.WansyncTrainer(model=ex.tiny_llama(), args=args, train_dataset=ex.Bytes("abcd" * 5000), strategy="diloco")
+    except ConfigError as e:
+        return str(e)
+    return "accepted"
+
+
+def strategies(ex: Any, out: Path) -> dict[str, Any]:
+    """Every strategy 12 steps straight, then 8 steps with a checkpoint and a new Trainer resumed from it
+    to 12; ddp with 1 and 2 micro-batches a step (the first under no_sync()); two refused settings."""
+    found: dict[str, Any] = {}
+    for s in ("diloco", "streaming", "sparseloco"):
+        straight = ex.train(s, f"{out}/{s}")
+        found[s] = {"logs": straight.state.log_history, "params": digest(straight.model.state_dict())}
+        found[s]["t"] = straight.sync.t
+        found[s]["stopped_at"] = ex.train(s, f"{out}/{s}-resumed", stop_at=8).sync.t
+        resumed = ex.train(s, f"{out}/{s}-resumed", resume=f"{out}/{s}-resumed/checkpoint-8")
+        found[s]["resumed"], found[s]["resumed_t"] = digest(resumed.model.state_dict()), resumed.sync.t
+    found["ddp"] = {n: ex.train("ddp", f"{out}/ddp{n}", steps=4, accumulation=n).state.log_history for n in (1, 2)}
+    found["refused"] = [
+        refused(ex, f"{out}/refused", load_best_model_at_end=True, eval_strategy="steps", save_strategy="steps"),
+        refused(ex, f"{out}/refused", fsdp="full_shard"),
+    ]
+    return found
+
+
 def main(out: Path) -> None:
-    ws.init(wan="cross-region")
+    ws.init()
     rank = dist.get_rank()
     ex = example()
     # every Trainer's train() ends in accelerate's gc.collect(): over the millions of objects torch and
     # transformers made at import, seconds over this launch's runs; frozen, the collections pass over them
     gc.freeze()
-    found: dict[str, Any] = {}
+    found: dict[str, Any] = {"strategies": strategies(ex, out / "strategies")}
+    dist.destroy_process_group()  # the same ranks again, under the emulated link
+    ws.init(wan="cross-region")
 
     watch = Watch()
     snippet = ex.train(

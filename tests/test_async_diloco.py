@@ -249,37 +249,27 @@ def test_a_learner_stopped_for_seconds_stops_no_one_and_its_stale_round_is_dropp
 
 
 # ---- a learner killed mid-round and restarted --------------------------------------------------------
-LIFE = Path(__file__).resolve().parent / "async_learner_life.py"
-
-
 def _killed_and_restarted(rank: int, world: int, tmp: str) -> dict[str, Any]:
-    """Learners 0-2 train here; learner 3's place is taken by two lives in processes of their own (the
-    way a launcher restarts one), the first killed (SIGKILL) mid-round, the second joining the run."""
+    """Learners 0-2 train here; learner 3's place is taken by two lives in processes of their own
+    (`_two_lives`), the first killed (SIGKILL) mid-round, the second joining the run. Rank 3 steps aside:
+    it names the syncer to the test and waits for the lives' end."""
     import os
-    import subprocess
-    import sys
     import time
 
     from async_learner_life import OPTIONS, RUN_STEPS, STEP_S
-    from wansync.strategies.async_diloco import JOIN_ENV, LEARNER_ENV
 
     model = tiny_model(0)
     sync = ws.strategy("async_diloco", model, torch.optim.AdamW(model.parameters(), lr=0.01), **OPTIONS)
     events: list[dict[str, Any]] = []
     sync.on_event(events.append)
-    if rank == 3:  # this process steps aside: its learner's lives run beside it
+    if rank == 3:
         sync.channel.close()
-        env = dict(os.environ, **{JOIN_ENV: sync.syncer_address, LEARNER_ENV: "3"})
-        env["PYTHONPATH"] = os.pathsep.join([str(LIFE.parent), env.get("PYTHONPATH", "")])
-        first = subprocess.Popen([sys.executable, str(LIFE), "3", f"{tmp}/first.json"], env=env)
-        deadline = time.monotonic() + 60
-        while not os.path.exists(f"{tmp}/first.json.synced") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(3 * STEP_S)  # into its second round
-        first.kill()
-        first.wait()
-        second = subprocess.run([sys.executable, str(LIFE), "3", f"{tmp}/second.json"], env=env, timeout=90)
-        return {"first": first.returncode, "second": second.returncode}
+        Path(f"{tmp}/join.part").write_text(sync.syncer_address)
+        os.replace(f"{tmp}/join.part", f"{tmp}/join")
+        deadline = time.monotonic() + 150
+        while not os.path.exists(f"{tmp}/lives.done") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {}
     deadline = time.monotonic() + 90
     second_in = lambda: os.path.exists(f"{tmp}/second.json.synced") or time.monotonic() > deadline  # noqa: E731
     while sync.continues(RUN_STEPS) or not second_in():  # past the budget until learner 3's second life is in
@@ -290,11 +280,56 @@ def _killed_and_restarted(rank: int, world: int, tmp: str) -> dict[str, Any]:
     return {"events": events, "waits": waits, "final_sum": float(final.double().sum()), "steps": sync.t}
 
 
-def test_a_learner_killed_mid_round_and_restarted_takes_the_newest_version_and_contributes_again(tmp_path):
-    import json
+def _life(env: dict[str, str], learner: int, out: str) -> None:
+    """One life of learner `learner` (async_learner_life.py) in a process forked from the ranks' forkserver,
+    as a launcher's zygote forks a restarted worker: torch imported already, not a fresh interpreter's seconds."""
+    import os
 
-    out = run_ranks(_killed_and_restarted, 4, str(tmp_path), timeout=150)
-    assert out[3]["first"] != 0 and out[3]["second"] == 0  # killed, then a whole second life
+    from async_learner_life import main
+
+    os.environ.update(env)
+    main(learner, out)
+
+
+def _two_lives(tmp: Path, ranks: Any) -> tuple[int | None, int | None]:
+    """Learner 3's lives, once rank 3 names the syncer: the first killed into its second round, the second
+    run to the end; their exit statuses."""
+    from async_learner_life import STEP_S
+    from wansync.runner.localgroup import rank_context
+    from wansync.strategies.async_diloco import JOIN_ENV, LEARNER_ENV
+
+    deadline = time.monotonic() + 60
+    while not (tmp / "join").exists():
+        assert time.monotonic() < deadline and not ranks.done(), "rank 3 never named the syncer"
+        time.sleep(0.02)
+    env = {JOIN_ENV: (tmp / "join").read_text(), LEARNER_ENV: "3"}
+    first = rank_context().Process(target=_life, args=(env, 3, f"{tmp}/first.json"))
+    first.start()
+    while not (tmp / "first.json.synced").exists() and time.monotonic() < deadline and first.is_alive():
+        time.sleep(0.02)
+    time.sleep(3 * STEP_S)  # into its second round
+    first.kill()
+    first.join()
+    second = rank_context().Process(target=_life, args=(env, 3, f"{tmp}/second.json"))
+    second.start()
+    second.join(90)
+    if second.exitcode is None:
+        second.kill()
+        second.join()
+    return first.exitcode, second.exitcode
+
+
+def test_a_learner_killed_mid_round_and_restarted_takes_the_newest_version_and_contributes_again(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        ranks = pool.submit(run_ranks, _killed_and_restarted, 4, str(tmp_path), timeout=150)
+        try:
+            first, second_life = _two_lives(tmp_path, ranks)
+        finally:
+            (tmp_path / "lives.done").touch()
+        out = ranks.result()
+    assert first != 0 and second_life == 0  # killed, then a whole second life
     second = json.loads((tmp_path / "second.json").read_text())
     syncs = [e for e in second["events"] if e["type"] == "sync" and not e["final"]]
     assert syncs and syncs[0]["based_on"] > 0  # it started from the run's version, not from scratch

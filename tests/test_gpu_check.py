@@ -5,8 +5,11 @@ a failed part or row as failed with its reason."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import runpy
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,34 @@ def _module():
 gpu_check = _module()
 
 
+def _script_main(args: list[str], cwd: str, out: str, err: str) -> None:
+    """`python benchmarks/gpu_check.py ARGS` in CWD, in a process forked from the ranks' forkserver (torch
+    already imported): its stdout and stderr into files; its SystemExit is the exit status, as the interpreter's."""
+    from cli_harness import into_files
+
+    into_files(out, err, dict(os.environ), os.O_TRUNC)
+    os.chdir(cwd)
+    sys.argv = [str(SCRIPT), *args]
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+
+
+def _script(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """What `subprocess.run([sys.executable, SCRIPT, *args])` gives, without an interpreter's start-up and
+    torch's import (the seconds of each call)."""
+    from wansync.runner.localgroup import rank_context
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        proc = rank_context().Process(target=_script_main, args=(args, str(cwd or ROOT), str(out), str(err)))
+        proc.start()
+        proc.join(60)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+        text = [p.read_text(errors="replace") if p.is_file() else "" for p in (out, err)]
+        return subprocess.CompletedProcess([str(SCRIPT), *args], proc.exitcode, *text)
+
+
 def _cells(table: str, first: str) -> list[str]:
     """The cells of the table row whose first cell is `first`."""
     for line in table.splitlines():
@@ -45,9 +76,7 @@ def _section(table: str, name: str) -> str:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour where there is no CUDA")
 def test_without_cuda_it_prints_one_line_exits_0_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
-    r = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
+    r = _script(["--out", str(out)], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert (
@@ -89,9 +118,7 @@ def test_a_failed_part_and_a_failed_row_render_as_failed_with_their_reason():
 def test_render_from_the_command_line_prints_the_same_table():
     import json
 
-    r = subprocess.run(
-        [sys.executable, str(SCRIPT), "--render", str(SAMPLE)], capture_output=True, text=True, timeout=60
-    )
+    r = _script(["--render", str(SAMPLE)])
     assert r.returncode == 0, r.stderr
     assert r.stdout == gpu_check.render(json.loads(SAMPLE.read_text()))
 

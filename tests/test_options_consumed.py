@@ -46,7 +46,7 @@ BASE: dict[str, dict[str, Any]] = {
     # every learner in every merge: the same merges whatever the timing (a smaller quorum depends on it)
     "async_diloco": {"sync_every": 2, "merge_quorum": 3, "grace": math.inf},
 }
-STEPS = {"streaming": 20, "cocodc": 20}
+STEPS = {"streaming": 12, "cocodc": 12}  # a round of the alternative sync_every 12; every option acts by step 8
 # a value other than the default, where the heuristic (flip, halve, double) would not be valid
 ALT: dict[str, Any] = {
     "sync_every": 3,
