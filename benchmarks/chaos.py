@@ -516,9 +516,11 @@ def sleep(seconds: float) -> None:
         time.sleep(min(0.2, end - time.monotonic()))
 
 
-def leftovers(bed_token: str | None = None) -> tuple[int, int]:
-    """Processes of a run still alive anywhere (their environment names a chaos run directory) and
-    namespaces of this script's beds still listed."""
+def leftovers(base: Path, bed_token: str | None = None) -> tuple[int, int]:
+    """Processes of this invocation's runs still alive anywhere (their command line names a path under
+    `base`: another chaos run on the machine, a second test suite's, is not counted) and namespaces of
+    this script's beds still listed."""
+    mine = {(str(path) + os.sep).encode() for path in (base, base.resolve())}  # as given, and absolute
     procs = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         if int(pid) == os.getpid():
@@ -527,7 +529,7 @@ def leftovers(bed_token: str | None = None) -> tuple[int, int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"wansync-chaos-" in cmd:
+        if any(path in cmd for path in mine):
             procs += 1
     ns = sum(
         1
@@ -642,7 +644,7 @@ def main() -> None:
                     work = base / f"wansync-chaos-{strategy}-{seed}-{'chaos' if chaos else 'clean'}"
                     r = Run(bed, work, corpus, strategy, seed, args, faults).go(args.timeout)
                     bed.procs = [p for p in bed.procs if p.poll() is None]
-                    r.left_procs, _ = leftovers()
+                    r.left_procs, _ = leftovers(base)
                     if not chaos:
                         clean[seed] = r.loss
                     injected, detail = fmt_faults(faults)
@@ -683,7 +685,7 @@ def main() -> None:
             point = m.split()[1]
             if point.startswith(str(base)):
                 subprocess.run(["umount", "-l", point], capture_output=True)
-        procs, ns = leftovers(token)
+        procs, ns = leftovers(base, token)
         if args.json:
             Path(args.json).write_text(
                 json.dumps(
