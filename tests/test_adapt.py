@@ -27,7 +27,7 @@ from wansync.planner.schedule import trace
 from wansync.planner.sizes import of_module, of_name
 from wansync.runner.localgroup import run_ranks
 from wansync.strategies import make_options
-from wansync.trainer.adapt import AGREED, WINDOW, Tuner, parse_adapt, settled_step
+from wansync.trainer.adapt import AGREED, HYSTERESIS, WINDOW, Tuner, parse_adapt, settled_step
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -138,13 +138,20 @@ def planner_pct(t: Tuner, knobs: dict[str, Any], link: Link, step_s: float, topo
 
 
 def test_the_choice_is_the_first_candidate_the_planner_puts_under_the_target():
+    """The current knobs stay while predicted under the target; another setting is taken only if it holds
+    the target at a step 10 % faster than the settled one (HYSTERESIS)."""
     t = tuner("exposed=5%,h=4..16", sync_every=4)
     assert t.spec.sync_every == (4, 5, 8, 10, 16) and t.spec.ladder == ("fp32", "bf16", "int8", "fp4")
+    assert HYSTERESIS == 0.1
     for bw in (10e9, 2e6, 1e5):
         choice, why = t.choose(bw, 0.001, 0.05, 0.0)
         link = Link(0.001, bw)
         order = t.spec.candidates()
-        first = next((k for k in order if planner_pct(t, k, link, 0.05) <= 5), None)
+
+        def taken(k: dict[str, Any]) -> bool:
+            return planner_pct(t, k, link, 0.05 if k == t.current else 0.045) <= 5
+
+        first = next((k for k in order if taken(k)), None)
         if first is not None:
             assert choice == first and why["within_target"]
         else:  # none reaches it: the least exposed
@@ -156,7 +163,9 @@ def test_the_choice_is_the_first_candidate_the_planner_puts_under_the_target():
     assert order.index(slow) > order.index(fast)
 
 
-def test_a_lighter_setting_must_come_well_under_the_target_to_be_taken_back():
+def test_a_setting_other_than_the_current_one_must_hold_the_target_at_a_faster_step():
+    """At the step where fp32 is predicted just under a 10 % target, and over it 10 % faster: the current
+    fp32 stays, and neither a run on int8 goes back to it nor one on a heavier setting takes it."""
     t = tuner("exposed=10%,h=4..4", sync_every=4)
     link = Link(0.001, 3e6)
     fp32 = {"sync_every": 4, "codec": "fp32"}
@@ -165,11 +174,13 @@ def test_a_lighter_setting_must_come_well_under_the_target_to_be_taken_back():
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if planner_pct(t, fp32, link, mid) > 9.5 else (lo, mid)
     step = hi
-    assert 9 < planner_pct(t, fp32, link, step) <= 9.5
+    assert 9 < planner_pct(t, fp32, link, step) <= 9.5 < 10 < planner_pct(t, fp32, link, 0.9 * step)
     t.current = {"sync_every": 4, "codec": "int8"}
-    assert t.choose(3e6, 0.001, step, 0.0)[0] != fp32  # under the target, not 10 % under it
+    assert t.choose(3e6, 0.001, step, 0.0)[0] != fp32  # under the target, not at a faster step
     t.current = fp32
     assert t.choose(3e6, 0.001, step, 0.0)[0] == fp32  # the current one stays up to the target
+    t.current = {"sync_every": 4, "codec": "fp4"}  # toward less protection alike
+    assert t.choose(3e6, 0.001, step, 0.0)[0] != fp32
 
 
 def test_the_plan_holds_the_controllers_agreement_behind_each_exchange():
@@ -253,6 +264,19 @@ def test_noisy_step_times_take_one_decision_per_change_of_the_link_and_none_back
     assert held[0] == FP32 and changes == [8, 21], held  # at the drop's first round; the second after recovery
     assert held[8] != FP32 and all(h == held[8] for h in held[8:21])  # nothing goes back while it is down
     assert held[21] == FP32 and t.decisions == 2
+
+
+def test_a_drop_takes_one_decision_though_a_faster_round_follows_it():
+    """The busy benchmark's seed 1 (2026-12-07): on the dropped link the settled step was 295 ms, at which
+    bf16 is predicted 4.5 % exposed, under the 5 % target; a round later a faster one made it 289 ms and bf16
+    over the target, a second decision for one drop. Taken only if it holds at a step 10 % faster, the
+    setting for the drop leaves room for that round."""
+    t = bench_tuner()
+    t.size = of_name("tiny")
+    held = rounds(t, [(FAST, 0.295)] * 5 + [(SLOW, 0.295), (SLOW, 0.289), (SLOW, 0.284), (SLOW, 0.3)])
+    changes = [i for i in range(1, len(held)) if held[i] != held[i - 1]]
+    assert held[4] == FP32 and held[5] not in (FP32, {"sync_every": 8, "codec": "bf16"}), held
+    assert changes == [5] and t.decisions == 1, held
 
 
 def test_a_lighter_setting_is_taken_back_after_two_consecutive_settled_rounds_under_the_target():

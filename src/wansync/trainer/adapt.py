@@ -31,15 +31,18 @@ The rule, at every boundary of DiLoCo or SparseLoCo (any of their options, `over
    own prediction (`planner.predict`: the strategy's schedule on the cost model, on the run's
    topology with the measured link between its sites, and this controller's own agreement of step 1
    behind each exchange: an overlapped two-phase mean's second phase waits behind it on the link) of
-   the exposed share. The first candidate
-   under the target is taken (one preferred to the current knobs only 10 % of the target under
-   it: no flapping at the target); when none is, the one predicted least exposed.
+   the exposed share. The first candidate under the target is taken; one other than the current
+   knobs only if it holds the target at a step 10 % faster than the settled one (`HYSTERESIS`): no
+   flapping at the target, and a setting taken for a drop of the link leaves room for the next
+   faster round (near the point where an exchange stops hiding behind the compute, the exposed
+   share moves by a point for a few per cent of step time, and on a busy machine the settled step
+   moves by that much). When none is taken, the one predicted least exposed.
 4. **When it is taken.** With the current knobs predicted over the target, the choice is toward
    more protection (a later candidate, or an earlier one predicted under the target: less exposed
    either way) and is taken at once. With the current knobs within the target, the choice can only
    be a lighter setting, earlier in the order (lower H, or less compression at the same H): going
-   back. It is taken only once it was predicted 10 % under the target in two consecutive rounds
-   on settled inputs (the earliest candidate that was, in both); one round under it (a link that
+   back. It is taken only once it held the target 10 % faster in two consecutive rounds on settled
+   inputs (the earliest candidate that was, in both); one round under it (a link that
    reads fast for one exchange) moves nothing.
 5. **The change**, when there is one: the codec or density from this boundary's exchange on, H
    from this boundary on (`Strategy.retune`), and one `adapt` record in metrics.jsonl with the
@@ -76,7 +79,7 @@ DENSITY_STEPS = 4  # the density ladder: the run's, then halved this many times 
 STRATEGIES = ("diloco", "sparseloco")
 PURPOSE = "adapt"  # the ledger's purpose of the agreement
 AGREED = 6  # float64 values each rank shares at a boundary (`after_round`)
-HYSTERESIS = 0.1  # a lighter setting is taken 10 % of the target under it
+HYSTERESIS = 0.1  # a setting other than the current one must hold the target at a step 10 % faster
 WINDOW = 5  # rounds of agreed step times whose fastest the plan takes (`settled_step`)
 
 
@@ -304,9 +307,8 @@ class Tuner:
         link = self.link(bw, rtt)
         order = self.spec.candidates()
         now = order.index(self.current) if self.current in order else len(order)
-        bar = self.spec.target_pct * (1 - HYSTERESIS)
         settled = len(self.rounds) >= WINDOW
-        under = [k for k in order[:now] if settled and self.predicted(k, link, step_s, other_s) <= bar]
+        under = [k for k in order[:now] if settled and self.holds(k, link, step_s, other_s)]
         before, self.under = self.under, under
         if choice == self.current:
             return None
@@ -344,6 +346,12 @@ class Tuner:
             self._cache[key] = predict(s).exposed_pct
         return self._cache[key]
 
+    def holds(self, knobs: dict[str, Any], link: Link, step_s: float, other_s: float) -> bool:
+        """Does `knobs` keep the target at a step `HYSTERESIS` faster than the settled one? What a setting
+        other than the current one must do to be taken (module docstring, 3)."""
+        fast = 1 - HYSTERESIS
+        return self.predicted(knobs, link, step_s * fast, other_s * fast) <= self.spec.target_pct
+
     def workers(self) -> int:
         r = self.sync.replicas
         return r.workers if r.between_workers else self.sync.world_size
@@ -352,15 +360,16 @@ class Tuner:
         self, bandwidth_bps: float, rtt_s: float, step_s: float, other_s: float
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The first candidate predicted under the target, else the least exposed; with the reason. One
-        preferred to the current knobs must come `HYSTERESIS` of the target under it, so that a
-        prediction at the target does not flip the knobs back and forth."""
+        other than the current knobs must hold the target at a step `HYSTERESIS` faster (`holds`), so
+        that a prediction at the target does not flip the knobs back and forth, nor take a setting that
+        the next faster round puts over it (a second decision for one change of the link)."""
         link = self.link(bandwidth_bps, rtt_s)
         best, best_pct = None, math.inf
         order = self.spec.candidates()
         now = order.index(self.current) if self.current in order else len(order)
         for i, knobs in enumerate(order):
             pct = self.predicted(knobs, link, step_s, other_s)
-            if pct <= self.spec.target_pct * (1 - HYSTERESIS if i < now else 1):
+            if pct <= self.spec.target_pct if i == now else self.holds(knobs, link, step_s, other_s):
                 best, best_pct = knobs, pct
                 break
             if pct < best_pct:
