@@ -495,6 +495,7 @@ def _exit_while_completing(rank: int, world: int, port: int) -> dict:
     held 0.1 s after it released the caller (as a loaded machine may hold it): the completer thread
     (a transfer of ~8 ms) and gloo's own thread (a short one's Future, as DDP's comm hooks take it).
     Returns what c10d Works each such thread still held when it released the caller."""
+    import gc
     import threading
 
     import torch
@@ -530,7 +531,9 @@ def _exit_while_completing(rank: int, world: int, port: int) -> dict:
     Future.set_result, Future.set_exception = linger(Future.set_result), linger(Future.set_exception)
     _init(rank, world, port, net.parse_wan("rtt=4ms,bw=1gbit"))
     global _SLOW_TO_COLLECT  # the interpreter's exit collects it: the held threads return while it does
+    gc.disable()  # built without the collector's passes over torch's objects (2 s of a rank's CPU)
     _SLOW_TO_COLLECT = [[[i]] for i in range(2_000_000)]
+    gc.enable()
     dist.all_reduce(torch.ones(1 << 18))  # modelled ~6 ms: through the completer
     lan = dist.new_group(backend=net.install(), pg_options=net.Emulator(net.parse_wan("lan"), seed=0))
     if rank == 1:  # rank 0's Future is then completed by gloo's thread, not inline where it is asked for
