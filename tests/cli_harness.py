@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,38 @@ def _cli(args: list[str], env: dict[str, str], cwd: str, out: str, err: str, set
     from wansync.cli import main
 
     main(args)
+
+
+def _script_main(path: str, args: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+    """`python PATH ARGS` in CWD: its stdout and stderr into files; its SystemExit is the exit status,
+    as the interpreter's."""
+    into_files(out, err, env, os.O_TRUNC)
+    os.chdir(cwd)
+    sys.argv = [path, *args]
+    runpy.run_path(path, run_name="__main__")
+
+
+def forked_script(
+    path: Path, args: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    """What `subprocess.run([sys.executable, PATH, *args], capture_output=True, text=True)` gives, in a
+    process forked from the ranks' forkserver: without an interpreter's start-up and torch's import (the
+    seconds of each call). Killed past `timeout` (exit status -9)."""
+    from wansync.runner.localgroup import rank_context
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        where = str(cwd or os.getcwd())
+        proc = rank_context().Process(
+            target=_script_main, args=(str(path), args, dict(env or os.environ), where, str(out), str(err))
+        )
+        proc.start()
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+        text = [p.read_text(errors="replace") if p.is_file() else "" for p in (out, err)]
+        return subprocess.CompletedProcess([str(path), *args], proc.exitcode, *text)
 
 
 def worker_pids(run_dir: Path) -> dict[int, int]:

@@ -5,14 +5,11 @@ a failed part or row as failed with its reason."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import runpy
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from cli_harness import forked_script
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,32 +27,8 @@ def _module():
 gpu_check = _module()
 
 
-def _script_main(args: list[str], cwd: str, out: str, err: str) -> None:
-    """`python benchmarks/gpu_check.py ARGS` in CWD, in a process forked from the ranks' forkserver (torch
-    already imported): its stdout and stderr into files; its SystemExit is the exit status, as the interpreter's."""
-    from cli_harness import into_files
-
-    into_files(out, err, dict(os.environ), os.O_TRUNC)
-    os.chdir(cwd)
-    sys.argv = [str(SCRIPT), *args]
-    runpy.run_path(str(SCRIPT), run_name="__main__")
-
-
 def _script(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """What `subprocess.run([sys.executable, SCRIPT, *args])` gives, without an interpreter's start-up and
-    torch's import (the seconds of each call)."""
-    from wansync.runner.localgroup import rank_context
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        proc = rank_context().Process(target=_script_main, args=(args, str(cwd or ROOT), str(out), str(err)))
-        proc.start()
-        proc.join(60)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
-        text = [p.read_text(errors="replace") if p.is_file() else "" for p in (out, err)]
-        return subprocess.CompletedProcess([str(SCRIPT), *args], proc.exitcode, *text)
+    return forked_script(SCRIPT, args, cwd=cwd or ROOT)
 
 
 def _cells(table: str, first: str) -> list[str]:

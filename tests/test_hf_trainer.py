@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_harness import forked_script
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -50,32 +49,10 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def _example_main(args: list[str], env: dict[str, str], out: str, err: str) -> None:
-    """`python examples/hf_trainer.py ARGS` in a process forked from the ranks' forkserver (torch already
-    imported): its stdout and stderr into files; its SystemExit is the exit status, as the interpreter's."""
-    from cli_harness import into_files
-
-    into_files(out, err, env, os.O_TRUNC)
-    sys.argv = [str(EXAMPLE), *args]
-    runpy.run_path(str(EXAMPLE), run_name="__main__")
-
-
 def _one_process(args: list[str]) -> subprocess.CompletedProcess:
     """What `_run` gives for the example's command line, without an interpreter's start-up and torch's
     import (3 s of its 5)."""
-    from wansync.runner.localgroup import rank_context
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = rank_context().Process(target=_example_main, args=(args, env, str(out), str(err)))
-        proc.start()
-        proc.join(240)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
-        text = [p.read_text(errors="replace") if p.is_file() else "" for p in (out, err)]
-        return subprocess.CompletedProcess([str(EXAMPLE), *args], proc.exitcode, *text)
+    return forked_script(EXAMPLE, args, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240)
 
 
 @pytest.fixture(scope="module")
