@@ -81,6 +81,7 @@ PURPOSE = "adapt"  # the ledger's purpose of the agreement
 AGREED = 6  # float64 values each rank shares at a boundary (`after_round`)
 HYSTERESIS = 0.1  # a setting other than the current one must hold the target at a step 10 % faster
 WINDOW = 5  # rounds of agreed step times whose fastest the plan takes (`settled_step`)
+CACHED = 4096  # predictions kept (each candidate at each step and link the rounds agreed)
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,8 @@ class Tuner:
         """The planner's exposed share (%) of the strategy with `knobs` on the run's topology with `link`."""
         key = (tuple(sorted(knobs.items())), link, step_s, other_s)
         if key not in self._cache:
+            if len(self._cache) >= CACHED:  # a long run's measured inputs keep changing: bounded, not grown
+                self._cache.clear()
             options = {**self.options, **knobs}
             if options.get("codec") == "fp32":  # its collective is a lossy codec's choice
                 options["codec_collective"] = "auto"
