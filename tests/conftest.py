@@ -5,10 +5,12 @@ with the ranks and workers the tests start.
 (`--no-loadscope-reorder`: xdist would otherwise order files by their number of tests, which put
 the few slow tests of the multi-host and torchrun files last, one worker finishing them alone).
 The order here is the longest first, so the last files to run are short ones and both workers
-finish together: seconds of work per file (two workers, 2026-12-06, 2 cores, each file's tests from
+finish together: seconds of work per file (two workers, 2026-12-06, the files of tests/forked_python.py's
+stand-in 2026-12-07; 2 cores, each file's tests from
 start to end), the files not named after them in their usual order. And a worker that is free takes
 a file that waits only when no other worker runs one (`WAITING`, below)."""
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
@@ -17,18 +19,16 @@ SECONDS = {
     "test_fault_tolerance.py": 84,
     "test_sharded_workers.py": 59,
     "test_chaos.py": 45,
-    "test_secure_bed.py": 42,
-    "test_hf_trainer.py": 40,
     "test_adapt.py": 38,
     "test_async_diloco.py": 36,
     "test_reliability.py": 30,
-    "test_hosts.py": 28,
     "test_muon.py": 24,
     "test_options_consumed.py": 21,
+    "test_hf_trainer.py": 21,
     "test_slow_policies.py": 20,
+    "test_secure_bed.py": 17,
     "test_stall.py": 15,
     "test_link_schedules.py": 14,
-    "test_torchrun_nodes.py": 14,
     "test_bad_inputs.py": 13,
     "test_planner_validation.py": 12,
     "test_bed_pairs.py": 11,
@@ -44,6 +44,7 @@ SECONDS = {
     "test_cocodc_stability.py": 7,
     "test_ft_own_loop.py": 7,
     "test_memory.py": 7,
+    "test_hosts.py": 7,
     "test_checkpoint_durability.py": 6,
     "test_round_overlap.py": 6,
     "test_robust_mean.py": 6,
@@ -51,6 +52,7 @@ SECONDS = {
     "test_heal_transport.py": 6,
     "test_lighthouse.py": 6,
     "test_net_backend.py": 6,
+    "test_forked_python.py": 6,
     "test_lossy_mean.py": 5,
     "test_accelerate.py": 5,
     "test_sparse_strategies.py": 5,
@@ -66,6 +68,7 @@ SECONDS = {
     "test_signals.py": 3,
     "test_links.py": 3,
     "test_site_mean.py": 3,
+    "test_torchrun_nodes.py": 3,
 }
 
 # the files whose tests mostly wait (timeouts, a stopped peer, a link's drop, an emulated slow worker): their
@@ -119,3 +122,14 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return Paired(config, log)
+
+
+@pytest.fixture(scope="session")
+def forked_python(tmp_path_factory):
+    """A `python` whose processes are forks of one that imported torch (tests/forked_python.py): for
+    torchrun's workers and the bed's hosts, one per pytest worker."""
+    import forked_python
+
+    stand_in = forked_python.started(tmp_path_factory.mktemp("forked-python"))
+    yield stand_in
+    stand_in.close()

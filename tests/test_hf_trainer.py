@@ -30,7 +30,7 @@ CHECKS = ROOT / "tests" / "hf_trainer_checks.py"
 STRATEGIES = ("diloco", "streaming", "sparseloco")
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -38,7 +38,7 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
     )
     try:
         stdout, stderr = proc.communicate(timeout=240)
@@ -56,12 +56,15 @@ def _one_process(args: list[str]) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory: Any) -> dict[str, Any]:
-    """One torchrun launch for every check below (tests/hf_trainer_checks.py: its runs), then its diloco
-    checkpoint resumed by one process, with the example's command line."""
+def launched(tmp_path_factory: Any, forked_python: Any) -> dict[str, Any]:
+    """One torchrun launch for every check below (tests/hf_trainer_checks.py: its runs; torchrun and its
+    workers forked from tests/forked_python.py's stand-in), then its diloco checkpoint resumed by one
+    process, with the example's command line."""
     out = tmp_path_factory.mktemp("hf")
+    torchrun = str(Path(sys.executable).parent / "torchrun")
     done = _run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(CHECKS), str(out)]
+        [forked_python.executable, torchrun, "--standalone", "--nproc-per-node", "2", str(CHECKS), str(out)],
+        forked_python.env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     one = _one_process(

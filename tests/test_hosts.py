@@ -17,6 +17,7 @@ import torch
 
 import netns
 from cli_harness import TINY, wansync
+from forked_python import ForkedPython
 from wansync.rundir import checkpoint
 from wansync.workloads.lm.corpus import shakespeare_text
 
@@ -53,16 +54,19 @@ def on_hosts(
     env: dict[netns.Host, dict[str, str]] | None = None,
     timeout: float = 150,
     nproc: int = 1,
+    python: ForkedPython | None = None,
 ) -> dict[netns.Host, tuple[int, str]]:
     """Run the documented torchrun command on every host of `args` (its `wansync` arguments), the
-    rendezvous endpoint at `endpoint`, `nproc` processes per node; (exit status, output) per host."""
+    rendezvous endpoint at `endpoint`, `nproc` processes per node; (exit status, output) per host.
+    `python`: torchrun and its workers forked from it (tests/forked_python.py), not fresh interpreters."""
     options = netns.documented_torchrun(endpoint.address)
     options[options.index("--nproc-per-node") + 1] = str(nproc)
     base = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
+    base.update(python.env if python else {})
     procs = {
         h: bed.start(
             h,
-            [str(TORCHRUN), *options, "-m", "wansync", *a],
+            [*([python.executable] if python else []), str(TORCHRUN), *options, "-m", "wansync", *a],
             env=dict(base, **(env or {}).get(h, {})),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -138,7 +142,9 @@ def test_three_hosts_meet_on_a_bridge_and_a_shaped_line_holds_its_rate():
         assert time.monotonic() - t0 >= 0.3 + 2e6 * 8 / 100e6 * 0.8  # 160 ms of payload at 100 Mbit/s
 
 
-def test_diloco_stopped_on_both_hosts_resumes_on_each_without_a_shared_directory_bit_for_bit(bed, corpus, tmp_path):
+def test_diloco_stopped_on_both_hosts_resumes_on_each_without_a_shared_directory_bit_for_bit(
+    bed, corpus, tmp_path, forked_python
+):
     """Both hosts start with the endpoint on host A, whose name resolves to 127.0.0.1: plain c10d hosts
     no store there and advertises `localhost`, gloo binds loopback; the documented command just works
     (it trains to the checkpoint of step 4). Rank 1 dies after that checkpoint; rank 0 loses it and both
@@ -151,13 +157,13 @@ def test_diloco_stopped_on_both_hosts_resumes_on_each_without_a_shared_directory
         h: ["train", *train_flags(corpus, "diloco", "--checkpoint-every", "2"), "--out", str(runs[h])]
         for h in bed.hosts
     }
-    killed = on_hosts(bed, a, flags, env={b: {"WANSYNC_FAULT": "rank=1,step=5,action=kill"}})
+    killed = on_hosts(bed, a, flags, env={b: {"WANSYNC_FAULT": "rank=1,step=5,action=kill"}}, python=forked_python)
     assert all(code != 0 for code, _ in killed.values()), killed
     assert f"rendezvous {a.address}:" in killed[a][1]
     assert (runs[a] / "checkpoints" / "step00000004" / "rank0.pt").is_file()
     assert not (runs[a] / "checkpoints" / "step00000004" / "rank1.pt").exists()
     assert (runs[b] / "config.toml").is_file() and not (runs[b] / "summary.json").exists()
-    resumed = on_hosts(bed, b, {h: ["train", "--resume", str(runs[h])] for h in bed.hosts})
+    resumed = on_hosts(bed, b, {h: ["train", "--resume", str(runs[h])] for h in bed.hosts}, python=forked_python)
     for code, output in resumed.values():
         assert code == 0, output[-3000:]
     ref = one_host(corpus, tmp_path / "one", "diloco")
@@ -165,7 +171,7 @@ def test_diloco_stopped_on_both_hosts_resumes_on_each_without_a_shared_directory
     assert torch.equal(final_params(runs[b], 1), final_params(ref, 1))
 
 
-def test_nodes_started_with_different_flags_refuse_in_one_line_naming_the_keys(bed, corpus, tmp_path):
+def test_nodes_started_with_different_flags_refuse_in_one_line_naming_the_keys(bed, corpus, tmp_path, forked_python):
     a, b = bed.hosts
     t0 = time.monotonic()
     results = on_hosts(
@@ -182,6 +188,7 @@ def test_nodes_started_with_different_flags_refuse_in_one_line_naming_the_keys(b
                 str(tmp_path / "b"),
             ],
         },
+        python=forked_python,
     )
     for code, output in results.values():
         assert code != 0

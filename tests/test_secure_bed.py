@@ -23,6 +23,7 @@ import torch
 
 import netns
 from cli_harness import TINY, wansync
+from forked_python import ForkedPython
 from wansync.rundir import checkpoint
 from wansync.workloads.lm.corpus import shakespeare_text
 
@@ -65,14 +66,26 @@ def secret(tmp_path_factory) -> Path:
     return path
 
 
-def start(bed, hosts, endpoint: str, flags, outs, env=None) -> dict:
+def start(bed, hosts, endpoint: str, flags, outs, env=None, python: ForkedPython | None = None) -> dict:
+    """The documented torchrun command on each of `hosts`; `python`: torchrun and its workers forked
+    from it (tests/forked_python.py), not fresh interpreters."""
     options = netns.documented_torchrun(endpoint)
     options[options.index("--nnodes") + 1] = str(len(hosts))
     base = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
+    base.update(python.env if python else {})
     return {
         h: bed.start(
             h,
-            [str(TORCHRUN), *options, "-m", "wansync", *flags, "--out", str(outs[h])],
+            [
+                *([python.executable] if python else []),
+                str(TORCHRUN),
+                *options,
+                "-m",
+                "wansync",
+                *flags,
+                "--out",
+                str(outs[h]),
+            ],
             env=dict(base, **(env or {}).get(h, {})),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -178,7 +191,7 @@ print(json.dumps(out))
 
 
 def test_a_secure_run_through_the_tunnel_trains_what_one_host_trains_whatever_a_stranger_tries(
-    bed, corpus, secret, tmp_path
+    bed, corpus, secret, tmp_path, forked_python
 ):
     hosts, stranger = bed.hosts[:3], bed.hosts[3]
     a, b, _ = hosts
@@ -188,7 +201,7 @@ def test_a_secure_run_through_the_tunnel_trains_what_one_host_trains_whatever_a_
     assert r.returncode == 0, r.stderr[-3000:]
 
     secure = {h: tmp_path / h.name for h in hosts}
-    procs = start(bed, hosts, a.tunnel_address, flags, secure, env=secure_env(bed, secret))
+    procs = start(bed, hosts, a.tunnel_address, flags, secure, env=secure_env(bed, secret), python=forked_python)
     seen: dict = {h: set() for h in hosts}
     deadline = time.monotonic() + 60
     # once every listener of the range is up: each host's manager store, manager and heal server,
@@ -213,7 +226,9 @@ def test_a_secure_run_through_the_tunnel_trains_what_one_host_trains_whatever_a_
         for h in hosts
     }
     intruder_env = {stranger: {**secure_env(bed, secret)[stranger], "WANSYNC_SECRET_FILE": str(other)}}
-    intruder = start(bed, [stranger], a.tunnel_address, flags, {stranger: tmp_path / "intruder"}, intruder_env)
+    intruder = start(
+        bed, [stranger], a.tunnel_address, flags, {stranger: tmp_path / "intruder"}, intruder_env, forked_python
+    )
     around = bed.run(b, [sys.executable, "-c", f"import socket; socket.create_connection(('{a.address}', 29400), 3)"])
     for h in hosts:
         seen[h] |= listeners(bed, h)
@@ -259,7 +274,7 @@ def test_a_secure_run_through_the_tunnel_trains_what_one_host_trains_whatever_a_
     assert around.returncode != 0 and "Connection refused" in around.stderr, around.stderr
 
 
-def test_a_killed_worker_heals_through_a_transfer_corrupted_on_the_way(bed, corpus, secret, tmp_path):
+def test_a_killed_worker_heals_through_a_transfer_corrupted_on_the_way(bed, corpus, secret, tmp_path, forked_python):
     """Rank 1 is killed at step 5 and restarted; the first payload of every live source goes out with a
     byte flipped (`flip_heal`): it is refused by its tag, said in one line, and asked again; the run
     ends well, healed."""
@@ -270,7 +285,8 @@ def test_a_killed_worker_heals_through_a_transfer_corrupted_on_the_way(bed, corp
     env[a]["WANSYNC_FAULT"] = "rank=0,step=1,action=flip_heal"
     env[b]["WANSYNC_FAULT"] = "rank=1,step=5,action=kill"
     env[c]["WANSYNC_FAULT"] = "rank=2,step=1,action=flip_heal"
-    results = finish(start(bed, hosts, a.tunnel_address, [*train_flags(corpus), "--max-restarts", "1"], runs, env))
+    flags = [*train_flags(corpus), "--max-restarts", "1"]
+    results = finish(start(bed, hosts, a.tunnel_address, flags, runs, env, forked_python))
     for code, text in results.values():
         assert code == 0, text[-3000:]
     summary = json.loads((runs[a] / "summary.json").read_text())

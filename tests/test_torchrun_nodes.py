@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from cli_harness import TINY, wansync
+from forked_python import ForkedPython
 from wansync.rundir import checkpoint
 from wansync.workloads.lm.corpus import shakespeare_text
 
@@ -65,17 +66,17 @@ def final_params(run: Path, world: int) -> list[torch.Tensor]:
     ]
 
 
-def torchrun_nodes(flags: list[str], timeout: float) -> list[tuple[int, str]]:
+def torchrun_nodes(flags: list[str], timeout: float, python: ForkedPython) -> list[tuple[int, str]]:
     """Start two torchrun agents (the rendezvous numbers the nodes) and wait for both; every process
-    they started is killed if they outlive `timeout`."""
+    they started is killed if they outlive `timeout`. The agents and their workers are forked from
+    `python` (tests/forked_python.py)."""
     port = free_port()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **python.env)
     nodes = [
         subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
+                python.executable,
+                str(Path(sys.executable).parent / "torchrun"),
                 "--nnodes",
                 "2",
                 "--nproc-per-node",
@@ -118,9 +119,9 @@ def local_run(tmp_path_factory) -> tuple[Path, Path]:
     return corpus, root / "local"
 
 
-def test_two_torchrun_nodes_train_what_the_local_launcher_trains_bit_for_bit(local_run, tmp_path):
+def test_two_torchrun_nodes_train_what_the_local_launcher_trains_bit_for_bit(local_run, tmp_path, forked_python):
     corpus, local = local_run
-    results = torchrun_nodes(train_flags(corpus, tmp_path / "nodes"), timeout=240)
+    results = torchrun_nodes(train_flags(corpus, tmp_path / "nodes"), timeout=240, python=forked_python)
     for code, output in results:
         assert code == 0, output[-3000:]
         assert "Traceback" not in output, output[-3000:]
