@@ -233,10 +233,15 @@ class Run:
         options[options.index("--nnodes") + 1] = str(len(self.bed.hosts))
         log = open(self.dirs[i].parent / f"{h.name}.{len(self.outputs.get(i, []))}.log", "w")
         self.outputs.setdefault(i, []).append(log.name)
+        python = [self.args.python] if self.args.python else []  # torchrun's, and its workers' (PYTHON_EXEC)
         self.procs[i] = self.bed.start(
             h,
-            [str(TORCHRUN), *options, "-m", "wansync", *self.flags, "--out", str(self.dirs[i])],
-            env={**env(), **({"WANSYNC_FAULT": self.hold()} if i == 0 and self.hold() else {})},
+            [*python, str(TORCHRUN), *options, "-m", "wansync", *self.flags, "--out", str(self.dirs[i])],
+            env={
+                **env(),
+                **({"PYTHON_EXEC": self.args.python} if self.args.python else {}),
+                **({"WANSYNC_FAULT": self.hold()} if i == 0 and self.hold() else {}),
+            },
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -584,6 +589,11 @@ def main() -> None:
     ap.add_argument(
         "--host-wait", type=float, default=12.0, help="seconds host A's rank 0 trains slower after a host is killed"
     )
+    ap.add_argument(
+        "--python",
+        help="the interpreter each host runs torchrun with, and torchrun its workers with (PYTHON_EXEC); "
+        "default: this one (the suite's test gives tests/forked_python.py's stand-in)",
+    )
     ap.add_argument("--keep", help="keep run directories under this path")
     ap.add_argument("--json", help="also write every run's result and checks to this file (the suite's test reads it)")
     args = ap.parse_args()
@@ -593,6 +603,8 @@ def main() -> None:
     args.faults = args.faults if args.faults is not None else (4 if args.long else 2)
     args.timeout = args.timeout or (240 if args.long else 150)
     kinds = (args.kinds or (",".join(KINDS) if args.long else "kill,stop-long,stop-short,link")).split(",")
+    if args.python and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
+        sys.exit(f"chaos: --python {args.python}: not an executable file")
     if unknown := [k for k in kinds if k not in KINDS]:
         sys.exit(f"chaos: unknown fault kind {unknown[0]!r} (choose from {', '.join(KINDS)})")
     why = netns.unavailable()

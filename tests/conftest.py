@@ -5,9 +5,9 @@ with the ranks and workers the tests start.
 (`--no-loadscope-reorder`: xdist would otherwise order files by their number of tests, which put
 the few slow tests of the multi-host and torchrun files last, one worker finishing them alone).
 The order here is the longest first, so the last files to run are short ones and both workers
-finish together: seconds of work per file (two workers, 2026-12-06, the files of tests/forked_python.py's
-stand-in 2026-12-07; 2 cores, each file's tests from
-start to end), the files not named after them in their usual order. And a worker that is free takes
+finish together: seconds of work per file (two workers, 2 cores, each file's tests from start to end;
+2026-12-06, and 2026-12-07 for the files that use tests/forked_python.py's stand-in), the files not
+named after them in their usual order. And a worker that is free takes
 a file that waits only when no other worker runs one (`WAITING`, below)."""
 
 import pytest
@@ -18,9 +18,9 @@ torch.set_num_threads(1)
 SECONDS = {
     "test_fault_tolerance.py": 84,
     "test_sharded_workers.py": 59,
-    "test_chaos.py": 45,
     "test_adapt.py": 38,
     "test_async_diloco.py": 36,
+    "test_chaos.py": 31,
     "test_reliability.py": 30,
     "test_muon.py": 24,
     "test_options_consumed.py": 21,

@@ -17,10 +17,11 @@ status (killing itself with the child's signal), and the child is killed if the 
 command line names what the child runs, so searches of /proc by command line still find the run.
 
 What differs from a fresh interpreter: the child's parent is the zygote (no one here asks for its
-parent: torchrun's workers are sessions of their own), and modules the zygote imported are not
-imported again. The tests that need the real thing keep it: test_chaos (benchmarks/chaos.py),
-test_stall, test_bounded_waits, test_rejoin and test_wireguard_bed start fresh interpreters, and
-tests/test_forked_python.py holds this stand-in to the interpreter's behaviour."""
+parent: torchrun's workers are sessions of their own), a child's /proc/PID/cmdline is the zygote's
+(the script's names the command), and modules the zygote imported are not imported again. Fresh
+interpreters stay elsewhere: test_stall's torchrun run, test_vision_cli's warnings at start-up,
+test_net_backend's exit, test_workerproc's fresh workers; benchmarks/chaos.py starts them unless given
+`--python`. tests/test_forked_python.py holds this stand-in to the interpreter's behaviour."""
 
 from __future__ import annotations
 
