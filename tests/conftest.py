@@ -52,7 +52,7 @@ SECONDS = {
     "test_heal_transport.py": 6,
     "test_lighthouse.py": 6,
     "test_net_backend.py": 6,
-    "test_forked_python.py": 6,
+    "test_forked_python.py": 3,
     "test_lossy_mean.py": 5,
     "test_accelerate.py": 5,
     "test_sparse_strategies.py": 5,

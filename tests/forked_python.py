@@ -141,19 +141,31 @@ def serve(path: str) -> None:
             if key.fileobj is listener:
                 conn, _ = listener.accept()
                 message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                try:
+                    request = json.loads(message)
+                except ValueError:
+                    request = None
+                if request is None or len(fds) != 3:  # not the script's: nothing is started for it
+                    for fd in fds:
+                        os.close(fd)
+                    conn.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     selector.close()
                     listener.close()
                     for other in children.values():
                         other.close()
-                    _child(conn, json.loads(message), fds)  # never returns
+                    _child(conn, request, fds)  # never returns
                 for fd in fds:
                     os.close(fd)
                 children[pid] = conn
-                conn.send(f"pid {pid}".encode())
+                try:
+                    conn.send(f"pid {pid}".encode())
+                except OSError:  # the script is gone already: the next pass kills its child
+                    pass
                 selector.register(conn, selectors.EVENT_READ, pid)
-            elif not key.fileobj.recv(64):  # the script ended (killed): its child goes with it
+            elif not _said(key.fileobj):  # the script ended (killed): its child goes with it
                 selector.unregister(key.fileobj)
                 _kill(key.data)
         while children:
@@ -173,6 +185,13 @@ def serve(path: str) -> None:
             except OSError:
                 pass
             conn.close()
+
+
+def _said(conn: socket.socket) -> bytes:
+    try:
+        return conn.recv(64)
+    except OSError:
+        return b""
 
 
 def _kill(pid: int) -> None:

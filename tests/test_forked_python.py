@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,6 +56,22 @@ def test_the_stand_in_gives_what_the_interpreter_gives(forked_python, tmp_path, 
     assert forked.returncode == real.returncode, (real, forked)
     assert forked.stdout == real.stdout
     assert forked.stderr.splitlines()[-1:] == real.stderr.splitlines()[-1:]
+
+
+def test_a_request_that_is_not_the_scripts_starts_nothing_and_the_zygote_goes_on(forked_python):
+    for junk, fds in ((b"not json", []), (b'{"argv": []}', [0])):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.connect(forked_python.socket)
+            socket.send_fds(s, [junk], fds)
+            assert s.recv(64) == b""  # closed, nothing forked
+    r = subprocess.run(
+        [forked_python.executable, "-c", "print('still here')"],
+        env=dict(os.environ, **forked_python.env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (r.returncode, r.stdout) == (0, "still here\n"), r.stderr
 
 
 def alive(pid: int) -> bool:
