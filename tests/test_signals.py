@@ -205,3 +205,22 @@ def test_a_deferred_sigint_is_raised_where_the_launcher_checks_and_an_ignored_on
             check()  # a background job's ignored Ctrl-C stays ignored
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_stopped_worker_ends_on_the_launchers_sigterm_not_its_sigkill():
+    """A hung peer (SIGSTOP) would hold the SIGTERM pending until the grace ran out and SIGKILL ended it;
+    the launcher continues it, and it ends on the SIGTERM."""
+    from wansync.runner.launch import _terminate
+
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        _terminate([proc], grace=30)
+        assert proc.returncode == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()

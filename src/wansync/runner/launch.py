@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -51,9 +52,14 @@ from ..telemetry import peerwait
 
 
 def _terminate(procs: list[workerproc.Worker], grace: float = 3.0) -> None:
+    """SIGTERM to each live worker, SIGKILL to those still alive after `grace`. A stopped worker (a hung
+    peer: SIGSTOP, a debugger let go) holds the SIGTERM pending until it runs again: it is continued,
+    and ends on it at once rather than after the grace."""
     for p in procs:
         if p.poll() is None:
             p.terminate()
+            if is_stopped(p.pid):
+                p.send_signal(signal.SIGCONT)
     deadline = time.monotonic() + grace
     for p in procs:
         try:
@@ -296,11 +302,11 @@ def _watch(
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             message = first_cause(run_dir, codes)
-            deadline = time.monotonic() + ROOT_CAUSE_GRACE_S
+            stopped = [r for r, p in enumerate(procs) if is_stopped(p.pid)]
+            deadline = time.monotonic() + (0.0 if stopped else ROOT_CAUSE_GRACE_S)  # a stopped rank is the cause
             while PEER_LOST in message and time.monotonic() < deadline:
                 time.sleep(0.05)
                 message = first_cause(run_dir, [p.poll() for p in procs])
-            stopped = [r for r, p in enumerate(procs) if is_stopped(p.pid)]
             if stopped:
                 message += f" (rank {stopped[0]} is stopped: it hung)"
             return 1, message
