@@ -123,8 +123,8 @@ def serve(path: str) -> None:
     exit status; a script that goes away takes its child with it. SIGTERM kills every child."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path + ".new")
-    os.rename(path + ".new", path)  # seen only once it listens
     listener.listen(128)
+    os.rename(path + ".new", path)  # seen only once it listens
     children: dict[int, socket.socket] = {}
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
