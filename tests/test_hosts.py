@@ -1,6 +1,7 @@
 """Real hosts: two network namespaces (`netns.Bed`: separate TCP stacks joined by a veth pair), host
 A's name resolving to 127.0.0.1 (the default of many Linux images) and host B's to its own address,
-each running a torchrun agent with the command docs/multinode.md gives (read from the page). Each
+each running a torchrun agent with the command docs/multinode.md gives (read from the page; torchrun and
+its workers forked from tests/forked_python.py's stand-in). Each
 host writes its own run directory: no shared file system. Skipped, with the reason, where namespaces
 cannot be made (not root); CI runs as root and runs them."""
 

@@ -7,7 +7,8 @@ bit what the same run trains on one host without a secret, while a stranger trie
 secret tries to join, and a host connects to a tunnel-bound port at its underlay address: each is
 refused in one line, the canary never appears, and no host listens on a wildcard or underlay address,
 every port in the range but gloo's pairs'. A killed worker heals through the sealed transport, its first
-payload corrupted on the way and refused. Skipped, with the reason, where no WireGuard bed can be made."""
+payload corrupted on the way and refused. Skipped, with the reason, where no WireGuard bed can be made.
+torchrun and its workers are forks of tests/forked_python.py's stand-in, not fresh interpreters."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Real launches: two `torchrun` agents on this host acting as two nodes, each node one worker of two
 ranks, train exactly what the local launcher trains with `--workers 2 --ranks-per-worker 2`: the same
-final parameters, bit for bit.
+final parameters, bit for bit (torchrun and its workers forked from tests/forked_python.py's stand-in).
 
 They meet with `--rdzv-backend wansync` at a free port of 127.0.0.1, which both own: the first to bind
 it hosts the rendezvous store and the other joins it as a client (they once both tried to host: one
