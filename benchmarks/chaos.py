@@ -65,8 +65,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import netns  # noqa: E402 - the test suite's bed
 
-TORCHRUN = Path(sys.executable).parent / "torchrun"
-CLEAN = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_")
 MODEL = [
     "--model",
     "micro",
@@ -123,10 +121,6 @@ class Result:
     left_procs: int = 0
     left_ns: int = 0
     wall: float = 0.0
-
-
-def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(CLEAN)}
 
 
 def schedule(seed: int, kinds: list[str], count: int, steps: int, peer_timeout: float) -> list[Fault]:
@@ -228,20 +222,21 @@ class Run:
     # ---- processes ----------------------------------------------------------------------------
     def start(self, i: int) -> None:
         h, a = self.bed.hosts[i], self.bed.hosts[0]
-        options = netns.documented_torchrun(a.address)
-        options[options.index("--nproc-per-node") + 1] = str(self.args.ranks_per_worker)
-        options[options.index("--nnodes") + 1] = str(len(self.bed.hosts))
         log = open(self.dirs[i].parent / f"{h.name}.{len(self.outputs.get(i, []))}.log", "w")
         self.outputs.setdefault(i, []).append(log.name)
-        python = [self.args.python] if self.args.python else []  # torchrun's, and its workers' (PYTHON_EXEC)
         self.procs[i] = self.bed.start(
             h,
-            [*python, str(TORCHRUN), *options, "-m", "wansync", *self.flags, "--out", str(self.dirs[i])],
-            env={
-                **env(),
-                **({"PYTHON_EXEC": self.args.python} if self.args.python else {}),
-                **({"WANSYNC_FAULT": self.hold()} if i == 0 and self.hold() else {}),
-            },
+            netns.torchrun_wansync(
+                a.address,
+                [*self.flags, "--out", str(self.dirs[i])],
+                nnodes=len(self.bed.hosts),
+                nproc=self.args.ranks_per_worker,
+                python=self.args.python,  # torchrun's, and its workers' (PYTHON_EXEC)
+            ),
+            env=netns.host_env(
+                {"PYTHON_EXEC": self.args.python} if self.args.python else {},
+                {"WANSYNC_FAULT": self.hold()} if i == 0 and self.hold() else {},
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
         )

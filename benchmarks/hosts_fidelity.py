@@ -60,7 +60,6 @@ TRAIN = [
     "0",
 ]
 STRATEGIES = {"ddp": ["--steps", "30"], "diloco": ["--steps", "40", "--sync-every", "2"]}
-CLEAN = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_")
 
 
 def probe(rank: int, addr: str, wan: str | None) -> None:
@@ -94,10 +93,6 @@ def probe(rank: int, addr: str, wan: str | None) -> None:
     dist.destroy_process_group()
 
 
-def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(CLEAN)}
-
-
 def in_bed(bed: netns.Bed, mode: str, timeout: float = 600) -> str:
     """Run this script's `mode` (the probe) as rank 0 on host A and rank 1 on host B; rank 0's output."""
     a, b = bed.hosts
@@ -106,7 +101,7 @@ def in_bed(bed: netns.Bed, mode: str, timeout: float = 600) -> str:
         bed.start(
             h,
             [sys.executable, __file__, f"--{mode}", str(r), meet],
-            env=dict(env(), GLOO_SOCKET_IFNAME=h.ifname),
+            env=netns.host_env({"GLOO_SOCKET_IFNAME": h.ifname}),
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -121,7 +116,7 @@ def emulated_probe(wan: str) -> dict[str, float]:
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--probe", str(r), "127.0.0.1", "--wan", wan],
-            env=dict(env(), GLOO_SOCKET_IFNAME="lo"),
+            env=netns.host_env({"GLOO_SOCKET_IFNAME": "lo"}),
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -140,21 +135,11 @@ def exposed(run: Path) -> float:
 def train_in_bed(bed: netns.Bed, args: list[str], work: Path) -> Path:
     """`wansync train ARGS` under torchrun on both hosts, as docs/multinode.md says; the first host's run."""
     a, b = bed.hosts
-    torchrun = Path(sys.executable).parent / "torchrun"
     procs = {
         h: bed.start(
             h,
-            [
-                str(torchrun),
-                *netns.documented_torchrun(a.address),
-                "-m",
-                "wansync",
-                "train",
-                *args,
-                "--out",
-                str(work / h.name),
-            ],
-            env=env(),
+            netns.torchrun_wansync(a.address, ["train", *args, "--out", str(work / h.name)]),
+            env=netns.host_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -195,7 +180,7 @@ def exposed_emulated(strategy: str, wan: str, corpus: Path, work: Path) -> float
             "--out",
             str(out),
         ],
-        env=env(),
+        env=netns.host_env(),
         capture_output=True,
         text=True,
         timeout=900,

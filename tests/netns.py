@@ -561,6 +561,33 @@ def _bits(rate: str) -> float:
     raise ValueError(f"rate {rate!r}: expected a number with kbit, mbit or gbit")
 
 
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+# torchrun's own variables and ours must come from the bed, not from the caller's environment
+NOT_INHERITED = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_", "NCCL_")
+
+
+def host_env(*extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a command on a bed host: the caller's without torchrun's and wansync's own
+    variables (`NOT_INHERITED`), then each of `extra` over it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
+    for more in extra:
+        env.update(more)
+    return env
+
+
+def torchrun_wansync(
+    endpoint: str, args: list[str], nnodes: int | None = None, nproc: int | None = None, python: str | None = None
+) -> list[str]:
+    """docs/multinode.md's command (`documented_torchrun`) for `wansync ARGS`, its endpoint at `endpoint`,
+    `nnodes` and `nproc` per node where given; `python`: the interpreter torchrun runs with (its workers'
+    too, through PYTHON_EXEC in the environment: tests/forked_python.py's stand-in)."""
+    options = documented_torchrun(endpoint)
+    for flag, value in (("--nnodes", nnodes), ("--nproc-per-node", nproc)):
+        if value is not None:
+            options[options.index(flag) + 1] = str(value)
+    return [*([python] if python else []), str(TORCHRUN), *options, "-m", "wansync", *args]
+
+
 def documented_torchrun(endpoint: str) -> list[str]:
     """The torchrun options of docs/multinode.md's multi-host command, with `endpoint`'s address in
     place of the page's: what the bed's hosts run."""

@@ -17,6 +17,8 @@ import pytest
 
 import netns
 
+WHY = netns.unavailable()
+
 CODE = "import os, sys; print(__name__, sys.argv[1:], os.getcwd(), os.environ.get('PROBE')); sys.stdout.flush()"
 SCRIPT = "import sys\nprint('script', sys.argv, sys.path[0])\nsys.exit(int(sys.argv[1]))\n"
 
@@ -107,7 +109,7 @@ PROBE_HOST = (
 )
 
 
-@pytest.mark.skipif(netns.unavailable() is not None, reason=netns.unavailable() or "")
+@pytest.mark.skipif(WHY is not None, reason=WHY or "")
 def test_in_a_bed_host_the_process_has_the_hosts_name_links_and_hosts_file(forked_python):
     with netns.Bed(2, names=("loopback", "address")) as bed:
         for host in bed.hosts:

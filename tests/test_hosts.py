@@ -7,7 +7,6 @@ cannot be made (not root); CI runs as root and runs them."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -24,10 +23,6 @@ from wansync.workloads.lm.corpus import shakespeare_text
 
 WHY = netns.unavailable()
 pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(WHY is not None, reason=WHY or "")]
-
-TORCHRUN = Path(sys.executable).parent / "torchrun"
-# torchrun's own variables and ours must come from the bed, not from the test's environment
-NOT_INHERITED = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_")
 
 
 def train_flags(corpus: Path, strategy: str, *extra: str) -> list[str]:
@@ -60,15 +55,11 @@ def on_hosts(
     """Run the documented torchrun command on every host of `args` (its `wansync` arguments), the
     rendezvous endpoint at `endpoint`, `nproc` processes per node; (exit status, output) per host.
     `python`: torchrun and its workers forked from it (tests/forked_python.py), not fresh interpreters."""
-    options = netns.documented_torchrun(endpoint.address)
-    options[options.index("--nproc-per-node") + 1] = str(nproc)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
-    base.update(python.env if python else {})
     procs = {
         h: bed.start(
             h,
-            [*([python.executable] if python else []), str(TORCHRUN), *options, "-m", "wansync", *a],
-            env=dict(base, **(env or {}).get(h, {})),
+            netns.torchrun_wansync(endpoint.address, a, nproc=nproc, python=python and python.executable),
+            env=netns.host_env(python.env if python else {}, (env or {}).get(h, {})),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

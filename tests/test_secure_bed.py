@@ -31,8 +31,6 @@ from wansync.workloads.lm.corpus import shakespeare_text
 WHY = netns.unavailable(wireguard=True)
 pytestmark = [pytest.mark.timeout(400), pytest.mark.skipif(WHY is not None, reason=WHY or "")]
 
-TORCHRUN = Path(sys.executable).parent / "torchrun"
-NOT_INHERITED = ("GLOO_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "WANSYNC_", "OMP_", "NCCL_")
 PORTS = (29400, 29440)
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,24 +68,13 @@ def secret(tmp_path_factory) -> Path:
 def start(bed, hosts, endpoint: str, flags, outs, env=None, python: ForkedPython | None = None) -> dict:
     """The documented torchrun command on each of `hosts`; `python`: torchrun and its workers forked
     from it (tests/forked_python.py), not fresh interpreters."""
-    options = netns.documented_torchrun(endpoint)
-    options[options.index("--nnodes") + 1] = str(len(hosts))
-    base = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
-    base.update(python.env if python else {})
     return {
         h: bed.start(
             h,
-            [
-                *([python.executable] if python else []),
-                str(TORCHRUN),
-                *options,
-                "-m",
-                "wansync",
-                *flags,
-                "--out",
-                str(outs[h]),
-            ],
-            env=dict(base, **(env or {}).get(h, {})),
+            netns.torchrun_wansync(
+                endpoint, [*flags, "--out", str(outs[h])], nnodes=len(hosts), python=python and python.executable
+            ),
+            env=netns.host_env(python.env if python else {}, (env or {}).get(h, {})),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -372,7 +372,7 @@ class Tuner:
         now = order.index(self.current) if self.current in order else len(order)
         for i, knobs in enumerate(order):
             pct = self.predicted(knobs, link, step_s, other_s)
-            if pct <= self.spec.target_pct if i == now else self.holds(knobs, link, step_s, other_s):
+            if (pct <= self.spec.target_pct) if i == now else self.holds(knobs, link, step_s, other_s):
                 best, best_pct = knobs, pct
                 break
             if pct < best_pct:
