@@ -15,11 +15,12 @@ from __future__ import annotations
 import io
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from wansync.runner.workerproc import live_workers
 
@@ -49,15 +50,17 @@ def wansync(
 
 
 class Running:
-    """A CLI started by `start`, running beside the caller; `result()` waits for it (killing it past
-    `timeout`) and returns what `wansync()` returns."""
+    """A CLI started by `start` (or a script, `forked_script`), running beside the caller; `result()`
+    waits for it (killing it past `timeout`) and returns what `wansync()` returns."""
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: str, setup: Callable[[], None] | None):
+    def __init__(self, command: list[str], target: Callable[..., None], *args: Any):
+        """`target(stdout_path, stderr_path, *args)` in the forked process; `command` names it in what
+        `result()` returns."""
         from wansync.runner.localgroup import rank_context
 
-        self.args, self._dir = args, tempfile.TemporaryDirectory()
+        self.command, self._dir = command, tempfile.TemporaryDirectory()
         self._out, self._err = Path(self._dir.name, "stdout"), Path(self._dir.name, "stderr")
-        self.proc = rank_context().Process(target=_cli, args=(args, env, cwd, str(self._out), str(self._err), setup))
+        self.proc = rank_context().Process(target=target, args=(str(self._out), str(self._err), *args))
         self.proc.start()
 
     def result(self, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -65,10 +68,8 @@ class Running:
             self.proc.join(timeout)
             if self.proc.exitcode is None:
                 self.kill()
-                raise subprocess.TimeoutExpired(["wansync", *self.args], timeout, _text(self._out), _text(self._err))
-            return subprocess.CompletedProcess(
-                ["wansync", *self.args], self.proc.exitcode, _text(self._out), _text(self._err)
-            )
+                raise subprocess.TimeoutExpired(self.command, timeout, _text(self._out), _text(self._err))
+            return subprocess.CompletedProcess(self.command, self.proc.exitcode, _text(self._out), _text(self._err))
         finally:
             self._dir.cleanup()
 
@@ -102,7 +103,9 @@ def start(
 ) -> Running:
     """Start the CLI in a process forked from the ranks' forkserver (see the module docstring) and return
     at once: several runs side by side without an interpreter start-up each."""
-    return Running(list(args), dict(os.environ, **(env or {})), str(cwd or os.getcwd()), setup)
+    return Running(
+        ["wansync", *args], _cli, list(args), dict(os.environ, **(env or {})), str(cwd or os.getcwd()), setup
+    )
 
 
 def _text(path: Path) -> str:
@@ -122,7 +125,7 @@ def into_files(out: str, err: str, env: dict[str, str], mode: int) -> None:
     os.environ.update(env)
 
 
-def _cli(args: list[str], env: dict[str, str], cwd: str, out: str, err: str, setup: Callable[[], None] | None) -> None:
+def _cli(out: str, err: str, args: list[str], env: dict[str, str], cwd: str, setup: Callable[[], None] | None) -> None:
     """The CLI's process: its SystemExit becomes the exit status (multiprocessing does as the
     interpreter does: an int is the status, a message goes to stderr with status 1)."""
     into_files(out, err, env, os.O_TRUNC)
@@ -134,7 +137,7 @@ def _cli(args: list[str], env: dict[str, str], cwd: str, out: str, err: str, set
     main(args)
 
 
-def _script_main(path: str, args: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+def _script_main(out: str, err: str, path: str, args: list[str], env: dict[str, str], cwd: str) -> None:
     """`python PATH ARGS` in CWD: its stdout and stderr into files; its SystemExit is the exit status,
     as the interpreter's."""
     into_files(out, err, env, os.O_TRUNC)
@@ -149,21 +152,12 @@ def forked_script(
     """What `subprocess.run([sys.executable, PATH, *args], capture_output=True, text=True)` gives, in a
     process forked from the ranks' forkserver: without an interpreter's start-up and torch's import (the
     seconds of each call). Killed past `timeout` (exit status -9)."""
-    from wansync.runner.localgroup import rank_context
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        where = str(cwd or os.getcwd())
-        proc = rank_context().Process(
-            target=_script_main, args=(str(path), args, dict(env or os.environ), where, str(out), str(err))
-        )
-        proc.start()
-        proc.join(timeout)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
-        text = [p.read_text(errors="replace") if p.is_file() else "" for p in (out, err)]
-        return subprocess.CompletedProcess([str(path), *args], proc.exitcode, *text)
+    command = [str(path), *args]
+    running = Running(command, _script_main, str(path), args, dict(env or os.environ), str(cwd or os.getcwd()))
+    try:
+        return running.result(timeout)
+    except subprocess.TimeoutExpired as e:  # killed: what it wrote until then
+        return subprocess.CompletedProcess(command, -signal.SIGKILL, e.output, e.stderr)
 
 
 def worker_pids(run_dir: Path) -> dict[int, int]:

@@ -15,11 +15,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+import netns
 from cli_harness import forked_script
 
 pytestmark = pytest.mark.timeout(150)
@@ -61,9 +62,8 @@ def launched(tmp_path_factory: Any, forked_python: Any) -> dict[str, Any]:
     workers forked from tests/forked_python.py's stand-in), then its diloco checkpoint resumed by one
     process, with the example's command line."""
     out = tmp_path_factory.mktemp("hf")
-    torchrun = str(Path(sys.executable).parent / "torchrun")
     done = _run(
-        [forked_python.executable, torchrun, "--standalone", "--nproc-per-node", "2", str(CHECKS), str(out)],
+        [forked_python.executable, str(netns.TORCHRUN), "--standalone", "--nproc-per-node", "2", str(CHECKS), str(out)],
         forked_python.env,
     )
     assert done.returncode == 0, done.stderr[-3000:]

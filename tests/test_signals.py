@@ -211,12 +211,13 @@ def test_a_stopped_worker_ends_on_the_launchers_sigterm_not_its_sigkill():
     """A hung peer (SIGSTOP) would hold the SIGTERM pending until the grace ran out and SIGKILL ended it;
     the launcher continues it, and it ends on the SIGTERM."""
     from wansync.runner.launch import _terminate
+    from wansync.runner.workerproc import is_stopped
 
     proc = subprocess.Popen(["sleep", "60"])
     try:
         os.kill(proc.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        while not is_stopped(proc.pid):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         _terminate([proc], grace=30)
