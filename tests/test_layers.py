@@ -184,6 +184,7 @@ STACK = (
     (
         "wansync.planner",
         "wansync.planner.tables",
+        "wansync.planner.scale_table",
         "wansync.planner.measure",  # `wansync plan`: what it prints,
         "wansync.planner.published",
     ),  # measures and reproduces

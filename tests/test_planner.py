@@ -424,7 +424,7 @@ def test_plan_on_the_intellect_1_file_from_the_command_line(capsys):
 def test_the_large_tables_summary_sentences_follow_from_its_rows():
     """The "Read:" lines under `plan --table` are computed from the rows: change a row and the
     sentence about it changes."""
-    from wansync.planner.tables import TableRow, render_table, table_summary
+    from wansync.planner.scale_table import TableRow, render_table, table_summary
 
     gb = 10**9
     rows = [
@@ -484,7 +484,7 @@ def test_a_flag_the_fixed_tables_would_ignore_is_refused(argv, words, capsys):
 def test_plan_table_prints_each_row_as_it_is_predicted(monkeypatch, capsys):
     """`plan --table` took minutes in silence, then printed everything: now the count first (stderr),
     the head, each row as it comes, then the summary; the same text as the table `published` quotes."""
-    from wansync.planner import tables
+    from wansync.planner import scale_table as tables
 
     monkeypatch.setattr(tables, "TABLE_SIZES", tables.TABLE_SIZES[:1])
     monkeypatch.setattr(tables, "TABLE_WORKERS", tables.TABLE_WORKERS[:1])

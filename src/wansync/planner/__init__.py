@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .prediction import Prediction, Setting, predict, recommend_h, setting
     from .sizes import ModelSize, flops_step_s, of_name, of_params
-    from .tables import TARGET_PCT, large_table, plan_command, print_large_table, table_preamble
+    from .choose import TARGET_PCT
+    from .scale_table import large_table, print_large_table, table_preamble
+    from .tables import plan_command
 
 __all__ = [
     "Prediction",
@@ -35,7 +37,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """A name of `__all__`, from the first of the planner's modules that has it."""
     if name in __all__:
-        for module in ("prediction", "sizes", "tables"):
+        for module in ("prediction", "sizes", "choose", "scale_table", "tables"):
             found = importlib.import_module(f".{module}", __name__)
             if hasattr(found, name):
                 return getattr(found, name)
