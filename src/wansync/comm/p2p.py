@@ -92,7 +92,8 @@ class Channel:
 
     def recv(self, timeout_s: float | None = None) -> dict[str, Any]:
         """The next message, once its modelled arrival has passed. PeerError in one line when the peer
-        closed, or sent nothing within `timeout_s` (None: no bound)."""
+        closed, sent nothing within `timeout_s` (None: no bound), or this end was closed meanwhile
+        (`close` from another thread: the syncer ending while a learner's thread waits here)."""
         try:
             self.sock.settimeout(timeout_s)
             if not self.stream.peek(1):
@@ -100,7 +101,11 @@ class Channel:
             got = read_sealed(self.stream, self.key, self.what, LIMIT)
         except TimeoutError:
             raise PeerError(f"{self.what} sent nothing within {timeout_s:g} s") from None
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: "peek of closed file", the stream closed here
+            if self.closed:
+                raise PeerError(f"{self.what}: the connection was closed here") from None
+            if isinstance(e, ValueError):
+                raise
             raise PeerError(f"{self.what}: the connection is gone ({e.strerror or type(e).__name__})") from None
         if type(got) is not dict or not isinstance(got.get("kind"), str):
             raise PeerError(f"{self.what}: refused a message that is not one of ours")
